@@ -1,0 +1,99 @@
+//! The update journal and the agent's health file: the contract between the agent, the
+//! updater and the wrapper. Stored as JSON; the I/O (atomic replace) lives elsewhere.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::version::AgentVersion;
+
+/// Where an update transaction stands. Each phase is written before the step it names
+/// is taken, so recovery knows which steps may be half done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// The agent verified the bundle and is about to start the updater.
+    Prepared,
+    /// The updater holds the lock and is stopping the old agent.
+    Stopping,
+    /// The new version is unpacked and complete; `current` still points at the old one.
+    Unpacked,
+    /// `current` points at the new version, which is being started and watched.
+    Switched,
+    /// The new version was healthy; the transaction is done.
+    Committed,
+    /// The new version failed; `current` is being pointed back at the old one.
+    RollingBack,
+    /// The old version is back; the transaction is done.
+    RolledBack,
+}
+
+impl Phase {
+    pub fn is_final(self) -> bool {
+        matches!(self, Phase::Committed | Phase::RolledBack)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Journal {
+    pub from: AgentVersion,
+    pub to: AgentVersion,
+    /// sha256 of the bundle, the name remembered in `bad-versions` if it fails.
+    pub bundle_sha256: String,
+    /// The verified bundle file the updater runs from.
+    pub bundle_path: String,
+    pub phase: Phase,
+    /// Unix seconds at which the agent prepared the update.
+    pub started_at: u64,
+    /// How many times the new version was started before it committed.
+    #[serde(default)]
+    pub boot_count: u32,
+    /// Why a rollback happened, in words for an operator.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+impl Journal {
+    pub fn parse(text: &str) -> Result<Self> {
+        serde_json::from_str(text).map_err(|e| Error::Journal(e.to_string()))
+    }
+
+    pub fn to_json(&self) -> String {
+        // A struct of strings and numbers always serialises.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+/// `run/health.json`, written by a running agent after each contact with a server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    pub version: AgentVersion,
+    pub pid: u32,
+    pub components_started: bool,
+    /// Unix seconds of the last successful register or connect.
+    pub last_contact: Option<u64>,
+    /// Set when a server refused this version: the version it expects instead.
+    #[serde(default)]
+    pub refused_by_server: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_round_trips() {
+        let j = Journal {
+            from: "1.0.0+1".parse().unwrap(),
+            to: "2.0.0+2".parse().unwrap(),
+            bundle_sha256: "ab".repeat(32),
+            bundle_path: "/x/data/update/agent-bundle-2.0.0".into(),
+            phase: Phase::Switched,
+            started_at: 1,
+            boot_count: 2,
+            reason: None,
+        };
+        assert_eq!(Journal::parse(&j.to_json()).unwrap(), j);
+        assert!(Journal::parse("{").is_err());
+        assert!(Phase::Committed.is_final() && !Phase::Switched.is_final());
+    }
+}

@@ -1,0 +1,143 @@
+//! Names fixed by the design: entries inside a bundle and paths inside an installed agent.
+//! Pure path arithmetic; nothing here touches the disk.
+
+use std::path::{Path, PathBuf};
+
+use crate::version::AgentVersion;
+
+/// Entry of the bundle's zip payload that describes it.
+pub const PROPERTIES_ENTRY: &str = "agent-update-version.properties";
+pub const README_ENTRY: &str = "README.txt";
+pub const LICENSE_ENTRY: &str = "LICENSE";
+/// Top directory of the distribution tarball.
+pub const DIST_ROOT: &str = "agent";
+
+pub const PROP_LATEST_VERSION: &str = "agent.latest.version";
+pub const PROP_LATEST_BUILD: &str = "agent.latest.build-number";
+pub const PROP_LATEST_PLATFORM: &str = "agent.latest.platform";
+
+/// `agent-version.properties` inside a version directory: what the agent believes it is.
+pub const AGENT_VERSION_FILE: &str = "agent-version.properties";
+pub const PROP_AGENT_VERSION: &str = "agent.version";
+pub const PROP_AGENT_BUILD: &str = "agent.build-number";
+
+/// The signature of the bundle a version came from, kept beside it so the agent knows the
+/// `signed-at` of what it runs (replay protection) after restarts and rollbacks.
+pub const VERSION_SIGNATURE_FILE: &str = "bundle.minisig";
+/// Written last into an unpacked version: a version directory without it is debris.
+pub const COMPLETE_MARKER: &str = ".complete";
+
+/// The platform this code was built for, as a Rust target triple.
+pub const PLATFORM: &str = env!("AGENT_PLATFORM");
+
+pub fn dist_entry(version: &AgentVersion) -> String {
+    format!("agent-{}.tar.gz", version.version_str())
+}
+
+pub fn bundle_file_name(version: &AgentVersion) -> String {
+    format!("agent-bundle-{}", version.version_str())
+}
+
+pub fn signature_file_name(bundle_file_name: &str) -> String {
+    format!("{bundle_file_name}.minisig")
+}
+
+/// The directory layout of an installed agent (`AGENT_HOME`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentHome {
+    root: PathBuf,
+}
+
+impl AgentHome {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn current(&self) -> PathBuf {
+        self.root.join("current")
+    }
+
+    pub fn versions(&self) -> PathBuf {
+        self.root.join("versions")
+    }
+
+    pub fn version_dir(&self, version: &AgentVersion) -> PathBuf {
+        self.versions().join(version.to_string())
+    }
+
+    pub fn conf(&self) -> PathBuf {
+        self.root.join("conf")
+    }
+
+    pub fn agent_toml(&self) -> PathBuf {
+        self.conf().join("agent.toml")
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.root.join("data")
+    }
+
+    pub fn logs(&self) -> PathBuf {
+        self.root.join("logs")
+    }
+
+    pub fn run(&self) -> PathBuf {
+        self.root.join("run")
+    }
+
+    pub fn pid_file(&self) -> PathBuf {
+        self.run().join("agent.pid")
+    }
+
+    pub fn update_lock(&self) -> PathBuf {
+        self.run().join("update.lock")
+    }
+
+    pub fn health_file(&self) -> PathBuf {
+        self.run().join("health.json")
+    }
+
+    pub fn journal(&self) -> PathBuf {
+        self.data().join("update-journal.json")
+    }
+
+    pub fn bad_versions(&self) -> PathBuf {
+        self.data().join("bad-versions")
+    }
+
+    pub fn outbox(&self) -> PathBuf {
+        self.data().join("outbox")
+    }
+
+    pub fn update_dir(&self) -> PathBuf {
+        self.data().join("update")
+    }
+
+    pub fn identity(&self) -> PathBuf {
+        self.data().join("agent-id")
+    }
+
+    pub fn update_log(&self) -> PathBuf {
+        self.logs().join("update.log")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_design() {
+        let v: AgentVersion = "2.2.0+1234".parse().unwrap();
+        assert_eq!(dist_entry(&v), "agent-2.2.0.tar.gz");
+        assert_eq!(bundle_file_name(&v), "agent-bundle-2.2.0");
+        assert_eq!(signature_file_name("agent-bundle-2.2.0"), "agent-bundle-2.2.0.minisig");
+        let home = AgentHome::new("/opt/agent");
+        assert_eq!(home.version_dir(&v), Path::new("/opt/agent/versions/2.2.0+1234"));
+        assert_eq!(home.pid_file(), Path::new("/opt/agent/run/agent.pid"));
+    }
+}

@@ -1,0 +1,194 @@
+//! What crosses the wire between agents and the server: paths, headers, the
+//! `/agentupdate/version` properties and the JSON bodies.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::properties::Properties;
+use crate::version::AgentVersion;
+
+pub const VERSION_PATH: &str = "/agentupdate/version";
+pub const DOWNLOAD_PATH: &str = "/agentupdate/download";
+pub const SIGNATURE_PATH: &str = "/agentupdate/download.minisig";
+pub const REPORT_PATH: &str = "/agentupdate/report";
+pub const REGISTER_PATH: &str = "/agent/register";
+pub const CONNECT_PATH: &str = "/agent/connect";
+pub const AGENT_VERSION_HEADER: &str = "Agent-Version";
+/// The `error` of a 409 answer to an agent the directive refuses.
+pub const NOT_SUPPORTED: &str = "agent_not_supported";
+
+/// The answer of `GET /agentupdate/version`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionInfo {
+    pub server_version: String,
+    pub server_build: String,
+    pub agent: AgentVersion,
+    pub md5: String,
+    pub sha256: String,
+    pub size: u64,
+    pub filename: String,
+}
+
+impl VersionInfo {
+    pub fn to_properties(&self) -> Properties {
+        let mut p = Properties::new();
+        p.set("server.version", &self.server_version);
+        p.set("server.build-number", &self.server_build);
+        p.set("agent.latest.version", &self.agent.version_str());
+        p.set("agent.latest.build-number", self.agent.build());
+        p.set("agent.latest.md5", &self.md5);
+        p.set("agent.latest.sha256", &self.sha256);
+        p.set("agent.latest.size", &self.size.to_string());
+        p.set("agent.latest.filename", &self.filename);
+        p
+    }
+
+    /// Reads and checks what a server said; nothing in it is trusted until it parses.
+    pub fn from_properties(p: &Properties) -> Result<Self> {
+        let agent = AgentVersion::new(
+            p.require("agent.latest.version")?,
+            p.require("agent.latest.build-number")?,
+        )?;
+        let md5 = hex_field(p, "agent.latest.md5", 32)?;
+        let sha256 = hex_field(p, "agent.latest.sha256", 64)?;
+        let size = p
+            .require("agent.latest.size")?
+            .parse::<u64>()
+            .map_err(|_| Error::Mismatch("agent.latest.size is not a number of bytes".into()))?;
+        let filename = p.require("agent.latest.filename")?.to_owned();
+        if filename.contains(['/', '\\']) || filename.starts_with('.') {
+            return Err(Error::Mismatch(format!(
+                "agent.latest.filename {filename:?} is not a plain file name"
+            )));
+        }
+        Ok(Self {
+            server_version: p.get("server.version").unwrap_or_default().to_owned(),
+            server_build: p.get("server.build-number").unwrap_or_default().to_owned(),
+            agent,
+            md5,
+            sha256,
+            size,
+            filename,
+        })
+    }
+}
+
+fn hex_field(p: &Properties, name: &str, len: usize) -> Result<String> {
+    let value = p.require(name)?.to_ascii_lowercase();
+    if value.len() != len || !value.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Error::Mismatch(format!("{name} is not {len} hex digits")));
+    }
+    Ok(value)
+}
+
+/// Body of `POST /agent/register` and `POST /agent/connect`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentHello {
+    pub id: String,
+    pub name: String,
+    pub platform: String,
+}
+
+/// Body of a `409` to an agent the directive refuses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotSupported {
+    pub error: String,
+    pub expected: String,
+    pub download: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum UpdateStatus {
+    Installing,
+    Installed,
+    InstallFailed,
+}
+
+impl UpdateStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdateStatus::Installing => "INSTALLING",
+            UpdateStatus::Installed => "INSTALLED",
+            UpdateStatus::InstallFailed => "INSTALL_FAILED",
+        }
+    }
+}
+
+/// Body of `POST /agentupdate/report`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    pub id: String,
+    pub from: String,
+    pub to: String,
+    pub status: UpdateStatus,
+    pub error: Option<String>,
+}
+
+/// One row of `GET /admin/agents`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentRecord {
+    pub id: String,
+    pub name: String,
+    pub platform: String,
+    pub version: String,
+    pub last_contact: String,
+    pub update_status: Option<String>,
+    pub update_error: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> VersionInfo {
+        VersionInfo {
+            server_version: "1.2.0".into(),
+            server_build: "1852".into(),
+            agent: "2.2.0+1234".parse().unwrap(),
+            md5: "0".repeat(32),
+            sha256: "a".repeat(64),
+            size: 42,
+            filename: "agent-bundle-2.2.0".into(),
+        }
+    }
+
+    #[test]
+    fn version_info_round_trips_in_design_order() {
+        let p = info().to_properties();
+        let text = p.to_text();
+        assert!(text.starts_with("server.version=1.2.0\nserver.build-number=1852\nagent.latest.version=2.2.0\n"));
+        assert_eq!(VersionInfo::from_properties(&p).unwrap(), info());
+    }
+
+    #[test]
+    fn version_info_rejects_lies() {
+        for (key, value) in [
+            ("agent.latest.size", "-1"),
+            ("agent.latest.sha256", "xyz"),
+            ("agent.latest.md5", &"0".repeat(31)),
+            ("agent.latest.filename", "../../etc/passwd"),
+            ("agent.latest.version", "two"),
+        ] {
+            let mut p = info().to_properties();
+            p.set(key, value);
+            assert!(VersionInfo::from_properties(&p).is_err(), "{key}={value} accepted");
+        }
+    }
+
+    #[test]
+    fn report_json_matches_design() {
+        let r = Report {
+            id: "x".into(),
+            from: "2.1.0+1100".into(),
+            to: "2.2.0+1234".into(),
+            status: UpdateStatus::InstallFailed,
+            error: None,
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            json,
+            r#"{"id":"x","from":"2.1.0+1100","to":"2.2.0+1234","status":"INSTALL_FAILED","error":null}"#
+        );
+    }
+}
