@@ -1,1 +1,17 @@
+//! Filesystem primitives that must never lose or misplace a byte.
+//!
+//! - [`unpack`]: the one safe unpacker of distribution archives, shared by `--install`
+//!   and the updater. It trusts nothing in the archive.
+//! - [`payload`]: reading the zip payload appended to a bundle executable.
+//! - [`atomic`]: replace-by-rename writes, directory fsyncs and symlink flips, so that a
+//!   crash at any instant leaves either the old or the new state on disk.
+//!
+//! This crate never deletes or modifies anything outside the paths its callers name,
+//! and never follows a link that an archive created.
 
+pub mod atomic;
+pub mod error;
+pub mod payload;
+pub mod unpack;
+
+pub use error::{Error, Result};

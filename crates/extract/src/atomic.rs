@@ -1,0 +1,137 @@
+//! Writes that are either wholly done or not done at all, even across a power cut.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use crate::error::{IoContext, Result};
+
+/// Replaces `path` with `contents`: temp file in the same directory, fsync, rename, fsync
+/// the directory. Readers see the old file or the new one, never a mix.
+pub fn write(path: &Path, contents: &[u8]) -> Result<()> {
+    write_with_mode(path, contents, None)
+}
+
+pub fn write_with_mode(path: &Path, contents: &[u8], mode: Option<u32>) -> Result<()> {
+    let dir = parent(path);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(&dir)
+        .at(&dir)?;
+    tmp.write_all(contents).at(tmp.path().to_path_buf())?;
+    if let Some(mode) = mode {
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(fs::Permissions::from_mode(mode))
+            .at(path)?;
+    }
+    tmp.as_file().sync_all().at(path)?;
+    tmp.persist(path).map_err(|e| e.error).at(path)?;
+    fsync_dir(&dir)
+}
+
+/// Makes a rename or create inside `dir` durable.
+pub fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).at(dir)
+}
+
+/// Points `link` at `target` by renaming a fresh symlink over it: there is no instant at
+/// which `link` does not exist.
+pub fn replace_symlink(link: &Path, target: &Path) -> Result<()> {
+    let dir = parent(link);
+    let name = link
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.new-{}", std::process::id()));
+    match fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).at(&tmp),
+    }
+    symlink(target, &tmp).at(&tmp)?;
+    fs::rename(&tmp, link).at(link)?;
+    fsync_dir(&dir)
+}
+
+/// Reads a file of at most `max` bytes; larger files are an error, not a truncation.
+pub fn read_limited(path: &Path, max: u64) -> Result<Vec<u8>> {
+    let file = File::open(path).at(path)?;
+    let mut buf = Vec::new();
+    file.take(max + 1).read_to_end(&mut buf).at(path)?;
+    if buf.len() as u64 > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {max} bytes"),
+        ))
+        .at(path);
+    }
+    Ok(buf)
+}
+
+/// Like [`read_limited`], as UTF-8 text.
+pub fn read_text(path: &Path, max: u64) -> Result<String> {
+    let bytes = read_limited(path, max)?;
+    String::from_utf8(bytes)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text"))
+        .at(path)
+}
+
+/// Copies a regular file to `dest` through a temp file and rename; keeps the mode.
+pub fn copy_file(src: &Path, dest: &Path) -> Result<u64> {
+    let dir = parent(dest);
+    let mut input = File::open(src).at(src)?;
+    let perms = input.metadata().at(src)?.permissions();
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(&dir)
+        .at(&dir)?;
+    let n = io::copy(&mut input, tmp.as_file_mut()).at(dest)?;
+    tmp.as_file().set_permissions(perms).at(dest)?;
+    tmp.as_file().sync_all().at(dest)?;
+    tmp.persist(dest).map_err(|e| e.error).at(dest)?;
+    fsync_dir(&dir)?;
+    Ok(n)
+}
+
+fn parent(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_replaces_whole_file_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        write(&p, b"one").unwrap();
+        write(&p, b"two").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn replace_symlink_flips_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("current");
+        replace_symlink(&link, Path::new("versions/a")).unwrap();
+        replace_symlink(&link, Path::new("versions/b")).unwrap();
+        assert_eq!(fs::read_link(&link).unwrap(), Path::new("versions/b"));
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn read_limited_refuses_large_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        fs::write(&p, vec![b'a'; 11]).unwrap();
+        assert!(read_limited(&p, 10).is_err());
+        assert_eq!(read_limited(&p, 11).unwrap().len(), 11);
+    }
+}
