@@ -13,5 +13,6 @@ pub mod atomic;
 pub mod error;
 pub mod payload;
 pub mod unpack;
+pub mod verify;
 
 pub use error::{Error, Result};

@@ -112,6 +112,20 @@ impl Payload {
         self.entry(&layout::dist_entry(version))
     }
 
+    /// The distribution's unpacked size from its gzip trailer (modulo 4 GiB), for progress.
+    pub fn dist_unpacked_size_hint(&mut self, version: &AgentVersion) -> Option<u64> {
+        use std::io::{Seek, SeekFrom};
+        let (start, size) = {
+            let entry = self.archive.by_name(&layout::dist_entry(version)).ok()?;
+            (entry.data_start(), entry.compressed_size())
+        };
+        let mut file = File::open(&self.path).ok()?;
+        file.seek(SeekFrom::Start(start + size.checked_sub(4)?)).ok()?;
+        let mut trailer = [0u8; 4];
+        file.read_exact(&mut trailer).ok()?;
+        Some(u64::from(u32::from_le_bytes(trailer)))
+    }
+
     fn entry(&mut self, name: &str) -> Result<zip::read::ZipFile<'_, File>> {
         let path = self.path.clone();
         self.archive.by_name(name).map_err(|e| Error::NotABundle {

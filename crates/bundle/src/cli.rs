@@ -1,0 +1,268 @@
+//! Command line of `agent-bundle`. Exit codes: 0 success, 1 failure, 2 bad usage.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use agent_extract::atomic;
+use agent_extract::payload::Payload;
+use agent_extract::verify::{self, Verified};
+use agent_protocol::layout;
+use agent_protocol::minisign::Signature;
+use agent_protocol::version::AgentVersion;
+use clap::{CommandFactory, Parser, Subcommand};
+
+use crate::error::{BundleError, Result};
+use crate::install::{self, InstallRequest, TrustSource};
+use crate::keygen;
+use crate::pack::{self, PackRequest};
+
+/// Signed, self-installing agent bundles.
+///
+/// As `agent-bundle-<version>`: `--install[=PREFIX]` installs the agent it carries,
+/// `--update[=AGENT_HOME]` updates an installed agent to it.
+#[derive(Debug, Parser)]
+#[command(
+    name = "agent-bundle",
+    disable_help_flag = true,
+    disable_version_flag = true,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    /// Install the carried agent as PREFIX/agent (PREFIX defaults to the current directory).
+    #[arg(long, value_name = "PREFIX", num_args = 0..=1, require_equals = true, default_missing_value = ".", conflicts_with = "update")]
+    install: Option<PathBuf>,
+
+    /// With --install: trust this public key for updates (and check the bundle with it).
+    #[arg(long, value_name = "FILE", requires = "install")]
+    trust_key: Option<PathBuf>,
+
+    /// With --install: replace an existing agent's version (conf, data and logs are kept).
+    #[arg(long, requires = "install")]
+    force: bool,
+
+    /// Update the agent installed at AGENT_HOME to the carried version.
+    #[arg(long, value_name = "AGENT_HOME", num_args = 0..=1, require_equals = true, default_missing_value = ".")]
+    update: Option<PathBuf>,
+
+    /// With --update: the agent process to wait for before swapping.
+    #[arg(long, value_name = "PID", requires = "update")]
+    wait_pid: Option<u32>,
+
+    /// Show README.txt of the carried agent and this help.
+    #[arg(short = 'h', long)]
+    help: bool,
+
+    /// Show the version, build and platform of the carried agent.
+    #[arg(short = 'V', long)]
+    version: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Make a signing key pair: update.key (secret, keep offline) and update.pub.
+    Keygen {
+        /// Directory to write the keys into.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Overwrite existing key files.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Pack a distribution directory into a signed bundle.
+    Pack {
+        /// Distribution directory, laid out like versions/<v>/ (bin/agent, conf.default/, ...).
+        #[arg(long, value_name = "DIR")]
+        dist: PathBuf,
+        /// Agent version, e.g. 2.2.0.
+        #[arg(long = "version", value_name = "V")]
+        agent_version: String,
+        /// Build number, e.g. 1234.
+        #[arg(long, value_name = "N")]
+        build: String,
+        /// Rust target triple the distribution runs on.
+        #[arg(long, value_name = "TRIPLE", default_value = layout::PLATFORM)]
+        platform: String,
+        /// Secret key file (from `agent-bundle keygen` or `minisign -G -W`).
+        #[arg(long, value_name = "FILE")]
+        key: PathBuf,
+        /// Output directory for agent-bundle-V and agent-bundle-V.minisig.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Executable to put in front of the payload (default: this agent-bundle).
+        #[arg(long, value_name = "FILE")]
+        stub: Option<PathBuf>,
+    },
+    /// Verify a bundle's signature, trusted comment and contents.
+    Verify {
+        /// The bundle file.
+        bundle: PathBuf,
+        /// The trusted public key.
+        #[arg(long = "pub", value_name = "FILE")]
+        public_key: PathBuf,
+        /// The signature (default: BUNDLE.minisig).
+        #[arg(long, value_name = "FILE")]
+        sig: Option<PathBuf>,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("agent-bundle: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("AGENT_BUNDLE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+fn this_exe() -> Result<PathBuf> {
+    std::env::current_exe().map_err(|e| BundleError::Invalid(format!("cannot find this executable: {e}")))
+}
+
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    let exe = this_exe()?;
+    if cli.help {
+        if let Ok(mut payload) = Payload::open(&exe)
+            && let Ok(readme) = payload.read_text(layout::README_ENTRY, agent_extract::payload::MAX_TEXT_ENTRY)
+        {
+            println!("{}", readme.trim_end());
+            println!();
+        }
+        let _ = Cli::command().print_help();
+        return Ok(ExitCode::SUCCESS);
+    }
+    if cli.version {
+        match Payload::open(&exe).and_then(|mut p| p.facts()) {
+            Ok(facts) => println!(
+                "agent-bundle {} (build {}, platform {})",
+                facts.version.version_str(),
+                facts.version.build(),
+                facts.platform
+            ),
+            Err(_) => println!("agent-bundle {} (no payload)", env!("CARGO_PKG_VERSION")),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(prefix) = &cli.install {
+        return run_install(&exe, prefix, cli.trust_key.as_deref(), cli.force);
+    }
+    if let Some(home) = &cli.update {
+        let outcome = agent_updater::run_update(&exe, home, cli.wait_pid)?;
+        println!("{outcome}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    match cli.command {
+        Some(Command::Keygen { out, force }) => {
+            let keys = keygen::keygen(&out, force)?;
+            println!(
+                "Wrote {} (secret: keep it offline, never on the server) and {} (key id {}).",
+                keys.secret.display(),
+                keys.public.display(),
+                keys.key_id
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Pack { dist, agent_version, build, platform, key, out, stub }) => {
+            let version = AgentVersion::new(&agent_version, &build)?;
+            let key = keygen::read_secret_key(&key)?;
+            let stub = stub.unwrap_or(exe);
+            let packed = pack::pack(&PackRequest {
+                dist: &dist,
+                version,
+                platform,
+                key: &key,
+                out_dir: &out,
+                stub: &stub,
+            })?;
+            println!(
+                "Packed {} ({} bytes, sha256 {}) and {}, signed by key {}.",
+                packed.bundle.display(),
+                packed.digests.size,
+                packed.digests.sha256_hex(),
+                packed.signature.display(),
+                key.key_id()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Verify { bundle, public_key, sig }) => Ok(run_verify(&bundle, &public_key, sig.as_deref())),
+        None => {
+            let _ = Cli::command().print_help();
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+fn run_install(exe: &Path, prefix: &Path, trust_key: Option<&Path>, force: bool) -> Result<ExitCode> {
+    let installed = install::install(&InstallRequest { bundle: exe, prefix, trust_key, force })?;
+    let home = installed.home.display();
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "Installed agent {} for {} in {home}.", installed.facts.version, installed.facts.platform);
+    let _ = match &installed.trust {
+        TrustSource::Operator { path, key_id } => {
+            writeln!(out, "Trusting update key {key_id} from {} (--trust-key); the bundle's signature verified with it.", path.display())
+        }
+        TrustSource::Bundle { key_id, signature_checked: true } => writeln!(
+            out,
+            "Trusting update key {key_id} shipped inside the bundle; its signature verified with it. Pass --trust-key to pin your own."
+        ),
+        TrustSource::Bundle { key_id, signature_checked: false } => writeln!(
+            out,
+            "Trusting update key {key_id} shipped inside the bundle; no .minisig beside the bundle, so its signature was NOT checked. Pass --trust-key with the signature to check it."
+        ),
+    };
+    let _ = writeln!(out, "Start it with: {home}/current/bin/agent-wrapper.sh start");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_verify(bundle: &Path, public_key: &Path, sig: Option<&Path>) -> ExitCode {
+    let name = bundle.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    match verify_bundle(bundle, public_key, sig) {
+        Ok(v) => {
+            println!(
+                "OK {name}: agent {} for {}, sha256 {}, signed by key {} at {} (unix seconds)",
+                v.claim.version,
+                v.claim.platform,
+                v.claim.sha256,
+                v.signature.key_id(),
+                v.claim.signed_at
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("FAILED {name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn verify_bundle(bundle: &Path, public_key: &Path, sig: Option<&Path>) -> Result<Verified> {
+    let key = install::read_public_key(public_key)?;
+    let sig_path = sig
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(format!("{}.minisig", bundle.display())));
+    let text = atomic::read_text(&sig_path, 64 * 1024)?;
+    let signature = Signature::parse(&text).map_err(|e| BundleError::Invalid(format!("{}: {e}", sig_path.display())))?;
+    Ok(verify::verify_file(bundle, &signature, &key)?)
+}

@@ -1,0 +1,86 @@
+//! Verification of a bundle against a trusted key: the one definition of "this bundle is
+//! genuine", used by `agent-bundle verify`, the installer, the agent, the server and stamp.
+//!
+//! A bundle is genuine when its detached signature verifies under the key (prehashed
+//! BLAKE2b-512), the signed trusted comment parses as a [`BundleClaim`], the claim's
+//! sha256 is the file's sha256, and the version and platform inside the payload are
+//! the ones the claim names.
+
+use std::fs::File;
+use std::path::Path;
+
+use agent_protocol::digest::Digests;
+use agent_protocol::minisign::{BundleClaim, PublicKey, Signature, Signed};
+
+use crate::error::{Error, IoContext, Result};
+use crate::payload::{BundleFacts, Payload};
+
+/// Largest bundle verified with the legacy (non-prehashed) variant, which needs the
+/// whole file in memory.
+const MAX_LEGACY_BYTES: u64 = 256 * 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct Verified {
+    pub claim: BundleClaim,
+    pub facts: BundleFacts,
+    pub digests: Digests,
+    pub signature: Signature,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error(transparent)]
+    Signature(#[from] agent_protocol::Error),
+    #[error("{0}")]
+    Mismatch(String),
+    #[error(transparent)]
+    Bundle(#[from] Error),
+}
+
+/// Hashes `bundle` in one read and verifies it.
+pub fn verify_file(bundle: &Path, signature: &Signature, key: &PublicKey) -> Result<Verified, VerifyError> {
+    let file = File::open(bundle).at(bundle)?;
+    let digests = Digests::of_reader(file).at(bundle)?;
+    verify_with_digests(bundle, &digests, signature, key)
+}
+
+/// Verifies `bundle` whose digests were already computed (while it was downloaded).
+pub fn verify_with_digests(
+    bundle: &Path,
+    digests: &Digests,
+    signature: &Signature,
+    key: &PublicKey,
+) -> Result<Verified, VerifyError> {
+    if signature.is_prehashed() {
+        signature.verify(key, Signed::Prehashed(&digests.blake2b))?;
+    } else {
+        if digests.size > MAX_LEGACY_BYTES {
+            return Err(VerifyError::Mismatch(format!(
+                "legacy (non-prehashed) signatures are accepted only for files up to {MAX_LEGACY_BYTES} bytes; sign with a current minisign"
+            )));
+        }
+        let bytes = std::fs::read(bundle).at(bundle)?;
+        signature.verify(key, Signed::Raw(&bytes))?;
+    }
+    let claim = BundleClaim::parse(signature.trusted_comment())?;
+    if claim.sha256 != digests.sha256_hex() {
+        return Err(VerifyError::Mismatch(format!(
+            "the signature vouches for sha256 {}, but the file's sha256 is {}",
+            claim.sha256,
+            digests.sha256_hex()
+        )));
+    }
+    let facts = Payload::open(bundle)?.facts()?;
+    if facts.version != claim.version || facts.platform != claim.platform {
+        return Err(VerifyError::Mismatch(format!(
+            "the bundle holds {} for {}, but its signature says {} for {}",
+            facts.version, facts.platform, claim.version, claim.platform
+        )));
+    }
+    Ok(Verified {
+        claim,
+        facts,
+        digests: digests.clone(),
+        signature: signature.clone(),
+    })
+}
