@@ -1,1 +1,15 @@
+//! The reference agent: the daemon an operator runs on every machine, and the client half
+//! of the update.
+//!
+//! It registers with an update-server under the version directive, heartbeats, and when
+//! refused downloads, verifies and hands the server's bundle to the updater. It owns
+//! `data/` (identity, outbox, downloads, bad versions) and `run/health.json`; it never
+//! modifies `versions/` or `current` (that is the updater's job) and never runs a byte it
+//! has not verified.
 
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod home;
+
+pub use error::{AgentError, Result};

@@ -134,18 +134,21 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 
 fn this_exe() -> Result<PathBuf> {
-    std::env::current_exe().map_err(|e| BundleError::Invalid(format!("cannot find this executable: {e}")))
+    std::env::current_exe()
+        .map_err(|e| BundleError::Invalid(format!("cannot find this executable: {e}")))
 }
 
 pub fn run(cli: Cli) -> Result<ExitCode> {
     let exe = this_exe()?;
     if cli.help {
         if let Ok(mut payload) = Payload::open(&exe)
-            && let Ok(readme) = payload.read_text(layout::README_ENTRY, agent_extract::payload::MAX_TEXT_ENTRY)
+            && let Ok(readme) =
+                payload.read_text(layout::README_ENTRY, agent_extract::payload::MAX_TEXT_ENTRY)
         {
             println!("{}", readme.trim_end());
             println!();
@@ -184,7 +187,15 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Some(Command::Pack { dist, agent_version, build, platform, key, out, stub }) => {
+        Some(Command::Pack {
+            dist,
+            agent_version,
+            build,
+            platform,
+            key,
+            out,
+            stub,
+        }) => {
             let version = AgentVersion::new(&agent_version, &build)?;
             let key = keygen::read_secret_key(&key)?;
             let stub = stub.unwrap_or(exe);
@@ -206,7 +217,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Some(Command::Verify { bundle, public_key, sig }) => Ok(run_verify(&bundle, &public_key, sig.as_deref())),
+        Some(Command::Verify {
+            bundle,
+            public_key,
+            sig,
+        }) => Ok(run_verify(&bundle, &public_key, sig.as_deref())),
         None => {
             let _ = Cli::command().print_help();
             Ok(ExitCode::from(2))
@@ -214,30 +229,60 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-fn run_install(exe: &Path, prefix: &Path, trust_key: Option<&Path>, force: bool) -> Result<ExitCode> {
-    let installed = install::install(&InstallRequest { bundle: exe, prefix, trust_key, force })?;
+fn run_install(
+    exe: &Path,
+    prefix: &Path,
+    trust_key: Option<&Path>,
+    force: bool,
+) -> Result<ExitCode> {
+    let installed = install::install(&InstallRequest {
+        bundle: exe,
+        prefix,
+        trust_key,
+        force,
+    })?;
     let home = installed.home.display();
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "Installed agent {} for {} in {home}.", installed.facts.version, installed.facts.platform);
+    let _ = writeln!(
+        out,
+        "Installed agent {} for {} in {home}.",
+        installed.facts.version, installed.facts.platform
+    );
     let _ = match &installed.trust {
         TrustSource::Operator { path, key_id } => {
-            writeln!(out, "Trusting update key {key_id} from {} (--trust-key); the bundle's signature verified with it.", path.display())
+            writeln!(
+                out,
+                "Trusting update key {key_id} from {} (--trust-key); the bundle's signature verified with it.",
+                path.display()
+            )
         }
-        TrustSource::Bundle { key_id, signature_checked: true } => writeln!(
+        TrustSource::Bundle {
+            key_id,
+            signature_checked: true,
+        } => writeln!(
             out,
             "Trusting update key {key_id} shipped inside the bundle; its signature verified with it. Pass --trust-key to pin your own."
         ),
-        TrustSource::Bundle { key_id, signature_checked: false } => writeln!(
+        TrustSource::Bundle {
+            key_id,
+            signature_checked: false,
+        } => writeln!(
             out,
             "Trusting update key {key_id} shipped inside the bundle; no .minisig beside the bundle, so its signature was NOT checked. Pass --trust-key with the signature to check it."
         ),
     };
-    let _ = writeln!(out, "Start it with: {home}/current/bin/agent-wrapper.sh start");
+    let _ = writeln!(
+        out,
+        "Start it with: {home}/current/bin/agent-wrapper.sh start"
+    );
     Ok(ExitCode::SUCCESS)
 }
 
 fn run_verify(bundle: &Path, public_key: &Path, sig: Option<&Path>) -> ExitCode {
-    let name = bundle.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = bundle
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     match verify_bundle(bundle, public_key, sig) {
         Ok(v) => {
             println!(
@@ -263,6 +308,7 @@ fn verify_bundle(bundle: &Path, public_key: &Path, sig: Option<&Path>) -> Result
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from(format!("{}.minisig", bundle.display())));
     let text = atomic::read_text(&sig_path, 64 * 1024)?;
-    let signature = Signature::parse(&text).map_err(|e| BundleError::Invalid(format!("{}: {e}", sig_path.display())))?;
+    let signature = Signature::parse(&text)
+        .map_err(|e| BundleError::Invalid(format!("{}: {e}", sig_path.display())))?;
     Ok(verify::verify_file(bundle, &signature, &key)?)
 }

@@ -33,7 +33,10 @@ pub enum TrustSource {
     /// `--trust-key FILE`, and the bundle's signature verified with it.
     Operator { path: PathBuf, key_id: String },
     /// The key shipped in the bundle; its signature verified with it when present.
-    Bundle { key_id: String, signature_checked: bool },
+    Bundle {
+        key_id: String,
+        signature_checked: bool,
+    },
 }
 
 pub struct Installed {
@@ -78,9 +81,15 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
     let signature_path = PathBuf::from(format!("{}.minisig", req.bundle.display()));
     let trust = decide_trust(req, &version_stage, &signature_path)?;
     if signature_path.exists() {
-        atomic::copy_file(&signature_path, &version_stage.join(layout::VERSION_SIGNATURE_FILE))?;
+        atomic::copy_file(
+            &signature_path,
+            &version_stage.join(layout::VERSION_SIGNATURE_FILE),
+        )?;
     }
-    atomic::write(&version_stage.join(layout::COMPLETE_MARKER), facts.version.to_string().as_bytes())?;
+    atomic::write(
+        &version_stage.join(layout::COMPLETE_MARKER),
+        facts.version.to_string().as_bytes(),
+    )?;
 
     if exists {
         reinstall_over(&home, &facts, &version_stage, &trust, req.trust_key)?;
@@ -112,15 +121,24 @@ fn check_unpacked_version(version_dir: &Path, facts: &BundleFacts) -> Result<()>
         )));
     }
     if !version_dir.join("bin/agent").is_file() {
-        return Err(BundleError::Invalid("the distribution has no bin/agent".into()));
+        return Err(BundleError::Invalid(
+            "the distribution has no bin/agent".into(),
+        ));
     }
     Ok(())
 }
 
-fn decide_trust(req: &InstallRequest<'_>, version_dir: &Path, signature_path: &Path) -> Result<TrustSource> {
+fn decide_trust(
+    req: &InstallRequest<'_>,
+    version_dir: &Path,
+    signature_path: &Path,
+) -> Result<TrustSource> {
     let signature = if signature_path.exists() {
         let text = atomic::read_text(signature_path, 64 * 1024)?;
-        Some(Signature::parse(&text).map_err(|e| BundleError::Invalid(format!("{}: {e}", signature_path.display())))?)
+        Some(
+            Signature::parse(&text)
+                .map_err(|e| BundleError::Invalid(format!("{}: {e}", signature_path.display())))?,
+        )
     } else {
         None
     };
@@ -158,9 +176,21 @@ pub fn read_public_key(path: &Path) -> Result<PublicKey> {
 }
 
 /// Lays out a whole new AGENT_HOME under `staging/agent`.
-fn fresh_tree(staging: &Path, facts: &BundleFacts, version_stage: &Path, trust_key: Option<&Path>) -> Result<()> {
+fn fresh_tree(
+    staging: &Path,
+    facts: &BundleFacts,
+    version_stage: &Path,
+    trust_key: Option<&Path>,
+) -> Result<()> {
     let home = AgentHome::new(staging.join(layout::DIST_ROOT));
-    for dir in [home.root().to_path_buf(), home.versions(), home.conf(), home.data(), home.logs(), home.run()] {
+    for dir in [
+        home.root().to_path_buf(),
+        home.versions(),
+        home.conf(),
+        home.data(),
+        home.logs(),
+        home.run(),
+    ] {
         fs::create_dir_all(&dir).at(&dir)?;
     }
     let version_dir = home.version_dir(&facts.version);
@@ -180,7 +210,13 @@ fn reinstall_over(
     trust: &TrustSource,
     trust_key: Option<&Path>,
 ) -> Result<()> {
-    for dir in [home.versions(), home.conf(), home.data(), home.logs(), home.run()] {
+    for dir in [
+        home.versions(),
+        home.conf(),
+        home.data(),
+        home.logs(),
+        home.run(),
+    ] {
         fs::create_dir_all(&dir).at(&dir)?;
     }
     let version_dir = home.version_dir(&facts.version);

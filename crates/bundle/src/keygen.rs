@@ -31,7 +31,11 @@ pub fn keygen(out: &Path, force: bool) -> Result<KeyFiles> {
     }
     let key = SecretKey::generate()?;
     atomic::write_with_mode(&secret, key.to_file_string().as_bytes(), Some(0o600))?;
-    atomic::write_with_mode(&public, key.public_key().to_file_string().as_bytes(), Some(0o644))?;
+    atomic::write_with_mode(
+        &public,
+        key.public_key().to_file_string().as_bytes(),
+        Some(0o644),
+    )?;
     Ok(KeyFiles {
         secret,
         public,
@@ -43,6 +47,8 @@ pub fn keygen(out: &Path, force: bool) -> Result<KeyFiles> {
 pub fn read_secret_key(path: &Path) -> Result<SecretKey> {
     use std::os::unix::fs::PermissionsExt;
     let text = atomic::read_text(path, 64 * 1024)?;
+    let key = SecretKey::parse(&text)
+        .map_err(|e| BundleError::Invalid(format!("{}: {e}", path.display())))?;
     if let Ok(meta) = fs::metadata(path)
         && meta.permissions().mode() & 0o077 != 0
     {
@@ -51,5 +57,5 @@ pub fn read_secret_key(path: &Path) -> Result<SecretKey> {
             path.display()
         );
     }
-    SecretKey::parse(&text).map_err(|e| BundleError::Invalid(format!("{}: {e}", path.display())))
+    Ok(key)
 }

@@ -63,7 +63,10 @@ pub fn pack(req: &PackRequest<'_>) -> Result<Packed> {
         .tempfile_in(req.out_dir)
         .at(req.out_dir)?;
     write_bundle(req, tarball.path(), bundle.as_file_mut())?;
-    bundle.as_file().sync_all().at(bundle.path().to_path_buf())?;
+    bundle
+        .as_file()
+        .sync_all()
+        .at(bundle.path().to_path_buf())?;
 
     let digests = Digests::of_reader(File::open(bundle.path()).at(bundle.path().to_path_buf())?)
         .at(bundle.path().to_path_buf())?;
@@ -73,7 +76,9 @@ pub fn pack(req: &PackRequest<'_>) -> Result<Packed> {
         sha256: digests.sha256_hex(),
         signed_at: now_secs(),
     };
-    let signature = req.key.sign_prehashed(&digests.blake2b, &claim.to_comment())?;
+    let signature = req
+        .key
+        .sign_prehashed(&digests.blake2b, &claim.to_comment())?;
     {
         use std::os::unix::fs::PermissionsExt;
         bundle
@@ -81,7 +86,10 @@ pub fn pack(req: &PackRequest<'_>) -> Result<Packed> {
             .set_permissions(fs::Permissions::from_mode(0o755))
             .at(&bundle_path)?;
     }
-    bundle.persist(&bundle_path).map_err(|e| e.error).at(&bundle_path)?;
+    bundle
+        .persist(&bundle_path)
+        .map_err(|e| e.error)
+        .at(&bundle_path)?;
     let sig_path = req.out_dir.join(layout::signature_file_name(&name));
     atomic::write(&sig_path, signature.to_file_string().as_bytes())?;
     Ok(Packed {
@@ -103,7 +111,10 @@ pub fn now_secs() -> u64 {
 /// requested version (whatever the directory held) and the signing key's public half as
 /// `conf.default/update.pub` when the directory has none.
 fn write_tarball(req: &PackRequest<'_>, out: &File) -> Result<()> {
-    let gz = GzEncoder::new(BufWriter::with_capacity(1 << 20, out), Compression::default());
+    let gz = GzEncoder::new(
+        BufWriter::with_capacity(1 << 20, out),
+        Compression::default(),
+    );
     let mut tar = tar::Builder::new(gz);
     tar.mode(tar::HeaderMode::Deterministic);
     tar.follow_symlinks(false);
@@ -124,10 +135,18 @@ fn write_tarball(req: &PackRequest<'_>, out: &File) -> Result<()> {
     let mut props = Properties::new();
     props.set(layout::PROP_AGENT_VERSION, &req.version.version_str());
     props.set(layout::PROP_AGENT_BUILD, req.version.build());
-    append_generated(&mut tar, &root.join(AGENT_VERSION_FILE), props.to_text().as_bytes())?;
+    append_generated(
+        &mut tar,
+        &root.join(AGENT_VERSION_FILE),
+        props.to_text().as_bytes(),
+    )?;
     if !req.dist.join("conf.default/update.pub").exists() {
         let public = req.key.public_key().to_file_string();
-        append_generated(&mut tar, &root.join("conf.default/update.pub"), public.as_bytes())?;
+        append_generated(
+            &mut tar,
+            &root.join("conf.default/update.pub"),
+            public.as_bytes(),
+        )?;
     }
     let gz = tar.into_inner().at(req.dist)?;
     let mut writer = gz.finish().at(req.dist)?;
@@ -173,8 +192,10 @@ fn write_bundle(req: &PackRequest<'_>, tarball: &Path, out: &mut File) -> Result
     props.set(layout::PROP_LATEST_VERSION, &req.version.version_str());
     props.set(layout::PROP_LATEST_BUILD, req.version.build());
     props.set(layout::PROP_LATEST_PLATFORM, &req.platform);
-    let zip_err = |e: zip::result::ZipError| BundleError::Invalid(format!("writing the zip payload: {e}"));
-    zip.start_file(layout::PROPERTIES_ENTRY, text).map_err(zip_err)?;
+    let zip_err =
+        |e: zip::result::ZipError| BundleError::Invalid(format!("writing the zip payload: {e}"));
+    zip.start_file(layout::PROPERTIES_ENTRY, text)
+        .map_err(zip_err)?;
     zip.write_all(props.to_text().as_bytes()).at(req.out_dir)?;
 
     let dist_len = fs::metadata(tarball).at(tarball)?.len();
@@ -182,7 +203,8 @@ fn write_bundle(req: &PackRequest<'_>, tarball: &Path, out: &mut File) -> Result
         .compression_method(zip::CompressionMethod::Stored)
         .unix_permissions(0o644)
         .large_file(dist_len >= u32::MAX as u64);
-    zip.start_file(layout::dist_entry(&req.version), stored).map_err(zip_err)?;
+    zip.start_file(layout::dist_entry(&req.version), stored)
+        .map_err(zip_err)?;
     io::copy(&mut File::open(tarball).at(tarball)?, &mut zip).at(tarball)?;
 
     for entry in [layout::README_ENTRY, layout::LICENSE_ENTRY] {

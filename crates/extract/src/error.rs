@@ -9,7 +9,9 @@ pub enum Error {
     #[error("archive has more than {limit} entries; refusing to unpack it")]
     TooManyEntries { limit: u64 },
 
-    #[error("archive unpacks to more than {limit} bytes (at entry {entry:?}); refusing to unpack it")]
+    #[error(
+        "archive unpacks to more than {limit} bytes (at entry {entry:?}); refusing to unpack it"
+    )]
     TooLarge { entry: String, limit: u64 },
 
     #[error("damaged archive: {0}")]

@@ -75,8 +75,12 @@ impl Payload {
         };
         let properties = Properties::parse(&text).map_err(format)?;
         let version = AgentVersion::new(
-            properties.require(layout::PROP_LATEST_VERSION).map_err(format)?,
-            properties.require(layout::PROP_LATEST_BUILD).map_err(format)?,
+            properties
+                .require(layout::PROP_LATEST_VERSION)
+                .map_err(format)?,
+            properties
+                .require(layout::PROP_LATEST_BUILD)
+                .map_err(format)?,
         )
         .map_err(format)?;
         let platform = properties
@@ -120,7 +124,8 @@ impl Payload {
             (entry.data_start(), entry.compressed_size())
         };
         let mut file = File::open(&self.path).ok()?;
-        file.seek(SeekFrom::Start(start + size.checked_sub(4)?)).ok()?;
+        file.seek(SeekFrom::Start(start + size.checked_sub(4)?))
+            .ok()?;
         let mut trailer = [0u8; 4];
         file.read_exact(&mut trailer).ok()?;
         Some(u64::from(u32::from_le_bytes(trailer)))

@@ -49,6 +49,7 @@ pub struct Unpacked {
 }
 
 /// Options of one unpack.
+#[derive(Default)]
 pub struct Options<'a> {
     pub limits: Limits,
     /// Every entry must live under this top directory, which is stripped.
@@ -59,19 +60,13 @@ pub struct Options<'a> {
     pub progress: Option<&'a mut dyn FnMut(u64)>,
 }
 
-impl Default for Options<'_> {
-    fn default() -> Self {
-        Self {
-            limits: Limits::default(),
-            root: None,
-            sync: false,
-            progress: None,
-        }
-    }
-}
 
 /// Unpacks a gzip-compressed tarball into `dest`, which must not exist yet.
-pub fn unpack_tar_gz(reader: impl Read + Send, dest: &Path, options: Options<'_>) -> Result<Unpacked> {
+pub fn unpack_tar_gz(
+    reader: impl Read + Send,
+    dest: &Path,
+    options: Options<'_>,
+) -> Result<Unpacked> {
     fs::create_dir(dest).at(dest)?;
     let result = std::thread::scope(|scope| {
         // Inflate on a second thread, like `tar xzf` piping from gzip, so that
@@ -89,7 +84,8 @@ pub fn unpack_tar_gz(reader: impl Read + Send, dest: &Path, options: Options<'_>
 }
 
 fn inflate_into(reader: impl Read, tx: mpsc::SyncSender<io::Result<Vec<u8>>>) {
-    let mut decoder = flate2::read::GzDecoder::new(io::BufReader::with_capacity(256 * 1024, reader));
+    let mut decoder =
+        flate2::read::GzDecoder::new(io::BufReader::with_capacity(256 * 1024, reader));
     loop {
         let mut buf = vec![0u8; 1024 * 1024];
         let mut filled = 0;
@@ -156,7 +152,11 @@ fn unsafe_entry(entry: &str, reason: impl Into<String>) -> Error {
     }
 }
 
-fn unpack_entries<R: Read>(archive: &mut tar::Archive<R>, dest: &Path, mut options: Options<'_>) -> Result<Unpacked> {
+fn unpack_entries<R: Read>(
+    archive: &mut tar::Archive<R>,
+    dest: &Path,
+    mut options: Options<'_>,
+) -> Result<Unpacked> {
     let limits = options.limits;
     let mut seen: HashSet<PathBuf> = HashSet::new();
     let mut links: HashSet<PathBuf> = HashSet::new();
@@ -183,7 +183,9 @@ fn unpack_entries<R: Read>(archive: &mut tar::Archive<R>, dest: &Path, mut optio
         if matches!(kind, EntryType::XGlobalHeader | EntryType::XHeader) {
             continue;
         }
-        let Some(rel) = safe_relative_path(&raw_path, options.root).map_err(|r| unsafe_entry(&shown, r))? else {
+        let Some(rel) =
+            safe_relative_path(&raw_path, options.root).map_err(|r| unsafe_entry(&shown, r))?
+        else {
             continue; // the root directory itself
         };
         if !seen.insert(rel.clone()) {
@@ -255,7 +257,10 @@ fn unpack_entries<R: Read>(archive: &mut tar::Archive<R>, dest: &Path, mut optio
             }
             EntryType::Fifo => return Err(unsafe_entry(&shown, "FIFOs are not allowed")),
             other => {
-                return Err(unsafe_entry(&shown, format!("entry type {other:?} is not allowed")));
+                return Err(unsafe_entry(
+                    &shown,
+                    format!("entry type {other:?} is not allowed"),
+                ));
             }
         }
     }
@@ -269,7 +274,10 @@ fn unpack_entries<R: Read>(archive: &mut tar::Archive<R>, dest: &Path, mut optio
 }
 
 /// The normalised relative path of an entry, `None` for the root itself, or why not.
-fn safe_relative_path(raw: &Path, root: Option<&str>) -> std::result::Result<Option<PathBuf>, String> {
+fn safe_relative_path(
+    raw: &Path,
+    root: Option<&str>,
+) -> std::result::Result<Option<PathBuf>, String> {
     let mut out = PathBuf::new();
     for component in raw.components() {
         match component {
@@ -305,7 +313,10 @@ fn check_link_target(link: &Path, target: &Path) -> std::result::Result<(), Stri
             Component::ParentDir if !descended => {
                 climbed += 1;
                 if climbed > depth {
-                    return Err(format!("symlink target {} leaves the tree", target.display()));
+                    return Err(format!(
+                        "symlink target {} leaves the tree",
+                        target.display()
+                    ));
                 }
             }
             Component::ParentDir => {
@@ -336,7 +347,10 @@ mod tests {
         assert_eq!(ok("agent/"), None);
         assert_eq!(ok("./"), None);
         for bad in ["../x", "agent/../../x", "/etc/passwd", "other/x"] {
-            assert!(safe_relative_path(Path::new(bad), Some("agent")).is_err(), "{bad}");
+            assert!(
+                safe_relative_path(Path::new(bad), Some("agent")).is_err(),
+                "{bad}"
+            );
         }
     }
 

@@ -38,7 +38,11 @@ pub enum VerifyError {
 }
 
 /// Hashes `bundle` in one read and verifies it.
-pub fn verify_file(bundle: &Path, signature: &Signature, key: &PublicKey) -> Result<Verified, VerifyError> {
+pub fn verify_file(
+    bundle: &Path,
+    signature: &Signature,
+    key: &PublicKey,
+) -> Result<Verified, VerifyError> {
     let file = File::open(bundle).at(bundle)?;
     let digests = Digests::of_reader(file).at(bundle)?;
     verify_with_digests(bundle, &digests, signature, key)

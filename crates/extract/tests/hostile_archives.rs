@@ -5,8 +5,8 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 
-use agent_extract::unpack::{Limits, Options, unpack_tar_gz};
 use agent_extract::Error;
+use agent_extract::unpack::{Limits, Options, unpack_tar_gz};
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use tar::{EntryType, Header};
@@ -21,11 +21,21 @@ struct Raw<'a> {
 }
 
 fn file<'a>(name: &'a str, data: &'a [u8]) -> Raw<'a> {
-    Raw { name, kind: EntryType::Regular, data, link: None }
+    Raw {
+        name,
+        kind: EntryType::Regular,
+        data,
+        link: None,
+    }
 }
 
 fn link<'a>(name: &'a str, kind: EntryType, target: &'a str) -> Raw<'a> {
-    Raw { name, kind, data: b"", link: Some(target) }
+    Raw {
+        name,
+        kind,
+        data: b"",
+        link: Some(target),
+    }
 }
 
 fn archive(entries: &[Raw<'_>]) -> Vec<u8> {
@@ -61,12 +71,26 @@ fn refuse(bytes: &[u8], limits: Limits) -> Error {
     let err = unpack_tar_gz(
         bytes,
         &staging,
-        Options { limits, root: Some("agent"), ..Options::default() },
+        Options {
+            limits,
+            root: Some("agent"),
+            ..Options::default()
+        },
     )
     .expect_err("hostile archive was accepted");
-    assert!(!staging.exists(), "staging directory left behind after {err}");
-    let outside: Vec<_> = fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(outside, vec!["stage"], "something was written outside staging: {outside:?}");
+    assert!(
+        !staging.exists(),
+        "staging directory left behind after {err}"
+    );
+    let outside: Vec<_> = fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        outside,
+        vec!["stage"],
+        "something was written outside staging: {outside:?}"
+    );
     assert!(!Path::new("/tmp/escaped-by-test").exists());
     err
 }
@@ -78,21 +102,33 @@ fn assert_names(err: &Error, entry: &str) {
 
 #[test]
 fn dotdot_entry_is_refused() {
-    let err = refuse(&archive(&[file("agent/../escaped", b"x")]), Limits::default());
+    let err = refuse(
+        &archive(&[file("agent/../escaped", b"x")]),
+        Limits::default(),
+    );
     assert_names(&err, "agent/../escaped");
 }
 
 #[test]
 fn absolute_path_is_refused() {
-    let err = refuse(&archive(&[file("/tmp/escaped-by-test", b"x")]), Limits::default());
+    let err = refuse(
+        &archive(&[file("/tmp/escaped-by-test", b"x")]),
+        Limits::default(),
+    );
     assert_names(&err, "/tmp/escaped-by-test");
 }
 
 #[test]
 fn symlink_to_etc_is_refused() {
-    let err = refuse(&archive(&[link("agent/etc", EntryType::Symlink, "/etc")]), Limits::default());
+    let err = refuse(
+        &archive(&[link("agent/etc", EntryType::Symlink, "/etc")]),
+        Limits::default(),
+    );
     assert_names(&err, "agent/etc");
-    let err = refuse(&archive(&[link("agent/up", EntryType::Symlink, "../../etc")]), Limits::default());
+    let err = refuse(
+        &archive(&[link("agent/up", EntryType::Symlink, "../../etc")]),
+        Limits::default(),
+    );
     assert_names(&err, "agent/up");
 }
 
@@ -108,14 +144,22 @@ fn file_through_a_symlink_is_refused() {
 
 #[test]
 fn hard_link_is_refused() {
-    let bytes = archive(&[file("agent/a", b"x"), link("agent/b", EntryType::Link, "agent/a")]);
+    let bytes = archive(&[
+        file("agent/a", b"x"),
+        link("agent/b", EntryType::Link, "agent/a"),
+    ]);
     assert_names(&refuse(&bytes, Limits::default()), "agent/b");
 }
 
 #[test]
 fn fifo_and_devices_are_refused() {
     for kind in [EntryType::Fifo, EntryType::Char, EntryType::Block] {
-        let bytes = archive(&[Raw { name: "agent/dev", kind, data: b"", link: None }]);
+        let bytes = archive(&[Raw {
+            name: "agent/dev",
+            kind,
+            data: b"",
+            link: None,
+        }]);
         assert_names(&refuse(&bytes, Limits::default()), "agent/dev");
     }
 }
@@ -129,7 +173,10 @@ fn duplicate_names_are_refused() {
 
 #[test]
 fn entry_outside_the_root_is_refused() {
-    assert_names(&refuse(&archive(&[file("other/a", b"1")]), Limits::default()), "other/a");
+    assert_names(
+        &refuse(&archive(&[file("other/a", b"1")]), Limits::default()),
+        "other/a",
+    );
 }
 
 #[test]
@@ -150,7 +197,10 @@ fn endless_data_is_capped_by_bytes_really_written() {
     }
     let bytes = gz.finish().unwrap();
     assert!(bytes.len() < 2 << 20, "bomb is {} bytes", bytes.len());
-    let limits = Limits { max_entries: 10, max_bytes: 64 << 20 };
+    let limits = Limits {
+        max_entries: 10,
+        max_bytes: 64 << 20,
+    };
     let err = refuse(&bytes, limits);
     assert!(matches!(err, Error::TooLarge { .. }), "{err}");
     assert_names(&err, "agent/bomb");
@@ -160,7 +210,13 @@ fn endless_data_is_capped_by_bytes_really_written() {
 fn too_many_entries_are_refused() {
     let names: Vec<String> = (0..20).map(|i| format!("agent/f{i}")).collect();
     let entries: Vec<Raw<'_>> = names.iter().map(|n| file(n, b"")).collect();
-    let err = refuse(&archive(&entries), Limits { max_entries: 10, max_bytes: 1 << 20 });
+    let err = refuse(
+        &archive(&entries),
+        Limits {
+            max_entries: 10,
+            max_bytes: 1 << 20,
+        },
+    );
     assert!(matches!(err, Error::TooManyEntries { .. }), "{err}");
 }
 
@@ -179,15 +235,32 @@ fn a_normal_tree_unpacks_with_modes_and_links() {
     let tmp = tempfile::tempdir().unwrap();
     let staging = tmp.path().join("staging");
     let bytes = archive(&[
-        Raw { name: "agent/bin/", kind: EntryType::Directory, data: b"", link: None },
+        Raw {
+            name: "agent/bin/",
+            kind: EntryType::Directory,
+            data: b"",
+            link: None,
+        },
         file("agent/bin/agent", b"#!/bin/sh\n"),
         link("agent/bin/alias", EntryType::Symlink, "agent"),
         link("agent/top", EntryType::Symlink, "bin/agent"),
     ]);
-    let stats = unpack_tar_gz(&bytes[..], &staging, Options { root: Some("agent"), sync: true, ..Options::default() }).unwrap();
+    let stats = unpack_tar_gz(
+        &bytes[..],
+        &staging,
+        Options {
+            root: Some("agent"),
+            sync: true,
+            ..Options::default()
+        },
+    )
+    .unwrap();
     assert_eq!(stats.entries, 4);
     use std::os::unix::fs::PermissionsExt;
-    let mode = fs::metadata(staging.join("bin/agent")).unwrap().permissions().mode();
+    let mode = fs::metadata(staging.join("bin/agent"))
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o755);
     assert_eq!(fs::read(staging.join("top")).unwrap(), b"#!/bin/sh\n");
 }

@@ -6,7 +6,9 @@ pub enum Error {
     #[error("invalid version {value:?}: {reason}; expected VERSION+BUILD such as 2.2.0+1234")]
     Version { value: String, reason: String },
 
-    #[error("invalid accept policy {value:?}: {reason}; use exact, same-minor or a semver requirement such as \">=2.2, <2.3\"")]
+    #[error(
+        "invalid accept policy {value:?}: {reason}; use exact, same-minor or a semver requirement such as \">=2.2, <2.3\""
+    )]
     Policy { value: String, reason: String },
 
     #[error("line {line}: {reason}")]

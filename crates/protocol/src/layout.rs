@@ -135,9 +135,15 @@ mod tests {
         let v: AgentVersion = "2.2.0+1234".parse().unwrap();
         assert_eq!(dist_entry(&v), "agent-2.2.0.tar.gz");
         assert_eq!(bundle_file_name(&v), "agent-bundle-2.2.0");
-        assert_eq!(signature_file_name("agent-bundle-2.2.0"), "agent-bundle-2.2.0.minisig");
+        assert_eq!(
+            signature_file_name("agent-bundle-2.2.0"),
+            "agent-bundle-2.2.0.minisig"
+        );
         let home = AgentHome::new("/opt/agent");
-        assert_eq!(home.version_dir(&v), Path::new("/opt/agent/versions/2.2.0+1234"));
+        assert_eq!(
+            home.version_dir(&v),
+            Path::new("/opt/agent/versions/2.2.0+1234")
+        );
         assert_eq!(home.pid_file(), Path::new("/opt/agent/run/agent.pid"));
     }
 }

@@ -79,9 +79,15 @@ impl PublicKey {
             )));
         }
         if raw[..2] != ALG_LEGACY {
-            return Err(Error::Key("public key is not an Ed25519 minisign key".into()));
+            return Err(Error::Key(
+                "public key is not an Ed25519 minisign key".into(),
+            ));
         }
-        let key_id = KeyId(raw[2..10].try_into().map_err(|_| Error::Key("key id".into()))?);
+        let key_id = KeyId(
+            raw[2..10]
+                .try_into()
+                .map_err(|_| Error::Key("key id".into()))?,
+        );
         let bytes: [u8; 32] = raw[10..42]
             .try_into()
             .map_err(|_| Error::Key("public key length".into()))?;
@@ -173,13 +179,20 @@ impl SecretKey {
             _ => return Err(Error::Key("unknown key derivation in secret key".into())),
         }
         let body = &raw[54..];
-        let key_id = KeyId(body[..8].try_into().map_err(|_| Error::Key("key id".into()))?);
+        let key_id = KeyId(
+            body[..8]
+                .try_into()
+                .map_err(|_| Error::Key("key id".into()))?,
+        );
         let keypair: [u8; 64] = body[8..72]
             .try_into()
             .map_err(|_| Error::Key("secret key length".into()))?;
         let checksum = &body[72..104];
-        if checksum != key_checksum(&key_id, &keypair) {
-            return Err(Error::Key("secret key checksum does not match; the file is damaged".into()));
+        // minisign 0.11 writes an all-zero checksum for unencrypted (-W) keys.
+        if checksum != key_checksum(&key_id, &keypair) && checksum.iter().any(|&b| b != 0) {
+            return Err(Error::Key(
+                "secret key checksum does not match; the file is damaged".into(),
+            ));
         }
         let signing = SigningKey::from_keypair_bytes(&keypair)
             .map_err(|e| Error::Key(format!("inconsistent secret key: {e}")))?;
@@ -292,7 +305,9 @@ impl Signature {
             .next()
             .and_then(|l| l.strip_prefix(TRUSTED))
             .ok_or_else(|| bad("third line is not a trusted comment"))?;
-        let global_line = lines.next().ok_or_else(|| bad("no global signature line"))?;
+        let global_line = lines
+            .next()
+            .ok_or_else(|| bad("no global signature line"))?;
         let global = B64
             .decode(global_line.trim())
             .map_err(|e| bad(&format!("global signature is not base64: {e}")))?;
@@ -392,7 +407,9 @@ impl BundleClaim {
         let mut signed_at = None;
         for field in comment.split_whitespace() {
             let Some((k, v)) = field.split_once('=') else {
-                return Err(Error::TrustedComment(format!("field {field:?} is not name=value")));
+                return Err(Error::TrustedComment(format!(
+                    "field {field:?} is not name=value"
+                )));
             };
             let slot = match k {
                 "version" => &mut version,
@@ -409,7 +426,10 @@ impl BundleClaim {
         fn need<'a>(v: Option<&'a str>, name: &str, comment: &str) -> Result<&'a str> {
             v.ok_or_else(|| Error::TrustedComment(format!("no {name}= field in {comment:?}")))
         }
-        let version = AgentVersion::new(need(version, "version", comment)?, need(build, "build", comment)?)?;
+        let version = AgentVersion::new(
+            need(version, "version", comment)?,
+            need(build, "build", comment)?,
+        )?;
         let platform = need(platform, "platform", comment)?.to_owned();
         let sha256 = need(sha256, "sha256", comment)?.to_ascii_lowercase();
         if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -447,7 +467,11 @@ mod tests {
         assert_eq!(sk.public_key(), sk2.public_key());
         let pk = PublicKey::parse(&sk.public_key().to_file_string()).unwrap();
         assert_eq!(pk, sk.public_key());
-        assert!(sk.public_key().to_file_string().contains(&sk.key_id().to_string()));
+        assert!(
+            sk.public_key()
+                .to_file_string()
+                .contains(&sk.key_id().to_string())
+        );
     }
 
     #[test]
@@ -456,7 +480,9 @@ mod tests {
         let hash = [7u8; 64];
         let sig = sk.sign_prehashed(&hash, &claim().to_comment()).unwrap();
         let parsed = Signature::parse(&sig.to_file_string()).unwrap();
-        parsed.verify(&sk.public_key(), Signed::Prehashed(&hash)).unwrap();
+        parsed
+            .verify(&sk.public_key(), Signed::Prehashed(&hash))
+            .unwrap();
 
         let other = [8u8; 64];
         assert!(matches!(
@@ -464,7 +490,9 @@ mod tests {
             Err(Error::BadSignature { .. })
         ));
 
-        let edited = sig.to_file_string().replace("signed-at=1700000000", "signed-at=1800000000");
+        let edited = sig
+            .to_file_string()
+            .replace("signed-at=1700000000", "signed-at=1800000000");
         let edited = Signature::parse(&edited).unwrap();
         assert!(matches!(
             edited.verify(&sk.public_key(), Signed::Prehashed(&hash)),

@@ -168,7 +168,14 @@ mod tests {
     #[test]
     fn rejects_malformed_identities() {
         for bad in [
-            "", "2.2.0", "2.2+1", "x+1", "2.2.0+", "2.2.0+a b", "2.2.0+1+2", "+12",
+            "",
+            "2.2.0",
+            "2.2+1",
+            "x+1",
+            "2.2.0+",
+            "2.2.0+a b",
+            "2.2.0+1+2",
+            "+12",
         ] {
             assert!(bad.parse::<AgentVersion>().is_err(), "{bad:?} parsed");
         }

@@ -157,7 +157,9 @@ mod tests {
     fn version_info_round_trips_in_design_order() {
         let p = info().to_properties();
         let text = p.to_text();
-        assert!(text.starts_with("server.version=1.2.0\nserver.build-number=1852\nagent.latest.version=2.2.0\n"));
+        assert!(text.starts_with(
+            "server.version=1.2.0\nserver.build-number=1852\nagent.latest.version=2.2.0\n"
+        ));
         assert_eq!(VersionInfo::from_properties(&p).unwrap(), info());
     }
 
@@ -172,7 +174,10 @@ mod tests {
         ] {
             let mut p = info().to_properties();
             p.set(key, value);
-            assert!(VersionInfo::from_properties(&p).is_err(), "{key}={value} accepted");
+            assert!(
+                VersionInfo::from_properties(&p).is_err(),
+                "{key}={value} accepted"
+            );
         }
     }
 

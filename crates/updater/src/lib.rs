@@ -6,6 +6,10 @@ pub enum UpdateError {
     Failed(String),
 }
 
-pub fn run_update(_bundle: &std::path::Path, _home: &std::path::Path, _wait_pid: Option<u32>) -> Result<String, UpdateError> {
+pub fn run_update(
+    _bundle: &std::path::Path,
+    _home: &std::path::Path,
+    _wait_pid: Option<u32>,
+) -> Result<String, UpdateError> {
     Err(UpdateError::Failed("the updater is not built yet".into()))
 }

@@ -1,0 +1,287 @@
+//! `conf/agent.toml`, every key also settable as `AGENT_<SECTION>_<KEY>`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{AgentError, Result};
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct Config {
+    pub server: ServerSection,
+    pub agent: AgentSection,
+    pub update: UpdateSection,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct ServerSection {
+    /// Tried in order; a failover re-checks the version with `connect`.
+    pub urls: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct AgentSection {
+    #[serde(with = "humantime_str")]
+    pub heartbeat: Duration,
+    /// Shown to the server; defaults to the host name.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct UpdateSection {
+    pub enabled: bool,
+    /// Relative to AGENT_HOME.
+    pub public_key: PathBuf,
+    #[serde(with = "humantime_str")]
+    pub health_timeout: Duration,
+    #[serde(with = "humantime_str")]
+    pub max_retry_after: Duration,
+    /// Cap on one bundle download, from first to last byte.
+    #[serde(with = "humantime_str")]
+    pub download_timeout: Duration,
+    /// A download that delivers no byte for this long is abandoned and resumed later.
+    #[serde(with = "humantime_str")]
+    pub read_timeout: Duration,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            urls: vec!["http://127.0.0.1:7080".into()],
+        }
+    }
+}
+
+impl Default for AgentSection {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_secs(30),
+            name: String::new(),
+        }
+    }
+}
+
+impl Default for UpdateSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            public_key: PathBuf::from("conf/update.pub"),
+            health_timeout: Duration::from_secs(60),
+            max_retry_after: Duration::from_secs(3600),
+            download_timeout: Duration::from_secs(30 * 60),
+            read_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+
+/// Every key, as (section, key); the environment variable is `AGENT_<SECTION>_<KEY>`
+/// upper-cased with `-` as `_`.
+pub const KEYS: &[(&str, &str)] = &[
+    ("server", "urls"),
+    ("agent", "heartbeat"),
+    ("agent", "name"),
+    ("update", "enabled"),
+    ("update", "public-key"),
+    ("update", "health-timeout"),
+    ("update", "max-retry-after"),
+    ("update", "download-timeout"),
+    ("update", "read-timeout"),
+];
+
+pub fn env_var_name(section: &str, key: &str) -> String {
+    format!("AGENT_{}_{}", section, key)
+        .to_ascii_uppercase()
+        .replace('-', "_")
+}
+
+impl Config {
+    /// Reads `path` (a missing file means defaults), then applies `env` overrides.
+    pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(source) => {
+                return Err(AgentError::Io {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        };
+        Self::parse(&text, path, env)
+    }
+
+    pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
+        let bad = |message: String| AgentError::Config {
+            path: path.to_owned(),
+            message,
+        };
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        for (section, key) in KEYS {
+            let var = env_var_name(section, key);
+            let Some(raw) = env(&var) else { continue };
+            let value = env_value(section, key, &raw).map_err(|m| bad(format!("{var}: {m}")))?;
+            let entry = table
+                .entry(section.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            match entry {
+                toml::Value::Table(t) => {
+                    t.insert(key.to_string(), value);
+                }
+                _ => return Err(bad(format!("[{section}] is not a table"))),
+            }
+        }
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(e.to_string()))?;
+        if config.server.urls.is_empty() {
+            return Err(bad(
+                "server.urls is empty; name at least one update-server".into()
+            ));
+        }
+        for url in &config.server.urls {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(bad(format!(
+                    "server.urls: {url:?} is not an http:// or https:// URL"
+                )));
+            }
+        }
+        Ok(config)
+    }
+
+    pub fn public_key_path(&self, home: &Path) -> PathBuf {
+        home.join(&self.update.public_key)
+    }
+}
+
+fn env_value(section: &str, key: &str, raw: &str) -> std::result::Result<toml::Value, String> {
+    Ok(match (section, key) {
+        ("server", "urls") => toml::Value::Array(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| toml::Value::String(s.to_owned()))
+                .collect(),
+        ),
+        ("update", "enabled") => toml::Value::Boolean(
+            raw.parse()
+                .map_err(|_| format!("{raw:?} is not true or false"))?,
+        ),
+        _ => toml::Value::String(raw.to_owned()),
+    })
+}
+
+/// Durations written as `30s`, `5m`, `1h`, `250ms`.
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{s:?} has no unit; write e.g. 30s, 5m, 1h or 250ms"))?;
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} does not start with a number"))?;
+    let secs = |mult: u64| Duration::from_secs(n.saturating_mul(mult));
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(secs(1)),
+        "m" => Ok(secs(60)),
+        "h" => Ok(secs(3600)),
+        "d" => Ok(secs(86400)),
+        _ => Err(format!(
+            "{s:?}: unknown unit {unit:?}; use ms, s, m, h or d"
+        )),
+    }
+}
+
+mod humantime_str {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        super::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn empty_file_is_defaults() {
+        let c = Config::parse("", Path::new("agent.toml"), &no_env).unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn design_example_parses() {
+        let text = r#"
+[server]
+urls = ["http://127.0.0.1:7080"]
+[agent]
+heartbeat = "30s"
+[update]
+enabled = true
+public-key = "conf/update.pub"
+health-timeout = "60s"
+max-retry-after = "1h"
+"#;
+        let c = Config::parse(text, Path::new("agent.toml"), &no_env).unwrap();
+        assert_eq!(c.update.max_retry_after, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn unknown_key_is_named_with_the_file() {
+        let err = Config::parse(
+            "[update]\nenabeld = true\n",
+            Path::new("/x/agent.toml"),
+            &no_env,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("enabeld") && err.contains("/x/agent.toml"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn environment_overrides_file() {
+        let env = |k: &str| match k {
+            "AGENT_UPDATE_ENABLED" => Some("false".to_owned()),
+            "AGENT_SERVER_URLS" => Some("http://a:1, http://b:2".to_owned()),
+            "AGENT_AGENT_HEARTBEAT" => Some("2s".to_owned()),
+            _ => None,
+        };
+        let c = Config::parse("[update]\nenabled = true\n", Path::new("a.toml"), &env).unwrap();
+        assert!(!c.update.enabled);
+        assert_eq!(c.server.urls, vec!["http://a:1", "http://b:2"]);
+        assert_eq!(c.agent.heartbeat, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        for text in [
+            "[agent]\nheartbeat = \"soon\"\n",
+            "[server]\nurls = []\n",
+            "[server]\nurls = [\"ftp://x\"]\n",
+            "not toml",
+        ] {
+            assert!(
+                Config::parse(text, Path::new("a.toml"), &no_env).is_err(),
+                "{text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds release binaries, assembles the reference agent distribution and packs it into
+# a signed bundle.
+# usage: scripts/build-dist.sh [--version V] [--build N] [--key FILE] [--out DIR]
+#   --version  agent version (default: the workspace version)
+#   --build    build number (default: the number of commits, or 1)
+#   --key      secret signing key (default: a throw-away dev key in dev-keys/, made on first use)
+#   --out      where agent-bundle-V and its .minisig go (default: dist/bundle)
+set -euo pipefail
+
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+cd "$(dirname "$0")/.."
+
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+build=$(git rev-list --count HEAD 2>/dev/null || echo 1)
+key=""
+out="dist/bundle"
+while (($#)); do
+    case "$1" in
+    --version) version=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --key) key=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "build-dist.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+
+cargo build --release --locked --bins >&2
+bin=target/release
+
+if [[ -z "$key" ]]; then
+    key=dev-keys/update.key
+    if [[ ! -f "$key" ]]; then
+        "$bin/agent-bundle" keygen --out dev-keys >&2
+        cat >&2 <<'NOTE'
+************************************************************************
+*  Made a THROW-AWAY DEVELOPMENT KEY in dev-keys/ (git-ignored).       *
+*  It is NOT for production: make an offline key with                  *
+*  `agent-bundle keygen --out /secure/place` and pass --key.           *
+************************************************************************
+NOTE
+    fi
+fi
+
+dist=dist/agent-$version
+rm -rf "$dist"
+mkdir -p "$dist/bin" "$dist/conf.default"
+cp "$bin/agent" "$dist/bin/agent"
+cp installer/agent-wrapper.sh "$dist/bin/agent-wrapper.sh"
+cp installer/agent.toml "$dist/conf.default/agent.toml"
+# The public half of the signing key: what a fresh install trusts by default.
+pub="${key%.key}.pub"
+if [[ -f "$pub" ]]; then
+    cp "$pub" "$dist/conf.default/update.pub"
+fi
+cp installer/README.txt "$dist/README.txt"
+cp LICENSE "$dist/LICENSE"
+
+"$bin/agent-bundle" pack --dist "$dist" --version "$version" --build "$build" --key "$key" --out "$out" >&2
+echo "$out/agent-bundle-$version"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit, handler and end-to-end tests.
+# usage: scripts/test.sh [extra nextest/cargo test arguments]
+set -euo pipefail
+
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+    echo "usage: $0 [test filter or runner arguments]"
+    exit 0
+fi
+cd "$(dirname "$0")/.."
+
+# The end-to-end tests use the real tools the interface promises.
+tools=(minisign unzip wget curl)
+missing=()
+for tool in "${tools[@]}"; do
+    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
+if ((${#missing[@]})); then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "test.sh: installing ${missing[*]}" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        echo "test.sh: missing ${missing[*]}; install them (sudo apt-get install ${missing[*]}) and run again" >&2
+        exit 1
+    fi
+fi
+
+# The end-to-end tests spawn the built binaries.
+cargo build --workspace --bins --locked
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}" "$@"
+else
+    cargo test --workspace --locked "$@"
+fi
