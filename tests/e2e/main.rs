@@ -1,5 +1,8 @@
 //! End-to-end tests: the built binaries, real processes, real files and sockets.
 
-#![allow(clippy::unwrap_used, reason = "tests: a failed step should fail the test loudly")]
+#![allow(
+    clippy::unwrap_used,
+    reason = "tests: a failed step should fail the test loudly"
+)]
 
 mod bundle;

@@ -1,7 +1,10 @@
 //! Helpers for the end-to-end tests: a temp dir per test, the built binaries, commands
 //! whose failures show their command line and output, children killed on drop.
 
-#![allow(clippy::unwrap_used, reason = "test support: a failed setup step should fail the test loudly")]
+#![allow(
+    clippy::unwrap_used,
+    reason = "test support: a failed setup step should fail the test loudly"
+)]
 
 use std::fs;
 use std::net::TcpListener;

@@ -79,7 +79,6 @@ impl Default for UpdateSection {
     }
 }
 
-
 /// Every key, as (section, key); the environment variable is `AGENT_<SECTION>_<KEY>`
 /// upper-cased with `-` as `_`.
 pub const KEYS: &[(&str, &str)] = &[

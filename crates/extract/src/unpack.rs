@@ -60,7 +60,6 @@ pub struct Options<'a> {
     pub progress: Option<&'a mut dyn FnMut(u64)>,
 }
 
-
 /// Unpacks a gzip-compressed tarball into `dest`, which must not exist yet.
 pub fn unpack_tar_gz(
     reader: impl Read + Send,

@@ -1,6 +1,11 @@
 //! Hostile archives, each refused with an error naming the entry, with nothing written
 //! outside the staging directory and the staging directory itself removed.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "tests: a failed step should fail the test loudly"
+)]
+
 use std::fs;
 use std::io::Write;
 use std::path::Path;
