@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use agent_protocol::settings::{self, Kind, Key, key};
 use serde::Deserialize;
 
 use crate::error::{AgentError, Result};
@@ -79,25 +80,20 @@ impl Default for UpdateSection {
     }
 }
 
-/// Every key, as (section, key); the environment variable is `AGENT_<SECTION>_<KEY>`
-/// upper-cased with `-` as `_`.
-pub const KEYS: &[(&str, &str)] = &[
-    ("server", "urls"),
-    ("agent", "heartbeat"),
-    ("agent", "name"),
-    ("update", "enabled"),
-    ("update", "public-key"),
-    ("update", "health-timeout"),
-    ("update", "max-retry-after"),
-    ("update", "download-timeout"),
-    ("update", "read-timeout"),
+/// Every key; the environment variable is `AGENT_<SECTION>_<KEY>`.
+pub const KEYS: &[Key] = &[
+    key("server", "urls", Kind::List),
+    key("agent", "heartbeat", Kind::Str),
+    key("agent", "name", Kind::Str),
+    key("update", "enabled", Kind::Bool),
+    key("update", "public-key", Kind::Str),
+    key("update", "health-timeout", Kind::Str),
+    key("update", "max-retry-after", Kind::Str),
+    key("update", "download-timeout", Kind::Str),
+    key("update", "read-timeout", Kind::Str),
 ];
 
-pub fn env_var_name(section: &str, key: &str) -> String {
-    format!("AGENT_{}_{}", section, key)
-        .to_ascii_uppercase()
-        .replace('-', "_")
-}
+pub const ENV_PREFIX: &str = "AGENT";
 
 impl Config {
     /// Reads `path` (a missing file means defaults), then applies `env` overrides.
@@ -121,20 +117,7 @@ impl Config {
             message,
         };
         let mut table: toml::Table = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
-        for (section, key) in KEYS {
-            let var = env_var_name(section, key);
-            let Some(raw) = env(&var) else { continue };
-            let value = env_value(section, key, &raw).map_err(|m| bad(format!("{var}: {m}")))?;
-            let entry = table
-                .entry(section.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            match entry {
-                toml::Value::Table(t) => {
-                    t.insert(key.to_string(), value);
-                }
-                _ => return Err(bad(format!("[{section}] is not a table"))),
-            }
-        }
+        settings::apply_env(&mut table, ENV_PREFIX, KEYS, env).map_err(bad)?;
         let config: Config = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| bad(e.to_string()))?;
@@ -158,45 +141,7 @@ impl Config {
     }
 }
 
-fn env_value(section: &str, key: &str, raw: &str) -> std::result::Result<toml::Value, String> {
-    Ok(match (section, key) {
-        ("server", "urls") => toml::Value::Array(
-            raw.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(|s| toml::Value::String(s.to_owned()))
-                .collect(),
-        ),
-        ("update", "enabled") => toml::Value::Boolean(
-            raw.parse()
-                .map_err(|_| format!("{raw:?} is not true or false"))?,
-        ),
-        _ => toml::Value::String(raw.to_owned()),
-    })
-}
-
-/// Durations written as `30s`, `5m`, `1h`, `250ms`.
-pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("{s:?} has no unit; write e.g. 30s, 5m, 1h or 250ms"))?;
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{s:?} does not start with a number"))?;
-    let secs = |mult: u64| Duration::from_secs(n.saturating_mul(mult));
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(secs(1)),
-        "m" => Ok(secs(60)),
-        "h" => Ok(secs(3600)),
-        "d" => Ok(secs(86400)),
-        _ => Err(format!(
-            "{s:?}: unknown unit {unit:?}; use ms, s, m, h or d"
-        )),
-    }
-}
+pub use agent_protocol::settings::parse_duration;
 
 mod humantime_str {
     use std::time::Duration;

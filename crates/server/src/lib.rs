@@ -1,1 +1,135 @@
+//! update-server: serves one signed agent bundle, enforces the version directive and
+//! keeps the fleet's state.
+//!
+//! It owns its home directory (download dir, private bundle copies, database). It never
+//! modifies the operator's dropped bundle files, never serves a byte that is not in its
+//! private immutable copy, and never holds a bundle whole in memory (it maps it).
 
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod limiter;
+pub mod metrics;
+pub mod routes;
+pub mod store;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::time::Duration;
+
+use agent_protocol::minisign::PublicKey;
+
+pub use config::Config;
+pub use error::ServerError;
+pub use routes::{AppState, app};
+
+/// How often the download directory is looked at.
+pub const SCAN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Opens the database, loads the live settings and scans the bundle store once.
+pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
+    let home = &config.server.home;
+    std::fs::create_dir_all(home).map_err(|e| ServerError::Io(format!("{}: {e}", home.display())))?;
+    let public_key = if config.bundle.public_key.is_empty() {
+        None
+    } else {
+        let path = std::path::Path::new(&config.bundle.public_key);
+        let text = std::fs::read_to_string(path).map_err(|e| ServerError::Config(format!("bundle.public-key {}: {e}", path.display())))?;
+        Some(PublicKey::parse(&text).map_err(|e| ServerError::Config(format!("bundle.public-key {}: {e}", path.display())))?)
+    };
+    let store = store::BundleStore::new(config.download_dir(), home, public_key)
+        .map_err(|e| ServerError::Io(format!("{}: {e}", config.download_dir().display())))?;
+    let store = Arc::new(store);
+    let scan_store = Arc::clone(&store);
+    tokio::task::spawn_blocking(move || scan_store.scan())
+        .await
+        .map_err(|e| ServerError::Io(format!("bundle scan: {e}")))?;
+
+    let db = db::Db::open(&config.database.url, home).await?;
+    let auto_update = db.setting(routes::SETTING_AUTO_UPDATE).await?.is_none_or(|v| v != "false");
+    let download_limit = match db.setting(routes::SETTING_DOWNLOAD_LIMIT).await? {
+        Some(v) => v.parse().unwrap_or(config.downloads.limit),
+        None => config.downloads.limit,
+    };
+    Ok(AppState {
+        inner: Arc::new(routes::Shared {
+            store,
+            db,
+            limiter: Arc::default(),
+            metrics: Arc::default(),
+            policy: config.accept_policy().map_err(|e| ServerError::Config(e.to_string()))?,
+            admin_token: config.admin.token.clone(),
+            auto_update: AtomicBool::new(auto_update),
+            download_limit: AtomicUsize::new(download_limit.min(config.server.max_connections)),
+            max_connections: config.server.max_connections,
+            retry_after: config.downloads.retry_after,
+        }),
+    })
+}
+
+/// Serves until `shutdown` resolves, then lets running downloads finish for the grace
+/// period.
+pub async fn serve(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+    let addr = config.listen_addr().map_err(ServerError::Config)?;
+    let state = build_state(&config).await?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| ServerError::Io(format!("cannot listen on {addr}: {e}; is another server running there?")))?;
+    let local = listener.local_addr().map_err(|e| ServerError::Io(e.to_string()))?;
+    tracing::info!("update-server listening on http://{local} (home {})", config.server.home.display());
+    // Tests and scripts read this line to learn the port.
+    println!("listening on {local}");
+
+    let store = Arc::clone(&state.inner.store);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(SCAN_INTERVAL);
+        loop {
+            tick.tick().await;
+            let store = Arc::clone(&store);
+            let _ = tokio::task::spawn_blocking(move || store.scan()).await;
+        }
+    });
+
+    let router = app(state)
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(config.server.max_connections))
+        .layer(tower_http::trace::TraceLayer::new_for_http());
+    let grace = Duration::from_secs(config.server.shutdown_grace);
+    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+        shutdown.await;
+        tracing::info!("stopping: no new connections; running downloads get {}s to finish", grace.as_secs());
+        let _ = stopping_tx.send(());
+    });
+    let deadline = async move {
+        if stopping_rx.await.is_ok() {
+            tokio::time::sleep(grace).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        result = server => result.map_err(|e| ServerError::Io(e.to_string()))?,
+        () = deadline => tracing::warn!("grace period over; closing the remaining downloads"),
+    }
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

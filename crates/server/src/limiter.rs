@@ -1,0 +1,69 @@
+//! The concurrent-download limit. A slot is held from the first byte of a body until the
+//! body ends or its client goes away (the body, and with it the slot, is dropped then).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+#[derive(Debug, Default)]
+pub struct DownloadLimiter {
+    in_flight: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl DownloadLimiter {
+    /// A slot if fewer than `limit` downloads are in flight.
+    pub fn try_acquire(self: &Arc<Self>, limit: usize) -> Option<Slot> {
+        let mut current = self.in_flight.load(Ordering::Acquire);
+        loop {
+            if current >= limit {
+                return None;
+            }
+            match self
+                .in_flight
+                .compare_exchange_weak(current, current + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.peak.fetch_max(current + 1, Ordering::Relaxed);
+                    return Some(Slot { limiter: Arc::clone(self) });
+                }
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Debug)]
+pub struct Slot {
+    limiter: Arc<DownloadLimiter>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.limiter.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_more_than_limit_and_released_on_drop() {
+        let l = Arc::new(DownloadLimiter::default());
+        let a = l.try_acquire(2).unwrap();
+        let _b = l.try_acquire(2).unwrap();
+        assert!(l.try_acquire(2).is_none());
+        drop(a);
+        assert!(l.try_acquire(2).is_some());
+        assert_eq!(l.peak(), 2);
+        assert!(l.try_acquire(0).is_none());
+    }
+}
