@@ -6,3 +6,4 @@
 )]
 
 mod bundle;
+mod server;

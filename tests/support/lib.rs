@@ -218,3 +218,167 @@ pub fn require_tool(tool: &str) {
         "{tool} is not installed; scripts/test.sh installs the test tools (apt-get install {tool})"
     );
 }
+
+/// A running update-server with its home in the test's directory.
+pub struct ServerProc {
+    pub port: u16,
+    pub home: PathBuf,
+    pub pid: u32,
+}
+
+impl ServerProc {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn download_dir(&self) -> PathBuf {
+        self.home.join("downloads/agent")
+    }
+}
+
+impl TestContext {
+    /// Starts update-server with `env` settings, its home `home`, and waits until it answers.
+    pub fn server(&self, home: &str, env: &[(&str, &str)]) -> ServerProc {
+        let port = free_port();
+        let home = self.path(home);
+        fs::create_dir_all(home.join("downloads/agent")).unwrap();
+        let mut cmd = self.cmd("update-server");
+        cmd.arg("--listen").arg(format!("127.0.0.1:{port}")).arg("--home").arg(&home);
+        cmd.stdout(Stdio::null()).stderr(fs::File::create(home.join("server.log")).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let pid = self.spawn(cmd);
+        let server = ServerProc { port, home, pid };
+        wait_until(Duration::from_secs(20), "update-server to answer /healthz", || {
+            http(port, "GET", "/healthz", &[]).map(|r| r.status == 200).unwrap_or(false)
+        });
+        server
+    }
+
+    /// Copies a bundle and its signature into the server's download directory.
+    pub fn publish(&self, server: &ServerProc, bundle: &Path) {
+        let name = bundle.file_name().unwrap();
+        let sig = PathBuf::from(format!("{}.minisig", bundle.display()));
+        fs::copy(&sig, server.download_dir().join(sig.file_name().unwrap())).unwrap();
+        fs::copy(bundle, server.download_dir().join(name)).unwrap();
+    }
+}
+
+/// A whole HTTP/1.1 answer.
+#[derive(Debug)]
+pub struct HttpAnswer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpAnswer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Sends one request with `Connection: close` and reads the whole answer.
+pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> std::io::Result<HttpAnswer> {
+    http_with_body(port, method, path, headers, b"")
+}
+
+pub fn http_with_body(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<HttpAnswer> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    stream.write_all(req.as_bytes())?;
+    stream.write_all(body)?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    parse_answer(&raw, method == "HEAD")
+}
+
+/// Sends a GET and returns the stream positioned after the headers, for tests that
+/// read a body slowly or hang up in the middle.
+pub fn http_open(port: u16, path: &str) -> std::io::Result<(HttpAnswer, std::io::BufReader<std::net::TcpStream>)> {
+    use std::io::{BufRead, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes())?;
+    let mut reader = std::io::BufReader::new(stream);
+    let mut head = Vec::new();
+    loop {
+        let mut line = Vec::new();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        head.extend_from_slice(&line);
+        if line == b"\r\n" {
+            break;
+        }
+    }
+    let answer = parse_answer(&head, true)?;
+    Ok((answer, reader))
+}
+
+fn parse_answer(raw: &[u8], head_only: bool) -> std::io::Result<HttpAnswer> {
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_owned());
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| bad("no header end"))?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("no status line"))?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    let body = if head_only { Vec::new() } else { raw[split + 4..].to_vec() };
+    Ok(HttpAnswer { status, headers, body })
+}
+
+/// Adds `bytes` of incompressible data to a distribution, to make a bundle of a given size.
+pub fn pad_dist(dist: &Path, bytes: usize) {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut data = Vec::with_capacity(bytes);
+    while data.len() < bytes {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        data.extend_from_slice(&state.to_le_bytes());
+    }
+    data.truncate(bytes);
+    fs::create_dir_all(dist.join("lib")).unwrap();
+    fs::write(dist.join("lib/payload.bin"), data).unwrap();
+}
+
+pub fn sha256_file(path: &Path) -> String {
+    agent_protocol::digest::Digests::of_reader(fs::File::open(path).unwrap()).unwrap().sha256_hex()
+}
+
+pub fn sha256_bytes(data: &[u8]) -> String {
+    agent_protocol::digest::Digests::of_reader(data).unwrap().sha256_hex()
+}
+
+/// Reads one value of a `name=value` text.
+pub fn property(text: &str, name: &str) -> Option<String> {
+    text.lines().find_map(|l| l.strip_prefix(&format!("{name}=")).map(str::to_owned))
+}
+
+/// A gauge or counter from /metrics.
+pub fn metric(server: &ServerProc, name: &str) -> f64 {
+    let answer = http(server.port, "GET", "/metrics", &[]).unwrap();
+    answer
+        .text()
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("metric {name} not found"))
+}
