@@ -6,4 +6,5 @@
 )]
 
 mod bundle;
+mod handlers;
 mod server;
