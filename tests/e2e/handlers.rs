@@ -21,21 +21,37 @@ fn fixture(env: &[(&str, &str)], publish: bool) -> Fixture {
     let dist = ctx.dist("dist");
     let bundle = ctx.pack(&dist, "2.2.0", "1234", &key, "out");
     let home = ctx.path("home");
-    let mut vars: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    vars.push(("UPDATE_SERVER_SERVER_HOME".into(), home.display().to_string()));
-    let config = Config::load(None, &|k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())).unwrap();
+    let mut vars: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    vars.push((
+        "UPDATE_SERVER_SERVER_HOME".into(),
+        home.display().to_string(),
+    ));
+    let config = Config::load(None, &|k| {
+        vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    })
+    .unwrap();
     if publish {
         let dir = config.download_dir();
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::copy(&bundle, dir.join("agent-bundle-2.2.0")).unwrap();
-        std::fs::copy(format!("{}.minisig", bundle.display()), dir.join("agent-bundle-2.2.0.minisig")).unwrap();
+        std::fs::copy(
+            format!("{}.minisig", bundle.display()),
+            dir.join("agent-bundle-2.2.0.minisig"),
+        )
+        .unwrap();
     }
     let state = runtime().block_on(build_state(&config)).unwrap();
     Fixture { _ctx: ctx, state }
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 fn call(f: &Fixture, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, String) {
@@ -67,33 +83,58 @@ fn version_and_download_status_codes() {
     let f = fixture(&[], true);
     let (status, headers, body) = call(&f, get("/agentupdate/version"));
     assert_eq!(status, StatusCode::OK);
-    assert!(body.contains("agent.latest.version=2.2.0\nagent.latest.build-number=1234\n"), "{body}");
+    assert!(
+        body.contains("agent.latest.version=2.2.0\nagent.latest.build-number=1234\n"),
+        "{body}"
+    );
     assert_eq!(headers["cache-control"], "no-store");
 
     let (status, headers, _) = call(&f, get("/agentupdate/download"));
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["content-disposition"], "attachment; filename=\"agent-bundle-2.2.0\"");
+    assert_eq!(
+        headers["content-disposition"],
+        "attachment; filename=\"agent-bundle-2.2.0\""
+    );
     for h in ["etag", "last-modified", "content-length"] {
         assert!(headers.contains_key(h), "{h} missing");
     }
     assert_eq!(headers["accept-ranges"], "bytes");
     let etag = headers["etag"].to_str().unwrap().to_owned();
 
-    let ranged = Request::get("/agentupdate/download").header("Range", "bytes=0-9").body(Body::empty()).unwrap();
+    let ranged = Request::get("/agentupdate/download")
+        .header("Range", "bytes=0-9")
+        .body(Body::empty())
+        .unwrap();
     let (status, headers, _) = call(&f, ranged);
     assert_eq!(status, StatusCode::PARTIAL_CONTENT);
     assert_eq!(headers["content-length"], "10");
 
-    let stale = Request::get("/agentupdate/download").header("Range", "bytes=0-9").header("If-Range", "\"other\"").body(Body::empty()).unwrap();
-    assert_eq!(call(&f, stale).0, StatusCode::OK, "If-Range with another ETag gets the whole file");
+    let stale = Request::get("/agentupdate/download")
+        .header("Range", "bytes=0-9")
+        .header("If-Range", "\"other\"")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        call(&f, stale).0,
+        StatusCode::OK,
+        "If-Range with another ETag gets the whole file"
+    );
 
-    let beyond = Request::get("/agentupdate/download").header("Range", "bytes=999999999-").body(Body::empty()).unwrap();
+    let beyond = Request::get("/agentupdate/download")
+        .header("Range", "bytes=999999999-")
+        .body(Body::empty())
+        .unwrap();
     assert_eq!(call(&f, beyond).0, StatusCode::RANGE_NOT_SATISFIABLE);
 
-    let same = Request::get("/agentupdate/download").header("If-None-Match", etag).body(Body::empty()).unwrap();
+    let same = Request::get("/agentupdate/download")
+        .header("If-None-Match", etag)
+        .body(Body::empty())
+        .unwrap();
     assert_eq!(call(&f, same).0, StatusCode::NOT_MODIFIED);
 
-    let head = Request::head("/agentupdate/download").body(Body::empty()).unwrap();
+    let head = Request::head("/agentupdate/download")
+        .body(Body::empty())
+        .unwrap();
     let (status, _, body) = call(&f, head);
     assert_eq!((status, body.len()), (StatusCode::OK, 0));
 }
@@ -112,8 +153,14 @@ fn no_bundle_is_503_with_a_reason() {
 #[test]
 fn limit_zero_is_403() {
     let f = fixture(&[("UPDATE_SERVER_DOWNLOADS_LIMIT", "0")], true);
-    assert_eq!(call(&f, get("/agentupdate/download")).0, StatusCode::FORBIDDEN);
-    assert_eq!(call(&f, get("/agentupdate/download.minisig")).0, StatusCode::OK);
+    assert_eq!(
+        call(&f, get("/agentupdate/download")).0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        call(&f, get("/agentupdate/download.minisig")).0,
+        StatusCode::OK
+    );
 }
 
 #[test]
@@ -126,21 +173,47 @@ fn directive_exact() {
     assert_eq!(v["error"], "agent_not_supported");
     assert_eq!(v["expected"], "2.2.0+1234");
     assert_eq!(v["download"], "/agentupdate/download");
-    assert_eq!(call(&f, register("2.1.0+1234", HELLO)).0, StatusCode::CONFLICT, "other version");
-    assert_eq!(call(&f, register("garbage", HELLO)).0, StatusCode::BAD_REQUEST);
-    let no_header = Request::post("/agent/connect").header("Content-Type", "application/json").body(Body::from(HELLO)).unwrap();
+    assert_eq!(
+        call(&f, register("2.1.0+1234", HELLO)).0,
+        StatusCode::CONFLICT,
+        "other version"
+    );
+    assert_eq!(
+        call(&f, register("garbage", HELLO)).0,
+        StatusCode::BAD_REQUEST
+    );
+    let no_header = Request::post("/agent/connect")
+        .header("Content-Type", "application/json")
+        .body(Body::from(HELLO))
+        .unwrap();
     assert_eq!(call(&f, no_header).0, StatusCode::BAD_REQUEST);
-    assert_eq!(call(&f, register("2.2.0+1234", "{not json")).0, StatusCode::BAD_REQUEST);
-    assert_eq!(call(&f, register("2.2.0+1234", r#"{"id":"x"}"#)).0, StatusCode::BAD_REQUEST, "missing fields");
-    let huge = format!(r#"{{"id":"x","name":"{}","platform":"p"}}"#, "a".repeat(70 * 1024));
-    assert_eq!(call(&f, register("2.2.0+1234", &huge)).0, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        call(&f, register("2.2.0+1234", "{not json")).0,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        call(&f, register("2.2.0+1234", r#"{"id":"x"}"#)).0,
+        StatusCode::BAD_REQUEST,
+        "missing fields"
+    );
+    let huge = format!(
+        r#"{{"id":"x","name":"{}","platform":"p"}}"#,
+        "a".repeat(70 * 1024)
+    );
+    assert_eq!(
+        call(&f, register("2.2.0+1234", &huge)).0,
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
 }
 
 #[test]
 fn directive_same_minor_and_requirement() {
     let f = fixture(&[("UPDATE_SERVER_AGENTS_ACCEPT", "same-minor")], true);
     assert_eq!(call(&f, register("2.2.9+1", HELLO)).0, StatusCode::OK);
-    assert_eq!(call(&f, register("2.3.0+1234", HELLO)).0, StatusCode::CONFLICT);
+    assert_eq!(
+        call(&f, register("2.3.0+1234", HELLO)).0,
+        StatusCode::CONFLICT
+    );
     let f = fixture(&[("UPDATE_SERVER_AGENTS_ACCEPT", ">=2.1, <2.3")], true);
     assert_eq!(call(&f, register("2.1.4+9", HELLO)).0, StatusCode::OK);
     assert_eq!(call(&f, register("2.0.0+1", HELLO)).0, StatusCode::CONFLICT);
@@ -151,13 +224,22 @@ fn reports_from_any_version_are_listed_for_admins() {
     let f = fixture(&[("UPDATE_SERVER_ADMIN_TOKEN", "t0k3n")], true);
     call(&f, register("2.1.0+1100", HELLO));
     let report = r#"{"id":"0190f0a0-0000-7000-8000-000000000001","from":"2.1.0+1100","to":"2.2.0+1234","status":"INSTALLED","error":null}"#;
-    let req = Request::post("/agentupdate/report").header("Content-Type", "application/json").body(Body::from(report)).unwrap();
+    let req = Request::post("/agentupdate/report")
+        .header("Content-Type", "application/json")
+        .body(Body::from(report))
+        .unwrap();
     assert_eq!(call(&f, req).0, StatusCode::OK);
-    let bad = Request::post("/agentupdate/report").header("Content-Type", "application/json").body(Body::from(r#"{"id":"x","status":"DONE"}"#)).unwrap();
+    let bad = Request::post("/agentupdate/report")
+        .header("Content-Type", "application/json")
+        .body(Body::from(r#"{"id":"x","status":"DONE"}"#))
+        .unwrap();
     assert_eq!(call(&f, bad).0, StatusCode::BAD_REQUEST);
 
     assert_eq!(call(&f, get("/admin/agents")).0, StatusCode::UNAUTHORIZED);
-    let list = Request::get("/admin/agents?status=INSTALLED").header("Authorization", "Bearer t0k3n").body(Body::empty()).unwrap();
+    let list = Request::get("/admin/agents?status=INSTALLED")
+        .header("Authorization", "Bearer t0k3n")
+        .body(Body::empty())
+        .unwrap();
     let (status, _, body) = call(&f, list);
     assert_eq!(status, StatusCode::OK);
     let agents: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -165,7 +247,10 @@ fn reports_from_any_version_are_listed_for_admins() {
     assert_eq!(agents[0]["update_status"], "INSTALLED");
     assert_eq!(agents[0]["name"], "host1");
     let (_, _, metrics) = call(&f, get("/metrics"));
-    assert!(metrics.contains("agentupdate_agents{version=\"2.2.0+1234\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("agentupdate_agents{version=\"2.2.0+1234\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[test]

@@ -6,7 +6,10 @@ use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use e2e::{TestContext, http, http_open, metric, pad_dist, property, require_tool, run_ok, sha256_bytes, sha256_file, wait_until};
+use e2e::{
+    TestContext, http, http_open, metric, pad_dist, property, require_tool, run_ok, sha256_bytes,
+    sha256_file, wait_until,
+};
 
 fn bundle_of_size(ctx: &TestContext, version: &str, pad: usize, out: &str) -> std::path::PathBuf {
     let key = ctx.path("keys/update.key");
@@ -27,7 +30,9 @@ fn wget_saves_the_named_bundle_and_curl_resumes_a_cut_download() {
     let server = ctx.server("home", &[]);
     ctx.publish(&server, &bundle);
     wait_until(Duration::from_secs(10), "the bundle to be served", || {
-        http(server.port, "GET", "/agentupdate/version", &[]).map(|r| r.status == 200).unwrap_or(false)
+        http(server.port, "GET", "/agentupdate/version", &[])
+            .map(|r| r.status == 200)
+            .unwrap_or(false)
     });
     let version = http(server.port, "GET", "/agentupdate/version", &[]).unwrap();
     assert_eq!(version.header("cache-control"), Some("no-store"));
@@ -35,17 +40,41 @@ fn wget_saves_the_named_bundle_and_curl_resumes_a_cut_download() {
     assert_eq!(advertised, sha256_file(&bundle));
 
     fs::create_dir(ctx.path("wget")).unwrap();
-    run_ok(Command::new("wget").args(["-q", "--content-disposition", &server.url("/agentupdate/download")]).current_dir(ctx.path("wget")));
-    assert_eq!(sha256_file(&ctx.path("wget/agent-bundle-2.2.0")), advertised);
+    run_ok(
+        Command::new("wget")
+            .args([
+                "-q",
+                "--content-disposition",
+                &server.url("/agentupdate/download"),
+            ])
+            .current_dir(ctx.path("wget")),
+    );
+    assert_eq!(
+        sha256_file(&ctx.path("wget/agent-bundle-2.2.0")),
+        advertised
+    );
 
     // A download cut in half, resumed with curl -C -, verifies.
     let whole = fs::read(&bundle).unwrap();
     fs::create_dir(ctx.path("curl")).unwrap();
     let partial = ctx.path("curl/agent-bundle-2.2.0");
     fs::write(&partial, &whole[..whole.len() / 2]).unwrap();
-    run_ok(Command::new("curl").args(["-sf", "-C", "-", "-o"]).arg(&partial).arg(server.url("/agentupdate/download")));
+    run_ok(
+        Command::new("curl")
+            .args(["-sf", "-C", "-", "-o"])
+            .arg(&partial)
+            .arg(server.url("/agentupdate/download")),
+    );
     assert_eq!(sha256_file(&partial), advertised);
-    run_ok(ctx.cmd("agent-bundle").arg("verify").arg(&partial).arg("--pub").arg(ctx.path("keys/update.pub")).arg("--sig").arg(format!("{}.minisig", bundle.display())));
+    run_ok(
+        ctx.cmd("agent-bundle")
+            .arg("verify")
+            .arg(&partial)
+            .arg("--pub")
+            .arg(ctx.path("keys/update.pub"))
+            .arg("--sig")
+            .arg(format!("{}.minisig", bundle.display())),
+    );
     assert!(metric(&server, "agentupdate_downloads_total{code=\"206\"}") >= 1.0);
 }
 
@@ -54,10 +83,18 @@ fn limit_five_with_two_hundred_clients_never_exceeds_five() {
     let ctx = TestContext::new();
     // Large enough that a body cannot sit whole in the socket buffers.
     let bundle = bundle_of_size(&ctx, "2.2.0", 24 << 20, "out");
-    let server = ctx.server("home", &[("UPDATE_SERVER_DOWNLOADS_LIMIT", "5"), ("UPDATE_SERVER_DOWNLOADS_RETRY_AFTER", "7")]);
+    let server = ctx.server(
+        "home",
+        &[
+            ("UPDATE_SERVER_DOWNLOADS_LIMIT", "5"),
+            ("UPDATE_SERVER_DOWNLOADS_RETRY_AFTER", "7"),
+        ],
+    );
     ctx.publish(&server, &bundle);
     wait_until(Duration::from_secs(10), "the bundle to be served", || {
-        http(server.port, "GET", "/agentupdate/version", &[]).map(|r| r.status == 200).unwrap_or(false)
+        http(server.port, "GET", "/agentupdate/version", &[])
+            .map(|r| r.status == 200)
+            .unwrap_or(false)
     });
     let clients = 200;
     let answered = Arc::new(Barrier::new(clients + 1));
@@ -85,8 +122,16 @@ fn limit_five_with_two_hundred_clients_never_exceeds_five() {
     let refused: Vec<_> = results.iter().filter(|(h, _)| h.status == 503).collect();
     assert_eq!(ok.len(), 5, "clients with a body");
     assert_eq!(refused.len(), clients - 5, "every other client is refused");
-    assert!(refused.iter().all(|(h, _)| h.header("retry-after") == Some("7")), "503 without Retry-After: 7");
-    assert_eq!(in_flight, 5.0, "server's own count while five bodies were held");
+    assert!(
+        refused
+            .iter()
+            .all(|(h, _)| h.header("retry-after") == Some("7")),
+        "503 without Retry-After: 7"
+    );
+    assert_eq!(
+        in_flight, 5.0,
+        "server's own count while five bodies were held"
+    );
     let expected = sha256_file(&bundle);
     assert!(ok.iter().all(|(_, body)| sha256_bytes(body) == expected));
     assert!(metric(&server, "agentupdate_downloads_in_flight_peak") <= 5.0);
@@ -99,17 +144,23 @@ fn clients_that_hang_up_mid_body_free_their_slots() {
     let server = ctx.server("home", &[("UPDATE_SERVER_DOWNLOADS_LIMIT", "5")]);
     ctx.publish(&server, &bundle);
     wait_until(Duration::from_secs(10), "the bundle to be served", || {
-        http(server.port, "GET", "/agentupdate/version", &[]).map(|r| r.status == 200).unwrap_or(false)
+        http(server.port, "GET", "/agentupdate/version", &[])
+            .map(|r| r.status == 200)
+            .unwrap_or(false)
     });
     for _ in 0..20 {
-        let batch: Vec<_> = (0..5).map(|_| http_open(server.port, "/agentupdate/download").unwrap()).collect();
+        let batch: Vec<_> = (0..5)
+            .map(|_| http_open(server.port, "/agentupdate/download").unwrap())
+            .collect();
         for (head, mut body) in batch {
             assert_eq!(head.status, 200);
             let mut some = vec![0u8; 64 * 1024];
             body.read_exact(&mut some).unwrap();
             drop(body); // hang up mid-body
         }
-        wait_until(Duration::from_secs(10), "slots to be released", || metric(&server, "agentupdate_downloads_in_flight") == 0.0);
+        wait_until(Duration::from_secs(10), "slots to be released", || {
+            metric(&server, "agentupdate_downloads_in_flight") == 0.0
+        });
     }
     let answer = http(server.port, "GET", "/agentupdate/download", &[]).unwrap();
     assert_eq!(answer.status, 200, "a download after 100 hang-ups");
@@ -124,9 +175,13 @@ fn replacing_the_bundle_does_not_change_running_downloads() {
     let server = ctx.server("home", &[]);
     ctx.publish(&server, &old);
     wait_until(Duration::from_secs(10), "the old bundle", || {
-        http(server.port, "GET", "/agentupdate/version", &[]).map(|r| r.text().contains("agent.latest.version=2.2.0")).unwrap_or(false)
+        http(server.port, "GET", "/agentupdate/version", &[])
+            .map(|r| r.text().contains("agent.latest.version=2.2.0"))
+            .unwrap_or(false)
     });
-    let running: Vec<_> = (0..10).map(|_| http_open(server.port, "/agentupdate/download").unwrap()).collect();
+    let running: Vec<_> = (0..10)
+        .map(|_| http_open(server.port, "/agentupdate/download").unwrap())
+        .collect();
     // The operator swaps the bundle, even overwriting the old file in place first.
     let dropped = server.download_dir().join("agent-bundle-2.2.0");
     fs::write(&dropped, b"garbage written over the old bundle").unwrap();
@@ -134,14 +189,20 @@ fn replacing_the_bundle_does_not_change_running_downloads() {
     fs::remove_file(server.download_dir().join("agent-bundle-2.2.0.minisig")).unwrap();
     ctx.publish(&server, &new);
     wait_until(Duration::from_secs(10), "the new bundle", || {
-        http(server.port, "GET", "/agentupdate/version", &[]).map(|r| r.text().contains("agent.latest.version=2.3.0")).unwrap_or(false)
+        http(server.port, "GET", "/agentupdate/version", &[])
+            .map(|r| r.text().contains("agent.latest.version=2.3.0"))
+            .unwrap_or(false)
     });
     let expected = sha256_file(&old);
     for (head, mut body) in running {
         assert_eq!(head.status, 200);
         let mut data = Vec::new();
         body.read_to_end(&mut data).unwrap();
-        assert_eq!(sha256_bytes(&data), expected, "a running download changed bytes");
+        assert_eq!(
+            sha256_bytes(&data),
+            expected,
+            "a running download changed bytes"
+        );
     }
     let now = http(server.port, "GET", "/agentupdate/download", &[]).unwrap();
     assert_eq!(sha256_bytes(&now.body), sha256_file(&new));
@@ -151,19 +212,71 @@ fn replacing_the_bundle_does_not_change_running_downloads() {
 fn limit_zero_and_fleet_switch_answer_403() {
     let ctx = TestContext::new();
     let bundle = bundle_of_size(&ctx, "2.2.0", 0, "out");
-    let server = ctx.server("home", &[("UPDATE_SERVER_DOWNLOADS_LIMIT", "0"), ("UPDATE_SERVER_ADMIN_TOKEN", "s3cret")]);
+    let server = ctx.server(
+        "home",
+        &[
+            ("UPDATE_SERVER_DOWNLOADS_LIMIT", "0"),
+            ("UPDATE_SERVER_ADMIN_TOKEN", "s3cret"),
+        ],
+    );
     ctx.publish(&server, &bundle);
     wait_until(Duration::from_secs(10), "the bundle", || {
-        http(server.port, "GET", "/agentupdate/version", &[]).map(|r| r.status == 200).unwrap_or(false)
+        http(server.port, "GET", "/agentupdate/version", &[])
+            .map(|r| r.status == 200)
+            .unwrap_or(false)
     });
-    assert_eq!(http(server.port, "GET", "/agentupdate/download", &[]).unwrap().status, 403);
-    assert_eq!(http(server.port, "GET", "/agentupdate/download.minisig", &[]).unwrap().status, 200, "the signature is never limited");
+    assert_eq!(
+        http(server.port, "GET", "/agentupdate/download", &[])
+            .unwrap()
+            .status,
+        403
+    );
+    assert_eq!(
+        http(server.port, "GET", "/agentupdate/download.minisig", &[])
+            .unwrap()
+            .status,
+        200,
+        "the signature is never limited"
+    );
     let auth = ("Authorization", "Bearer s3cret");
-    let set = |body: &str| e2e::http_with_body(server.port, "PUT", "/admin/settings", &[auth, ("Content-Type", "application/json")], body.as_bytes()).unwrap();
+    let set = |body: &str| {
+        e2e::http_with_body(
+            server.port,
+            "PUT",
+            "/admin/settings",
+            &[auth, ("Content-Type", "application/json")],
+            body.as_bytes(),
+        )
+        .unwrap()
+    };
     assert_eq!(set(r#"{"downloads_limit": 3}"#).status, 200);
-    assert_eq!(http(server.port, "GET", "/agentupdate/download", &[]).unwrap().status, 200);
+    assert_eq!(
+        http(server.port, "GET", "/agentupdate/download", &[])
+            .unwrap()
+            .status,
+        200
+    );
     assert_eq!(set(r#"{"auto_update": false}"#).status, 200);
-    assert_eq!(http(server.port, "GET", "/agentupdate/download", &[]).unwrap().status, 403);
-    assert_eq!(http(server.port, "GET", "/admin/settings", &[("Authorization", "Bearer wrong")]).unwrap().status, 401);
-    assert_eq!(set(r#"{"downloads_limit": 5000}"#).status, 400, "limit above max-connections");
+    assert_eq!(
+        http(server.port, "GET", "/agentupdate/download", &[])
+            .unwrap()
+            .status,
+        403
+    );
+    assert_eq!(
+        http(
+            server.port,
+            "GET",
+            "/admin/settings",
+            &[("Authorization", "Bearer wrong")]
+        )
+        .unwrap()
+        .status,
+        401
+    );
+    assert_eq!(
+        set(r#"{"downloads_limit": 5000}"#).status,
+        400,
+        "limit above max-connections"
+    );
 }

@@ -243,16 +243,26 @@ impl TestContext {
         let home = self.path(home);
         fs::create_dir_all(home.join("downloads/agent")).unwrap();
         let mut cmd = self.cmd("update-server");
-        cmd.arg("--listen").arg(format!("127.0.0.1:{port}")).arg("--home").arg(&home);
-        cmd.stdout(Stdio::null()).stderr(fs::File::create(home.join("server.log")).unwrap());
+        cmd.arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--home")
+            .arg(&home);
+        cmd.stdout(Stdio::null())
+            .stderr(fs::File::create(home.join("server.log")).unwrap());
         for (k, v) in env {
             cmd.env(k, v);
         }
         let pid = self.spawn(cmd);
         let server = ServerProc { port, home, pid };
-        wait_until(Duration::from_secs(20), "update-server to answer /healthz", || {
-            http(port, "GET", "/healthz", &[]).map(|r| r.status == 200).unwrap_or(false)
-        });
+        wait_until(
+            Duration::from_secs(20),
+            "update-server to answer /healthz",
+            || {
+                http(port, "GET", "/healthz", &[])
+                    .map(|r| r.status == 200)
+                    .unwrap_or(false)
+            },
+        );
         server
     }
 
@@ -275,7 +285,10 @@ pub struct HttpAnswer {
 
 impl HttpAnswer {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 
     pub fn text(&self) -> String {
@@ -284,15 +297,29 @@ impl HttpAnswer {
 }
 
 /// Sends one request with `Connection: close` and reads the whole answer.
-pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> std::io::Result<HttpAnswer> {
+pub fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<HttpAnswer> {
     http_with_body(port, method, path, headers, b"")
 }
 
-pub fn http_with_body(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<HttpAnswer> {
+pub fn http_with_body(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<HttpAnswer> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -306,11 +333,16 @@ pub fn http_with_body(port: u16, method: &str, path: &str, headers: &[(&str, &st
 
 /// Sends a GET and returns the stream positioned after the headers, for tests that
 /// read a body slowly or hang up in the middle.
-pub fn http_open(port: u16, path: &str) -> std::io::Result<(HttpAnswer, std::io::BufReader<std::net::TcpStream>)> {
+pub fn http_open(
+    port: u16,
+    path: &str,
+) -> std::io::Result<(HttpAnswer, std::io::BufReader<std::net::TcpStream>)> {
     use std::io::{BufRead, Write};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes())?;
+    stream.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
+    )?;
     let mut reader = std::io::BufReader::new(stream);
     let mut head = Vec::new();
     loop {
@@ -329,7 +361,10 @@ pub fn http_open(port: u16, path: &str) -> std::io::Result<(HttpAnswer, std::io:
 
 fn parse_answer(raw: &[u8], head_only: bool) -> std::io::Result<HttpAnswer> {
     let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_owned());
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| bad("no header end"))?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| bad("no header end"))?;
     let head = String::from_utf8_lossy(&raw[..split]).into_owned();
     let mut lines = head.split("\r\n");
     let status = lines
@@ -341,8 +376,16 @@ fn parse_answer(raw: &[u8], head_only: bool) -> std::io::Result<HttpAnswer> {
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
         .collect();
-    let body = if head_only { Vec::new() } else { raw[split + 4..].to_vec() };
-    Ok(HttpAnswer { status, headers, body })
+    let body = if head_only {
+        Vec::new()
+    } else {
+        raw[split + 4..].to_vec()
+    };
+    Ok(HttpAnswer {
+        status,
+        headers,
+        body,
+    })
 }
 
 /// Adds `bytes` of incompressible data to a distribution, to make a bundle of a given size.
@@ -361,16 +404,21 @@ pub fn pad_dist(dist: &Path, bytes: usize) {
 }
 
 pub fn sha256_file(path: &Path) -> String {
-    agent_protocol::digest::Digests::of_reader(fs::File::open(path).unwrap()).unwrap().sha256_hex()
+    agent_protocol::digest::Digests::of_reader(fs::File::open(path).unwrap())
+        .unwrap()
+        .sha256_hex()
 }
 
 pub fn sha256_bytes(data: &[u8]) -> String {
-    agent_protocol::digest::Digests::of_reader(data).unwrap().sha256_hex()
+    agent_protocol::digest::Digests::of_reader(data)
+        .unwrap()
+        .sha256_hex()
 }
 
 /// Reads one value of a `name=value` text.
 pub fn property(text: &str, name: &str) -> Option<String> {
-    text.lines().find_map(|l| l.strip_prefix(&format!("{name}=")).map(str::to_owned))
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")).map(str::to_owned))
 }
 
 /// A gauge or counter from /metrics.
@@ -379,6 +427,9 @@ pub fn metric(server: &ServerProc, name: &str) -> f64 {
     answer
         .text()
         .lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|rest| rest.trim().parse().ok())
+        })
         .unwrap_or_else(|| panic!("metric {name} not found"))
 }

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agent_protocol::settings::{self, Kind, Key, key};
+use agent_protocol::settings::{self, Key, Kind, key};
 use serde::Deserialize;
 
 use crate::error::{AgentError, Result};

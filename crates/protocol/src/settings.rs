@@ -21,7 +21,11 @@ pub struct Key {
 }
 
 pub const fn key(section: &'static str, name: &'static str, kind: Kind) -> Key {
-    Key { section, name, kind }
+    Key {
+        section,
+        name,
+        kind,
+    }
 }
 
 pub fn env_var_name(prefix: &str, key: &Key) -> String {
@@ -91,7 +95,9 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         "m" => Ok(secs(60)),
         "h" => Ok(secs(3600)),
         "d" => Ok(secs(86400)),
-        _ => Err(format!("{s:?}: unknown unit {unit:?}; use ms, s, m, h or d")),
+        _ => Err(format!(
+            "{s:?}: unknown unit {unit:?}; use ms, s, m, h or d"
+        )),
     }
 }
 

@@ -109,10 +109,14 @@ impl Default for AgentsSection {
 
 impl Config {
     /// Reads `path` if given, then the environment; then checks the values.
-    pub fn load(path: Option<&Path>, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ServerError> {
+    pub fn load(
+        path: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ServerError> {
         let (text, shown) = match path {
             Some(p) => (
-                std::fs::read_to_string(p).map_err(|e| ServerError::Config(format!("{}: {e}", p.display())))?,
+                std::fs::read_to_string(p)
+                    .map_err(|e| ServerError::Config(format!("{}: {e}", p.display())))?,
                 p.display().to_string(),
             ),
             None => (String::new(), "the environment".to_owned()),
@@ -143,10 +147,12 @@ impl Config {
     }
 
     pub fn listen_addr(&self) -> Result<SocketAddr, String> {
-        self.server
-            .listen
-            .parse()
-            .map_err(|_| format!("server.listen {:?} is not an address such as 127.0.0.1:7080", self.server.listen))
+        self.server.listen.parse().map_err(|_| {
+            format!(
+                "server.listen {:?} is not an address such as 127.0.0.1:7080",
+                self.server.listen
+            )
+        })
     }
 
     pub fn accept_policy(&self) -> Result<AcceptPolicy, agent_protocol::Error> {
@@ -177,7 +183,8 @@ mod tests {
         assert_eq!(Config::load(None, &env).unwrap().downloads.limit, 5);
         let too_many = |k: &str| (k == "UPDATE_SERVER_DOWNLOADS_LIMIT").then(|| "2000".to_owned());
         assert!(Config::load(None, &too_many).is_err());
-        let bad_policy = |k: &str| (k == "UPDATE_SERVER_AGENTS_ACCEPT").then(|| "sometimes".to_owned());
+        let bad_policy =
+            |k: &str| (k == "UPDATE_SERVER_AGENTS_ACCEPT").then(|| "sometimes".to_owned());
         assert!(Config::load(None, &bad_policy).is_err());
     }
 

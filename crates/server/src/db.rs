@@ -28,7 +28,9 @@ impl Db {
     /// Opens (creating if needed) the database and migrates its schema.
     pub async fn open(url: &str, home: &Path) -> Result<Self, ServerError> {
         let options = if url.is_empty() {
-            SqliteConnectOptions::new().filename(home.join("fleet.db")).create_if_missing(true)
+            SqliteConnectOptions::new()
+                .filename(home.join("fleet.db"))
+                .create_if_missing(true)
         } else if url.starts_with("sqlite:") {
             SqliteConnectOptions::from_str(url)?.create_if_missing(true)
         } else {
@@ -36,14 +38,22 @@ impl Db {
                 "database.url {url:?}: only sqlite: URLs are supported by this build; leave it empty for a file under the server's home"
             )));
         };
-        let options = options.journal_mode(SqliteJournalMode::Wal).busy_timeout(std::time::Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+        let options = options
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(std::time::Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
         Ok(Self { pool })
     }
 
     pub async fn setting(&self, key: &str) -> Result<Option<String>, sqlx::Error> {
-        let row = sqlx::query("SELECT value FROM settings WHERE key = ?").bind(key).fetch_optional(&self.pool).await?;
+        let row = sqlx::query("SELECT value FROM settings WHERE key = ?")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
         Ok(row.map(|r| r.get::<String, _>(0)))
     }
 
@@ -56,7 +66,13 @@ impl Db {
         Ok(())
     }
 
-    pub async fn touch_agent(&self, id: &str, name: &str, platform: &str, version: &str) -> Result<(), sqlx::Error> {
+    pub async fn touch_agent(
+        &self,
+        id: &str,
+        name: &str,
+        platform: &str,
+        version: &str,
+    ) -> Result<(), sqlx::Error> {
         sqlx::query(
             "INSERT INTO agents (id, name, platform, version, last_contact) VALUES (?, ?, ?, ?, ?)
              ON CONFLICT(id) DO UPDATE SET name = excluded.name, platform = excluded.platform,
@@ -93,7 +109,11 @@ impl Db {
         Ok(())
     }
 
-    pub async fn agents(&self, version: Option<&str>, status: Option<&str>) -> Result<Vec<AgentRecord>, sqlx::Error> {
+    pub async fn agents(
+        &self,
+        version: Option<&str>,
+        status: Option<&str>,
+    ) -> Result<Vec<AgentRecord>, sqlx::Error> {
         let rows = sqlx::query(
             "SELECT id, name, platform, version, last_contact, update_status, update_error FROM agents
              WHERE (?1 IS NULL OR version = ?1) AND (?2 IS NULL OR update_status = ?2) ORDER BY id",
@@ -109,7 +129,9 @@ impl Db {
                 name: r.get(1),
                 platform: r.get(2),
                 version: r.get(3),
-                last_contact: httpdate::fmt_http_date(UNIX_EPOCH + std::time::Duration::from_secs(r.get::<i64, _>(4).max(0) as u64)),
+                last_contact: httpdate::fmt_http_date(
+                    UNIX_EPOCH + std::time::Duration::from_secs(r.get::<i64, _>(4).max(0) as u64),
+                ),
                 update_status: r.get(5),
                 update_error: r.get(6),
             })
@@ -117,19 +139,22 @@ impl Db {
     }
 
     /// (label, count) of agents by version and by last update status, for /metrics.
-    pub async fn fleet_counts(&self) -> Result<(Vec<(String, i64)>, Vec<(String, i64)>), sqlx::Error> {
+    pub async fn fleet_counts(
+        &self,
+    ) -> Result<(Vec<(String, i64)>, Vec<(String, i64)>), sqlx::Error> {
         let by_version = sqlx::query("SELECT version, COUNT(*) FROM agents GROUP BY version")
             .fetch_all(&self.pool)
             .await?
             .into_iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect();
-        let by_status = sqlx::query("SELECT COALESCE(update_status, 'NONE'), COUNT(*) FROM agents GROUP BY 1")
-            .fetch_all(&self.pool)
-            .await?
-            .into_iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
+        let by_status =
+            sqlx::query("SELECT COALESCE(update_status, 'NONE'), COUNT(*) FROM agents GROUP BY 1")
+                .fetch_all(&self.pool)
+                .await?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
         Ok((by_version, by_status))
     }
 }

@@ -30,13 +30,18 @@ pub const SCAN_INTERVAL: Duration = Duration::from_secs(1);
 /// Opens the database, loads the live settings and scans the bundle store once.
 pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
     let home = &config.server.home;
-    std::fs::create_dir_all(home).map_err(|e| ServerError::Io(format!("{}: {e}", home.display())))?;
+    std::fs::create_dir_all(home)
+        .map_err(|e| ServerError::Io(format!("{}: {e}", home.display())))?;
     let public_key = if config.bundle.public_key.is_empty() {
         None
     } else {
         let path = std::path::Path::new(&config.bundle.public_key);
-        let text = std::fs::read_to_string(path).map_err(|e| ServerError::Config(format!("bundle.public-key {}: {e}", path.display())))?;
-        Some(PublicKey::parse(&text).map_err(|e| ServerError::Config(format!("bundle.public-key {}: {e}", path.display())))?)
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ServerError::Config(format!("bundle.public-key {}: {e}", path.display()))
+        })?;
+        Some(PublicKey::parse(&text).map_err(|e| {
+            ServerError::Config(format!("bundle.public-key {}: {e}", path.display()))
+        })?)
     };
     let store = store::BundleStore::new(config.download_dir(), home, public_key)
         .map_err(|e| ServerError::Io(format!("{}: {e}", config.download_dir().display())))?;
@@ -47,7 +52,10 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         .map_err(|e| ServerError::Io(format!("bundle scan: {e}")))?;
 
     let db = db::Db::open(&config.database.url, home).await?;
-    let auto_update = db.setting(routes::SETTING_AUTO_UPDATE).await?.is_none_or(|v| v != "false");
+    let auto_update = db
+        .setting(routes::SETTING_AUTO_UPDATE)
+        .await?
+        .is_none_or(|v| v != "false");
     let download_limit = match db.setting(routes::SETTING_DOWNLOAD_LIMIT).await? {
         Some(v) => v.parse().unwrap_or(config.downloads.limit),
         None => config.downloads.limit,
@@ -58,7 +66,9 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             db,
             limiter: Arc::default(),
             metrics: Arc::default(),
-            policy: config.accept_policy().map_err(|e| ServerError::Config(e.to_string()))?,
+            policy: config
+                .accept_policy()
+                .map_err(|e| ServerError::Config(e.to_string()))?,
             admin_token: config.admin.token.clone(),
             auto_update: AtomicBool::new(auto_update),
             download_limit: AtomicUsize::new(download_limit.min(config.server.max_connections)),
@@ -70,14 +80,24 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
 
 /// Serves until `shutdown` resolves, then lets running downloads finish for the grace
 /// period.
-pub async fn serve(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+pub async fn serve(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
     let addr = config.listen_addr().map_err(ServerError::Config)?;
     let state = build_state(&config).await?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| ServerError::Io(format!("cannot listen on {addr}: {e}; is another server running there?")))?;
-    let local = listener.local_addr().map_err(|e| ServerError::Io(e.to_string()))?;
-    tracing::info!("update-server listening on http://{local} (home {})", config.server.home.display());
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        ServerError::Io(format!(
+            "cannot listen on {addr}: {e}; is another server running there?"
+        ))
+    })?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| ServerError::Io(e.to_string()))?;
+    tracing::info!(
+        "update-server listening on http://{local} (home {})",
+        config.server.home.display()
+    );
     // Tests and scripts read this line to learn the port.
     println!("listening on {local}");
 
@@ -92,13 +112,18 @@ pub async fn serve(config: Config, shutdown: impl Future<Output = ()> + Send + '
     });
 
     let router = app(state)
-        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(config.server.max_connections))
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+            config.server.max_connections,
+        ))
         .layer(tower_http::trace::TraceLayer::new_for_http());
     let grace = Duration::from_secs(config.server.shutdown_grace);
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let server = axum::serve(listener, router).with_graceful_shutdown(async move {
         shutdown.await;
-        tracing::info!("stopping: no new connections; running downloads get {}s to finish", grace.as_secs());
+        tracing::info!(
+            "stopping: no new connections; running downloads get {}s to finish",
+            grace.as_secs()
+        );
         let _ = stopping_tx.send(());
     });
     let deadline = async move {

@@ -18,13 +18,17 @@ impl DownloadLimiter {
             if current >= limit {
                 return None;
             }
-            match self
-                .in_flight
-                .compare_exchange_weak(current, current + 1, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match self.in_flight.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => {
                     self.peak.fetch_max(current + 1, Ordering::Relaxed);
-                    return Some(Slot { limiter: Arc::clone(self) });
+                    return Some(Slot {
+                        limiter: Arc::clone(self),
+                    });
                 }
                 Err(actual) => current = actual,
             }

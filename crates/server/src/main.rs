@@ -21,12 +21,16 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,tower_http=warn,sqlx=warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,tower_http=warn,sqlx=warn".into()),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = (|| -> anyhow::Result<()> {
-        let mut config = update_server::Config::load(cli.config.as_deref(), &|k| std::env::var(k).ok())?;
+        let mut config =
+            update_server::Config::load(cli.config.as_deref(), &|k| std::env::var(k).ok())?;
         if let Some(listen) = cli.listen {
             config.server.listen = listen;
         }
@@ -35,7 +39,10 @@ fn main() -> ExitCode {
         }
         config.validate().map_err(anyhow::Error::msg)?;
         let runtime = tokio::runtime::Runtime::new()?;
-        runtime.block_on(update_server::serve(config, update_server::shutdown_signal()))?;
+        runtime.block_on(update_server::serve(
+            config,
+            update_server::shutdown_signal(),
+        ))?;
         Ok(())
     })();
     match result {

@@ -22,16 +22,31 @@ pub fn inc(counter: &AtomicU64) {
 }
 
 impl Metrics {
-    pub fn render(&self, in_flight: usize, peak: usize, by_version: &[(String, i64)], by_status: &[(String, i64)]) -> String {
+    pub fn render(
+        &self,
+        in_flight: usize,
+        peak: usize,
+        by_version: &[(String, i64)],
+        by_status: &[(String, i64)],
+    ) -> String {
         let mut out = String::new();
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let _ = writeln!(out, "# HELP agentupdate_downloads_in_flight Bundle downloads holding a slot now.");
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_downloads_in_flight Bundle downloads holding a slot now."
+        );
         let _ = writeln!(out, "# TYPE agentupdate_downloads_in_flight gauge");
         let _ = writeln!(out, "agentupdate_downloads_in_flight {in_flight}");
-        let _ = writeln!(out, "# HELP agentupdate_downloads_in_flight_peak Most downloads ever in flight at once.");
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_downloads_in_flight_peak Most downloads ever in flight at once."
+        );
         let _ = writeln!(out, "# TYPE agentupdate_downloads_in_flight_peak gauge");
         let _ = writeln!(out, "agentupdate_downloads_in_flight_peak {peak}");
-        let _ = writeln!(out, "# HELP agentupdate_downloads_total Download requests by answer.");
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_downloads_total Download requests by answer."
+        );
         let _ = writeln!(out, "# TYPE agentupdate_downloads_total counter");
         for (code, c) in [
             ("200", &self.downloads_200),
@@ -41,32 +56,70 @@ impl Metrics {
             ("416", &self.downloads_416),
             ("503", &self.downloads_503),
         ] {
-            let _ = writeln!(out, "agentupdate_downloads_total{{code=\"{code}\"}} {}", get(c));
+            let _ = writeln!(
+                out,
+                "agentupdate_downloads_total{{code=\"{code}\"}} {}",
+                get(c)
+            );
         }
-        let _ = writeln!(out, "# HELP agentupdate_bytes_sent_total Bundle bytes sent.");
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_bytes_sent_total Bundle bytes sent."
+        );
         let _ = writeln!(out, "# TYPE agentupdate_bytes_sent_total counter");
-        let _ = writeln!(out, "agentupdate_bytes_sent_total {}", get(&self.bytes_sent));
-        let _ = writeln!(out, "# HELP agentupdate_registrations_total Register and connect requests by outcome.");
+        let _ = writeln!(
+            out,
+            "agentupdate_bytes_sent_total {}",
+            get(&self.bytes_sent)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_registrations_total Register and connect requests by outcome."
+        );
         let _ = writeln!(out, "# TYPE agentupdate_registrations_total counter");
-        let _ = writeln!(out, "agentupdate_registrations_total{{outcome=\"accepted\"}} {}", get(&self.registrations_accepted));
-        let _ = writeln!(out, "agentupdate_registrations_total{{outcome=\"refused\"}} {}", get(&self.registrations_refused));
-        let _ = writeln!(out, "# HELP agentupdate_reports_total Update reports received.");
+        let _ = writeln!(
+            out,
+            "agentupdate_registrations_total{{outcome=\"accepted\"}} {}",
+            get(&self.registrations_accepted)
+        );
+        let _ = writeln!(
+            out,
+            "agentupdate_registrations_total{{outcome=\"refused\"}} {}",
+            get(&self.registrations_refused)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_reports_total Update reports received."
+        );
         let _ = writeln!(out, "# TYPE agentupdate_reports_total counter");
         let _ = writeln!(out, "agentupdate_reports_total {}", get(&self.reports));
         let _ = writeln!(out, "# HELP agentupdate_agents Known agents by version.");
         let _ = writeln!(out, "# TYPE agentupdate_agents gauge");
         for (version, n) in by_version {
-            let _ = writeln!(out, "agentupdate_agents{{version=\"{}\"}} {n}", escape(version));
+            let _ = writeln!(
+                out,
+                "agentupdate_agents{{version=\"{}\"}} {n}",
+                escape(version)
+            );
         }
-        let _ = writeln!(out, "# HELP agentupdate_agents_by_update_status Known agents by last update status.");
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_agents_by_update_status Known agents by last update status."
+        );
         let _ = writeln!(out, "# TYPE agentupdate_agents_by_update_status gauge");
         for (status, n) in by_status {
-            let _ = writeln!(out, "agentupdate_agents_by_update_status{{status=\"{}\"}} {n}", escape(status));
+            let _ = writeln!(
+                out,
+                "agentupdate_agents_by_update_status{{status=\"{}\"}} {n}",
+                escape(status)
+            );
         }
         out
     }
 }
 
 fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }

@@ -60,7 +60,12 @@ pub fn app(state: AppState) -> Router {
         .route(wire::REGISTER_PATH, post(register))
         .route(wire::CONNECT_PATH, post(register))
         .route(wire::REPORT_PATH, post(report))
-        .route("/admin/settings", get(admin_settings).put(admin_update_settings).patch(admin_update_settings))
+        .route(
+            "/admin/settings",
+            get(admin_settings)
+                .put(admin_update_settings)
+                .patch(admin_update_settings),
+        )
         .route("/admin/agents", get(admin_agents))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -72,24 +77,29 @@ fn unavailable(problem: &str, retry_after: u64) -> Response {
     let mut r = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, problem).into_response();
     // The generic 5xx text would hide what the operator must fix; this one is safe to show.
     *r.body_mut() = Body::from(serde_json::json!({ "error": problem }).to_string());
-    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
     r
 }
 
-fn ready(state: &Shared) -> Result<Arc<ServedBundle>, Response> {
+/// The bundle to serve, or the `503` that says why there is none.
+fn ready(state: &Shared) -> Result<Arc<ServedBundle>, Box<Response>> {
     match state.store.current() {
         Current::Ready(b) => Ok(b),
-        Current::Unavailable(problem) => Err(unavailable(&problem, state.retry_after)),
+        Current::Unavailable(problem) => Err(Box::new(unavailable(&problem, state.retry_after))),
     }
 }
 
 async fn version(State(state): State<AppState>) -> Response {
     let bundle = match ready(&state.inner) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     (
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8"), (header::CACHE_CONTROL, "no-store")],
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
         bundle.info.to_properties().to_text(),
     )
         .into_response()
@@ -98,11 +108,19 @@ async fn version(State(state): State<AppState>) -> Response {
 async fn signature(State(state): State<AppState>) -> Response {
     let bundle = match ready(&state.inner) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match &bundle.signature {
-        Some(sig) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], sig.clone()).into_response(),
-        None => ApiError::new(StatusCode::NOT_FOUND, "the served bundle has no .minisig beside it").into_response(),
+        Some(sig) => (
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            sig.clone(),
+        )
+            .into_response(),
+        None => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "the served bundle has no .minisig beside it",
+        )
+        .into_response(),
     }
 }
 
@@ -131,7 +149,9 @@ fn parse_range(value: &str, size: u64) -> RangeAsk {
             Ok(suffix) => (size.saturating_sub(suffix), size.saturating_sub(1)),
         }
     } else {
-        let Ok(first) = start.parse::<u64>() else { return RangeAsk::Whole };
+        let Ok(first) = start.parse::<u64>() else {
+            return RangeAsk::Whole;
+        };
         let last = if end.is_empty() {
             size.saturating_sub(1)
         } else {
@@ -163,7 +183,7 @@ async fn download(State(state): State<AppState>, method: Method, headers: Header
     }
     let bundle = match ready(s) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let size = bundle.data.len() as u64;
     let last_modified = httpdate::fmt_http_date(bundle.last_modified);
@@ -179,11 +199,16 @@ async fn download(State(state): State<AppState>, method: Method, headers: Header
         base.insert(header::LAST_MODIFIED, v);
     }
     base.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    base.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    base.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
 
     let header_str = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(inm) = header_str(header::IF_NONE_MATCH)
-        && inm.split(',').any(|t| t.trim() == bundle.etag || t.trim() == "*")
+        && inm
+            .split(',')
+            .any(|t| t.trim() == bundle.etag || t.trim() == "*")
     {
         inc(&s.metrics.downloads_304);
         return (StatusCode::NOT_MODIFIED, base).into_response();
@@ -224,10 +249,15 @@ async fn download(State(state): State<AppState>, method: Method, headers: Header
             &format!("{limit} downloads are in flight, the most this server allows; retry later"),
             s.retry_after,
         );
-        r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return r;
     };
-    inc(if status == StatusCode::OK { &s.metrics.downloads_200 } else { &s.metrics.downloads_206 });
+    inc(if status == StatusCode::OK {
+        &s.metrics.downloads_200
+    } else {
+        &s.metrics.downloads_206
+    });
     let body = SlotBody {
         data: bundle.data.slice(start as usize..end as usize),
         sent: 0,
@@ -261,13 +291,19 @@ impl Stream for SlotBody {
         }
         let end = (self.sent + BODY_CHUNK).min(self.data.len());
         let chunk = self.data.slice(self.sent..end);
-        self.metrics.bytes_sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        self.metrics
+            .bytes_sent
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
         self.sent = end;
         Poll::Ready(Some(Ok(chunk)))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let left = self.data.len().saturating_sub(self.sent).div_ceil(BODY_CHUNK);
+        let left = self
+            .data
+            .len()
+            .saturating_sub(self.sent)
+            .div_ceil(BODY_CHUNK);
         (left, Some(left))
     }
 }
@@ -275,18 +311,27 @@ impl Stream for SlotBody {
 fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     match body {
         Ok(Json(v)) => Ok(v),
-        Err(JsonRejection::BytesRejection(e)) => Err(ApiError::new(e.status(), format!("body refused: {}", e.body_text()))),
-        Err(e) => Err(ApiError::bad_request(format!("malformed JSON body: {}", e.body_text()))),
+        Err(JsonRejection::BytesRejection(e)) => Err(ApiError::new(
+            e.status(),
+            format!("body refused: {}", e.body_text()),
+        )),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "malformed JSON body: {}",
+            e.body_text()
+        ))),
     }
 }
 
 fn agent_version_header(headers: &HeaderMap) -> Result<AgentVersion, ApiError> {
-    let raw = headers
-        .get(wire::AGENT_VERSION_HEADER)
-        .ok_or_else(|| ApiError::bad_request(format!("missing {} header (VERSION+BUILD)", wire::AGENT_VERSION_HEADER)))?;
-    let text = raw
-        .to_str()
-        .map_err(|_| ApiError::bad_request(format!("{} header is not text", wire::AGENT_VERSION_HEADER)))?;
+    let raw = headers.get(wire::AGENT_VERSION_HEADER).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "missing {} header (VERSION+BUILD)",
+            wire::AGENT_VERSION_HEADER
+        ))
+    })?;
+    let text = raw.to_str().map_err(|_| {
+        ApiError::bad_request(format!("{} header is not text", wire::AGENT_VERSION_HEADER))
+    })?;
     text.parse()
         .map_err(|e| ApiError::bad_request(format!("{} header: {e}", wire::AGENT_VERSION_HEADER)))
 }
@@ -302,20 +347,33 @@ fn check_hello(hello: &AgentHello) -> Result<(), ApiError> {
 }
 
 /// `POST /agent/register` and `/agent/connect`: the version directive.
-async fn register(State(state): State<AppState>, headers: HeaderMap, body: Result<Json<AgentHello>, JsonRejection>) -> Result<Response, ApiError> {
+async fn register(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<AgentHello>, JsonRejection>,
+) -> Result<Response, ApiError> {
     let s = &state.inner;
     let hello = json_body(body)?;
     check_hello(&hello)?;
     let agent_version = agent_version_header(&headers)?;
     let bundle = match ready(s) {
         Ok(b) => b,
-        Err(r) => return Ok(r),
+        Err(r) => return Ok(*r),
     };
     let expected = bundle.version();
-    s.db.touch_agent(&hello.id, &hello.name, &hello.platform, &agent_version.to_string()).await?;
+    s.db.touch_agent(
+        &hello.id,
+        &hello.name,
+        &hello.platform,
+        &agent_version.to_string(),
+    )
+    .await?;
     if s.policy.accepts(expected, &agent_version) {
         inc(&s.metrics.registrations_accepted);
-        return Ok(Json(serde_json::json!({ "status": "accepted", "expected": expected.to_string() })).into_response());
+        return Ok(Json(
+            serde_json::json!({ "status": "accepted", "expected": expected.to_string() }),
+        )
+        .into_response());
     }
     inc(&s.metrics.registrations_refused);
     tracing::info!(agent = %hello.id, version = %agent_version, expected = %expected, "refused agent");
@@ -327,13 +385,18 @@ async fn register(State(state): State<AppState>, headers: HeaderMap, body: Resul
     Ok((StatusCode::CONFLICT, Json(body)).into_response())
 }
 
-async fn report(State(state): State<AppState>, body: Result<Json<Report>, JsonRejection>) -> Result<Response, ApiError> {
+async fn report(
+    State(state): State<AppState>,
+    body: Result<Json<Report>, JsonRejection>,
+) -> Result<Response, ApiError> {
     let report = json_body(body)?;
     if report.id.trim().is_empty() || report.id.len() > 128 {
         return Err(ApiError::bad_request("id must be 1 to 128 characters"));
     }
     if report.error.as_ref().is_some_and(|e| e.len() > 4096) {
-        return Err(ApiError::bad_request("error text is longer than 4096 bytes"));
+        return Err(ApiError::bad_request(
+            "error text is longer than 4096 bytes",
+        ));
     }
     inc(&state.inner.metrics.reports);
     tracing::info!(agent = %report.id, from = %report.from, to = %report.to, status = report.status.as_str(), error = ?report.error, "update report");
@@ -343,7 +406,10 @@ async fn report(State(state): State<AppState>, body: Result<Json<Report>, JsonRe
 
 fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
     if state.admin_token.is_empty() {
-        return Err(ApiError::new(StatusCode::FORBIDDEN, "the admin API is off: set admin.token (or UPDATE_SERVER_ADMIN_TOKEN) to turn it on"));
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "the admin API is off: set admin.token (or UPDATE_SERVER_ADMIN_TOKEN) to turn it on",
+        ));
     }
     let given = headers
         .get(header::AUTHORIZATION)
@@ -353,7 +419,10 @@ fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
     if given.as_bytes().ct_eq(state.admin_token.as_bytes()).into() {
         Ok(())
     } else {
-        Err(ApiError::new(StatusCode::UNAUTHORIZED, "missing or wrong bearer token"))
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token",
+        ))
     }
 }
 
@@ -366,7 +435,10 @@ fn settings_json(s: &Shared) -> serde_json::Value {
     })
 }
 
-async fn admin_settings(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+async fn admin_settings(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     authorize(&state.inner, &headers)?;
     Ok(Json(settings_json(&state.inner)).into_response())
 }
@@ -378,20 +450,29 @@ struct SettingsChange {
     downloads_limit: Option<usize>,
 }
 
-async fn admin_update_settings(State(state): State<AppState>, headers: HeaderMap, body: Result<Json<SettingsChange>, JsonRejection>) -> Result<Response, ApiError> {
+async fn admin_update_settings(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<SettingsChange>, JsonRejection>,
+) -> Result<Response, ApiError> {
     let s = &state.inner;
     authorize(s, &headers)?;
     let change = json_body(body)?;
     if let Some(limit) = change.downloads_limit {
         if limit > s.max_connections {
-            return Err(ApiError::bad_request(format!("downloads_limit may not exceed server.max-connections ({})", s.max_connections)));
+            return Err(ApiError::bad_request(format!(
+                "downloads_limit may not exceed server.max-connections ({})",
+                s.max_connections
+            )));
         }
-        s.db.set_setting(SETTING_DOWNLOAD_LIMIT, &limit.to_string()).await?;
+        s.db.set_setting(SETTING_DOWNLOAD_LIMIT, &limit.to_string())
+            .await?;
         s.download_limit.store(limit, Ordering::Relaxed);
         tracing::info!(limit, "download limit changed");
     }
     if let Some(enabled) = change.auto_update {
-        s.db.set_setting(SETTING_AUTO_UPDATE, if enabled { "true" } else { "false" }).await?;
+        s.db.set_setting(SETTING_AUTO_UPDATE, if enabled { "true" } else { "false" })
+            .await?;
         s.auto_update.store(enabled, Ordering::Relaxed);
         tracing::info!(enabled, "fleet-wide auto-update changed");
     }
@@ -404,16 +485,29 @@ struct AgentFilter {
     status: Option<String>,
 }
 
-async fn admin_agents(State(state): State<AppState>, headers: HeaderMap, Query(filter): Query<AgentFilter>) -> Result<Response, ApiError> {
+async fn admin_agents(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(filter): Query<AgentFilter>,
+) -> Result<Response, ApiError> {
     authorize(&state.inner, &headers)?;
-    let agents = state.inner.db.agents(filter.version.as_deref(), filter.status.as_deref()).await?;
+    let agents = state
+        .inner
+        .db
+        .agents(filter.version.as_deref(), filter.status.as_deref())
+        .await?;
     Ok(Json(agents).into_response())
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let s = &state.inner;
     let (by_version, by_status) = s.db.fleet_counts().await?;
-    let text = s.metrics.render(s.limiter.in_flight(), s.limiter.peak(), &by_version, &by_status);
+    let text = s.metrics.render(
+        s.limiter.in_flight(),
+        s.limiter.peak(),
+        &by_version,
+        &by_status,
+    );
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 

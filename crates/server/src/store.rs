@@ -17,12 +17,12 @@ use std::time::SystemTime;
 use agent_extract::atomic;
 use agent_extract::payload::Payload;
 use agent_extract::verify;
+use agent_protocol::AgentVersion;
 use agent_protocol::digest::MultiHasher;
 use agent_protocol::layout;
 use agent_protocol::minisign::{PublicKey, Signature};
 use agent_protocol::properties::Properties;
 use agent_protocol::wire::VersionInfo;
-use agent_protocol::AgentVersion;
 use bytes::Bytes;
 
 /// The version cache, beside the bundle in the download directory.
@@ -85,7 +85,9 @@ impl BundleStore {
             public_key,
             server_version: env!("CARGO_PKG_VERSION").to_owned(),
             server_build: option_env!("UPDATE_SERVER_BUILD").unwrap_or("0").to_owned(),
-            current: RwLock::new(Current::Unavailable("the bundle store has not been scanned yet".into())),
+            current: RwLock::new(Current::Unavailable(
+                "the bundle store has not been scanned yet".into(),
+            )),
             source: RwLock::new(None),
             last_problem: RwLock::new(None),
         })
@@ -111,7 +113,11 @@ impl BundleStore {
                 self.set(Current::Unavailable(problem));
             }
             Ok(source) => {
-                let unchanged = self.source.read().map(|s| s.as_ref() == Some(&source)).unwrap_or(false);
+                let unchanged = self
+                    .source
+                    .read()
+                    .map(|s| s.as_ref() == Some(&source))
+                    .unwrap_or(false);
                 if unchanged {
                     return;
                 }
@@ -161,11 +167,19 @@ impl BundleStore {
     }
 
     fn find_source(&self) -> Result<SourceId, String> {
-        let entries = fs::read_dir(&self.dir).map_err(|e| format!("cannot read the download directory {}: {e}", self.dir.display()))?;
+        let entries = fs::read_dir(&self.dir).map_err(|e| {
+            format!(
+                "cannot read the download directory {}: {e}",
+                self.dir.display()
+            )
+        })?;
         let mut bundles = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with("agent-bundle-") && !name.ends_with(".minisig") && entry.file_type().map(|t| t.is_file()).unwrap_or(false) {
+            if name.starts_with("agent-bundle-")
+                && !name.ends_with(".minisig")
+                && entry.file_type().map(|t| t.is_file()).unwrap_or(false)
+            {
                 bundles.push(name);
             }
         }
@@ -215,36 +229,55 @@ impl BundleStore {
                 break;
             }
             hasher.update(&buf[..n]);
-            tmp.write_all(&buf[..n]).map_err(|e| format!("{}: {e}", self.cache_dir.display()))?;
+            tmp.write_all(&buf[..n])
+                .map_err(|e| format!("{}: {e}", self.cache_dir.display()))?;
         }
-        tmp.as_file().sync_all().map_err(|e| format!("{}: {e}", self.cache_dir.display()))?;
+        tmp.as_file()
+            .sync_all()
+            .map_err(|e| format!("{}: {e}", self.cache_dir.display()))?;
         let digests = hasher.finish();
 
         let sig_path = PathBuf::from(format!("{shown}.minisig"));
         let signature_text = fs::read_to_string(&sig_path).ok();
         if let Some(key) = &self.public_key {
             let Some(text) = &signature_text else {
-                return Err(format!("{shown} has no signature {}; it is not served (bundle.public-key is set)", sig_path.display()));
+                return Err(format!(
+                    "{shown} has no signature {}; it is not served (bundle.public-key is set)",
+                    sig_path.display()
+                ));
             };
-            let signature = Signature::parse(text).map_err(|e| format!("{}: {e}; the bundle is not served", sig_path.display()))?;
-            verify::verify_with_digests(tmp.path(), &digests, &signature, key)
-                .map_err(|e| format!("{shown} failed verification: {e}; the bundle is not served"))?;
+            let signature = Signature::parse(text)
+                .map_err(|e| format!("{}: {e}; the bundle is not served", sig_path.display()))?;
+            verify::verify_with_digests(tmp.path(), &digests, &signature, key).map_err(|e| {
+                format!("{shown} failed verification: {e}; the bundle is not served")
+            })?;
         }
         let facts = self.facts(tmp.path(), &digests.sha256_hex(), &shown)?;
 
-        let private = self.cache_dir.join(format!("bundle-{}", digests.sha256_hex()));
+        let private = self
+            .cache_dir
+            .join(format!("bundle-{}", digests.sha256_hex()));
         {
             use std::os::unix::fs::PermissionsExt;
-            let _ = tmp.as_file().set_permissions(fs::Permissions::from_mode(0o444));
+            let _ = tmp
+                .as_file()
+                .set_permissions(fs::Permissions::from_mode(0o444));
         }
-        tmp.persist(&private).map_err(|e| format!("{}: {}", private.display(), e.error))?;
+        tmp.persist(&private)
+            .map_err(|e| format!("{}: {}", private.display(), e.error))?;
         self.remove_stale_copies(&private);
         let file = File::open(&private).map_err(|e| format!("{}: {e}", private.display()))?;
         let data = map(&file).map_err(|e| format!("cannot map {}: {e}", private.display()))?;
         if data.len() as u64 != digests.size {
-            return Err(format!("{shown} changed while it was read; it will be read again"));
+            return Err(format!(
+                "{shown} changed while it was read; it will be read again"
+            ));
         }
-        let filename = source.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let filename = source
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         Ok(ServedBundle {
             etag: format!("\"{}\"", digests.sha256_hex()),
             info: VersionInfo {
@@ -258,7 +291,8 @@ impl BundleStore {
             },
             data,
             signature: signature_text,
-            last_modified: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(source.mtime.max(0) as u64),
+            last_modified: SystemTime::UNIX_EPOCH
+                + std::time::Duration::from_secs(source.mtime.max(0) as u64),
         })
     }
 
@@ -286,11 +320,15 @@ impl BundleStore {
         if let Err(e) = atomic::write(&cache_path, props.to_text().as_bytes()) {
             tracing::warn!("cannot write the version cache: {e}");
         }
-        Ok(Facts { version: facts.version })
+        Ok(Facts {
+            version: facts.version,
+        })
     }
 
     fn remove_stale_copies(&self, keep: &Path) {
-        let Ok(entries) = fs::read_dir(&self.cache_dir) else { return };
+        let Ok(entries) = fs::read_dir(&self.cache_dir) else {
+            return;
+        };
         for entry in entries.flatten() {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
