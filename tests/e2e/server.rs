@@ -11,6 +11,16 @@ use e2e::{
     sha256_file, wait_until,
 };
 
+/// Polls /agentupdate/version until it answers 200 (and names `version`, if not empty).
+fn wait_served(server: &e2e::ServerProc, version: &str) {
+    let wanted = format!("agent.latest.version={version}\n");
+    wait_until(Duration::from_secs(10), "the bundle to be served", || {
+        http(server.port, "GET", "/agentupdate/version", &[])
+            .map(|r| r.status == 200 && (version.is_empty() || r.text().contains(&wanted)))
+            .unwrap_or(false)
+    });
+}
+
 fn bundle_of_size(ctx: &TestContext, version: &str, pad: usize, out: &str) -> std::path::PathBuf {
     let key = ctx.path("keys/update.key");
     if !key.exists() {
@@ -29,11 +39,7 @@ fn wget_saves_the_named_bundle_and_curl_resumes_a_cut_download() {
     let bundle = bundle_of_size(&ctx, "2.2.0", 4 << 20, "out");
     let server = ctx.server("home", &[]);
     ctx.publish(&server, &bundle);
-    wait_until(Duration::from_secs(10), "the bundle to be served", || {
-        http(server.port, "GET", "/agentupdate/version", &[])
-            .map(|r| r.status == 200)
-            .unwrap_or(false)
-    });
+    wait_served(&server, "");
     let version = http(server.port, "GET", "/agentupdate/version", &[]).unwrap();
     assert_eq!(version.header("cache-control"), Some("no-store"));
     let advertised = property(&version.text(), "agent.latest.sha256").unwrap();
@@ -91,11 +97,7 @@ fn limit_five_with_two_hundred_clients_never_exceeds_five() {
         ],
     );
     ctx.publish(&server, &bundle);
-    wait_until(Duration::from_secs(10), "the bundle to be served", || {
-        http(server.port, "GET", "/agentupdate/version", &[])
-            .map(|r| r.status == 200)
-            .unwrap_or(false)
-    });
+    wait_served(&server, "");
     let clients = 200;
     let answered = Arc::new(Barrier::new(clients + 1));
     let release = Arc::new(Barrier::new(clients + 1));
@@ -143,11 +145,7 @@ fn clients_that_hang_up_mid_body_free_their_slots() {
     let bundle = bundle_of_size(&ctx, "2.2.0", 16 << 20, "out");
     let server = ctx.server("home", &[("UPDATE_SERVER_DOWNLOADS_LIMIT", "5")]);
     ctx.publish(&server, &bundle);
-    wait_until(Duration::from_secs(10), "the bundle to be served", || {
-        http(server.port, "GET", "/agentupdate/version", &[])
-            .map(|r| r.status == 200)
-            .unwrap_or(false)
-    });
+    wait_served(&server, "");
     for _ in 0..20 {
         let batch: Vec<_> = (0..5)
             .map(|_| http_open(server.port, "/agentupdate/download").unwrap())
@@ -174,11 +172,7 @@ fn replacing_the_bundle_does_not_change_running_downloads() {
     let new = bundle_of_size(&ctx, "2.3.0", 1 << 20, "new");
     let server = ctx.server("home", &[]);
     ctx.publish(&server, &old);
-    wait_until(Duration::from_secs(10), "the old bundle", || {
-        http(server.port, "GET", "/agentupdate/version", &[])
-            .map(|r| r.text().contains("agent.latest.version=2.2.0"))
-            .unwrap_or(false)
-    });
+    wait_served(&server, "2.2.0");
     let running: Vec<_> = (0..10)
         .map(|_| http_open(server.port, "/agentupdate/download").unwrap())
         .collect();
@@ -188,11 +182,7 @@ fn replacing_the_bundle_does_not_change_running_downloads() {
     fs::remove_file(&dropped).unwrap();
     fs::remove_file(server.download_dir().join("agent-bundle-2.2.0.minisig")).unwrap();
     ctx.publish(&server, &new);
-    wait_until(Duration::from_secs(10), "the new bundle", || {
-        http(server.port, "GET", "/agentupdate/version", &[])
-            .map(|r| r.text().contains("agent.latest.version=2.3.0"))
-            .unwrap_or(false)
-    });
+    wait_served(&server, "2.3.0");
     let expected = sha256_file(&old);
     for (head, mut body) in running {
         assert_eq!(head.status, 200);
@@ -220,11 +210,7 @@ fn limit_zero_and_fleet_switch_answer_403() {
         ],
     );
     ctx.publish(&server, &bundle);
-    wait_until(Duration::from_secs(10), "the bundle", || {
-        http(server.port, "GET", "/agentupdate/version", &[])
-            .map(|r| r.status == 200)
-            .unwrap_or(false)
-    });
+    wait_served(&server, "");
     assert_eq!(
         http(server.port, "GET", "/agentupdate/download", &[])
             .unwrap()

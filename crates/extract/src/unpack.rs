@@ -87,18 +87,13 @@ fn inflate_into(reader: impl Read, tx: mpsc::SyncSender<io::Result<Vec<u8>>>) {
         flate2::read::GzDecoder::new(io::BufReader::with_capacity(256 * 1024, reader));
     loop {
         let mut buf = vec![0u8; 1024 * 1024];
-        let mut filled = 0;
-        while filled < buf.len() {
-            match decoder.read(&mut buf[filled..]) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
+        let filled = match agent_protocol::digest::fill(&mut decoder, &mut buf) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
             }
-        }
+        };
         if filled == 0 {
             return;
         }

@@ -50,7 +50,7 @@ impl Digests {
 }
 
 /// Reads until `buf` is full or the stream ends, so every chunk is large enough to split.
-fn fill(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+pub fn fill(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         match reader.read(&mut buf[filled..]) {
