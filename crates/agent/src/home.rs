@@ -2,10 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use agent_extract::atomic;
 use agent_protocol::AgentVersion;
 use agent_protocol::layout::{self, AgentHome};
-use agent_protocol::properties::Properties;
 
 use crate::error::{AgentError, Result};
 
@@ -66,19 +64,5 @@ impl Installation {
 
 /// The version recorded in `<version_dir>/agent-version.properties`.
 pub fn read_version(version_dir: &Path) -> Result<AgentVersion> {
-    let path = version_dir.join(layout::AGENT_VERSION_FILE);
-    let text = atomic::read_text(&path, 64 * 1024)?;
-    let props = Properties::parse(&text).map_err(|e| AgentError::Config {
-        path: path.clone(),
-        message: e.to_string(),
-    })?;
-    let version = AgentVersion::new(
-        props.require(layout::PROP_AGENT_VERSION)?,
-        props.require(layout::PROP_AGENT_BUILD)?,
-    )
-    .map_err(|e| AgentError::Config {
-        path,
-        message: e.to_string(),
-    })?;
-    Ok(version)
+    Ok(agent_extract::payload::installed_version(version_dir)?)
 }

@@ -106,14 +106,7 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
 }
 
 fn check_unpacked_version(version_dir: &Path, facts: &BundleFacts) -> Result<()> {
-    let path = version_dir.join(layout::AGENT_VERSION_FILE);
-    let text = atomic::read_text(&path, 64 * 1024)?;
-    let props = agent_protocol::properties::Properties::parse(&text)
-        .map_err(|e| BundleError::Invalid(format!("{}: {e}", path.display())))?;
-    let inner = agent_protocol::AgentVersion::new(
-        props.require(layout::PROP_AGENT_VERSION)?,
-        props.require(layout::PROP_AGENT_BUILD)?,
-    )?;
+    let inner = agent_extract::payload::installed_version(version_dir)?;
     if inner != facts.version {
         return Err(BundleError::Invalid(format!(
             "the bundle says {} but its distribution says {inner}; the bundle is inconsistent",

@@ -146,3 +146,20 @@ impl Payload {
         }
     }
 }
+
+/// The version an unpacked distribution records in its `agent-version.properties`.
+pub fn installed_version(version_dir: &Path) -> Result<AgentVersion> {
+    let path = version_dir.join(layout::AGENT_VERSION_FILE);
+    let text = crate::atomic::read_text(&path, MAX_PROPERTIES_BYTES as u64)?;
+    let format = |source| Error::Format {
+        path: path.clone(),
+        entry: layout::AGENT_VERSION_FILE.to_owned(),
+        source,
+    };
+    let props = Properties::parse(&text).map_err(format)?;
+    AgentVersion::new(
+        props.require(layout::PROP_AGENT_VERSION).map_err(format)?,
+        props.require(layout::PROP_AGENT_BUILD).map_err(format)?,
+    )
+    .map_err(format)
+}
