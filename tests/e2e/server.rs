@@ -7,8 +7,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use e2e::{
-    TestContext, http, http_open, metric, pad_dist, property, require_tool, run_ok, sha256_bytes,
-    sha256_file, wait_until,
+    TestContext, http, http_open, metric, pad_dist, pid_gone, property, require_tool, run_ok,
+    sha256_bytes, sha256_file, signal, wait_until,
 };
 
 /// Polls /agentupdate/version until it answers 200 (and names `version`, if not empty).
@@ -264,5 +264,54 @@ fn limit_zero_and_fleet_switch_answer_403() {
         set(r#"{"downloads_limit": 5000}"#).status,
         400,
         "limit above max-connections"
+    );
+}
+
+#[test]
+fn sigterm_refuses_new_connections_and_lets_running_downloads_finish() {
+    let ctx = TestContext::new();
+    let bundle = bundle_of_size(&ctx, "2.2.0", 16 << 20, "out");
+    let server = ctx.server("home", &[("UPDATE_SERVER_SERVER_SHUTDOWN_GRACE", "30")]);
+    ctx.publish(&server, &bundle);
+    wait_served(&server, "2.2.0");
+    let (head, mut body) = http_open(server.port, "/agentupdate/download").unwrap();
+    assert_eq!(head.status, 200);
+    let mut first = vec![0u8; 64 * 1024];
+    body.read_exact(&mut first).unwrap();
+
+    signal(server.pid, "TERM");
+    wait_until(
+        Duration::from_secs(10),
+        "new connections to be refused",
+        || std::net::TcpStream::connect(("127.0.0.1", server.port)).is_err(),
+    );
+    assert!(!pid_gone(server.pid), "exited with a download running");
+    let mut rest = Vec::new();
+    body.read_to_end(&mut rest).unwrap();
+    first.extend_from_slice(&rest);
+    assert_eq!(
+        sha256_bytes(&first),
+        sha256_file(&bundle),
+        "download cut by SIGTERM"
+    );
+    wait_until(Duration::from_secs(10), "the server to exit", || {
+        pid_gone(server.pid)
+    });
+}
+
+#[test]
+fn sigterm_grace_period_ends_stalled_downloads() {
+    let ctx = TestContext::new();
+    let bundle = bundle_of_size(&ctx, "2.2.0", 16 << 20, "out");
+    let server = ctx.server("home", &[("UPDATE_SERVER_SERVER_SHUTDOWN_GRACE", "1")]);
+    ctx.publish(&server, &bundle);
+    wait_served(&server, "2.2.0");
+    // A client that never reads: without the grace period the server would wait forever.
+    let (_head, _stalled) = http_open(server.port, "/agentupdate/download").unwrap();
+    signal(server.pid, "TERM");
+    wait_until(
+        Duration::from_secs(10),
+        "the server to exit after its grace",
+        || pid_gone(server.pid),
     );
 }

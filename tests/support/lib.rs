@@ -433,3 +433,22 @@ pub fn metric(server: &ServerProc, name: &str) -> f64 {
         })
         .unwrap_or_else(|| panic!("metric {name} not found"))
 }
+
+/// True once `pid` has exited (gone, or a zombie waiting to be reaped).
+pub fn pid_gone(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(true),
+        Err(_) => true,
+    }
+}
+
+/// Sends `signal` (e.g. "TERM", "KILL") to `pid` with kill(1).
+pub fn signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status();
+}

