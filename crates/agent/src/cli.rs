@@ -1,10 +1,14 @@
 //! Command line of `agent`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use agent_protocol::layout::AgentHome;
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use crate::config::Config;
+use crate::daemon::{self, RunEnd};
 use crate::home::Installation;
 
 /// The agent daemon and its maintenance commands.
@@ -27,6 +31,17 @@ pub struct Cli {
 enum Command {
     /// Run in the foreground (what agent-wrapper.sh starts).
     Run,
+    /// Show version, identity, servers, health, update state and bad bundles.
+    Status,
+    /// Update to the server's bundle now (the running agent is stopped and restarted).
+    Update {
+        /// Only say what the server offers and whether this agent would update.
+        #[arg(long)]
+        check: bool,
+        /// Forget the bundles that failed to come up (data/bad-versions), then stop.
+        #[arg(long)]
+        clear_bad: bool,
+    },
 }
 
 pub fn main() -> ExitCode {
@@ -50,6 +65,12 @@ pub fn main() -> ExitCode {
     }
 }
 
+fn load_config(home: &AgentHome) -> anyhow::Result<Config> {
+    Ok(Config::load(&home.agent_toml(), &|k| {
+        std::env::var(k).ok()
+    })?)
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let install = Installation::discover(cli.home.as_deref())?;
     if cli.version {
@@ -60,7 +81,77 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
+    let config = load_config(&install.home)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
     match cli.command {
-        Some(Command::Run) | None => anyhow::bail!("agent run is not built yet"),
+        Some(Command::Run) | None => {
+            let _guard = init_logging(install.home.root(), "agent.log");
+            let end = runtime.block_on(daemon::run(install, config))?;
+            if let RunEnd::HandedOff { to } = &end {
+                tracing::info!("exiting so the updater can install {to}");
+            }
+            Ok(ExitCode::from(end.exit_code()))
+        }
+        Some(Command::Status) => {
+            print!("{}", crate::status::render(&install, &config));
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Update {
+            check: _,
+            clear_bad: true,
+        }) => {
+            let n = agent_updater::state::clear_bad(&install.home)?;
+            println!("forgot {n} bad bundle(s); the next refusal retries the server's bundle");
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Update { check, .. }) => {
+            let _guard = init_logging(install.home.root(), "agent.log");
+            runtime.block_on(crate::manual::update(&install, &config, check))
+        }
     }
+}
+
+/// Logs to stderr and to `logs/<file>`; the guard flushes the file on drop.
+fn init_logging(home: &Path, file: &str) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
+    let filter = EnvFilter::try_from_env("AGENT_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let stderr = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    let logs = home.join("logs");
+    let (file_layer, guard) = match std::fs::create_dir_all(&logs) {
+        Ok(()) => {
+            let appender = tracing_appender::rolling::never(&logs, file);
+            let (writer, guard) = tracing_appender::non_blocking(appender);
+            (
+                Some(
+                    tracing_subscriber::fmt::layer()
+                        .with_writer(writer)
+                        .with_ansi(false)
+                        .with_target(false),
+                ),
+                Some(guard),
+            )
+        }
+        Err(e) => {
+            eprintln!(
+                "agent: cannot write {}: {e}; logging to stderr only",
+                logs.display()
+            );
+            (None, None)
+        }
+    };
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(stderr)
+        .with(file_layer)
+        .try_init();
+    guard
 }

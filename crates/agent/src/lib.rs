@@ -7,9 +7,17 @@
 //! modifies `versions/` or `current` (that is the updater's job) and never runs a byte it
 //! has not verified.
 
+pub mod backoff;
 pub mod cli;
+pub mod client;
 pub mod config;
+pub mod daemon;
+pub mod download;
 pub mod error;
 pub mod home;
+pub mod identity;
+pub mod manual;
+pub mod status;
+pub mod update;
 
 pub use error::{AgentError, Result};

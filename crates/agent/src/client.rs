@@ -1,0 +1,280 @@
+//! Talking to update-servers: register/connect under the version directive, with
+//! failover across `server.urls`, and the small requests of the update.
+//!
+//! Nothing a server sends is trusted: bodies are size-capped, redirects are limited,
+//! every request has a deadline, and a server that answers garbage is treated like one
+//! that is down.
+
+use std::time::Duration;
+
+use agent_protocol::AgentVersion;
+use agent_protocol::minisign::Signature;
+use agent_protocol::properties::Properties;
+use agent_protocol::wire::{self, AgentHello, NotSupported, Report, VersionInfo};
+use futures_util::StreamExt;
+use reqwest::StatusCode;
+
+/// Cap on the small bodies (version properties, 409 answers, signatures).
+const MAX_SMALL_BODY: usize = 64 * 1024;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub const MAX_REDIRECTS: usize = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommError {
+    #[error("{url}: {message}")]
+    Network { url: String, message: String },
+    #[error("{url}: answered {status}{detail}")]
+    Status {
+        url: String,
+        status: u16,
+        detail: String,
+    },
+    #[error("{url}: {message}")]
+    Garbage { url: String, message: String },
+    #[error("no update-server answered (tried {0})")]
+    AllDown(String),
+}
+
+/// What a server said to register or connect.
+#[derive(Debug, Clone)]
+pub enum Directive {
+    Accepted,
+    /// `409`: this version is not the one the server speaks to.
+    Refused(NotSupported),
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    urls: Vec<String>,
+    current: usize,
+    version: AgentVersion,
+    hello: AgentHello,
+}
+
+impl Client {
+    pub fn new(
+        urls: Vec<String>,
+        version: AgentVersion,
+        hello: AgentHello,
+    ) -> Result<Self, CommError> {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::limited(MAX_REDIRECTS))
+            .connect_timeout(Duration::from_secs(10))
+            .user_agent(format!("agent/{version}"))
+            .build()
+            .map_err(|e| CommError::Network {
+                url: String::new(),
+                message: e.to_string(),
+            })?;
+        Ok(Self {
+            http,
+            urls: urls
+                .into_iter()
+                .map(|u| u.trim_end_matches('/').to_owned())
+                .collect(),
+            current: 0,
+            version,
+            hello,
+        })
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    pub fn version(&self) -> &AgentVersion {
+        &self.version
+    }
+
+    /// The server this agent talks to now.
+    pub fn base(&self) -> &str {
+        &self.urls[self.current.min(self.urls.len() - 1)]
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base())
+    }
+
+    /// `connect` (or `register` when `first`) to the current server; on network
+    /// trouble or a 5xx, fails over to the next server in order and registers there,
+    /// so the new server checks the version again.
+    pub async fn hello(&mut self, first: bool) -> Result<Directive, CommError> {
+        let mut register = first;
+        let mut tried = Vec::new();
+        for _ in 0..self.urls.len() {
+            let path = if register {
+                wire::REGISTER_PATH
+            } else {
+                wire::CONNECT_PATH
+            };
+            match self.hello_once(path).await {
+                Ok(d) => return Ok(d),
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    tried.push(self.base().to_owned());
+                    if self.urls.len() > 1 {
+                        self.current = (self.current + 1) % self.urls.len();
+                        tracing::info!("failing over to {}", self.base());
+                    }
+                    register = true;
+                }
+            }
+        }
+        Err(CommError::AllDown(tried.join(", ")))
+    }
+
+    async fn hello_once(&self, path: &str) -> Result<Directive, CommError> {
+        let url = self.url(path);
+        let resp = self
+            .http
+            .post(&url)
+            .header(wire::AGENT_VERSION_HEADER, self.version.to_string())
+            .timeout(REQUEST_TIMEOUT)
+            .json(&self.hello)
+            .send()
+            .await
+            .map_err(|e| network(&url, e))?;
+        let status = resp.status();
+        match status {
+            s if s.is_success() => Ok(Directive::Accepted),
+            StatusCode::CONFLICT => {
+                let body = small_body(resp, &url).await?;
+                let ns: NotSupported =
+                    serde_json::from_slice(&body).map_err(|e| CommError::Garbage {
+                        url: url.clone(),
+                        message: format!("409 with a body that is not the directive: {e}"),
+                    })?;
+                if ns.expected.parse::<AgentVersion>().is_err() {
+                    return Err(CommError::Garbage {
+                        url,
+                        message: format!("409 names {:?}, which is not VERSION+BUILD", ns.expected),
+                    });
+                }
+                Ok(Directive::Refused(ns))
+            }
+            s => Err(status_error(&url, s, resp).await),
+        }
+    }
+
+    /// `GET /agentupdate/version`, parsed and checked.
+    pub async fn version_info(&self) -> Result<VersionInfo, CommError> {
+        let url = self.url(wire::VERSION_PATH);
+        let resp = self
+            .http
+            .get(&url)
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| network(&url, e))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            return Err(status_error(&url, status, resp).await);
+        }
+        let body = small_body(resp, &url).await?;
+        let garbage = |message: String| CommError::Garbage {
+            url: url.clone(),
+            message,
+        };
+        let text = String::from_utf8(body).map_err(|_| garbage("not UTF-8 text".into()))?;
+        let props = Properties::parse(&text).map_err(|e| garbage(e.to_string()))?;
+        VersionInfo::from_properties(&props).map_err(|e| garbage(e.to_string()))
+    }
+
+    /// `GET /agentupdate/download.minisig`.
+    pub async fn signature(&self) -> Result<Signature, CommError> {
+        let url = self.url(wire::SIGNATURE_PATH);
+        let resp = self
+            .http
+            .get(&url)
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| network(&url, e))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            return Err(status_error(&url, status, resp).await);
+        }
+        let body = small_body(resp, &url).await?;
+        let text = String::from_utf8(body).map_err(|_| CommError::Garbage {
+            url: url.clone(),
+            message: "signature is not text".into(),
+        })?;
+        Signature::parse(&text).map_err(|e| CommError::Garbage {
+            url,
+            message: e.to_string(),
+        })
+    }
+
+    /// `POST /agentupdate/report`.
+    pub async fn report(&self, report: &Report) -> Result<(), CommError> {
+        let url = self.url(wire::REPORT_PATH);
+        let resp = self
+            .http
+            .post(&url)
+            .header(wire::AGENT_VERSION_HEADER, self.version.to_string())
+            .timeout(REQUEST_TIMEOUT)
+            .json(report)
+            .send()
+            .await
+            .map_err(|e| network(&url, e))?;
+        if resp.status().is_success() {
+            Ok(())
+        } else {
+            let status = resp.status();
+            Err(status_error(&url, status, resp).await)
+        }
+    }
+}
+
+fn network(url: &str, e: reqwest::Error) -> CommError {
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        message = format!("{message}: {s}");
+        source = s.source();
+    }
+    if e.is_redirect() {
+        message = format!("too many redirects (more than {MAX_REDIRECTS}): {message}");
+    }
+    CommError::Network {
+        url: url.to_owned(),
+        message,
+    }
+}
+
+async fn status_error(url: &str, status: StatusCode, resp: reqwest::Response) -> CommError {
+    let detail = small_body(resp, url)
+        .await
+        .ok()
+        .map(|b| {
+            String::from_utf8_lossy(&b)
+                .chars()
+                .take(200)
+                .collect::<String>()
+        })
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| format!(": {}", s.trim()))
+        .unwrap_or_default();
+    CommError::Status {
+        url: url.to_owned(),
+        status: status.as_u16(),
+        detail,
+    }
+}
+
+/// Reads at most [`MAX_SMALL_BODY`] bytes; more is an error, never a truncation.
+async fn small_body(resp: reqwest::Response, url: &str) -> Result<Vec<u8>, CommError> {
+    let mut out = Vec::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| network(url, e))?;
+        if out.len() + chunk.len() > MAX_SMALL_BODY {
+            return Err(CommError::Garbage {
+                url: url.to_owned(),
+                message: format!("answer longer than {MAX_SMALL_BODY} bytes"),
+            });
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}

@@ -1,0 +1,399 @@
+//! Downloading the server's bundle into `data/update/`, hashing while the bytes arrive.
+//!
+//! The agent names its own files (never from `Content-Disposition`), writes at most the
+//! advertised size (a byte more is an attack, not a bonus), resumes a partial file with
+//! `Range` + `If-Range` when the server still serves the same bytes, and gives up on a
+//! body that stalls or outlives its deadline. Hashing runs on its own thread, fed while
+//! the network delivers, so verifying costs little more than the download itself.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use agent_protocol::digest::{self, Digests, MultiHasher};
+use agent_protocol::wire::{self, VersionInfo};
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, IF_RANGE, RANGE, RETRY_AFTER};
+use tokio::sync::mpsc;
+
+use crate::backoff::parse_retry_after;
+
+/// Hash in batches this large so BLAKE2b runs beside md5 + sha256 on a second core.
+const HASH_BATCH: usize = 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DownloadError {
+    #[error("the server is busy (503); it asks to come back in {0:?}")]
+    RetryAfter(Duration),
+    #[error("the server refuses downloads (403): auto-update is off or the download limit is 0")]
+    Forbidden,
+    #[error("{0}")]
+    Network(String),
+    #[error("download answered {status}: {detail}")]
+    Status { status: u16, detail: String },
+    #[error("the server sent more than the advertised {expected} bytes; download abandoned")]
+    TooLong { expected: u64 },
+    #[error("the download ended after {got} of {expected} bytes")]
+    TooShort { got: u64, expected: u64 },
+    #[error("no data for {0:?}; download abandoned (it resumes on the next attempt)")]
+    Stalled(Duration),
+    #[error("the download took longer than {0:?}; abandoned (it resumes on the next attempt)")]
+    Deadline(Duration),
+    #[error(
+        "{what} mismatch: /agentupdate/version says {expected}, the downloaded file has {actual}; file deleted"
+    )]
+    HashMismatch {
+        what: &'static str,
+        expected: String,
+        actual: String,
+    },
+    #[error("not enough disk space in {dir}: need {need} bytes, {free} free; free some space")]
+    DiskSpace { dir: PathBuf, need: u64, free: u64 },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl DownloadError {
+    fn io(path: &Path, source: io::Error) -> Self {
+        DownloadError::Io {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub read_timeout: Duration,
+    pub deadline: Duration,
+}
+
+#[derive(Debug)]
+pub struct Downloaded {
+    pub path: PathBuf,
+    pub digests: Digests,
+    /// Bytes that came over the network in this attempt (less than the size on resume).
+    pub fetched: u64,
+    pub elapsed: Duration,
+}
+
+/// `data/update/`, created with mode 0700 (only the agent's user may write there).
+pub fn prepare_dir(dir: &Path) -> Result<(), DownloadError> {
+    fs::create_dir_all(dir).map_err(|e| DownloadError::io(dir, e))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+        .map_err(|e| DownloadError::io(dir, e))
+}
+
+/// The bundle's final name: chosen by the agent from the checked version.
+pub fn bundle_path(dir: &Path, info: &VersionInfo) -> PathBuf {
+    dir.join(agent_protocol::layout::bundle_file_name(&info.agent))
+}
+
+fn part_path(dir: &Path, info: &VersionInfo) -> PathBuf {
+    dir.join(format!("bundle-{}.part", info.sha256))
+}
+
+/// Refuses to start when the disk cannot hold the bundle and its unpacked copy.
+pub fn check_disk_space(dir: &Path, bundle_size: u64) -> Result<(), DownloadError> {
+    let stat = nix::sys::statvfs::statvfs(dir)
+        .map_err(|e| DownloadError::io(dir, io::Error::from_raw_os_error(e as i32)))?;
+    #[allow(clippy::useless_conversion)] // the field types differ between platforms
+    let free = u64::from(stat.blocks_available()).saturating_mul(u64::from(stat.fragment_size()));
+    // The bundle, plus its unpacked distribution (compressed, so allow three times its size).
+    let need = bundle_size.saturating_mul(4);
+    if free < need {
+        return Err(DownloadError::DiskSpace {
+            dir: dir.to_owned(),
+            need,
+            free,
+        });
+    }
+    Ok(())
+}
+
+/// Downloads the bundle `info` describes from `base` into `dir`, resuming a partial
+/// file, and checks size, md5 and sha256. On any mismatch the file is deleted.
+pub async fn fetch(
+    http: &reqwest::Client,
+    base: &str,
+    info: &VersionInfo,
+    dir: &Path,
+    limits: &Limits,
+) -> Result<Downloaded, DownloadError> {
+    let started = Instant::now();
+    let part = part_path(dir, info);
+    let final_path = bundle_path(dir, info);
+    remove_stale(dir, &part)?;
+
+    // What is already on disk (a cut download), hashed again: the file may have been
+    // written by a crashed agent, and only hashed bytes count.
+    let mut have = match fs::metadata(&part) {
+        Ok(m) if m.len() <= info.size => m.len(),
+        Ok(_) => {
+            remove(&part)?;
+            0
+        }
+        Err(_) => 0,
+    };
+    let mut prefix = MultiHasher::new();
+    if have > 0 {
+        let file = File::open(&part).map_err(|e| DownloadError::io(&part, e))?;
+        prefix = hash_prefix(file, have).map_err(|e| DownloadError::io(&part, e))?;
+    }
+
+    let mut fetched = 0;
+    if have < info.size {
+        let url = format!("{base}{}", wire::DOWNLOAD_PATH);
+        let mut req = http.get(&url);
+        if have > 0 {
+            req = req
+                .header(RANGE, format!("bytes={have}-"))
+                .header(IF_RANGE, format!("\"{}\"", info.sha256));
+        }
+        let resp = tokio::time::timeout(limits.read_timeout, req.send())
+            .await
+            .map_err(|_| DownloadError::Stalled(limits.read_timeout))?
+            .map_err(|e| DownloadError::Network(format!("{url}: {}", chain(&e))))?;
+        let status = resp.status();
+        let resumed = match status {
+            StatusCode::PARTIAL_CONTENT if have > 0 => {
+                let start = resp
+                    .headers()
+                    .get(CONTENT_RANGE)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(parse_content_range_start);
+                if start != Some(have) {
+                    remove(&part)?;
+                    return Err(DownloadError::Network(format!(
+                        "{url}: asked for bytes from {have}, got a range starting at {start:?}; starting over next time"
+                    )));
+                }
+                true
+            }
+            StatusCode::OK => false,
+            StatusCode::SERVICE_UNAVAILABLE => {
+                let wait = resp
+                    .headers()
+                    .get(RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| parse_retry_after(v, SystemTime::now()))
+                    .unwrap_or(Duration::from_secs(30));
+                return Err(DownloadError::RetryAfter(wait));
+            }
+            StatusCode::FORBIDDEN => return Err(DownloadError::Forbidden),
+            StatusCode::RANGE_NOT_SATISFIABLE => {
+                remove(&part)?;
+                return Err(DownloadError::Status {
+                    status: 416,
+                    detail: "the partial file no longer fits the server's bundle; starting over"
+                        .into(),
+                });
+            }
+            s => {
+                return Err(DownloadError::Status {
+                    status: s.as_u16(),
+                    detail: s.canonical_reason().unwrap_or("unexpected").into(),
+                });
+            }
+        };
+        if !resumed {
+            have = 0;
+            prefix = MultiHasher::new();
+        }
+        let remaining = info.size - have;
+        if let Some(len) = resp
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            && len > remaining
+        {
+            return Err(DownloadError::TooLong {
+                expected: info.size,
+            });
+        }
+
+        let file = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(!resumed)
+            .append(resumed)
+            .mode(0o600)
+            .open(&part)
+            .map_err(|e| DownloadError::io(&part, e))?;
+        let (tx, rx) = mpsc::channel::<bytes::Bytes>(64);
+        let sink_path = part.clone();
+        let sink = tokio::task::spawn_blocking(move || sink(file, prefix, rx, &sink_path));
+
+        let deadline = tokio::time::Instant::now() + limits.deadline;
+        let mut resp = resp;
+        let mut received: u64 = 0;
+        let outcome: Result<(), DownloadError> = loop {
+            let next = tokio::time::timeout(limits.read_timeout, resp.chunk());
+            let chunk = match tokio::time::timeout_at(deadline, next).await {
+                Err(_) => break Err(DownloadError::Deadline(limits.deadline)),
+                Ok(Err(_)) => break Err(DownloadError::Stalled(limits.read_timeout)),
+                Ok(Ok(Err(e))) => break Err(DownloadError::Network(chain(&e))),
+                Ok(Ok(Ok(None))) => break Ok(()),
+                Ok(Ok(Ok(Some(chunk)))) => chunk,
+            };
+            received += chunk.len() as u64;
+            if received > remaining {
+                // Write only up to the advertised size; the excess is dropped unread.
+                let keep = chunk.len() - (received - remaining) as usize;
+                let _ = tx.send(chunk.slice(..keep)).await;
+                break Err(DownloadError::TooLong {
+                    expected: info.size,
+                });
+            }
+            if tx.send(chunk).await.is_err() {
+                break Ok(()); // the sink failed; its error is reported below
+            }
+        };
+        drop(tx);
+        let hashed = sink
+            .await
+            .map_err(|e| DownloadError::Network(format!("hashing thread: {e}")))?;
+        let hasher = hashed?;
+        if let Err(e) = outcome {
+            if matches!(e, DownloadError::TooLong { .. }) {
+                remove(&part)?; // a lying server gets no resume
+            }
+            return Err(e);
+        }
+        fetched = received;
+        have = hasher.size();
+        prefix = hasher;
+    }
+
+    if have != info.size {
+        return Err(DownloadError::TooShort {
+            got: have,
+            expected: info.size,
+        });
+    }
+    let digests = prefix.finish();
+    for (what, expected, actual) in [
+        ("md5", &info.md5, digests.md5_hex()),
+        ("sha256", &info.sha256, digests.sha256_hex()),
+    ] {
+        if *expected != actual {
+            remove(&part)?;
+            return Err(DownloadError::HashMismatch {
+                what,
+                expected: expected.clone(),
+                actual,
+            });
+        }
+    }
+    fs::rename(&part, &final_path).map_err(|e| DownloadError::io(&final_path, e))?;
+    Ok(Downloaded {
+        path: final_path,
+        digests,
+        fetched,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// Writes and hashes what the network delivers; returns the hasher over the whole file.
+fn sink(
+    mut file: File,
+    mut hasher: MultiHasher,
+    mut rx: mpsc::Receiver<bytes::Bytes>,
+    path: &Path,
+) -> Result<MultiHasher, DownloadError> {
+    let mut batch = Vec::with_capacity(HASH_BATCH);
+    while let Some(chunk) = rx.blocking_recv() {
+        file.write_all(&chunk)
+            .map_err(|e| DownloadError::io(path, e))?;
+        batch.extend_from_slice(&chunk);
+        if batch.len() >= HASH_BATCH {
+            hasher.update(&batch);
+            batch.clear();
+        }
+    }
+    hasher.update(&batch);
+    file.sync_all().map_err(|e| DownloadError::io(path, e))?;
+    Ok(hasher)
+}
+
+fn hash_prefix(mut file: File, len: u64) -> io::Result<MultiHasher> {
+    let mut hasher = MultiHasher::new();
+    let mut buf = vec![0u8; digest::CHUNK];
+    let mut reader = (&mut file).take(len);
+    loop {
+        let n = digest::fill(&mut reader, &mut buf)?;
+        if n == 0 {
+            return Ok(hasher);
+        }
+        hasher.update(&buf[..n]);
+    }
+}
+
+/// Removes partial files of other bundles and earlier final bundles: only the bundle
+/// being fetched may take space.
+fn remove_stale(dir: &Path, keep: &Path) -> Result<(), DownloadError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(DownloadError::io(dir, e)),
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if path != keep && name.starts_with("bundle-") && name.ends_with(".part") {
+            remove(&path)?;
+        }
+    }
+    Ok(())
+}
+
+fn remove(path: &Path) -> Result<(), DownloadError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(DownloadError::io(path, e)),
+    }
+}
+
+/// `bytes START-END/TOTAL` → START.
+fn parse_content_range_start(value: &str) -> Option<u64> {
+    let rest = value.trim().strip_prefix("bytes ")?;
+    rest.split('-').next()?.trim().parse().ok()
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        message = format!("{message}: {s}");
+        source = s.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_range_start() {
+        assert_eq!(parse_content_range_start("bytes 100-199/200"), Some(100));
+        assert_eq!(parse_content_range_start("bytes */200"), None);
+        assert_eq!(parse_content_range_start("items 1-2/3"), None);
+    }
+
+    #[test]
+    fn disk_space_check_refuses_absurd_sizes() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(check_disk_space(dir.path(), 1024).is_ok());
+        let err = check_disk_space(dir.path(), u64::MAX / 8).unwrap_err();
+        assert!(err.to_string().contains("not enough disk space"), "{err}");
+    }
+}

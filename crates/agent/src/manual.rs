@@ -1,0 +1,91 @@
+//! `agent update [--check]`: the update on an operator's request.
+
+use std::process::ExitCode;
+
+use agent_protocol::layout::{self, AgentHome};
+use agent_protocol::wire::AgentHello;
+use agent_updater::state;
+use tokio::sync::watch;
+
+use crate::client::Client;
+use crate::config::Config;
+use crate::home::Installation;
+use crate::update::{self, Outcome, UpdateContext};
+
+/// The running daemon's pid, if `run/agent.pid` names a live `agent run`.
+pub fn running_agent(home: &AgentHome) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(home.pid_file())
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    cmdline.contains("/bin/agent run").then_some(pid)
+}
+
+pub async fn update(
+    install: &Installation,
+    config: &Config,
+    check: bool,
+) -> anyhow::Result<ExitCode> {
+    let id = crate::identity::load_or_create(&install.home)?;
+    let hello = AgentHello {
+        id: id.clone(),
+        name: crate::identity::host_name(),
+        platform: layout::PLATFORM.to_owned(),
+    };
+    let client = Client::new(config.server.urls.clone(), install.version.clone(), hello)?;
+    if check {
+        let info = client.version_info().await?;
+        println!("this agent runs {}", install.version);
+        println!(
+            "{} offers {} ({} bytes, sha256 {})",
+            client.base(),
+            info.agent,
+            info.size,
+            info.sha256
+        );
+        if state::is_bad(&install.home, &info.sha256)? {
+            println!(
+                "that bundle failed here before (data/bad-versions); it is not retried. `agent update --clear-bad` forgets it"
+            );
+        } else if info.agent == install.version {
+            println!("up to date");
+        } else {
+            println!("`agent update` would install it");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (_stop_tx, stop_rx) = watch::channel(false);
+    let mut ctx = UpdateContext {
+        install,
+        config,
+        client: &client,
+        agent_id: &id,
+        shutdown: stop_rx,
+    };
+    let ready = match update::fetch_verified(&mut ctx, None).await {
+        Ok(r) => r,
+        Err(Outcome::Degraded { reason, .. }) => anyhow::bail!("{reason}"),
+        Err(other) => anyhow::bail!("update did not start: {other:?}"),
+    };
+    let daemon = running_agent(&install.home);
+    let pid = update::hand_off(&ctx, &ready)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The updater waits for the running agent; ask it to stop now rather than time out.
+    if let Some(daemon) = daemon
+        && let Ok(raw) = i32::try_from(daemon)
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(raw),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    println!(
+        "updater started (pid {pid}): {} -> {}; follow logs/update.log",
+        install.version, ready.info.agent
+    );
+    Ok(ExitCode::SUCCESS)
+}

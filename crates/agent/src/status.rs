@@ -1,0 +1,106 @@
+//! `agent status`: what an operator needs to know about this installation, in one screen.
+
+use std::fmt::Write as _;
+
+use agent_extract::atomic;
+use agent_protocol::journal::Health;
+use agent_updater::state;
+
+use crate::config::Config;
+use crate::home::Installation;
+
+pub fn render(install: &Installation, config: &Config) -> String {
+    let home = &install.home;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "agent {} ({})",
+        install.version,
+        agent_protocol::layout::PLATFORM
+    );
+    let _ = writeln!(out, "home:     {}", home.root().display());
+    let id = atomic::read_text(&home.identity(), 1024)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "(none yet: made on first start)".into());
+    let _ = writeln!(out, "id:       {id}");
+    let _ = writeln!(out, "servers:  {}", config.server.urls.join(", "));
+    let _ = writeln!(
+        out,
+        "updates:  {}",
+        if config.update.enabled {
+            "enabled"
+        } else {
+            "disabled (update.enabled = false)"
+        }
+    );
+    let health = atomic::read_text(&home.health_file(), 64 * 1024)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Health>(&t).ok());
+    match health {
+        Some(h) => {
+            let alive = std::path::Path::new(&format!("/proc/{}", h.pid)).exists();
+            let _ = writeln!(
+                out,
+                "process:  pid {} ({}), version {}",
+                h.pid,
+                if alive { "running" } else { "not running" },
+                h.version
+            );
+            let contact = h
+                .last_contact
+                .map(|t| format!("{}s ago", state::now_secs().saturating_sub(t)))
+                .unwrap_or_else(|| "never".into());
+            let _ = writeln!(out, "contact:  last successful {contact}");
+            if let Some(expected) = h.refused_by_server {
+                let _ = writeln!(out, "directive: refused; the server expects {expected}");
+            }
+        }
+        None => {
+            let _ = writeln!(out, "process:  no run/health.json (not started yet?)");
+        }
+    }
+    match state::read_journal(home) {
+        Ok(Some(j)) if !j.phase.is_final() => {
+            let _ = writeln!(
+                out,
+                "update:   {} -> {} under way (phase {:?})",
+                j.from, j.to, j.phase
+            );
+        }
+        Ok(Some(j)) => {
+            let _ = writeln!(
+                out,
+                "update:   last {} -> {} ended {:?}{}",
+                j.from,
+                j.to,
+                j.phase,
+                j.reason.map(|r| format!(": {r}")).unwrap_or_default()
+            );
+        }
+        Ok(None) => {}
+        Err(e) => {
+            let _ = writeln!(out, "update:   journal unreadable: {e}");
+        }
+    }
+    if let Ok(bad) = state::bad_versions(home)
+        && !bad.is_empty()
+    {
+        let _ = writeln!(
+            out,
+            "bad bundles (not retried; `agent update --clear-bad` forgets):"
+        );
+        for sha in bad {
+            let _ = writeln!(out, "  {sha}");
+        }
+    }
+    if let Ok(pending) = state::pending_reports(home)
+        && !pending.is_empty()
+    {
+        let _ = writeln!(
+            out,
+            "outbox:   {} report(s) waiting for a server",
+            pending.len()
+        );
+    }
+    out
+}

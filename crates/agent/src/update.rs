@@ -1,0 +1,356 @@
+//! Steps 1 to 3 of the update: from a refusal to a verified bundle handed to the updater.
+//!
+//! Nothing downloaded is executed before it has passed every check: size, md5 and
+//! sha256 against `/agentupdate/version`, the Ed25519 signature against the trusted key,
+//! the trusted comment, the version inside the bundle against the server's claim, and
+//! a `signed-at` no older than the running version's (no replayed downgrade).
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agent_extract::verify::{self, Verified};
+use agent_protocol::AgentVersion;
+use agent_protocol::journal::{Journal, Phase};
+use agent_protocol::layout::{self, AgentHome};
+use agent_protocol::minisign::{BundleClaim, PublicKey, Signature};
+use agent_protocol::wire::{Report, UpdateStatus, VersionInfo};
+use agent_updater::state;
+use tokio::sync::watch;
+
+use crate::backoff::{Backoff, retry_after_wait};
+use crate::client::Client;
+use crate::config::Config;
+use crate::download::{self, DownloadError, Limits};
+use crate::home::Installation;
+
+/// Failed downloads (not counting `503`s, which the server manages) before giving up
+/// for this round.
+const MAX_DOWNLOAD_FAILURES: u32 = 5;
+/// The name the wrapper runs recovery with: a link to the bundle being installed.
+pub const UPDATER_LINK: &str = "updater";
+
+/// How a round of updating ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The updater runs; the agent must stop its components and exit 0.
+    HandedOff { to: AgentVersion, pid: u32 },
+    /// The agent keeps running as it is and tries again later.
+    Degraded { reason: String, slow: bool },
+    /// The agent was told to stop while it waited.
+    ShuttingDown,
+}
+
+/// Timings of the last round, for logs and benchmarks.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Timings {
+    pub download: Duration,
+    pub verify: Duration,
+}
+
+pub struct UpdateContext<'a> {
+    pub install: &'a Installation,
+    pub config: &'a Config,
+    pub client: &'a Client,
+    pub agent_id: &'a str,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// A bundle that passed every check, ready to hand over.
+pub struct Ready {
+    pub path: PathBuf,
+    pub info: VersionInfo,
+    pub verified: Verified,
+    pub timings: Timings,
+}
+
+fn degraded(reason: impl Into<String>) -> Outcome {
+    Outcome::Degraded {
+        reason: reason.into(),
+        slow: false,
+    }
+}
+
+/// Downloads and verifies the server's bundle. `expected` is what the `409` named.
+pub async fn fetch_verified(
+    ctx: &mut UpdateContext<'_>,
+    expected: Option<&AgentVersion>,
+) -> Result<Ready, Outcome> {
+    let home = &ctx.install.home;
+    match state::open_transaction(home) {
+        Ok(Some(j)) => {
+            return Err(degraded(format!(
+                "an update from {} to {} is already under way (journal phase {:?}); not starting another",
+                j.from, j.to, j.phase
+            )));
+        }
+        Ok(None) => {}
+        Err(e) => return Err(degraded(format!("cannot read the update journal: {e}"))),
+    }
+    let info = ctx
+        .client
+        .version_info()
+        .await
+        .map_err(|e| degraded(format!("cannot learn the server's bundle: {e}")))?;
+    if let Some(expected) = expected
+        && info.agent != *expected
+    {
+        return Err(degraded(format!(
+            "the server's 409 names {expected} but /agentupdate/version offers {}; the bundle may be changing, trying again later",
+            info.agent
+        )));
+    }
+    if info.agent == ctx.install.version {
+        return Err(degraded(format!(
+            "the server refuses {} but offers that same version; nothing to update to (check agents.accept on the server)",
+            info.agent
+        )));
+    }
+    match state::is_bad(home, &info.sha256) {
+        Ok(true) => {
+            return Err(Outcome::Degraded {
+                reason: format!(
+                    "bundle {} (sha256 {}) failed to come up here before and is in data/bad-versions; not retrying it until the server offers a different bundle (agent update --clear-bad forgets)",
+                    info.agent, info.sha256
+                ),
+                slow: true,
+            });
+        }
+        Ok(false) => {}
+        Err(e) => return Err(degraded(format!("cannot read data/bad-versions: {e}"))),
+    }
+    let dir = home.update_dir();
+    download::prepare_dir(&dir).map_err(|e| degraded(e.to_string()))?;
+    download::check_disk_space(&dir, info.size).map_err(|e| degraded(e.to_string()))?;
+
+    tracing::info!(
+        "downloading agent {} ({} bytes) from {}",
+        info.agent,
+        info.size,
+        ctx.client.base()
+    );
+    let limits = Limits {
+        read_timeout: ctx.config.update.read_timeout,
+        deadline: ctx.config.update.download_timeout,
+    };
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    let downloaded = loop {
+        match download::fetch(ctx.client.http(), ctx.client.base(), &info, &dir, &limits).await {
+            Ok(d) => break d,
+            Err(DownloadError::RetryAfter(told)) => {
+                let wait =
+                    retry_after_wait(told, ctx.config.update.max_retry_after, &mut rand::rng());
+                tracing::info!(
+                    "server busy (503, Retry-After {}s); trying again in {:.1}s",
+                    told.as_secs(),
+                    wait.as_secs_f64()
+                );
+                if sleep_or_shutdown(wait, &mut ctx.shutdown).await {
+                    return Err(Outcome::ShuttingDown);
+                }
+            }
+            Err(DownloadError::Forbidden) => {
+                return Err(Outcome::Degraded {
+                    reason: DownloadError::Forbidden.to_string(),
+                    slow: true,
+                });
+            }
+            Err(e @ (DownloadError::DiskSpace { .. } | DownloadError::HashMismatch { .. })) => {
+                return Err(degraded(e.to_string()));
+            }
+            Err(e) => {
+                if backoff.attempts() + 1 >= MAX_DOWNLOAD_FAILURES {
+                    return Err(degraded(format!(
+                        "download failed {MAX_DOWNLOAD_FAILURES} times, last: {e}"
+                    )));
+                }
+                let wait = backoff.next_wait(&mut rand::rng());
+                tracing::warn!(
+                    "download failed: {e}; retrying in {:.1}s",
+                    wait.as_secs_f64()
+                );
+                if sleep_or_shutdown(wait, &mut ctx.shutdown).await {
+                    return Err(Outcome::ShuttingDown);
+                }
+            }
+        }
+    };
+    tracing::info!(
+        "downloaded {} bytes in {:.2}s; size, md5 and sha256 match /agentupdate/version",
+        downloaded.fetched,
+        downloaded.elapsed.as_secs_f64()
+    );
+
+    let verify_started = Instant::now();
+    let verified = match verify_bundle(ctx, &info, &downloaded).await {
+        Ok(v) => v,
+        Err(reason) => {
+            // Unverified bytes never stay where they could be run.
+            let _ = fs::remove_file(&downloaded.path);
+            return Err(degraded(format!(
+                "refusing the downloaded bundle: {reason}"
+            )));
+        }
+    };
+    let timings = Timings {
+        download: downloaded.elapsed,
+        verify: verify_started.elapsed(),
+    };
+    tracing::info!(
+        "bundle {} verified in {:.3}s: signed by key {} at {}",
+        info.agent,
+        timings.verify.as_secs_f64(),
+        verified.signature.key_id(),
+        verified.claim.signed_at
+    );
+    Ok(Ready {
+        path: downloaded.path,
+        info,
+        verified,
+        timings,
+    })
+}
+
+async fn verify_bundle(
+    ctx: &UpdateContext<'_>,
+    info: &VersionInfo,
+    downloaded: &download::Downloaded,
+) -> Result<Verified, String> {
+    let key_path = ctx.config.public_key_path(ctx.install.home.root());
+    let key_text = agent_extract::atomic::read_text(&key_path, 4096)
+        .map_err(|e| format!("cannot read the trusted key: {e}"))?;
+    let key = PublicKey::parse(&key_text).map_err(|e| format!("{}: {e}", key_path.display()))?;
+    let signature = ctx
+        .client
+        .signature()
+        .await
+        .map_err(|e| format!("cannot fetch the signature: {e}"))?;
+    if signature.key_id() != key.key_id() {
+        return Err(format!(
+            "signed by key {}, but this agent trusts key {} ({}); arbitrary installation refused",
+            signature.key_id(),
+            key.key_id(),
+            key_path.display()
+        ));
+    }
+    let path = downloaded.path.clone();
+    let digests = downloaded.digests.clone();
+    let verified = tokio::task::spawn_blocking(move || {
+        verify::verify_with_digests(&path, &digests, &signature, &key)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| format!("signature check failed: {e}"))?;
+    if verified.claim.version != info.agent {
+        return Err(format!(
+            "mix-and-match: the server names {} but the signed bundle is {}",
+            info.agent, verified.claim.version
+        ));
+    }
+    if verified.claim.platform != layout::PLATFORM {
+        return Err(format!(
+            "the bundle is for {}, this agent runs on {}",
+            verified.claim.platform,
+            layout::PLATFORM
+        ));
+    }
+    if let Some(running) = running_claim(&ctx.install.version_dir)
+        && verified.claim.signed_at < running.signed_at
+    {
+        return Err(format!(
+            "rollback attack: the bundle was signed at {}, before the running version's signature ({}); a deliberate downgrade must be signed again",
+            verified.claim.signed_at, running.signed_at
+        ));
+    }
+    Ok(verified)
+}
+
+/// The signed claim of the running version, kept beside it at install and update.
+pub fn running_claim(version_dir: &Path) -> Option<BundleClaim> {
+    let text =
+        agent_extract::atomic::read_text(&version_dir.join(layout::VERSION_SIGNATURE_FILE), 4096)
+            .ok()?;
+    let sig = Signature::parse(&text).ok()?;
+    BundleClaim::parse(sig.trusted_comment()).ok()
+}
+
+/// Step 3: journal, recovery link, `INSTALLING`, then the updater in its own session.
+pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, String> {
+    let home = &ctx.install.home;
+    fs::set_permissions(&ready.path, fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("{}: {e}", ready.path.display()))?;
+    let journal = Journal {
+        from: ctx.install.version.clone(),
+        to: ready.info.agent.clone(),
+        bundle_sha256: ready.info.sha256.clone(),
+        bundle_path: ready.path.display().to_string(),
+        phase: Phase::Prepared,
+        started_at: state::now_secs(),
+        boot_count: 0,
+        reason: None,
+    };
+    let link = home.update_dir().join(UPDATER_LINK);
+    let file_name = ready
+        .path
+        .file_name()
+        .ok_or_else(|| "bundle path has no file name".to_owned())?;
+    agent_extract::atomic::replace_symlink(&link, Path::new(file_name))
+        .map_err(|e| e.to_string())?;
+    state::write_journal(home, &journal).map_err(|e| e.to_string())?;
+
+    let report = Report {
+        id: ctx.agent_id.to_owned(),
+        from: journal.from.to_string(),
+        to: journal.to.to_string(),
+        status: UpdateStatus::Installing,
+        error: None,
+    };
+    if let Err(e) = ctx.client.report(&report).await {
+        tracing::warn!("could not report INSTALLING ({e}); it is not needed for the update");
+    }
+
+    match spawn_updater(home, &ready.path, std::process::id()) {
+        Ok(pid) => Ok(pid),
+        Err(e) => {
+            // No updater runs: the journal must not claim one does.
+            let _ = fs::remove_file(home.journal());
+            Err(e)
+        }
+    }
+}
+
+/// Starts `<bundle> --update=<home> --wait-pid=<pid>`; the updater calls setsid(2) first
+/// thing, so it outlives this process and its session.
+pub fn spawn_updater(home: &AgentHome, bundle: &Path, wait_pid: u32) -> Result<u32, String> {
+    fs::create_dir_all(home.logs()).map_err(|e| e.to_string())?;
+    let out_path = home.logs().join("update.out");
+    let out = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&out_path)
+        .map_err(|e| format!("{}: {e}", out_path.display()))?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let child = Command::new(bundle)
+        .arg(format!("--update={}", home.root().display()))
+        .arg(format!("--wait-pid={wait_pid}"))
+        .current_dir(home.root())
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("cannot start the updater {}: {e}", bundle.display()))?;
+    Ok(child.id())
+}
+
+/// Sleeps, or returns true at once when shutdown is asked for.
+pub async fn sleep_or_shutdown(wait: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
+    if *shutdown.borrow() {
+        return true;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => false,
+        _ = shutdown.changed() => true,
+    }
+}
