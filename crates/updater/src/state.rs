@@ -82,6 +82,7 @@ pub fn add_bad(home: &AgentHome, sha256: &str, version: &str, reason: &str) -> R
     if is_bad(home, sha256)? {
         return Ok(());
     }
+    fs::create_dir_all(home.data()).map_err(|e| io_at(home.data(), e))?;
     let path = home.bad_versions();
     let mut text = atomic::read_text(&path, MAX_STATE_FILE).unwrap_or_default();
     if !text.is_empty() && !text.ends_with('\n') {
