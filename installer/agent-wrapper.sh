@@ -99,8 +99,13 @@ supervise() {
         backoff=$((backoff * 2))
         [ "$backoff" -gt "$BACKOFF_MAX" ] && backoff=$BACKOFF_MAX
         recover
+        # Recovery may have started (or rolled back to) an agent with its own supervisor.
+        if pid=$(read_pid "$PID_FILE") && is_agent "$pid"; then
+            log "an agent (pid $pid) was started by recovery; this supervisor ends"
+            break
+        fi
     done
-    rm -f "$SUPERVISOR_PID_FILE"
+    [ "$(cat "$SUPERVISOR_PID_FILE" 2>/dev/null)" = "$$" ] && rm -f "$SUPERVISOR_PID_FILE"
 }
 
 start() {

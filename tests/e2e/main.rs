@@ -5,6 +5,7 @@
     reason = "tests: a failed step should fail the test loudly"
 )]
 
+mod agent;
 mod bundle;
 mod handlers;
 mod server;

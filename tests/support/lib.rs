@@ -6,6 +6,8 @@
     reason = "test support: a failed setup step should fail the test loudly"
 )]
 
+pub mod fake;
+
 use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -111,7 +113,108 @@ impl Drop for TestContext {
                 let _ = child.wait();
             }
         }
+        // Agents, wrappers and updaters detach on purpose; end whatever runs from here.
+        for pid in pids_mentioning(self.dir.path()) {
+            signal(pid, "KILL");
+        }
     }
+}
+
+/// Processes whose command line names a path under `dir`.
+pub fn pids_mentioning(dir: &Path) -> Vec<u32> {
+    let needle = dir.display().to_string();
+    let me = std::process::id();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(&needle)
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+impl TestContext {
+    /// `bundle --install=<prefix>`; returns AGENT_HOME.
+    pub fn install(&self, bundle: &Path, prefix: &str) -> PathBuf {
+        run_ok(Command::new(bundle).arg(format!("--install={}", self.path(prefix).display())));
+        fs::canonicalize(self.path(prefix).join("agent")).unwrap()
+    }
+
+    /// Packs with an explicit `signed-at`.
+    pub fn pack_signed_at(
+        &self,
+        dist: &Path,
+        version: &str,
+        build: &str,
+        key: &Path,
+        out: &str,
+        signed_at: u64,
+    ) -> PathBuf {
+        run_ok(
+            self.cmd("agent-bundle")
+                .args(["pack", "--dist"])
+                .arg(dist)
+                .args(["--version", version, "--build", build, "--key"])
+                .arg(key)
+                .args(["--out", out, "--signed-at", &signed_at.to_string()]),
+        );
+        self.path(out).join(format!("agent-bundle-{version}"))
+    }
+}
+
+/// Writes the operator's conf/agent.toml: these servers, a 1 s heartbeat, and `extra`.
+pub fn configure_agent(home: &Path, urls: &[String], extra: &str) {
+    let urls: Vec<String> = urls.iter().map(|u| format!("{u:?}")).collect();
+    fs::write(
+        home.join("conf/agent.toml"),
+        format!(
+            "[server]\nurls = [{}]\n\n[agent]\nheartbeat = \"1s\"\n{extra}",
+            urls.join(", ")
+        ),
+    )
+    .unwrap();
+}
+
+pub fn read_file(path: &Path) -> String {
+    fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Waits until `home/logs/<file>` contains `needle`; on timeout shows the log.
+pub fn wait_log(home: &Path, file: &str, needle: &str, timeout: Duration) -> String {
+    let path = home.join("logs").join(file);
+    let start = Instant::now();
+    loop {
+        let text = read_file(&path);
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {needle:?} in {}:\n{text}\n--- update.log:\n{}\n--- agent.out:\n{}",
+            path.display(),
+            read_file(&home.join("logs/update.log")),
+            read_file(&home.join("logs/agent.out")),
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `GET /admin/agents` with the bearer token.
+pub fn admin_agents(port: u16, token: &str) -> Vec<serde_json::Value> {
+    let auth = format!("Bearer {token}");
+    let answer = http(port, "GET", "/admin/agents", &[("Authorization", &auth)]).unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    serde_json::from_slice(&answer.body).unwrap()
 }
 
 pub fn repo_root() -> PathBuf {

@@ -40,6 +40,9 @@ pub struct UpdateSection {
     pub public_key: PathBuf,
     #[serde(with = "humantime_str")]
     pub health_timeout: Duration,
+    /// How long a new version must stay healthy before the updater commits it.
+    #[serde(with = "humantime_str")]
+    pub stability_window: Duration,
     #[serde(with = "humantime_str")]
     pub max_retry_after: Duration,
     /// Cap on one bundle download, from first to last byte.
@@ -73,6 +76,7 @@ impl Default for UpdateSection {
             enabled: true,
             public_key: PathBuf::from("conf/update.pub"),
             health_timeout: Duration::from_secs(60),
+            stability_window: Duration::from_secs(10),
             max_retry_after: Duration::from_secs(3600),
             download_timeout: Duration::from_secs(30 * 60),
             read_timeout: Duration::from_secs(30),
@@ -88,6 +92,7 @@ pub const KEYS: &[Key] = &[
     key("update", "enabled", Kind::Bool),
     key("update", "public-key", Kind::Str),
     key("update", "health-timeout", Kind::Str),
+    key("update", "stability-window", Kind::Str),
     key("update", "max-retry-after", Kind::Str),
     key("update", "download-timeout", Kind::Str),
     key("update", "read-timeout", Kind::Str),

@@ -298,6 +298,14 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
         .ok_or_else(|| "bundle path has no file name".to_owned())?;
     agent_extract::atomic::replace_symlink(&link, Path::new(file_name))
         .map_err(|e| e.to_string())?;
+    // The signature goes with the bundle: the updater keeps it beside the new version,
+    // where the next update's replay check finds it.
+    let sig_path = PathBuf::from(format!("{}.minisig", ready.path.display()));
+    agent_extract::atomic::write(
+        &sig_path,
+        ready.verified.signature.to_file_string().as_bytes(),
+    )
+    .map_err(|e| e.to_string())?;
     state::write_journal(home, &journal).map_err(|e| e.to_string())?;
 
     let report = Report {

@@ -52,6 +52,10 @@ pub struct Cli {
     #[arg(long, value_name = "PID", requires = "update")]
     wait_pid: Option<u32>,
 
+    /// With --update: only finish or roll back an interrupted update (what the wrapper runs).
+    #[arg(long, requires = "update")]
+    recover: bool,
+
     /// Show README.txt of the carried agent and this help.
     #[arg(short = 'h', long)]
     help: bool,
@@ -95,6 +99,10 @@ enum Command {
         /// Executable to put in front of the payload (default: this agent-bundle).
         #[arg(long, value_name = "FILE")]
         stub: Option<PathBuf>,
+        /// Signing time in unix seconds for the trusted comment (default: now). Agents
+        /// refuse a bundle signed before the one they run.
+        #[arg(long, value_name = "SECS")]
+        signed_at: Option<u64>,
     },
     /// Verify a bundle's signature, trusted comment and contents.
     Verify {
@@ -172,7 +180,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         return run_install(&exe, prefix, cli.trust_key.as_deref(), cli.force);
     }
     if let Some(home) = &cli.update {
-        let outcome = agent_updater::run_update(&exe, home, cli.wait_pid)?;
+        let outcome = agent_updater::run_update(&agent_updater::Request {
+            bundle: &exe,
+            home,
+            wait_pid: cli.wait_pid,
+            recover: cli.recover,
+        })?;
         println!("{outcome}");
         return Ok(ExitCode::SUCCESS);
     }
@@ -195,6 +208,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             key,
             out,
             stub,
+            signed_at,
         }) => {
             let version = AgentVersion::new(&agent_version, &build)?;
             let key = keygen::read_secret_key(&key)?;
@@ -206,6 +220,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 key: &key,
                 out_dir: &out,
                 stub: &stub,
+                signed_at,
             })?;
             println!(
                 "Packed {} ({} bytes, sha256 {}) and {}, signed by key {}.",

@@ -31,6 +31,8 @@ pub struct PackRequest<'a> {
     pub out_dir: &'a Path,
     /// The executable put in front of the payload.
     pub stub: &'a Path,
+    /// Unix seconds for `signed-at`; `None` is now.
+    pub signed_at: Option<u64>,
 }
 
 pub struct Packed {
@@ -74,7 +76,7 @@ pub fn pack(req: &PackRequest<'_>) -> Result<Packed> {
         version: req.version.clone(),
         platform: req.platform.clone(),
         sha256: digests.sha256_hex(),
-        signed_at: now_secs(),
+        signed_at: req.signed_at.unwrap_or_else(now_secs),
     };
     let signature = req
         .key

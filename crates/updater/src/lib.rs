@@ -8,15 +8,149 @@
 //! The state files it shares with the agent are in [`state`].
 
 pub mod error;
+pub mod lock;
+pub mod log;
+pub mod merge;
+pub mod process;
+pub mod settings;
 pub mod state;
+pub mod txn;
+
+use std::path::{Path, PathBuf};
+
+use agent_extract::payload::{self, Payload};
+use agent_extract::verify;
+use agent_protocol::journal::{Journal, Phase};
+use agent_protocol::layout::AgentHome;
+use agent_protocol::minisign::{PublicKey, Signature};
 
 pub use error::{Result, UpdateError};
 
-/// What an update run did, for the one line the CLI prints.
-pub fn run_update(
-    _bundle: &std::path::Path,
-    _home: &std::path::Path,
-    _wait_pid: Option<u32>,
-) -> Result<String> {
-    Err(UpdateError::Failed("the updater is not built yet".into()))
+use crate::lock::UpdateLock;
+use crate::log::UpdateLog;
+use crate::settings::Settings;
+use crate::txn::{Transaction, Verdict};
+
+pub struct Request<'a> {
+    /// The running bundle (the updater is the bundle's own stub).
+    pub bundle: &'a Path,
+    pub home: &'a Path,
+    pub wait_pid: Option<u32>,
+    /// Only finish or roll back an interrupted update; never start a new one.
+    pub recover: bool,
+}
+
+/// Runs the update (or the recovery) to its end. `Ok` with a one-line summary when
+/// the installation is in a final state the caller can be told about; an error when
+/// the update was rolled back or could not run.
+pub fn run_update(req: &Request<'_>) -> Result<String> {
+    #[cfg(feature = "failpoints")]
+    let _faults = fail::FailScenario::setup();
+
+    // Outlive the agent that started us, and its session.
+    let _ = nix::unistd::setsid();
+
+    let home = std::fs::canonicalize(req.home).map_err(|e| {
+        UpdateError::Failed(format!(
+            "no agent installed at {}: {e}; pass --update=AGENT_HOME",
+            req.home.display()
+        ))
+    })?;
+    let home = AgentHome::new(home);
+    if !home.current().exists() {
+        return Err(UpdateError::Failed(format!(
+            "{} has no current version; install with --install first",
+            home.root().display()
+        )));
+    }
+    let mut log = UpdateLog::open(&home.update_log());
+    let _lock = match UpdateLock::acquire(&home.update_lock()) {
+        Ok(l) => l,
+        Err(UpdateError::Locked { holder, .. }) if req.recover => {
+            return Ok(format!(
+                "an updater (pid {holder}) is running; it finishes the update"
+            ));
+        }
+        Err(e) => return Err(e),
+    };
+    let (settings, warnings) = Settings::load(&home, &|k| std::env::var(k).ok());
+    let journal = state::read_journal(&home)?;
+    let (journal, recovering) = match journal {
+        Some(j) if !j.phase.is_final() => {
+            // Prepared is where the agent leaves it; anything later means a run died.
+            let recovering = req.recover || j.phase > Phase::Prepared;
+            (j, recovering)
+        }
+        _ if req.recover => return Ok("nothing to recover: no update is under way".into()),
+        _ => (new_transaction(&home, req.bundle)?, false),
+    };
+    log.set_prefix(format!("{} -> {}", journal.from, journal.to));
+    if recovering {
+        log.step(&format!(
+            "recovering an interrupted update (journal phase {:?}, start {})",
+            journal.phase,
+            journal.boot_count + 1
+        ));
+    } else {
+        log.step(&format!(
+            "update starts (updater pid {})",
+            std::process::id()
+        ));
+    }
+    for w in warnings {
+        log.step(&format!("warning: {w}"));
+    }
+    let to = journal.to.clone();
+    let from = journal.from.clone();
+    let mut txn = Transaction {
+        home: &home,
+        journal,
+        settings,
+        log: &mut log,
+        wait_pid: req.wait_pid,
+        recovering,
+    };
+    match txn.run()? {
+        Verdict::Committed => Ok(format!("agent updated from {from} to {to}")),
+        Verdict::RolledBack(reason) => Err(UpdateError::Failed(format!(
+            "update to {to} rolled back, {from} runs again: {reason}. See logs/update.log"
+        ))),
+    }
+}
+
+/// An update started by hand (`agent-bundle-V --update=HOME`), not by the agent: the
+/// bundle must verify against the installation's trusted key with the `.minisig`
+/// beside it, exactly as the agent would have checked it.
+fn new_transaction(home: &AgentHome, bundle: &Path) -> Result<Journal> {
+    let current = std::fs::canonicalize(home.current())
+        .map_err(|e| UpdateError::Failed(format!("{}: {e}", home.current().display())))?;
+    let from = payload::installed_version(&current)?;
+    let facts = Payload::open(bundle)?.facts()?;
+    if facts.version == from {
+        return Err(UpdateError::Failed(format!(
+            "{} already runs {from}; nothing to update",
+            home.root().display()
+        )));
+    }
+    let sig_path = PathBuf::from(format!("{}.minisig", bundle.display()));
+    let sig_text = agent_extract::atomic::read_text(&sig_path, 4096).map_err(|e| {
+        UpdateError::Failed(format!(
+            "cannot check the bundle: {e}; put its .minisig beside it"
+        ))
+    })?;
+    let key_path = home.conf().join("update.pub");
+    let key = PublicKey::parse(&agent_extract::atomic::read_text(&key_path, 4096)?)?;
+    let verified = verify::verify_file(bundle, &Signature::parse(&sig_text)?, &key)?;
+    let journal = Journal {
+        from,
+        to: facts.version,
+        bundle_sha256: verified.digests.sha256_hex(),
+        bundle_path: bundle.display().to_string(),
+        phase: Phase::Prepared,
+        started_at: state::now_secs(),
+        boot_count: 0,
+        reason: None,
+    };
+    state::write_journal(home, &journal)?;
+    Ok(journal)
 }
