@@ -9,7 +9,6 @@ use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::fake::{FakeServer, Handler, Request, respond};
@@ -52,33 +51,29 @@ fn version_text(bundle: &Path, version: &str, build: &str) -> String {
     )
 }
 
+/// Accepts NEW, refuses every other version with the directive.
+fn directive(req: &Request, _: usize, s: &mut TcpStream) {
+    if req.header("Agent-Version") == Some(NEW) {
+        respond(s, 200, &[], b"{}");
+    } else {
+        let body = format!(
+            r#"{{"error":"agent_not_supported","expected":"{NEW}","download":"/agentupdate/download"}}"#
+        );
+        respond(
+            s,
+            409,
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        );
+    }
+}
+
 /// A server that refuses every version but NEW, describes `version_text`, serves the
 /// signature, and answers downloads with `download`.
 fn hostile(version_text: String, signature: String, download: Handler) -> FakeServer {
     let mut routes: HashMap<&'static str, Handler> = HashMap::new();
-    let directive: Arc<dyn Fn(&Request, usize, &mut TcpStream) + Send + Sync> = Arc::new(
-        |req, _, s| {
-            if req.header("Agent-Version") == Some(NEW) {
-                respond(s, 200, &[], b"{}");
-            } else {
-                let body = format!(
-                    r#"{{"error":"agent_not_supported","expected":"{NEW}","download":"/agentupdate/download"}}"#
-                );
-                respond(
-                    s,
-                    409,
-                    &[("Content-Type", "application/json")],
-                    body.as_bytes(),
-                );
-            }
-        },
-    );
-    let d1 = directive.clone();
-    routes.insert("/agent/register", Box::new(move |r, n, s| d1(r, n, s)));
-    routes.insert(
-        "/agent/connect",
-        Box::new(move |r, n, s| directive(r, n, s)),
-    );
+    routes.insert("/agent/register", Box::new(directive));
+    routes.insert("/agent/connect", Box::new(directive));
     routes.insert(
         "/agentupdate/version",
         Box::new(move |_, _, s| respond(s, 200, &[], version_text.as_bytes())),
