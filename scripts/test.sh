@@ -26,8 +26,10 @@ if ((${#missing[@]})); then
     fi
 fi
 
-# The end-to-end tests spawn the built binaries.
+# The end-to-end tests spawn the built binaries; the crash tests also need a stub with
+# the updater's fault points compiled in (kept apart so no other binary has them).
 cargo build --workspace --bins --locked
+cargo build -p agent-bundle --features failpoints --locked --target-dir target/failpoints
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}" "$@"
 else

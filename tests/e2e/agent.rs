@@ -32,7 +32,7 @@ fn installed() -> Installed {
     Installed { ctx, home, key }
 }
 
-fn md5_file(path: &Path) -> String {
+pub(crate) fn md5_file(path: &Path) -> String {
     let out = run_ok(Command::new("md5sum").arg(path));
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
@@ -42,7 +42,7 @@ fn md5_file(path: &Path) -> String {
 }
 
 /// `/agentupdate/version` for `bundle`, naming `version+build`.
-fn version_text(bundle: &Path, version: &str, build: &str) -> String {
+pub(crate) fn version_text(bundle: &Path, version: &str, build: &str) -> String {
     format!(
         "server.version=9.9.9\nserver.build-number=1\nagent.latest.version={version}\nagent.latest.build-number={build}\nagent.latest.md5={}\nagent.latest.sha256={}\nagent.latest.size={}\nagent.latest.filename=agent-bundle-{version}\n",
         md5_file(bundle),
@@ -71,9 +71,19 @@ fn directive(req: &Request, _: usize, s: &mut TcpStream) {
 /// A server that refuses every version but NEW, describes `version_text`, serves the
 /// signature, and answers downloads with `download`.
 fn hostile(version_text: String, signature: String, download: Handler) -> FakeServer {
-    let mut routes: HashMap<&'static str, Handler> = HashMap::new();
+    let mut routes = update_routes(version_text, signature, download);
     routes.insert("/agent/register", Box::new(directive));
     routes.insert("/agent/connect", Box::new(directive));
+    FakeServer::start(routes)
+}
+
+/// Version, signature, download and report routes; the directive is the caller's.
+pub(crate) fn update_routes(
+    version_text: String,
+    signature: String,
+    download: Handler,
+) -> HashMap<&'static str, Handler> {
+    let mut routes: HashMap<&'static str, Handler> = HashMap::new();
     routes.insert(
         "/agentupdate/version",
         Box::new(move |_, _, s| respond(s, 200, &[], version_text.as_bytes())),
@@ -87,10 +97,10 @@ fn hostile(version_text: String, signature: String, download: Handler) -> FakeSe
         Box::new(|_, _, s| respond(s, 200, &[], b"{}")),
     );
     routes.insert("/agentupdate/download", download);
-    FakeServer::start(routes)
+    routes
 }
 
-fn serve_file(bundle: &Path) -> Handler {
+pub(crate) fn serve_file(bundle: &Path) -> Handler {
     let bytes = fs::read(bundle).unwrap();
     Box::new(move |_, _, s| respond(s, 200, &[], &bytes))
 }

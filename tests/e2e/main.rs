@@ -9,3 +9,4 @@ mod agent;
 mod bundle;
 mod handlers;
 mod server;
+mod update;

@@ -225,6 +225,17 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// `target/<profile>/<name>`, built by `cargo build --bins` before the tests run.
+/// `agent-bundle` built with the updater's fault points (`scripts/test.sh` builds it).
+pub fn failpoints_stub() -> PathBuf {
+    let path = repo_root().join("target/failpoints/debug/agent-bundle");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test.sh, or `cargo build -p agent-bundle --features failpoints --target-dir target/failpoints`",
+        path.display()
+    );
+    path
+}
+
 pub fn bin_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");

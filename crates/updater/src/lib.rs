@@ -81,6 +81,8 @@ pub fn run_update(req: &Request<'_>) -> Result<String> {
             let recovering = req.recover || j.phase > Phase::Prepared;
             (j, recovering)
         }
+        // The updater died between the commit and its report: send it, clean up.
+        Some(j) if j.phase == Phase::Committed && txn::has_leftovers(&home) => (j, true),
         _ if req.recover => return Ok("nothing to recover: no update is under way".into()),
         _ => (new_transaction(&home, req.bundle)?, false),
     };

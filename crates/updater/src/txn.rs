@@ -41,6 +41,11 @@ pub struct Transaction<'a> {
     pub recovering: bool,
 }
 
+/// True while `data/update/` still holds the recovery link of an update.
+pub fn has_leftovers(home: &AgentHome) -> bool {
+    fs::symlink_metadata(home.update_dir().join("updater")).is_ok()
+}
+
 /// How a transaction ended.
 pub enum Verdict {
     Committed,
@@ -130,7 +135,12 @@ impl Transaction<'_> {
                         .unwrap_or_else(|| "an earlier rollback was interrupted".into());
                     return self.rollback(reason);
                 }
-                Phase::Committed => return Ok(Verdict::Committed),
+                Phase::Committed => {
+                    if has_leftovers(self.home) {
+                        self.finish_commit();
+                    }
+                    return Ok(Verdict::Committed);
+                }
                 Phase::RolledBack => {
                     return Ok(Verdict::RolledBack(
                         self.journal.reason.clone().unwrap_or_default(),
@@ -324,7 +334,8 @@ impl Transaction<'_> {
         let _ = fs::remove_file(self.home.health_file());
         let start = Instant::now();
         if process::running_agent(self.home).is_none() {
-            let out = process::wrapper(self.home, &self.version_dir(&to), "start")?;
+            let out = process::wrapper(self.home, &self.version_dir(&to), "start")
+                .map_err(|e| format!("{to} did not start through its wrapper: {e}"))?;
             self.log
                 .step(&format!("started {to} through its wrapper: {out}"));
         }
@@ -423,10 +434,16 @@ impl Transaction<'_> {
             "committed: {} is the installed version",
             self.journal.to
         ));
+        self.finish_commit();
+        Ok(Verdict::Committed)
+    }
+
+    /// After the commit record: report, prune, clean. Repeatable: recovery runs it again
+    /// while `data/update/` still holds this update's files.
+    fn finish_commit(&mut self) {
         self.report(UpdateStatus::Installed, None);
         self.remove_old_versions();
         self.clean_update_dir();
-        Ok(Verdict::Committed)
     }
 
     /// Keeps the new version and the previous one (for the next rollback).
