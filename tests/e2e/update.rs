@@ -106,7 +106,7 @@ fn operator_conf(home: &Path, url: &str) {
 }
 
 fn start(home: &Path) {
-    run_ok(&mut Command::new(home.join("current/bin/agent-wrapper.sh")).arg("start"));
+    run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("start"));
 }
 
 fn current(home: &Path) -> String {
@@ -189,7 +189,7 @@ fn update_1_to_2_keeps_operator_conf_and_data() {
         "current/bin/agent is not 2.0.0's binary"
     );
     wait_running(&s.home, NEW);
-    let out = run_ok(&mut Command::new(s.home.join("current/bin/agent")).arg("--version"));
+    let out = run_ok(Command::new(s.home.join("current/bin/agent")).arg("--version"));
     assert!(String::from_utf8_lossy(&out.stdout).contains(NEW));
     let pid = health(&s.home)["pid"].as_u64().unwrap();
     let exe = fs::read_link(format!("/proc/{pid}/exe")).unwrap();
@@ -347,7 +347,7 @@ fn crash_at(point: &str, broken_new: bool) -> (Setup, ServerProc) {
     wait_until(WAIT, &format!("the updater to die at {point}"), || {
         read_file(&out).contains(&format!("fault point {point} reached"))
     });
-    run(&mut Command::new(s.home.join("current/bin/agent-wrapper.sh")).arg("kill"));
+    run(Command::new(s.home.join("current/bin/agent-wrapper.sh")).arg("kill"));
     for pid in agents_running(&s.home) {
         e2e::signal(pid, "KILL");
     }
