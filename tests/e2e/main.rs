@@ -9,4 +9,5 @@ mod agent;
 mod bundle;
 mod handlers;
 mod server;
+mod stamp;
 mod update;

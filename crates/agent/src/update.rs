@@ -290,6 +290,11 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
         started_at: state::now_secs(),
         boot_count: 0,
         reason: None,
+        from_dir: ctx
+            .install
+            .version_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned()),
     };
     let link = home.update_dir().join(UPDATER_LINK);
     let file_name = ready

@@ -223,7 +223,7 @@ fn write_bundle(req: &PackRequest<'_>, tarball: &Path, out: &mut File) -> Result
 /// can pack another bundle.
 fn stub_length(stub: &Path) -> Result<u64> {
     match agent_extract::payload::Payload::open(stub) {
-        Ok(payload) => Ok(payload.stub_len()),
+        Ok(mut payload) => Ok(payload.stub_len()),
         Err(_) => Ok(fs::metadata(stub).at(stub)?.len()),
     }
 }

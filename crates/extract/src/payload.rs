@@ -57,9 +57,21 @@ impl Payload {
         &self.path
     }
 
-    /// Byte offset at which the zip starts: the length of the stub executable.
-    pub fn stub_len(&self) -> u64 {
-        self.archive.offset()
+    /// Byte offset at which the zip starts: the length of the stub executable. The
+    /// payload's offsets are absolute (so `unzip -l` reads it), so this is where the first
+    /// entry's local header lies, not the zip crate's notion of a prefix.
+    pub fn stub_len(&mut self) -> u64 {
+        let mut first = u64::MAX;
+        for i in 0..self.archive.len() {
+            if let Ok(entry) = self.archive.by_index_raw(i) {
+                first = first.min(entry.header_start());
+            }
+        }
+        if first == u64::MAX {
+            self.archive.offset()
+        } else {
+            first
+        }
     }
 
     pub fn entry_names(&self) -> Vec<String> {

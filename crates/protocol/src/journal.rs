@@ -50,6 +50,10 @@ pub struct Journal {
     /// Why a rollback happened, in words for an operator.
     #[serde(default)]
     pub reason: Option<String>,
+    /// Name of the old version's directory under `versions/` (what rollback returns to).
+    /// It differs from `from` when the version was stamped for a skew test.
+    #[serde(default)]
+    pub from_dir: Option<String>,
 }
 
 impl Journal {
@@ -91,6 +95,7 @@ mod tests {
             started_at: 1,
             boot_count: 2,
             reason: None,
+            from_dir: None,
         };
         assert_eq!(Journal::parse(&j.to_json()).unwrap(), j);
         assert!(Journal::parse("{").is_err());

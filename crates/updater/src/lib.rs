@@ -152,6 +152,9 @@ fn new_transaction(home: &AgentHome, bundle: &Path) -> Result<Journal> {
         started_at: state::now_secs(),
         boot_count: 0,
         reason: None,
+        from_dir: current
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned()),
     };
     state::write_journal(home, &journal)?;
     Ok(journal)

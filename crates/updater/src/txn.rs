@@ -72,6 +72,15 @@ impl Transaction<'_> {
         Path::new("versions").join(v.to_string())
     }
 
+    /// The old version's directory name under `versions/`.
+    fn from_name(&self) -> String {
+        self.journal
+            .from_dir
+            .clone()
+            .filter(|n| !n.contains('/') && n != ".." && n != ".")
+            .unwrap_or_else(|| self.journal.from.to_string())
+    }
+
     fn record(&mut self, phase: Phase) -> Result<()> {
         self.journal.phase = phase;
         state::write_journal(self.home, &self.journal)
@@ -448,7 +457,7 @@ impl Transaction<'_> {
 
     /// Keeps the new version and the previous one (for the next rollback).
     fn remove_old_versions(&mut self) {
-        let keep = [self.journal.to.to_string(), self.journal.from.to_string()];
+        let keep = [self.journal.to.to_string(), self.from_name()];
         let Ok(entries) = fs::read_dir(self.home.versions()) else {
             return;
         };
@@ -484,12 +493,16 @@ impl Transaction<'_> {
             .step(&format!("update abandoned before the switch: {reason}"));
         let from = self.journal.from.clone();
         let to = self.journal.to.clone();
-        atomic::replace_symlink(&self.home.current(), &Self::relative(&from))?;
+        let from_name = self.from_name();
+        atomic::replace_symlink(
+            &self.home.current(),
+            &Path::new("versions").join(&from_name),
+        )?;
         self.restore_conf();
         let staging = self.home.versions().join(format!(".staging-{to}"));
         let _ = fs::remove_dir_all(&staging);
         let new_dir = self.version_dir(&to);
-        if to != from && new_dir.exists() {
+        if to.to_string() != from_name && new_dir.exists() {
             let _ = fs::remove_dir_all(&new_dir);
         }
         self.journal.reason = Some(reason.clone());
@@ -497,7 +510,7 @@ impl Transaction<'_> {
         self.report(UpdateStatus::InstallFailed, Some(reason.clone()));
         self.clean_update_dir();
         if process::running_agent(self.home).is_none() {
-            match process::wrapper(self.home, &self.version_dir(&from), "start") {
+            match process::wrapper(self.home, &self.home.versions().join(&from_name), "start") {
                 Ok(out) => self.log.step(&format!("started {from} again: {out}")),
                 Err(e) => self.log.step(&format!("could not start {from}: {e}")),
             }
@@ -513,14 +526,18 @@ impl Transaction<'_> {
         fault!("updater-rolling-back");
         let from = self.journal.from.clone();
         let to = self.journal.to.clone();
-        let old_dir = self.version_dir(&from);
+        let from_name = self.from_name();
+        let old_dir = self.home.versions().join(&from_name);
         if let Some(pid) = process::running_agent(self.home) {
             let _ = process::wrapper(self.home, &old_dir, "stop");
             process::stop_agent(self.home, Some(pid), Duration::ZERO);
             self.log.step(&format!("stopped the new agent (pid {pid})"));
         }
-        atomic::replace_symlink(&self.home.current(), &Self::relative(&from))?;
-        self.log.step(&format!("current -> versions/{from}"));
+        atomic::replace_symlink(
+            &self.home.current(),
+            &Path::new("versions").join(&from_name),
+        )?;
+        self.log.step(&format!("current -> versions/{from_name}"));
         self.restore_conf();
         if let Err(e) = state::add_bad(
             self.home,
@@ -533,7 +550,7 @@ impl Transaction<'_> {
         }
         self.report(UpdateStatus::InstallFailed, Some(reason.clone()));
         let new_dir = self.version_dir(&to);
-        if new_dir.exists() && to != from {
+        if new_dir.exists() && to.to_string() != from_name {
             let _ = fs::remove_dir_all(&new_dir);
         }
         self.record(Phase::RolledBack)?;
