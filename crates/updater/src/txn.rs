@@ -73,7 +73,7 @@ impl Transaction<'_> {
     }
 
     /// The old version's directory name under `versions/`.
-    fn from_name(&self) -> String {
+    fn old_dir_name(&self) -> String {
         self.journal
             .from_dir
             .clone()
@@ -457,7 +457,7 @@ impl Transaction<'_> {
 
     /// Keeps the new version and the previous one (for the next rollback).
     fn remove_old_versions(&mut self) {
-        let keep = [self.journal.to.to_string(), self.from_name()];
+        let keep = [self.journal.to.to_string(), self.old_dir_name()];
         let Ok(entries) = fs::read_dir(self.home.versions()) else {
             return;
         };
@@ -493,7 +493,7 @@ impl Transaction<'_> {
             .step(&format!("update abandoned before the switch: {reason}"));
         let from = self.journal.from.clone();
         let to = self.journal.to.clone();
-        let from_name = self.from_name();
+        let from_name = self.old_dir_name();
         atomic::replace_symlink(
             &self.home.current(),
             &Path::new("versions").join(&from_name),
@@ -526,7 +526,7 @@ impl Transaction<'_> {
         fault!("updater-rolling-back");
         let from = self.journal.from.clone();
         let to = self.journal.to.clone();
-        let from_name = self.from_name();
+        let from_name = self.old_dir_name();
         let old_dir = self.home.versions().join(&from_name);
         if let Some(pid) = process::running_agent(self.home) {
             let _ = process::wrapper(self.home, &old_dir, "stop");
