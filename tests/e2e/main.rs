@@ -7,6 +7,7 @@
 
 mod agent;
 mod bundle;
+mod fleet;
 mod handlers;
 mod server;
 mod stamp;

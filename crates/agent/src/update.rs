@@ -136,7 +136,10 @@ pub async fn fetch_verified(
         deadline: ctx.config.update.download_timeout,
     };
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    let mut attempt = 0u32;
     let downloaded = loop {
+        attempt += 1;
+        tracing::info!("requesting the bundle (attempt {attempt})");
         match download::fetch(ctx.client.http(), ctx.client.base(), &info, &dir, &limits).await {
             Ok(d) => break d,
             Err(DownloadError::RetryAfter(told)) => {
