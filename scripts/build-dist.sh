@@ -6,28 +6,36 @@
 #   --build    build number (default: the number of commits, or 1)
 #   --key      secret signing key (default: a throw-away dev key in dev-keys/, made on first use)
 #   --out      where agent-bundle-V and its .minisig go (default: dist/bundle)
+#   --server-url URL  the server the packed agent talks to by default (server.urls)
+# AGENT_BIN_DIR=DIR uses binaries already built there instead of a release build.
 set -euo pipefail
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 build=$(git rev-list --count HEAD 2>/dev/null || echo 1)
 key=""
 out="dist/bundle"
+server_url=""
 while (($#)); do
     case "$1" in
     --version) version=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --key) key=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --server-url) server_url=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "build-dist.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
     esac
 done
 
-cargo build --release --locked --bins >&2
-bin=target/release
+if [[ -n "${AGENT_BIN_DIR:-}" ]]; then
+    bin=$AGENT_BIN_DIR
+else
+    cargo build --release --locked --bins >&2
+    bin=target/release
+fi
 
 if [[ -z "$key" ]]; then
     key=dev-keys/update.key
@@ -49,6 +57,9 @@ mkdir -p "$dist/bin" "$dist/conf.default"
 cp "$bin/agent" "$dist/bin/agent"
 cp installer/agent-wrapper.sh "$dist/bin/agent-wrapper.sh"
 cp installer/agent.toml "$dist/conf.default/agent.toml"
+if [[ -n "$server_url" ]]; then
+    sed -i "s|^urls = .*|urls = [\"$server_url\"]|" "$dist/conf.default/agent.toml"
+fi
 # The public half of the signing key: what a fresh install trusts by default.
 pub="${key%.key}.pub"
 if [[ -f "$pub" ]]; then

@@ -3,17 +3,27 @@
 # and runs update-server on 127.0.0.1:7080 with its embedded defaults (home ./server-home)
 # in the foreground. Ctrl-C stops it.
 # usage: scripts/quickstart.sh
+# Environment: UPDATE_SERVER_SERVER_LISTEN (another address), QUICKSTART_HOME (server
+# home), QUICKSTART_PREFIX (where the printed --install puts the agent), AGENT_BIN_DIR
+# (binaries already built, skips the release build).
 set -euo pipefail
 
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-    sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
 fi
 cd "$(dirname "$0")/.."
 
-bundle=$(scripts/build-dist.sh)
+listen=${UPDATE_SERVER_SERVER_LISTEN:-127.0.0.1:7080}
+home=${QUICKSTART_HOME:-server-home}
+prefix=${QUICKSTART_PREFIX:-/tmp/agent-demo}
+url="http://$listen"
+bin=${AGENT_BIN_DIR:-target/release}
+
+# Agents from this bundle talk to this server out of the box.
+bundle=$(scripts/build-dist.sh --server-url "$url")
 name=$(basename "$bundle")
-downloads=server-home/downloads/agent
+downloads=$home/downloads/agent
 mkdir -p "$downloads"
 # The server serves exactly one bundle: replace whatever an earlier run left.
 rm -f "$downloads"/agent-bundle-*
@@ -21,12 +31,12 @@ cp "$bundle" "$bundle.minisig" "$downloads/"
 
 cat <<NEXT
 
-update-server is starting on http://127.0.0.1:7080 serving $name.
+update-server is starting on $url serving $name.
 In another terminal, provision an agent as a new machine would:
 
-    wget --content-disposition http://127.0.0.1:7080/agentupdate/download
-    chmod +x $name && ./$name --install=/tmp/agent-demo
-    /tmp/agent-demo/agent/current/bin/agent-wrapper.sh start
+    wget --content-disposition $url/agentupdate/download
+    chmod +x $name && ./$name --install=$prefix
+    $prefix/agent/current/bin/agent-wrapper.sh start
 
 NEXT
-exec target/release/update-server
+exec "$bin/update-server" --home "$home" --listen "$listen"

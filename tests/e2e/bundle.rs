@@ -377,3 +377,23 @@ fn cli_errors_are_one_line_with_the_right_exit_code() {
         );
     }
 }
+
+/// Linkers leave holes in binaries; a sparse file must pack as plain bytes the safe
+/// unpacker accepts (it refuses GNU sparse entries).
+#[test]
+fn a_sparse_file_in_the_distribution_installs() {
+    use std::io::{Seek, SeekFrom, Write};
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let dist = ctx.dist("d");
+    let sparse = dist.join("bin/holes.bin");
+    let mut f = fs::File::create(&sparse).unwrap();
+    f.seek(SeekFrom::Start(8 << 20)).unwrap();
+    f.write_all(b"end").unwrap();
+    drop(f);
+    let bundle = ctx.pack(&dist, "1.0.0", "1", &key, "b");
+    let home = ctx.install(&bundle, "p");
+    let installed = fs::read(home.join("current/bin/holes.bin")).unwrap();
+    assert_eq!(installed.len(), (8 << 20) + 3);
+    assert!(installed.ends_with(b"end") && installed[..1024].iter().all(|&b| b == 0));
+}

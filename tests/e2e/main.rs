@@ -9,6 +9,7 @@ mod agent;
 mod bundle;
 mod fleet;
 mod handlers;
+mod quickstart;
 mod server;
 mod stamp;
 mod update;

@@ -118,6 +118,8 @@ fn write_tarball(req: &PackRequest<'_>, out: &File) -> Result<()> {
         Compression::default(),
     );
     let mut tar = tar::Builder::new(gz);
+    // Sparse entries would be refused by the safe unpacker: store holes as zeros.
+    tar.sparse(false);
     tar.mode(tar::HeaderMode::Deterministic);
     tar.follow_symlinks(false);
 
