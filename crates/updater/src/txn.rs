@@ -189,7 +189,7 @@ impl Transaction<'_> {
         let pid = self.wait_pid.or_else(|| process::running_agent(self.home));
         let how = process::stop_agent(self.home, pid, self.settings.stop_patience);
         let what = match how {
-            Stopped::NotRunning => "the old agent was not running".to_owned(),
+            Stopped::NotRunning => "the old agent had already stopped".to_owned(),
             Stopped::Exited => format!("the old agent (pid {}) exited", pid.unwrap_or(0)),
             Stopped::Terminated => format!(
                 "the old agent (pid {}) did not exit within {:?}; stopped it with TERM",
