@@ -50,6 +50,8 @@ work=$(mktemp -d /tmp/agent-bench.XXXXXX)
 pids=()
 cleanup() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    # Agents, wrappers and updaters detach on purpose; end whatever runs from here.
+    pkill -KILL -f "$work" 2>/dev/null || true
     wait 2>/dev/null || true
     rm -rf "$work"
 }
@@ -293,6 +295,228 @@ server peak anonymous RSS (heap and stacks, sampled every 50 ms): **$anon MiB** 
 Peak total RSS (VmHWM) was $rss MiB: it also counts the pages of the memory-mapped bundle
 that were touched, which are the kernel's page cache of that file, shared and reclaimable,
 not memory the server allocated.
+EOF
+}
+
+# An agent 1.0.0+1 (release binaries) installed under $1, talking to $2, env lines $3.
+install_agent() {
+    local prefix=$1 url=$2 env=$3
+    [[ -f $work/b1/agent-bundle-1.0.0 ]] || {
+        make_dist "$work/d1" 0
+        pack 1.0.0 "$work/d1" "$work/b1" >/dev/null
+    }
+    "$work/b1/agent-bundle-1.0.0" --install="$prefix" >/dev/null
+    printf '[server]\nurls = ["%s"]\n[agent]\nheartbeat = "1s"\n' "$url" >"$prefix/agent/conf/agent.toml"
+    printf '%s\n' "$env" >"$prefix/agent/conf/agent-env.sh"
+}
+
+# serve_bundle SERVER_HOME BUNDLE: makes it the one bundle the server serves.
+serve_bundle() {
+    rm -f "$1/downloads/agent/"agent-bundle-*
+    cp "$2" "$2.minisig" "$1/downloads/agent/"
+}
+
+wait_file() { # wait_file SECONDS FILE TEXT
+    local end=$((SECONDS + $1))
+    until grep -q "$3" "$2" 2>/dev/null; do
+        if ((SECONDS > end)); then
+            echo "bench.sh: timed out waiting for '$3' in $2" >&2
+            tail -n 20 "$2" >&2 2>/dev/null || true
+            return 1
+        fi
+        sleep 0.05
+    done
+}
+
+# Seconds (with fraction) of the RFC 3339 timestamp that starts a tracing log line.
+log_secs() { date -d "$(awk '{ print $1; exit }' <<<"$1")" +%s.%N; }
+
+stop_home() {
+    "$1/current/bin/agent-wrapper.sh" kill >/dev/null 2>&1 || true
+    pkill -KILL -f "$1" 2>/dev/null || true
+}
+
+# total_of LINES PATTERN: the "total Ns" of the first update.log line matching PATTERN.
+total_of() { grep -m1 "$2" <<<"$1" | grep -o 'total [0-9.]*s' | grep -o '[0-9.]*'; }
+
+bench_agent() {
+    echo "agent: first 409 to updater spawned" >&2
+    keys
+    local home=$work/agent-server port rows=""
+    mkdir -p "$home/downloads/agent"
+    port=$(free_port)
+    start_server "$home" "$port" RUST_LOG=warn
+    local mib
+    for mib in 20 100; do
+        make_dist "$work/ad$mib" "$mib"
+        local b2
+        b2=$(pack 2.0.0 "$work/ad$mib" "$work/ab$mib")
+        serve_bundle "$home" "$b2"
+        until curl -fsS "http://127.0.0.1:$port/agentupdate/version" | grep -q "agent.latest.size=$(stat -c %s "$b2")"; do sleep 0.1; done
+        local totals=() downloads=() verifies=() i
+        for i in 1 2 3; do
+            local p=$work/agent-$mib-$i
+            install_agent "$p" "http://127.0.0.1:$port" ""
+            (cd "$p" && "$p/agent/current/bin/agent" run >/dev/null 2>&1 &)
+            local log=$p/agent/logs/agent.log
+            wait_file 120 "$log" "updater started"
+            local t409 tspawn
+            t409=$(log_secs "$(grep -m1 'expects 2.0.0+1; updating' "$log")")
+            tspawn=$(log_secs "$(grep -m1 'updater started' "$log")")
+            totals+=("$(awk -v a="$tspawn" -v b="$t409" 'BEGIN { print a - b }')")
+            downloads+=("$(grep -m1 -o 'bytes in [0-9.]*s' "$log" | grep -o '[0-9.]*')")
+            verifies+=("$(grep -m1 -o 'verified in [0-9.]*s' "$log" | grep -o '[0-9.]*')")
+            wait_file 60 "$p/agent/logs/update.log" "committed" || true
+            stop_home "$p/agent"
+        done
+        local mt md mv
+        mt=$(printf '%s\n' "${totals[@]}" | sort -n | sed -n 2p)
+        md=$(printf '%s\n' "${downloads[@]}" | sort -n | sed -n 2p)
+        mv=$(printf '%s\n' "${verifies[@]}" | sort -n | sed -n 2p)
+        note "$mib MiB: 409 to spawn $mt s, download (hashing included) $md s, verify after $mv s"
+        rows+="| $(($(stat -c %s "$b2") / 1048576)) MiB | $(secs "$mt") | $(secs "$md") | $(secs "$mv") | $(awk -v v="$mv" -v d="$md" 'BEGIN { printf "%.1f %%", 100 * v / d }') |"$'\n'
+    done
+    write_section agent <<EOF
+## Agent: from the first 409 to the updater
+
+\`scripts/bench.sh agent\` on $(machine). A release agent 1.0.0 against a release
+update-server on loopback serving 2.0.0; median of 3 runs each. "Download" includes
+hashing (md5, sha256 and BLAKE2b, on a second thread while the bytes arrive); "verify" is
+what remains after the last byte: the signature over the BLAKE2b digest already computed,
+the trusted comment, the payload's version and the replay check.
+
+| bundle | first 409 → updater spawned | download | verify after download | verify / download (target ≤ 10 %) |
+|---|---|---|---|---|
+${rows}
+EOF
+}
+
+bench_update() {
+    echo "update: downtime of an update and of a rollback vs a wrapper restart" >&2
+    keys
+    local home=$work/update-server port
+    mkdir -p "$home/downloads/agent"
+    port=$(free_port)
+    start_server "$home" "$port" RUST_LOG=warn
+    make_dist "$work/ud" 20
+    local good bad
+    good=$(pack 2.0.0 "$work/ud" "$work/ub")
+    cp -a "$work/ud" "$work/ubad-dist"
+    printf '#!/bin/sh\nexit 1\n' >"$work/ubad-dist/bin/agent"
+    bad=$(pack 3.0.0 "$work/ubad-dist" "$work/ubad")
+    local env="export AGENT_UPDATE_STABILITY_WINDOW=1s
+export AGENT_UPDATE_HEALTH_TIMEOUT=5s"
+    local ups=() backs=() restarts=() i
+    for i in 1 2 3 4 5; do
+        local p=$work/up-$i
+        serve_bundle "$home" "$good"
+        until curl -fsS "http://127.0.0.1:$port/agentupdate/version" | grep -q "agent.latest.version=2.0.0"; do sleep 0.1; done
+        install_agent "$p" "http://127.0.0.1:$port" "$env"
+        "$p/agent/current/bin/agent-wrapper.sh" start >/dev/null
+        local ul=$p/agent/logs/update.log
+        wait_file 120 "$ul" "committed"
+        local lines
+        lines=$(cat "$ul")
+        ups+=("$(awk -v a="$(total_of "$lines" 'is up')" -v b="$(total_of "$lines" 'old agent')" 'BEGIN { print a - b }')")
+        # A plain restart of the same agent, to the same "up" condition.
+        local before t0 t1
+        before=$(cat "$p/agent/run/agent.pid")
+        t0=$(date +%s.%N)
+        "$p/agent/current/bin/agent-wrapper.sh" restart >/dev/null
+        until [[ -f $p/agent/run/health.json ]] && grep -q '"components_started": true' "$p/agent/run/health.json" &&
+            ! grep -q "\"pid\": $before," "$p/agent/run/health.json"; do sleep 0.01; done
+        t1=$(date +%s.%N)
+        restarts+=("$(awk -v a="$t1" -v b="$t0" 'BEGIN { print a - b }')")
+        # Then a broken bundle, rolled back.
+        serve_bundle "$home" "$bad"
+        wait_file 120 "$ul" "rolled back to"
+        lines=$(grep -F -- '-> 3.0.0+1]' "$ul")
+        backs+=("$(awk -v a="$(total_of "$lines" 'started 2.0.0+1 again')" -v b="$(total_of "$lines" 'old agent')" 'BEGIN { print a - b }')")
+        stop_home "$p/agent"
+    done
+    local mu mb mr
+    mu=$(printf '%s\n' "${ups[@]}" | sort -n | sed -n 3p)
+    mb=$(printf '%s\n' "${backs[@]}" | sort -n | sed -n 3p)
+    mr=$(printf '%s\n' "${restarts[@]}" | sort -n | sed -n 3p)
+    note "downtime: update $mu s, rollback $mb s, wrapper restart $mr s"
+    write_section update <<EOF
+## Updater: downtime
+
+\`scripts/bench.sh update\` on $(machine). A release agent with a 20 MiB distribution and a
+release update-server on loopback; median of 5. Update downtime: from the old agent's exit
+(as the updater sees it) to the new agent up (alive, right version, components started;
+the stability window, 1 s here, follows and the agent already serves during it). Rollback:
+a bundle whose agent exits at once, with \`update.health-timeout = 5s\`, from the old
+agent's exit to the old version started again, so it is mostly the health timeout. The
+peer is \`agent-wrapper.sh restart\` of the same agent to the same condition.
+
+| | downtime | ratio to a wrapper restart | target |
+|---|---|---|---|
+| update | $(secs "$mu") | $(ratio "$mu" "$mr") | ≤ 2 |
+| rollback (health timeout 5 s) | $(secs "$mb") | $(ratio "$mb" "$mr") | — |
+| \`agent-wrapper.sh restart\` | $(secs "$mr") | 1.00 | |
+EOF
+}
+
+bench_fleet() {
+    echo "fleet: 30 agents, 50 MiB bundle, limit 5, Retry-After 1" >&2
+    keys
+    local home=$work/fleet-server port n=30 limit=5
+    mkdir -p "$home/downloads/agent"
+    make_dist "$work/fd" 50
+    local b2
+    b2=$(pack 2.0.0 "$work/fd" "$work/fb")
+    serve_bundle "$home" "$b2"
+    port=$(free_port)
+    start_server "$home" "$port" RUST_LOG=warn UPDATE_SERVER_DOWNLOADS_LIMIT=$limit \
+        UPDATE_SERVER_DOWNLOADS_RETRY_AFTER=1 UPDATE_SERVER_ADMIN_TOKEN=bench
+    until curl -fsS "http://127.0.0.1:$port/agentupdate/version" | grep -q "agent.latest.version=2.0.0"; do sleep 0.1; done
+    local i env="export AGENT_UPDATE_STABILITY_WINDOW=1s
+export AGENT_UPDATE_HEALTH_TIMEOUT=120s"
+    for i in $(seq 1 "$n"); do install_agent "$work/fleet-$i" "http://127.0.0.1:$port" "$env"; done
+    local t0
+    t0=$(date +%s.%N)
+    for i in $(seq 1 "$n"); do "$work/fleet-$i/agent/current/bin/agent-wrapper.sh" start >/dev/null & done
+    wait
+    # Sample the slots while any agent still waits for its download.
+    local sum=0 samples=0 done_dl installed inflight
+    while :; do
+        done_dl=$(grep -l "downloaded" "$work"/fleet-*/agent/logs/agent.log 2>/dev/null | wc -l)
+        ((done_dl >= n)) && break
+        inflight=$(curl -fsS "http://127.0.0.1:$port/metrics" | awk '$1 == "agentupdate_downloads_in_flight" { print $2 }')
+        sum=$(awk -v s="$sum" -v v="${inflight:-0}" 'BEGIN { print s + v }')
+        samples=$((samples + 1))
+        sleep 0.1
+    done
+    until installed=$(curl -fsS -H "Authorization: Bearer bench" "http://127.0.0.1:$port/admin/agents" |
+        jq '[.[] | select(.update_status == "INSTALLED" and .version == "2.0.0+1")] | length') && ((installed >= n)); do
+        sleep 0.1
+    done
+    local wall busy bmin bmed bmax use peak
+    wall=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }')
+    busy=$(for i in $(seq 1 "$n"); do grep -c "server busy (503" "$work/fleet-$i/agent/logs/agent.log" || true; done | sort -n)
+    bmin=$(head -1 <<<"$busy")
+    bmed=$(sed -n "$(((n + 1) / 2))p" <<<"$busy")
+    bmax=$(tail -1 <<<"$busy")
+    use=$(awk -v s="$sum" -v k="$samples" -v l="$limit" 'BEGIN { if (k == 0) print "n/a"; else printf "%.2f", s / k / l }')
+    peak=$(curl -fsS "http://127.0.0.1:$port/metrics" | awk '$1 == "agentupdate_downloads_in_flight_peak" { print $2 }')
+    note "fleet: $n INSTALLED in $wall s; 503s per agent $bmin/$bmed/$bmax; slot use $use; peak $peak"
+    for i in $(seq 1 "$n"); do stop_home "$work/fleet-$i/agent"; done
+    write_section fleet <<EOF
+## Fleet: 30 agents through a download limit of 5
+
+\`scripts/bench.sh fleet\` on $(machine). 30 release agents (1.0.0), each in its own home,
+started at once through their wrappers against a release update-server serving a
+$(($(stat -c %s "$b2") / 1048576)) MiB bundle of 2.0.0 with \`downloads.limit = 5\` and
+\`Retry-After: 1\`, all on loopback on one machine (agents, updaters and server share its
+cores).
+
+| measure | value |
+|---|---|
+| wall time, start to the 30th \`INSTALLED\` | $(secs "$wall") |
+| \`503\`s per agent (min / median / max) | $bmin / $bmed / $bmax |
+| slot use while any agent waits (mean in flight / limit, sampled every 100 ms) | $use |
+| peak downloads in flight (server) | $peak |
 EOF
 }
 
