@@ -172,7 +172,7 @@ start_server() {
     env "$@" "$bin/update-server" --home "$home" --listen "127.0.0.1:$port" >"$home.log" 2>&1 &
     pids+=($!)
     server_pid=$!
-    wait_http "http://127.0.0.1:$port/agentupdate/version"
+    wait_http "http://127.0.0.1:$port/healthz"
 }
 
 start_nginx() {

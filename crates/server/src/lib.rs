@@ -115,7 +115,13 @@ pub async fn serve(
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
             config.server.max_connections,
         ))
-        .layer(tower_http::trace::TraceLayer::new_for_http());
+        .layer(
+            // 503 (limit) and 409 (directive) are answers the server means to give; a
+            // fleet produces thousands, so they are not logged as errors.
+            tower_http::trace::TraceLayer::new_for_http().on_failure(
+                tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+            ),
+        );
     let grace = Duration::from_secs(config.server.shutdown_grace);
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let server = axum::serve(listener, router).with_graceful_shutdown(async move {
