@@ -301,13 +301,18 @@ EOF
 # An agent 1.0.0+1 (release binaries) installed under $1, talking to $2, env lines $3.
 install_agent() {
     local prefix=$1 url=$2 env=$3
-    [[ -f $work/b1/agent-bundle-1.0.0 ]] || {
-        make_dist "$work/d1" 0
-        pack 1.0.0 "$work/d1" "$work/b1" >/dev/null
-    }
     "$work/b1/agent-bundle-1.0.0" --install="$prefix" >/dev/null
     printf '[server]\nurls = ["%s"]\n[agent]\nheartbeat = "1s"\n' "$url" >"$prefix/agent/conf/agent.toml"
     printf '%s\n' "$env" >"$prefix/agent/conf/agent-env.sh"
+}
+
+# The bundle agents start from. Packed before any bundle they update to: an agent refuses
+# a bundle signed earlier than the one it runs (no replayed downgrades).
+base_bundle() {
+    [[ -f $work/b1/agent-bundle-1.0.0 ]] && return
+    make_dist "$work/d1" 0
+    pack 1.0.0 "$work/d1" "$work/b1" >/dev/null
+    sleep 1 # signed-at has one-second resolution
 }
 
 # serve_bundle SERVER_HOME BUNDLE: makes it the one bundle the server serves.
@@ -342,6 +347,7 @@ total_of() { grep -m1 "$2" <<<"$1" | grep -o 'total [0-9.]*s' | grep -o '[0-9.]*
 bench_agent() {
     echo "agent: first 409 to updater spawned" >&2
     keys
+    base_bundle
     local home=$work/agent-server port rows=""
     mkdir -p "$home/downloads/agent"
     port=$(free_port)
@@ -394,6 +400,7 @@ EOF
 bench_update() {
     echo "update: downtime of an update and of a rollback vs a wrapper restart" >&2
     keys
+    base_bundle
     local home=$work/update-server port
     mkdir -p "$home/downloads/agent"
     port=$(free_port)
@@ -461,6 +468,7 @@ EOF
 bench_fleet() {
     echo "fleet: 30 agents, 50 MiB bundle, limit 5, Retry-After 1" >&2
     keys
+    base_bundle
     local home=$work/fleet-server port n=30 limit=5
     mkdir -p "$home/downloads/agent"
     make_dist "$work/fd" 50
