@@ -484,8 +484,12 @@ export AGENT_UPDATE_HEALTH_TIMEOUT=120s"
     for i in $(seq 1 "$n"); do install_agent "$work/fleet-$i" "http://127.0.0.1:$port" "$env"; done
     local t0
     t0=$(date +%s.%N)
-    for i in $(seq 1 "$n"); do "$work/fleet-$i/agent/current/bin/agent-wrapper.sh" start >/dev/null & done
-    wait
+    local starters=()
+    for i in $(seq 1 "$n"); do
+        "$work/fleet-$i/agent/current/bin/agent-wrapper.sh" start >/dev/null &
+        starters+=($!)
+    done
+    wait "${starters[@]}"
     # Sample the slots while any agent still waits for its download.
     local sum=0 samples=0 done_dl installed inflight
     while :; do

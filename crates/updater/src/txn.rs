@@ -409,7 +409,8 @@ impl Transaction<'_> {
                     self.settings.health_timeout
                 ));
             }
-            std::thread::sleep(Duration::from_millis(100));
+            // Polled often: this loop's latency is part of the update's downtime.
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
