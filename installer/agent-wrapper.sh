@@ -22,6 +22,8 @@ DATA="$AGENT_HOME/data"
 PID_FILE="$RUN/agent.pid"
 SUPERVISOR_PID_FILE="$RUN/wrapper.pid"
 STOP_TIMEOUT=${AGENT_STOP_TIMEOUT:-20}
+# Seconds `start` waits for the agent's pid to appear (a loaded machine is slow to fork).
+START_TIMEOUT=${AGENT_START_TIMEOUT:-15}
 # Exit codes of `agent run` after which the agent must not be restarted:
 # 0 (stopped, or handed over to the updater) and 3 (refused, updates disabled).
 BACKOFF_MAX=${AGENT_RESTART_BACKOFF_MAX:-60}
@@ -123,7 +125,7 @@ start() {
     fi
     # Report the agent's pid once the supervisor has started it.
     i=0
-    while [ $i -lt 100 ]; do
+    while [ $i -lt $((START_TIMEOUT * 20)) ]; do
         if pid=$(read_pid "$PID_FILE") && [ -d "/proc/$pid" ]; then
             echo "agent started (pid $pid)"
             log "started agent (pid $pid)"
