@@ -503,9 +503,9 @@ export AGENT_UPDATE_HEALTH_TIMEOUT=120s"
     # Sample the slots while any agent still waits for its download.
     local sum=0 samples=0 done_dl installed inflight
     while :; do
-        done_dl=$(grep -l "downloaded" "$work"/fleet-*/agent/logs/agent.log 2>/dev/null | wc -l)
+        done_dl=$({ grep -l "downloaded" "$work"/fleet-*/agent/logs/agent.log 2>/dev/null || true; } | wc -l)
         ((done_dl >= n)) && break
-        inflight=$(curl -fsS "http://127.0.0.1:$port/metrics" | awk '$1 == "agentupdate_downloads_in_flight" { print $2 }')
+        inflight=$(curl -fsS "http://127.0.0.1:$port/metrics" | awk '$1 == "agentupdate_downloads_in_flight" { print $2 }' || echo 0)
         sum=$(awk -v s="$sum" -v v="${inflight:-0}" 'BEGIN { print s + v }')
         samples=$((samples + 1))
         sleep 0.1

@@ -432,3 +432,54 @@ fn updates_disabled_exits_3_naming_the_version() {
     assert!(err.contains("requires agent version 2.0.0+2"), "{err}");
     assert!(server.requests("/agentupdate/download").is_empty());
 }
+
+#[test]
+fn status_check_clear_bad_and_update_on_request() {
+    let t = installed();
+    let (b2, _) = genuine_2(&t);
+    let server = t.ctx.server("srv", &[]);
+    t.ctx.publish(&server, &b2);
+    wait_until(Duration::from_secs(20), "the server to offer 2.0.0", || {
+        e2e::http(server.port, "GET", "/agentupdate/version", &[])
+            .map(|a| a.text().contains("agent.latest.version=2.0.0"))
+            .unwrap_or(false)
+    });
+    configure_agent(&t.home, &[server.url("")], "");
+    let agent = || {
+        let mut c = Command::new(t.home.join("current/bin/agent"));
+        c.env("AGENT_UPDATE_STABILITY_WINDOW", "1s");
+        c
+    };
+    let status = e2e::stdout(&run_ok(agent().arg("status")));
+    assert!(
+        status.contains("agent 1.0.0+1") && status.contains("updates:  enabled"),
+        "{status}"
+    );
+
+    let check = e2e::stdout(&run_ok(agent().args(["update", "--check"])));
+    assert!(
+        check.contains("offers 2.0.0+2") && check.contains("would install it"),
+        "{check}"
+    );
+
+    fs::write(
+        t.home.join("data/bad-versions"),
+        format!("{} 2.0.0+2 0 test\n", sha256_file(&b2)),
+    )
+    .unwrap();
+    let check = e2e::stdout(&run_ok(agent().args(["update", "--check"])));
+    assert!(check.contains("failed here before"), "{check}");
+    let status = e2e::stdout(&run_ok(agent().arg("status")));
+    assert!(status.contains(&sha256_file(&b2)), "{status}");
+    let cleared = e2e::stdout(&run_ok(agent().args(["update", "--clear-bad"])));
+    assert!(cleared.contains("forgot 1"), "{cleared}");
+    assert!(!t.home.join("data/bad-versions").exists());
+
+    let out = e2e::stdout(&run_ok(agent().arg("update")));
+    assert!(out.contains("updater started"), "{out}");
+    wait_log(&t.home, "update.log", "committed", Duration::from_secs(60));
+    assert_eq!(
+        fs::read_link(t.home.join("current")).unwrap(),
+        Path::new("versions/2.0.0+2")
+    );
+}

@@ -120,8 +120,22 @@ fn stop_supervisor(home: &AgentHome) {
 /// Runs `<version_dir>/bin/agent-wrapper.sh <action>`, marked as driven by the updater
 /// (so its `start` does not run recovery on the transaction this process owns).
 pub fn wrapper(home: &AgentHome, version_dir: &Path, action: &str) -> Result<String, String> {
+    wrapper_within(home, version_dir, action, None)
+}
+
+/// Like [`wrapper`]; `start` waits at most `within` for the agent to appear.
+pub fn wrapper_within(
+    home: &AgentHome,
+    version_dir: &Path,
+    action: &str,
+    within: Option<Duration>,
+) -> Result<String, String> {
     let script = version_dir.join("bin/agent-wrapper.sh");
-    let out = Command::new(&script)
+    let mut cmd = Command::new(&script);
+    if let Some(within) = within {
+        cmd.env("AGENT_START_TIMEOUT", within.as_secs().max(1).to_string());
+    }
+    let out = cmd
         .arg(action)
         .env("AGENT_HOME", home.root())
         .env("AGENT_UPDATER_ACTIVE", "1")

@@ -343,8 +343,14 @@ impl Transaction<'_> {
         let _ = fs::remove_file(self.home.health_file());
         let start = Instant::now();
         if process::running_agent(self.home).is_none() {
-            let out = process::wrapper(self.home, &self.version_dir(&to), "start")
-                .map_err(|e| format!("{to} did not start through its wrapper: {e}"))?;
+            // The start counts against the health timeout.
+            let out = process::wrapper_within(
+                self.home,
+                &self.version_dir(&to),
+                "start",
+                Some(self.settings.health_timeout),
+            )
+            .map_err(|e| format!("{to} did not start through its wrapper: {e}"))?;
             self.log
                 .step(&format!("started {to} through its wrapper: {out}"));
         }
