@@ -89,8 +89,8 @@ machine() {
         "$(awk '/MemTotal/ { printf "%d", $2 / 1024 }' /proc/meminfo)" "$(date -u +%Y-%m-%d)"
 }
 
-# A 100 MiB-ish distribution: the real binaries plus incompressible and text-like payload,
-# the mix a real agent with bundled libraries has.
+# A distribution of about $2 MiB: the real binaries plus incompressible and text-like
+# payload, the mix a real agent with bundled libraries has.
 make_dist() {
     local dir=$1 mib=$2
     mkdir -p "$dir/bin" "$dir/conf.default" "$dir/lib"
@@ -99,9 +99,14 @@ make_dist() {
     cp installer/agent.toml "$dir/conf.default/agent.toml"
     cp installer/README.txt "$dir/README.txt"
     cp LICENSE "$dir/LICENSE"
-    local random=$((mib * 6 / 10)) text=$((mib * 4 / 10))
-    head -c "$((random * 1024 * 1024))" /dev/urandom >"$dir/lib/blob.bin"
-    head -c "$((text * 3 * 1024 * 1024 / 4))" /dev/urandom | base64 >"$dir/lib/data.txt"
+    # Pad to the target size, counting the binaries already there (base64 makes 3/10 of
+    # the padding into 4/10).
+    local have want pad
+    have=$(du -sb "$dir" | cut -f1)
+    want=$((mib * 1024 * 1024))
+    pad=$((want > have ? want - have : 0))
+    head -c "$((pad * 6 / 10))" /dev/urandom >"$dir/lib/blob.bin"
+    head -c "$((pad * 3 / 10))" /dev/urandom | base64 >"$dir/lib/data.txt"
 }
 
 keys() {
