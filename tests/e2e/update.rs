@@ -332,9 +332,13 @@ fn rollback_when_the_server_refuses_the_new_version() {
 /// Kills the updater at `point` (a fault point: the process aborts there, like kill -9),
 /// "reboots" (kills what is left), then lets the wrapper's start recover.
 fn crash_at(point: &str, broken_new: bool) -> (Setup, ServerProc) {
+    crash_at_with(point, broken_new, "")
+}
+
+fn crash_at_with(point: &str, broken_new: bool, env: &str) -> (Setup, ServerProc) {
     let stub = failpoints_stub();
     let (s, server) = with_server(
-        &format!("export FAILPOINTS={point}=return\nexport AGENT_UPDATE_HEALTH_TIMEOUT=6s\n"),
+        &format!("export FAILPOINTS={point}=return\nexport AGENT_UPDATE_HEALTH_TIMEOUT=6s\n{env}"),
         |d| {
             if broken_new {
                 script_agent(d, "exit 1");
@@ -392,6 +396,18 @@ fn crash_after_switching_is_recovered() {
 fn crash_after_committing_is_recovered() {
     let (s, server) = crash_at("updater-committed", false);
     assert_recovered_to_new(&s, &server);
+}
+
+/// The boot counter: recovery of a switched but uncommitted version counts a start; past
+/// `AGENT_UPDATER_MAX_BOOTS` it rolls back instead of trying again (0 here: at once).
+#[test]
+fn a_switched_version_past_its_boot_budget_is_rolled_back() {
+    let (s, server) = crash_at_with(
+        "updater-switched",
+        false,
+        "export AGENT_UPDATER_MAX_BOOTS=0\n",
+    );
+    assert_rolled_back(&s, Some(&server), "did not commit after 0 starts");
 }
 
 #[test]
