@@ -93,13 +93,27 @@ impl TestContext {
 
     /// Packs `dist` as `version+build` into `out`; returns the bundle path.
     pub fn pack(&self, dist: &Path, version: &str, build: &str, key: &Path, out: &str) -> PathBuf {
+        self.pack_with(dist, version, build, key, out, &[])
+    }
+
+    /// Like [`TestContext::pack`], with more `agent-bundle pack` arguments.
+    pub fn pack_with(
+        &self,
+        dist: &Path,
+        version: &str,
+        build: &str,
+        key: &Path,
+        out: &str,
+        extra: &[&str],
+    ) -> PathBuf {
         run_ok(
             self.cmd("agent-bundle")
                 .args(["pack", "--dist"])
                 .arg(dist)
                 .args(["--version", version, "--build", build, "--key"])
                 .arg(key)
-                .args(["--out", out]),
+                .args(["--out", out])
+                .args(extra),
         );
         self.path(out).join(format!("agent-bundle-{version}"))
     }
@@ -160,15 +174,8 @@ impl TestContext {
         out: &str,
         signed_at: u64,
     ) -> PathBuf {
-        run_ok(
-            self.cmd("agent-bundle")
-                .args(["pack", "--dist"])
-                .arg(dist)
-                .args(["--version", version, "--build", build, "--key"])
-                .arg(key)
-                .args(["--out", out, "--signed-at", &signed_at.to_string()]),
-        );
-        self.path(out).join(format!("agent-bundle-{version}"))
+        let at = signed_at.to_string();
+        self.pack_with(dist, version, build, key, out, &["--signed-at", &at])
     }
 }
 

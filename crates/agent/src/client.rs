@@ -156,9 +156,9 @@ impl Client {
         }
     }
 
-    /// `GET /agentupdate/version`, parsed and checked.
-    pub async fn version_info(&self) -> Result<VersionInfo, CommError> {
-        let url = self.url(wire::VERSION_PATH);
+    /// `GET path` of the current server as UTF-8 text of at most [`MAX_SMALL_BODY`] bytes.
+    async fn get_text(&self, path: &str) -> Result<(String, String), CommError> {
+        let url = self.url(path);
         let resp = self
             .http
             .get(&url)
@@ -171,34 +171,29 @@ impl Client {
             return Err(status_error(&url, status, resp).await);
         }
         let body = small_body(resp, &url).await?;
+        match String::from_utf8(body) {
+            Ok(text) => Ok((url, text)),
+            Err(_) => Err(CommError::Garbage {
+                url,
+                message: "answer is not UTF-8 text".into(),
+            }),
+        }
+    }
+
+    /// `GET /agentupdate/version`, parsed and checked.
+    pub async fn version_info(&self) -> Result<VersionInfo, CommError> {
+        let (url, text) = self.get_text(wire::VERSION_PATH).await?;
         let garbage = |message: String| CommError::Garbage {
             url: url.clone(),
             message,
         };
-        let text = String::from_utf8(body).map_err(|_| garbage("not UTF-8 text".into()))?;
         let props = Properties::parse(&text).map_err(|e| garbage(e.to_string()))?;
         VersionInfo::from_properties(&props).map_err(|e| garbage(e.to_string()))
     }
 
     /// `GET /agentupdate/download.minisig`.
     pub async fn signature(&self) -> Result<Signature, CommError> {
-        let url = self.url(wire::SIGNATURE_PATH);
-        let resp = self
-            .http
-            .get(&url)
-            .timeout(REQUEST_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| network(&url, e))?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            return Err(status_error(&url, status, resp).await);
-        }
-        let body = small_body(resp, &url).await?;
-        let text = String::from_utf8(body).map_err(|_| CommError::Garbage {
-            url: url.clone(),
-            message: "signature is not text".into(),
-        })?;
+        let (url, text) = self.get_text(wire::SIGNATURE_PATH).await?;
         Signature::parse(&text).map_err(|e| CommError::Garbage {
             url,
             message: e.to_string(),
