@@ -430,7 +430,7 @@ export AGENT_UPDATE_HEALTH_TIMEOUT=5s"
         local lines
         lines=$(cat "$ul")
         ups+=("$(awk -v a="$(total_of "$lines" 'is up')" -v b="$(total_of "$lines" 'old agent')" 'BEGIN { print a - b }')")
-        breakdown=$(for what in unpacked "configuration" "current ->" "through its wrapper" "is up"; do
+        breakdown=$(for what in "old agent" "configuration" "current ->" "through its wrapper" "is up"; do
             printf '%s %ss; ' "$what" "$(grep -m1 "$what" <<<"$lines" | grep -o 'step [0-9.]*s' | grep -o '[0-9.]*')"
         done)
         # A plain restart of the same agent, to the same "up" condition.
@@ -472,11 +472,9 @@ peer is \`agent-wrapper.sh restart\` of the same agent to the same condition.
 | \`agent-wrapper.sh restart\` | $(secs "$mr") | 1.00 | |
 
 Where an update's downtime goes (steps of the last run's \`logs/update.log\`): ${breakdown%; }.
-The unpack (with an fsync of every file, so \`current\` never points at unwritten data)
-is what a restart does not do. It happens after the old agent exits because DESIGN.md's
-step 3 has the agent exit as soon as the updater starts; unpacking while the old agent
-still runs, and stopping it only for the switch, would bring the update to a restart's
-downtime but changes that hand-off.
+The unpack (with an fsync of every file) happens before the old agent stops: the agent
+keeps serving until the journal shows the new version on disk, so the downtime is the
+stop, the configuration merge, the switch and the start.
 EOF
 }
 

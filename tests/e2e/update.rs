@@ -218,6 +218,11 @@ fn update_1_to_2_keeps_operator_conf_and_data() {
     ] {
         assert!(log.contains(step), "update.log lacks {step:?}:\n{log}");
     }
+    // The old agent served until the new version was on disk.
+    assert!(
+        log.find("unpacked") < log.find("the old agent"),
+        "stopped the old agent before unpacking:\n{log}"
+    );
     assert_eq!(agents_running(&s.home).len(), 1);
 }
 

@@ -238,6 +238,7 @@ async fn on_refused(
     };
     match update::hand_off(&ctx, &ready).await {
         Ok(pid) => {
+            update::wait_for_unpack(&install.home, pid, Duration::from_secs(300)).await;
             tracing::info!(
                 "updater started (pid {pid}) for {} -> {} (download {:.2}s, verify {:.3}s); stopping so it can swap",
                 install.version,

@@ -74,7 +74,9 @@ pub async fn update(
     let pid = update::hand_off(&ctx, &ready)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    // The updater waits for the running agent; ask it to stop now rather than time out.
+    // Keep the running agent up while the new version unpacks, then ask it to stop
+    // rather than let the updater time out waiting for it.
+    update::wait_for_unpack(&install.home, pid, std::time::Duration::from_secs(300)).await;
     if let Some(daemon) = daemon
         && let Ok(raw) = i32::try_from(daemon)
     {

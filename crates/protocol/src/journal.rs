@@ -13,9 +13,10 @@ use crate::version::AgentVersion;
 pub enum Phase {
     /// The agent verified the bundle and is about to start the updater.
     Prepared,
-    /// The updater holds the lock and is stopping the old agent.
+    /// The new version is unpacked and complete beside the old one; the updater is
+    /// stopping the old agent (which, seeing this phase, exits by itself).
     Stopping,
-    /// The new version is unpacked and complete; `current` still points at the old one.
+    /// The old agent is stopped; `current` still points at it.
     Unpacked,
     /// `current` points at the new version, which is being started and watched.
     Switched,

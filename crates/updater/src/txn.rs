@@ -99,14 +99,17 @@ impl Transaction<'_> {
     fn drive(&mut self) -> Result<Verdict> {
         loop {
             match self.journal.phase {
+                // The new version is unpacked while the old agent still runs (it waits for
+                // this phase before it exits), so the downtime is only stop, switch, start.
                 Phase::Prepared => {
                     self.check_bundle()?;
+                    self.unpack()?;
                     self.record(Phase::Stopping)?;
                     fault!("updater-stopping");
                 }
                 Phase::Stopping => {
+                    self.unpack()?; // a no-op unless a crash lost it
                     self.stop_old();
-                    self.unpack()?;
                     self.record(Phase::Unpacked)?;
                     fault!("updater-unpacked");
                 }
