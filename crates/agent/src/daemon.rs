@@ -238,14 +238,15 @@ async fn on_refused(
     };
     match update::hand_off(&ctx, &ready).await {
         Ok(pid) => {
-            update::wait_for_unpack(&install.home, pid, Duration::from_secs(300)).await;
             tracing::info!(
-                "updater started (pid {pid}) for {} -> {} (download {:.2}s, verify {:.3}s); stopping so it can swap",
+                "updater started (pid {pid}) for {} -> {} (download {:.2}s, verify {:.3}s); serving until it has unpacked",
                 install.version,
                 ready.info.agent,
                 ready.timings.download.as_secs_f64(),
                 ready.timings.verify.as_secs_f64()
             );
+            update::wait_for_unpack(&install.home, pid, Duration::from_secs(300)).await;
+            tracing::info!("the new version is on disk; stopping so the updater can switch");
             Some(RunEnd::HandedOff {
                 to: ready.info.agent.clone(),
             })
