@@ -72,6 +72,13 @@ impl Transaction<'_> {
         Path::new("versions").join(v.to_string())
     }
 
+    /// Where the new version is unpacked before it is renamed into `versions/`.
+    fn staging_dir(&self) -> PathBuf {
+        self.home
+            .versions()
+            .join(format!(".staging-{}", self.journal.to))
+    }
+
     /// The old version's directory name under `versions/`.
     fn old_dir_name(&self) -> String {
         self.journal
@@ -229,7 +236,7 @@ impl Transaction<'_> {
             }
             fs::remove_dir_all(&dest).map_err(|e| io_at(&dest, e))?;
         }
-        let staging = self.home.versions().join(format!(".staging-{to}"));
+        let staging = self.staging_dir();
         if staging.exists() {
             fs::remove_dir_all(&staging).map_err(|e| io_at(&staging, e))?;
         }
@@ -501,31 +508,41 @@ impl Transaction<'_> {
     fn abandon(&mut self, reason: String) -> Result<Verdict> {
         self.log
             .step(&format!("update abandoned before the switch: {reason}"));
+        self.restore_old(&reason)?;
+        Ok(Verdict::RolledBack(reason))
+    }
+
+    /// Puts the old version back: `current`, the configuration, no trace of the new
+    /// version; reports `INSTALL_FAILED` (before the journal closes, so a crash repeats
+    /// the report rather than losing it), closes the journal and starts the old agent
+    /// unless one runs. Shared by the rollback and by an abandon before the switch.
+    fn restore_old(&mut self, reason: &str) -> Result<()> {
         let from = self.journal.from.clone();
         let to = self.journal.to.clone();
         let from_name = self.old_dir_name();
+        let old_dir = self.home.versions().join(&from_name);
         atomic::replace_symlink(
             &self.home.current(),
             &Path::new("versions").join(&from_name),
         )?;
+        self.log.step(&format!("current -> versions/{from_name}"));
         self.restore_conf();
-        let staging = self.home.versions().join(format!(".staging-{to}"));
-        let _ = fs::remove_dir_all(&staging);
+        self.report(UpdateStatus::InstallFailed, Some(reason.to_owned()));
+        let _ = fs::remove_dir_all(self.staging_dir());
         let new_dir = self.version_dir(&to);
         if to.to_string() != from_name && new_dir.exists() {
             let _ = fs::remove_dir_all(&new_dir);
         }
-        self.journal.reason = Some(reason.clone());
+        self.journal.reason = Some(reason.to_owned());
         self.record(Phase::RolledBack)?;
-        self.report(UpdateStatus::InstallFailed, Some(reason.clone()));
         self.clean_update_dir();
         if process::running_agent(self.home).is_none() {
-            match process::wrapper(self.home, &self.home.versions().join(&from_name), "start") {
+            match process::wrapper(self.home, &old_dir, "start") {
                 Ok(out) => self.log.step(&format!("started {from} again: {out}")),
                 Err(e) => self.log.step(&format!("could not start {from}: {e}")),
             }
         }
-        Ok(Verdict::RolledBack(reason))
+        Ok(())
     }
 
     /// Step 6: back to the old version, remembered as bad, reported.
@@ -534,44 +551,25 @@ impl Transaction<'_> {
         self.record(Phase::RollingBack)?;
         self.log.step(&format!("rolling back: {reason}"));
         fault!("updater-rolling-back");
-        let from = self.journal.from.clone();
-        let to = self.journal.to.clone();
-        let from_name = self.old_dir_name();
-        let old_dir = self.home.versions().join(&from_name);
+        let old_dir = self.home.versions().join(self.old_dir_name());
         if let Some(pid) = process::running_agent(self.home) {
             let _ = process::wrapper(self.home, &old_dir, "stop");
             process::stop_agent(self.home, Some(pid), Duration::ZERO);
             self.log.step(&format!("stopped the new agent (pid {pid})"));
         }
-        atomic::replace_symlink(
-            &self.home.current(),
-            &Path::new("versions").join(&from_name),
-        )?;
-        self.log.step(&format!("current -> versions/{from_name}"));
-        self.restore_conf();
         if let Err(e) = state::add_bad(
             self.home,
             &self.journal.bundle_sha256,
-            &to.to_string(),
+            &self.journal.to.to_string(),
             &reason,
         ) {
             self.log
                 .step(&format!("could not record the bad bundle: {e}"));
         }
-        self.report(UpdateStatus::InstallFailed, Some(reason.clone()));
-        let new_dir = self.version_dir(&to);
-        if new_dir.exists() && to.to_string() != from_name {
-            let _ = fs::remove_dir_all(&new_dir);
-        }
-        self.record(Phase::RolledBack)?;
-        self.clean_update_dir();
-        match process::wrapper(self.home, &old_dir, "start") {
-            Ok(out) => self.log.step(&format!("started {from} again: {out}")),
-            Err(e) => self.log.step(&format!("could not start {from}: {e}")),
-        }
+        self.restore_old(&reason)?;
         self.log.step(&format!(
-            "rolled back to {from}; bundle {} is in data/bad-versions and will not be retried",
-            self.journal.bundle_sha256
+            "rolled back to {}; bundle {} is in data/bad-versions and will not be retried",
+            self.journal.from, self.journal.bundle_sha256
         ));
         Ok(Verdict::RolledBack(reason))
     }
