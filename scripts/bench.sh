@@ -320,10 +320,16 @@ base_bundle() {
     sleep 1 # signed-at has one-second resolution
 }
 
-# serve_bundle SERVER_HOME BUNDLE: makes it the one bundle the server serves.
+# serve_bundle SERVER_HOME PORT BUNDLE: makes it the one bundle the server serves, and
+# returns once /agentupdate/version describes it.
 serve_bundle() {
+    local sha
     rm -f "$1/downloads/agent/"agent-bundle-*
-    cp "$2" "$2.minisig" "$1/downloads/agent/"
+    cp "$3" "$3.minisig" "$1/downloads/agent/"
+    sha=$(sha256sum "$3" | cut -d' ' -f1)
+    until curl -fsS "http://127.0.0.1:$2/agentupdate/version" 2>/dev/null | grep -q "agent.latest.sha256=$sha"; do
+        sleep 0.1
+    done
 }
 
 wait_file() { # wait_file SECONDS FILE TEXT
@@ -364,8 +370,7 @@ bench_agent() {
         make_dist "$work/ad$mib" "$((mib - stub_mib))" 0
         local b2
         b2=$(pack 2.0.0 "$work/ad$mib" "$work/ab$mib")
-        serve_bundle "$home" "$b2"
-        until curl -fsS "http://127.0.0.1:$port/agentupdate/version" | grep -q "agent.latest.size=$(stat -c %s "$b2")"; do sleep 0.1; done
+        serve_bundle "$home" "$port" "$b2"
         local totals=() downloads=() verifies=() i
         for i in 1 2 3; do
             local p=$work/agent-$mib-$i
@@ -425,8 +430,7 @@ export AGENT_UPDATE_HEALTH_TIMEOUT=5s"
     local ups=() backs=() restarts=() i breakdown=""
     for i in 1 2 3 4 5; do
         local p=$work/up-$i
-        serve_bundle "$home" "$good"
-        until curl -fsS "http://127.0.0.1:$port/agentupdate/version" | grep -q "agent.latest.version=2.0.0"; do sleep 0.1; done
+        serve_bundle "$home" "$port" "$good"
         install_agent "$p" "http://127.0.0.1:$port" "$env"
         "$p/agent/current/bin/agent-wrapper.sh" start >/dev/null
         local ul=$p/agent/logs/update.log
@@ -447,7 +451,7 @@ export AGENT_UPDATE_HEALTH_TIMEOUT=5s"
         t1=$(date +%s.%N)
         restarts+=("$(awk -v a="$t1" -v b="$t0" 'BEGIN { print a - b }')")
         # Then a broken bundle, rolled back.
-        serve_bundle "$home" "$bad"
+        serve_bundle "$home" "$port" "$bad"
         wait_file 120 "$ul" "rolled back to"
         lines=$(grep -F -- '-> 3.0.0+1]' "$ul")
         backs+=("$(awk -v a="$(total_of "$lines" 'started 2.0.0+1 again')" -v b="$(total_of "$lines" 'old agent')" 'BEGIN { print a - b }')")
@@ -491,11 +495,10 @@ bench_fleet() {
     make_dist "$work/fd" 50
     local b2
     b2=$(pack 2.0.0 "$work/fd" "$work/fb")
-    serve_bundle "$home" "$b2"
     port=$(free_port)
     start_server "$home" "$port" RUST_LOG=warn UPDATE_SERVER_DOWNLOADS_LIMIT=$limit \
         UPDATE_SERVER_DOWNLOADS_RETRY_AFTER=1 UPDATE_SERVER_ADMIN_TOKEN=bench
-    until curl -fsS "http://127.0.0.1:$port/agentupdate/version" | grep -q "agent.latest.version=2.0.0"; do sleep 0.1; done
+    serve_bundle "$home" "$port" "$b2"
     local i env="export AGENT_UPDATE_STABILITY_WINDOW=1s
 export AGENT_UPDATE_HEALTH_TIMEOUT=120s"
     for i in $(seq 1 "$n"); do install_agent "$work/fleet-$i" "http://127.0.0.1:$port" "$env"; done

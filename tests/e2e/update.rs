@@ -69,17 +69,12 @@ fn prepare(env: &str, dist2: impl FnOnce(&Path), stub: Option<&Path>) -> Setup {
     bin.extend_from_slice(b"agent 2.0.0 marker");
     fs::write(d2.join("bin/agent"), bin).unwrap();
     dist2(&d2);
-    let mut pack = ctx.cmd("agent-bundle");
-    pack.args(["pack", "--dist"])
-        .arg(&d2)
-        .args(["--version", "2.0.0", "--build", "2", "--key"])
-        .arg(&key)
-        .args(["--out", "b2"]);
-    if let Some(stub) = stub {
-        pack.arg("--stub").arg(stub);
-    }
-    run_ok(&mut pack);
-    let b2 = ctx.path("b2/agent-bundle-2.0.0");
+    let stub = stub.map(|s| s.display().to_string());
+    let extra: Vec<&str> = match &stub {
+        Some(s) => vec!["--stub", s],
+        None => vec![],
+    };
+    let b2 = ctx.pack_with(&d2, "2.0.0", "2", &key, "b2", &extra);
     Setup {
         ctx,
         home,

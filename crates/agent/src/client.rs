@@ -221,13 +221,20 @@ impl Client {
     }
 }
 
-fn network(url: &str, e: reqwest::Error) -> CommError {
+/// An error with its causes, `outer: inner: innermost` (reqwest hides the useful part,
+/// such as "connection refused", in its sources).
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut message = e.to_string();
-    let mut source = std::error::Error::source(&e);
+    let mut source = e.source();
     while let Some(s) = source {
         message = format!("{message}: {s}");
         source = s.source();
     }
+    message
+}
+
+fn network(url: &str, e: reqwest::Error) -> CommError {
+    let mut message = error_chain(&e);
     if e.is_redirect() {
         message = format!("too many redirects (more than {MAX_REDIRECTS}): {message}");
     }

@@ -19,6 +19,7 @@ use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, IF_RANGE, RANGE, RETRY_AFTE
 use tokio::sync::mpsc;
 
 use crate::backoff::parse_retry_after;
+use crate::client::error_chain;
 
 /// Hash in batches this large so BLAKE2b runs beside md5 + sha256 on a second core.
 const HASH_BATCH: usize = 1024 * 1024;
@@ -159,7 +160,7 @@ pub async fn fetch(
         let resp = tokio::time::timeout(limits.read_timeout, req.send())
             .await
             .map_err(|_| DownloadError::Stalled(limits.read_timeout))?
-            .map_err(|e| DownloadError::Network(format!("{url}: {}", chain(&e))))?;
+            .map_err(|e| DownloadError::Network(format!("{url}: {}", error_chain(&e))))?;
         let status = resp.status();
         let resumed = match status {
             StatusCode::PARTIAL_CONTENT if have > 0 => {
@@ -239,7 +240,7 @@ pub async fn fetch(
             let chunk = match tokio::time::timeout_at(deadline, next).await {
                 Err(_) => break Err(DownloadError::Deadline(limits.deadline)),
                 Ok(Err(_)) => break Err(DownloadError::Stalled(limits.read_timeout)),
-                Ok(Ok(Err(e))) => break Err(DownloadError::Network(chain(&e))),
+                Ok(Ok(Err(e))) => break Err(DownloadError::Network(error_chain(&e))),
                 Ok(Ok(Ok(None))) => break Ok(()),
                 Ok(Ok(Ok(Some(chunk)))) => chunk,
             };
@@ -366,16 +367,6 @@ fn remove(path: &Path) -> Result<(), DownloadError> {
 fn parse_content_range_start(value: &str) -> Option<u64> {
     let rest = value.trim().strip_prefix("bytes ")?;
     rest.split('-').next()?.trim().parse().ok()
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut message = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        message = format!("{message}: {s}");
-        source = s.source();
-    }
-    message
 }
 
 #[cfg(test)]

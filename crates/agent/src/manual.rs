@@ -12,18 +12,6 @@ use crate::config::Config;
 use crate::home::Installation;
 use crate::update::{self, Outcome, UpdateContext};
 
-/// The running daemon's pid, if `run/agent.pid` names a live `agent run`.
-pub fn running_agent(home: &AgentHome) -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(home.pid_file())
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-    cmdline.contains("/bin/agent run").then_some(pid)
-}
-
 pub async fn update(
     install: &Installation,
     config: &Config,
@@ -70,7 +58,11 @@ pub async fn update(
         Err(Outcome::Degraded { reason, .. }) => anyhow::bail!("{reason}"),
         Err(other) => anyhow::bail!("update did not start: {other:?}"),
     };
-    let daemon = running_agent(&install.home);
+    // The wrapper runs the agent under the canonical home; match it the same way.
+    let canonical = std::fs::canonicalize(install.home.root())
+        .map(AgentHome::new)
+        .unwrap_or_else(|_| install.home.clone());
+    let daemon = agent_updater::process::running_agent(&canonical);
     let pid = update::hand_off(&ctx, &ready)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;

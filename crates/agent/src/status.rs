@@ -38,7 +38,7 @@ pub fn render(install: &Installation, config: &Config) -> String {
         .and_then(|t| serde_json::from_str::<Health>(&t).ok());
     match health {
         Some(h) => {
-            let alive = std::path::Path::new(&format!("/proc/{}", h.pid)).exists();
+            let alive = agent_updater::process::is_alive(h.pid);
             let _ = writeln!(
                 out,
                 "process:  pid {} ({}), version {}",

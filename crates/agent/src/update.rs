@@ -342,19 +342,12 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
 /// updater is gone, or `patience` runs out. The updater stops a laggard anyway.
 pub async fn wait_for_unpack(home: &AgentHome, updater_pid: u32, patience: Duration) {
     let end = tokio::time::Instant::now() + patience;
-    let proc_dir = PathBuf::from(format!("/proc/{updater_pid}"));
     while tokio::time::Instant::now() < end {
         match state::read_journal(home) {
             Ok(Some(j)) if j.phase == Phase::Prepared => {}
             _ => return,
         }
-        let alive = fs::read_to_string(proc_dir.join("stat"))
-            .map(|s| {
-                !s.rsplit_once(')')
-                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-            })
-            .unwrap_or(false);
-        if !alive {
+        if !agent_updater::process::is_alive(updater_pid) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
