@@ -234,7 +234,6 @@ async fn on_refused(
             *next_try = Some(Instant::now() + wait);
             return None;
         }
-        Err(Outcome::HandedOff { .. }) => return None,
     };
     match update::hand_off(&ctx, &ready).await {
         Ok(pid) => {

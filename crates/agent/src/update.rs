@@ -32,11 +32,9 @@ const MAX_DOWNLOAD_FAILURES: u32 = 5;
 /// The name the wrapper runs recovery with: a link to the bundle being installed.
 pub const UPDATER_LINK: &str = "updater";
 
-/// How a round of updating ended.
+/// Why a round of updating ended without a verified bundle.
 #[derive(Debug)]
 pub enum Outcome {
-    /// The updater runs; the agent must stop its components and exit 0.
-    HandedOff { to: AgentVersion, pid: u32 },
     /// The agent keeps running as it is and tries again later.
     Degraded { reason: String, slow: bool },
     /// The agent was told to stop while it waited.
