@@ -3,8 +3,9 @@
 #
 # The one supported way to run the agent in production (the systemd unit calls it, and
 # so does the updater after an update). It keeps run/agent.pid, finishes or rolls back
-# an interrupted update before starting, restarts a crashed agent with backoff, and
-# reads conf/agent-env.sh for environment settings.
+# an interrupted update before starting, restarts a crashed agent with backoff (but not
+# one that refuses its configuration), and reads conf/agent-env.sh for environment
+# settings. Every wait is measured on the clock, not counted in loop turns.
 set -u
 
 usage() {
@@ -21,20 +22,32 @@ LOGS="$AGENT_HOME/logs"
 DATA="$AGENT_HOME/data"
 PID_FILE="$RUN/agent.pid"
 SUPERVISOR_PID_FILE="$RUN/wrapper.pid"
-STOP_TIMEOUT=${AGENT_STOP_TIMEOUT:-20}
-# Seconds `start` waits for the agent's pid to appear (a loaded machine is slow to fork).
-START_TIMEOUT=${AGENT_START_TIMEOUT:-15}
-# Exit codes of `agent run` after which the agent must not be restarted:
-# 0 (stopped, or handed over to the updater) and 3 (refused, updates disabled).
-BACKOFF_MAX=${AGENT_RESTART_BACKOFF_MAX:-60}
+# "<pid> <exit code> <unix seconds>" of the agent's last exit, written by the supervisor;
+# `start` and the updater read it to tell a crash from a slow start.
+EXIT_FILE="$RUN/agent.exit"
+HEALTH_FILE="$RUN/health.json"
 
 if [ -f "$AGENT_HOME/conf/agent-env.sh" ]; then
     # shellcheck disable=SC1091
     . "$AGENT_HOME/conf/agent-env.sh"
 fi
 
+STOP_TIMEOUT=${AGENT_STOP_TIMEOUT:-20}
+# Seconds `start` waits for the agent to report itself (a loaded machine is slow to fork).
+START_TIMEOUT=${AGENT_START_TIMEOUT:-15}
+BACKOFF_MAX=${AGENT_RESTART_BACKOFF_MAX:-60}
+# Exit codes of `agent run` after which the agent is not restarted:
+# 0 (stopped, or handed over to the updater), 3 (refused, updates disabled) and
+# 78 (EX_CONFIG: the configuration is wrong; restarting cannot fix it).
+EXIT_CONFIG=78
+
 log() {
+    mkdir -p "$LOGS" 2>/dev/null
     printf '%s agent-wrapper: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >>"$LOGS/wrapper.log"
+}
+
+now() {
+    date +%s
 }
 
 read_pid() {
@@ -44,19 +57,29 @@ read_pid() {
     echo "$pid"
 }
 
+# The command line of a live process, or nothing (the process may end while we look).
+cmdline_of() {
+    { tr '\0' ' ' <"/proc/$1/cmdline"; } 2>/dev/null
+}
+
 # True if $1 is alive and is this installation's agent (not a recycled pid).
 is_agent() {
     [ -d "/proc/$1" ] || return 1
-    cmdline=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null) || return 1
-    case "$cmdline" in *"/bin/agent run"*) return 0 ;; esac
+    case "$(cmdline_of "$1")" in *"/bin/agent run"*) return 0 ;; esac
     return 1
 }
 
 is_supervisor() {
     [ -d "/proc/$1" ] || return 1
-    cmdline=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null) || return 1
-    case "$cmdline" in *"agent-wrapper.sh __supervise"*) return 0 ;; esac
+    case "$(cmdline_of "$1")" in *"agent-wrapper.sh __supervise"*) return 0 ;; esac
     return 1
+}
+
+# True while $1 runs (a zombie waiting for its parent counts as gone).
+alive() {
+    [ -d "/proc/$1" ] || return 1
+    state=$({ sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$1/status"; } 2>/dev/null)
+    [ -n "$state" ] && [ "$state" != "Z" ]
 }
 
 # Finish or roll back an update that was interrupted (the updater died, or the new
@@ -74,29 +97,45 @@ recover() {
 
 supervise() {
     echo $$ >"$SUPERVISOR_PID_FILE"
+    # Started by an updater or not, a later crash must run recovery (an updater that
+    # still holds run/update.lock makes that a no-op).
+    unset AGENT_UPDATER_ACTIVE
     stopping=0
     child=
-    trap 'stopping=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
+    sleeper=
+    trap 'stopping=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null; [ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null' TERM INT
     backoff=1
     while [ "$stopping" -eq 0 ]; do
-        started=$(date +%s)
+        started=$(now)
         "$AGENT_HOME/current/bin/agent" run >>"$LOGS/agent.out" 2>&1 &
         child=$!
         echo "$child" >"$PID_FILE"
         wait "$child"
         rc=$?
         # `wait` returns early when a trapped signal arrives; wait for the agent itself.
-        while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
+        while kill -0 "$child" 2>/dev/null; do
+            wait "$child"
+            rc=$?
+        done
+        echo "$child $rc $(now)" >"$EXIT_FILE"
         child=
         [ "$stopping" -eq 1 ] && break
         case "$rc" in
         0) log "agent exited normally"; break ;;
         3) log "agent refused by the server and updates are disabled; not restarting"; break ;;
+        "$EXIT_CONFIG")
+            log "agent refused its configuration (exit $rc); not restarting: fix conf/agent.toml or conf/agent-env.sh (see logs/agent.out), then start it again"
+            break
+            ;;
         esac
-        ran=$(($(date +%s) - started))
+        ran=$(($(now) - started))
         [ "$ran" -gt 60 ] && backoff=1
         log "agent exited with code $rc after ${ran}s; restarting in ${backoff}s"
-        sleep "$backoff"
+        # In the background, so that TERM ends the wait at once.
+        sleep "$backoff" &
+        sleeper=$!
+        wait "$sleeper"
+        sleeper=
         [ "$stopping" -eq 1 ] && break
         backoff=$((backoff * 2))
         [ "$backoff" -gt "$BACKOFF_MAX" ] && backoff=$BACKOFF_MAX
@@ -110,6 +149,19 @@ supervise() {
     [ "$(cat "$SUPERVISOR_PID_FILE" 2>/dev/null)" = "$$" ] && rm -f "$SUPERVISOR_PID_FILE"
 }
 
+# The last lines the agent wrote to its console log, indented, for error messages.
+agent_out_tail() {
+    tail -n 5 "$LOGS/agent.out" 2>/dev/null | sed 's/^/    /'
+}
+
+# Exit code of agent $1 if the supervisor recorded its exit.
+exit_code_of() {
+    [ -f "$EXIT_FILE" ] || return 1
+    { read -r epid ecode _ <"$EXIT_FILE"; } 2>/dev/null || return 1
+    [ "$epid" = "$1" ] || return 1
+    echo "$ecode"
+}
+
 start() {
     mkdir -p "$RUN" "$LOGS"
     recover
@@ -117,49 +169,89 @@ start() {
         echo "agent is already running (pid $pid)"
         return 0
     fi
-    rm -f "$PID_FILE"
+    if sup=$(read_pid "$SUPERVISOR_PID_FILE") && is_supervisor "$sup"; then
+        echo "the agent is between restarts (supervisor pid $sup retries with backoff; see $LOGS/wrapper.log)"
+        return 0
+    fi
+    rm -f "$PID_FILE" "$EXIT_FILE"
     if command -v setsid >/dev/null 2>&1; then
         setsid "$SELF" __supervise </dev/null >/dev/null 2>&1 &
     else
         nohup "$SELF" __supervise </dev/null >/dev/null 2>&1 &
     fi
-    # Report the agent's pid once the supervisor has started it.
-    i=0
-    while [ $i -lt $((START_TIMEOUT * 20)) ]; do
-        if pid=$(read_pid "$PID_FILE") && [ -d "/proc/$pid" ]; then
-            echo "agent started (pid $pid)"
-            log "started agent (pid $pid)"
-            return 0
+    # Up means: the agent wrote run/health.json naming its pid. An agent that exits
+    # first did not start, whatever the supervisor does next.
+    deadline=$(($(now) + START_TIMEOUT))
+    while :; do
+        if pid=$(read_pid "$PID_FILE"); then
+            if ! alive "$pid"; then
+                # The supervisor records the exit code right after it reaps the agent.
+                settle=$(($(now) + 2))
+                while ! code=$(exit_code_of "$pid") && [ "$(now)" -lt "$settle" ]; do
+                    sleep 0.05
+                done
+                [ -n "$code" ] || code="?"
+                if [ "$code" = "$EXIT_CONFIG" ]; then
+                    echo "agent did not start: it refused its configuration (exit $code); fix it and start again:" >&2
+                else
+                    echo "agent did not start: it exited at once (exit $code); see $LOGS/agent.out:" >&2
+                fi
+                agent_out_tail >&2
+                log "agent (pid $pid) exited at once with code $code"
+                return 1
+            fi
+            if grep -Eq "\"pid\": *$pid([^0-9]|\$)" "$HEALTH_FILE" 2>/dev/null; then
+                echo "agent started (pid $pid)"
+                log "started agent (pid $pid)"
+                return 0
+            fi
+        fi
+        if [ "$(now)" -ge "$deadline" ]; then
+            if [ -n "${pid:-}" ] && alive "$pid"; then
+                echo "agent started (pid $pid); it has not reported itself within ${START_TIMEOUT}s"
+                log "started agent (pid $pid); no run/health.json yet"
+                return 0
+            fi
+            echo "agent did not start within ${START_TIMEOUT}s; see $LOGS/agent.out and $LOGS/wrapper.log" >&2
+            return 1
         fi
         sleep 0.05
-        i=$((i + 1))
     done
-    echo "agent did not start; see $LOGS/agent.out" >&2
-    return 1
 }
 
 stop() {
-    if sup=$(read_pid "$SUPERVISOR_PID_FILE") && is_supervisor "$sup"; then
-        kill -TERM "$sup" 2>/dev/null
-    fi
-    if ! pid=$(read_pid "$PID_FILE") || ! is_agent "$pid"; then
+    sup=
+    pid=
+    if s=$(read_pid "$SUPERVISOR_PID_FILE") && is_supervisor "$s"; then sup=$s; fi
+    if p=$(read_pid "$PID_FILE") && is_agent "$p"; then pid=$p; fi
+    if [ -z "$sup" ] && [ -z "$pid" ]; then
         rm -f "$PID_FILE"
         echo "agent is not running"
         return 0
     fi
-    kill -TERM "$pid" 2>/dev/null
-    i=0
-    while [ -d "/proc/$pid" ] && [ $i -lt $((STOP_TIMEOUT * 10)) ]; do
-        sleep 0.1
-        i=$((i + 1))
+    # The supervisor forwards TERM to the agent and does not restart it.
+    [ -n "$sup" ] && kill -TERM "$sup" 2>/dev/null
+    [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null
+    deadline=$(($(now) + STOP_TIMEOUT))
+    while [ -n "$pid" ] && alive "$pid" && [ "$(now)" -lt "$deadline" ]; do
+        sleep 0.05
     done
-    if [ -d "/proc/$pid" ]; then
+    if [ -n "$pid" ] && alive "$pid"; then
         log "agent (pid $pid) did not stop within ${STOP_TIMEOUT}s; killing it"
         kill -KILL "$pid" 2>/dev/null
     fi
+    deadline=$(($(now) + 5))
+    while [ -n "$sup" ] && alive "$sup" && [ "$(now)" -lt "$deadline" ]; do
+        sleep 0.05
+    done
     rm -f "$PID_FILE"
-    log "stopped agent (pid $pid)"
-    echo "agent stopped"
+    if [ -n "$pid" ]; then
+        log "stopped agent (pid $pid)"
+        echo "agent stopped (pid $pid)"
+    else
+        log "stopped the supervisor (pid $sup) between restarts"
+        echo "agent stopped (it was between restarts)"
+    fi
 }
 
 kill_all() {
@@ -169,6 +261,7 @@ kill_all() {
     if pid=$(read_pid "$PID_FILE") && is_agent "$pid"; then
         kill -KILL "$pid" 2>/dev/null
         echo "agent killed (pid $pid)"
+        log "killed agent (pid $pid)"
     fi
     rm -f "$PID_FILE" "$SUPERVISOR_PID_FILE"
 }

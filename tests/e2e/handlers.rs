@@ -1,6 +1,7 @@
 //! Handler tests: the router driven with `oneshot`, no socket, one test per status code
 //! and per directive policy.
 
+use agent_protocol::settings::VarMap;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -29,10 +30,7 @@ fn fixture(env: &[(&str, &str)], publish: bool) -> Fixture {
         "UPDATE_SERVER_SERVER_HOME".into(),
         home.display().to_string(),
     ));
-    let config = Config::load(None, &|k| {
-        vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-    })
-    .unwrap();
+    let config = Config::load(None, &VarMap(vars)).unwrap();
     if publish {
         let dir = config.download_dir();
         std::fs::create_dir_all(&dir).unwrap();

@@ -3,12 +3,14 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use agent_protocol::layout::AgentHome;
+use agent_protocol::layout::{self, AgentHome};
+use agent_protocol::settings::ProcessEnv;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
 use crate::daemon::{self, RunEnd};
+use crate::error::AgentError;
 use crate::home::Installation;
 
 /// The agent daemon and its maintenance commands.
@@ -60,25 +62,33 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("agent: error: {e:#}");
-            ExitCode::FAILURE
+            if is_config_error(&e) {
+                ExitCode::from(layout::EXIT_CONFIG)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
 
+/// A configuration the operator must fix: the wrapper must not restart the agent for it.
+fn is_config_error(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<AgentError>(),
+            Some(AgentError::Config { .. } | AgentError::NoHome(_))
+        )
+    })
+}
+
 fn load_config(home: &AgentHome) -> anyhow::Result<Config> {
-    Ok(Config::load(&home.agent_toml(), &|k| {
-        std::env::var(k).ok()
-    })?)
+    Ok(Config::load(&home.agent_toml(), &ProcessEnv)?)
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let install = Installation::discover(cli.home.as_deref())?;
     if cli.version {
-        println!(
-            "agent {} ({})",
-            install.version,
-            agent_protocol::layout::PLATFORM
-        );
+        println!("agent {} ({})", install.version, layout::PLATFORM);
         return Ok(ExitCode::SUCCESS);
     }
     let config = load_config(&install.home)?;
@@ -122,8 +132,10 @@ fn init_logging(home: &Path, file: &str) -> Option<tracing_appender::non_blockin
     use tracing_subscriber::util::SubscriberInitExt;
 
     let filter = EnvFilter::try_from_env("AGENT_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // The wrapper sends stderr to logs/agent.out: colour codes only on a terminal.
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false);
     let logs = home.join("logs");
     let (file_layer, guard) = match std::fs::create_dir_all(&logs) {

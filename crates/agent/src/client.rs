@@ -150,6 +150,14 @@ impl Client {
                         message: format!("409 names {:?}, which is not VERSION+BUILD", ns.expected),
                     });
                 }
+                if let Some(sha) = &ns.sha256
+                    && (sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()))
+                {
+                    return Err(CommError::Garbage {
+                        url,
+                        message: "409 names a bundle sha256 that is not 64 hex digits".into(),
+                    });
+                }
                 Ok(Directive::Refused(ns))
             }
             s => Err(status_error(&url, s, resp).await),

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agent_protocol::settings::{self, Key, Kind, key};
+use agent_protocol::settings::{self, Environment, Key, Kind, Strictness, key};
 use serde::Deserialize;
 
 use crate::error::{AgentError, Result};
@@ -102,7 +102,7 @@ pub const ENV_PREFIX: &str = "AGENT";
 
 impl Config {
     /// Reads `path` (a missing file means defaults), then applies `env` overrides.
-    pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
+    pub fn load(path: &Path, env: &dyn Environment) -> Result<Self> {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
@@ -116,13 +116,16 @@ impl Config {
         Self::parse(&text, path, env)
     }
 
-    pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
+    pub fn parse(text: &str, path: &Path, env: &dyn Environment) -> Result<Self> {
         let bad = |message: String| AgentError::Config {
             path: path.to_owned(),
             message,
         };
         let mut table: toml::Table = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
-        settings::apply_env(&mut table, ENV_PREFIX, KEYS, env).map_err(bad)?;
+        // AGENT_ is shared with process knobs (AGENT_LOG, AGENT_HOME, ...): only names in
+        // a section of agent.toml must be keys.
+        settings::apply_env(&mut table, ENV_PREFIX, KEYS, env, Strictness::KnownSections)
+            .map_err(bad)?;
         let config: Config = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| bad(e.to_string()))?;
@@ -162,6 +165,8 @@ mod humantime_str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use agent_protocol::settings::VarMap;
 
     fn no_env(_: &str) -> Option<String> {
         None
@@ -217,6 +222,25 @@ max-retry-after = "1h"
         assert!(!c.update.enabled);
         assert_eq!(c.server.urls, vec!["http://a:1", "http://b:2"]);
         assert_eq!(c.agent.heartbeat, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_misspelt_variable_in_a_section_is_an_error_but_process_knobs_are_not() {
+        let typo = VarMap(vec![("AGENT_UPDATE_ENABELD".into(), "false".into())]);
+        let err = Config::parse("", Path::new("a.toml"), &typo)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("AGENT_UPDATE_ENABELD") && err.contains("AGENT_UPDATE_ENABLED"),
+            "{err}"
+        );
+        let knobs = VarMap(vec![
+            ("AGENT_LOG".into(), "debug".into()),
+            ("AGENT_HOME".into(), "/opt/agent".into()),
+            ("AGENT_UPDATER_STOP_PATIENCE".into(), "5s".into()),
+            ("AGENT_START_TIMEOUT".into(), "5".into()),
+        ]);
+        assert!(Config::parse("", Path::new("a.toml"), &knobs).is_ok());
     }
 
     #[test]

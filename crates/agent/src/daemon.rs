@@ -10,7 +10,7 @@ use agent_protocol::wire::AgentHello;
 use agent_updater::state;
 use tokio::sync::watch;
 
-use crate::backoff::Backoff;
+use crate::backoff::{Backoff, Gate, Offer, RetryGate, change_jitter};
 use crate::client::{Client, Directive};
 use crate::config::Config;
 use crate::home::Installation;
@@ -32,7 +32,7 @@ impl RunEnd {
     pub fn exit_code(&self) -> u8 {
         match self {
             RunEnd::Stopped | RunEnd::HandedOff { .. } => 0,
-            RunEnd::RefusedUpdatesDisabled { .. } => 3,
+            RunEnd::RefusedUpdatesDisabled { .. } => layout::EXIT_REFUSED,
         }
     }
 }
@@ -114,9 +114,15 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
     );
 
     let heartbeat = config.agent.heartbeat.max(Duration::from_millis(100));
-    let mut retry = Backoff::new(heartbeat, Duration::from_secs(15 * 60));
-    let mut slow_retry = Backoff::new(heartbeat * 4, config.update.max_retry_after);
-    let mut next_try: Option<Instant> = None;
+    let mut retry = Retry {
+        gate: RetryGate::default(),
+        fast: Backoff::new(heartbeat, Duration::from_secs(15 * 60)),
+        slow: Backoff::new(
+            SLOW_RETRY_MIN.max(heartbeat * 4),
+            config.update.max_retry_after,
+        ),
+        quiet_bad: None,
+    };
     let mut first = true;
     let mut shutdown = stop_rx.clone();
     loop {
@@ -133,22 +139,16 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
                         health.refused_by_server = None;
                         write_health(&home, &health);
                         retry.reset();
-                        slow_retry.reset();
-                        next_try = None;
                     }
                     Directive::Refused(ns) => {
                         health.refused_by_server = Some(ns.expected.clone());
                         write_health(&home, &health);
+                        let offer = Offer {
+                            expected: ns.expected.clone(),
+                            sha256: ns.sha256.clone(),
+                        };
                         if let Some(end) = on_refused(
-                            &install,
-                            &config,
-                            &client,
-                            &id,
-                            &ns.expected,
-                            &mut next_try,
-                            &mut retry,
-                            &mut slow_retry,
-                            &stop_rx,
+                            &install, &config, &client, &id, &offer, &mut retry, &stop_rx,
                         )
                         .await
                         {
@@ -166,18 +166,50 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Least wait after a round that cannot succeed until something changes on the server
+/// (a bundle that failed here before, downloads refused): such rounds are not hurried.
+const SLOW_RETRY_MIN: Duration = Duration::from_secs(60);
+
+/// When the next update round may start.
+struct Retry {
+    gate: RetryGate,
+    /// After failures that may pass by themselves (network, a download cut).
+    fast: Backoff,
+    /// After failures that need the server to change (see [`SLOW_RETRY_MIN`]).
+    slow: Backoff,
+    /// The bad bundle last said to be skipped, so that it is said once, not every heartbeat.
+    quiet_bad: Option<String>,
+}
+
+impl Retry {
+    fn reset(&mut self) {
+        self.gate.reset();
+        self.fast.reset();
+        self.slow.reset();
+        self.quiet_bad = None;
+    }
+
+    fn failed(&mut self, offer: &Offer, slow: bool) -> Duration {
+        let wait = if slow {
+            self.slow.next_wait(&mut rand::rng())
+        } else {
+            self.fast.next_wait(&mut rand::rng())
+        };
+        self.gate.failed(offer, Instant::now() + wait);
+        wait
+    }
+}
+
 async fn on_refused(
     install: &Installation,
     config: &Config,
     client: &Client,
     id: &str,
-    expected: &str,
-    next_try: &mut Option<Instant>,
-    retry: &mut Backoff,
-    slow_retry: &mut Backoff,
+    offer: &Offer,
+    retry: &mut Retry,
     stop: &watch::Receiver<bool>,
 ) -> Option<RunEnd> {
+    let expected = offer.expected.as_str();
     match state::open_transaction(&install.home) {
         Ok(Some(j)) => {
             tracing::warn!(
@@ -203,8 +235,37 @@ async fn on_refused(
             expected: expected.to_owned(),
         });
     }
-    if next_try.is_some_and(|t| Instant::now() < t) {
+    // A server that names its bundle lets a known-bad one be skipped without a request.
+    if let Some(sha) = &offer.sha256
+        && state::is_bad(&install.home, sha).unwrap_or(false)
+    {
+        if retry.quiet_bad.as_deref() != Some(sha) {
+            tracing::warn!(
+                "running degraded: the server's bundle {expected} (sha256 {sha}) failed to come up here before (data/bad-versions); waiting for the server to offer another bundle (agent update --clear-bad forgets)"
+            );
+            retry.quiet_bad = Some(sha.clone());
+        }
         return None;
+    }
+    let mut shutdown = stop.clone();
+    match retry.gate.decide(offer, Instant::now()) {
+        Gate::Wait => return None,
+        Gate::Go => {}
+        Gate::Changed => {
+            let jitter = change_jitter(config.agent.heartbeat, &mut rand::rng());
+            tracing::info!(
+                "the server now offers {expected}{}; trying it in {:.1}s instead of waiting out the last failure's backoff",
+                offer
+                    .sha256
+                    .as_ref()
+                    .map(|s| format!(" (sha256 {s})"))
+                    .unwrap_or_default(),
+                jitter.as_secs_f64()
+            );
+            if update::sleep_or_shutdown(jitter, &mut shutdown).await {
+                return Some(RunEnd::Stopped);
+            }
+        }
     }
     tracing::info!(
         "the server refuses {} and expects {expected}; updating",
@@ -222,16 +283,11 @@ async fn on_refused(
         Ok(r) => r,
         Err(Outcome::ShuttingDown) => return Some(RunEnd::Stopped),
         Err(Outcome::Degraded { reason, slow }) => {
-            let wait = if slow {
-                slow_retry.next_wait(&mut rand::rng())
-            } else {
-                retry.next_wait(&mut rand::rng())
-            };
+            let wait = retry.failed(offer, slow);
             tracing::warn!(
-                "running degraded: {reason}; checking again in {:.0}s",
+                "running degraded: {reason}; checking again in {:.0}s, or as soon as the server offers another bundle",
                 wait.as_secs_f64()
             );
-            *next_try = Some(Instant::now() + wait);
             return None;
         }
     };
@@ -251,12 +307,11 @@ async fn on_refused(
             })
         }
         Err(e) => {
-            let wait = retry.next_wait(&mut rand::rng());
+            let wait = retry.failed(offer, false);
             tracing::error!(
                 "cannot hand over to the updater: {e}; trying again in {:.0}s",
                 wait.as_secs_f64()
             );
-            *next_try = Some(Instant::now() + wait);
             None
         }
     }

@@ -131,6 +131,16 @@ pub async fn fetch(
     let part = part_path(dir, info);
     let final_path = bundle_path(dir, info);
     remove_stale(dir, &part)?;
+    // A complete earlier download of this very bundle (the round failed after it) is
+    // used again once its hashes match; only hashed bytes count.
+    if let Some(digests) = complete_download(&final_path, info)? {
+        return Ok(Downloaded {
+            path: final_path,
+            digests,
+            fetched: 0,
+            elapsed: started.elapsed(),
+        });
+    }
 
     // What is already on disk (a cut download), hashed again: the file may have been
     // written by a crashed agent, and only hashed bytes count.
@@ -300,6 +310,32 @@ pub async fn fetch(
         fetched,
         elapsed: started.elapsed(),
     })
+}
+
+/// The digests of `path` if it is already the whole bundle `info` describes; a file of
+/// the right size with other bytes is removed.
+fn complete_download(path: &Path, info: &VersionInfo) -> Result<Option<Digests>, DownloadError> {
+    match fs::metadata(path) {
+        Ok(m) if m.is_file() && m.len() == info.size => {}
+        _ => return Ok(None),
+    }
+    let file = File::open(path).map_err(|e| DownloadError::io(path, e))?;
+    let digests = hash_prefix(file, info.size)
+        .map_err(|e| DownloadError::io(path, e))?
+        .finish();
+    if digests.size == info.size
+        && digests.md5_hex() == info.md5
+        && digests.sha256_hex() == info.sha256
+    {
+        tracing::info!(
+            "{} is already downloaded and its hashes match; not downloading it again",
+            path.display()
+        );
+        Ok(Some(digests))
+    } else {
+        remove(path)?;
+        Ok(None)
+    }
 }
 
 /// Writes and hashes what the network delivers; returns the hasher over the whole file.

@@ -34,12 +34,15 @@ pub async fn update(
             info.size,
             info.sha256
         );
-        if state::is_bad(&install.home, &info.sha256)? {
+        if info.agent == install.version {
+            println!("up to date");
+        } else if state::is_bad(&install.home, &info.sha256)? {
             println!(
                 "that bundle failed here before (data/bad-versions); it is not retried. `agent update --clear-bad` forgets it"
             );
-        } else if info.agent == install.version {
-            println!("up to date");
+        } else if let Err(reason) = update::trusted_key(config, install.home.root()) {
+            println!("this agent could not take it: {reason}");
+            return Ok(ExitCode::FAILURE);
         } else {
             println!("`agent update` would install it");
         }

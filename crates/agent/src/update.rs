@@ -119,6 +119,10 @@ pub async fn fetch_verified(
         Ok(false) => {}
         Err(e) => return Err(degraded(format!("cannot read data/bad-versions: {e}"))),
     }
+    // What can be checked before the download is: a bundle that cannot be verified is
+    // not worth a single byte.
+    let key = trusted_key(ctx.config, home.root())
+        .map_err(|reason| Outcome::Degraded { reason, slow: true })?;
     let dir = home.update_dir();
     download::prepare_dir(&dir).map_err(|e| degraded(e.to_string()))?;
     download::check_disk_space(&dir, info.size).map_err(|e| degraded(e.to_string()))?;
@@ -185,7 +189,7 @@ pub async fn fetch_verified(
     );
 
     let verify_started = Instant::now();
-    let verified = match verify_bundle(ctx, &info, &downloaded).await {
+    let verified = match verify_bundle(ctx, key, &info, &downloaded).await {
         Ok(v) => v,
         Err(reason) => {
             // Unverified bytes never stay where they could be run.
@@ -214,15 +218,30 @@ pub async fn fetch_verified(
     })
 }
 
+/// The key bundles must be signed with (`update.public-key`), or why there is none.
+pub fn trusted_key(config: &Config, home: &Path) -> Result<PublicKey, String> {
+    let key_path = config.public_key_path(home);
+    let key_text = agent_extract::atomic::read_text(&key_path, 4096).map_err(|e| {
+        format!(
+            "cannot read the trusted update key ({e}); no bundle can be verified without it. Put the signing key's public half (update.pub) at {} or point update.public-key at it",
+            key_path.display()
+        )
+    })?;
+    PublicKey::parse(&key_text).map_err(|e| {
+        format!(
+            "{}: {e}; no bundle can be verified with it. Put the signing key's public half (update.pub) there",
+            key_path.display()
+        )
+    })
+}
+
 async fn verify_bundle(
     ctx: &UpdateContext<'_>,
+    key: PublicKey,
     info: &VersionInfo,
     downloaded: &download::Downloaded,
 ) -> Result<Verified, String> {
     let key_path = ctx.config.public_key_path(ctx.install.home.root());
-    let key_text = agent_extract::atomic::read_text(&key_path, 4096)
-        .map_err(|e| format!("cannot read the trusted key: {e}"))?;
-    let key = PublicKey::parse(&key_text).map_err(|e| format!("{}: {e}", key_path.display()))?;
     let signature = ctx
         .client
         .signature()

@@ -27,6 +27,15 @@ pub const VERSION_SIGNATURE_FILE: &str = "bundle.minisig";
 /// Written last into an unpacked version: a version directory without it is debris.
 pub const COMPLETE_MARKER: &str = ".complete";
 
+/// `run/agent.exit`: `<pid> <exit code> <unix seconds>` of the agent's last exit, written
+/// by the wrapper's supervisor; the updater reads it to tell a crash from a slow start.
+pub const AGENT_EXIT_FILE: &str = "agent.exit";
+/// Exit code of `agent run` for a configuration it refuses (sysexits' `EX_CONFIG`): the
+/// wrapper does not restart it, since restarting cannot fix a typo.
+pub const EXIT_CONFIG: u8 = 78;
+/// Exit code of `agent run` when the server refuses its version and updates are disabled.
+pub const EXIT_REFUSED: u8 = 3;
+
 /// The platform this code was built for, as a Rust target triple.
 pub const PLATFORM: &str = env!("AGENT_PLATFORM");
 
@@ -99,6 +108,10 @@ impl AgentHome {
 
     pub fn health_file(&self) -> PathBuf {
         self.run().join("health.json")
+    }
+
+    pub fn exit_file(&self) -> PathBuf {
+        self.run().join(AGENT_EXIT_FILE)
     }
 
     pub fn journal(&self) -> PathBuf {

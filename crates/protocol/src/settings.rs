@@ -28,22 +28,147 @@ pub const fn key(section: &'static str, name: &'static str, kind: Kind) -> Key {
     }
 }
 
+/// Where overrides come from: the process environment, or anything a test makes up.
+pub trait Environment {
+    fn var(&self, name: &str) -> Option<String>;
+    /// Every variable name, to find the misspelt ones; may be empty when unknown.
+    fn names(&self) -> Vec<String>;
+}
+
+/// A lookup function knows no names, so it never reports a misspelt variable.
+impl<F: Fn(&str) -> Option<String>> Environment for F {
+    fn var(&self, name: &str) -> Option<String> {
+        self(name)
+    }
+
+    fn names(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// The environment of this process.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessEnv;
+
+impl Environment for ProcessEnv {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+
+    fn names(&self) -> Vec<String> {
+        std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .collect()
+    }
+}
+
+/// A fixed set of variables.
+#[derive(Debug, Clone, Default)]
+pub struct VarMap(pub Vec<(String, String)>);
+
+impl Environment for VarMap {
+    fn var(&self, name: &str) -> Option<String> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.0.iter().map(|(k, _)| k.clone()).collect()
+    }
+}
+
+/// Which variables with the prefix must name a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strictness {
+    /// Every `<PREFIX>_…` variable (the prefix belongs to these settings alone).
+    WholePrefix,
+    /// `<PREFIX>_<SECTION>_…` for a section of these settings (the prefix is shared with
+    /// other knobs, such as `AGENT_LOG`).
+    KnownSections,
+    /// None: only some of the keys are read here.
+    Lenient,
+}
+
 pub fn env_var_name(prefix: &str, key: &Key) -> String {
     format!("{prefix}_{}_{}", key.section, key.name)
         .to_ascii_uppercase()
         .replace('-', "_")
 }
 
-/// Applies every override found by `env` to `table`; the error names the variable.
+/// The variables of `env` that look like settings of `keys` but are none, each with the
+/// closest real name.
+pub fn unknown_vars(
+    prefix: &str,
+    keys: &[Key],
+    env: &dyn Environment,
+    strictness: Strictness,
+) -> Vec<(String, String)> {
+    let known: Vec<String> = keys.iter().map(|k| env_var_name(prefix, k)).collect();
+    let sections: Vec<String> = keys
+        .iter()
+        .map(|k| format!("{prefix}_{}_", k.section).to_ascii_uppercase())
+        .collect();
+    let whole = format!("{prefix}_");
+    let mut unknown: Vec<(String, String)> = env
+        .names()
+        .into_iter()
+        .filter(|name| match strictness {
+            Strictness::WholePrefix => name.starts_with(&whole),
+            Strictness::KnownSections => sections.iter().any(|s| name.starts_with(s)),
+            Strictness::Lenient => false,
+        })
+        .filter(|name| !known.contains(name))
+        .map(|name| {
+            let closest = known
+                .iter()
+                .min_by_key(|k| edit_distance(k, &name))
+                .cloned()
+                .unwrap_or_default();
+            (name, closest)
+        })
+        .collect();
+    unknown.sort();
+    unknown
+}
+
+/// Levenshtein distance, for "did you mean".
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// Applies every override found in `env` to `table`; the error names the variable. A
+/// variable that looks like a setting but is none is an error too (see [`Strictness`]),
+/// as an unknown key in the file is.
 pub fn apply_env(
     table: &mut toml::Table,
     prefix: &str,
     keys: &[Key],
-    env: &dyn Fn(&str) -> Option<String>,
+    env: &dyn Environment,
+    strictness: Strictness,
 ) -> Result<(), String> {
+    if let Some((name, closest)) = unknown_vars(prefix, keys, env, strictness).first() {
+        return Err(format!(
+            "{name} is not a setting; did you mean {closest}? Unset it or correct its name"
+        ));
+    }
     for key in keys {
         let var = env_var_name(prefix, key);
-        let Some(raw) = env(&var) else { continue };
+        let Some(raw) = env.var(&var) else { continue };
         let value = match key.kind {
             Kind::Str => toml::Value::String(raw),
             Kind::Int => toml::Value::Integer(
@@ -119,12 +244,42 @@ mod tests {
             _ => None,
         };
         let mut t = toml::Table::new();
-        apply_env(&mut t, "X", &keys, &env).unwrap();
+        apply_env(&mut t, "X", &keys, &env, Strictness::WholePrefix).unwrap();
         assert_eq!(t["downloads"]["limit"].as_integer(), Some(5));
         assert_eq!(t["server"]["urls"].as_array().unwrap().len(), 2);
         let bad = |_: &str| Some("many".to_owned());
-        let err = apply_env(&mut t, "X", &keys[..1], &bad).unwrap_err();
+        let err = apply_env(&mut t, "X", &keys[..1], &bad, Strictness::WholePrefix).unwrap_err();
         assert!(err.contains("X_DOWNLOADS_LIMIT"), "{err}");
+    }
+
+    #[test]
+    fn a_misspelt_variable_is_an_error_that_names_it_and_the_closest_key() {
+        let keys = [
+            key("downloads", "limit", Kind::Int),
+            key("update", "enabled", Kind::Bool),
+        ];
+        let env = |pairs: &[(&str, &str)]| {
+            VarMap(
+                pairs
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            )
+        };
+        let mut t = toml::Table::new();
+        let typo = env(&[("X_DOWNLOADS_LIMT", "5")]);
+        let err = apply_env(&mut t, "X", &keys, &typo, Strictness::WholePrefix).unwrap_err();
+        assert!(
+            err.contains("X_DOWNLOADS_LIMT") && err.contains("X_DOWNLOADS_LIMIT"),
+            "{err}"
+        );
+        // A knob that shares the prefix but not a section is left alone where asked.
+        let knob = env(&[("X_LOG", "debug"), ("X_UPDATER_STOP_PATIENCE", "5s")]);
+        assert!(apply_env(&mut t, "X", &keys, &knob, Strictness::KnownSections).is_ok());
+        assert!(apply_env(&mut t, "X", &keys, &knob, Strictness::WholePrefix).is_err());
+        let section_typo = env(&[("X_UPDATE_ENABELD", "true")]);
+        assert!(apply_env(&mut t, "X", &keys, &section_typo, Strictness::KnownSections).is_err());
+        assert!(apply_env(&mut t, "X", &keys, &section_typo, Strictness::Lenient).is_ok());
     }
 
     #[test]

@@ -95,6 +95,11 @@ pub struct NotSupported {
     pub error: String,
     pub expected: String,
     pub download: String,
+    /// sha256 of the bundle the server serves, so that an agent whose update failed
+    /// sees a new bundle at its next heartbeat without asking `/agentupdate/version`.
+    /// Absent from servers before this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use agent_protocol::AcceptPolicy;
-use agent_protocol::settings::{self, Key, Kind, key};
+use agent_protocol::settings::{self, Environment, Key, Kind, Strictness, key};
 use serde::Deserialize;
 
 use crate::error::ServerError;
@@ -109,10 +109,7 @@ impl Default for AgentsSection {
 
 impl Config {
     /// Reads `path` if given, then the environment; then checks the values.
-    pub fn load(
-        path: Option<&Path>,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Self, ServerError> {
+    pub fn load(path: Option<&Path>, env: &dyn Environment) -> Result<Self, ServerError> {
         let (text, shown) = match path {
             Some(p) => (
                 std::fs::read_to_string(p)
@@ -123,7 +120,8 @@ impl Config {
         };
         let bad = |m: String| ServerError::Config(format!("{shown}: {m}"));
         let mut table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        settings::apply_env(&mut table, ENV_PREFIX, KEYS, env).map_err(bad)?;
+        settings::apply_env(&mut table, ENV_PREFIX, KEYS, env, Strictness::WholePrefix)
+            .map_err(bad)?;
         let config: Config = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| bad(e.to_string()))?;
@@ -167,10 +165,11 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agent_protocol::settings::VarMap;
 
     #[test]
     fn defaults_match_the_design() {
-        let c = Config::load(None, &|_| None).unwrap();
+        let c = Config::load(None, &VarMap::default()).unwrap();
         assert_eq!(c.server.listen, "127.0.0.1:7080");
         assert_eq!(c.downloads.limit, 45);
         assert_eq!(c.downloads.retry_after, 30);
@@ -188,12 +187,27 @@ mod tests {
         assert!(Config::load(None, &bad_policy).is_err());
     }
 
+    /// Regression: `UPDATE_SERVER_DOWNLOADS_LIMT=5` was silently ignored while the same
+    /// typo in server.toml was an error.
+    #[test]
+    fn a_misspelt_environment_variable_is_an_error_naming_it() {
+        let env = VarMap(vec![("UPDATE_SERVER_DOWNLOADS_LIMT".into(), "5".into())]);
+        let err = Config::load(None, &env).unwrap_err().to_string();
+        assert!(
+            err.contains("UPDATE_SERVER_DOWNLOADS_LIMT")
+                && err.contains("UPDATE_SERVER_DOWNLOADS_LIMIT"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn unknown_key_names_the_key_and_file() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("server.toml");
         std::fs::write(&p, "[downloads]\nlimt = 3\n").unwrap();
-        let err = Config::load(Some(&p), &|_| None).unwrap_err().to_string();
+        let err = Config::load(Some(&p), &VarMap::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("limt") && err.contains("server.toml"), "{err}");
     }
 }

@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use agent_protocol::settings::ProcessEnv;
 use clap::Parser;
 
 /// Serves one signed agent bundle and enforces the agent version directive.
@@ -29,8 +30,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = (|| -> anyhow::Result<()> {
-        let mut config =
-            update_server::Config::load(cli.config.as_deref(), &|k| std::env::var(k).ok())?;
+        let mut config = update_server::Config::load(cli.config.as_deref(), &ProcessEnv)?;
         if let Some(listen) = cli.listen {
             config.server.listen = listen;
         }

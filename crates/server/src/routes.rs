@@ -381,6 +381,7 @@ async fn register(
         error: wire::NOT_SUPPORTED.to_owned(),
         expected: expected.to_string(),
         download: wire::DOWNLOAD_PATH.to_owned(),
+        sha256: Some(bundle.info.sha256.clone()),
     };
     Ok((StatusCode::CONFLICT, Json(body)).into_response())
 }

@@ -8,6 +8,7 @@
 //! The state files it shares with the agent are in [`state`].
 
 pub mod error;
+pub mod health;
 pub mod lock;
 pub mod log;
 pub mod merge;

@@ -40,6 +40,11 @@ fn read_pid(path: &Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+/// The agent pid the wrapper's supervisor last recorded, alive or not.
+pub fn recorded_agent_pid(home: &AgentHome) -> Option<u32> {
+    read_pid(&home.pid_file())
+}
+
 /// The running agent of this installation, if any.
 pub fn running_agent(home: &AgentHome) -> Option<u32> {
     read_pid(&home.pid_file()).filter(|&p| is_agent(p, home))

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use agent_protocol::layout::AgentHome;
-use agent_protocol::settings::{Kind, apply_env, key, parse_duration};
+use agent_protocol::settings::{Kind, Strictness, apply_env, key, parse_duration};
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -42,7 +42,7 @@ impl Settings {
         let mut warnings = Vec::new();
         let text = std::fs::read_to_string(home.agent_toml()).unwrap_or_default();
         let mut table: toml::Table = toml::from_str(&text).unwrap_or_default();
-        if let Err(e) = apply_env(&mut table, "AGENT", KEYS, env) {
+        if let Err(e) = apply_env(&mut table, "AGENT", KEYS, &env, Strictness::Lenient) {
             warnings.push(e);
         }
         let update = table.get("update").and_then(|v| v.as_table());

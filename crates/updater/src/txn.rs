@@ -20,11 +20,16 @@ use agent_protocol::layout::{self, AgentHome};
 use agent_protocol::wire::{Report, UpdateStatus};
 
 use crate::error::{Result, UpdateError};
+use crate::health::{self, Judge, Judgement, Observation};
 use crate::log::UpdateLog;
 use crate::merge;
 use crate::process::{self, Stopped};
 use crate::settings::Settings;
 use crate::state::{self, io_at};
+
+/// How long the wrapper's `start` may wait for the new agent to report itself; the judge
+/// keeps watching after that, up to the health timeout.
+const WRAPPER_START_WAIT: Duration = Duration::from_secs(5);
 
 /// The operator's `conf/agent.toml` as it was before this update's merge; restored on
 /// rollback (the old version may not know the new keys).
@@ -353,80 +358,65 @@ impl Transaction<'_> {
         let _ = fs::remove_file(self.home.health_file());
         let start = Instant::now();
         if process::running_agent(self.home).is_none() {
-            // The start counts against the health timeout.
-            let out = process::wrapper_within(
-                self.home,
-                &self.version_dir(&to),
-                "start",
-                Some(self.settings.health_timeout),
-            )
-            .map_err(|e| format!("{to} did not start through its wrapper: {e}"))?;
+            // The wrapper only launches it; the judge below watches it come up, so
+            // `start` need not wait long for a slow one.
+            let within = self.settings.health_timeout.min(WRAPPER_START_WAIT);
+            let out =
+                process::wrapper_within(self.home, &self.version_dir(&to), "start", Some(within))
+                    .map_err(|e| format!("{to} did not start through its wrapper: {e}"))?;
             self.log
                 .step(&format!("started {to} through its wrapper: {out}"));
         }
-        let deadline = start + self.settings.health_timeout;
-        let window = self.settings.stability_window;
-        let mut stable: Option<(u32, Instant)> = None;
-        let mut last = "no run/health.json yet".to_owned();
+        let mut judge = Judge::new(
+            to.clone(),
+            self.settings.health_timeout,
+            self.settings.stability_window,
+        );
         loop {
-            let health = atomic::read_text(&self.home.health_file(), 64 * 1024)
-                .ok()
-                .and_then(|t| serde_json::from_str::<Health>(&t).ok());
-            match (&health, stable) {
-                (Some(h), _) if h.version == to && process::is_alive(h.pid) => {
-                    if let Some(expected) = &h.refused_by_server {
-                        return Err(format!("the server refuses {to}: it expects {expected}"));
-                    }
-                    match stable {
-                        Some((pid, _)) if pid != h.pid => {
-                            return Err(format!(
-                                "the new agent (pid {pid}) exited {:.1}s after it reported healthy and was restarted",
-                                start.elapsed().as_secs_f64()
-                            ));
-                        }
-                        Some((_, since)) if since.elapsed() >= window => {
-                            self.log.step(&format!(
-                                "{to} healthy (pid {}): version, components and {:?} of stability",
-                                h.pid, window
-                            ));
-                            return Ok(());
-                        }
-                        Some(_) => {}
-                        None if h.components_started => {
-                            self.log.step(&format!(
-                                "{to} is up (pid {}) {:.2}s after start; watching it for {:?}",
-                                h.pid,
-                                start.elapsed().as_secs_f64(),
-                                window
-                            ));
-                            stable = Some((h.pid, Instant::now()));
-                        }
-                        None => last = "running, components not started".into(),
-                    }
-                }
-                (_, Some((pid, _))) => {
-                    return Err(format!(
-                        "the new agent (pid {pid}) exited {:.1}s after start, during the stability window",
-                        start.elapsed().as_secs_f64()
+            let observation = self.observe(start.elapsed());
+            match judge.observe(&observation) {
+                Judgement::Wait => {}
+                Judgement::Healthy { pid } => {
+                    self.log.step(&format!(
+                        "{to} healthy (pid {pid}): version, components and {:?} of stability",
+                        self.settings.stability_window
                     ));
+                    return Ok(());
                 }
-                (Some(h), None) => {
-                    last = format!("run/health.json names {} pid {}", h.version, h.pid);
-                }
-                (None, None) => {
-                    if process::running_agent(self.home).is_none() {
-                        last = "the new agent is not running (it exits or crashes at start; see logs/agent.out)".into();
-                    }
-                }
+                Judgement::Failed(reason) => return Err(reason),
             }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "{to} did not become healthy within {:?} (update.health-timeout): {last}",
-                    self.settings.health_timeout
+            if !judge.announced
+                && let Some((pid, since)) = judge.stable_since()
+            {
+                judge.announced = true;
+                self.log.step(&format!(
+                    "{to} is up (pid {pid}) {:.2}s after start; watching it for {:?}",
+                    since.as_secs_f64(),
+                    self.settings.stability_window
                 ));
             }
             // Polled often: this loop's latency is part of the update's downtime.
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// What the judge needs to know, read from `run/`.
+    fn observe(&self, elapsed: Duration) -> Observation {
+        let health = atomic::read_text(&self.home.health_file(), 64 * 1024)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Health>(&t).ok());
+        let health_pid_alive = health.as_ref().is_some_and(|h| process::is_alive(h.pid));
+        let agent_pid = process::recorded_agent_pid(self.home);
+        let last_exit = atomic::read_text(&self.home.exit_file(), 1024)
+            .ok()
+            .and_then(|t| health::parse_exit_file(&t));
+        Observation {
+            elapsed,
+            health,
+            health_pid_alive,
+            agent_pid,
+            agent_alive: agent_pid.is_some_and(process::is_alive),
+            last_exit,
         }
     }
 
@@ -552,10 +542,16 @@ impl Transaction<'_> {
         self.log.step(&format!("rolling back: {reason}"));
         fault!("updater-rolling-back");
         let old_dir = self.home.versions().join(self.old_dir_name());
-        if let Some(pid) = process::running_agent(self.home) {
+        let pid = process::running_agent(self.home);
+        // A supervisor between restarts of a crashing agent must go too, or it would
+        // start the next one.
+        if pid.is_some() || process::running_supervisor(self.home).is_some() {
             let _ = process::wrapper(self.home, &old_dir, "stop");
-            process::stop_agent(self.home, Some(pid), Duration::ZERO);
-            self.log.step(&format!("stopped the new agent (pid {pid})"));
+            process::stop_agent(self.home, pid, Duration::ZERO);
+            self.log.step(&match pid {
+                Some(pid) => format!("stopped the new agent (pid {pid}) and its supervisor"),
+                None => "stopped the new agent's supervisor (between restarts)".to_owned(),
+            });
         }
         if let Err(e) = state::add_bad(
             self.home,
