@@ -4,7 +4,8 @@
 # usage: scripts/build-dist.sh [--version V] [--build N] [--key FILE] [--out DIR]
 #   --version  agent version (default: the workspace version)
 #   --build    build number (default: the number of commits, or 1)
-#   --key      secret signing key (default: a throw-away dev key in dev-keys/, made on first use)
+#   --key      secret signing key (default: a throw-away dev key in $AGENT_DEV_KEYS, default
+#              dev-keys/, made on first use)
 #   --out      where agent-bundle-V and its .minisig go (default: dist/bundle)
 #   --server-url URL  the server the packed agent talks to by default (server.urls)
 # AGENT_BIN_DIR=DIR uses binaries already built there instead of a release build.
@@ -38,12 +39,13 @@ else
 fi
 
 if [[ -z "$key" ]]; then
-    key=dev-keys/update.key
+    keys=${AGENT_DEV_KEYS:-dev-keys}
+    key=$keys/update.key
     if [[ ! -f "$key" ]]; then
-        "$bin/agent-bundle" keygen --out dev-keys >&2
+        "$bin/agent-bundle" keygen --out "$keys" >&2
         cat >&2 <<'NOTE'
 ************************************************************************
-*  Made a THROW-AWAY DEVELOPMENT KEY in dev-keys/ (git-ignored).       *
+*  Made a THROW-AWAY DEVELOPMENT KEY (dev-keys/ is git-ignored).      *
 *  It is NOT for production: make an offline key with                  *
 *  `agent-bundle keygen --out /secure/place` and pass --key.           *
 ************************************************************************

@@ -2,25 +2,35 @@
 # The whole story in under a minute: a server, an agent installed and stamped older,
 # refused, updated and healthy; then a broken bundle and its rollback. Prints a timeline
 # and cleans up everything it started.
-# usage: scripts/demo.sh        (AGENT_BIN_DIR=DIR uses binaries already built there)
+# usage: scripts/demo.sh        (AGENT_BIN_DIR=DIR uses binaries already built there;
+#                               AGENT_DEV_KEYS=DIR keeps the throw-away key there, default dev-keys)
 set -euo pipefail
 
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-    sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
 fi
 cd "$(dirname "$0")/.."
 root=$(pwd)
+keys=${AGENT_DEV_KEYS:-dev-keys}
 
-work=$(mktemp -d /tmp/agent-demo.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/agent-demo.XXXXXX")
 server_pid=""
+# Runs on every exit: ends what the demo started and removes its work directory. Each
+# step may find its target already gone, which is no failure.
 cleanup() {
-    [[ -x $work/machine/agent/current/bin/agent-wrapper.sh ]] &&
+    local status=$?
+    set +e
+    if [[ -x $work/machine/agent/current/bin/agent-wrapper.sh ]]; then
         "$work/machine/agent/current/bin/agent-wrapper.sh" kill >/dev/null 2>&1
-    pkill -KILL -f "$work" 2>/dev/null || true
-    [[ -n $server_pid ]] && kill "$server_pid" 2>/dev/null
-    wait 2>/dev/null || true
+    fi
+    pkill -KILL -f "$work" 2>/dev/null
+    if [[ -n $server_pid ]]; then
+        kill "$server_pid" 2>/dev/null
+    fi
+    wait 2>/dev/null
     rm -rf "$work"
+    exit "$status"
 }
 trap cleanup EXIT
 
@@ -88,7 +98,7 @@ broken=$work/broken
 cp -a "$home/current/." "$broken"
 rm -f "$broken/bundle.minisig" "$broken/.complete"
 printf '#!/bin/sh\nexit 1\n' >"$broken/bin/agent"
-"$bin/agent-bundle" pack --dist "$broken" --version 9.9.9 --build 1 --key dev-keys/update.key \
+"$bin/agent-bundle" pack --dist "$broken" --version 9.9.9 --build 1 --key "$keys/update.key" \
     --out "$work/broken-out" >/dev/null
 rm -f "$work/server/downloads/agent/"agent-bundle-*
 cp "$work/broken-out/agent-bundle-9.9.9" "$work/broken-out/agent-bundle-9.9.9.minisig" "$work/server/downloads/agent/"

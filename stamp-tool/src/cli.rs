@@ -23,8 +23,10 @@ enum Command {
         /// Only print the current stamp.
         #[arg(long)]
         show: bool,
+        /// The version the agent will believe it runs, e.g. 2.1.0 (SemVer, no +build).
         #[arg(long = "version", value_name = "V", required_unless_present = "show")]
         agent_version: Option<String>,
+        /// The build number to go with it, e.g. 1100.
         #[arg(long, value_name = "N", required_unless_present = "show")]
         build: Option<String>,
     },
@@ -33,8 +35,10 @@ enum Command {
         /// The server's download directory (server-home/downloads/agent).
         #[arg(long, value_name = "DIR")]
         bundle_dir: PathBuf,
+        /// The version the re-packed bundle will carry, e.g. 2.3.0 (SemVer, no +build).
         #[arg(long = "version", value_name = "V")]
         agent_version: String,
+        /// The build number to go with it, e.g. 1.
         #[arg(long, value_name = "N")]
         build: String,
         /// The secret key the bundle was signed with (it must verify with it).

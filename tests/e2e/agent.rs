@@ -301,12 +301,38 @@ fn slow_retrieval() {
 fn hash_mismatch() {
     let t = installed();
     let (b2, sig) = genuine_2(&t);
+    // The server describes the genuine bundle and serves other bytes of the same size.
+    let mut tampered = fs::read(&b2).unwrap();
+    let middle = tampered.len() / 2;
+    tampered[middle] ^= 0xff;
+    let server = hostile(
+        version_text(&b2, "2.0.0", "2"),
+        sig,
+        Box::new(move |_, _, s| respond(s, 200, &[], &tampered)),
+    );
+    run_agent(&t.ctx, &t.home, &server.url());
+    wait_log(
+        &t.home,
+        "agent.log",
+        "mismatch: /agentupdate/version says",
+        LOG_WAIT,
+    );
+    assert_nothing_executed(&t.home);
+    assert!(!t.home.join("data/update/agent-bundle-2.0.0").exists());
+}
+
+/// A server whose description names another sha256 than the signature vouches for is
+/// refused before a single byte is downloaded.
+#[test]
+fn a_description_the_signature_contradicts_is_refused_before_downloading() {
+    let t = installed();
+    let (b2, sig) = genuine_2(&t);
     let text = version_text(&b2, "2.0.0", "2").replace(&sha256_file(&b2), &"ab".repeat(32));
     let server = hostile(text, sig, serve_file(&b2));
     run_agent(&t.ctx, &t.home, &server.url());
-    wait_log(&t.home, "agent.log", "sha256 mismatch", LOG_WAIT);
+    wait_log(&t.home, "agent.log", "mix-and-match", LOG_WAIT);
+    assert!(server.requests("/agentupdate/download").is_empty());
     assert_nothing_executed(&t.home);
-    assert!(!t.home.join("data/update/agent-bundle-2.0.0").exists());
 }
 
 #[test]

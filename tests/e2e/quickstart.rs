@@ -19,6 +19,7 @@ fn quickstart_then_the_three_printed_commands_give_a_registered_agent() {
         .env("QUICKSTART_HOME", ctx.path("server-home"))
         .env("QUICKSTART_PREFIX", ctx.path("machine"))
         .env("AGENT_BIN_DIR", &bin_dir)
+        .env("AGENT_DEV_KEYS", ctx.path("dev-keys"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .stdin(Stdio::null());

@@ -14,20 +14,20 @@ use e2e::{
 
 use crate::agent::{serve_file, update_routes, version_text};
 
-const TOKEN: &str = "t0ken";
-const OLD: &str = "1.0.0+1";
-const NEW: &str = "2.0.0+2";
-const WAIT: Duration = Duration::from_secs(90);
+pub(crate) const TOKEN: &str = "t0ken";
+pub(crate) const OLD: &str = "1.0.0+1";
+pub(crate) const NEW: &str = "2.0.0+2";
+pub(crate) const WAIT: Duration = Duration::from_secs(90);
 
-struct Setup {
-    ctx: TestContext,
-    home: PathBuf,
-    b2: PathBuf,
-    dist2: PathBuf,
+pub(crate) struct Setup {
+    pub(crate) ctx: TestContext,
+    pub(crate) home: PathBuf,
+    pub(crate) b2: PathBuf,
+    pub(crate) dist2: PathBuf,
 }
 
 /// 1.0.0's defaults predate `update.stability-window`, so the update adds that key.
-fn make_old_defaults(dist: &Path) {
+pub(crate) fn make_old_defaults(dist: &Path) {
     let path = dist.join("conf.default/agent.toml");
     let text: String = read_file(&path)
         .lines()
@@ -38,7 +38,7 @@ fn make_old_defaults(dist: &Path) {
 }
 
 /// A `bin/agent` that is a shell script (a broken new version).
-fn script_agent(dist: &Path, body: &str) {
+pub(crate) fn script_agent(dist: &Path, body: &str) {
     let path = dist.join("bin/agent");
     fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
     run_ok(Command::new("chmod").arg("755").arg(&path));
@@ -46,20 +46,26 @@ fn script_agent(dist: &Path, body: &str) {
 
 /// Agent 1.0.0 installed, env lines in conf/agent-env.sh, and
 /// bundle 2.0.0 made from a dist that `dist2` may change, with an optional stub.
-fn prepare(env: &str, dist2: impl FnOnce(&Path), stub: Option<&Path>) -> Setup {
+pub(crate) fn prepare(env: &str, dist2: impl FnOnce(&Path), stub: Option<&Path>) -> Setup {
+    prepare_env_file(&format!("{QUICK}{env}"), dist2, stub)
+}
+
+/// Short update timings for tests that do not measure them.
+const QUICK: &str = "export AGENT_UPDATE_STABILITY_WINDOW=1s\nexport AGENT_UPDATE_HEALTH_TIMEOUT=20s\nexport AGENT_RESTART_BACKOFF_MAX=2\n";
+
+/// Like [`prepare`], with exactly `env_file` as conf/agent-env.sh.
+pub(crate) fn prepare_env_file(
+    env_file: &str,
+    dist2: impl FnOnce(&Path),
+    stub: Option<&Path>,
+) -> Setup {
     let ctx = TestContext::new();
     let (key, _) = ctx.keygen("keys");
     let d1 = ctx.dist("d1");
     make_old_defaults(&d1);
     let b1 = ctx.pack(&d1, "1.0.0", "1", &key, "b1");
     let home = ctx.install(&b1, "p");
-    fs::write(
-        home.join("conf/agent-env.sh"),
-        format!(
-            "export AGENT_UPDATE_STABILITY_WINDOW=1s\nexport AGENT_UPDATE_HEALTH_TIMEOUT=20s\nexport AGENT_RESTART_BACKOFF_MAX=2\n{env}"
-        ),
-    )
-    .unwrap();
+    fs::write(home.join("conf/agent-env.sh"), env_file).unwrap();
     fs::create_dir_all(home.join("data")).unwrap();
     fs::write(home.join("data/keep.txt"), "operator data").unwrap();
 
@@ -83,16 +89,24 @@ fn prepare(env: &str, dist2: impl FnOnce(&Path), stub: Option<&Path>) -> Setup {
     }
 }
 
-fn with_server(env: &str, dist2: impl FnOnce(&Path), stub: Option<&Path>) -> (Setup, ServerProc) {
-    let s = prepare(env, dist2, stub);
+pub(crate) fn with_server(
+    env: &str,
+    dist2: impl FnOnce(&Path),
+    stub: Option<&Path>,
+) -> (Setup, ServerProc) {
+    serve_setup(prepare(env, dist2, stub))
+}
+
+/// A server (admin token [`TOKEN`]) publishing the setup's 2.0.0, and the agent pointed at it.
+pub(crate) fn serve_setup(s: Setup) -> (Setup, ServerProc) {
     let server = s.ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
-    s.ctx.publish(&server, &s.b2);
+    s.ctx.publish_served(&server, &s.b2);
     operator_conf(&s.home, &server.url(""));
     (s, server)
 }
 
 /// The operator's conf/agent.toml: the server, a 1 s heartbeat, one value of their own.
-fn operator_conf(home: &Path, url: &str) {
+pub(crate) fn operator_conf(home: &Path, url: &str) {
     configure_agent(
         home,
         &[url.to_owned()],
@@ -100,22 +114,22 @@ fn operator_conf(home: &Path, url: &str) {
     );
 }
 
-fn start(home: &Path) {
+pub(crate) fn start(home: &Path) {
     run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("start"));
 }
 
-fn current(home: &Path) -> String {
+pub(crate) fn current(home: &Path) -> String {
     fs::read_link(home.join("current"))
         .unwrap()
         .display()
         .to_string()
 }
 
-fn agent_record(server: &ServerProc) -> Option<serde_json::Value> {
+pub(crate) fn agent_record(server: &ServerProc) -> Option<serde_json::Value> {
     admin_agents(server.port, TOKEN).into_iter().next()
 }
 
-fn wait_server_status(server: &ServerProc, version: &str, status: &str, home: &Path) {
+pub(crate) fn wait_server_status(server: &ServerProc, version: &str, status: &str, home: &Path) {
     let mut last = None;
     let ok = (0..(WAIT.as_millis() / 100)).any(|_| {
         last = agent_record(server);
@@ -136,12 +150,12 @@ fn wait_server_status(server: &ServerProc, version: &str, status: &str, home: &P
     );
 }
 
-fn health(home: &Path) -> serde_json::Value {
+pub(crate) fn health(home: &Path) -> serde_json::Value {
     serde_json::from_str(&read_file(&home.join("run/health.json"))).unwrap_or_default()
 }
 
 /// Agent processes of this home (`bin/agent run`).
-fn agents_running(home: &Path) -> Vec<u32> {
+pub(crate) fn agents_running(home: &Path) -> Vec<u32> {
     pids_mentioning(home)
         .into_iter()
         .filter(|pid| {
@@ -152,7 +166,7 @@ fn agents_running(home: &Path) -> Vec<u32> {
         .collect()
 }
 
-fn wait_running(home: &Path, version: &str) {
+pub(crate) fn wait_running(home: &Path, version: &str) {
     wait_until(WAIT, &format!("{version} to run and report health"), || {
         let h = health(home);
         h["version"] == version
@@ -162,7 +176,7 @@ fn wait_running(home: &Path, version: &str) {
     });
 }
 
-fn assert_operator_state_kept(home: &Path) {
+pub(crate) fn assert_operator_state_kept(home: &Path) {
     let conf = read_file(&home.join("conf/agent.toml"));
     assert!(
         conf.contains("max-retry-after = \"5m\""),
@@ -221,7 +235,7 @@ fn update_1_to_2_keeps_operator_conf_and_data() {
     assert_eq!(agents_running(&s.home).len(), 1);
 }
 
-fn assert_rolled_back(s: &Setup, server: Option<&ServerProc>, reason: &str) {
+pub(crate) fn assert_rolled_back(s: &Setup, server: Option<&ServerProc>, reason: &str) {
     wait_log(&s.home, "update.log", "rolled back to", WAIT);
     if let Some(server) = server {
         wait_server_status(server, OLD, "INSTALL_FAILED", &s.home);

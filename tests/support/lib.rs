@@ -394,6 +394,28 @@ impl TestContext {
         fs::copy(&sig, server.download_dir().join(sig.file_name().unwrap())).unwrap();
         fs::copy(bundle, server.download_dir().join(name)).unwrap();
     }
+
+    /// [`TestContext::publish`], then waits until the server serves that very bundle.
+    pub fn publish_served(&self, server: &ServerProc, bundle: &Path) {
+        self.publish(server, bundle);
+        server.wait_serving(&sha256_file(bundle));
+    }
+}
+
+impl ServerProc {
+    /// Waits until `/agentupdate/version` describes the bundle with this sha256.
+    pub fn wait_serving(&self, sha256: &str) {
+        let port = self.port;
+        wait_until(
+            Duration::from_secs(30),
+            "the server to serve the bundle",
+            || {
+                http(port, "GET", "/agentupdate/version", &[])
+                    .map(|a| property(&a.text(), "agent.latest.sha256").as_deref() == Some(sha256))
+                    .unwrap_or(false)
+            },
+        );
+    }
 }
 
 /// A whole HTTP/1.1 answer.

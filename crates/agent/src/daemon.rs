@@ -117,10 +117,7 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
     let mut retry = Retry {
         gate: RetryGate::default(),
         fast: Backoff::new(heartbeat, Duration::from_secs(15 * 60)),
-        slow: Backoff::new(
-            SLOW_RETRY_MIN.max(heartbeat * 4),
-            config.update.max_retry_after,
-        ),
+        slow: Backoff::new(heartbeat * 4, config.update.max_retry_after),
         quiet_bad: None,
     };
     let mut first = true;
@@ -166,16 +163,13 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
     }
 }
 
-/// Least wait after a round that cannot succeed until something changes on the server
-/// (a bundle that failed here before, downloads refused): such rounds are not hurried.
-const SLOW_RETRY_MIN: Duration = Duration::from_secs(60);
-
 /// When the next update round may start.
 struct Retry {
     gate: RetryGate,
     /// After failures that may pass by themselves (network, a download cut).
     fast: Backoff,
-    /// After failures that need the server to change (see [`SLOW_RETRY_MIN`]).
+    /// After failures that need the server to change (a bundle that failed here before,
+    /// downloads refused): such rounds are not hurried.
     slow: Backoff,
     /// The bad bundle last said to be skipped, so that it is said once, not every heartbeat.
     quiet_bad: Option<String>,

@@ -416,6 +416,79 @@ mod tests {
         assert_eq!(parse_content_range_start("items 1-2/3"), None);
     }
 
+    /// A server that answers each connection with `body` and counts the connections.
+    fn one_file_server(body: Vec<u8>) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{BufRead, BufReader};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let hits = std::sync::Arc::new(AtomicUsize::new(0));
+        let counter = std::sync::Arc::clone(&hits);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let mut reader = BufReader::new(&stream);
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                let mut stream = &stream;
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(&body);
+            }
+        });
+        (url, hits)
+    }
+
+    fn info_of(bytes: &[u8]) -> VersionInfo {
+        let d = Digests::of_reader(bytes).unwrap();
+        VersionInfo {
+            server_version: "1".into(),
+            server_build: "1".into(),
+            agent: "2.0.0+2".parse().unwrap(),
+            md5: d.md5_hex(),
+            sha256: d.sha256_hex(),
+            size: d.size,
+            filename: "agent-bundle-2.0.0".into(),
+        }
+    }
+
+    /// Regression: after a round that failed past the download, every retry fetched the
+    /// whole bundle again.
+    #[tokio::test]
+    async fn a_complete_download_is_used_again_without_a_request() {
+        let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let (url, hits) = one_file_server(body.clone());
+        let info = info_of(&body);
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits {
+            read_timeout: Duration::from_secs(5),
+            deadline: Duration::from_secs(30),
+        };
+        let http = reqwest::Client::new();
+        let first = fetch(&http, &url, &info, dir.path(), &limits)
+            .await
+            .unwrap();
+        assert_eq!(first.fetched, body.len() as u64);
+        let second = fetch(&http, &url, &info, dir.path(), &limits)
+            .await
+            .unwrap();
+        assert_eq!(second.fetched, 0);
+        assert_eq!(second.digests, first.digests);
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // A file of the right size but other bytes is not trusted: fetched again.
+        fs::write(&second.path, vec![0u8; body.len()]).unwrap();
+        let third = fetch(&http, &url, &info, dir.path(), &limits)
+            .await
+            .unwrap();
+        assert_eq!(third.fetched, body.len() as u64);
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
     #[test]
     fn disk_space_check_refuses_absurd_sizes() {
         let dir = tempfile::tempdir().unwrap();

@@ -119,10 +119,18 @@ pub async fn fetch_verified(
         Ok(false) => {}
         Err(e) => return Err(degraded(format!("cannot read data/bad-versions: {e}"))),
     }
-    // What can be checked before the download is: a bundle that cannot be verified is
-    // not worth a single byte.
+    // What can be checked before the download is: a bundle that cannot be verified, or
+    // whose signed claim does not match what the server says, is not worth a byte.
     let key = trusted_key(ctx.config, home.root())
         .map_err(|reason| Outcome::Degraded { reason, slow: true })?;
+    let signature = ctx
+        .client
+        .signature()
+        .await
+        .map_err(|e| degraded(format!("cannot fetch the signature: {e}")))?;
+    let key_path = ctx.config.public_key_path(home.root());
+    check_claim(&key, &key_path, &signature, &info, &ctx.install.version_dir)
+        .map_err(|reason| degraded(format!("refusing the server's bundle: {reason}")))?;
     let dir = home.update_dir();
     download::prepare_dir(&dir).map_err(|e| degraded(e.to_string()))?;
     download::check_disk_space(&dir, info.size).map_err(|e| degraded(e.to_string()))?;
@@ -189,7 +197,7 @@ pub async fn fetch_verified(
     );
 
     let verify_started = Instant::now();
-    let verified = match verify_bundle(ctx, key, &info, &downloaded).await {
+    let verified = match verify_download(key, signature, &info, &downloaded).await {
         Ok(v) => v,
         Err(reason) => {
             // Unverified bytes never stay where they could be run.
@@ -235,18 +243,15 @@ pub fn trusted_key(config: &Config, home: &Path) -> Result<PublicKey, String> {
     })
 }
 
-async fn verify_bundle(
-    ctx: &UpdateContext<'_>,
-    key: PublicKey,
+/// The checks that need only the signature and the server's description: the key, the
+/// trusted comment, and what it vouches for against what the server names.
+fn check_claim(
+    key: &PublicKey,
+    key_path: &Path,
+    signature: &Signature,
     info: &VersionInfo,
-    downloaded: &download::Downloaded,
-) -> Result<Verified, String> {
-    let key_path = ctx.config.public_key_path(ctx.install.home.root());
-    let signature = ctx
-        .client
-        .signature()
-        .await
-        .map_err(|e| format!("cannot fetch the signature: {e}"))?;
+    running_dir: &Path,
+) -> Result<BundleClaim, String> {
     if signature.key_id() != key.key_id() {
         return Err(format!(
             "signed by key {}, but this agent trusts key {} ({}); arbitrary installation refused",
@@ -255,6 +260,43 @@ async fn verify_bundle(
             key_path.display()
         ));
     }
+    signature
+        .verify_trusted_comment(key)
+        .map_err(|e| format!("signature check failed: {e}"))?;
+    let claim = BundleClaim::parse(signature.trusted_comment())
+        .map_err(|e| format!("signature check failed: {e}"))?;
+    if claim.version != info.agent || claim.sha256 != info.sha256 {
+        return Err(format!(
+            "mix-and-match: the server names {} (sha256 {}) but the signature vouches for {} (sha256 {})",
+            info.agent, info.sha256, claim.version, claim.sha256
+        ));
+    }
+    if claim.platform != layout::PLATFORM {
+        return Err(format!(
+            "the bundle is for {}, this agent runs on {}",
+            claim.platform,
+            layout::PLATFORM
+        ));
+    }
+    if let Some(running) = running_claim(running_dir)
+        && claim.signed_at < running.signed_at
+    {
+        return Err(format!(
+            "rollback attack: the bundle was signed at {}, before the running version's signature ({}); a deliberate downgrade must be signed again",
+            claim.signed_at, running.signed_at
+        ));
+    }
+    Ok(claim)
+}
+
+/// The signature over the downloaded bytes (their BLAKE2b was computed while they
+/// arrived), and the payload's own version against the signed claim.
+async fn verify_download(
+    key: PublicKey,
+    signature: Signature,
+    info: &VersionInfo,
+    downloaded: &download::Downloaded,
+) -> Result<Verified, String> {
     let path = downloaded.path.clone();
     let digests = downloaded.digests.clone();
     let verified = tokio::task::spawn_blocking(move || {
@@ -267,21 +309,6 @@ async fn verify_bundle(
         return Err(format!(
             "mix-and-match: the server names {} but the signed bundle is {}",
             info.agent, verified.claim.version
-        ));
-    }
-    if verified.claim.platform != layout::PLATFORM {
-        return Err(format!(
-            "the bundle is for {}, this agent runs on {}",
-            verified.claim.platform,
-            layout::PLATFORM
-        ));
-    }
-    if let Some(running) = running_claim(&ctx.install.version_dir)
-        && verified.claim.signed_at < running.signed_at
-    {
-        return Err(format!(
-            "rollback attack: the bundle was signed at {}, before the running version's signature ({}); a deliberate downgrade must be signed again",
-            verified.claim.signed_at, running.signed_at
         ));
     }
     Ok(verified)

@@ -10,7 +10,7 @@ use agent_extract::verify::{self, Verified};
 use agent_protocol::layout;
 use agent_protocol::minisign::Signature;
 use agent_protocol::version::AgentVersion;
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::error::{BundleError, Result};
 use crate::install::{self, InstallRequest, TrustSource};
@@ -24,7 +24,6 @@ use crate::pack::{self, PackRequest};
 #[derive(Debug, Parser)]
 #[command(
     name = "agent-bundle",
-    disable_help_flag = true,
     disable_version_flag = true,
     args_conflicts_with_subcommands = true
 )]
@@ -33,7 +32,7 @@ pub struct Cli {
     command: Option<Command>,
 
     /// Install the carried agent as PREFIX/agent (PREFIX defaults to the current directory).
-    #[arg(long, value_name = "PREFIX", num_args = 0..=1, require_equals = true, default_missing_value = ".", conflicts_with = "update")]
+    #[arg(long, value_name = "PREFIX", num_args = 0..=1, default_missing_value = ".", conflicts_with = "update")]
     install: Option<PathBuf>,
 
     /// With --install: trust this public key for updates (and check the bundle with it).
@@ -45,7 +44,7 @@ pub struct Cli {
     force: bool,
 
     /// Update the agent installed at AGENT_HOME to the carried version.
-    #[arg(long, value_name = "AGENT_HOME", num_args = 0..=1, require_equals = true, default_missing_value = ".")]
+    #[arg(long, value_name = "AGENT_HOME", num_args = 0..=1, default_missing_value = ".")]
     update: Option<PathBuf>,
 
     /// With --update: the agent process to wait for before swapping.
@@ -55,10 +54,6 @@ pub struct Cli {
     /// With --update: only finish or roll back an interrupted update (what the wrapper runs).
     #[arg(long, requires = "update")]
     recover: bool,
-
-    /// Show README.txt of the carried agent and this help.
-    #[arg(short = 'h', long)]
-    help: bool,
 
     /// Show the version, build and platform of the carried agent.
     #[arg(short = 'V', long)]
@@ -118,11 +113,16 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(2);
+            // Help and `help <command>` are answers, not usage errors.
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     init_tracing();
@@ -133,6 +133,20 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line, with the carried agent's README.txt shown above `--help`.
+fn parse() -> Result<Cli, clap::Error> {
+    let mut command = Cli::command();
+    if let Ok(exe) = this_exe()
+        && let Ok(mut payload) = Payload::open(&exe)
+        && let Ok(readme) =
+            payload.read_text(layout::README_ENTRY, agent_extract::payload::MAX_TEXT_ENTRY)
+    {
+        command = command.before_help(readme.trim_end().to_owned());
+    }
+    let matches = command.try_get_matches()?;
+    Cli::from_arg_matches(&matches)
 }
 
 fn init_tracing() {
@@ -153,26 +167,21 @@ fn this_exe() -> Result<PathBuf> {
 
 pub fn run(cli: Cli) -> Result<ExitCode> {
     let exe = this_exe()?;
-    if cli.help {
-        if let Ok(mut payload) = Payload::open(&exe)
-            && let Ok(readme) =
-                payload.read_text(layout::README_ENTRY, agent_extract::payload::MAX_TEXT_ENTRY)
-        {
-            println!("{}", readme.trim_end());
-            println!();
-        }
-        let _ = Cli::command().print_help();
-        return Ok(ExitCode::SUCCESS);
-    }
     if cli.version {
-        match Payload::open(&exe).and_then(|mut p| p.facts()) {
-            Ok(facts) => println!(
-                "agent-bundle {} (build {}, platform {})",
-                facts.version.version_str(),
-                facts.version.build(),
-                facts.platform
-            ),
-            Err(_) => println!("agent-bundle {} (no payload)", env!("CARGO_PKG_VERSION")),
+        match install::open_payload(&exe) {
+            Ok(mut payload) => {
+                let facts = payload.facts()?;
+                println!(
+                    "agent-bundle {} (build {}, platform {})",
+                    facts.version.version_str(),
+                    facts.version.build(),
+                    facts.platform
+                );
+            }
+            Err(BundleError::NoPayload) => {
+                println!("agent-bundle {} (no payload)", env!("CARGO_PKG_VERSION"));
+            }
+            Err(e) => return Err(e),
         }
         return Ok(ExitCode::SUCCESS);
     }

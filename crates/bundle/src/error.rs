@@ -18,6 +18,10 @@ pub enum BundleError {
          e.g. the one served at /agentupdate/download"
     )]
     NoPayload,
+    #[error(
+        "{0}. Download it again (wget --content-disposition http://SERVER:7080/agentupdate/download) and check it with `agent-bundle verify`"
+    )]
+    Damaged(String),
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]

@@ -10,11 +10,13 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use agent_extract::atomic;
-use agent_extract::payload::{BundleFacts, Payload};
+use agent_extract::payload::{self, BundleFacts, Payload, PayloadProblem};
 use agent_extract::unpack::{self, Options};
 use agent_extract::verify;
 use agent_protocol::layout::{self, AgentHome};
 use agent_protocol::minisign::{PublicKey, Signature};
+
+use agent_updater::process;
 
 use crate::error::{BundleError, IoContext, Result};
 use crate::progress::Progress;
@@ -46,17 +48,32 @@ pub struct Installed {
 }
 
 pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
-    let mut payload = Payload::open(req.bundle).map_err(|_| BundleError::NoPayload)?;
+    let mut payload = open_payload(req.bundle)?;
     let facts = payload.facts()?;
-    fs::create_dir_all(req.prefix).at(req.prefix)?;
+    if facts.platform != layout::PLATFORM {
+        return Err(BundleError::Invalid(format!(
+            "this bundle carries agent {} for {}, but this machine runs {}; download the bundle made for {}",
+            facts.version,
+            facts.platform,
+            layout::PLATFORM,
+            layout::PLATFORM
+        )));
+    }
+    // Trust is decided before a byte of the payload is unpacked.
+    let signature_path = PathBuf::from(format!("{}.minisig", req.bundle.display()));
+    let trust = decide_trust(req, &mut payload, &facts, &signature_path)?;
+
+    let mut made = MadeDirs::create(req.prefix)?;
     let prefix = fs::canonicalize(req.prefix).at(req.prefix)?;
     let home = AgentHome::new(prefix.join(layout::DIST_ROOT));
     let exists = home.root().exists();
     if exists && !req.force {
         return Err(BundleError::Exists(home.root().to_path_buf()));
     }
+    if exists {
+        refuse_if_running(&home)?;
+    }
 
-    // Unpack and check the version before deciding anything about trust.
     let staging = tempfile::Builder::new()
         .prefix(".agent-install-")
         .tempdir_in(&prefix)
@@ -78,8 +95,6 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
     progress.finish();
     check_unpacked_version(&version_stage, &facts)?;
 
-    let signature_path = PathBuf::from(format!("{}.minisig", req.bundle.display()));
-    let trust = decide_trust(req, &version_stage, &signature_path)?;
     if signature_path.exists() {
         atomic::copy_file(
             &signature_path,
@@ -98,11 +113,74 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
         fs::rename(staging.path().join("agent"), home.root()).at(home.root())?;
         atomic::fsync_dir(&prefix)?;
     }
+    made.keep();
     Ok(Installed {
         home: home.root().to_path_buf(),
         facts,
         trust,
     })
+}
+
+/// The bundle's payload, or a message that tells a bare stub from a cut download.
+pub fn open_payload(bundle: &Path) -> Result<Payload> {
+    Payload::open(bundle).map_err(|e| match payload::diagnose(bundle) {
+        PayloadProblem::Missing => BundleError::NoPayload,
+        PayloadProblem::Damaged { trailing } => BundleError::Damaged(format!(
+            "{} is truncated or damaged: {trailing} bytes follow the program, but they are not a whole zip payload",
+            bundle.display()
+        )),
+        PayloadProblem::Unknown => BundleError::Damaged(format!(
+            "{} is truncated or damaged: {e}",
+            bundle.display()
+        )),
+    })
+}
+
+/// `--force` replaces `current` under a running agent only if nothing runs it.
+fn refuse_if_running(home: &AgentHome) -> Result<()> {
+    let running = process::running_agent(home)
+        .map(|pid| format!("agent pid {pid}"))
+        .or_else(|| process::running_supervisor(home).map(|pid| format!("its wrapper pid {pid}")));
+    match running {
+        Some(what) => Err(BundleError::Invalid(format!(
+            "the agent at {} is running ({what}); stop it first with {}/current/bin/agent-wrapper.sh stop, then install again",
+            home.root().display(),
+            home.root().display()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The directories an install created for its prefix; removed again (if still empty)
+/// unless the install succeeds, so that a failed install leaves nothing behind.
+struct MadeDirs {
+    dirs: Vec<PathBuf>,
+}
+
+impl MadeDirs {
+    fn create(prefix: &Path) -> Result<Self> {
+        let absolute = std::path::absolute(prefix).at(prefix)?;
+        let dirs: Vec<PathBuf> = absolute
+            .ancestors()
+            .take_while(|dir| !dir.exists())
+            .map(Path::to_path_buf)
+            .collect();
+        fs::create_dir_all(&absolute).at(&absolute)?;
+        Ok(Self { dirs })
+    }
+
+    fn keep(&mut self) {
+        self.dirs.clear();
+    }
+}
+
+impl Drop for MadeDirs {
+    fn drop(&mut self) {
+        // Deepest first; remove_dir refuses a directory that is not empty.
+        for dir in &self.dirs {
+            let _ = fs::remove_dir(dir);
+        }
+    }
 }
 
 fn check_unpacked_version(version_dir: &Path, facts: &BundleFacts) -> Result<()> {
@@ -121,9 +199,12 @@ fn check_unpacked_version(version_dir: &Path, facts: &BundleFacts) -> Result<()>
     Ok(())
 }
 
+/// Which key to trust, with the bundle's signature checked against it when there is one.
+/// Reads at most the key the bundle ships; unpacks nothing.
 fn decide_trust(
     req: &InstallRequest<'_>,
-    version_dir: &Path,
+    payload: &mut Payload,
+    facts: &BundleFacts,
     signature_path: &Path,
 ) -> Result<TrustSource> {
     let signature = if signature_path.exists() {
@@ -136,7 +217,8 @@ fn decide_trust(
         None
     };
     if let Some(key_path) = req.trust_key {
-        let key = read_public_key(key_path)?;
+        let key = read_public_key(key_path)
+            .map_err(|e| BundleError::Invalid(format!("cannot use --trust-key: {e}")))?;
         let Some(signature) = signature else {
             return Err(BundleError::Invalid(format!(
                 "--trust-key needs the bundle's signature beside it: download {} too",
@@ -149,7 +231,20 @@ fn decide_trust(
             key_id: key.key_id().to_string(),
         });
     }
-    let key = read_public_key(&version_dir.join("conf.default/update.pub"))?;
+    let shipped = unpack::read_entry(
+        payload.dist(&facts.version)?,
+        Some(layout::DIST_ROOT),
+        Path::new(SHIPPED_KEY),
+        64 * 1024,
+        unpack::Limits::default(),
+    )?
+    .ok_or_else(|| {
+        BundleError::Invalid(format!(
+            "the bundle ships no {SHIPPED_KEY}; pass --trust-key with the signing key's public half"
+        ))
+    })?;
+    let key = PublicKey::parse(&String::from_utf8_lossy(&shipped))
+        .map_err(|e| BundleError::Invalid(format!("the bundle's {SHIPPED_KEY}: {e}")))?;
     let signature_checked = match signature {
         Some(signature) => {
             verify::verify_file(req.bundle, &signature, &key)?;
@@ -162,6 +257,9 @@ fn decide_trust(
         signature_checked,
     })
 }
+
+/// The key a distribution ships, relative to its root.
+const SHIPPED_KEY: &str = "conf.default/update.pub";
 
 pub fn read_public_key(path: &Path) -> Result<PublicKey> {
     let text = atomic::read_text(path, 64 * 1024)?;

@@ -93,7 +93,12 @@ pub fn pack(req: &PackRequest<'_>) -> Result<Packed> {
         .map_err(|e| e.error)
         .at(&bundle_path)?;
     let sig_path = req.out_dir.join(layout::signature_file_name(&name));
-    atomic::write(&sig_path, signature.to_file_string().as_bytes())?;
+    // Public: it is served beside the bundle and fetched with wget.
+    atomic::write_with_mode(
+        &sig_path,
+        signature.to_file_string().as_bytes(),
+        Some(0o644),
+    )?;
     Ok(Packed {
         bundle: bundle_path,
         signature: sig_path,

@@ -159,6 +159,90 @@ impl Payload {
     }
 }
 
+/// Why a file has no usable payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PayloadProblem {
+    /// The file is a plain program: nothing follows it (the bare `agent-bundle` stub).
+    Missing,
+    /// Bytes follow the program but they are not a whole zip: a cut download or a
+    /// damaged copy.
+    Damaged { trailing: u64 },
+    /// Not a program this tool knows how to measure; treat as damaged.
+    Unknown,
+}
+
+/// Tells a bare stub from a truncated or damaged bundle, for the message a user gets.
+/// Reads only the ELF headers of `path`.
+pub fn diagnose(path: &Path) -> PayloadProblem {
+    let Ok(mut file) = File::open(path) else {
+        return PayloadProblem::Unknown;
+    };
+    let Ok(len) = file.metadata().map(|m| m.len()) else {
+        return PayloadProblem::Unknown;
+    };
+    match elf_end(&mut file) {
+        Some(end) if end >= len => PayloadProblem::Missing,
+        Some(end) => PayloadProblem::Damaged {
+            trailing: len - end,
+        },
+        None => PayloadProblem::Unknown,
+    }
+}
+
+/// Where a 64-bit little-endian ELF file's own bytes end: the furthest of its section
+/// header table, its sections and its segments. Anything after that was appended.
+fn elf_end(file: &mut File) -> Option<u64> {
+    use std::io::{Seek, SeekFrom};
+    let mut header = [0u8; 64];
+    file.read_exact(&mut header).ok()?;
+    if &header[..4] != b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+        return None;
+    }
+    let u16_at =
+        |b: &[u8], at: usize| Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?));
+    let u32_at =
+        |b: &[u8], at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
+    let u64_at =
+        |b: &[u8], at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
+    let phoff = u64_at(&header, 0x20)?;
+    let shoff = u64_at(&header, 0x28)?;
+    let phentsize = u64::from(u16_at(&header, 0x36)?);
+    let phnum = u64::from(u16_at(&header, 0x38)?);
+    let shentsize = u64::from(u16_at(&header, 0x3A)?);
+    let shnum = u64::from(u16_at(&header, 0x3C)?);
+    // Real programs have a few dozen of each; more is not an ELF file we made.
+    if phnum > 4096 || shnum > 65_535 || phentsize < 0x38 || (shnum > 0 && shentsize < 0x40) {
+        return None;
+    }
+    let mut end = shoff.checked_add(shnum.checked_mul(shentsize)?)?;
+    end = end.max(phoff.checked_add(phnum.checked_mul(phentsize)?)?);
+    let mut read_table = |offset: u64, count: u64, size: u64| -> Option<Vec<u8>> {
+        file.seek(SeekFrom::Start(offset)).ok()?;
+        let mut table = vec![0u8; usize::try_from(count.checked_mul(size)?).ok()?];
+        file.read_exact(&mut table).ok()?;
+        Some(table)
+    };
+    let segments = read_table(phoff, phnum, phentsize)?;
+    for entry in segments.chunks_exact(usize::try_from(phentsize).ok()?) {
+        let offset = u64_at(entry, 0x08)?;
+        let filesz = u64_at(entry, 0x20)?;
+        end = end.max(offset.checked_add(filesz)?);
+    }
+    if shnum > 0 {
+        let sections = read_table(shoff, shnum, shentsize)?;
+        for entry in sections.chunks_exact(usize::try_from(shentsize).ok()?) {
+            const SHT_NOBITS: u32 = 8;
+            if u32_at(entry, 0x04)? == SHT_NOBITS {
+                continue;
+            }
+            let offset = u64_at(entry, 0x18)?;
+            let size = u64_at(entry, 0x20)?;
+            end = end.max(offset.checked_add(size)?);
+        }
+    }
+    Some(end)
+}
+
 /// The version an unpacked distribution records in its `agent-version.properties`.
 pub fn installed_version(version_dir: &Path) -> Result<AgentVersion> {
     let path = version_dir.join(layout::AGENT_VERSION_FILE);

@@ -82,6 +82,57 @@ pub fn unpack_tar_gz(
     result
 }
 
+/// Reads one regular file of at most `max` bytes from a gzip-compressed tarball without
+/// writing anything to disk: what an installer needs to know (the key the bundle ships)
+/// before it decides to unpack. `wanted` is relative to `root`. `None` if absent.
+pub fn read_entry(
+    reader: impl Read,
+    root: Option<&str>,
+    wanted: &Path,
+    max: u64,
+    limits: Limits,
+) -> Result<Option<Vec<u8>>> {
+    let decoder = flate2::read::GzDecoder::new(io::BufReader::with_capacity(256 * 1024, reader));
+    let mut archive = tar::Archive::new(decoder);
+    let entries = archive
+        .entries()
+        .map_err(|e| Error::Corrupt(format!("not a tar archive: {e}")))?;
+    for (n, entry) in entries.enumerate() {
+        if n as u64 >= limits.max_entries {
+            return Err(Error::TooManyEntries {
+                limit: limits.max_entries,
+            });
+        }
+        let entry = entry.map_err(|e| Error::Corrupt(format!("bad tar entry: {e}")))?;
+        if entry.header().entry_type() != EntryType::Regular {
+            continue;
+        }
+        let raw = entry
+            .path()
+            .map_err(|e| Error::Corrupt(format!("entry path: {e}")))?
+            .into_owned();
+        let Ok(Some(rel)) = safe_relative_path(&raw, root) else {
+            continue;
+        };
+        if rel != wanted {
+            continue;
+        }
+        let mut out = Vec::new();
+        entry
+            .take(max + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| Error::Corrupt(format!("reading {}: {e}", raw.display())))?;
+        if out.len() as u64 > max {
+            return Err(Error::TooLarge {
+                entry: raw.display().to_string(),
+                limit: max,
+            });
+        }
+        return Ok(Some(out));
+    }
+    Ok(None)
+}
+
 fn inflate_into(reader: impl Read, tx: mpsc::SyncSender<io::Result<Vec<u8>>>) {
     let mut decoder =
         flate2::read::GzDecoder::new(io::BufReader::with_capacity(256 * 1024, reader));

@@ -342,6 +342,26 @@ impl Signature {
         )
     }
 
+    /// Checks the key id and the trusted comment (the global signature) only: what can be
+    /// known before the signed file is at hand. [`Signature::verify`] checks everything.
+    pub fn verify_trusted_comment(&self, key: &PublicKey) -> Result<()> {
+        if self.key_id != key.key_id {
+            return Err(Error::WrongKey {
+                signed_by: self.key_id.to_string(),
+                trusted: key.key_id.to_string(),
+            });
+        }
+        let mut global = Vec::with_capacity(64 + self.trusted_comment.len());
+        global.extend_from_slice(&self.signature);
+        global.extend_from_slice(self.trusted_comment.as_bytes());
+        let global_sig = ed25519_dalek::Signature::from_bytes(&self.global_signature);
+        key.key
+            .verify_strict(&global, &global_sig)
+            .map_err(|_| Error::BadTrustedComment {
+                key_id: self.key_id.to_string(),
+            })
+    }
+
     /// Checks the key id, the signature over the file and the trusted comment.
     pub fn verify(&self, key: &PublicKey, signed: Signed<'_>) -> Result<()> {
         if self.key_id != key.key_id {
@@ -365,15 +385,7 @@ impl Signature {
             .map_err(|_| Error::BadSignature {
                 key_id: self.key_id.to_string(),
             })?;
-        let mut global = Vec::with_capacity(64 + self.trusted_comment.len());
-        global.extend_from_slice(&self.signature);
-        global.extend_from_slice(self.trusted_comment.as_bytes());
-        let global_sig = ed25519_dalek::Signature::from_bytes(&self.global_signature);
-        key.key
-            .verify_strict(&global, &global_sig)
-            .map_err(|_| Error::BadTrustedComment {
-                key_id: self.key_id.to_string(),
-            })
+        self.verify_trusted_comment(key)
     }
 }
 
@@ -498,6 +510,11 @@ mod tests {
             edited.verify(&sk.public_key(), Signed::Prehashed(&hash)),
             Err(Error::BadTrustedComment { .. })
         ));
+        assert!(matches!(
+            edited.verify_trusted_comment(&sk.public_key()),
+            Err(Error::BadTrustedComment { .. })
+        ));
+        parsed.verify_trusted_comment(&sk.public_key()).unwrap();
     }
 
     #[test]

@@ -85,7 +85,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let addr = config.listen_addr().map_err(ServerError::Config)?;
-    let state = build_state(&config).await?;
+    // Nothing under home changes, and no socket is taken, unless both are free: a second
+    // server started by mistake must not touch the first one's bundle.
+    let mut home_lock = HomeLock::acquire(&config.server.home)?;
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         ServerError::Io(format!(
             "cannot listen on {addr}: {e}; is another server running there?"
@@ -94,6 +96,8 @@ pub async fn serve(
     let local = listener
         .local_addr()
         .map_err(|e| ServerError::Io(e.to_string()))?;
+    home_lock.describe(&format!("pid {} listening on {local}", std::process::id()));
+    let state = build_state(&config).await?;
     tracing::info!(
         "update-server listening on http://{local} (home {})",
         config.server.home.display()
@@ -144,6 +148,49 @@ pub async fn serve(
         () = deadline => tracing::warn!("grace period over; closing the remaining downloads"),
     }
     Ok(())
+}
+
+/// `<home>/update-server.lock`: one server per home, held while it runs (the kernel
+/// drops it if the process dies). It names the holder for whoever finds it taken.
+pub struct HomeLock {
+    file: nix::fcntl::Flock<std::fs::File>,
+}
+
+pub const HOME_LOCK: &str = "update-server.lock";
+
+impl HomeLock {
+    pub fn acquire(home: &std::path::Path) -> Result<Self, ServerError> {
+        use std::io::Read;
+        std::fs::create_dir_all(home)
+            .map_err(|e| ServerError::Io(format!("{}: {e}", home.display())))?;
+        let path = home.join(HOME_LOCK);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| ServerError::Io(format!("{}: {e}", path.display())))?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(file) => Ok(Self { file }),
+            Err((mut file, _)) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                Err(ServerError::Io(format!(
+                    "another update-server ({}) uses the home {}; stop it, or give this one another --home",
+                    holder.trim(),
+                    home.display()
+                )))
+            }
+        }
+    }
+
+    fn describe(&mut self, holder: &str) {
+        use std::io::{Seek, Write};
+        let _ = self.file.set_len(0);
+        let _ = self.file.rewind();
+        let _ = writeln!(self.file, "{holder}");
+    }
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
