@@ -4,13 +4,15 @@
 #   bundle   pack / install / verify of a 100 MiB distribution vs tar czf / tar xzf / b2sum+sha256sum
 #   server   download throughput and /version rate vs nginx; 2000 attempts at limit 45
 #   agent    first 409 to updater spawned, 20 MiB and 100 MiB bundles (download vs verify)
-#   update   downtime of an update and of a rollback vs a plain wrapper restart
-#   fleet    the fleet test with a 50 MiB bundle and Retry-After 1
+#   update   downtime of an update and of a rollback (default timings) vs a wrapper restart
+#   fleet    30 agents through a download limit of 5 with Retry-After 1
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
+# BENCH_BASELINE=DIR: a checkout of an earlier commit with target/release built; update and
+# fleet then measure it too, alternating with this tree, round by round.
 # Needs: hyperfine, wrk, nginx, jq (installed with apt-get when missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
@@ -45,6 +47,22 @@ fi
 echo "building release binaries..." >&2
 cargo build --release --locked --bins >&2
 bin=$root/target/release
+baseline=${BENCH_BASELINE:-}
+if [[ -n $baseline && ! -x $baseline/target/release/agent-bundle ]]; then
+    echo "bench.sh: BENCH_BASELINE=$baseline has no target/release/agent-bundle; build it there first" >&2
+    exit 1
+fi
+# The variant being measured: its binaries and the tree its installer files come from.
+vbin=$bin
+vroot=$root
+vname=ours
+use_variant() {
+    vname=$1
+    case $1 in
+    ours) vbin=$bin vroot=$root ;;
+    baseline) vbin=$baseline/target/release vroot=$baseline ;;
+    esac
+}
 
 work=$(mktemp -d /tmp/agent-bench.XXXXXX)
 pids=()
@@ -61,6 +79,10 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 note() { printf '  %s\n' "$*" >&2; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) print "n/a"; else printf "%.2f", a / b }'; }
 secs() { awk -v s="$1" 'BEGIN { printf "%.3f s", s }'; }
+# Reads numbers, prints "median s (min–max)".
+spread() { sort -n | awk '{ a[NR] = $1 } END { if (NR == 0) print "n/a"; else printf "%.3f s (%.3f–%.3f)", a[int((NR + 1) / 2)], a[1], a[NR] }'; }
+# Reads numbers, prints the median alone.
+median_of() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
 
 # Median wall time in seconds of a command (hyperfine; a shell is used for pipes).
 median() {
@@ -94,11 +116,11 @@ machine() {
 make_dist() {
     local dir=$1 mib=$2 text_share=${3:-4}
     mkdir -p "$dir/bin" "$dir/conf.default" "$dir/lib"
-    cp "$bin/agent" "$dir/bin/agent"
-    cp installer/agent-wrapper.sh "$dir/bin/agent-wrapper.sh"
-    cp installer/agent.toml "$dir/conf.default/agent.toml"
-    cp installer/README.txt "$dir/README.txt"
-    cp LICENSE "$dir/LICENSE"
+    cp "$vbin/agent" "$dir/bin/agent"
+    cp "$vroot/installer/agent-wrapper.sh" "$dir/bin/agent-wrapper.sh"
+    cp "$vroot/installer/agent.toml" "$dir/conf.default/agent.toml"
+    cp "$vroot/installer/README.txt" "$dir/README.txt"
+    cp "$vroot/LICENSE" "$dir/LICENSE"
     # Pad to the target size, counting the binaries already there (base64 makes 3/10 of
     # the padding into 4/10).
     local have want pad
@@ -115,7 +137,7 @@ keys() {
 
 # pack V DIST OUT: packs and prints the bundle path.
 pack() {
-    "$bin/agent-bundle" pack --dist "$2" --version "$1" --build 1 --key "$work/keys/update.key" --out "$3" >/dev/null
+    "$vbin/agent-bundle" pack --dist "$2" --version "$1" --build 1 --key "$work/keys/update.key" --out "$3" >/dev/null
     echo "$3/agent-bundle-$1"
 }
 
@@ -303,21 +325,25 @@ not memory the server allocated.
 EOF
 }
 
-# An agent 1.0.0+1 (release binaries) installed under $1, talking to $2, env lines $3.
+# An agent 1.0.0+1 (release binaries of the variant) installed under $1, talking to $2,
+# env lines $3.
 install_agent() {
     local prefix=$1 url=$2 env=$3
-    "$work/b1/agent-bundle-1.0.0" --install="$prefix" >/dev/null
+    "$(base_bundle)" --install="$prefix" >/dev/null
     printf '[server]\nurls = ["%s"]\n[agent]\nheartbeat = "1s"\n' "$url" >"$prefix/agent/conf/agent.toml"
     printf '%s\n' "$env" >"$prefix/agent/conf/agent-env.sh"
 }
 
-# The bundle agents start from. Packed before any bundle they update to: an agent refuses
-# a bundle signed earlier than the one it runs (no replayed downgrades).
+# The bundle agents of the variant start from (prints its path). Packed before any bundle
+# they update to: an agent refuses a bundle signed earlier than the one it runs.
 base_bundle() {
-    [[ -f $work/b1/agent-bundle-1.0.0 ]] && return
-    make_dist "$work/d1" 0
-    pack 1.0.0 "$work/d1" "$work/b1" >/dev/null
-    sleep 1 # signed-at has one-second resolution
+    local dir=$work/b1-$vname
+    if [[ ! -f $dir/agent-bundle-1.0.0 ]]; then
+        make_dist "$dir-dist" 0
+        pack 1.0.0 "$dir-dist" "$dir" >/dev/null
+        sleep 1 # signed-at has one-second resolution
+    fi
+    echo "$dir/agent-bundle-1.0.0"
 }
 
 # serve_bundle SERVER_HOME PORT BUNDLE: makes it the one bundle the server serves, and
@@ -358,7 +384,7 @@ total_of() { grep -m1 "$2" <<<"$1" | grep -o 'total [0-9.]*s' | grep -o '[0-9.]*
 bench_agent() {
     echo "agent: first 409 to updater spawned" >&2
     keys
-    base_bundle
+    base_bundle >/dev/null
     local home=$work/agent-server port rows=""
     mkdir -p "$home/downloads/agent"
     port=$(free_port)
@@ -411,109 +437,161 @@ ${rows}
 EOF
 }
 
+# One update round of the current variant against the server at $1 (home $2): an update
+# to $3, a plain wrapper restart, then the broken bundle $4 rolled back with the default
+# timings. Appends "update restart rollback" seconds to $5 and the update's step
+# breakdown to $5.steps.
+update_round() {
+    local port=$1 home=$2 good=$3 bad=$4 out=$5 p
+    p=$work/up-$vname-$RANDOM
+    serve_bundle "$home" "$port" "$good"
+    install_agent "$p" "http://127.0.0.1:$port" "export AGENT_UPDATE_STABILITY_WINDOW=1s"
+    "$p/agent/current/bin/agent-wrapper.sh" start >/dev/null
+    local ul=$p/agent/logs/update.log
+    wait_file 120 "$ul" "committed"
+    local lines up
+    lines=$(cat "$ul")
+    up=$(awk -v a="$(total_of "$lines" 'is up')" -v b="$(total_of "$lines" 'old agent')" 'BEGIN { print a - b }')
+    for what in "old agent" "configuration" "current ->" "through its wrapper" "is up"; do
+        printf '%s %ss; ' "$what" "$(grep -m1 "$what" <<<"$lines" | grep -o 'step [0-9.]*s' | grep -o '[0-9.]*')"
+    done >"$out.steps"
+    # A plain restart of the same agent, to the same "up" condition.
+    local before t0 t1 restart
+    before=$(cat "$p/agent/run/agent.pid")
+    t0=$(date +%s.%N)
+    "$p/agent/current/bin/agent-wrapper.sh" restart >/dev/null
+    until [[ -f $p/agent/run/health.json ]] && grep -q '"components_started": true' "$p/agent/run/health.json" &&
+        ! grep -q "\"pid\": $before," "$p/agent/run/health.json"; do sleep 0.01; done
+    t1=$(date +%s.%N)
+    restart=$(awk -v a="$t1" -v b="$t0" 'BEGIN { print a - b }')
+    # Then a broken bundle (its agent exits at once), rolled back with every update
+    # timing at its default: what a user gets.
+    printf '\n' >"$p/agent/conf/agent-env.sh"
+    serve_bundle "$home" "$port" "$bad"
+    wait_file 180 "$ul" "rolled back to"
+    lines=$(grep -F -- '-> 3.0.0+1]' "$ul")
+    local back
+    back=$(awk -v a="$(total_of "$lines" 'started 2.0.0+1 again')" -v b="$(total_of "$lines" 'old agent')" 'BEGIN { print a - b }')
+    echo "$up $restart $back" >>"$out"
+    stop_home "$p/agent"
+}
+
 bench_update() {
     echo "update: downtime of an update and of a rollback vs a wrapper restart" >&2
     keys
-    base_bundle
     local home=$work/update-server port
     mkdir -p "$home/downloads/agent"
     port=$(free_port)
     start_server "$home" "$port" RUST_LOG=warn
-    make_dist "$work/ud" 20
-    local good bad
-    good=$(pack 2.0.0 "$work/ud" "$work/ub")
-    cp -a "$work/ud" "$work/ubad-dist"
-    printf '#!/bin/sh\nexit 1\n' >"$work/ubad-dist/bin/agent"
-    bad=$(pack 3.0.0 "$work/ubad-dist" "$work/ubad")
-    local env="export AGENT_UPDATE_STABILITY_WINDOW=1s
-export AGENT_UPDATE_HEALTH_TIMEOUT=5s"
-    local ups=() backs=() restarts=() i breakdown=""
-    for i in 1 2 3 4 5; do
-        local p=$work/up-$i
-        serve_bundle "$home" "$port" "$good"
-        install_agent "$p" "http://127.0.0.1:$port" "$env"
-        "$p/agent/current/bin/agent-wrapper.sh" start >/dev/null
-        local ul=$p/agent/logs/update.log
-        wait_file 120 "$ul" "committed"
-        local lines
-        lines=$(cat "$ul")
-        ups+=("$(awk -v a="$(total_of "$lines" 'is up')" -v b="$(total_of "$lines" 'old agent')" 'BEGIN { print a - b }')")
-        breakdown=$(for what in "old agent" "configuration" "current ->" "through its wrapper" "is up"; do
-            printf '%s %ss; ' "$what" "$(grep -m1 "$what" <<<"$lines" | grep -o 'step [0-9.]*s' | grep -o '[0-9.]*')"
-        done)
-        # A plain restart of the same agent, to the same "up" condition.
-        local before t0 t1
-        before=$(cat "$p/agent/run/agent.pid")
-        t0=$(date +%s.%N)
-        "$p/agent/current/bin/agent-wrapper.sh" restart >/dev/null
-        until [[ -f $p/agent/run/health.json ]] && grep -q '"components_started": true' "$p/agent/run/health.json" &&
-            ! grep -q "\"pid\": $before," "$p/agent/run/health.json"; do sleep 0.01; done
-        t1=$(date +%s.%N)
-        restarts+=("$(awk -v a="$t1" -v b="$t0" 'BEGIN { print a - b }')")
-        # Then a broken bundle, rolled back.
-        serve_bundle "$home" "$port" "$bad"
-        wait_file 120 "$ul" "rolled back to"
-        lines=$(grep -F -- '-> 3.0.0+1]' "$ul")
-        backs+=("$(awk -v a="$(total_of "$lines" 'started 2.0.0+1 again')" -v b="$(total_of "$lines" 'old agent')" 'BEGIN { print a - b }')")
-        stop_home "$p/agent"
+    local variants=(ours) v
+    [[ -n $baseline ]] && variants+=(baseline)
+    declare -A good bad
+    for v in "${variants[@]}"; do
+        use_variant "$v"
+        base_bundle >/dev/null
+        make_dist "$work/ud-$v" 20
+        good[$v]=$(pack 2.0.0 "$work/ud-$v" "$work/ub-$v")
+        cp -a "$work/ud-$v" "$work/ubad-dist-$v"
+        printf '#!/bin/sh\nexit 1\n' >"$work/ubad-dist-$v/bin/agent"
+        bad[$v]=$(pack 3.0.0 "$work/ubad-dist-$v" "$work/ubad-$v")
     done
-    local mu mb mr
-    mu=$(printf '%s\n' "${ups[@]}" | sort -n | sed -n 3p)
-    mb=$(printf '%s\n' "${backs[@]}" | sort -n | sed -n 3p)
-    mr=$(printf '%s\n' "${restarts[@]}" | sort -n | sed -n 3p)
+    # Rounds alternate between the variants; a baseline rollback waits out its whole
+    # health timeout (60 s), so it gets three rounds to our five.
+    local i
+    for i in 1 2 3 4 5; do
+        for v in "${variants[@]}"; do
+            [[ $v == baseline && $i -gt 3 ]] && continue
+            use_variant "$v"
+            note "round $i, $v"
+            update_round "$port" "$home" "${good[$v]}" "${bad[$v]}" "$work/update-$v.txt"
+        done
+    done
+    use_variant ours
+    local names=("update (old agent's exit to new agent up)"
+        "\`agent-wrapper.sh restart\` (the peer)"
+        "rollback of a version that exits at once (old agent's exit to old agent up)")
+    local rows="" col
+    for col in 1 2 3; do
+        local row
+        row="| ${names[$((col - 1))]} | $(awk -v c="$col" '{ print $c }' "$work/update-ours.txt" | spread)"
+        if [[ -n $baseline ]]; then
+            row+=" | $(awk -v c="$col" '{ print $c }' "$work/update-baseline.txt" | spread)"
+        fi
+        rows+="$row |"$'\n'
+    done
+    local mu mr mb
+    mu=$(awk '{ print $1 }' "$work/update-ours.txt" | median_of)
+    mr=$(awk '{ print $2 }' "$work/update-ours.txt" | median_of)
+    mb=$(awk '{ print $3 }' "$work/update-ours.txt" | median_of)
+    local head="| | this tree |" rule="|---|---|"
+    if [[ -n $baseline ]]; then
+        head="| | this tree | baseline $(git -C "$baseline" rev-parse --short HEAD) |"
+        rule="|---|---|---|"
+    fi
     note "downtime: update $mu s, rollback $mb s, wrapper restart $mr s"
     write_section update <<EOF
 ## Updater: downtime
 
-\`scripts/bench.sh update\` on $(machine). A release agent with a 20 MiB distribution and a
-release update-server on loopback; median of 5. Update downtime: from the old agent's exit
-(as the updater sees it) to the new agent up (alive, right version, components started;
-the stability window, 1 s here, follows and the agent already serves during it). Rollback:
-a bundle whose agent exits at once, with \`update.health-timeout = 5s\`, from the old
-agent's exit to the old version started again, so it is mostly the health timeout. The
-peer is \`agent-wrapper.sh restart\` of the same agent to the same condition.
+\`$(bench_command update)\` on $(machine). A release agent with a 20 MiB
+distribution and a release update-server on loopback; median (min–max) of 5 rounds
+(3 for the baseline), alternating between the trees. Update downtime: from the old agent's
+exit (as the updater sees it) to the new agent up (alive, right version, components
+started; the stability window, 1 s here, follows and the agent already serves during it).
+Rollback: a bundle whose agent exits at once, with the default \`update.health-timeout\`
+(60 s) and \`update.stability-window\` (10 s), from the old agent's exit to the old version
+started again. The peer is \`agent-wrapper.sh restart\` of the same agent to the same
+condition.
 
-| | downtime | ratio to a wrapper restart | target |
-|---|---|---|---|
-| update | $(secs "$mu") | $(ratio "$mu" "$mr") | ≤ 2 |
-| rollback (health timeout 5 s) | $(secs "$mb") | $(ratio "$mb" "$mr") | — |
-| \`agent-wrapper.sh restart\` | $(secs "$mr") | 1.00 | |
+$head
+$rule
+${rows}
+Ratios to a wrapper restart (this tree, medians): update $(ratio "$mu" "$mr") (target ≤ 2),
+rollback $(ratio "$mb" "$mr").
 
-Where an update's downtime goes (steps of the last run's \`logs/update.log\`): ${breakdown%; }.
+Where an update's downtime goes (steps of the last run's \`logs/update.log\`): $(sed 's/; $//' "$work/update-ours.txt.steps").
 The unpack (with an fsync of every file) happens before the old agent stops: the agent
 keeps serving until the journal shows the new version on disk, so the downtime is the
-stop, the configuration merge, the switch and the start.
+stop, the configuration merge, the switch and the start. A rollback is the crash
+detection (the wrapper sees the new agent exit before it reports itself), the stop of its
+supervisor, the switch back and the old agent's start.
 EOF
 }
 
-bench_fleet() {
-    echo "fleet: 30 agents, 50 MiB bundle, limit 5, Retry-After 1" >&2
-    keys
-    base_bundle
-    local home=$work/fleet-server port n=30 limit=5
+# The command line that made a section, as it was run.
+bench_command() {
+    if [[ -n $baseline ]]; then
+        echo "BENCH_BASELINE=<checkout of $(git -C "$baseline" rev-parse --short HEAD)> scripts/bench.sh $1"
+    else
+        echo "scripts/bench.sh $1"
+    fi
+}
+
+# One fleet round of the current variant serving bundle $2: 30 agents at once through
+# the limit; appends "wall 503s-median slot-use peak" to $1.
+fleet_round() {
+    local out=$1 n=30 limit=5 home port
+    home=$work/fleet-server-$vname-$RANDOM
     mkdir -p "$home/downloads/agent"
-    make_dist "$work/fd" 50
-    local b2
-    b2=$(pack 2.0.0 "$work/fd" "$work/fb")
     port=$(free_port)
     start_server "$home" "$port" RUST_LOG=warn UPDATE_SERVER_DOWNLOADS_LIMIT=$limit \
         UPDATE_SERVER_DOWNLOADS_RETRY_AFTER=1 UPDATE_SERVER_ADMIN_TOKEN=bench
-    serve_bundle "$home" "$port" "$b2"
+    serve_bundle "$home" "$port" "$2"
     local i env="export AGENT_UPDATE_STABILITY_WINDOW=1s
 export AGENT_UPDATE_HEALTH_TIMEOUT=120s"
-    for i in $(seq 1 "$n"); do install_agent "$work/fleet-$i" "http://127.0.0.1:$port" "$env"; done
+    local prefix=$work/fleet-$vname-$RANDOM
+    for i in $(seq 1 "$n"); do install_agent "$prefix-$i" "http://127.0.0.1:$port" "$env"; done
     local t0
     t0=$(date +%s.%N)
     local starters=()
     for i in $(seq 1 "$n"); do
-        "$work/fleet-$i/agent/current/bin/agent-wrapper.sh" start >/dev/null &
+        "$prefix-$i/agent/current/bin/agent-wrapper.sh" start >/dev/null &
         starters+=($!)
     done
     wait "${starters[@]}" || note "a wrapper start reported failure; its supervisor keeps trying"
     # Sample the slots while any agent still waits for its download.
     local sum=0 samples=0 done_dl installed inflight
     while :; do
-        done_dl=$({ grep -l "downloaded" "$work"/fleet-*/agent/logs/agent.log 2>/dev/null || true; } | wc -l)
+        done_dl=$({ grep -l "downloaded" "$prefix"-*/agent/logs/agent.log 2>/dev/null || true; } | wc -l)
         ((done_dl >= n)) && break
         inflight=$(curl -fsS "http://127.0.0.1:$port/metrics" | awk '$1 == "agentupdate_downloads_in_flight" { print $2 }' || echo 0)
         sum=$(awk -v s="$sum" -v v="${inflight:-0}" 'BEGIN { print s + v }')
@@ -524,31 +602,69 @@ export AGENT_UPDATE_HEALTH_TIMEOUT=120s"
         jq '[.[] | select(.update_status == "INSTALLED" and .version == "2.0.0+1")] | length') && ((installed >= n)); do
         sleep 0.1
     done
-    local wall busy bmin bmed bmax use peak
+    local wall busy use peak
     wall=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }')
-    busy=$(for i in $(seq 1 "$n"); do grep -c "server busy (503" "$work/fleet-$i/agent/logs/agent.log" || true; done | sort -n)
-    bmin=$(head -1 <<<"$busy")
-    bmed=$(sed -n "$(((n + 1) / 2))p" <<<"$busy")
-    bmax=$(tail -1 <<<"$busy")
-    use=$(awk -v s="$sum" -v k="$samples" -v l="$limit" 'BEGIN { if (k == 0) print "n/a"; else printf "%.2f", s / k / l }')
+    busy=$(for i in $(seq 1 "$n"); do grep -c "server busy (503" "$prefix-$i/agent/logs/agent.log" || true; done | median_of)
+    use=$(awk -v s="$sum" -v k="$samples" -v l="$limit" 'BEGIN { if (k == 0) print "0"; else printf "%.2f", s / k / l }')
     peak=$(curl -fsS "http://127.0.0.1:$port/metrics" | awk '$1 == "agentupdate_downloads_in_flight_peak" { print $2 }')
-    note "fleet: $n INSTALLED in $wall s; 503s per agent $bmin/$bmed/$bmax; slot use $use; peak $peak"
-    for i in $(seq 1 "$n"); do stop_home "$work/fleet-$i/agent"; done
+    note "fleet ($vname): $n INSTALLED in $wall s; median 503s per agent $busy; slot use $use; peak $peak"
+    echo "$wall $busy $use $peak" >>"$out"
+    for i in $(seq 1 "$n"); do stop_home "$prefix-$i/agent"; done
+}
+
+bench_fleet() {
+    local pad=${FLEET_PAD_MIB:-0}
+    echo "fleet: 30 agents, limit 5, Retry-After 1, distribution padded by $pad MiB" >&2
+    keys
+    local variants=(ours) v
+    [[ -n $baseline ]] && variants+=(baseline)
+    declare -A bundle size
+    for v in "${variants[@]}"; do
+        use_variant "$v"
+        base_bundle >/dev/null
+        make_dist "$work/fd-$v" "$pad"
+        bundle[$v]=$(pack 2.0.0 "$work/fd-$v" "$work/fb-$v")
+        size[$v]=$(awk -v b="$(stat -c %s "${bundle[$v]}")" 'BEGIN { printf "%.1f", b / 1048576 }')
+    done
+    local i
+    for i in 1 2 3; do
+        for v in "${variants[@]}"; do
+            use_variant "$v"
+            fleet_round "$work/fleet-$v.txt" "${bundle[$v]}"
+        done
+    done
+    use_variant ours
+    local head="| measure | this tree |" rule="|---|---|"
+    local r1="| bundle size | ${size[ours]} MiB" r2 r3 r4 r5
+    r2="| wall time, start to the 30th \`INSTALLED\` | $(awk '{ print $1 }' "$work/fleet-ours.txt" | spread)"
+    r3="| \`503\`s per agent (median over agents, median of rounds) | $(awk '{ print $2 }' "$work/fleet-ours.txt" | median_of)"
+    r4="| slot use while any agent waits (mean in flight / limit) | $(awk '{ print $3 }' "$work/fleet-ours.txt" | median_of)"
+    r5="| peak downloads in flight (server, most of any round) | $(awk '{ print $4 }' "$work/fleet-ours.txt" | sort -n | tail -1)"
+    if [[ -n $baseline ]]; then
+        head+=" baseline $(git -C "$baseline" rev-parse --short HEAD) |"
+        rule+="---|"
+        r1+=" | ${size[baseline]} MiB"
+        r2+=" | $(awk '{ print $1 }' "$work/fleet-baseline.txt" | spread)"
+        r3+=" | $(awk '{ print $2 }' "$work/fleet-baseline.txt" | median_of)"
+        r4+=" | $(awk '{ print $3 }' "$work/fleet-baseline.txt" | median_of)"
+        r5+=" | $(awk '{ print $4 }' "$work/fleet-baseline.txt" | sort -n | tail -1)"
+    fi
     write_section fleet <<EOF
 ## Fleet: 30 agents through a download limit of 5
 
-\`scripts/bench.sh fleet\` on $(machine). 30 release agents (1.0.0), each in its own home,
-started at once through their wrappers against a release update-server serving a
-$(($(stat -c %s "$b2") / 1048576)) MiB bundle of 2.0.0 with \`downloads.limit = 5\` and
-\`Retry-After: 1\`, all on loopback on one machine (agents, updaters and server share its
-cores).
+\`$(bench_command fleet)\` on $(machine). 30 release agents (1.0.0), each in its own
+home, started at once through their wrappers against a release update-server serving
+2.0.0 (the real distribution: the agent and its wrapper, padded by $pad MiB) with
+\`downloads.limit = 5\` and \`Retry-After: 1\`, all on loopback on one machine (agents,
+updaters and server share its cores). Median (min–max) of 3 rounds per tree, alternating.
 
-| measure | value |
-|---|---|
-| wall time, start to the 30th \`INSTALLED\` | $(secs "$wall") |
-| \`503\`s per agent (min / median / max) | $bmin / $bmed / $bmax |
-| slot use while any agent waits (mean in flight / limit, sampled every 100 ms) | $use |
-| peak downloads in flight (server) | $peak |
+$head
+$rule
+$r1 |
+$r2 |
+$r3 |
+$r4 |
+$r5 |
 EOF
 }
 

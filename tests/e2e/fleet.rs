@@ -7,34 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e::{TestContext, admin_agents, configure_agent, metric, read_file, run_ok};
+use e2e::{TestContext, admin_agents, configure_agent, log_time, metric, read_file, run_ok};
 
 const AGENTS: usize = 30;
 const LIMIT: &str = "5";
 const TOKEN: &str = "fleet";
-
-/// Seconds since the epoch of a tracing timestamp `2026-11-21T23:29:20.123456Z`.
-fn log_time(line: &str) -> Option<f64> {
-    let stamp = line.split_whitespace().next()?;
-    let (date, time) = stamp.trim_end_matches('Z').split_once('T')?;
-    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    // Days from civil (H. Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let mut t = time.split(':');
-    let (h, min, s) = (
-        t.next()?.parse::<f64>().ok()?,
-        t.next()?.parse::<f64>().ok()?,
-        t.next()?.parse::<f64>().ok()?,
-    );
-    Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + s)
-}
 
 /// (number of 503s, smallest gap between a 503 and the next request, in seconds).
 fn busy_and_waits(log: &str) -> (usize, f64, f64) {

@@ -11,6 +11,7 @@ mod first_day;
 mod fleet;
 mod handlers;
 mod quickstart;
+mod rollout;
 mod server;
 mod stamp;
 mod update;

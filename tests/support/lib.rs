@@ -360,7 +360,11 @@ impl ServerProc {
 impl TestContext {
     /// Starts update-server with `env` settings, its home `home`, and waits until it answers.
     pub fn server(&self, home: &str, env: &[(&str, &str)]) -> ServerProc {
-        let port = free_port();
+        self.server_on(home, free_port(), env)
+    }
+
+    /// Like [`TestContext::server`], on `port` (to restart a server where it was).
+    pub fn server_on(&self, home: &str, port: u16, env: &[(&str, &str)]) -> ServerProc {
         let home = self.path(home);
         fs::create_dir_all(home.join("downloads/agent")).unwrap();
         let mut cmd = self.cmd("update-server");
@@ -368,8 +372,12 @@ impl TestContext {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--home")
             .arg(&home);
-        cmd.stdout(Stdio::null())
-            .stderr(fs::File::create(home.join("server.log")).unwrap());
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(home.join("server.log"))
+            .unwrap();
+        cmd.stdout(Stdio::null()).stderr(log);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -395,6 +403,21 @@ impl TestContext {
         fs::copy(bundle, server.download_dir().join(name)).unwrap();
     }
 
+    /// Replaces whatever the server serves with `bundle`, as an operator would (remove
+    /// the old files, copy the new ones), and waits until it is served.
+    pub fn republish(&self, server: &ServerProc, bundle: &Path) {
+        for entry in fs::read_dir(server.download_dir()).unwrap().flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("agent-bundle-")
+            {
+                fs::remove_file(entry.path()).unwrap();
+            }
+        }
+        self.publish_served(server, bundle);
+    }
+
     /// [`TestContext::publish`], then waits until the server serves that very bundle.
     pub fn publish_served(&self, server: &ServerProc, bundle: &Path) {
         self.publish(server, bundle);
@@ -405,16 +428,22 @@ impl TestContext {
 impl ServerProc {
     /// Waits until `/agentupdate/version` describes the bundle with this sha256.
     pub fn wait_serving(&self, sha256: &str) {
-        let port = self.port;
-        wait_until(
-            Duration::from_secs(30),
-            "the server to serve the bundle",
-            || {
-                http(port, "GET", "/agentupdate/version", &[])
-                    .map(|a| property(&a.text(), "agent.latest.sha256").as_deref() == Some(sha256))
-                    .unwrap_or(false)
-            },
-        );
+        let start = Instant::now();
+        loop {
+            let answer = http(self.port, "GET", "/agentupdate/version", &[]);
+            if answer.as_ref().is_ok_and(|a| {
+                property(&a.text(), "agent.latest.sha256").as_deref() == Some(sha256)
+            }) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the server did not serve {sha256} within 30 s; last answer {:?}\n--- server.log:\n{}",
+                answer.map(|a| a.text()),
+                read_file(&self.home.join("server.log"))
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
@@ -594,4 +623,27 @@ pub fn signal(pid: u32, signal: &str) {
         .arg(format!("-{signal}"))
         .arg(pid.to_string())
         .status();
+}
+
+/// Seconds since the epoch of a tracing timestamp `2026-11-21T23:29:20.123456Z`.
+pub fn log_time(line: &str) -> Option<f64> {
+    let stamp = line.split_whitespace().next()?;
+    let (date, time) = stamp.trim_end_matches('Z').split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    // Days from civil (H. Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let mut t = time.split(':');
+    let (h, min, s) = (
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+    );
+    Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + s)
 }

@@ -30,6 +30,17 @@ pub struct AgentSection {
     pub heartbeat: Duration,
     /// Shown to the server; defaults to the host name.
     pub name: String,
+    /// Sent when registering: rollout waves written `group:NAME` take these agents
+    /// first (a canary group, say). Empty: no group.
+    pub group: String,
+}
+
+impl AgentSection {
+    /// The group as sent to the server, if any.
+    pub fn group(&self) -> Option<String> {
+        let group = self.group.trim();
+        (!group.is_empty()).then(|| group.to_owned())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -66,6 +77,7 @@ impl Default for AgentSection {
         Self {
             heartbeat: Duration::from_secs(30),
             name: String::new(),
+            group: String::new(),
         }
     }
 }
@@ -89,6 +101,7 @@ pub const KEYS: &[Key] = &[
     key("server", "urls", Kind::List),
     key("agent", "heartbeat", Kind::Str),
     key("agent", "name", Kind::Str),
+    key("agent", "group", Kind::Str),
     key("update", "enabled", Kind::Bool),
     key("update", "public-key", Kind::Str),
     key("update", "health-timeout", Kind::Str),

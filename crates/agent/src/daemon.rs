@@ -90,6 +90,7 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
         id: id.clone(),
         name,
         platform: layout::PLATFORM.to_owned(),
+        group: config.agent.group(),
     };
     let mut client = Client::new(config.server.urls.clone(), install.version.clone(), hello)?;
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -22,6 +22,7 @@ pub async fn update(
         id: id.clone(),
         name: crate::identity::host_name(),
         platform: layout::PLATFORM.to_owned(),
+        group: config.agent.group(),
     };
     let client = Client::new(config.server.urls.clone(), install.version.clone(), hello)?;
     if check {

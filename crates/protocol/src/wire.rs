@@ -87,6 +87,9 @@ pub struct AgentHello {
     pub id: String,
     pub name: String,
     pub platform: String,
+    /// `agent.group`: rollout waves written `group:NAME` take these agents first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// Body of a `409` to an agent the directive refuses.
@@ -131,15 +134,25 @@ pub struct Report {
 }
 
 /// One row of `GET /admin/agents`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentRecord {
     pub id: String,
     pub name: String,
     pub platform: String,
     pub version: String,
     pub last_contact: String,
+    /// `INSTALLING`, `INSTALLED`, `INSTALL_FAILED`, or `TIMED_OUT` (recorded by the
+    /// server when a rollout's deadline passed without a report).
     pub update_status: Option<String>,
     pub update_error: Option<String>,
+    #[serde(default)]
+    pub group: String,
+    /// The agent's wave in the fleet's rollout (1 is the first).
+    #[serde(default)]
+    pub wave: Option<u32>,
+    /// When the fleet's rollout first told it to update (unix seconds).
+    #[serde(default)]
+    pub told_at: Option<f64>,
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use agent_protocol::settings::{self, Environment, Key, Kind, Strictness, key};
 use serde::Deserialize;
 
 use crate::error::ServerError;
+use crate::rollout::plan::Plan;
 
 pub const ENV_PREFIX: &str = "UPDATE_SERVER";
 
@@ -16,6 +17,7 @@ pub const KEYS: &[Key] = &[
     key("server", "home", Kind::Str),
     key("server", "max-connections", Kind::Int),
     key("server", "shutdown-grace", Kind::Int),
+    key("server", "name", Kind::Str),
     key("downloads", "dir", Kind::Str),
     key("downloads", "limit", Kind::Int),
     key("downloads", "retry-after", Kind::Int),
@@ -23,6 +25,10 @@ pub const KEYS: &[Key] = &[
     key("agents", "accept", Kind::Str),
     key("admin", "token", Kind::Str),
     key("database", "url", Kind::Str),
+    key("rollout", "waves", Kind::List),
+    key("rollout", "wave-wait", Kind::Int),
+    key("rollout", "max-failures", Kind::Str),
+    key("rollout", "agent-deadline", Kind::Int),
 ];
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -34,6 +40,7 @@ pub struct Config {
     pub agents: AgentsSection,
     pub admin: AdminSection,
     pub database: DatabaseSection,
+    pub rollout: RolloutSection,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -44,6 +51,9 @@ pub struct ServerSection {
     pub max_connections: usize,
     /// Seconds running downloads get to finish after SIGTERM.
     pub shutdown_grace: u64,
+    /// Names this server in the fleet database (its download limit, the decisions it
+    /// took); empty: the host name and port.
+    pub name: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -78,6 +88,48 @@ pub struct DatabaseSection {
     pub url: String,
 }
 
+/// `[rollout]`: how a new bundle reaches the fleet.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct RolloutSection {
+    /// Cumulative: a count ("1"), a share ("10%") or "group:NAME".
+    pub waves: Vec<String>,
+    /// Seconds a completed wave soaks before the next opens.
+    pub wave_wait: u64,
+    /// Of the agents told so far: a count or a share. More halts the rollout.
+    pub max_failures: CountOrShare,
+    /// Seconds an agent told to update has to report.
+    pub agent_deadline: u64,
+}
+
+/// `max-failures` may be written `3`, `"3"` or `"10%"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum CountOrShare {
+    Count(u64),
+    Text(String),
+}
+
+impl std::fmt::Display for CountOrShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CountOrShare::Count(n) => write!(f, "{n}"),
+            CountOrShare::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        Self {
+            waves: vec!["100%".into()],
+            wave_wait: 0,
+            max_failures: CountOrShare::Text("10%".into()),
+            agent_deadline: 1800,
+        }
+    }
+}
+
 impl Default for ServerSection {
     fn default() -> Self {
         Self {
@@ -85,6 +137,7 @@ impl Default for ServerSection {
             home: PathBuf::from("server-home"),
             max_connections: 1024,
             shutdown_grace: 30,
+            name: String::new(),
         }
     }
 }
@@ -141,7 +194,48 @@ impl Config {
         if self.server.max_connections == 0 {
             return Err("server.max-connections must be at least 1".into());
         }
+        self.rollout_plan()?;
         Ok(())
+    }
+
+    /// The plan new rollouts run under.
+    pub fn rollout_plan(&self) -> Result<Plan, String> {
+        Plan::new(
+            &self.rollout.waves,
+            self.rollout.wave_wait,
+            &self.rollout.max_failures.to_string(),
+            self.rollout.agent_deadline,
+        )
+    }
+
+    /// The URL of this server's admin API, from `server.listen` (a wildcard address is
+    /// reached on loopback).
+    pub fn admin_url(&self) -> String {
+        match self.listen_addr() {
+            Ok(addr) if addr.ip().is_unspecified() => {
+                format!("http://127.0.0.1:{}", addr.port())
+            }
+            Ok(addr) => format!("http://{addr}"),
+            Err(_) => format!("http://{}", self.server.listen),
+        }
+    }
+
+    /// `server.name`, or the host name and port.
+    pub fn server_name(&self) -> String {
+        if !self.server.name.is_empty() {
+            return self.server.name.clone();
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_default();
+        let port = self
+            .listen_addr()
+            .map(|a| a.port().to_string())
+            .unwrap_or_default();
+        format!(
+            "{}:{port}",
+            if host.is_empty() { "localhost" } else { &host }
+        )
     }
 
     pub fn listen_addr(&self) -> Result<SocketAddr, String> {
@@ -198,6 +292,40 @@ mod tests {
                 && err.contains("UPDATE_SERVER_DOWNLOADS_LIMIT"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn rollout_plan_from_the_file_and_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("server.toml");
+        std::fs::write(
+            &p,
+            "[rollout]\nwaves = [\"2\", \"50%\", \"100%\"]\nwave-wait = 30\nmax-failures = 3\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&p), &VarMap::default()).unwrap();
+        let plan = c.rollout_plan().unwrap();
+        assert_eq!(plan.waves.len(), 3);
+        assert_eq!(plan.wave_wait, 30);
+        assert_eq!(plan.max_failures.to_string(), "3");
+        let env = VarMap(vec![
+            (
+                "UPDATE_SERVER_ROLLOUT_WAVES".into(),
+                "group:canary, 10%".into(),
+            ),
+            ("UPDATE_SERVER_ROLLOUT_MAX_FAILURES".into(), "5%".into()),
+        ]);
+        let plan = Config::load(None, &env).unwrap().rollout_plan().unwrap();
+        assert_eq!(
+            plan.waves
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            ["group:canary", "10%", "100%"]
+        );
+        let bad = VarMap(vec![("UPDATE_SERVER_ROLLOUT_WAVES".into(), "ten".into())]);
+        let err = Config::load(None, &bad).unwrap_err().to_string();
+        assert!(err.contains("rollout.waves"), "{err}");
     }
 
     #[test]

@@ -1,56 +1,144 @@
-//! Fleet state: the auto-update switch, this server's download limit, and every agent.
-//! SQLite through sqlx, so that a PostgreSQL pool can replace it for servers that share
-//! one fleet without changing the queries' shape.
+//! The fleet database: the auto-update switch, this server's download limit, every agent,
+//! and the rollouts (see `rollout::store`).
+//!
+//! One set of queries for SQLite (the embedded default, one server) and PostgreSQL (a
+//! server cloud), through sqlx's `Any` driver: placeholders are `$1`, `$2`... (both
+//! engines read them), types are kept to integers and text, and the few statements that
+//! differ (taking the write lock) ask [`Db::backend`]. Each backend has its own
+//! migrations, and the schema migrates itself on start.
 
 use std::path::Path;
-use std::str::FromStr;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use agent_protocol::wire::{AgentRecord, Report};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use sqlx::{Row, SqlitePool};
+use agent_protocol::wire::Report;
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
 
 use crate::error::ServerError;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
 #[derive(Clone)]
 pub struct Db {
-    pool: SqlitePool,
+    pool: AnyPool,
+    backend: Backend,
 }
 
 pub fn now_secs() -> i64 {
+    now_ms() / 1000
+}
+
+pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
+        .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// `sqlite://` URL of a file path, with the characters the URL parser would take for
+/// its own percent-encoded.
+fn sqlite_url(path: &Path) -> String {
+    let mut url = String::from("sqlite://");
+    for b in path.display().to_string().bytes() {
+        match b {
+            b'%' | b'?' | b'#' | b' ' => url.push_str(&format!("%{b:02X}")),
+            _ => url.push(char::from(b)),
+        }
+    }
+    url.push_str("?mode=rwc");
+    url
+}
+
+/// One agent row, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentRow {
+    pub id: String,
+    pub name: String,
+    pub platform: String,
+    pub version: String,
+    pub group: String,
+    pub last_contact: i64,
+    pub update_status: Option<String>,
+    pub update_error: Option<String>,
 }
 
 impl Db {
     /// Opens (creating if needed) the database and migrates its schema.
     pub async fn open(url: &str, home: &Path) -> Result<Self, ServerError> {
-        let options = if url.is_empty() {
-            SqliteConnectOptions::new()
-                .filename(home.join("fleet.db"))
-                .create_if_missing(true)
-        } else if url.starts_with("sqlite:") {
-            SqliteConnectOptions::from_str(url)?.create_if_missing(true)
+        sqlx::any::install_default_drivers();
+        let (url, backend) = if url.is_empty() {
+            (sqlite_url(&home.join("fleet.db")), Backend::Sqlite)
+        } else if let Some(rest) = url.strip_prefix("sqlite:") {
+            let path = rest.trim_start_matches("//");
+            let path = path.split('?').next().unwrap_or(path);
+            (sqlite_url(Path::new(path)), Backend::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            (url.to_owned(), Backend::Postgres)
         } else {
             return Err(ServerError::Config(format!(
-                "database.url {url:?}: only sqlite: URLs are supported by this build; leave it empty for a file under the server's home"
+                "database.url {url:?}: use a postgres:// URL, a sqlite: URL, or leave it empty for a file under the server's home"
             )));
         };
-        let options = options
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(std::time::Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self { pool })
+        let pool = match backend {
+            Backend::Sqlite => {
+                AnyPoolOptions::new()
+                    .max_connections(4)
+                    // WAL lets readers run beside the writer; NORMAL syncs at checkpoints,
+                    // which WAL makes safe against corruption (a power cut loses at most
+                    // the last commits, never the file).
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            sqlx::query("PRAGMA journal_mode = WAL")
+                                .execute(&mut *conn)
+                                .await?;
+                            sqlx::query("PRAGMA synchronous = NORMAL")
+                                .execute(&mut *conn)
+                                .await?;
+                            Ok(())
+                        })
+                    })
+                    .connect(&url)
+                    .await?
+            }
+            Backend::Postgres => {
+                AnyPoolOptions::new()
+                    .max_connections(16)
+                    .acquire_timeout(Duration::from_secs(5))
+                    .connect(&url)
+                    .await?
+            }
+        };
+        match backend {
+            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite").run(&pool).await?,
+            Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(&pool).await?,
+        }
+        Ok(Self { pool, backend })
+    }
+
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// A transaction that holds the database's write lock from its first statement, so
+    /// that a decision read and written in it is taken once. SQLite takes the lock at
+    /// `BEGIN IMMEDIATE`; PostgreSQL callers lock the row they decide about.
+    pub async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+        match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
+            Backend::Postgres => self.pool.begin().await,
+        }
     }
 
     pub async fn setting(&self, key: &str) -> Result<Option<String>, sqlx::Error> {
-        let row = sqlx::query("SELECT value FROM settings WHERE key = ?")
+        let row = sqlx::query("SELECT value FROM settings WHERE key = $1")
             .bind(key)
             .fetch_optional(&self.pool)
             .await?;
@@ -58,31 +146,40 @@ impl Db {
     }
 
     pub async fn set_setting(&self, key: &str, value: &str) -> Result<(), sqlx::Error> {
-        sqlx::query("INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
-            .bind(key)
-            .bind(value)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "INSERT INTO settings (key, value) VALUES ($1, $2)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        )
+        .bind(key)
+        .bind(value)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
+    /// Records a contact; `group` is kept unless the agent says one (a register).
     pub async fn touch_agent(
         &self,
         id: &str,
         name: &str,
         platform: &str,
         version: &str,
+        group: Option<&str>,
     ) -> Result<(), sqlx::Error> {
         sqlx::query(
-            "INSERT INTO agents (id, name, platform, version, last_contact) VALUES (?, ?, ?, ?, ?)
-             ON CONFLICT(id) DO UPDATE SET name = excluded.name, platform = excluded.platform,
-               version = excluded.version, last_contact = excluded.last_contact",
+            "INSERT INTO agents (id, name, platform, version, last_contact, agent_group)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (id) DO UPDATE SET name = excluded.name, platform = excluded.platform,
+               version = excluded.version, last_contact = excluded.last_contact,
+               agent_group = COALESCE($7, agents.agent_group)",
         )
         .bind(id)
         .bind(name)
         .bind(platform)
         .bind(version)
         .bind(now_secs())
+        .bind(group.unwrap_or(""))
+        .bind(group)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -95,8 +192,8 @@ impl Db {
         };
         sqlx::query(
             "INSERT INTO agents (id, name, platform, version, last_contact, update_status, update_error)
-             VALUES (?, '', '', ?, ?, ?, ?)
-             ON CONFLICT(id) DO UPDATE SET version = excluded.version, last_contact = excluded.last_contact,
+             VALUES ($1, '', '', $2, $3, $4, $5)
+             ON CONFLICT (id) DO UPDATE SET version = excluded.version, last_contact = excluded.last_contact,
                update_status = excluded.update_status, update_error = excluded.update_error",
         )
         .bind(&report.id)
@@ -109,33 +206,28 @@ impl Db {
         Ok(())
     }
 
+    /// One agent, if known.
+    pub async fn agent(&self, id: &str) -> Result<Option<AgentRow>, sqlx::Error> {
+        let row = sqlx::query(&format!("{AGENT_COLUMNS} WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(agent_row))
+    }
+
     pub async fn agents(
         &self,
         version: Option<&str>,
         status: Option<&str>,
-    ) -> Result<Vec<AgentRecord>, sqlx::Error> {
-        let rows = sqlx::query(
-            "SELECT id, name, platform, version, last_contact, update_status, update_error FROM agents
-             WHERE (?1 IS NULL OR version = ?1) AND (?2 IS NULL OR update_status = ?2) ORDER BY id",
-        )
-        .bind(version)
-        .bind(status)
+    ) -> Result<Vec<AgentRow>, sqlx::Error> {
+        let rows = sqlx::query(&format!(
+            "{AGENT_COLUMNS} WHERE ($1 = '' OR version = $1) AND ($2 = '' OR update_status = $2) ORDER BY id"
+        ))
+        .bind(version.unwrap_or(""))
+        .bind(status.unwrap_or(""))
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| AgentRecord {
-                id: r.get(0),
-                name: r.get(1),
-                platform: r.get(2),
-                version: r.get(3),
-                last_contact: httpdate::fmt_http_date(
-                    UNIX_EPOCH + std::time::Duration::from_secs(r.get::<i64, _>(4).max(0) as u64),
-                ),
-                update_status: r.get(5),
-                update_error: r.get(6),
-            })
-            .collect())
+        Ok(rows.iter().map(agent_row).collect())
     }
 
     /// (label, count) of agents by version and by last update status, for /metrics.
@@ -148,13 +240,42 @@ impl Db {
             .into_iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect();
-        let by_status =
-            sqlx::query("SELECT COALESCE(update_status, 'NONE'), COUNT(*) FROM agents GROUP BY 1")
-                .fetch_all(&self.pool)
-                .await?
-                .into_iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
+        let by_status = sqlx::query(
+            "SELECT COALESCE(update_status, 'NONE'), COUNT(*) FROM agents GROUP BY COALESCE(update_status, 'NONE')",
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
         Ok((by_version, by_status))
+    }
+}
+
+const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error FROM agents";
+
+fn agent_row(r: &AnyRow) -> AgentRow {
+    AgentRow {
+        id: r.get(0),
+        name: r.get(1),
+        platform: r.get(2),
+        version: r.get(3),
+        group: r.get(4),
+        last_contact: r.get(5),
+        update_status: r.get(6),
+        update_error: r.get(7),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_urls_escape_what_the_parser_would_eat() {
+        assert_eq!(
+            sqlite_url(Path::new("/srv/home 1/fleet#1.db")),
+            "sqlite:///srv/home%201/fleet%231.db?mode=rwc"
+        );
     }
 }

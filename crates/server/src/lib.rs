@@ -5,11 +5,13 @@
 //! modifies the operator's dropped bundle files, never serves a byte that is not in its
 //! private immutable copy, and never holds a bundle whole in memory (it maps it).
 
+pub mod cli;
 pub mod config;
 pub mod db;
 pub mod error;
 pub mod limiter;
 pub mod metrics;
+pub mod rollout;
 pub mod routes;
 pub mod store;
 
@@ -52,6 +54,19 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         .map_err(|e| ServerError::Io(format!("bundle scan: {e}")))?;
 
     let db = db::Db::open(&config.database.url, home).await?;
+    let policy = config
+        .accept_policy()
+        .map_err(|e| ServerError::Config(e.to_string()))?;
+    let rollouts = Arc::new(rollout::Rollouts::new(
+        db.clone(),
+        config.rollout_plan().map_err(ServerError::Config)?,
+        policy.clone(),
+        config.server_name(),
+    ));
+    rollouts.refresh().await?;
+    if let store::Current::Ready(bundle) = store.current() {
+        rollouts.serve(served(&bundle)).await?;
+    }
     let auto_update = db
         .setting(routes::SETTING_AUTO_UPDATE)
         .await?
@@ -64,11 +79,10 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         inner: Arc::new(routes::Shared {
             store,
             db,
+            rollouts,
             limiter: Arc::default(),
             metrics: Arc::default(),
-            policy: config
-                .accept_policy()
-                .map_err(|e| ServerError::Config(e.to_string()))?,
+            policy,
             admin_token: config.admin.token.clone(),
             auto_update: AtomicBool::new(auto_update),
             download_limit: AtomicUsize::new(download_limit.min(config.server.max_connections)),
@@ -76,6 +90,63 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             retry_after: config.downloads.retry_after,
         }),
     })
+}
+
+/// The served bundle as its rollout knows it: content and signing time.
+pub fn served(bundle: &store::ServedBundle) -> rollout::Served {
+    let signed_at = bundle
+        .signature
+        .as_deref()
+        .and_then(|text| agent_protocol::minisign::Signature::parse(text).ok())
+        .and_then(|sig| agent_protocol::minisign::BundleClaim::parse(sig.trusted_comment()).ok())
+        .map_or(0, |claim| {
+            i64::try_from(claim.signed_at).unwrap_or(i64::MAX)
+        });
+    rollout::Served {
+        sha256: bundle.info.sha256.clone(),
+        signed_at,
+        version: bundle.info.agent.clone(),
+    }
+}
+
+/// How often the rollout is looked at (deadlines, soaks, another server's decisions),
+/// besides at once after each report.
+pub const ROLLOUT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Keeps the fleet's rollout moving: follows the served bundle, times out agents, opens
+/// and completes waves.
+fn spawn_rollout_loop(state: &AppState) {
+    let store = Arc::clone(&state.inner.store);
+    let rollouts = Arc::clone(&state.inner.rollouts);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(ROLLOUT_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_error = String::new();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = rollouts.woken() => {}
+            }
+            let result = async {
+                if let store::Current::Ready(bundle) = store.current() {
+                    rollouts.serve(served(&bundle)).await?;
+                }
+                rollouts.refresh().await?;
+                rollouts.decide().await
+            }
+            .await;
+            match result {
+                Ok(()) => last_error.clear(),
+                Err(e) => {
+                    let e = e.to_string();
+                    if e != last_error {
+                        tracing::error!("rollout: {e}; trying again");
+                        last_error = e;
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// Serves until `shutdown` resolves, then lets running downloads finish for the grace
@@ -105,6 +176,7 @@ pub async fn serve(
     // Tests and scripts read this line to learn the port.
     println!("listening on {local}");
 
+    spawn_rollout_loop(&state);
     let store = Arc::clone(&state.inner.store);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(SCAN_INTERVAL);

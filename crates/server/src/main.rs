@@ -2,14 +2,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use agent_protocol::settings::ProcessEnv;
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
+use update_server::cli::{AdminClient, RolloutAction};
 
-/// Serves one signed agent bundle and enforces the agent version directive.
+/// Serves one signed agent bundle and enforces the agent version directive; with a
+/// command, talks to a running server's admin API.
 #[derive(Debug, Parser)]
 #[command(name = "update-server", version)]
 struct Cli {
     /// Configuration file (TOML); without one, embedded defaults and the environment apply.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", global = true)]
     config: Option<PathBuf>,
     /// Address to listen on (server.listen).
     #[arg(long, value_name = "ADDR")]
@@ -17,6 +19,48 @@ struct Cli {
     /// Home directory for downloads, caches and the database (server.home).
     #[arg(long, value_name = "DIR")]
     home: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show or steer the fleet's rollout (through the admin API of a running server).
+    Rollout {
+        #[command(subcommand)]
+        action: Rollout,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Rollout {
+    /// The rollout's state and a table of its waves.
+    Status,
+    /// Tell no more agents to update; agents on the previous version stay accepted.
+    Halt {
+        /// Why, recorded with the halt.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Let a halted rollout go on (failures seen so far no longer count).
+    Resume,
+    /// Open the next wave now, without waiting for the current one or the soak.
+    Advance,
+}
+
+#[derive(Debug, Args)]
+struct AdminArgs {
+    /// The server's base URL (default: its server.listen address).
+    #[arg(long, value_name = "URL", global = true)]
+    server: Option<String>,
+    /// The admin token (default: UPDATE_SERVER_ADMIN_TOKEN, or admin.token).
+    #[arg(long, value_name = "TOKEN", global = true)]
+    token: Option<String>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 fn main() -> ExitCode {
@@ -39,10 +83,30 @@ fn main() -> ExitCode {
         }
         config.validate().map_err(anyhow::Error::msg)?;
         let runtime = tokio::runtime::Runtime::new()?;
-        runtime.block_on(update_server::serve(
-            config,
-            update_server::shutdown_signal(),
-        ))?;
+        match cli.command {
+            None => runtime.block_on(update_server::serve(
+                config,
+                update_server::shutdown_signal(),
+            ))?,
+            Some(Command::Rollout { action, admin }) => {
+                let client = AdminClient {
+                    server: admin.server.unwrap_or_else(|| config.admin_url()),
+                    token: admin.token.unwrap_or_else(|| config.admin.token.clone()),
+                };
+                let action = match action {
+                    Rollout::Status => RolloutAction::Status,
+                    Rollout::Halt { reason } => RolloutAction::Halt { reason },
+                    Rollout::Resume => RolloutAction::Resume,
+                    Rollout::Advance => RolloutAction::Advance,
+                };
+                let status = runtime.block_on(client.rollout(&action))?;
+                if admin.json {
+                    println!("{}", serde_json::to_string_pretty(&status)?);
+                } else {
+                    print!("{}", update_server::cli::render_status(&status));
+                }
+            }
+        }
         Ok(())
     })();
     match result {

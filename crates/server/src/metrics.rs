@@ -3,6 +3,8 @@
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::rollout::step::WaveStatus;
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     pub downloads_200: AtomicU64,
@@ -21,6 +23,20 @@ pub fn inc(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
+/// What `/metrics` says of the fleet's rollout.
+#[derive(Debug, Default)]
+pub struct RolloutGauges {
+    /// `None` before the first rollout.
+    pub state: Option<&'static str>,
+    /// Waves opened so far.
+    pub wave: u32,
+    pub waves: Vec<WaveStatus>,
+    /// Halts this server decided, by cause.
+    pub halts: Vec<(&'static str, u64)>,
+    /// This server's bundle is not the fleet's rollout.
+    pub mismatch: bool,
+}
+
 impl Metrics {
     pub fn render(
         &self,
@@ -28,6 +44,7 @@ impl Metrics {
         peak: usize,
         by_version: &[(String, i64)],
         by_status: &[(String, i64)],
+        rollout: &RolloutGauges,
     ) -> String {
         let mut out = String::new();
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -114,8 +131,66 @@ impl Metrics {
                 escape(status)
             );
         }
+        render_rollout(&mut out, rollout);
         out
     }
+}
+
+fn render_rollout(out: &mut String, r: &RolloutGauges) {
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_rollout_state The fleet's rollout is in this state (1) or not (0)."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_rollout_state gauge");
+    for state in ["running", "soaking", "halted", "completed"] {
+        let _ = writeln!(
+            out,
+            "agentupdate_rollout_state{{state=\"{state}\"}} {}",
+            u8::from(r.state == Some(state))
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_rollout_wave Waves of the fleet's rollout opened so far."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_rollout_wave gauge");
+    let _ = writeln!(out, "agentupdate_rollout_wave {}", r.wave);
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_rollout_wave_agents Agents of each wave of the fleet's rollout, by outcome."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_rollout_wave_agents gauge");
+    for (i, w) in r.waves.iter().enumerate() {
+        for (status, n) in [
+            ("pending", w.pending()),
+            ("installed", w.installed),
+            ("failed", w.failed),
+            ("timed_out", w.timed_out),
+        ] {
+            let _ = writeln!(
+                out,
+                "agentupdate_rollout_wave_agents{{wave=\"{}\",status=\"{status}\"}} {n}",
+                i + 1
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_rollout_halts_total Rollouts this server halted, by cause."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_rollout_halts_total counter");
+    for (cause, n) in &r.halts {
+        let _ = writeln!(
+            out,
+            "agentupdate_rollout_halts_total{{cause=\"{cause}\"}} {n}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_bundle_mismatch This server's bundle is not the fleet's rollout."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_bundle_mismatch gauge");
+    let _ = writeln!(out, "agentupdate_bundle_mismatch {}", u8::from(r.mismatch));
 }
 
 fn escape(s: &str) -> String {

@@ -1,0 +1,205 @@
+//! `update-server rollout status|halt|resume|advance`: the admin API of a running server,
+//! from a shell. Prints a table of the waves (or the API's JSON with `--json`).
+
+use std::fmt::Write as _;
+use std::time::{Duration, UNIX_EPOCH};
+
+use anyhow::Context;
+use serde_json::Value;
+
+/// What to ask of the rollout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RolloutAction {
+    Status,
+    Halt { reason: Option<String> },
+    Resume,
+    Advance,
+}
+
+/// Where the admin API is and how to talk to it.
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    pub server: String,
+    pub token: String,
+}
+
+impl AdminClient {
+    fn http(&self) -> anyhow::Result<reqwest::Client> {
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .context("cannot make an HTTP client")
+    }
+
+    /// Sends the request and returns the answer's JSON, or an error that says what the
+    /// server said.
+    pub async fn rollout(&self, action: &RolloutAction) -> anyhow::Result<Value> {
+        if self.token.is_empty() {
+            anyhow::bail!(
+                "no admin token: pass --token, or set UPDATE_SERVER_ADMIN_TOKEN (or admin.token in --config)"
+            );
+        }
+        let base = self.server.trim_end_matches('/');
+        let http = self.http()?;
+        let request = match action {
+            RolloutAction::Status => http.get(format!("{base}/admin/rollout")),
+            RolloutAction::Halt { reason } => {
+                let body = serde_json::json!({ "reason": reason });
+                http.post(format!("{base}/admin/rollout/halt")).json(&body)
+            }
+            RolloutAction::Resume => http.post(format!("{base}/admin/rollout/resume")),
+            RolloutAction::Advance => http.post(format!("{base}/admin/rollout/advance")),
+        };
+        let response = request
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| {
+                format!("cannot reach the update-server at {base}; is it running? (--server URL)")
+            })?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .with_context(|| format!("{base}: the answer broke off"))?;
+        let json: Value = serde_json::from_str(&text).unwrap_or(Value::String(text.clone()));
+        if !status.is_success() {
+            let message = json
+                .get("error")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .unwrap_or(text);
+            anyhow::bail!("{base} answered {status}: {message}");
+        }
+        Ok(json)
+    }
+}
+
+/// `HH:MM:SS` (UTC) of unix seconds, or `-`.
+fn clock(value: &Value) -> String {
+    value
+        .as_f64()
+        .map(|s| {
+            let date = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs_f64(s.max(0.0)));
+            // "Sun, 22 Nov 2026 06:12:03 GMT"
+            date.get(17..25).unwrap_or(&date).to_owned()
+        })
+        .unwrap_or_else(|| "-".to_owned())
+}
+
+fn date(value: &Value) -> String {
+    value
+        .as_f64()
+        .map(|s| httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs_f64(s.max(0.0))))
+        .unwrap_or_else(|| "-".to_owned())
+}
+
+fn text<'a>(value: &'a Value, key: &str) -> &'a str {
+    value.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+fn count(value: &Value, key: &str) -> u64 {
+    value.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// The rollout as a person reads it: a headline, the reason if any, then one line per wave.
+pub fn render_status(status: &Value) -> String {
+    let mut out = String::new();
+    let waves = status
+        .get("waves")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let previous = match status.get("previous").and_then(Value::as_str) {
+        Some(p) => format!("previous {p}"),
+        None => "no previous version".to_owned(),
+    };
+    let _ = writeln!(
+        out,
+        "rollout of {} ({previous}): {}, wave {} of {}",
+        text(status, "version"),
+        text(status, "state"),
+        count(status, "wave"),
+        waves.len()
+    );
+    let sha = text(status, "sha256");
+    let _ = writeln!(
+        out,
+        "sha256 {}, started {}",
+        sha.get(..16).unwrap_or(sha),
+        date(&status["started_at"])
+    );
+    if let Some(reason) = status.get("reason").and_then(Value::as_str) {
+        let _ = writeln!(out, "reason: {reason}");
+    }
+    if let Some(mismatch) = status.get("mismatch").and_then(Value::as_str) {
+        let _ = writeln!(out, "warning: {mismatch}");
+    }
+    let _ = writeln!(
+        out,
+        "{:>4}  {:<14} {:>7} {:>10} {:>7} {:>10} {:>8}  {:<9} {:<9}",
+        "wave",
+        "size",
+        "agents",
+        "installed",
+        "failed",
+        "timed out",
+        "pending",
+        "opened",
+        "completed"
+    );
+    for (i, w) in waves.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "{:>4}  {:<14} {:>7} {:>10} {:>7} {:>10} {:>8}  {:<9} {:<9}",
+            i + 1,
+            text(w, "size"),
+            count(w, "agents"),
+            count(w, "installed"),
+            count(w, "failed"),
+            count(w, "timed_out"),
+            count(w, "pending"),
+            clock(&w["opened_at"]),
+            clock(&w["completed_at"]),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_renders_a_headline_and_one_line_per_wave() {
+        let status = serde_json::json!({
+            "version": "2.0.0+2", "previous": "1.0.0+1", "sha256": "ab".repeat(32),
+            "state": "halted", "reason": "1 of 2 agents told failed", "wave": 1,
+            "started_at": 1_763_791_923.5,
+            "waves": [
+                {"size": "2", "agents": 2, "installed": 1, "failed": 1, "timed_out": 0, "pending": 0,
+                 "opened_at": 1_763_791_924.0, "completed_at": null},
+                {"size": "100%", "agents": 8, "installed": 0, "failed": 0, "timed_out": 0, "pending": 8,
+                 "opened_at": null, "completed_at": null}
+            ]
+        });
+        let text = render_status(&status);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].contains("2.0.0+2")
+                && lines[0].contains("halted")
+                && lines[0].contains("wave 1 of 2"),
+            "{text}"
+        );
+        assert!(text.contains("reason: 1 of 2 agents told failed"), "{text}");
+        let wave1 = lines
+            .iter()
+            .find(|l| l.trim_start().starts_with("1 "))
+            .unwrap();
+        assert!(
+            wave1.contains(':') && wave1.trim_end().ends_with('-'),
+            "{wave1}"
+        );
+        assert_eq!(lines.len(), 6, "{text}");
+    }
+}

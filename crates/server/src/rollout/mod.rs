@@ -1,0 +1,726 @@
+//! Staged rollouts: a bundle that appears in the download directory reaches the fleet in
+//! waves, and the rollout halts by itself when too many agents fail.
+//!
+//! - [`plan`]: `[rollout]` as a plan (waves, soak, threshold, deadline);
+//! - [`order`]: which agent is in which wave, the same on every server;
+//! - [`step`]: what happens next and the directive for one agent, pure functions of what
+//!   was observed and the time;
+//! - [`store`]: the rows in the fleet database and the guarded writes;
+//! - [`Rollouts`] (here): feeds the step function from the database, applies its
+//!   decisions in one write transaction each, and answers the directive from what it
+//!   last read, so a heartbeat costs no query once an agent's wave is known.
+//!
+//! It owns the `rollout*` tables. It never decides for a bundle it was not told about
+//! and never changes an agent's row except its update status on a missed deadline.
+
+pub mod order;
+pub mod plan;
+pub mod step;
+pub mod store;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use agent_protocol::wire::{Report, UpdateStatus};
+use agent_protocol::{AcceptPolicy, AgentVersion};
+use serde_json::json;
+
+use crate::db::{Db, now_ms};
+use crate::rollout::order::Member;
+use crate::rollout::plan::Plan;
+use crate::rollout::step::{Decision, Directive, HaltCause, State};
+use crate::rollout::store::{Membership, NewRollout, RolloutRow};
+
+/// The bundle this server serves, as a rollout knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    pub sha256: String,
+    /// `signed-at` of its signature; 0 without one.
+    pub signed_at: i64,
+    pub version: AgentVersion,
+}
+
+/// The directive for one agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub accepted: bool,
+    /// The version a refused agent must run.
+    pub expected: AgentVersion,
+}
+
+/// An operator's request that cannot be done now, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal(pub String);
+
+pub struct Rollouts {
+    db: Db,
+    plan: Plan,
+    policy: AcceptPolicy,
+    server: String,
+    current: RwLock<Option<Arc<RolloutRow>>>,
+    /// Agents' places in the rollout whose id is the first field. A wave never changes
+    /// once given; `told` and `done` only become true.
+    members: Mutex<(i64, HashMap<String, Membership>)>,
+    served: Mutex<Option<Served>>,
+    mismatch: RwLock<Option<String>>,
+    /// One decision at a time from this process (the database orders the servers).
+    deciding: tokio::sync::Mutex<()>,
+    /// Halts this server decided, by cause.
+    halts: [AtomicU64; 3],
+    /// Woken by a report, so the decision that may follow is not a tick away.
+    wake: tokio::sync::Notify,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn secs(ms: i64) -> f64 {
+    ms as f64 / 1000.0
+}
+
+impl Rollouts {
+    pub fn new(db: Db, plan: Plan, policy: AcceptPolicy, server: String) -> Self {
+        Self {
+            db,
+            plan,
+            policy,
+            server,
+            current: RwLock::new(None),
+            members: Mutex::new((0, HashMap::new())),
+            served: Mutex::new(None),
+            mismatch: RwLock::new(None),
+            deciding: tokio::sync::Mutex::new(()),
+            halts: Default::default(),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The fleet's rollout as last read.
+    pub fn current(&self) -> Option<Arc<RolloutRow>> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Why this server's bundle is not the fleet's rollout, if it is not.
+    pub fn mismatch(&self) -> Option<String> {
+        self.mismatch
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn halts(&self, cause: HaltCause) -> u64 {
+        self.halts[cause as usize].load(Ordering::Relaxed)
+    }
+
+    /// Resolves when a report may have changed what happens next.
+    pub async fn woken(&self) {
+        self.wake.notified().await;
+    }
+
+    /// The served bundle is `bundle`: start its rollout unless one exists, then read
+    /// the fleet's rollout again.
+    pub async fn serve(&self, bundle: Served) -> Result<(), sqlx::Error> {
+        {
+            let mut served = lock(&self.served);
+            if served.as_ref() == Some(&bundle) {
+                return Ok(());
+            }
+            *served = Some(bundle.clone());
+        }
+        self.start(&bundle).await?;
+        self.refresh().await?;
+        self.decide().await
+    }
+
+    /// Creates the rollout of `bundle` if no server did: the previous version is the
+    /// last completed rollout's; the agents heard from within the deadline are placed
+    /// in waves (later ones join as they come).
+    async fn start(&self, bundle: &Served) -> Result<(), sqlx::Error> {
+        let _one = self.deciding.lock().await;
+        let mut tx = self.db.begin_write().await?;
+        if store::find(&mut *tx, &bundle.sha256, bundle.signed_at)
+            .await?
+            .is_some()
+        {
+            tx.commit().await?;
+            return Ok(());
+        }
+        let now = now_ms();
+        let previous = store::last_completed_version(&mut *tx).await?;
+        let (state, reason, cause) = initial_state(&bundle.version, previous.as_ref());
+        let new = NewRollout {
+            sha256: &bundle.sha256,
+            signed_at: bundle.signed_at,
+            version: &bundle.version,
+            previous: previous.as_ref(),
+            state,
+            reason: reason.as_deref(),
+            halt_cause: cause.map(HaltCause::as_str),
+            plan: &self.plan,
+            now,
+        };
+        let Some(id) = store::insert(&mut tx, &new).await? else {
+            tx.commit().await?;
+            return Ok(());
+        };
+        let since = now / 1000 - i64::try_from(self.plan.agent_deadline).unwrap_or(i64::MAX);
+        let live = store::live_agents(&mut *tx, since).await?;
+        let members: Vec<Member> = live
+            .iter()
+            .map(|(id, group, _)| Member {
+                id: id.clone(),
+                group: group.clone(),
+            })
+            .collect();
+        let waves = order::assign(&self.plan, &bundle.sha256, &members);
+        let rows: Vec<(String, u32, bool)> = live
+            .iter()
+            .zip(&waves)
+            .map(|((id, _, version), wave)| {
+                let done = version
+                    .parse::<AgentVersion>()
+                    .is_ok_and(|v| self.policy.accepts(&bundle.version, &v));
+                (id.clone(), *wave, done)
+            })
+            .collect();
+        store::insert_members(&mut tx, id, &rows, now).await?;
+        let detail = format!(
+            "{} -> {}, {} agents placed in {} waves ({})",
+            previous
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_else(|| "no previous version".into()),
+            bundle.version,
+            rows.len(),
+            self.plan.wave_count(),
+            self.plan
+                .waves
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        store::event(&mut *tx, id, "started", 0, &detail, now, &self.server).await?;
+        if state == State::Completed {
+            // The previous version again: nothing to roll out.
+            let row = store::lock(&mut *tx, self.db.backend(), id).await?;
+            if let Some(row) = row {
+                for w in 1..=self.plan.wave_count() {
+                    store::apply(&mut tx, &row, &Decision::OpenWave(w), now, &self.server).await?;
+                    store::apply(&mut tx, &row, &Decision::CompleteWave(w), now, &self.server)
+                        .await?;
+                }
+                store::apply(&mut tx, &row, &Decision::Complete, now, &self.server).await?;
+            }
+        }
+        tx.commit().await?;
+        match state {
+            State::Halted => {
+                if let Some(cause) = cause {
+                    self.halts[cause as usize].fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::warn!(
+                    rollout = id,
+                    "rollout of {} starts halted: {}",
+                    bundle.version,
+                    reason.unwrap_or_default()
+                );
+            }
+            State::Completed => tracing::info!(
+                rollout = id,
+                "rollout of {} completed at once: it is the previous version",
+                bundle.version
+            ),
+            _ => tracing::info!(rollout = id, "rollout started: {detail}"),
+        }
+        Ok(())
+    }
+
+    /// Reads the fleet's rollout again (another server may have moved it on).
+    pub async fn refresh(&self) -> Result<(), sqlx::Error> {
+        let latest = store::latest(self.db.pool()).await?;
+        let served = lock(&self.served).clone();
+        let mismatch = match (&latest, &served) {
+            (Some(r), Some(s)) if r.sha256 != s.sha256 || r.signed_at != s.signed_at => {
+                Some(format!(
+                    "this server serves {} (sha256 {}), but the fleet's rollout is of {} (sha256 {}); it starts no rollout of its own: give it the fleet's bundle",
+                    s.version, s.sha256, r.version, r.sha256
+                ))
+            }
+            _ => None,
+        };
+        {
+            let mut slot = self.mismatch.write().unwrap_or_else(|p| p.into_inner());
+            if *slot != mismatch {
+                match &mismatch {
+                    Some(m) => tracing::warn!("{m}"),
+                    None if slot.is_some() => {
+                        tracing::info!("this server's bundle is the fleet's rollout again")
+                    }
+                    None => {}
+                }
+                *slot = mismatch;
+            }
+        }
+        let latest = latest.map(Arc::new);
+        {
+            let mut members = lock(&self.members);
+            if let Some(row) = &latest
+                && members.0 != row.id
+            {
+                *members = (row.id, HashMap::new());
+            }
+        }
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = latest;
+        Ok(())
+    }
+
+    /// Times out the agents past their deadline and applies every transition that is
+    /// due, in one write transaction; logs each once, after it is committed.
+    pub async fn decide(&self) -> Result<(), sqlx::Error> {
+        let Some(current) = self.current() else {
+            return Ok(());
+        };
+        if matches!(current.state, State::Halted | State::Completed) {
+            return Ok(());
+        }
+        let _one = self.deciding.lock().await;
+        let mut tx = self.db.begin_write().await?;
+        let Some(mut row) = store::lock(&mut *tx, self.db.backend(), current.id).await? else {
+            tx.commit().await?;
+            return Ok(());
+        };
+        if matches!(row.state, State::Halted | State::Completed) {
+            tx.commit().await?;
+            return self.refresh().await;
+        }
+        let now = now_ms();
+        let timed_out = store::time_out(&mut tx, row.id, &row.plan, now).await?;
+        let mut decided = Vec::new();
+        // Each wave opens and completes at most once, plus a soak, a halt, the end.
+        let most = 3 * row.plan.waves.len() + 3;
+        while decided.len() < most {
+            let progress = store::progress(&mut tx, &row).await?;
+            let Some(decision) = step::next(&row.plan, &progress, now) else {
+                break;
+            };
+            if !store::apply(&mut tx, &row, &decision, now, &self.server).await? {
+                break;
+            }
+            decided.push((decision, progress));
+            match store::lock(&mut *tx, self.db.backend(), row.id).await? {
+                Some(r) => row = r,
+                None => break,
+            }
+        }
+        tx.commit().await?;
+        for agent in &timed_out {
+            tracing::warn!(
+                rollout = row.id,
+                agent = %agent,
+                "agent missed its deadline ({} s after it was told): TIMED_OUT",
+                row.plan.agent_deadline
+            );
+        }
+        for (decision, progress) in &decided {
+            self.log_decision(&row, decision, progress);
+        }
+        if !decided.is_empty() || !timed_out.is_empty() {
+            self.refresh().await?;
+        }
+        Ok(())
+    }
+
+    fn log_decision(&self, row: &RolloutRow, decision: &Decision, progress: &step::Progress) {
+        let version = &row.version;
+        match decision {
+            Decision::OpenWave(w) => tracing::info!(
+                rollout = row.id,
+                "rollout of {version}: wave {w} of {} opened ({})",
+                row.plan.wave_count(),
+                row.plan
+                    .spec(*w)
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            ),
+            Decision::CompleteWave(w) => {
+                let s = progress
+                    .waves
+                    .get(*w as usize - 1)
+                    .cloned()
+                    .unwrap_or_default();
+                tracing::info!(
+                    rollout = row.id,
+                    "rollout of {version}: wave {w} completed ({} agents: {} installed, {} failed, {} timed out)",
+                    s.agents,
+                    s.installed,
+                    s.failed,
+                    s.timed_out
+                );
+            }
+            Decision::Soak(w) => tracing::info!(
+                rollout = row.id,
+                "rollout of {version}: wave {w} soaks for {} s before the next opens",
+                row.plan.wave_wait
+            ),
+            Decision::Halt { cause, reason } => {
+                self.halts[*cause as usize].fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(rollout = row.id, "rollout of {version} halted: {reason}");
+            }
+            Decision::Complete => tracing::info!(
+                rollout = row.id,
+                "rollout of {version} completed: every wave is done"
+            ),
+        }
+    }
+
+    /// The directive for an agent of version `version`, placing it in a wave the first
+    /// time this rollout sees it. Without a rollout (no bundle has been served yet),
+    /// `None`.
+    pub async fn answer(
+        &self,
+        agent: &str,
+        group: &str,
+        version: &AgentVersion,
+    ) -> Result<Option<Answer>, sqlx::Error> {
+        let served = lock(&self.served).clone();
+        let (Some(current), Some(served)) = (self.current(), served) else {
+            return Ok(None);
+        };
+        if self.mismatch().is_some() {
+            // Not this server's rollout: refuse no one on a version of the fleet, and
+            // send the others to what this server can serve.
+            let fleet = [Some(&current.version), current.previous.as_ref()];
+            let accepted = self.policy.accepts(&served.version, version)
+                || fleet
+                    .into_iter()
+                    .flatten()
+                    .any(|v| self.policy.accepts(v, version));
+            return Ok(Some(Answer {
+                accepted,
+                expected: served.version,
+            }));
+        }
+        let on_target = self.policy.accepts(&current.version, version);
+        let member = self.membership(&current, agent, group, on_target).await?;
+        let directive = Directive {
+            target: &current.version,
+            previous: current.previous.as_ref(),
+            state: current.state,
+            opened: current.opened,
+        };
+        let accepted = directive.accepts(&self.policy, version, member.wave);
+        let now = now_ms();
+        if on_target && !member.done {
+            // Running the target proves the install, even if its report got lost.
+            store::set_outcome(
+                self.db.pool(),
+                current.id,
+                agent,
+                store::INSTALLED,
+                None,
+                now,
+            )
+            .await?;
+            self.remember(current.id, agent, |m| m.done = true);
+            self.wake.notify_one();
+        }
+        if !accepted && !member.told {
+            store::mark_told(self.db.pool(), current.id, agent, now).await?;
+            self.remember(current.id, agent, |m| m.told = true);
+        }
+        Ok(Some(Answer {
+            accepted,
+            expected: current.version.clone(),
+        }))
+    }
+
+    async fn membership(
+        &self,
+        current: &RolloutRow,
+        agent: &str,
+        group: &str,
+        on_target: bool,
+    ) -> Result<Membership, sqlx::Error> {
+        {
+            let members = lock(&self.members);
+            if members.0 == current.id
+                && let Some(m) = members.1.get(agent)
+            {
+                return Ok(*m);
+            }
+        }
+        let member = match store::membership(self.db.pool(), current.id, agent).await? {
+            Some(m) => m,
+            None => {
+                let wave = current.plan.join_wave(current.opened, group);
+                store::join(self.db.pool(), current.id, agent, wave, on_target, now_ms()).await?
+            }
+        };
+        let mut members = lock(&self.members);
+        if members.0 == current.id {
+            members.1.insert(agent.to_owned(), member);
+        }
+        Ok(member)
+    }
+
+    fn remember(&self, rollout: i64, agent: &str, change: impl FnOnce(&mut Membership)) {
+        let mut members = lock(&self.members);
+        if members.0 == rollout
+            && let Some(m) = members.1.get_mut(agent)
+        {
+            change(m);
+        }
+    }
+
+    /// An `INSTALLED` or `INSTALL_FAILED` for the rollout's target counts in its wave.
+    pub async fn report(&self, report: &Report) -> Result<(), sqlx::Error> {
+        let Some(current) = self.current() else {
+            return Ok(());
+        };
+        let outcome = match report.status {
+            UpdateStatus::Installed => store::INSTALLED,
+            UpdateStatus::InstallFailed => store::INSTALL_FAILED,
+            UpdateStatus::Installing => return Ok(()),
+        };
+        if report.to.parse::<AgentVersion>().ok().as_ref() != Some(&current.version) {
+            return Ok(());
+        }
+        let group = self
+            .db
+            .agent(&report.id)
+            .await?
+            .map(|a| a.group)
+            .unwrap_or_default();
+        let on_target = outcome == store::INSTALLED;
+        self.membership(&current, &report.id, &group, on_target)
+            .await?;
+        store::set_outcome(
+            self.db.pool(),
+            current.id,
+            &report.id,
+            outcome,
+            report.error.as_deref(),
+            now_ms(),
+        )
+        .await?;
+        self.remember(current.id, &report.id, |m| m.done = true);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// `POST /admin/rollout/halt`.
+    pub async fn halt(&self, why: Option<&str>) -> Result<Result<(), Refusal>, sqlx::Error> {
+        let reason = match why {
+            Some(w) if !w.trim().is_empty() => format!("halted by an operator: {}", w.trim()),
+            _ => "halted by an operator".to_owned(),
+        };
+        self.operator(|row, _| match row.state {
+            State::Running | State::Soaking => Ok(Decision::Halt {
+                cause: HaltCause::Operator,
+                reason: reason.clone(),
+            }),
+            State::Halted => Err(Refusal("the rollout is halted already".into())),
+            State::Completed => Err(Refusal("the rollout is completed; nothing to halt".into())),
+        })
+        .await
+    }
+
+    /// `POST /admin/rollout/advance`: the next wave opens now.
+    pub async fn advance(&self) -> Result<Result<(), Refusal>, sqlx::Error> {
+        self.operator(|row, progress| step::advance(&row.plan, progress).map_err(Refusal))
+            .await
+    }
+
+    /// `POST /admin/rollout/resume`: a halted rollout goes on; the failures seen so far
+    /// are let go (only later ones count against `max-failures`).
+    pub async fn resume(&self) -> Result<Result<(), Refusal>, sqlx::Error> {
+        let Some(current) = self.current() else {
+            return Ok(Err(Refusal("there is no rollout".into())));
+        };
+        let result = {
+            let _one = self.deciding.lock().await;
+            let mut tx = self.db.begin_write().await?;
+            let row = store::lock(&mut *tx, self.db.backend(), current.id).await?;
+            let result = match row {
+                Some(row) if row.state == State::Halted => {
+                    let progress = store::progress(&mut tx, &row).await?;
+                    let now = now_ms();
+                    store::forgive(&mut tx, row.id, progress.failures()).await?;
+                    store::set_state(&mut tx, row.id, State::Running, None, None).await?;
+                    store::event(
+                        &mut *tx,
+                        row.id,
+                        "resumed",
+                        row.opened,
+                        "",
+                        now,
+                        &self.server,
+                    )
+                    .await?;
+                    tracing::info!(
+                        rollout = row.id,
+                        "rollout of {} resumed by an operator ({} failures let go)",
+                        row.version,
+                        progress.failures()
+                    );
+                    Ok(())
+                }
+                Some(_) => Err(Refusal("the rollout is not halted".into())),
+                None => Err(Refusal("there is no rollout".into())),
+            };
+            tx.commit().await?;
+            result
+        };
+        self.refresh().await?;
+        self.decide().await?;
+        Ok(result)
+    }
+
+    /// Applies an operator's decision to the fleet's rollout.
+    async fn operator(
+        &self,
+        choose: impl FnOnce(&RolloutRow, &step::Progress) -> Result<Decision, Refusal>,
+    ) -> Result<Result<(), Refusal>, sqlx::Error> {
+        let Some(current) = self.current() else {
+            return Ok(Err(Refusal("there is no rollout".into())));
+        };
+        let result = {
+            let _one = self.deciding.lock().await;
+            let mut tx = self.db.begin_write().await?;
+            let Some(row) = store::lock(&mut *tx, self.db.backend(), current.id).await? else {
+                return Ok(Err(Refusal("there is no rollout".into())));
+            };
+            let progress = store::progress(&mut tx, &row).await?;
+            let result = match choose(&row, &progress) {
+                Ok(decision) => {
+                    store::apply(&mut tx, &row, &decision, now_ms(), &self.server).await?;
+                    Ok(decision)
+                }
+                Err(refusal) => Err(refusal),
+            };
+            tx.commit().await?;
+            result.map(|decision| self.log_decision(&row, &decision, &progress))
+        };
+        self.refresh().await?;
+        self.decide().await?;
+        Ok(result)
+    }
+
+    /// `GET /admin/rollout`: the fleet's rollout with each wave's counts.
+    pub async fn status(&self) -> Result<Option<serde_json::Value>, sqlx::Error> {
+        let Some(row) = store::latest(self.db.pool()).await? else {
+            return Ok(None);
+        };
+        let mut conn = self.db.pool().acquire().await?;
+        let waves = store::wave_status(&mut conn, &row).await?;
+        let events = store::events(&mut *conn, row.id).await?;
+        let waves: Vec<serde_json::Value> = waves
+            .iter()
+            .zip(&row.plan.waves)
+            .map(|(w, spec)| {
+                json!({
+                    "size": spec.to_string(),
+                    "agents": w.agents,
+                    "installed": w.installed,
+                    "failed": w.failed,
+                    "timed_out": w.timed_out,
+                    "pending": w.pending(),
+                    "opened_at": w.opened_at.map(secs),
+                    "completed_at": w.completed_at.map(secs),
+                })
+            })
+            .collect();
+        Ok(Some(json!({
+            "version": row.version.to_string(),
+            "previous": row.previous.as_ref().map(ToString::to_string),
+            "sha256": row.sha256,
+            "state": row.state.as_str(),
+            "reason": row.reason,
+            "wave": row.opened,
+            "started_at": secs(row.started_at),
+            "waves": waves,
+            "completed_at": row.completed_at.map(secs),
+            "signed_at": row.signed_at,
+            "halt_cause": row.halt_cause,
+            "plan": {
+                "waves": row.plan.waves.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "wave_wait": row.plan.wave_wait,
+                "max_failures": row.plan.max_failures.to_string(),
+                "agent_deadline": row.plan.agent_deadline,
+            },
+            "mismatch": self.mismatch(),
+            "events": events.iter().map(|(kind, wave, at, detail, server)| json!({
+                "kind": kind, "wave": wave, "at": secs(*at), "detail": detail, "server": server,
+            })).collect::<Vec<_>>(),
+        })))
+    }
+
+    /// Every agent's wave and `told_at` (seconds) in the fleet's rollout.
+    pub async fn members(&self) -> Result<HashMap<String, (u32, Option<f64>)>, sqlx::Error> {
+        let Some(current) = self.current() else {
+            return Ok(HashMap::new());
+        };
+        Ok(store::members(self.db.pool(), current.id)
+            .await?
+            .into_iter()
+            .map(|(id, (wave, told))| (id, (wave, told.map(secs))))
+            .collect())
+    }
+
+    /// Per-wave counts of the fleet's rollout, for `/metrics`.
+    pub async fn wave_counts(&self) -> Result<Vec<step::WaveStatus>, sqlx::Error> {
+        let Some(current) = self.current() else {
+            return Ok(Vec::new());
+        };
+        let mut conn = self.db.pool().acquire().await?;
+        store::wave_status(&mut conn, &current).await
+    }
+}
+
+/// How a rollout of `target` starts after `previous`: the previous version again simply
+/// completes; an older one (a downgrade, however recently signed) starts halted.
+fn initial_state(
+    target: &AgentVersion,
+    previous: Option<&AgentVersion>,
+) -> (State, Option<String>, Option<HaltCause>) {
+    match previous {
+        Some(p) if p == target => (State::Completed, None, None),
+        Some(p) if step::is_downgrade(target, p) => (
+            State::Halted,
+            Some(format!(
+                "downgrade: {target} is older than the previous version {p}; `update-server rollout resume` rolls it out anyway"
+            )),
+            Some(HaltCause::Downgrade),
+        ),
+        _ => (State::Running, None, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_downgrade_starts_halted_and_the_previous_version_completes() {
+        let v = |s: &str| s.parse::<AgentVersion>().unwrap();
+        assert_eq!(initial_state(&v("2.0.0+2"), None).0, State::Running);
+        assert_eq!(
+            initial_state(&v("2.0.0+2"), Some(&v("1.0.0+1"))).0,
+            State::Running
+        );
+        let (state, reason, cause) = initial_state(&v("1.0.0+1"), Some(&v("2.0.0+2")));
+        assert_eq!(state, State::Halted);
+        assert!(reason.unwrap().starts_with("downgrade: "));
+        assert_eq!(cause, Some(HaltCause::Downgrade));
+        assert_eq!(
+            initial_state(&v("2.0.0+2"), Some(&v("2.0.0+2"))).0,
+            State::Completed
+        );
+    }
+}

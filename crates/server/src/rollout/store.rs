@@ -1,0 +1,638 @@
+//! Rollout state in the fleet database: the rows, the wave counts, and the writes that
+//! apply a decision. Every transition is guarded twice: by the write lock of the
+//! transaction it is decided in, and by a unique event row (`rollout_events_once`), so a
+//! wave is opened once even by two servers or across a restart.
+
+use std::collections::HashMap;
+
+use agent_protocol::AgentVersion;
+use sqlx::any::AnyRow;
+use sqlx::{Any, AnyConnection, Executor, Row};
+
+use crate::db::Backend;
+use crate::rollout::plan::Plan;
+use crate::rollout::step::{Decision, Progress, State, WaveStatus};
+
+pub const INSTALLED: &str = "INSTALLED";
+pub const INSTALL_FAILED: &str = "INSTALL_FAILED";
+pub const TIMED_OUT: &str = "TIMED_OUT";
+
+/// How many failed agents a halt reason names.
+const FAILURES_NAMED: i64 = 3;
+
+/// A rollout as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutRow {
+    pub id: i64,
+    pub sha256: String,
+    /// `signed-at` of the bundle's signature (0 when it had none).
+    pub signed_at: i64,
+    pub version: AgentVersion,
+    pub previous: Option<AgentVersion>,
+    pub state: State,
+    pub reason: Option<String>,
+    pub halt_cause: Option<String>,
+    pub plan: Plan,
+    pub opened: u32,
+    pub forgiven: u64,
+    pub started_at: i64,
+    pub completed_at: Option<i64>,
+}
+
+/// An agent's place in a rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Membership {
+    pub wave: u32,
+    pub told: bool,
+    pub done: bool,
+}
+
+const ROLLOUT_COLUMNS: &str = "SELECT id, sha256, signed_at, version, previous, state, reason, halt_cause, plan, opened, forgiven, started_at, completed_at FROM rollouts";
+
+fn decode(what: &str, e: impl std::fmt::Display) -> sqlx::Error {
+    sqlx::Error::Decode(format!("{what}: {e}").into())
+}
+
+fn rollout_row(r: &AnyRow) -> Result<RolloutRow, sqlx::Error> {
+    let version: String = r.try_get(3)?;
+    let previous: Option<String> = r.try_get(4)?;
+    let state: String = r.try_get(5)?;
+    let plan: String = r.try_get(8)?;
+    Ok(RolloutRow {
+        id: r.try_get(0)?,
+        sha256: r.try_get(1)?,
+        signed_at: r.try_get(2)?,
+        version: version.parse().map_err(|e| decode("rollouts.version", e))?,
+        previous: previous
+            .map(|p| p.parse().map_err(|e| decode("rollouts.previous", e)))
+            .transpose()?,
+        state: state.parse().map_err(|e| decode("rollouts.state", e))?,
+        reason: r.try_get(6)?,
+        halt_cause: r.try_get(7)?,
+        plan: serde_json::from_str(&plan).map_err(|e| decode("rollouts.plan", e))?,
+        opened: u32::try_from(r.try_get::<i64, _>(9)?).unwrap_or(0),
+        forgiven: u64::try_from(r.try_get::<i64, _>(10)?).unwrap_or(0),
+        started_at: r.try_get(11)?,
+        completed_at: r.try_get(12)?,
+    })
+}
+
+/// The fleet's rollout: the one started last.
+pub async fn latest<'e>(
+    e: impl Executor<'e, Database = Any>,
+) -> Result<Option<RolloutRow>, sqlx::Error> {
+    sqlx::query(&format!("{ROLLOUT_COLUMNS} ORDER BY id DESC LIMIT 1"))
+        .fetch_optional(e)
+        .await?
+        .as_ref()
+        .map(rollout_row)
+        .transpose()
+}
+
+/// The rollout `id`, with its row locked until the transaction ends (PostgreSQL; SQLite's
+/// `BEGIN IMMEDIATE` already holds the whole database).
+pub async fn lock<'e>(
+    e: impl Executor<'e, Database = Any>,
+    backend: Backend,
+    id: i64,
+) -> Result<Option<RolloutRow>, sqlx::Error> {
+    let lock = match backend {
+        Backend::Postgres => " FOR UPDATE",
+        Backend::Sqlite => "",
+    };
+    sqlx::query(&format!("{ROLLOUT_COLUMNS} WHERE id = $1{lock}"))
+        .bind(id)
+        .fetch_optional(e)
+        .await?
+        .as_ref()
+        .map(rollout_row)
+        .transpose()
+}
+
+pub async fn find<'e>(
+    e: impl Executor<'e, Database = Any>,
+    sha256: &str,
+    signed_at: i64,
+) -> Result<Option<RolloutRow>, sqlx::Error> {
+    sqlx::query(&format!(
+        "{ROLLOUT_COLUMNS} WHERE sha256 = $1 AND signed_at = $2"
+    ))
+    .bind(sha256)
+    .bind(signed_at)
+    .fetch_optional(e)
+    .await?
+    .as_ref()
+    .map(rollout_row)
+    .transpose()
+}
+
+/// The target of the last completed rollout: the version the fleet ran before.
+pub async fn last_completed_version<'e>(
+    e: impl Executor<'e, Database = Any>,
+) -> Result<Option<AgentVersion>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT version FROM rollouts WHERE state = 'completed' ORDER BY completed_at DESC, id DESC LIMIT 1",
+    )
+    .fetch_optional(e)
+    .await?;
+    row.map(|r| {
+        r.get::<String, _>(0)
+            .parse()
+            .map_err(|e| decode("rollouts.version", e))
+    })
+    .transpose()
+}
+
+/// What a new rollout starts with.
+pub struct NewRollout<'a> {
+    pub sha256: &'a str,
+    pub signed_at: i64,
+    pub version: &'a AgentVersion,
+    pub previous: Option<&'a AgentVersion>,
+    pub state: State,
+    pub reason: Option<&'a str>,
+    pub halt_cause: Option<&'a str>,
+    pub plan: &'a Plan,
+    pub now: i64,
+}
+
+/// Inserts the rollout and its waves; `None` if another server (or an earlier run) made it.
+pub async fn insert(
+    tx: &mut sqlx::Transaction<'static, Any>,
+    new: &NewRollout<'_>,
+) -> Result<Option<i64>, sqlx::Error> {
+    let plan = serde_json::to_string(new.plan).map_err(|e| decode("plan", e))?;
+    let id: Option<i64> = sqlx::query(
+        "INSERT INTO rollouts (sha256, signed_at, version, previous, state, reason, halt_cause, plan, opened, forgiven, started_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, 0, $9)
+         ON CONFLICT (sha256, signed_at) DO NOTHING RETURNING id",
+    )
+    .bind(new.sha256)
+    .bind(new.signed_at)
+    .bind(new.version.to_string())
+    .bind(new.previous.map(ToString::to_string))
+    .bind(new.state.as_str())
+    .bind(new.reason)
+    .bind(new.halt_cause)
+    .bind(plan)
+    .bind(new.now)
+    .fetch_optional(&mut **tx)
+    .await?
+    .map(|r| r.get(0));
+    let Some(id) = id else {
+        return Ok(None);
+    };
+    for (i, spec) in new.plan.waves.iter().enumerate() {
+        sqlx::query("INSERT INTO rollout_waves (rollout_id, wave, spec) VALUES ($1, $2, $3)")
+            .bind(id)
+            .bind(i as i64 + 1)
+            .bind(spec.to_string())
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(Some(id))
+}
+
+/// Agents heard from since `since_secs`: (id, group, version).
+pub async fn live_agents<'e>(
+    e: impl Executor<'e, Database = Any>,
+    since_secs: i64,
+) -> Result<Vec<(String, String, String)>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT id, agent_group, version FROM agents WHERE last_contact >= $1 ORDER BY id",
+    )
+    .bind(since_secs)
+    .fetch_all(e)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
+}
+
+/// Places agents in their waves; `done` ones (already on the target) count as installed.
+pub async fn insert_members(
+    tx: &mut sqlx::Transaction<'static, Any>,
+    rollout: i64,
+    members: &[(String, u32, bool)],
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    // Several rows per statement: a 10,000-agent fleet is placed in 50 round trips.
+    for chunk in members.chunks(200) {
+        let mut sql = String::from(
+            "INSERT INTO rollout_agents (rollout_id, agent_id, wave, outcome, outcome_at) VALUES ",
+        );
+        for i in 0..chunk.len() {
+            let b = i * 5;
+            if i > 0 {
+                sql.push(',');
+            }
+            sql.push_str(&format!(
+                "(${}, ${}, ${}, ${}, ${})",
+                b + 1,
+                b + 2,
+                b + 3,
+                b + 4,
+                b + 5
+            ));
+        }
+        sql.push_str(" ON CONFLICT (rollout_id, agent_id) DO NOTHING");
+        let mut q = sqlx::query(&sql);
+        for (agent, wave, done) in chunk {
+            q = q
+                .bind(rollout)
+                .bind(agent.as_str())
+                .bind(i64::from(*wave))
+                .bind(done.then_some(INSTALLED))
+                .bind(done.then_some(now));
+        }
+        q.execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+pub async fn membership<'e>(
+    e: impl Executor<'e, Database = Any>,
+    rollout: i64,
+    agent: &str,
+) -> Result<Option<Membership>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT wave, told_at, outcome FROM rollout_agents WHERE rollout_id = $1 AND agent_id = $2",
+    )
+    .bind(rollout)
+    .bind(agent)
+    .fetch_optional(e)
+    .await?;
+    Ok(row.map(|r| Membership {
+        wave: u32::try_from(r.get::<i64, _>(0)).unwrap_or(0),
+        told: r.get::<Option<i64>, _>(1).is_some(),
+        done: r.get::<Option<String>, _>(2).is_some(),
+    }))
+}
+
+/// Places an agent first seen during the rollout; the first server to do so wins.
+pub async fn join<'e>(
+    e: impl Executor<'e, Database = Any> + Copy,
+    rollout: i64,
+    agent: &str,
+    wave: u32,
+    done: bool,
+    now: i64,
+) -> Result<Membership, sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO rollout_agents (rollout_id, agent_id, wave, outcome, outcome_at) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (rollout_id, agent_id) DO NOTHING",
+    )
+    .bind(rollout)
+    .bind(agent)
+    .bind(i64::from(wave))
+    .bind(done.then_some(INSTALLED))
+    .bind(done.then_some(now))
+    .execute(e)
+    .await?;
+    Ok(membership(e, rollout, agent).await?.unwrap_or(Membership {
+        wave,
+        told: false,
+        done,
+    }))
+}
+
+/// The first `409` of this rollout to the agent.
+pub async fn mark_told<'e>(
+    e: impl Executor<'e, Database = Any>,
+    rollout: i64,
+    agent: &str,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE rollout_agents SET told_at = $3 WHERE rollout_id = $1 AND agent_id = $2 AND told_at IS NULL",
+    )
+    .bind(rollout)
+    .bind(agent)
+    .bind(now)
+    .execute(e)
+    .await?;
+    Ok(())
+}
+
+/// What the agent reported (or, for `INSTALLED`, showed by running the target).
+pub async fn set_outcome<'e>(
+    e: impl Executor<'e, Database = Any>,
+    rollout: i64,
+    agent: &str,
+    outcome: &str,
+    error: Option<&str>,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE rollout_agents SET outcome = $3, outcome_at = $4, error = $5
+         WHERE rollout_id = $1 AND agent_id = $2 AND (outcome IS NULL OR outcome <> $3)",
+    )
+    .bind(rollout)
+    .bind(agent)
+    .bind(outcome)
+    .bind(now)
+    .bind(error)
+    .execute(e)
+    .await?;
+    Ok(())
+}
+
+/// Marks `TIMED_OUT` every agent of an open wave that was told (or, never reached, whose
+/// wave opened) `agent-deadline` ago or more without an outcome; returns their ids.
+pub async fn time_out(
+    tx: &mut sqlx::Transaction<'static, Any>,
+    rollout: i64,
+    plan: &Plan,
+    now: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    let cutoff = now.saturating_sub(plan.agent_deadline.saturating_mul(1000) as i64);
+    let ids: Vec<String> = sqlx::query(
+        "UPDATE rollout_agents SET outcome = 'TIMED_OUT', outcome_at = $3,
+           error = 'no report within the agent deadline'
+         WHERE rollout_id = $1 AND outcome IS NULL AND (
+           (told_at IS NOT NULL AND told_at <= $2)
+           OR (told_at IS NULL AND wave IN (SELECT wave FROM rollout_waves
+                WHERE rollout_id = $1 AND opened_at IS NOT NULL AND opened_at <= $2)))
+         RETURNING agent_id",
+    )
+    .bind(rollout)
+    .bind(cutoff)
+    .bind(now)
+    .fetch_all(&mut **tx)
+    .await?
+    .into_iter()
+    .map(|r| r.get(0))
+    .collect();
+    let detail = format!(
+        "no INSTALLED or INSTALL_FAILED within the agent deadline ({} s)",
+        plan.agent_deadline
+    );
+    for id in &ids {
+        sqlx::query(
+            "UPDATE agents SET update_status = 'TIMED_OUT', update_error = $2 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(&detail)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(ids)
+}
+
+/// The rollout as the step function sees it.
+pub async fn progress(
+    tx: &mut sqlx::Transaction<'static, Any>,
+    row: &RolloutRow,
+) -> Result<Progress, sqlx::Error> {
+    let waves = wave_status(tx, row).await?;
+    let told: i64 = sqlx::query(
+        "SELECT COUNT(*) FROM rollout_agents WHERE rollout_id = $1 AND told_at IS NOT NULL",
+    )
+    .bind(row.id)
+    .fetch_one(&mut **tx)
+    .await?
+    .get(0);
+    let failures_seen = sqlx::query(
+        "SELECT ra.agent_id, COALESCE(a.name, ''), ra.outcome, COALESCE(ra.error, '')
+         FROM rollout_agents ra LEFT JOIN agents a ON a.id = ra.agent_id
+         WHERE ra.rollout_id = $1 AND ra.outcome IN ('INSTALL_FAILED', 'TIMED_OUT')
+         ORDER BY ra.outcome_at LIMIT $2",
+    )
+    .bind(row.id)
+    .bind(FAILURES_NAMED)
+    .fetch_all(&mut **tx)
+    .await?
+    .into_iter()
+    .map(|r| {
+        let (id, name, outcome, error): (String, String, String, String) =
+            (r.get(0), r.get(1), r.get(2), r.get(3));
+        let who = if name.is_empty() {
+            id
+        } else {
+            format!("{name} ({id})")
+        };
+        let error: String = error.chars().take(160).collect();
+        if error.is_empty() {
+            format!("{who} {outcome}")
+        } else {
+            format!("{who} {outcome}: {error}")
+        }
+    })
+    .collect();
+    Ok(Progress {
+        state: row.state,
+        opened: row.opened,
+        waves,
+        told: u64::try_from(told).unwrap_or(0),
+        forgiven: row.forgiven,
+        failures_seen,
+    })
+}
+
+/// Each wave's counts and times, in order.
+pub async fn wave_status(
+    conn: &mut AnyConnection,
+    row: &RolloutRow,
+) -> Result<Vec<WaveStatus>, sqlx::Error> {
+    let mut waves = vec![WaveStatus::default(); row.plan.waves.len()];
+    for r in
+        sqlx::query("SELECT wave, opened_at, completed_at FROM rollout_waves WHERE rollout_id = $1")
+            .bind(row.id)
+            .fetch_all(&mut *conn)
+            .await?
+    {
+        if let Some(w) = slot(&mut waves, r.get(0)) {
+            w.opened_at = r.get(1);
+            w.completed_at = r.get(2);
+        }
+    }
+    for r in sqlx::query(
+        "SELECT wave, COALESCE(outcome, ''), COUNT(*) FROM rollout_agents WHERE rollout_id = $1 GROUP BY wave, COALESCE(outcome, '')",
+    )
+    .bind(row.id)
+    .fetch_all(&mut *conn)
+    .await?
+    {
+        let outcome: String = r.get(1);
+        let n = u64::try_from(r.get::<i64, _>(2)).unwrap_or(0);
+        if let Some(w) = slot(&mut waves, r.get(0)) {
+            w.agents += n;
+            match outcome.as_str() {
+                INSTALLED => w.installed += n,
+                INSTALL_FAILED => w.failed += n,
+                TIMED_OUT => w.timed_out += n,
+                _ => {}
+            }
+        }
+    }
+    Ok(waves)
+}
+
+fn slot(waves: &mut [WaveStatus], wave: i64) -> Option<&mut WaveStatus> {
+    waves.get_mut(usize::try_from(wave).ok()?.checked_sub(1)?)
+}
+
+/// Records an event; false if its unique key says it happened already.
+pub async fn event<'e>(
+    e: impl Executor<'e, Database = Any>,
+    rollout: i64,
+    kind: &str,
+    wave: u32,
+    detail: &str,
+    now: i64,
+    server: &str,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "INSERT INTO rollout_events (rollout_id, kind, wave, at, detail, server) VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(rollout)
+    .bind(kind)
+    .bind(i64::from(wave))
+    .bind(now)
+    .bind(detail)
+    .bind(server)
+    .execute(e)
+    .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Applies one decision to the locked rollout `row`; false if it was taken already.
+pub async fn apply(
+    tx: &mut sqlx::Transaction<'static, Any>,
+    row: &RolloutRow,
+    decision: &Decision,
+    now: i64,
+    server: &str,
+) -> Result<bool, sqlx::Error> {
+    let id = row.id;
+    match decision {
+        Decision::OpenWave(w) => {
+            if !event(&mut **tx, id, "wave_opened", *w, "", now, server).await? {
+                return Ok(false);
+            }
+            sqlx::query(
+                "UPDATE rollouts SET opened = $2, state = 'running' WHERE id = $1 AND opened = $3",
+            )
+            .bind(id)
+            .bind(i64::from(*w))
+            .bind(i64::from(w.saturating_sub(1)))
+            .execute(&mut **tx)
+            .await?;
+            sqlx::query("UPDATE rollout_waves SET opened_at = $3 WHERE rollout_id = $1 AND wave = $2 AND opened_at IS NULL")
+                .bind(id)
+                .bind(i64::from(*w))
+                .bind(now)
+                .execute(&mut **tx)
+                .await?;
+        }
+        Decision::CompleteWave(w) => {
+            if !event(&mut **tx, id, "wave_completed", *w, "", now, server).await? {
+                return Ok(false);
+            }
+            sqlx::query("UPDATE rollout_waves SET completed_at = $3 WHERE rollout_id = $1 AND wave = $2 AND completed_at IS NULL")
+                .bind(id)
+                .bind(i64::from(*w))
+                .bind(now)
+                .execute(&mut **tx)
+                .await?;
+        }
+        Decision::Soak(w) => {
+            event(&mut **tx, id, "soaking", *w, "", now, server).await?;
+            set_state(tx, id, State::Soaking, None, None).await?;
+        }
+        Decision::Halt { cause, reason } => {
+            event(&mut **tx, id, "halted", row.opened, reason, now, server).await?;
+            set_state(tx, id, State::Halted, Some(reason), Some(cause.as_str())).await?;
+        }
+        Decision::Complete => {
+            if !event(&mut **tx, id, "completed", 0, "", now, server).await? {
+                return Ok(false);
+            }
+            set_state(tx, id, State::Completed, None, None).await?;
+            sqlx::query("UPDATE rollouts SET completed_at = $2 WHERE id = $1")
+                .bind(id)
+                .bind(now)
+                .execute(&mut **tx)
+                .await?;
+        }
+    }
+    Ok(true)
+}
+
+pub async fn set_state(
+    tx: &mut sqlx::Transaction<'static, Any>,
+    id: i64,
+    state: State,
+    reason: Option<&str>,
+    cause: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE rollouts SET state = $2, reason = $3, halt_cause = $4 WHERE id = $1")
+        .bind(id)
+        .bind(state.as_str())
+        .bind(reason)
+        .bind(cause)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Lets the failures seen so far go (an operator's `resume`).
+pub async fn forgive(
+    tx: &mut sqlx::Transaction<'static, Any>,
+    id: i64,
+    failures: u64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE rollouts SET forgiven = $2 WHERE id = $1")
+        .bind(id)
+        .bind(i64::try_from(failures).unwrap_or(i64::MAX))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Every agent's wave and `told_at` in a rollout, for `/admin/agents`.
+pub async fn members<'e>(
+    e: impl Executor<'e, Database = Any>,
+    rollout: i64,
+) -> Result<HashMap<String, (u32, Option<i64>)>, sqlx::Error> {
+    Ok(
+        sqlx::query("SELECT agent_id, wave, told_at FROM rollout_agents WHERE rollout_id = $1")
+            .bind(rollout)
+            .fetch_all(e)
+            .await?
+            .into_iter()
+            .map(|r| {
+                (
+                    r.get::<String, _>(0),
+                    (u32::try_from(r.get::<i64, _>(1)).unwrap_or(0), r.get(2)),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// The transitions of a rollout, oldest first: (kind, wave, at, detail, server).
+pub async fn events<'e>(
+    e: impl Executor<'e, Database = Any>,
+    rollout: i64,
+) -> Result<Vec<(String, u32, i64, String, String)>, sqlx::Error> {
+    Ok(sqlx::query(
+        "SELECT kind, wave, at, COALESCE(detail, ''), server FROM rollout_events WHERE rollout_id = $1 ORDER BY id",
+    )
+    .bind(rollout)
+    .fetch_all(e)
+    .await?
+    .into_iter()
+    .map(|r| {
+        (
+            r.get(0),
+            u32::try_from(r.get::<i64, _>(1)).unwrap_or(0),
+            r.get(2),
+            r.get(3),
+            r.get(4),
+        )
+    })
+    .collect())
+}

@@ -1,0 +1,214 @@
+//! `/admin/...` (bearer token): settings, agents and the rollout; and the unauthenticated
+//! `/metrics` and `/healthz`.
+
+use std::sync::atomic::Ordering;
+
+use agent_protocol::wire::AgentRecord;
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::{AppState, SETTING_AUTO_UPDATE, SETTING_DOWNLOAD_LIMIT, Shared, authorize, json_body};
+use crate::error::ApiError;
+use crate::metrics::RolloutGauges;
+use crate::rollout::Refusal;
+use crate::rollout::step::HaltCause;
+
+fn settings_json(s: &Shared) -> serde_json::Value {
+    serde_json::json!({
+        "auto_update": s.auto_update.load(Ordering::Relaxed),
+        "downloads_limit": s.download_limit.load(Ordering::Relaxed),
+        "max_connections": s.max_connections,
+        "downloads_in_flight": s.limiter.in_flight(),
+    })
+}
+
+pub(super) async fn settings(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&state.inner, &headers)?;
+    Ok(Json(settings_json(&state.inner)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SettingsChange {
+    auto_update: Option<bool>,
+    downloads_limit: Option<usize>,
+}
+
+pub(super) async fn update_settings(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<SettingsChange>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    authorize(s, &headers)?;
+    let change = json_body(body)?;
+    if let Some(limit) = change.downloads_limit {
+        if limit > s.max_connections {
+            return Err(ApiError::bad_request(format!(
+                "downloads_limit may not exceed server.max-connections ({})",
+                s.max_connections
+            )));
+        }
+        s.db.set_setting(SETTING_DOWNLOAD_LIMIT, &limit.to_string())
+            .await?;
+        s.download_limit.store(limit, Ordering::Relaxed);
+        tracing::info!(limit, "download limit changed");
+    }
+    if let Some(enabled) = change.auto_update {
+        s.db.set_setting(SETTING_AUTO_UPDATE, if enabled { "true" } else { "false" })
+            .await?;
+        s.auto_update.store(enabled, Ordering::Relaxed);
+        tracing::info!(enabled, "fleet-wide auto-update changed");
+    }
+    Ok(Json(settings_json(s)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct AgentFilter {
+    version: Option<String>,
+    status: Option<String>,
+}
+
+pub(super) async fn agents(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(filter): Query<AgentFilter>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    authorize(s, &headers)?;
+    let rows =
+        s.db.agents(filter.version.as_deref(), filter.status.as_deref())
+            .await?;
+    let members = s.rollouts.members().await?;
+    let records: Vec<AgentRecord> = rows
+        .into_iter()
+        .map(|a| {
+            let member = members.get(&a.id);
+            AgentRecord {
+                last_contact: httpdate::fmt_http_date(
+                    std::time::UNIX_EPOCH
+                        + std::time::Duration::from_secs(a.last_contact.max(0) as u64),
+                ),
+                wave: member.map(|m| m.0),
+                told_at: member.and_then(|m| m.1),
+                id: a.id,
+                name: a.name,
+                platform: a.platform,
+                version: a.version,
+                group: a.group,
+                update_status: a.update_status,
+                update_error: a.update_error,
+            }
+        })
+        .collect();
+    Ok(Json(records).into_response())
+}
+
+pub(super) async fn rollout(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&state.inner, &headers)?;
+    rollout_json(&state.inner).await
+}
+
+async fn rollout_json(s: &Shared) -> Result<Response, ApiError> {
+    match s.rollouts.status().await? {
+        Some(status) => Ok(Json(status).into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no rollout yet: no bundle has been served; drop one into the download directory",
+        )),
+    }
+}
+
+/// The body of `POST /admin/rollout/halt` (optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct HaltBody {
+    reason: Option<String>,
+}
+
+pub(super) async fn rollout_halt(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    authorize(s, &headers)?;
+    let halt: HaltBody = if body.iter().all(u8::is_ascii_whitespace) {
+        HaltBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?
+    };
+    if halt.reason.as_ref().is_some_and(|r| r.len() > 1024) {
+        return Err(ApiError::bad_request("reason is longer than 1024 bytes"));
+    }
+    operator_answer(s, s.rollouts.halt(halt.reason.as_deref()).await?).await
+}
+
+pub(super) async fn rollout_resume(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    authorize(s, &headers)?;
+    operator_answer(s, s.rollouts.resume().await?).await
+}
+
+pub(super) async fn rollout_advance(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    authorize(s, &headers)?;
+    operator_answer(s, s.rollouts.advance().await?).await
+}
+
+/// The rollout after an operator's request, or `409` saying why it could not be done.
+async fn operator_answer(s: &Shared, result: Result<(), Refusal>) -> Result<Response, ApiError> {
+    match result {
+        Ok(()) => rollout_json(s).await,
+        Err(Refusal(why)) => Err(ApiError::new(StatusCode::CONFLICT, why)),
+    }
+}
+
+pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    let (by_version, by_status) = s.db.fleet_counts().await?;
+    let current = s.rollouts.current();
+    let gauges = RolloutGauges {
+        state: current.as_ref().map(|r| r.state.as_str()),
+        wave: current.as_ref().map_or(0, |r| r.opened),
+        waves: s.rollouts.wave_counts().await?,
+        halts: HaltCause::ALL
+            .iter()
+            .map(|c| (c.as_str(), s.rollouts.halts(*c)))
+            .collect(),
+        mismatch: s.rollouts.mismatch().is_some(),
+    };
+    let text = s.metrics.render(
+        s.limiter.in_flight(),
+        s.limiter.peak(),
+        &by_version,
+        &by_status,
+        &gauges,
+    );
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// `ok`, and what an operator should know about this server's place in the fleet.
+pub(super) async fn healthz(State(state): State<AppState>) -> Response {
+    match state.inner.rollouts.mismatch() {
+        None => "ok\n".into_response(),
+        Some(mismatch) => format!("ok\nbundle mismatch: {mismatch}\n").into_response(),
+    }
+}

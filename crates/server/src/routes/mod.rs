@@ -1,0 +1,135 @@
+//! The HTTP interface of DESIGN.md, as an axum `Router` that tests drive without a socket.
+//! By area: [`download`] (version, bundle, signature), [`agents`] (register, connect,
+//! report: the version directive) and [`admin`] (settings, agents, rollout, metrics).
+
+mod admin;
+mod agents;
+mod download;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+
+use agent_protocol::AcceptPolicy;
+use agent_protocol::wire;
+use axum::body::Body;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::JsonRejection;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use subtle::ConstantTimeEq;
+
+use crate::db::Db;
+use crate::error::ApiError;
+use crate::limiter::DownloadLimiter;
+use crate::metrics::Metrics;
+use crate::rollout::Rollouts;
+use crate::store::{BundleStore, Current, ServedBundle};
+
+/// Largest JSON body accepted; larger ones get `413`.
+pub const MAX_BODY: usize = 64 * 1024;
+
+pub const SETTING_AUTO_UPDATE: &str = "auto-update";
+pub const SETTING_DOWNLOAD_LIMIT: &str = "downloads.limit";
+
+/// Everything the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub inner: Arc<Shared>,
+}
+
+pub struct Shared {
+    pub store: Arc<BundleStore>,
+    pub db: Db,
+    pub rollouts: Arc<Rollouts>,
+    pub limiter: Arc<DownloadLimiter>,
+    pub metrics: Arc<Metrics>,
+    pub policy: AcceptPolicy,
+    pub admin_token: String,
+    pub auto_update: AtomicBool,
+    pub download_limit: AtomicUsize,
+    pub max_connections: usize,
+    pub retry_after: u64,
+}
+
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route(wire::VERSION_PATH, get(download::version))
+        .route(
+            wire::DOWNLOAD_PATH,
+            get(download::download).head(download::download),
+        )
+        .route(wire::SIGNATURE_PATH, get(download::signature))
+        .route(wire::REGISTER_PATH, post(agents::register))
+        .route(wire::CONNECT_PATH, post(agents::register))
+        .route(wire::REPORT_PATH, post(agents::report))
+        .route(
+            "/admin/settings",
+            get(admin::settings)
+                .put(admin::update_settings)
+                .patch(admin::update_settings),
+        )
+        .route("/admin/agents", get(admin::agents))
+        .route("/admin/rollout", get(admin::rollout))
+        .route("/admin/rollout/halt", post(admin::rollout_halt))
+        .route("/admin/rollout/resume", post(admin::rollout_resume))
+        .route("/admin/rollout/advance", post(admin::rollout_advance))
+        .route("/metrics", get(admin::metrics))
+        .route("/healthz", get(admin::healthz))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+fn unavailable(problem: &str, retry_after: u64) -> Response {
+    let mut r = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, problem).into_response();
+    // The generic 5xx text would hide what the operator must fix; this one is safe to show.
+    *r.body_mut() = Body::from(serde_json::json!({ "error": problem }).to_string());
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+    r
+}
+
+/// The bundle to serve, or the `503` that says why there is none.
+fn ready(state: &Shared) -> Result<Arc<ServedBundle>, Box<Response>> {
+    match state.store.current() {
+        Current::Ready(b) => Ok(b),
+        Current::Unavailable(problem) => Err(Box::new(unavailable(&problem, state.retry_after))),
+    }
+}
+
+fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    match body {
+        Ok(Json(v)) => Ok(v),
+        Err(JsonRejection::BytesRejection(e)) => Err(ApiError::new(
+            e.status(),
+            format!("body refused: {}", e.body_text()),
+        )),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "malformed JSON body: {}",
+            e.body_text()
+        ))),
+    }
+}
+
+fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
+    if state.admin_token.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "the admin API is off: set admin.token (or UPDATE_SERVER_ADMIN_TOKEN) to turn it on",
+        ));
+    }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if given.as_bytes().ct_eq(state.admin_token.as_bytes()).into() {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token",
+        ))
+    }
+}
