@@ -6,21 +6,22 @@
 #   agent    first 409 to updater spawned, 20 MiB and 100 MiB bundles (download vs verify)
 #   update   downtime of an update and of a rollback (default timings) vs a wrapper restart
 #   fleet    30 agents through a download limit of 5 with Retry-After 1
+#   rollout  fleet-sim: connect latency with and without a rollout, wave times with a plan
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
 # BENCH_BASELINE=DIR: a checkout of an earlier commit with target/release built; update and
 # fleet then measure it too, alternating with this tree, round by round.
 # Needs: hyperfine, wrk, nginx, jq (installed with apt-get when missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 sections=()
 for arg in "$@"; do
     case "$arg" in
-    bundle | server | agent | update | fleet) sections+=("$arg") ;;
-    all) sections+=(bundle server agent update fleet) ;;
+    bundle | server | agent | update | fleet | rollout) sections+=("$arg") ;;
+    all) sections+=(bundle server agent update fleet rollout) ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown section $arg" >&2; usage >&2; exit 2 ;;
     esac
@@ -81,6 +82,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) print "n/a"; else printf 
 secs() { awk -v s="$1" 'BEGIN { printf "%.3f s", s }'; }
 # Reads numbers, prints "median s (min–max)".
 spread() { sort -n | awk '{ a[NR] = $1 } END { if (NR == 0) print "n/a"; else printf "%.3f s (%.3f–%.3f)", a[int((NR + 1) / 2)], a[1], a[NR] }'; }
+# Reads milliseconds, prints "median ms (min–max)".
+spread_ms() { sort -n | awk '{ a[NR] = $1 } END { if (NR == 0) print "n/a"; else printf "%.2f ms (%.2f–%.2f)", a[int((NR + 1) / 2)], a[1], a[NR] }'; }
 # Reads numbers, prints the median alone.
 median_of() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
 
@@ -666,6 +669,121 @@ $r3 |
 $r4 |
 $r5 |
 EOF
+}
+
+# A release update-server on $2 with home $1 and env $3..., serving bundle $4; sets
+# server_pid.
+sim_server() {
+    local home=$1 port=$2 served=$3
+    shift 3
+    rm -rf "$home"
+    mkdir -p "$home/downloads/agent"
+    start_server "$home" "$port" RUST_LOG=warn UPDATE_SERVER_ADMIN_TOKEN=bench "$@"
+    serve_bundle "$home" "$port" "$served"
+}
+
+stop_server() {
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+}
+
+bench_rollout() {
+    local n=${ROLLOUT_AGENTS:-1000}
+    echo "rollout: $n simulated agents, connect latency with and without a rollout, wave times" >&2
+    keys
+    use_variant ours
+    make_dist "$work/rd" 0
+    local b1 b2
+    b1=$(pack 1.0.0 "$work/rd" "$work/rb1")
+    sleep 1
+    b2=$(pack 2.0.0 "$work/rd" "$work/rb2")
+    local sim=("$bin/fleet-sim" --agents "$n" --agent-version 1.0.0+1 --heartbeat 2s --ramp 5s
+        --download head --install-time 2s --token bench --progress 10s)
+    local i port
+    # Connect latency: a fleet at rest (its rollout completed) against the same fleet with
+    # a rollout under way (the first 1 % updated, the rest waiting in a second wave that
+    # soaks an hour), alternating.
+    for i in 1 2 3; do
+        port=$(free_port)
+        sim_server "$work/rs-idle" "$port" "$b1"
+        "${sim[@]}" --server "http://127.0.0.1:$port" --warmup 15s --duration 45s \
+            --json "$work/idle-$i.json" >/dev/null 2>"$work/idle-$i.err"
+        stop_server
+        port=$(free_port)
+        sim_server "$work/rs-busy" "$port" "$b1" UPDATE_SERVER_ROLLOUT_WAVES=1%,100% UPDATE_SERVER_ROLLOUT_WAVE_WAIT=3600
+        "${sim[@]}" --server "http://127.0.0.1:$port" --warmup 25s --duration 55s \
+            --json "$work/busy-$i.json" >/dev/null 2>"$work/busy-$i.err" &
+        local sim_pid=$!
+        sleep 8
+        serve_bundle "$work/rs-busy" "$port" "$b2"
+        wait "$sim_pid"
+        stop_server
+        note "round $i: connect p50 $(jq .endpoints.connect.p50_ms "$work/idle-$i.json") ms at rest, $(jq .endpoints.connect.p50_ms "$work/busy-$i.json") ms during a rollout ($(jq -r '.rollout.state' "$work/busy-$i.json"))"
+    done
+    # Wave time: from a wave opening to its completion, with a plan (the 90 % wave of
+    # 10%,100%) and without (the one wave of 100%), alternating.
+    for i in 1 2 3; do
+        local plan
+        for plan in "10%,100%" "100%"; do
+            port=$(free_port)
+            sim_server "$work/rs-wave" "$port" "$b1" "UPDATE_SERVER_ROLLOUT_WAVES=$plan"
+            "${sim[@]}" --server "http://127.0.0.1:$port" --until-rollout-end --duration 300s \
+                --json "$work/wave-$plan-$i.json" >/dev/null 2>"$work/wave-$plan-$i.err" &
+            local sim_pid=$!
+            sleep 8
+            serve_bundle "$work/rs-wave" "$port" "$b2"
+            wait "$sim_pid"
+            stop_server
+            note "round $i, plan $plan: last wave $(jq '.rollout.waves[-1] | .completed_at - .opened_at' "$work/wave-$plan-$i.json") s, rollout $(jq .rollout.seconds "$work/wave-$plan-$i.json") s"
+        done
+    done
+    local idle50 idle99 busy50 busy99 planned unplanned whole_planned whole_unplanned errors
+    idle50=$(for i in 1 2 3; do jq .endpoints.connect.p50_ms "$work/idle-$i.json"; done | spread_ms)
+    idle99=$(for i in 1 2 3; do jq .endpoints.connect.p99_ms "$work/idle-$i.json"; done | spread_ms)
+    busy50=$(for i in 1 2 3; do jq .endpoints.connect.p50_ms "$work/busy-$i.json"; done | spread_ms)
+    busy99=$(for i in 1 2 3; do jq .endpoints.connect.p99_ms "$work/busy-$i.json"; done | spread_ms)
+    local m_idle50 m_busy50 m_idle99 m_busy99
+    m_idle50=$(for i in 1 2 3; do jq .endpoints.connect.p50_ms "$work/idle-$i.json"; done | median_of)
+    m_busy50=$(for i in 1 2 3; do jq .endpoints.connect.p50_ms "$work/busy-$i.json"; done | median_of)
+    m_idle99=$(for i in 1 2 3; do jq .endpoints.connect.p99_ms "$work/idle-$i.json"; done | median_of)
+    m_busy99=$(for i in 1 2 3; do jq .endpoints.connect.p99_ms "$work/busy-$i.json"; done | median_of)
+    planned=$(for i in 1 2 3; do jq '.rollout.waves[-1] | .completed_at - .opened_at' "$work/wave-10%,100%-$i.json"; done | spread)
+    unplanned=$(for i in 1 2 3; do jq '.rollout.waves[-1] | .completed_at - .opened_at' "$work/wave-100%-$i.json"; done | spread)
+    whole_planned=$(for i in 1 2 3; do jq '.rollout.seconds' "$work/wave-10%,100%-$i.json"; done | spread)
+    whole_unplanned=$(for i in 1 2 3; do jq '.rollout.seconds' "$work/wave-100%-$i.json"; done | spread)
+    errors=$(cat "$work"/idle-*.json "$work"/busy-*.json "$work"/wave-*.json | jq -s 'map(.errors | to_entries | map(.value) | add // 0) | add')
+    write_section rollout <<EOF2
+## Rollouts: the directive's cost and the time a wave takes
+
+\`$(bench_command rollout)\` on $(machine). A release update-server (SQLite) and
+\`fleet-sim\` with $n simulated agents on loopback, heartbeating every 2 s (± 20 %),
+fetching \`HEAD\` and the first 64 KiB of the bundle when told, installing in 2 s.
+Three rounds of each case, alternating; median (min–max) over the rounds.
+
+Latency of \`POST /agent/connect\` as the agents see it (fleet-sim's own clock, so it
+includes its client's share of the two cores), at rest (the fleet on the served version,
+its rollout completed) against a rollout under way (\`waves = ["1%", "100%"]\`, the first
+wave updated and the second soaking for an hour: every call is answered from the agent's
+wave):
+
+| | at rest | rollout under way | added (medians) | target |
+|---|---|---|---|---|
+| connect p50 | $idle50 | $busy50 | $(awk -v a="$m_busy50" -v b="$m_idle50" 'BEGIN { printf "%+.0f %%", (a / b - 1) * 100 }') | < 10 % |
+| connect p99 | $idle99 | $busy99 | $(awk -v a="$m_busy99" -v b="$m_idle99" 'BEGIN { printf "%+.0f %%", (a / b - 1) * 100 }') | |
+
+From a wave opening to its completion (the server's own record), for the last wave of
+\`["10%", "100%"]\` (90 % of the fleet) against the single wave of \`["100%"]\` (the same
+fleet with no plan); and the whole rollout, from start to completion:
+
+| | with a plan (last wave) | no plan (the one wave) |
+|---|---|---|
+| wave open → complete | $planned | $unplanned |
+| whole rollout | $whole_planned | $whole_unplanned |
+
+A wave's time is the agents' heartbeat (they learn of the open wave at their next
+contact), the fetch and the install; the plan adds its earlier waves in front, not time
+within a wave. Errors seen by the agents over all runs: **$errors**.
+EOF2
 }
 
 for section in "${sections[@]}"; do

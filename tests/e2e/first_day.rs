@@ -265,6 +265,10 @@ fn every_subcommand_answers_help_with_exit_0() {
         "no help text: {version_line}"
     );
     run_ok(ctx.cmd("update-server").arg("--help"));
+    for args in [&["rollout", "--help"][..], &["rollout", "status", "--help"]] {
+        run_ok(ctx.cmd("update-server").args(args));
+    }
+    run_ok(ctx.cmd("fleet-sim").arg("--help"));
     for args in [&["--help"][..], &["run", "--help"], &["update", "--help"]] {
         run_ok(ctx.cmd("agent").args(args));
     }

@@ -13,5 +13,6 @@ mod handlers;
 mod quickstart;
 mod rollout;
 mod server;
+mod sim;
 mod stamp;
 mod update;

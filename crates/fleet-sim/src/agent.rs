@@ -1,0 +1,364 @@
+//! One simulated agent: it registers, heartbeats with jitter, obeys `409` and
+//! `Retry-After`, fetches the bundle (whole, or `HEAD` and its first bytes), reports
+//! `INSTALLING`, waits out a simulated install, then reports `INSTALLED` (and runs the
+//! new version) or, with the chosen probability, `INSTALL_FAILED` (and never retries that
+//! bundle, as a real agent would not).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent_protocol::AgentVersion;
+use agent_protocol::wire::{self, AgentHello, NotSupported, Report, UpdateStatus};
+use futures_util::StreamExt;
+use rand::Rng;
+use reqwest::{Method, StatusCode};
+
+use crate::{DownloadMode, Shared};
+
+/// How many times a download is tried (through `503`s) before waiting for the next
+/// heartbeat.
+const DOWNLOAD_TRIES: u32 = 20;
+/// The first bytes fetched in `head` mode.
+const FIRST_BYTES: u64 = 64 * 1024;
+
+pub struct SimAgent {
+    pub index: usize,
+    pub id: String,
+    pub group: Option<String>,
+    pub version: AgentVersion,
+    token: Option<String>,
+    bad: HashSet<String>,
+    server: usize,
+    registered: bool,
+}
+
+/// What a call came back with.
+struct Answer {
+    status: StatusCode,
+    headers: reqwest::header::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl SimAgent {
+    pub fn new(index: usize, version: AgentVersion, group: Option<String>) -> Self {
+        Self {
+            index,
+            id: uuid::Uuid::now_v7().to_string(),
+            group,
+            version,
+            token: None,
+            bad: HashSet::new(),
+            server: index,
+            registered: false,
+        }
+    }
+
+    fn base<'a>(&self, shared: &'a Shared) -> &'a str {
+        &shared.servers[self.server % shared.servers.len()]
+    }
+
+    fn hello_body(&self) -> AgentHello {
+        AgentHello {
+            id: self.id.clone(),
+            name: format!("sim-{:05}", self.index),
+            platform: agent_protocol::layout::PLATFORM.to_owned(),
+            group: self.group.clone(),
+        }
+    }
+
+    /// One request, timed and counted under `endpoint`; an error is counted by kind.
+    async fn call(
+        &self,
+        shared: &Shared,
+        endpoint: &'static str,
+        method: Method,
+        path: &str,
+        json: Option<serde_json::Value>,
+        headers: &[(&str, String)],
+        drain: bool,
+    ) -> Option<Answer> {
+        let url = format!("{}{path}", self.base(shared));
+        let mut request = shared
+            .http
+            .request(method.clone(), &url)
+            .header(wire::AGENT_VERSION_HEADER, self.version.to_string());
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        if let Some(json) = json {
+            request = request.json(&json);
+        }
+        let started = Instant::now();
+        let response = match request.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                let kind = if e.is_timeout() {
+                    "timeout"
+                } else if e.is_connect() {
+                    "connect"
+                } else {
+                    "request"
+                };
+                shared.stats.error(format!("{endpoint}: {kind}"));
+                return None;
+            }
+        };
+        let status = response.status();
+        let headers = response.headers().clone();
+        let mut body = Vec::new();
+        let mut stream = response.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                // A whole bundle is counted, not kept.
+                Ok(c) if drain => shared.add_bytes(c.len() as u64),
+                Ok(c) => body.extend_from_slice(&c),
+                Err(_) => {
+                    shared.stats.error(format!("{endpoint}: body cut off"));
+                    return None;
+                }
+            }
+        }
+        if shared.measuring() {
+            shared.stats.record(endpoint, started.elapsed());
+        }
+        if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+            shared.stats.error(format!("{endpoint}: {status}"));
+        } else if status.is_client_error()
+            && !matches!(status, StatusCode::CONFLICT | StatusCode::FORBIDDEN)
+        {
+            shared.stats.error(format!("{endpoint}: {status}"));
+        }
+        Some(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// Keeps a credential the server hands out (on register, or on any hello).
+    fn keep_token(&mut self, body: &[u8]) {
+        if let Ok(json) = serde_json::from_slice::<serde_json::Value>(body)
+            && let Some(token) = json.get("token").and_then(|t| t.as_str())
+        {
+            self.token = Some(token.to_owned());
+        }
+    }
+
+    /// Register (first, or after a failover) or connect; the directive if answered.
+    async fn hello(&mut self, shared: &Shared) -> Option<Result<(), NotSupported>> {
+        let (endpoint, path) = if self.registered {
+            ("connect", wire::CONNECT_PATH)
+        } else {
+            ("register", wire::REGISTER_PATH)
+        };
+        let body = serde_json::to_value(self.hello_body()).ok();
+        let answer = self
+            .call(shared, endpoint, Method::POST, path, body, &[], false)
+            .await;
+        let Some(answer) = answer else {
+            self.fail_over(shared);
+            return None;
+        };
+        self.keep_token(&answer.body);
+        match answer.status {
+            s if s.is_success() => {
+                self.registered = true;
+                Some(Ok(()))
+            }
+            StatusCode::CONFLICT => {
+                self.registered = true;
+                serde_json::from_slice::<NotSupported>(&answer.body)
+                    .ok()
+                    .map(Err)
+            }
+            s if s.is_server_error() => {
+                self.fail_over(shared);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    fn fail_over(&mut self, shared: &Shared) {
+        if shared.servers.len() > 1 {
+            self.server += 1;
+            self.registered = false;
+        }
+    }
+
+    async fn report(
+        &self,
+        shared: &Shared,
+        to: &AgentVersion,
+        status: UpdateStatus,
+        error: Option<String>,
+    ) {
+        let report = Report {
+            id: self.id.clone(),
+            from: self.version.to_string(),
+            to: to.to_string(),
+            status,
+            error,
+        };
+        let body = serde_json::to_value(report).ok();
+        self.call(
+            shared,
+            "report",
+            Method::POST,
+            wire::REPORT_PATH,
+            body,
+            &[],
+            false,
+        )
+        .await;
+    }
+
+    /// The bundle, as the download mode says; false if the server would not give it.
+    async fn fetch(&self, shared: &Shared) -> bool {
+        for _ in 0..DOWNLOAD_TRIES {
+            let answer = match shared.options.download {
+                DownloadMode::Full => {
+                    self.call(
+                        shared,
+                        "download",
+                        Method::GET,
+                        wire::DOWNLOAD_PATH,
+                        None,
+                        &[],
+                        true,
+                    )
+                    .await
+                }
+                DownloadMode::Head => {
+                    let head = self
+                        .call(
+                            shared,
+                            "download (HEAD)",
+                            Method::HEAD,
+                            wire::DOWNLOAD_PATH,
+                            None,
+                            &[],
+                            true,
+                        )
+                        .await;
+                    match head {
+                        Some(a) if a.status.is_success() => {
+                            let range = [("Range", format!("bytes=0-{}", FIRST_BYTES - 1))];
+                            self.call(
+                                shared,
+                                "download (first bytes)",
+                                Method::GET,
+                                wire::DOWNLOAD_PATH,
+                                None,
+                                &range,
+                                true,
+                            )
+                            .await
+                        }
+                        other => other,
+                    }
+                }
+            };
+            match answer.map(|a| (a.status, a.headers)) {
+                Some((status, _)) if status.is_success() => return true,
+                Some((StatusCode::SERVICE_UNAVAILABLE, headers)) => {
+                    let told = headers
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .unwrap_or(30);
+                    shared.count_busy();
+                    // Never earlier than told, spread over half as long again.
+                    let wait = Duration::from_secs(told)
+                        + Duration::from_secs_f64(told as f64 / 2.0 * rand::rng().random::<f64>());
+                    if shared.sleep(wait).await {
+                        return false;
+                    }
+                }
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    /// Refused with `ns`: update, unless that very bundle failed here before.
+    async fn update(&mut self, shared: &Shared, ns: NotSupported) {
+        let Ok(expected) = ns.expected.parse::<AgentVersion>() else {
+            shared.stats.error("connect: 409 names no version".into());
+            return;
+        };
+        let bundle = ns.sha256.unwrap_or_else(|| expected.to_string());
+        if self.bad.contains(&bundle) {
+            return;
+        }
+        if !self.fetch(shared).await {
+            return;
+        }
+        self.report(shared, &expected, UpdateStatus::Installing, None)
+            .await;
+        if shared.sleep(shared.options.install_time).await {
+            return;
+        }
+        if rand::rng().random::<f64>() < shared.options.fail_rate {
+            self.report(
+                shared,
+                &expected,
+                UpdateStatus::InstallFailed,
+                Some("simulated: the new version did not come up healthy".into()),
+            )
+            .await;
+            self.bad.insert(bundle);
+            shared.count_failed();
+        } else {
+            let from = self.version.clone();
+            // The new version starts and registers; its INSTALLED waits in its outbox.
+            self.version = expected.clone();
+            self.registered = false;
+            let report = Report {
+                id: self.id.clone(),
+                from: from.to_string(),
+                to: expected.to_string(),
+                status: UpdateStatus::Installed,
+                error: None,
+            };
+            let _ = self.hello(shared).await;
+            let body = serde_json::to_value(report).ok();
+            self.call(
+                shared,
+                "report",
+                Method::POST,
+                wire::REPORT_PATH,
+                body,
+                &[],
+                false,
+            )
+            .await;
+            shared.moved(&from, &expected);
+        }
+    }
+
+    /// Runs until the simulation ends.
+    pub async fn run(mut self, shared: Arc<Shared>, start_after: Duration) {
+        if shared.sleep(start_after).await {
+            return;
+        }
+        shared.joined(&self.version);
+        loop {
+            if let Some(Err(ns)) = self.hello(&shared).await {
+                self.update(&shared, ns).await;
+            }
+            let jitter = shared.options.jitter;
+            let factor = 1.0 + jitter * (2.0 * rand::rng().random::<f64>() - 1.0);
+            if shared
+                .sleep(shared.options.heartbeat.mul_f64(factor.max(0.0)))
+                .await
+            {
+                return;
+            }
+        }
+    }
+}

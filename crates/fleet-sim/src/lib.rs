@@ -1,0 +1,419 @@
+//! fleet-sim: a fleet of simulated agents over real HTTP, to load update-servers and to
+//! time rollouts.
+//!
+//! Each simulated agent speaks the wire protocol as a real one does (register, connect
+//! with `Agent-Version`, the `409` directive, `Retry-After`, reports, credentials), but
+//! installs nothing: the install is a wait, and its outcome a coin with the chosen odds.
+//! It prints a progress line while it runs and a summary at the end: calls per second,
+//! latency percentiles per endpoint, errors by kind, and the time to the rollout's end.
+//!
+//! It never writes a file except the `--json` summary it is asked for.
+
+pub mod agent;
+pub mod stats;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agent_protocol::AgentVersion;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::agent::SimAgent;
+use crate::stats::{Stats, Summary};
+
+/// How much of the bundle an agent fetches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DownloadMode {
+    /// The whole bundle (what real agents do; bandwidth-bound at scale).
+    Full,
+    /// `HEAD` and the first 64 KiB: the download slot and the request path are exercised
+    /// without moving gigabytes across loopback.
+    Head,
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub servers: Vec<String>,
+    pub agents: usize,
+    pub version: AgentVersion,
+    pub heartbeat: Duration,
+    /// Each heartbeat waits `heartbeat × (1 ± jitter)`.
+    pub jitter: f64,
+    pub download: DownloadMode,
+    pub install_time: Duration,
+    pub fail_rate: f64,
+    /// Agents start spread over this long.
+    pub ramp: Duration,
+    /// `(group, share 0–1)`: that share of the agents say they are in the group.
+    pub groups: Vec<(String, f64)>,
+    /// Stop after this long (unless the rollout ends first with `until_rollout_end`).
+    pub duration: Option<Duration>,
+    pub until_rollout_end: bool,
+    pub admin_token: Option<String>,
+    pub progress: Duration,
+    /// Latencies of the first this-long are not counted (a ramp, a transition).
+    pub warmup: Duration,
+}
+
+/// What every simulated agent shares.
+pub struct Shared {
+    pub options: Options,
+    pub servers: Vec<String>,
+    pub http: reqwest::Client,
+    pub stats: Stats,
+    stop: watch::Receiver<bool>,
+    measuring: std::sync::atomic::AtomicBool,
+    versions: Mutex<BTreeMap<String, usize>>,
+    bytes: AtomicU64,
+    busy: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Shared {
+    /// Sleeps, or returns true at once when the simulation ends.
+    pub async fn sleep(&self, wait: Duration) -> bool {
+        let mut stop = self.stop.clone();
+        if *stop.borrow() {
+            return true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => false,
+            _ = stop.changed() => true,
+        }
+    }
+
+    /// False during the warm-up: latencies are not counted then.
+    pub fn measuring(&self) -> bool {
+        self.measuring.load(Ordering::Relaxed)
+    }
+
+    pub fn add_bytes(&self, n: u64) {
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn count_busy(&self) {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count_failed(&self) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn joined(&self, version: &AgentVersion) {
+        *self
+            .versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(version.to_string())
+            .or_default() += 1;
+    }
+
+    pub fn moved(&self, from: &AgentVersion, to: &AgentVersion) {
+        let mut versions = self.versions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = versions.get_mut(&from.to_string()) {
+            *n = n.saturating_sub(1);
+        }
+        *versions.entry(to.to_string()).or_default() += 1;
+    }
+
+    fn versions(&self) -> BTreeMap<String, usize> {
+        self.versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+}
+
+/// The rollout the simulation watched: the first one of another version than the fleet
+/// started on.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RolloutSeen {
+    pub version: String,
+    pub state: String,
+    pub reason: Option<String>,
+    /// From its start (as the server recorded it) to its end (as seen here).
+    pub seconds: Option<f64>,
+    pub wave: u64,
+    pub waves: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub agents: usize,
+    pub seconds: f64,
+    /// After the warm-up: what the latencies and rates cover.
+    pub measured_seconds: f64,
+    pub endpoints: BTreeMap<&'static str, Summary>,
+    pub errors: BTreeMap<String, u64>,
+    pub versions: BTreeMap<String, usize>,
+    pub bundle_bytes: u64,
+    pub busy_503: u64,
+    pub simulated_failures: u64,
+    pub rollout: Option<RolloutSeen>,
+}
+
+/// The fleet's rollout as the admin API shows it.
+async fn fetch_rollout(
+    http: &reqwest::Client,
+    server: &str,
+    token: &str,
+) -> Option<serde_json::Value> {
+    let response = http
+        .get(format!("{server}/admin/rollout"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    response.json().await.ok()
+}
+
+/// Runs the simulation to its end; prints progress to stderr.
+pub async fn run(options: Options) -> anyhow::Result<Report> {
+    if options.servers.is_empty() {
+        anyhow::bail!("name at least one server (--server URL)");
+    }
+    if options.until_rollout_end && options.admin_token.is_none() {
+        anyhow::bail!("--until-rollout-end watches /admin/rollout: pass --token");
+    }
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .connect_timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(1024)
+        .build()?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        servers: options
+            .servers
+            .iter()
+            .map(|s| s.trim_end_matches('/').to_owned())
+            .collect(),
+        options: options.clone(),
+        http: http.clone(),
+        stats: Stats::default(),
+        stop: stop_rx,
+        measuring: std::sync::atomic::AtomicBool::new(options.warmup.is_zero()),
+        versions: Mutex::new(BTreeMap::new()),
+        bytes: AtomicU64::new(0),
+        busy: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
+    });
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(options.agents);
+    for index in 0..options.agents {
+        let group = group_of(index, options.agents, &options.groups);
+        let agent = SimAgent::new(index, options.version.clone(), group);
+        let delay = options
+            .ramp
+            .mul_f64(index as f64 / options.agents.max(1) as f64);
+        tasks.push(tokio::spawn(agent.run(Arc::clone(&shared), delay)));
+    }
+
+    let mut rollout: Option<RolloutSeen> = None;
+    let mut progress = tokio::time::interval(options.progress);
+    progress.tick().await;
+    let mut watch = tokio::time::interval(Duration::from_secs(1));
+    let mut last_progress = Instant::now();
+    let mut measured_from = options.warmup.is_zero().then_some(started);
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        tokio::select! {
+            _ = &mut ctrl_c => break,
+            _ = progress.tick() => {
+                let window = last_progress.elapsed().as_secs_f64();
+                last_progress = Instant::now();
+                eprintln!("{}", progress_line(&shared, started.elapsed(), window, rollout.as_ref()));
+            }
+            _ = watch.tick() => {
+                if !shared.measuring() && started.elapsed() >= options.warmup {
+                    shared.measuring.store(true, Ordering::Relaxed);
+                    measured_from = Some(Instant::now());
+                }
+                if let Some(token) = &options.admin_token
+                    && let Some(status) = fetch_rollout(&http, &shared.servers[0], token).await
+                {
+                    let version = status["version"].as_str().unwrap_or_default().to_owned();
+                    if version != options.version.to_string() {
+                        let seen = rollout.get_or_insert_with(|| RolloutSeen {
+                            version: version.clone(),
+                            ..RolloutSeen::default()
+                        });
+                        seen.state = status["state"].as_str().unwrap_or_default().to_owned();
+                        seen.reason = status["reason"].as_str().map(str::to_owned);
+                        seen.wave = status["wave"].as_u64().unwrap_or(0);
+                        seen.waves = status["waves"].as_array().cloned().unwrap_or_default();
+                        let ended = matches!(seen.state.as_str(), "completed" | "halted");
+                        if ended && seen.seconds.is_none() {
+                            let now = std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .map(|d| d.as_secs_f64())
+                                .unwrap_or(0.0);
+                            let end = status["completed_at"].as_f64().unwrap_or(now);
+                            seen.seconds = status["started_at"].as_f64().map(|s| end - s);
+                        }
+                        if ended && options.until_rollout_end {
+                            break;
+                        }
+                    }
+                }
+                if options.duration.is_some_and(|d| started.elapsed() >= d) {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = stop_tx.send(true);
+    for task in tasks {
+        let _ = task.await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let measured = measured_from.map_or(0.0, |m| m.elapsed().as_secs_f64());
+    Ok(Report {
+        agents: options.agents,
+        seconds,
+        measured_seconds: measured,
+        endpoints: shared.stats.totals(measured),
+        errors: shared.stats.errors(),
+        versions: shared.versions(),
+        bundle_bytes: shared.bytes.load(Ordering::Relaxed),
+        busy_503: shared.busy.load(Ordering::Relaxed),
+        simulated_failures: shared.failed.load(Ordering::Relaxed),
+        rollout,
+    })
+}
+
+/// The group of agent `index`: the first shares of the fleet go to the groups in order.
+pub fn group_of(index: usize, agents: usize, groups: &[(String, f64)]) -> Option<String> {
+    let mut upto = 0.0;
+    for (name, share) in groups {
+        upto += share * agents as f64;
+        if (index as f64) < upto.ceil() {
+            return Some(name.clone());
+        }
+    }
+    None
+}
+
+fn progress_line(
+    shared: &Shared,
+    elapsed: Duration,
+    window: f64,
+    rollout: Option<&RolloutSeen>,
+) -> String {
+    let endpoints = shared.stats.window(window);
+    let calls: f64 = endpoints.values().map(|s| s.per_second).sum();
+    let mut line = format!("{:>6.0}s  calls/s {calls:>7.0}", elapsed.as_secs_f64());
+    for (name, s) in &endpoints {
+        if s.count > 0 {
+            line.push_str(&format!(
+                "  {name} p50 {:.1}ms p99 {:.1}ms",
+                s.p50_ms, s.p99_ms
+            ));
+        }
+    }
+    let errors: u64 = shared.stats.errors().values().sum();
+    line.push_str(&format!("  errors {errors}  versions"));
+    for (v, n) in shared.versions() {
+        line.push_str(&format!(" {v}:{n}"));
+    }
+    if let Some(r) = rollout {
+        line.push_str(&format!(
+            "  rollout of {} {} wave {}",
+            r.version, r.state, r.wave
+        ));
+    }
+    line
+}
+
+/// The summary a person reads.
+pub fn render(report: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} simulated agents for {:.1}s (latencies of the last {:.1}s)",
+        report.agents, report.seconds, report.measured_seconds
+    );
+    let _ = writeln!(
+        out,
+        "{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "endpoint", "calls", "calls/s", "p50 ms", "p90 ms", "p99 ms", "max ms"
+    );
+    for (name, s) in &report.endpoints {
+        let _ = writeln!(
+            out,
+            "{name:<24} {:>9} {:>9.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+            s.count, s.per_second, s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms
+        );
+    }
+    if report.errors.is_empty() {
+        let _ = writeln!(out, "errors: none");
+    } else {
+        let _ = writeln!(out, "errors:");
+        for (kind, n) in &report.errors {
+            let _ = writeln!(out, "  {kind}: {n}");
+        }
+    }
+    let versions: Vec<String> = report
+        .versions
+        .iter()
+        .map(|(v, n)| format!("{v}: {n}"))
+        .collect();
+    let _ = writeln!(out, "agents by version: {}", versions.join(", "));
+    let _ = writeln!(
+        out,
+        "bundle bytes fetched: {}, 503s: {}, simulated install failures: {}",
+        report.bundle_bytes, report.busy_503, report.simulated_failures
+    );
+    match &report.rollout {
+        Some(r) => {
+            let took = r
+                .seconds
+                .map(|s| format!("{s:.1}s from its start"))
+                .unwrap_or_else(|| "not ended".into());
+            let _ = writeln!(
+                out,
+                "rollout of {}: {} at wave {} ({took}){}",
+                r.version,
+                r.state,
+                r.wave,
+                r.reason
+                    .as_ref()
+                    .map(|x| format!("; reason: {x}"))
+                    .unwrap_or_default()
+            );
+        }
+        None => {
+            let _ = writeln!(out, "rollout: none seen");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_take_the_first_shares_of_the_fleet() {
+        let groups = vec![("canary".to_owned(), 0.01), ("beta".to_owned(), 0.1)];
+        let count = |g: &str| {
+            (0..1000)
+                .filter(|&i| group_of(i, 1000, &groups).as_deref() == Some(g))
+                .count()
+        };
+        assert_eq!(count("canary"), 10);
+        assert_eq!(count("beta"), 100);
+        assert_eq!(group_of(999, 1000, &groups), None);
+        assert_eq!(group_of(0, 0, &[]), None);
+    }
+}

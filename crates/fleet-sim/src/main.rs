@@ -1,0 +1,122 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use agent_protocol::settings::parse_duration;
+use clap::{Parser, ValueEnum};
+use fleet_sim::{DownloadMode, Options};
+
+/// Simulates a fleet of agents against update-servers and reports what it measured.
+#[derive(Debug, Parser)]
+#[command(name = "fleet-sim", version)]
+struct Cli {
+    /// An update-server's base URL; several are tried in order, as agents fail over.
+    #[arg(long = "server", value_name = "URL", required = true)]
+    servers: Vec<String>,
+    /// How many agents.
+    #[arg(long, default_value_t = 1000)]
+    agents: usize,
+    /// The version every agent starts on (VERSION+BUILD).
+    #[arg(long, value_name = "VERSION+BUILD", default_value = "1.0.0+1")]
+    agent_version: String,
+    /// Heartbeat interval (e.g. 30s).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    heartbeat: Duration,
+    /// Each heartbeat waits heartbeat × (1 ± jitter).
+    #[arg(long, default_value_t = 0.2)]
+    jitter: f64,
+    /// What a refused agent fetches: the whole bundle, or HEAD and its first 64 KiB.
+    #[arg(long, value_enum, default_value_t = Download::Full)]
+    download: Download,
+    /// How long a simulated install takes.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    install_time: Duration,
+    /// Probability (0–1) that an install fails (INSTALL_FAILED, never retried).
+    #[arg(long, default_value_t = 0.0)]
+    fail_rate: f64,
+    /// Agents start spread over this long.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    ramp: Duration,
+    /// NAME=SHARE: that share (0–1) of the agents say they are in group NAME.
+    #[arg(long = "group", value_name = "NAME=SHARE")]
+    groups: Vec<String>,
+    /// Stop after this long.
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// Stop when the rollout of a new version completes or halts (needs --token).
+    #[arg(long)]
+    until_rollout_end: bool,
+    /// Admin token, to watch /admin/rollout (default: UPDATE_SERVER_ADMIN_TOKEN).
+    #[arg(long, env = "UPDATE_SERVER_ADMIN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Seconds between progress lines.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    progress: Duration,
+    /// Latencies of the first this-long are not counted (e.g. while agents register).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    warmup: Duration,
+    /// Also write the summary as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Download {
+    Full,
+    Head,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fleet-sim: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let mut groups = Vec::new();
+    for g in &cli.groups {
+        let (name, share) = g
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--group {g:?}: write NAME=SHARE, e.g. canary=0.01"))?;
+        let share: f64 = share
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--group {g:?}: the share is a number between 0 and 1"))?;
+        groups.push((name.to_owned(), share));
+    }
+    if !(0.0..=1.0).contains(&cli.fail_rate) {
+        anyhow::bail!("--fail-rate is a probability between 0 and 1");
+    }
+    let options = Options {
+        servers: cli.servers,
+        agents: cli.agents,
+        version: cli.agent_version.parse()?,
+        heartbeat: cli.heartbeat,
+        jitter: cli.jitter.clamp(0.0, 1.0),
+        download: match cli.download {
+            Download::Full => DownloadMode::Full,
+            Download::Head => DownloadMode::Head,
+        },
+        install_time: cli.install_time,
+        fail_rate: cli.fail_rate,
+        ramp: cli.ramp,
+        groups,
+        duration: cli.duration,
+        until_rollout_end: cli.until_rollout_end,
+        admin_token: cli.token,
+        progress: cli.progress.max(Duration::from_millis(100)),
+        warmup: cli.warmup,
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    let report = runtime.block_on(fleet_sim::run(options))?;
+    print!("{}", fleet_sim::render(&report));
+    if let Some(path) = cli.json {
+        std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
