@@ -33,6 +33,45 @@ pub struct SimAgent {
     registered: bool,
 }
 
+/// One request to make.
+struct Call<'a> {
+    endpoint: &'static str,
+    method: Method,
+    path: &'a str,
+    json: Option<serde_json::Value>,
+    headers: &'a [(&'a str, String)],
+    /// Count the body's bytes instead of keeping it (a bundle).
+    drain: bool,
+}
+
+impl<'a> Call<'a> {
+    fn new(endpoint: &'static str, method: Method, path: &'a str) -> Self {
+        Self {
+            endpoint,
+            method,
+            path,
+            json: None,
+            headers: &[],
+            drain: false,
+        }
+    }
+
+    fn json(self, json: Option<serde_json::Value>) -> Self {
+        Self { json, ..self }
+    }
+
+    fn headers(self, headers: &'a [(&'a str, String)]) -> Self {
+        Self { headers, ..self }
+    }
+
+    fn drain(self) -> Self {
+        Self {
+            drain: true,
+            ..self
+        }
+    }
+}
+
 /// What a call came back with.
 struct Answer {
     status: StatusCode,
@@ -67,21 +106,20 @@ impl SimAgent {
         }
     }
 
-    /// One request, timed and counted under `endpoint`; an error is counted by kind.
-    async fn call(
-        &self,
-        shared: &Shared,
-        endpoint: &'static str,
-        method: Method,
-        path: &str,
-        json: Option<serde_json::Value>,
-        headers: &[(&str, String)],
-        drain: bool,
-    ) -> Option<Answer> {
+    /// One request, timed and counted under its endpoint; an error is counted by kind.
+    async fn call(&self, shared: &Shared, call: Call<'_>) -> Option<Answer> {
+        let Call {
+            endpoint,
+            method,
+            path,
+            json,
+            headers,
+            drain,
+        } = call;
         let url = format!("{}{path}", self.base(shared));
         let mut request = shared
             .http
-            .request(method.clone(), &url)
+            .request(method, &url)
             .header(wire::AGENT_VERSION_HEADER, self.version.to_string());
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
@@ -125,11 +163,12 @@ impl SimAgent {
         if shared.measuring() {
             shared.stats.record(endpoint, started.elapsed());
         }
-        if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
-            shared.stats.error(format!("{endpoint}: {status}"));
-        } else if status.is_client_error()
-            && !matches!(status, StatusCode::CONFLICT | StatusCode::FORBIDDEN)
-        {
+        // 409 (the directive), 403 (downloads off) and 503 (busy) are answers, not errors.
+        let expected = matches!(
+            status,
+            StatusCode::CONFLICT | StatusCode::FORBIDDEN | StatusCode::SERVICE_UNAVAILABLE
+        );
+        if (status.is_server_error() || status.is_client_error()) && !expected {
             shared.stats.error(format!("{endpoint}: {status}"));
         }
         Some(Answer {
@@ -157,7 +196,7 @@ impl SimAgent {
         };
         let body = serde_json::to_value(self.hello_body()).ok();
         let answer = self
-            .call(shared, endpoint, Method::POST, path, body, &[], false)
+            .call(shared, Call::new(endpoint, Method::POST, path).json(body))
             .await;
         let Some(answer) = answer else {
             self.fail_over(shared);
@@ -207,12 +246,7 @@ impl SimAgent {
         let body = serde_json::to_value(report).ok();
         self.call(
             shared,
-            "report",
-            Method::POST,
-            wire::REPORT_PATH,
-            body,
-            &[],
-            false,
+            Call::new("report", Method::POST, wire::REPORT_PATH).json(body),
         )
         .await;
     }
@@ -224,12 +258,7 @@ impl SimAgent {
                 DownloadMode::Full => {
                     self.call(
                         shared,
-                        "download",
-                        Method::GET,
-                        wire::DOWNLOAD_PATH,
-                        None,
-                        &[],
-                        true,
+                        Call::new("download", Method::GET, wire::DOWNLOAD_PATH).drain(),
                     )
                     .await
                 }
@@ -237,12 +266,7 @@ impl SimAgent {
                     let head = self
                         .call(
                             shared,
-                            "download (HEAD)",
-                            Method::HEAD,
-                            wire::DOWNLOAD_PATH,
-                            None,
-                            &[],
-                            true,
+                            Call::new("download (HEAD)", Method::HEAD, wire::DOWNLOAD_PATH).drain(),
                         )
                         .await;
                     match head {
@@ -250,12 +274,13 @@ impl SimAgent {
                             let range = [("Range", format!("bytes=0-{}", FIRST_BYTES - 1))];
                             self.call(
                                 shared,
-                                "download (first bytes)",
-                                Method::GET,
-                                wire::DOWNLOAD_PATH,
-                                None,
-                                &range,
-                                true,
+                                Call::new(
+                                    "download (first bytes)",
+                                    Method::GET,
+                                    wire::DOWNLOAD_PATH,
+                                )
+                                .headers(&range)
+                                .drain(),
                             )
                             .await
                         }
@@ -329,12 +354,7 @@ impl SimAgent {
             let body = serde_json::to_value(report).ok();
             self.call(
                 shared,
-                "report",
-                Method::POST,
-                wire::REPORT_PATH,
-                body,
-                &[],
-                false,
+                Call::new("report", Method::POST, wire::REPORT_PATH).json(body),
             )
             .await;
             shared.moved(&from, &expected);
