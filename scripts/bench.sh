@@ -562,7 +562,7 @@ EOF
 
 # The command line that made a section, as it was run.
 bench_command() {
-    if [[ -n $baseline ]]; then
+    if [[ -n $baseline && $1 != rollout ]]; then
         echo "BENCH_BASELINE=<checkout of $(git -C "$baseline" rev-parse --short HEAD)> scripts/bench.sh $1"
     else
         echo "scripts/bench.sh $1"
