@@ -21,7 +21,12 @@ fn wait_served(server: &e2e::ServerProc, version: &str) {
     });
 }
 
-fn bundle_of_size(ctx: &TestContext, version: &str, pad: usize, out: &str) -> std::path::PathBuf {
+pub(crate) fn bundle_of_size(
+    ctx: &TestContext,
+    version: &str,
+    pad: usize,
+    out: &str,
+) -> std::path::PathBuf {
     let key = ctx.path("keys/update.key");
     if !key.exists() {
         ctx.keygen("keys");

@@ -18,6 +18,8 @@ use reqwest::StatusCode;
 const MAX_SMALL_BODY: usize = 64 * 1024;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_REDIRECTS: usize = 5;
+/// Shorter than the server's default `server.idle-timeout`.
+const POOL_IDLE: Duration = Duration::from_secs(45);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CommError {
@@ -60,6 +62,9 @@ impl Client {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::limited(MAX_REDIRECTS))
             .connect_timeout(Duration::from_secs(10))
+            // Let go of an idle connection before the server's keep-alive clock
+            // (server.idle-timeout, 60 s) closes it under a request.
+            .pool_idle_timeout(POOL_IDLE)
             .user_agent(format!("agent/{version}"))
             .build()
             .map_err(|e| CommError::Network {

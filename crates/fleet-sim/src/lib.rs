@@ -188,6 +188,8 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         .timeout(Duration::from_secs(60))
         .connect_timeout(Duration::from_secs(10))
         .pool_max_idle_per_host(1024)
+        // As the agent: let go of idle connections before the server's keep-alive does.
+        .pool_idle_timeout(Duration::from_secs(45))
         .build()?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Arc::new(Shared {

@@ -18,9 +18,12 @@ pub const KEYS: &[Key] = &[
     key("server", "max-connections", Kind::Int),
     key("server", "shutdown-grace", Kind::Int),
     key("server", "name", Kind::Str),
+    key("server", "header-timeout", Kind::Int),
+    key("server", "idle-timeout", Kind::Int),
     key("downloads", "dir", Kind::Str),
     key("downloads", "limit", Kind::Int),
     key("downloads", "retry-after", Kind::Int),
+    key("downloads", "stall-timeout", Kind::Int),
     key("bundle", "public-key", Kind::Str),
     key("agents", "accept", Kind::Str),
     key("admin", "token", Kind::Str),
@@ -54,6 +57,10 @@ pub struct ServerSection {
     /// Names this server in the fleet database (its download limit, the decisions it
     /// took); empty: the host name and port.
     pub name: String,
+    /// Seconds a client has to send a whole request head.
+    pub header_timeout: u64,
+    /// Seconds a keep-alive connection may wait between requests.
+    pub idle_timeout: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -62,6 +69,9 @@ pub struct DownloadsSection {
     pub dir: PathBuf,
     pub limit: usize,
     pub retry_after: u64,
+    /// Seconds a download may go without its client taking a byte before it is ended
+    /// and its slot freed.
+    pub stall_timeout: u64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -138,6 +148,8 @@ impl Default for ServerSection {
             max_connections: 1024,
             shutdown_grace: 30,
             name: String::new(),
+            header_timeout: 30,
+            idle_timeout: 60,
         }
     }
 }
@@ -148,6 +160,7 @@ impl Default for DownloadsSection {
             dir: PathBuf::from("downloads/agent"),
             limit: 45,
             retry_after: 30,
+            stall_timeout: 60,
         }
     }
 }
@@ -195,7 +208,25 @@ impl Config {
             return Err("server.max-connections must be at least 1".into());
         }
         self.rollout_plan()?;
+        for (name, value) in [
+            ("server.header-timeout", self.server.header_timeout),
+            ("server.idle-timeout", self.server.idle_timeout),
+            ("downloads.stall-timeout", self.downloads.stall_timeout),
+        ] {
+            if value == 0 {
+                return Err(format!("{name} must be at least 1 second"));
+            }
+        }
         Ok(())
+    }
+
+    /// The clocks every connection is held to.
+    pub fn timeouts(&self) -> crate::conn::Timeouts {
+        crate::conn::Timeouts {
+            header: std::time::Duration::from_secs(self.server.header_timeout),
+            idle: std::time::Duration::from_secs(self.server.idle_timeout),
+            stall: std::time::Duration::from_secs(self.downloads.stall_timeout),
+        }
     }
 
     /// The plan new rollouts run under.

@@ -7,6 +7,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod conn;
 pub mod db;
 pub mod error;
 pub mod limiter;
@@ -88,6 +89,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             download_limit: AtomicUsize::new(download_limit.min(config.server.max_connections)),
             max_connections: config.server.max_connections,
             retry_after: config.downloads.retry_after,
+            request_timeout: Duration::from_secs(config.server.header_timeout),
         }),
     })
 }
@@ -156,10 +158,17 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let addr = config.listen_addr().map_err(ServerError::Config)?;
+    // Connections are capped below the file limit, so that a flood of them never leaves
+    // the server without a descriptor for its bundle or its database.
+    let fd_limit = conn::raise_fd_limit();
+    let (max_connections, lowered) = conn::fit_connections(config.server.max_connections, fd_limit);
+    if let Some(why) = lowered {
+        tracing::warn!("{why}");
+    }
     // Nothing under home changes, and no socket is taken, unless both are free: a second
     // server started by mistake must not touch the first one's bundle.
     let mut home_lock = HomeLock::acquire(&config.server.home)?;
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+    let listener = listen(addr).map_err(|e| {
         ServerError::Io(format!(
             "cannot listen on {addr}: {e}; is another server running there?"
         ))
@@ -169,6 +178,7 @@ pub async fn serve(
         .map_err(|e| ServerError::Io(e.to_string()))?;
     home_lock.describe(&format!("pid {} listening on {local}", std::process::id()));
     let state = build_state(&config).await?;
+    let metrics = Arc::clone(&state.inner.metrics);
     tracing::info!(
         "update-server listening on http://{local} (home {})",
         config.server.home.display()
@@ -187,39 +197,48 @@ pub async fn serve(
         }
     });
 
-    let router = app(state)
-        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
-            config.server.max_connections,
-        ))
-        .layer(
-            // 503 (limit) and 409 (directive) are answers the server means to give; a
-            // fleet produces thousands, so they are not logged as errors.
-            tower_http::trace::TraceLayer::new_for_http().on_failure(
-                tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
-            ),
-        );
+    let router = app(state).layer(
+        // 503 (limit) and 409 (directive) are answers the server means to give; a
+        // fleet produces thousands, so they are not logged as errors.
+        tower_http::trace::TraceLayer::new_for_http()
+            .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG)),
+    );
     let grace = Duration::from_secs(config.server.shutdown_grace);
-    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+    let announced = async move {
         shutdown.await;
         tracing::info!(
             "stopping: no new connections; running downloads get {}s to finish",
             grace.as_secs()
         );
-        let _ = stopping_tx.send(());
-    });
-    let deadline = async move {
-        if stopping_rx.await.is_ok() {
-            tokio::time::sleep(grace).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
     };
-    tokio::select! {
-        result = server => result.map_err(|e| ServerError::Io(e.to_string()))?,
-        () = deadline => tracing::warn!("grace period over; closing the remaining downloads"),
-    }
+    conn::serve(
+        listener,
+        router,
+        max_connections,
+        config.timeouts(),
+        metrics,
+        announced,
+        grace,
+    )
+    .await;
     Ok(())
+}
+
+/// The kernel's queue of connections not yet accepted. Large, so that a burst of
+/// connections (a fleet waking up, or a flood the server sheds) waits there instead of
+/// having its handshakes dropped and retried a second later. The kernel caps it at
+/// `net.core.somaxconn`.
+pub const LISTEN_BACKLOG: u32 = 8192;
+
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// `<home>/update-server.lock`: one server per home, held while it runs (the kernel

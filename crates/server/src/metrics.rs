@@ -10,6 +10,7 @@ pub struct Metrics {
     pub downloads_200: AtomicU64,
     pub downloads_206: AtomicU64,
     pub downloads_304: AtomicU64,
+    pub downloads_412: AtomicU64,
     pub downloads_403: AtomicU64,
     pub downloads_416: AtomicU64,
     pub downloads_503: AtomicU64,
@@ -17,6 +18,16 @@ pub struct Metrics {
     pub registrations_accepted: AtomicU64,
     pub registrations_refused: AtomicU64,
     pub reports: AtomicU64,
+    /// Connections ended because a client took no bytes for `downloads.stall-timeout`.
+    pub stalled: AtomicU64,
+    /// Connections closed for want of a whole request head in `server.header-timeout`.
+    pub header_timeouts: AtomicU64,
+    /// Keep-alive connections closed after `server.idle-timeout`.
+    pub idle_closed: AtomicU64,
+    /// Idle connections closed to make room for a new one at `server.max-connections`.
+    pub evicted: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub connections_open: AtomicU64,
 }
 
 pub fn inc(counter: &AtomicU64) {
@@ -69,6 +80,7 @@ impl Metrics {
             ("200", &self.downloads_200),
             ("206", &self.downloads_206),
             ("304", &self.downloads_304),
+            ("412", &self.downloads_412),
             ("403", &self.downloads_403),
             ("416", &self.downloads_416),
             ("503", &self.downloads_503),
@@ -131,6 +143,53 @@ impl Metrics {
                 escape(status)
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_downloads_stalled_total Downloads ended because their client took no bytes for downloads.stall-timeout (their slots freed)."
+        );
+        let _ = writeln!(out, "# TYPE agentupdate_downloads_stalled_total counter");
+        let _ = writeln!(
+            out,
+            "agentupdate_downloads_stalled_total {}",
+            get(&self.stalled)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_connections_closed_total Connections the server closed on a clock, by clock."
+        );
+        let _ = writeln!(out, "# TYPE agentupdate_connections_closed_total counter");
+        for (why, c) in [
+            ("header-timeout", &self.header_timeouts),
+            ("idle-timeout", &self.idle_closed),
+            ("stall-timeout", &self.stalled),
+            ("evicted", &self.evicted),
+        ] {
+            let _ = writeln!(
+                out,
+                "agentupdate_connections_closed_total{{reason=\"{why}\"}} {}",
+                get(c)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_connections_open Client connections open now."
+        );
+        let _ = writeln!(out, "# TYPE agentupdate_connections_open gauge");
+        let _ = writeln!(
+            out,
+            "agentupdate_connections_open {}",
+            get(&self.connections_open)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_connections_total Client connections accepted."
+        );
+        let _ = writeln!(out, "# TYPE agentupdate_connections_total counter");
+        let _ = writeln!(
+            out,
+            "agentupdate_connections_total {}",
+            get(&self.connections_total)
+        );
         render_rollout(&mut out, rollout);
         out
     }

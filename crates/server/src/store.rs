@@ -49,7 +49,42 @@ impl ServedBundle {
 #[derive(Debug, Clone)]
 pub enum Current {
     Ready(Arc<ServedBundle>),
-    Unavailable(String),
+    Unavailable(Problem),
+}
+
+/// Why nothing is served: what any client may be told (no paths, no names of files
+/// under the server's home), and the detail for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub public: String,
+    pub detail: String,
+}
+
+impl Problem {
+    fn new(public: &str, detail: String) -> Self {
+        Self {
+            public: public.to_owned(),
+            detail,
+        }
+    }
+}
+
+/// What a look at the download directory found.
+enum Look {
+    Found(SourceId),
+    /// The directory says there is nothing to serve (none, or several).
+    Nothing(Problem),
+    /// The directory could not be read just now (out of descriptors, say): this says
+    /// nothing about the bundle, which stays served if it was.
+    Failed(String),
+}
+
+/// Why a bundle could not be taken in.
+enum Refused {
+    /// Its content: said once, and not tried again until the file changes.
+    Content(String),
+    /// Reading or copying it failed: tried again at the next scan.
+    Io(String),
 }
 
 /// Identity of the dropped files, to notice when they change.
@@ -85,9 +120,10 @@ impl BundleStore {
             public_key,
             server_version: env!("CARGO_PKG_VERSION").to_owned(),
             server_build: option_env!("UPDATE_SERVER_BUILD").unwrap_or("0").to_owned(),
-            current: RwLock::new(Current::Unavailable(
+            current: RwLock::new(Current::Unavailable(Problem::new(
+                "the server is starting; retry shortly",
                 "the bundle store has not been scanned yet".into(),
-            )),
+            ))),
             source: RwLock::new(None),
             last_problem: RwLock::new(None),
         })
@@ -107,49 +143,70 @@ impl BundleStore {
     /// Looks at the download directory and takes in a new bundle if there is one.
     /// Blocking: call from a blocking thread.
     pub fn scan(&self) {
-        match self.find_source() {
-            Err(problem) => {
+        let source = match self.look() {
+            Look::Found(source) => source,
+            Look::Nothing(problem) => {
                 self.set_source(None);
                 self.set(Current::Unavailable(problem));
+                return;
             }
-            Ok(source) => {
-                let unchanged = self
-                    .source
-                    .read()
-                    .map(|s| s.as_ref() == Some(&source))
-                    .unwrap_or(false);
-                if unchanged {
-                    return;
+            Look::Failed(detail) => {
+                match self.current() {
+                    Current::Ready(bundle) => self
+                        .log_problem(format!("{detail}; still serving {}", bundle.info.filename)),
+                    Current::Unavailable(_) => self.set(Current::Unavailable(Problem::new(
+                        "the bundle cannot be read just now; retry later",
+                        detail,
+                    ))),
                 }
-                match self.ingest(&source) {
-                    Ok(bundle) => {
-                        tracing::info!(
-                            version = %bundle.info.agent,
-                            sha256 = %bundle.info.sha256,
-                            size = bundle.info.size,
-                            "serving {}",
-                            bundle.info.filename
-                        );
+                return;
+            }
+        };
+        let unchanged = self
+            .source
+            .read()
+            .map(|s| s.as_ref() == Some(&source))
+            .unwrap_or(false);
+        if unchanged {
+            return;
+        }
+        match self.ingest(&source) {
+            Ok(bundle) => {
+                tracing::info!(
+                    version = %bundle.info.agent,
+                    sha256 = %bundle.info.sha256,
+                    size = bundle.info.size,
+                    "serving {}",
+                    bundle.info.filename
+                );
+                self.set_source(Some(source));
+                *self.last_problem.write().unwrap_or_else(|p| p.into_inner()) = None;
+                self.set(Current::Ready(Arc::new(bundle)));
+            }
+            Err(refused) => {
+                let detail = match refused {
+                    Refused::Content(detail) => {
+                        // Not read again until the file changes.
                         self.set_source(Some(source));
-                        *self.last_problem.write().unwrap_or_else(|p| p.into_inner()) = None;
-                        self.set(Current::Ready(Arc::new(bundle)));
+                        detail
                     }
-                    Err(problem) => {
-                        // Keep serving what was good; say once what is wrong with the new file.
-                        self.set_source(Some(source));
-                        if matches!(self.current(), Current::Unavailable(_)) {
-                            self.set(Current::Unavailable(problem.clone()));
-                        }
-                        self.log_problem(problem);
-                    }
+                    Refused::Io(detail) => detail,
+                };
+                // Keep serving what was good; say once what is wrong with the new file.
+                if matches!(self.current(), Current::Unavailable(_)) {
+                    self.set(Current::Unavailable(Problem::new(
+                        "the bundle in the download directory cannot be served; the operator must fix it (the server's log says why)",
+                        detail.clone(),
+                    )));
                 }
+                self.log_problem(detail);
             }
         }
     }
 
     fn set(&self, current: Current) {
         if let Current::Unavailable(problem) = &current {
-            self.log_problem(problem.clone());
+            self.log_problem(problem.detail.clone());
         }
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = current;
     }
@@ -166,15 +223,27 @@ impl BundleStore {
         }
     }
 
-    fn find_source(&self) -> Result<SourceId, String> {
-        let entries = fs::read_dir(&self.dir).map_err(|e| {
-            format!(
-                "cannot read the download directory {}: {e}",
-                self.dir.display()
-            )
-        })?;
+    fn look(&self) -> Look {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) => {
+                return Look::Failed(format!(
+                    "cannot read the download directory {}: {e}",
+                    self.dir.display()
+                ));
+            }
+        };
         let mut bundles = Vec::new();
-        for entry in entries.flatten() {
+        for entry in entries {
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => {
+                    return Look::Failed(format!(
+                        "cannot list the download directory {}: {e}",
+                        self.dir.display()
+                    ));
+                }
+            };
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with("agent-bundle-")
                 && !name.ends_with(".minisig")
@@ -185,17 +254,23 @@ impl BundleStore {
         }
         bundles.sort();
         match bundles.as_slice() {
-            [] => Err(format!(
-                "no bundle to serve: drop agent-bundle-<version> and its .minisig into {}",
-                self.dir.display()
+            [] => Look::Nothing(Problem::new(
+                "no bundle to serve yet: the operator must drop agent-bundle-<version> and its .minisig into the server's download directory",
+                format!(
+                    "no bundle to serve: drop agent-bundle-<version> and its .minisig into {}",
+                    self.dir.display()
+                ),
             )),
             [one] => {
                 let path = self.dir.join(one);
-                let meta = fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let meta = match fs::metadata(&path) {
+                    Ok(m) => m,
+                    Err(e) => return Look::Failed(format!("{}: {e}", path.display())),
+                };
                 let signature_mtime = fs::metadata(self.dir.join(layout::signature_file_name(one)))
                     .ok()
                     .map(|m| (m.mtime(), m.mtime_nsec()));
-                Ok(SourceId {
+                Look::Found(SourceId {
                     path,
                     size: meta.len(),
                     mtime: meta.mtime(),
@@ -204,55 +279,73 @@ impl BundleStore {
                     signature_mtime,
                 })
             }
-            many => Err(format!(
-                "{} bundles in {} ({}); remove all but the one to serve",
-                many.len(),
-                self.dir.display(),
-                many.join(", ")
+            many => Look::Nothing(Problem::new(
+                "several bundles are in the download directory: the operator must leave only the one to serve",
+                format!(
+                    "{} bundles in {} ({}); remove all but the one to serve",
+                    many.len(),
+                    self.dir.display(),
+                    many.join(", ")
+                ),
             )),
         }
     }
 
-    fn ingest(&self, source: &SourceId) -> Result<ServedBundle, String> {
+    fn ingest(&self, source: &SourceId) -> Result<ServedBundle, Refused> {
         let shown = source.path.display().to_string();
         // Copy and hash in one pass into a private file only this server writes.
-        let mut input = File::open(&source.path).map_err(|e| format!("{shown}: {e}"))?;
+        let mut input =
+            File::open(&source.path).map_err(|e| Refused::Io(format!("{shown}: {e}")))?;
         let mut tmp = tempfile::Builder::new()
             .prefix(".ingest-")
             .tempfile_in(&self.cache_dir)
-            .map_err(|e| format!("{}: {e}", self.cache_dir.display()))?;
+            .map_err(|e| Refused::Io(format!("{}: {e}", self.cache_dir.display())))?;
         let mut hasher = MultiHasher::new();
         let mut buf = vec![0u8; agent_protocol::digest::CHUNK];
         loop {
-            let n = input.read(&mut buf).map_err(|e| format!("{shown}: {e}"))?;
+            let n = input
+                .read(&mut buf)
+                .map_err(|e| Refused::Io(format!("{shown}: {e}")))?;
             if n == 0 {
                 break;
             }
             hasher.update(&buf[..n]);
             tmp.write_all(&buf[..n])
-                .map_err(|e| format!("{}: {e}", self.cache_dir.display()))?;
+                .map_err(|e| Refused::Io(format!("{}: {e}", self.cache_dir.display())))?;
         }
         tmp.as_file()
             .sync_all()
-            .map_err(|e| format!("{}: {e}", self.cache_dir.display()))?;
+            .map_err(|e| Refused::Io(format!("{}: {e}", self.cache_dir.display())))?;
         let digests = hasher.finish();
 
         let sig_path = PathBuf::from(format!("{shown}.minisig"));
-        let signature_text = fs::read_to_string(&sig_path).ok();
+        let signature_text = match fs::read_to_string(&sig_path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Refused::Io(format!("{}: {e}", sig_path.display()))),
+        };
         if let Some(key) = &self.public_key {
             let Some(text) = &signature_text else {
-                return Err(format!(
+                return Err(Refused::Content(format!(
                     "{shown} has no signature {}; it is not served (bundle.public-key is set)",
                     sig_path.display()
-                ));
+                )));
             };
-            let signature = Signature::parse(text)
-                .map_err(|e| format!("{}: {e}; the bundle is not served", sig_path.display()))?;
+            let signature = Signature::parse(text).map_err(|e| {
+                Refused::Content(format!(
+                    "{}: {e}; the bundle is not served",
+                    sig_path.display()
+                ))
+            })?;
             verify::verify_with_digests(tmp.path(), &digests, &signature, key).map_err(|e| {
-                format!("{shown} failed verification: {e}; the bundle is not served")
+                Refused::Content(format!(
+                    "{shown} failed verification: {e}; the bundle is not served"
+                ))
             })?;
         }
-        let facts = self.facts(tmp.path(), &digests.sha256_hex(), &shown)?;
+        let facts = self
+            .facts(tmp.path(), &digests.sha256_hex(), &shown)
+            .map_err(Refused::Content)?;
 
         let private = self
             .cache_dir
@@ -264,14 +357,16 @@ impl BundleStore {
                 .set_permissions(fs::Permissions::from_mode(0o444));
         }
         tmp.persist(&private)
-            .map_err(|e| format!("{}: {}", private.display(), e.error))?;
+            .map_err(|e| Refused::Io(format!("{}: {}", private.display(), e.error)))?;
         self.remove_stale_copies(&private);
-        let file = File::open(&private).map_err(|e| format!("{}: {e}", private.display()))?;
-        let data = map(&file).map_err(|e| format!("cannot map {}: {e}", private.display()))?;
+        let file =
+            File::open(&private).map_err(|e| Refused::Io(format!("{}: {e}", private.display())))?;
+        let data = map(&file)
+            .map_err(|e| Refused::Io(format!("cannot map {}: {e}", private.display())))?;
         if data.len() as u64 != digests.size {
-            return Err(format!(
+            return Err(Refused::Io(format!(
                 "{shown} changed while it was read; it will be read again"
-            ));
+            )));
         }
         let filename = source
             .path

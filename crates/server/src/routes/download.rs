@@ -64,6 +64,82 @@ enum RangeAsk {
     Unsatisfiable,
 }
 
+/// The conditional headers of a request (RFC 9110 §13).
+#[derive(Debug, Default, Clone, Copy)]
+struct Preconditions<'a> {
+    if_match: Option<&'a str>,
+    if_none_match: Option<&'a str>,
+    if_unmodified_since: Option<&'a str>,
+    if_modified_since: Option<&'a str>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Proceed,
+    /// `304`
+    NotModified,
+    /// `412`
+    Failed,
+}
+
+/// `W/"x"` → (weak, `"x"`).
+fn entity_tag(tag: &str) -> (bool, &str) {
+    let tag = tag.trim();
+    match tag.strip_prefix("W/") {
+        Some(rest) => (true, rest),
+        None => (false, tag),
+    }
+}
+
+/// True if `list` (a comma-separated list of tags, or `*`) matches `etag`.
+fn tag_matches(list: &str, etag: &str, strong: bool) -> bool {
+    list.split(',').any(|candidate| {
+        if candidate.trim() == "*" {
+            return true;
+        }
+        let (weak, opaque) = entity_tag(candidate);
+        let (ours_weak, ours) = entity_tag(etag);
+        opaque == ours && !(strong && (weak || ours_weak))
+    })
+}
+
+impl Preconditions<'_> {
+    /// The order of RFC 9110 §13.2.2: If-Match (strong), else If-Unmodified-Since; then
+    /// If-None-Match (weak), else If-Modified-Since. Dates that do not parse are ignored.
+    fn evaluate(&self, etag: &str, last_modified: std::time::SystemTime) -> Outcome {
+        // HTTP dates have whole seconds.
+        let modified = httpdate::HttpDate::from(last_modified);
+        let date = |v: &str| v.trim().parse::<httpdate::HttpDate>().ok();
+        if let Some(list) = self.if_match {
+            if !tag_matches(list, etag, true) {
+                return Outcome::Failed;
+            }
+        } else if let Some(since) = self.if_unmodified_since.and_then(date)
+            && modified > since
+        {
+            return Outcome::Failed;
+        }
+        if let Some(list) = self.if_none_match {
+            if tag_matches(list, etag, false) {
+                return Outcome::NotModified;
+            }
+        } else if let Some(since) = self.if_modified_since.and_then(date)
+            && modified <= since
+        {
+            return Outcome::NotModified;
+        }
+        Outcome::Proceed
+    }
+}
+
+/// `1*DIGIT` only: `u64::from_str` would take `+1`.
+fn digits(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
 fn parse_range(value: &str, size: u64) -> RangeAsk {
     let Some(spec) = value.trim().strip_prefix("bytes=") else {
         return RangeAsk::Whole;
@@ -76,19 +152,20 @@ fn parse_range(value: &str, size: u64) -> RangeAsk {
     };
     let (start, end) = (start.trim(), end.trim());
     let parsed = if start.is_empty() {
-        match end.parse::<u64>() {
-            Ok(0) | Err(_) => return RangeAsk::Unsatisfiable,
-            Ok(suffix) => (size.saturating_sub(suffix), size.saturating_sub(1)),
+        match digits(end) {
+            Some(0) => return RangeAsk::Unsatisfiable,
+            None => return RangeAsk::Whole,
+            Some(suffix) => (size.saturating_sub(suffix), size.saturating_sub(1)),
         }
     } else {
-        let Ok(first) = start.parse::<u64>() else {
+        let Some(first) = digits(start) else {
             return RangeAsk::Whole;
         };
         let last = if end.is_empty() {
             size.saturating_sub(1)
         } else {
-            match end.parse::<u64>() {
-                Ok(last) if last >= first => last.min(size.saturating_sub(1)),
+            match digits(end) {
+                Some(last) if last >= first => last.min(size.saturating_sub(1)),
                 _ => return RangeAsk::Whole,
             }
         };
@@ -141,18 +218,31 @@ pub(super) async fn download(
     );
 
     let header_str = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
-    if let Some(inm) = header_str(header::IF_NONE_MATCH)
-        && inm
-            .split(',')
-            .any(|t| t.trim() == bundle.etag || t.trim() == "*")
-    {
-        inc(&s.metrics.downloads_304);
-        return (StatusCode::NOT_MODIFIED, base).into_response();
+    let preconditions = Preconditions {
+        if_match: header_str(header::IF_MATCH),
+        if_none_match: header_str(header::IF_NONE_MATCH),
+        if_unmodified_since: header_str(header::IF_UNMODIFIED_SINCE),
+        if_modified_since: header_str(header::IF_MODIFIED_SINCE),
+    };
+    match preconditions.evaluate(&bundle.etag, bundle.last_modified) {
+        Outcome::Proceed => {}
+        Outcome::NotModified => {
+            inc(&s.metrics.downloads_304);
+            return (StatusCode::NOT_MODIFIED, base).into_response();
+        }
+        Outcome::Failed => {
+            inc(&s.metrics.downloads_412);
+            return (StatusCode::PRECONDITION_FAILED, base).into_response();
+        }
     }
-    // If-Range: the range applies only if the client's copy is this bundle.
+    // If-Range: the range applies only if the client's copy is this bundle (a strong
+    // comparison: a weak tag never matches).
     let range_applies = match header_str(header::IF_RANGE) {
         None => true,
-        Some(v) => v.trim() == bundle.etag || v.trim() == last_modified,
+        Some(v) => {
+            let v = v.trim();
+            (!v.starts_with("W/") && v == bundle.etag) || v == last_modified
+        }
     };
     let ask = match header_str(header::RANGE) {
         Some(r) if range_applies => parse_range(r, size),
@@ -258,5 +348,100 @@ mod tests {
         assert_eq!(parse_range("bytes=0-1,5-6", 100), RangeAsk::Whole);
         assert_eq!(parse_range("items=0-1", 100), RangeAsk::Whole);
         assert_eq!(parse_range("bytes=9-1", 100), RangeAsk::Whole);
+        // Not ranges at all (RFC 9110 §14.1.1: 1*DIGIT): ignored, the whole file.
+        for bad in [
+            "bytes=+1-2",
+            "bytes=1-+2",
+            "bytes=-+5",
+            "bytes= -",
+            "bytes=0x1-2",
+        ] {
+            assert_eq!(parse_range(bad, 100), RangeAsk::Whole, "{bad}");
+        }
+    }
+
+    fn at(secs: u64) -> std::time::SystemTime {
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs)
+    }
+
+    fn date(secs: u64) -> String {
+        httpdate::fmt_http_date(at(secs))
+    }
+
+    #[test]
+    fn conditional_requests_follow_rfc_9110() {
+        let etag = "\"abc\"";
+        let modified = at(1_000_000);
+        let eval = |p: Preconditions<'_>| p.evaluate(etag, modified);
+        let none = Preconditions::default();
+        assert_eq!(eval(none), Outcome::Proceed);
+        // If-None-Match: weak comparison, so W/"abc" matches.
+        for inm in ["\"abc\"", "W/\"abc\"", "\"x\", W/\"abc\"", "*"] {
+            let p = Preconditions {
+                if_none_match: Some(inm),
+                ..none
+            };
+            assert_eq!(eval(p), Outcome::NotModified, "{inm}");
+        }
+        let p = Preconditions {
+            if_none_match: Some("\"other\""),
+            ..none
+        };
+        assert_eq!(eval(p), Outcome::Proceed);
+        // If-Match: strong comparison, so W/"abc" does not match.
+        for (im, outcome) in [
+            ("\"abc\"", Outcome::Proceed),
+            ("*", Outcome::Proceed),
+            ("W/\"abc\"", Outcome::Failed),
+            ("\"other\"", Outcome::Failed),
+        ] {
+            let p = Preconditions {
+                if_match: Some(im),
+                ..none
+            };
+            assert_eq!(eval(p), outcome, "{im}");
+        }
+        // If-Unmodified-Since, only without If-Match.
+        let earlier = date(999_999);
+        let later = date(1_000_001);
+        let p = Preconditions {
+            if_unmodified_since: Some(&earlier),
+            ..none
+        };
+        assert_eq!(eval(p), Outcome::Failed);
+        let p = Preconditions {
+            if_unmodified_since: Some(&later),
+            ..none
+        };
+        assert_eq!(eval(p), Outcome::Proceed);
+        let p = Preconditions {
+            if_match: Some("\"abc\""),
+            if_unmodified_since: Some(&earlier),
+            ..none
+        };
+        assert_eq!(eval(p), Outcome::Proceed, "If-Match takes precedence");
+        let p = Preconditions {
+            if_unmodified_since: Some("not a date"),
+            ..none
+        };
+        assert_eq!(eval(p), Outcome::Proceed, "an invalid date is ignored");
+        // If-Modified-Since, only without If-None-Match.
+        let same = date(1_000_000);
+        let p = Preconditions {
+            if_modified_since: Some(&same),
+            ..none
+        };
+        assert_eq!(eval(p), Outcome::NotModified);
+        let p = Preconditions {
+            if_modified_since: Some(&earlier),
+            ..none
+        };
+        assert_eq!(eval(p), Outcome::Proceed);
+        let p = Preconditions {
+            if_none_match: Some("\"other\""),
+            if_modified_since: Some(&same),
+            ..none
+        };
+        assert_eq!(eval(p), Outcome::Proceed, "If-None-Match takes precedence");
     }
 }

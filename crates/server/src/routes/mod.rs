@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use subtle::ConstantTimeEq;
+use tower_http::timeout::TimeoutLayer;
 
 use crate::db::Db;
 use crate::error::ApiError;
@@ -51,16 +52,24 @@ pub struct Shared {
     pub download_limit: AtomicUsize,
     pub max_connections: usize,
     pub retry_after: u64,
+    /// How long a non-download request may take, its body included.
+    pub request_timeout: std::time::Duration,
 }
 
 pub fn app(state: AppState) -> Router {
-    Router::new()
+    // A request with a body (or that waits on the database) is done within this, or
+    // answered 408: a client trickling a body cannot hold its connection for ever.
+    // Downloads are not bounded here; their clock is the stall timeout.
+    let request_timeout =
+        TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, state.inner.request_timeout);
+    let downloads = Router::new()
         .route(wire::VERSION_PATH, get(download::version))
         .route(
             wire::DOWNLOAD_PATH,
             get(download::download).head(download::download),
         )
-        .route(wire::SIGNATURE_PATH, get(download::signature))
+        .route(wire::SIGNATURE_PATH, get(download::signature));
+    Router::new()
         .route(wire::REGISTER_PATH, post(agents::register))
         .route(wire::CONNECT_PATH, post(agents::register))
         .route(wire::REPORT_PATH, post(agents::report))
@@ -77,6 +86,8 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/rollout/advance", post(admin::rollout_advance))
         .route("/metrics", get(admin::metrics))
         .route("/healthz", get(admin::healthz))
+        .route_layer(request_timeout)
+        .merge(downloads)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
@@ -94,7 +105,9 @@ fn unavailable(problem: &str, retry_after: u64) -> Response {
 fn ready(state: &Shared) -> Result<Arc<ServedBundle>, Box<Response>> {
     match state.store.current() {
         Current::Ready(b) => Ok(b),
-        Current::Unavailable(problem) => Err(Box::new(unavailable(&problem, state.retry_after))),
+        Current::Unavailable(problem) => {
+            Err(Box::new(unavailable(&problem.public, state.retry_after)))
+        }
     }
 }
 
