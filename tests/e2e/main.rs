@@ -10,6 +10,7 @@ mod bundle;
 mod first_day;
 mod fleet;
 mod handlers;
+mod hostile_archives;
 mod hostile_clients;
 mod quickstart;
 mod rollout;

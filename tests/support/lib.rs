@@ -647,3 +647,89 @@ pub fn log_time(line: &str) -> Option<f64> {
     );
     Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + s)
 }
+
+/// One entry of a hand-made bundle payload: its name in the zip and where its bytes are.
+pub struct Part<'a> {
+    pub name: &'a str,
+    pub file: &'a Path,
+}
+
+/// A bundle made by hand, as `agent-bundle pack` would make it (the stub, then a zip whose
+/// offsets count from the file's start), from arbitrary parts, so that a test can put in
+/// it what pack never would. Signed with `key` (claiming `version` on this platform), so
+/// that everything that checks signatures lets it through to what is under test.
+pub fn hand_made_bundle(
+    out: &Path,
+    version: &str,
+    build: &str,
+    key: &Path,
+    parts: &[Part<'_>],
+) -> PathBuf {
+    use std::io::Write;
+    fs::create_dir_all(out).unwrap();
+    let bundle = out.join(format!("agent-bundle-{version}"));
+    let mut file = fs::File::create(&bundle).unwrap();
+    let stub = fs::read(bin_path("agent-bundle")).unwrap();
+    file.write_all(&stub).unwrap();
+    {
+        let mut zip = zip::ZipWriter::new(std::io::BufWriter::new(&mut file));
+        let stored = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored)
+            .unix_permissions(0o644);
+        for part in parts {
+            zip.start_file(part.name, stored).unwrap();
+            let mut input = fs::File::open(part.file).unwrap();
+            std::io::copy(&mut input, &mut zip).unwrap();
+        }
+        zip.finish().unwrap().flush().unwrap();
+    }
+    file.flush().unwrap();
+    drop(file);
+    run_ok(Command::new("chmod").arg("755").arg(&bundle));
+    sign_bundle(&bundle, version, build, key);
+    bundle
+}
+
+/// Writes `<bundle>.minisig` as `agent-bundle pack` would, with a claim of `version+build`.
+pub fn sign_bundle(bundle: &Path, version: &str, build: &str, key: &Path) {
+    use agent_protocol::minisign::{BundleClaim, SecretKey};
+    let key = SecretKey::parse(&fs::read_to_string(key).unwrap()).unwrap();
+    let digests =
+        agent_protocol::digest::Digests::of_reader(fs::File::open(bundle).unwrap()).unwrap();
+    let claim = BundleClaim {
+        version: agent_protocol::AgentVersion::new(version, build).unwrap(),
+        platform: agent_protocol::layout::PLATFORM.to_owned(),
+        sha256: digests.sha256_hex(),
+        signed_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    };
+    let signature = key
+        .sign_prehashed(&digests.blake2b, &claim.to_comment())
+        .unwrap();
+    fs::write(
+        format!("{}.minisig", bundle.display()),
+        signature.to_file_string(),
+    )
+    .unwrap();
+}
+
+/// Replaces every occurrence of `from` with `to` (same length) in a file, in place.
+pub fn patch_bytes(path: &Path, from: &[u8], to: &[u8]) -> usize {
+    assert_eq!(from.len(), to.len());
+    let mut data = fs::read(path).unwrap();
+    let mut count = 0;
+    let mut i = 0;
+    while i + from.len() <= data.len() {
+        if &data[i..i + from.len()] == from {
+            data[i..i + from.len()].copy_from_slice(to);
+            count += 1;
+            i += from.len();
+        } else {
+            i += 1;
+        }
+    }
+    fs::write(path, data).unwrap();
+    count
+}

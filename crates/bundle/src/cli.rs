@@ -128,6 +128,10 @@ pub fn main() -> ExitCode {
     init_tracing();
     match run(cli) {
         Ok(code) => code,
+        Err(BundleError::Extract(agent_extract::Error::Interrupted)) => {
+            eprintln!("agent-bundle: interrupted; nothing was installed");
+            ExitCode::from(130)
+        }
         Err(e) => {
             eprintln!("agent-bundle: error: {e}");
             ExitCode::FAILURE

@@ -8,6 +8,8 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use agent_extract::atomic;
 use agent_extract::payload::{self, BundleFacts, Payload, PayloadProblem};
@@ -59,12 +61,27 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
             layout::PLATFORM
         )));
     }
+    // An interrupted install removes what it staged (the check is between steps and
+    // while unpacking); one killed outright is cleaned up by the next install.
+    let cancel = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(signal, Arc::clone(&cancel));
+    }
+    let check = || {
+        if cancel.load(Ordering::Relaxed) {
+            Err(BundleError::Extract(agent_extract::Error::Interrupted))
+        } else {
+            Ok(())
+        }
+    };
     // Trust is decided before a byte of the payload is unpacked.
     let signature_path = PathBuf::from(format!("{}.minisig", req.bundle.display()));
     let trust = decide_trust(req, &mut payload, &facts, &signature_path)?;
+    check()?;
 
     let mut made = MadeDirs::create(req.prefix)?;
     let prefix = fs::canonicalize(req.prefix).at(req.prefix)?;
+    remove_stale_staging(&prefix);
     let home = AgentHome::new(prefix.join(layout::DIST_ROOT));
     let exists = home.root().exists();
     if exists && !req.force {
@@ -75,7 +92,7 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
     }
 
     let staging = tempfile::Builder::new()
-        .prefix(".agent-install-")
+        .prefix(&format!("{STAGING_PREFIX}{}-", std::process::id()))
         .tempdir_in(&prefix)
         .at(&prefix)?;
     let version_stage = staging.path().join("version");
@@ -89,10 +106,12 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
             root: Some(layout::DIST_ROOT),
             sync: true,
             progress: Some(&mut on_progress),
+            cancel: Some(&cancel),
             ..Options::default()
         },
     )?;
     progress.finish();
+    check()?;
     check_unpacked_version(&version_stage, &facts)?;
 
     if signature_path.exists() {
@@ -121,18 +140,63 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
     })
 }
 
+/// Staging directories of installs: `.agent-install-<pid>-<random>` under the prefix.
+const STAGING_PREFIX: &str = ".agent-install-";
+
+/// Removes the staging directories of installs whose process is gone (killed, or from a
+/// version that did not clean up); a live install's is left alone.
+fn remove_stale_staging(prefix: &Path) {
+    let Ok(entries) = fs::read_dir(prefix) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(STAGING_PREFIX) else {
+            continue;
+        };
+        let owner = rest
+            .split('-')
+            .next()
+            .and_then(|pid| pid.parse::<u32>().ok());
+        let stale = match owner {
+            Some(pid) => !process::is_alive(pid),
+            // No pid in the name: an older installer's, stale once it is an hour old.
+            None => entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > std::time::Duration::from_secs(3600)),
+        };
+        if stale && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            match fs::remove_dir_all(entry.path()) {
+                Ok(()) => tracing::warn!(
+                    "removed {} left by an interrupted install",
+                    entry.path().display()
+                ),
+                Err(e) => tracing::warn!("cannot remove {}: {e}", entry.path().display()),
+            }
+        }
+    }
+}
+
 /// The bundle's payload, or a message that tells a bare stub from a cut download.
 pub fn open_payload(bundle: &Path) -> Result<Payload> {
-    Payload::open(bundle).map_err(|e| match payload::diagnose(bundle) {
+    let e = match Payload::open(bundle) {
+        Ok(payload) => return Ok(payload),
+        // A payload that is there but wrong says so itself.
+        Err(e @ agent_extract::Error::NotABundle { .. }) => return Err(e.into()),
+        Err(e) => e,
+    };
+    Err(match payload::diagnose(bundle) {
         PayloadProblem::Missing => BundleError::NoPayload,
         PayloadProblem::Damaged { trailing } => BundleError::Damaged(format!(
             "{} is truncated or damaged: {trailing} bytes follow the program, but they are not a whole zip payload",
             bundle.display()
         )),
-        PayloadProblem::Unknown => BundleError::Damaged(format!(
-            "{} is truncated or damaged: {e}",
-            bundle.display()
-        )),
+        PayloadProblem::Unknown => {
+            BundleError::Damaged(format!("{} is truncated or damaged: {e}", bundle.display()))
+        }
     })
 }
 

@@ -17,6 +17,9 @@ pub enum Error {
     #[error("damaged archive: {0}")]
     Corrupt(String),
 
+    #[error("interrupted; nothing was kept")]
+    Interrupted,
+
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -26,6 +29,11 @@ pub enum Error {
 
     #[error("{path} is not a bundle: {reason}")]
     NotABundle { path: PathBuf, reason: String },
+
+    /// No zip at the end of the file, or one that cannot be read: a bare program, or a
+    /// bundle cut short or damaged.
+    #[error("{path} is not a bundle: no zip payload ({reason})")]
+    NoZip { path: PathBuf, reason: String },
 
     #[error("{path}: entry {entry}: {source}")]
     Format {

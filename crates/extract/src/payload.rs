@@ -32,20 +32,39 @@ pub struct Payload {
 
 impl Payload {
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).at(path)?;
-        let archive = zip::ZipArchive::new(file).map_err(|e| Error::NotABundle {
+        let mut file = File::open(path).at(path)?;
+        // The zip crate keeps entries in a map by name, so a second entry of the same
+        // name would be invisible to it while `unzip` shows it: read the names from the
+        // central directory itself, and refuse duplicates.
+        let names = central_directory_names(&mut file).map_err(|reason| Error::NoZip {
             path: path.to_owned(),
-            reason: format!("no zip payload ({e})"),
+            reason,
         })?;
-        let mut names = HashSet::new();
-        for i in 0..archive.len() {
-            let name = archive.name_for_index(i).unwrap_or_default();
-            if !names.insert(name.to_owned()) {
+        let mut seen = HashSet::new();
+        for name in &names {
+            if !seen.insert(name.as_str()) {
                 return Err(Error::NotABundle {
                     path: path.to_owned(),
-                    reason: format!("duplicate payload entry {name:?}"),
+                    reason: format!(
+                        "duplicate payload entry {}",
+                        crate::unpack::shown(name.as_bytes())
+                    ),
                 });
             }
+        }
+        let archive = zip::ZipArchive::new(file).map_err(|e| Error::NoZip {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        if archive.len() != names.len() {
+            return Err(Error::NotABundle {
+                path: path.to_owned(),
+                reason: format!(
+                    "the zip payload lists {} entries but {} can be read",
+                    names.len(),
+                    archive.len()
+                ),
+            });
         }
         Ok(Self {
             path: path.to_owned(),
@@ -123,9 +142,27 @@ impl Payload {
         String::from_utf8(bytes).map_err(|_| self.corrupt(name, "not UTF-8 text"))
     }
 
-    /// A reader over the distribution tarball of `version`.
+    /// A reader over the distribution tarball of `version`, which fails rather than
+    /// yield more bytes than the entry declares (an inflating bomb is stopped at its
+    /// declared size, and that size is capped).
     pub fn dist(&mut self, version: &AgentVersion) -> Result<impl Read + Send + '_> {
-        self.entry(&layout::dist_entry(version))
+        let name = layout::dist_entry(version);
+        let path = self.path.clone();
+        let entry = self.entry(&name)?;
+        let declared = entry.size();
+        if declared > MAX_DIST_ENTRY {
+            return Err(Error::NotABundle {
+                path,
+                reason: format!(
+                    "entry {name} declares {declared} bytes, more than the {MAX_DIST_ENTRY} a distribution may have"
+                ),
+            });
+        }
+        Ok(Declared {
+            inner: entry,
+            left: declared,
+            declared,
+        })
     }
 
     /// The distribution's unpacked size from its gzip trailer (modulo 4 GiB), for progress.
@@ -241,6 +278,131 @@ fn elf_end(file: &mut File) -> Option<u64> {
         }
     }
     Some(end)
+}
+
+/// The largest distribution tarball (compressed) a bundle may carry.
+pub const MAX_DIST_ENTRY: u64 = 8 * 1024 * 1024 * 1024;
+/// More entries than a bundle ever has (four, and a few key rotations).
+pub const MAX_PAYLOAD_ENTRIES: u64 = 1024;
+
+/// Reads at most `declared` bytes, and fails if the entry has more.
+struct Declared<R> {
+    inner: R,
+    left: u64,
+    declared: u64,
+}
+
+impl<R: Read> Read for Declared<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            // One byte more than declared is a lie, not a bonus.
+            let mut probe = [0u8; 1];
+            return match self.inner.read(&mut probe)? {
+                0 => Ok(0),
+                _ => Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "the entry inflates past its declared {} bytes",
+                        self.declared
+                    ),
+                )),
+            };
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// The names in a zip's central directory, in order, read from the directory itself.
+/// Works with data in front of the zip (the stub of a bundle) whatever its offsets say:
+/// the directory is found from the end-of-directory record.
+pub fn central_directory_names(file: &mut File) -> std::result::Result<Vec<String>, String> {
+    use std::io::{Seek, SeekFrom};
+    let le16 = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
+    let le32 = |b: &[u8], at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let le64 = |b: &[u8], at: usize| {
+        let mut x = [0u8; 8];
+        x.copy_from_slice(&b[at..at + 8]);
+        u64::from_le_bytes(x)
+    };
+    let len = file
+        .metadata()
+        .map_err(|e| format!("cannot read its size: {e}"))?
+        .len();
+    // The end record is 22 bytes plus a comment of at most 65535.
+    let tail_len = len.min(22 + 65_535);
+    let tail_start = len - tail_len;
+    let mut tail = vec![0u8; tail_len as usize];
+    file.seek(SeekFrom::Start(tail_start))
+        .and_then(|_| file.read_exact(&mut tail))
+        .map_err(|e| format!("cannot read its end: {e}"))?;
+    let eocd = (0..tail.len().saturating_sub(21))
+        .rev()
+        .find(|&i| tail[i..i + 4] == [0x50, 0x4b, 0x05, 0x06])
+        .ok_or_else(|| "no end-of-directory record".to_owned())?;
+    let record = &tail[eocd..];
+    let mut count = u64::from(le16(record, 10));
+    let mut cd_size = u64::from(le32(record, 12));
+    let mut end_of_cd = tail_start + eocd as u64;
+    if count == 0xFFFF || cd_size == 0xFFFF_FFFF || le32(record, 16) == 0xFFFF_FFFF {
+        // Zip64: the locator sits just before the end record.
+        if eocd < 20 || tail[eocd - 20..eocd - 16] != [0x50, 0x4b, 0x06, 0x07] {
+            return Err("a zip64 payload without its locator".into());
+        }
+        let z64_at = le64(&tail, eocd - 20 + 8);
+        let z64_pos = len_check(z64_at, len)?;
+        let mut z64 = [0u8; 56];
+        file.seek(SeekFrom::Start(z64_pos))
+            .and_then(|_| file.read_exact(&mut z64))
+            .map_err(|e| format!("cannot read the zip64 end record: {e}"))?;
+        if z64[..4] != [0x50, 0x4b, 0x06, 0x06] {
+            return Err("a damaged zip64 end record".into());
+        }
+        count = le64(&z64, 32);
+        cd_size = le64(&z64, 40);
+        end_of_cd = z64_pos;
+    }
+    if count > MAX_PAYLOAD_ENTRIES {
+        return Err(format!(
+            "the zip payload lists {count} entries; a bundle has a handful"
+        ));
+    }
+    if cd_size > 4 * 1024 * 1024 || cd_size > end_of_cd {
+        return Err(format!("a zip central directory of {cd_size} bytes"));
+    }
+    let mut cd = vec![0u8; cd_size as usize];
+    file.seek(SeekFrom::Start(end_of_cd - cd_size))
+        .and_then(|_| file.read_exact(&mut cd))
+        .map_err(|e| format!("cannot read the zip central directory: {e}"))?;
+    let mut names = Vec::with_capacity(count as usize);
+    let mut at = 0usize;
+    for _ in 0..count {
+        if at + 46 > cd.len() || cd[at..at + 4] != [0x50, 0x4b, 0x01, 0x02] {
+            return Err("a damaged zip central directory".into());
+        }
+        let name_len = usize::from(le16(&cd, at + 28));
+        let extra_len = usize::from(le16(&cd, at + 30));
+        let comment_len = usize::from(le16(&cd, at + 32));
+        let name_end = at + 46 + name_len;
+        if name_end > cd.len() {
+            return Err("a damaged zip central directory".into());
+        }
+        names.push(String::from_utf8_lossy(&cd[at + 46..name_end]).into_owned());
+        at = name_end + extra_len + comment_len;
+    }
+    Ok(names)
+}
+
+fn len_check(pos: u64, len: u64) -> std::result::Result<u64, String> {
+    if pos.saturating_add(56) > len {
+        Err("a zip64 end record outside the file".into())
+    } else {
+        Ok(pos)
+    }
 }
 
 /// The version an unpacked distribution records in its `agent-version.properties`.

@@ -7,7 +7,7 @@
 )]
 
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
 
 use agent_extract::Error;
@@ -268,4 +268,34 @@ fn a_normal_tree_unpacks_with_modes_and_links() {
         .mode();
     assert_eq!(mode & 0o777, 0o755);
     assert_eq!(fs::read(staging.join("top")).unwrap(), b"#!/bin/sh\n");
+}
+
+#[test]
+fn gigabytes_of_padding_after_the_end_are_refused_without_reading_them() {
+    // A proper end, then 2 GiB of zeros: refused after a megabyte, not after 2 GiB.
+    let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+    gz.write_all(&archive_raw(&[file("agent/a", b"x")]))
+        .unwrap();
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..2048 {
+        gz.write_all(&zeros).unwrap();
+    }
+    let bytes = gz.finish().unwrap();
+    let started = std::time::Instant::now();
+    let err = refuse(&bytes, Limits::default());
+    assert!(err.to_string().contains("padding after the end"), "{err}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// The uncompressed tar of `entries` (with its end blocks).
+fn archive_raw(entries: &[Raw<'_>]) -> Vec<u8> {
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&archive(entries)[..])
+        .read_to_end(&mut raw)
+        .unwrap();
+    raw
 }
