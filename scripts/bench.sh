@@ -7,21 +7,23 @@
 #   update   downtime of an update and of a rollback (default timings) vs a wrapper restart
 #   fleet    30 agents through a download limit of 5 with Retry-After 1
 #   rollout  fleet-sim: connect latency with and without a rollout, wave times with a plan
+#   hostile  peak memory of install/update on a hostile archive; server memory under slow heads
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
 # BENCH_BASELINE=DIR: a checkout of an earlier commit with target/release built; update and
 # fleet then measure it too, alternating with this tree, round by round.
-# Needs: hyperfine, wrk, nginx, jq (installed with apt-get when missing and run as root).
+# Needs: hyperfine, wrk, nginx, jq, minisign, python3, GNU time (installed with apt-get when
+# missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 sections=()
 for arg in "$@"; do
     case "$arg" in
-    bundle | server | agent | update | fleet | rollout) sections+=("$arg") ;;
-    all) sections+=(bundle server agent update fleet rollout) ;;
+    bundle | server | agent | update | fleet | rollout | hostile) sections+=("$arg") ;;
+    all) sections+=(bundle server agent update fleet rollout hostile) ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown section $arg" >&2; usage >&2; exit 2 ;;
     esac
@@ -29,13 +31,13 @@ done
 ((${#sections[@]})) || sections=(bundle server)
 
 need=()
-for tool in hyperfine wrk nginx jq curl; do
+for tool in hyperfine wrk nginx jq curl minisign python3 /usr/bin/time; do
     command -v "$tool" >/dev/null || need+=("$tool")
 done
 if ((${#need[@]})); then
     pkgs=()
     for tool in "${need[@]}"; do
-        case "$tool" in nginx) pkgs+=(nginx-light) ;; *) pkgs+=("$tool") ;; esac
+        case "$tool" in nginx) pkgs+=(nginx-light) ;; /usr/bin/time) pkgs+=(time) ;; *) pkgs+=("$tool") ;; esac
     done
     if [[ $(id -u) -eq 0 ]]; then
         apt-get update -qq && apt-get install -y -qq "${pkgs[@]}" >/dev/null
@@ -265,18 +267,26 @@ bench_server() {
     nport=$(free_port)
     start_nginx "$work/nginx" "$nport"
 
-    local s_dl n_dl s_v n_v
-    read -r _ s_bytes s_secs s_err _ < <(wrk_run 16 8 "http://127.0.0.1:$sport/agentupdate/download")
-    read -r _ n_bytes n_secs _ _ < <(wrk_run 16 8 "http://127.0.0.1:$nport/agentupdate/download")
-    s_dl=$(awk -v b="$s_bytes" -v s="$s_secs" 'BEGIN { printf "%.0f", b / s / 1048576 }')
-    n_dl=$(awk -v b="$n_bytes" -v s="$n_secs" 'BEGIN { printf "%.0f", b / s / 1048576 }')
-    note "download: ours $s_dl MiB/s (socket errors $s_err), nginx $n_dl MiB/s"
-
-    read -r s_req _ s_vsecs _ _ < <(wrk_run 64 5 "http://127.0.0.1:$sport/agentupdate/version")
-    read -r n_req _ n_vsecs _ _ < <(wrk_run 64 5 "http://127.0.0.1:$nport/agentupdate/version")
-    s_v=$(awk -v r="$s_req" -v s="$s_vsecs" 'BEGIN { printf "%.0f", r / s }')
-    n_v=$(awk -v r="$n_req" -v s="$n_vsecs" 'BEGIN { printf "%.0f", r / s }')
-    note "/version: ours $s_v req/s, nginx $n_v req/s"
+    # Rounds alternate between the two servers, so that what else the machine does
+    # falls on both alike.
+    local i bytes secs req
+    for i in 1 2 3 4 5; do
+        read -r _ bytes secs _ _ < <(wrk_run 16 8 "http://127.0.0.1:$sport/agentupdate/download")
+        awk -v b="$bytes" -v s="$secs" 'BEGIN { printf "%.0f\n", b / s / 1048576 }' >>"$work/dl-ours"
+        read -r _ bytes secs _ _ < <(wrk_run 16 8 "http://127.0.0.1:$nport/agentupdate/download")
+        awk -v b="$bytes" -v s="$secs" 'BEGIN { printf "%.0f\n", b / s / 1048576 }' >>"$work/dl-nginx"
+        read -r req _ secs _ _ < <(wrk_run 64 5 "http://127.0.0.1:$sport/agentupdate/version")
+        awk -v r="$req" -v s="$secs" 'BEGIN { printf "%.0f\n", r / s }' >>"$work/v-ours"
+        read -r req _ secs _ _ < <(wrk_run 64 5 "http://127.0.0.1:$nport/agentupdate/version")
+        awk -v r="$req" -v s="$secs" 'BEGIN { printf "%.0f\n", r / s }' >>"$work/v-nginx"
+        note "round $i: download $(tail -1 "$work/dl-ours") vs $(tail -1 "$work/dl-nginx") MiB/s, /version $(tail -1 "$work/v-ours") vs $(tail -1 "$work/v-nginx") req/s"
+    done
+    local dl_ours dl_nginx v_ours v_nginx
+    dl_ours=$(median_of <"$work/dl-ours")
+    dl_nginx=$(median_of <"$work/dl-nginx")
+    v_ours=$(median_of <"$work/v-ours")
+    v_nginx=$(median_of <"$work/v-nginx")
+    range() { sort -n "$1" | awk '{ a[NR] = $1 } END { printf "%s (%s–%s)", a[int((NR + 1) / 2)], a[1], a[NR] }'; }
 
     # A fresh server for the storm, so its peak RSS and peak in-flight are its own.
     kill "$server_pid" 2>/dev/null || true
@@ -285,14 +295,7 @@ bench_server() {
     start_server "$home" "$sport" UPDATE_SERVER_SERVER_MAX_CONNECTIONS=8192 RUST_LOG=warn
     local storm sampler
     # The kernel keeps no peak of anonymous memory; sample it while the storm runs.
-    (
-        max=0
-        while [[ -r /proc/$server_pid/status ]]; do
-            cur=$(awk '/RssAnon/ { print $2 }' "/proc/$server_pid/status" 2>/dev/null || echo 0)
-            ((${cur:-0} > max)) && max=$cur && echo "$max" >"$work/anon-peak"
-            sleep 0.05
-        done
-    ) &
+    sample_anon "$server_pid" "$work/anon-peak" &
     sampler=$!
     read -r storm_req _ storm_secs storm_err storm_503 < <(wrk_run 2000 8 "http://127.0.0.1:$sport/agentupdate/download")
     storm=$(curl -fsS "http://127.0.0.1:$sport/metrics")
@@ -305,18 +308,19 @@ bench_server() {
     anon=$(awk '{ printf "%.1f", $1 / 1024 }' "$work/anon-peak")
     note "storm: $storm_req answers in ${storm_secs}s, socket errors $storm_err, 503s $storm_503, peak in flight $peak, peak RSS $rss MiB, peak anonymous RSS $anon MiB"
 
-    write_section server <<EOF
+    write_section server <<EOF2
 ## update-server against nginx
 
 \`scripts/bench.sh server\` on $(machine). Bundle of $(($(stat -c %s "$bundle") / 1048576)) MiB.
 nginx $(nginx -v 2>&1 | sed 's/.*\///') serves the same file (\`sendfile on\`) and a static copy of the
 \`/agentupdate/version\` text, on the same loopback, load from \`wrk\` (2 threads) in the same run.
-Both servers and wrk share the machine's cores.
+Both servers and wrk share the machine's cores. Five rounds, alternating between the two
+servers; median (min–max), and the ratio of the medians.
 
 | measure | update-server | nginx | ratio | target |
 |---|---|---|---|---|
-| download, 16 parallel clients, 8 s | $s_dl MiB/s | $n_dl MiB/s | $(ratio "$s_dl" "$n_dl") | ≥ 0.9 |
-| \`/agentupdate/version\`, 64 connections, 5 s | $s_v req/s | $n_v req/s | $(ratio "$s_v" "$n_v") | ≥ 1.0 |
+| download, 16 parallel clients, 8 s (MiB/s) | $(range "$work/dl-ours") | $(range "$work/dl-nginx") | $(ratio "$dl_ours" "$dl_nginx") | ≥ 0.9 |
+| \`/agentupdate/version\`, 64 connections, 5 s (req/s) | $(range "$work/v-ours") | $(range "$work/v-nginx") | $(ratio "$v_ours" "$v_nginx") | ≥ 1.0 |
 
 2,000 concurrent download attempts for 8 s at \`downloads.limit = 45\` (fresh server):
 $storm_req answers, of them $storm_503 \`503\`; socket errors (connect, read, write, timeout): **$storm_err**
@@ -325,7 +329,173 @@ server peak anonymous RSS (heap and stacks, sampled every 50 ms): **$anon MiB** 
 Peak total RSS (VmHWM) was $rss MiB: it also counts the pages of the memory-mapped bundle
 that were touched, which are the kernel's page cache of that file, shared and reclaimable,
 not memory the server allocated.
-EOF
+EOF2
+}
+
+# sample_anon PID FILE: writes the highest RssAnon (KiB) of PID to FILE while it lives.
+sample_anon() {
+    local max=0 cur
+    echo 0 >"$2"
+    while [[ -r /proc/$1/status ]]; do
+        cur=$(awk '/RssAnon/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0)
+        if ((${cur:-0} > max)); then
+            max=$cur
+            echo "$max" >"$2"
+        fi
+        sleep 0.05
+    done
+}
+
+# peak_kib CMD...: runs CMD and prints its peak resident memory in KiB (GNU time).
+peak_kib() {
+    /usr/bin/time -f '%M' -o "$work/time.out" "$@" >/dev/null 2>&1 || true
+    tail -1 "$work/time.out"
+}
+
+# hostile_tarball FILE MIB: a .tar.gz whose first entry is a GNU long name of MIB MiB.
+hostile_tarball() {
+    python3 - "$1" "$2" <<'PY'
+import gzip, sys
+path, mib = sys.argv[1], int(sys.argv[2])
+size = mib << 20
+def header(name, kind, size):
+    h = bytearray(512)
+    h[0:len(name)] = name.encode()
+    h[100:108] = b"0000755\0"
+    h[108:116] = b"0000000\0"
+    h[116:124] = b"0000000\0"
+    h[124:136] = ("%011o\0" % size).encode()
+    h[136:148] = b"00000000000\0"
+    h[156:157] = kind
+    h[257:265] = b"ustar  \0"
+    h[148:156] = b" " * 8
+    h[148:156] = ("%06o\0 " % sum(h)).encode()
+    return bytes(h)
+with gzip.open(path, "wb", compresslevel=1) as gz:
+    gz.write(header("././@LongLink", b"L", size))
+    chunk = b"a" * (1 << 20)
+    for _ in range(mib):
+        gz.write(chunk)
+    gz.write(header("agent/x", b"0", 0))
+    gz.write(b"\0" * 1024)
+PY
+}
+
+# wrap_bundle OUT VERSION TARBALL KEY: a bundle of VERSION around TARBALL (stub in front,
+# then a zip), signed with the minisign KEY so that --trust-key lets it through.
+wrap_bundle() {
+    local out=$1 version=$2 tarball=$3 key=$4
+    mkdir -p "$out"
+    local bundle=$out/agent-bundle-$version
+    printf 'agent.latest.version=%s\nagent.latest.build-number=1\nagent.latest.platform=x86_64-unknown-linux-gnu\n' "$version" >"$out/props"
+    cp "$bin/agent-bundle" "$bundle"
+    python3 - "$bundle" "$version" "$out/props" "$tarball" <<'PY'
+import sys, zipfile
+bundle, version, props, tarball = sys.argv[1:5]
+with open(bundle, "ab") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
+    z.write(props, "agent-update-version.properties")
+    z.write(tarball, "agent-%s.tar.gz" % version)
+    z.writestr("README.txt", "hostile\n")
+    z.writestr("LICENSE", "none\n")
+PY
+    chmod 755 "$bundle"
+    local sha
+    sha=$(sha256sum "$bundle" | cut -d' ' -f1)
+    minisign -S -s "$key" -m "$bundle" -x "$bundle.minisig" \
+        -t "version=$version build=1 platform=x86_64-unknown-linux-gnu sha256=$sha signed-at=$(date +%s)" >/dev/null
+    echo "$bundle"
+}
+
+bench_hostile() {
+    echo "hostile: peak memory on hostile archives, server memory under slow clients" >&2
+    use_variant ours
+    # A minisign key (-W: no password) that agent-bundle pack also reads.
+    [[ -f $work/mkeys/k.key ]] || { mkdir -p "$work/mkeys" && minisign -G -W -p "$work/mkeys/k.pub" -s "$work/mkeys/k.key" >/dev/null; }
+    local key=$work/mkeys/k.key pub=$work/mkeys/k.pub mib=256
+    make_dist "$work/hd" "$mib" 0
+    "$bin/agent-bundle" pack --dist "$work/hd" --version 2.0.0 --build 1 --key "$key" --out "$work/hnormal" >/dev/null
+    local normal=$work/hnormal/agent-bundle-2.0.0
+    hostile_tarball "$work/hostile.tar.gz" "$mib"
+    local hostile
+    hostile=$(wrap_bundle "$work/hhostile" 2.0.0 "$work/hostile.tar.gz" "$key")
+    make_dist "$work/hd0" 0
+    "$bin/agent-bundle" pack --dist "$work/hd0" --version 1.0.0 --build 1 --key "$key" --out "$work/hbase" >/dev/null
+    local i p
+    for i in 1 2 3; do
+        rm -rf "$work/hi-n" "$work/hi-h"
+        peak_kib "$normal" --install="$work/hi-n" --trust-key "$pub" >>"$work/install-normal"
+        peak_kib "$hostile" --install="$work/hi-h" --trust-key "$pub" >>"$work/install-hostile"
+        # The updater: a manual --update of an installed 1.0.0 (which it does not start).
+        for p in n h; do
+            rm -rf "$work/hu-$p"
+            "$work/hbase/agent-bundle-1.0.0" --install="$work/hu-$p" --trust-key "$pub" >/dev/null
+            printf 'export AGENT_UPDATE_STABILITY_WINDOW=1s\nexport AGENT_UPDATE_HEALTH_TIMEOUT=20s\n' >"$work/hu-$p/agent/conf/agent-env.sh"
+            printf '[server]\nurls = ["http://127.0.0.1:1"]\n' >"$work/hu-$p/agent/conf/agent.toml"
+        done
+        peak_kib env AGENT_UPDATE_STABILITY_WINDOW=1s "$normal" --update="$work/hu-n/agent" >>"$work/update-normal"
+        peak_kib "$hostile" --update="$work/hu-h/agent" >>"$work/update-hostile"
+        stop_home "$work/hu-n/agent"
+        note "round $i: install $(tail -1 "$work/install-normal") vs $(tail -1 "$work/install-hostile") KiB, update $(tail -1 "$work/update-normal") vs $(tail -1 "$work/update-hostile") KiB"
+    done
+    kib() { sort -n "$1" | awk '{ a[NR] = $1 } END { printf "%.1f MiB (%.1f–%.1f)", a[int((NR + 1) / 2)] / 1024, a[1] / 1024, a[NR] / 1024 }'; }
+
+    # The server under 300 clients each sending a 400 KB head slowly, against idle.
+    local home=$work/hserver port
+    mkdir -p "$home/downloads/agent"
+    cp "$work/hbase/agent-bundle-1.0.0" "$work/hbase/agent-bundle-1.0.0.minisig" "$home/downloads/agent/"
+    port=$(free_port)
+    start_server "$home" "$port" RUST_LOG=warn
+    sleep 2
+    local idle
+    idle=$(awk '/RssAnon/ { print $2 }' "/proc/$server_pid/status")
+    sample_anon "$server_pid" "$work/slow-peak" &
+    local sampler=$!
+    python3 - "$port" <<'PY'
+import socket, sys, time
+port = int(sys.argv[1])
+clients = []
+for _ in range(300):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"GET /agentupdate/version HTTP/1.1\r\nHost: x\r\n")
+    clients.append(s)
+line = b"X-Pad: " + b"a" * 1014 + b"\r\n"
+open_ = list(clients)
+for _ in range(400):
+    still = []
+    for s in open_:
+        try:
+            s.sendall(line)
+            still.append(s)
+        except OSError:
+            pass
+    open_ = still
+    if not open_:
+        break
+    time.sleep(0.01)
+PY
+    sleep 1
+    kill "$sampler" 2>/dev/null || true
+    local slow
+    slow=$(cat "$work/slow-peak")
+    note "server anonymous memory: idle $idle KiB, peak under slow heads $slow KiB"
+    write_section hostile <<EOF2
+## Hostile input: memory
+
+\`scripts/bench.sh hostile\` on $(machine). Peak resident memory (GNU \`time\`), median
+(min–max) of 3 rounds, alternating: \`--install\` and a manual \`--update\` of a normal
+bundle whose distribution is $mib MiB, against a signed bundle whose tarball opens with a
+GNU long-name header of $mib MiB (the largest hostile case; the tar crate alone would read
+it whole). The hostile bundle is refused at its header; the normal one is installed.
+
+| | normal ($mib MiB distribution) | hostile ($mib MiB long name) |
+|---|---|---|
+| \`--install\` | $(kib "$work/install-normal") | $(kib "$work/install-hostile") |
+| \`--update\` (the updater) | $(kib "$work/update-normal") | $(kib "$work/update-hostile") |
+
+The server's anonymous memory (heap and stacks) while 300 clients each send a 400 KB
+request head a kilobyte at a time (each is cut off with \`431\` at 16 KiB), against the same
+server idle: **$(awk -v k="$idle" 'BEGIN { printf "%.1f MiB", k / 1024 }')** idle, **$(awk -v k="$slow" 'BEGIN { printf "%.1f MiB", k / 1024 }')** at the peak (target < 64 MiB).
+EOF2
 }
 
 # An agent 1.0.0+1 (release binaries of the variant) installed under $1, talking to $2,
