@@ -67,11 +67,27 @@ fn get(path: &str) -> Request<Body> {
 }
 
 fn register(version: &str, body: &str) -> Request<Body> {
-    Request::post("/agent/register")
+    register_as(version, body, None)
+}
+
+/// A register with the agent's credentials, as an agent sends every call after its first.
+fn register_as(version: &str, body: &str, token: Option<&str>) -> Request<Body> {
+    let mut req = Request::post("/agent/register")
         .header("Agent-Version", version)
-        .header("Content-Type", "application/json")
-        .body(Body::from(body.to_owned()))
-        .unwrap()
+        .header("Content-Type", "application/json");
+    if let Some(token) = token {
+        req = req.header("Authorization", format!("Bearer {token}"));
+    }
+    req.body(Body::from(body.to_owned())).unwrap()
+}
+
+/// The credentials issued in an answer.
+fn token_of(body: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    v["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no token in {body}"))
+        .to_owned()
 }
 
 const HELLO: &str = r#"{"id":"0190f0a0-0000-7000-8000-000000000001","name":"host1","platform":"x86_64-unknown-linux-gnu"}"#;
@@ -164,9 +180,16 @@ fn limit_zero_is_403() {
 #[test]
 fn directive_exact() {
     let f = fixture(&[], true);
-    assert_eq!(call(&f, register("2.2.0+1234", HELLO)).0, StatusCode::OK);
+    let (status, _, body) = call(&f, register("2.2.0+1234", HELLO));
+    assert_eq!(status, StatusCode::OK);
+    let token = token_of(&body);
+    let register = |version: &str, body: &str| register_as(version, body, Some(&token));
     let (status, _, body) = call(&f, register("2.2.0+1235", HELLO));
     assert_eq!(status, StatusCode::CONFLICT, "other build");
+    assert!(
+        !body.contains("\"token\""),
+        "a second token was issued: {body}"
+    );
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["error"], "agent_not_supported");
     assert_eq!(v["expected"], "2.2.0+1234");
@@ -207,23 +230,32 @@ fn directive_exact() {
 #[test]
 fn directive_same_minor_and_requirement() {
     let f = fixture(&[("UPDATE_SERVER_AGENTS_ACCEPT", "same-minor")], true);
-    assert_eq!(call(&f, register("2.2.9+1", HELLO)).0, StatusCode::OK);
+    let (status, _, body) = call(&f, register("2.2.9+1", HELLO));
+    assert_eq!(status, StatusCode::OK);
+    let token = token_of(&body);
     assert_eq!(
-        call(&f, register("2.3.0+1234", HELLO)).0,
+        call(&f, register_as("2.3.0+1234", HELLO, Some(&token))).0,
         StatusCode::CONFLICT
     );
     let f = fixture(&[("UPDATE_SERVER_AGENTS_ACCEPT", ">=2.1, <2.3")], true);
-    assert_eq!(call(&f, register("2.1.4+9", HELLO)).0, StatusCode::OK);
-    assert_eq!(call(&f, register("2.0.0+1", HELLO)).0, StatusCode::CONFLICT);
+    let (status, _, body) = call(&f, register("2.1.4+9", HELLO));
+    assert_eq!(status, StatusCode::OK);
+    let token = token_of(&body);
+    assert_eq!(
+        call(&f, register_as("2.0.0+1", HELLO, Some(&token))).0,
+        StatusCode::CONFLICT
+    );
 }
 
 #[test]
 fn reports_from_any_version_are_listed_for_admins() {
     let f = fixture(&[("UPDATE_SERVER_ADMIN_TOKEN", "t0k3n")], true);
-    call(&f, register("2.1.0+1100", HELLO));
+    let (_, _, body) = call(&f, register("2.1.0+1100", HELLO));
+    let token = token_of(&body);
     let report = r#"{"id":"0190f0a0-0000-7000-8000-000000000001","from":"2.1.0+1100","to":"2.2.0+1234","status":"INSTALLED","error":null}"#;
     let req = Request::post("/agentupdate/report")
         .header("Content-Type", "application/json")
+        .header("Authorization", format!("Bearer {token}"))
         .body(Body::from(report))
         .unwrap();
     assert_eq!(call(&f, req).0, StatusCode::OK);

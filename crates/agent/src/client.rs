@@ -5,6 +5,9 @@
 //! every request has a deadline, and a server that answers garbage is treated like one
 //! that is down.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use agent_protocol::AgentVersion;
@@ -45,12 +48,39 @@ pub enum Directive {
     Refused(NotSupported),
 }
 
+/// How the agent proves who it is and whom it trusts.
+#[derive(Debug, Clone, Default)]
+pub struct Trust {
+    /// Verify HTTPS servers against this CA alone (PEM); `None`: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// Where the agent keeps the credentials a server issued it (`data/agent-token`).
+    pub token_file: Option<PathBuf>,
+    /// Presented when registering with a server that requires enrollment.
+    pub enrollment_token: Option<String>,
+}
+
+impl Trust {
+    /// As `conf/agent.toml` says, for the installation at `home`.
+    pub fn of(config: &crate::config::Config, home: &agent_protocol::layout::AgentHome) -> Self {
+        let enrollment = config.server.enrollment_token.trim();
+        Self {
+            ca_file: config.ca_file(home.root()),
+            token_file: Some(home.agent_token()),
+            enrollment_token: (!enrollment.is_empty()).then(|| enrollment.to_owned()),
+        }
+    }
+}
+
 pub struct Client {
     http: reqwest::Client,
     urls: Vec<String>,
     current: usize,
     version: AgentVersion,
     hello: AgentHello,
+    trust: Trust,
+    token: Mutex<Option<String>>,
+    /// The last failure said of each server, so each is said once, not every heartbeat.
+    last_failure: Mutex<HashMap<String, String>>,
 }
 
 impl Client {
@@ -58,19 +88,46 @@ impl Client {
         urls: Vec<String>,
         version: AgentVersion,
         hello: AgentHello,
+        trust: Trust,
     ) -> Result<Self, CommError> {
-        let http = reqwest::Client::builder()
+        let setup = |message: String| CommError::Network {
+            url: String::new(),
+            message,
+        };
+        let mut builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::limited(MAX_REDIRECTS))
             .connect_timeout(Duration::from_secs(10))
             // Let go of an idle connection before the server's keep-alive clock
             // (server.idle-timeout, 60 s) closes it under a request.
             .pool_idle_timeout(POOL_IDLE)
-            .user_agent(format!("agent/{version}"))
-            .build()
-            .map_err(|e| CommError::Network {
-                url: String::new(),
-                message: e.to_string(),
+            .user_agent(format!("agent/{version}"));
+        if let Some(ca) = &trust.ca_file {
+            // A private CA, pinned: the system's roots are not consulted.
+            let pem = std::fs::read(ca).map_err(|e| {
+                setup(format!(
+                    "server.ca-file {}: {e}; put the CA that signed the servers' certificates there",
+                    ca.display()
+                ))
             })?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                setup(format!(
+                    "server.ca-file {}: not PEM certificates: {e}",
+                    ca.display()
+                ))
+            })?;
+            if certs.is_empty() {
+                return Err(setup(format!(
+                    "server.ca-file {}: no certificate in it",
+                    ca.display()
+                )));
+            }
+            builder = builder.tls_built_in_root_certs(false);
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let http = builder.build().map_err(|e| setup(e.to_string()))?;
+        let token = trust.token_file.as_deref().and_then(read_token);
         Ok(Self {
             http,
             urls: urls
@@ -80,7 +137,78 @@ impl Client {
             current: 0,
             version,
             hello,
+            trust,
+            token: Mutex::new(token),
+            last_failure: Mutex::new(HashMap::new()),
         })
+    }
+
+    fn token(&self) -> Option<String> {
+        self.token.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Keeps credentials a server issued in an answer: in `data/agent-token` (0600).
+    fn keep_token(&self, token: Option<&str>) {
+        let Some(token) = token
+            .map(str::trim)
+            .filter(|t| !t.is_empty() && t.len() <= 256)
+        else {
+            return;
+        };
+        if let Some(path) = &self.trust.token_file {
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            match agent_extract::atomic::write_with_mode(path, token.as_bytes(), Some(0o600)) {
+                Ok(()) => tracing::info!(
+                    "received this agent's credentials from {}; kept in {}",
+                    self.base(),
+                    path.display()
+                ),
+                Err(e) => tracing::error!(
+                    "cannot keep the credentials the server issued: {e}; the next register asks again"
+                ),
+            }
+        }
+        *self.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.to_owned());
+    }
+
+    /// An agent-to-server call with this agent's identity: its version, and its
+    /// credentials (or, to register without them, the enrollment token).
+    fn identified(
+        &self,
+        request: reqwest::RequestBuilder,
+        register: bool,
+    ) -> reqwest::RequestBuilder {
+        let mut request = request.header(wire::AGENT_VERSION_HEADER, self.version.to_string());
+        match self.token() {
+            Some(token) => request = request.bearer_auth(token),
+            None if register => {
+                if let Some(enrollment) = &self.trust.enrollment_token {
+                    request = request.header(wire::ENROLLMENT_HEADER, enrollment);
+                }
+            }
+            None => {}
+        }
+        request
+    }
+
+    /// Says a server's failure once per distinct reason (a certificate that does not
+    /// verify would otherwise fill the log every heartbeat).
+    fn say_failure(&self, server: &str, e: &CommError) {
+        let text = e.to_string();
+        let mut last = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
+        if last.get(server) != Some(&text) {
+            tracing::warn!("{text}");
+            last.insert(server.to_owned(), text);
+        }
+    }
+
+    fn say_success(&self, server: &str) {
+        let mut last = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
+        if last.remove(server).is_some() {
+            tracing::info!("{server} answers again");
+        }
     }
 
     pub fn http(&self) -> &reqwest::Client {
@@ -112,10 +240,13 @@ impl Client {
             } else {
                 wire::CONNECT_PATH
             };
-            match self.hello_once(path).await {
-                Ok(d) => return Ok(d),
+            match self.hello_once(path, register).await {
+                Ok(d) => {
+                    self.say_success(self.base());
+                    return Ok(d);
+                }
                 Err(e) => {
-                    tracing::warn!("{e}");
+                    self.say_failure(self.base(), &e);
                     tried.push(self.base().to_owned());
                     if self.urls.len() > 1 {
                         self.current = (self.current + 1) % self.urls.len();
@@ -128,20 +259,29 @@ impl Client {
         Err(CommError::AllDown(tried.join(", ")))
     }
 
-    async fn hello_once(&self, path: &str) -> Result<Directive, CommError> {
+    async fn hello_once(&self, path: &str, register: bool) -> Result<Directive, CommError> {
         let url = self.url(path);
-        let resp = self
+        let request = self
             .http
             .post(&url)
-            .header(wire::AGENT_VERSION_HEADER, self.version.to_string())
             .timeout(REQUEST_TIMEOUT)
-            .json(&self.hello)
+            .json(&self.hello);
+        let resp = self
+            .identified(request, register)
             .send()
             .await
             .map_err(|e| network(&url, e))?;
         let status = resp.status();
         match status {
-            s if s.is_success() => Ok(Directive::Accepted),
+            s if s.is_success() => {
+                // The body is the directive's answer; it may carry credentials.
+                if let Ok(body) = small_body(resp, &url).await
+                    && let Ok(json) = serde_json::from_slice::<serde_json::Value>(&body)
+                {
+                    self.keep_token(json.get("token").and_then(|t| t.as_str()));
+                }
+                Ok(Directive::Accepted)
+            }
             StatusCode::CONFLICT => {
                 let body = small_body(resp, &url).await?;
                 let ns: NotSupported =
@@ -163,6 +303,7 @@ impl Client {
                         message: "409 names a bundle sha256 that is not 64 hex digits".into(),
                     });
                 }
+                self.keep_token(ns.token.as_deref());
                 Ok(Directive::Refused(ns))
             }
             s => Err(status_error(&url, s, resp).await),
@@ -216,12 +357,9 @@ impl Client {
     /// `POST /agentupdate/report`.
     pub async fn report(&self, report: &Report) -> Result<(), CommError> {
         let url = self.url(wire::REPORT_PATH);
+        let request = self.http.post(&url).timeout(REQUEST_TIMEOUT).json(report);
         let resp = self
-            .http
-            .post(&url)
-            .header(wire::AGENT_VERSION_HEADER, self.version.to_string())
-            .timeout(REQUEST_TIMEOUT)
-            .json(report)
+            .identified(request, false)
             .send()
             .await
             .map_err(|e| network(&url, e))?;
@@ -231,6 +369,14 @@ impl Client {
             let status = resp.status();
             Err(status_error(&url, status, resp).await)
         }
+    }
+}
+
+/// The credentials kept in `data/agent-token`, if any.
+fn read_token(path: &std::path::Path) -> Option<String> {
+    match agent_extract::atomic::read_text(path, 1024) {
+        Ok(text) => Some(text.trim().to_owned()).filter(|t| !t.is_empty()),
+        Err(_) => None,
     }
 }
 

@@ -21,6 +21,12 @@ pub struct Config {
 pub struct ServerSection {
     /// Tried in order; a failover re-checks the version with `connect`.
     pub urls: Vec<String>,
+    /// PEM file (relative to AGENT_HOME): when set, HTTPS servers are verified against
+    /// this CA only (a private CA pinned); empty: the system's roots.
+    pub ca_file: String,
+    /// Sent when registering with a server that requires enrollment
+    /// (`agents.enrollment-token`); not needed once the agent has its credentials.
+    pub enrollment_token: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -68,6 +74,8 @@ impl Default for ServerSection {
     fn default() -> Self {
         Self {
             urls: vec!["http://127.0.0.1:7080".into()],
+            ca_file: String::new(),
+            enrollment_token: String::new(),
         }
     }
 }
@@ -99,6 +107,8 @@ impl Default for UpdateSection {
 /// Every key; the environment variable is `AGENT_<SECTION>_<KEY>`.
 pub const KEYS: &[Key] = &[
     key("server", "urls", Kind::List),
+    key("server", "ca-file", Kind::Str),
+    key("server", "enrollment-token", Kind::Str),
     key("agent", "heartbeat", Kind::Str),
     key("agent", "name", Kind::Str),
     key("agent", "group", Kind::Str),
@@ -159,6 +169,11 @@ impl Config {
 
     pub fn public_key_path(&self, home: &Path) -> PathBuf {
         home.join(&self.update.public_key)
+    }
+
+    /// The pinned CA, if one is configured.
+    pub fn ca_file(&self, home: &Path) -> Option<PathBuf> {
+        (!self.server.ca_file.trim().is_empty()).then(|| home.join(self.server.ca_file.trim()))
     }
 }
 

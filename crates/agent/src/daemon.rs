@@ -11,7 +11,7 @@ use agent_updater::state;
 use tokio::sync::watch;
 
 use crate::backoff::{Backoff, Gate, Offer, RetryGate, change_jitter};
-use crate::client::{Client, Directive};
+use crate::client::{Client, Directive, Trust};
 use crate::config::Config;
 use crate::home::Installation;
 use crate::identity;
@@ -92,7 +92,12 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
         platform: layout::PLATFORM.to_owned(),
         group: config.agent.group(),
     };
-    let mut client = Client::new(config.server.urls.clone(), install.version.clone(), hello)?;
+    let mut client = Client::new(
+        config.server.urls.clone(),
+        install.version.clone(),
+        hello,
+        Trust::of(&config, &home),
+    )?;
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         wait_for_stop_signal().await;

@@ -7,7 +7,7 @@ use agent_protocol::wire::AgentHello;
 use agent_updater::state;
 use tokio::sync::watch;
 
-use crate::client::Client;
+use crate::client::{Client, Trust};
 use crate::config::Config;
 use crate::home::Installation;
 use crate::update::{self, Outcome, UpdateContext};
@@ -24,7 +24,12 @@ pub async fn update(
         platform: layout::PLATFORM.to_owned(),
         group: config.agent.group(),
     };
-    let client = Client::new(config.server.urls.clone(), install.version.clone(), hello)?;
+    let client = Client::new(
+        config.server.urls.clone(),
+        install.version.clone(),
+        hello,
+        Trust::of(config, &install.home),
+    )?;
     if check {
         let info = client.version_info().await?;
         println!("this agent runs {}", install.version);

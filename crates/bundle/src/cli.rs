@@ -43,6 +43,14 @@ pub struct Cli {
     #[arg(long, requires = "install")]
     force: bool,
 
+    /// With --install: pin this CA (PEM) for HTTPS servers (copied to conf/ca.pem).
+    #[arg(long, value_name = "FILE", requires = "install")]
+    ca_file: Option<PathBuf>,
+
+    /// With --install: the server's enrollment token, presented when the agent registers.
+    #[arg(long, value_name = "TOKEN", requires = "install")]
+    enroll_token: Option<String>,
+
     /// Update the agent installed at AGENT_HOME to the carried version.
     #[arg(long, value_name = "AGENT_HOME", num_args = 0..=1, default_missing_value = ".")]
     update: Option<PathBuf>,
@@ -190,7 +198,14 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(prefix) = &cli.install {
-        return run_install(&exe, prefix, cli.trust_key.as_deref(), cli.force);
+        return run_install(&InstallRequest {
+            bundle: &exe,
+            prefix,
+            trust_key: cli.trust_key.as_deref(),
+            force: cli.force,
+            ca_file: cli.ca_file.as_deref(),
+            enroll_token: cli.enroll_token.as_deref(),
+        });
     }
     if let Some(home) = &cli.update {
         let outcome = agent_updater::run_update(&agent_updater::Request {
@@ -257,18 +272,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-fn run_install(
-    exe: &Path,
-    prefix: &Path,
-    trust_key: Option<&Path>,
-    force: bool,
-) -> Result<ExitCode> {
-    let installed = install::install(&InstallRequest {
-        bundle: exe,
-        prefix,
-        trust_key,
-        force,
-    })?;
+fn run_install(request: &InstallRequest<'_>) -> Result<ExitCode> {
+    let installed = install::install(request)?;
     let home = installed.home.display();
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
@@ -299,6 +304,19 @@ fn run_install(
             "Trusting update key {key_id} shipped inside the bundle; no .minisig beside the bundle, so its signature was NOT checked. Pass --trust-key with the signature to check it."
         ),
     };
+    if request.ca_file.is_some() {
+        let _ = writeln!(
+            out,
+            "HTTPS servers are verified against the CA in {home}/{} only.",
+            install::CA_FILE
+        );
+    }
+    if request.enroll_token.is_some() {
+        let _ = writeln!(
+            out,
+            "The enrollment token is in {home}/conf/agent.toml (server.enrollment-token)."
+        );
+    }
     let _ = writeln!(
         out,
         "Start it with: {home}/current/bin/agent-wrapper.sh start"

@@ -29,7 +29,14 @@ pub struct InstallRequest<'a> {
     pub prefix: &'a Path,
     pub trust_key: Option<&'a Path>,
     pub force: bool,
+    /// A private CA to pin for HTTPS servers: copied to `conf/ca.pem`.
+    pub ca_file: Option<&'a Path>,
+    /// Presented when registering with a server that requires enrollment.
+    pub enroll_token: Option<&'a str>,
 }
+
+/// Where `--ca-file` is kept, relative to AGENT_HOME.
+pub const CA_FILE: &str = "conf/ca.pem";
 
 /// Which key the new agent trusts for its updates, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +81,18 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
             Ok(())
         }
     };
+    // What the operator gave is checked before anything is made.
+    let ca_pem = match req.ca_file {
+        Some(path) => Some(read_ca(path)?),
+        None => None,
+    };
+    if let Some(token) = req.enroll_token
+        && (token.trim().is_empty() || token.contains(['\n', '\r', '"']))
+    {
+        return Err(BundleError::Invalid(
+            "--enroll-token must be one line of text without quotes".into(),
+        ));
+    }
     // Trust is decided before a byte of the payload is unpacked.
     let signature_path = PathBuf::from(format!("{}.minisig", req.bundle.display()));
     let trust = decide_trust(req, &mut payload, &facts, &signature_path)?;
@@ -125,10 +144,16 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
         facts.version.to_string().as_bytes(),
     )?;
 
+    let server = ServerSettings {
+        ca_pem: ca_pem.as_deref(),
+        enroll_token: req.enroll_token,
+    };
     if exists {
         reinstall_over(&home, &facts, &version_stage, &trust, req.trust_key)?;
+        server.apply(&home)?;
     } else {
         fresh_tree(staging.path(), &facts, &version_stage, req.trust_key)?;
+        server.apply(&AgentHome::new(staging.path().join(layout::DIST_ROOT)))?;
         fs::rename(staging.path().join("agent"), home.root()).at(home.root())?;
         atomic::fsync_dir(&prefix)?;
     }
@@ -138,6 +163,57 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
         facts,
         trust,
     })
+}
+
+/// A CA file that looks like one: PEM with at least one certificate.
+fn read_ca(path: &Path) -> Result<Vec<u8>> {
+    let pem = atomic::read_limited(path, 1024 * 1024)
+        .map_err(|e| BundleError::Invalid(format!("cannot use --ca-file: {e}")))?;
+    if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+        return Err(BundleError::Invalid(format!(
+            "--ca-file {}: no PEM certificate in it (-----BEGIN CERTIFICATE-----)",
+            path.display()
+        )));
+    }
+    Ok(pem)
+}
+
+/// What `--ca-file` and `--enroll-token` put in the new agent's `conf/`.
+struct ServerSettings<'a> {
+    ca_pem: Option<&'a [u8]>,
+    enroll_token: Option<&'a str>,
+}
+
+impl ServerSettings<'_> {
+    /// Copies the CA to `conf/ca.pem` and sets `server.ca-file` and
+    /// `server.enrollment-token` in `conf/agent.toml`, keeping everything else in it.
+    fn apply(&self, home: &AgentHome) -> Result<()> {
+        if self.ca_pem.is_none() && self.enroll_token.is_none() {
+            return Ok(());
+        }
+        let conf = home.agent_toml();
+        let text = match fs::read_to_string(&conf) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e).at(&conf),
+        };
+        let mut doc: toml_edit::DocumentMut = text
+            .parse()
+            .map_err(|e| BundleError::Invalid(format!("{} does not parse: {e}", conf.display())))?;
+        if !doc.contains_table("server") {
+            doc["server"] = toml_edit::table();
+        }
+        if let Some(pem) = self.ca_pem {
+            atomic::write(&home.root().join(CA_FILE), pem)?;
+            doc["server"]["ca-file"] = toml_edit::value(CA_FILE);
+        }
+        if let Some(token) = self.enroll_token {
+            doc["server"]["enrollment-token"] = toml_edit::value(token.trim());
+        }
+        fs::create_dir_all(home.conf()).at(home.conf())?;
+        atomic::write_with_mode(&conf, doc.to_string().as_bytes(), Some(0o600))?;
+        Ok(())
+    }
 }
 
 /// Staging directories of installs: `.agent-install-<pid>-<random>` under the prefix.

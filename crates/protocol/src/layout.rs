@@ -134,6 +134,16 @@ impl AgentHome {
         self.data().join("agent-id")
     }
 
+    /// The credentials a server issued this agent (mode 0600).
+    pub fn agent_token(&self) -> PathBuf {
+        self.data().join("agent-token")
+    }
+
+    /// Signing keys this agent trusted once and no longer does (one key id a line).
+    pub fn retired_keys(&self) -> PathBuf {
+        self.data().join("retired-keys")
+    }
+
     pub fn update_log(&self) -> PathBuf {
         self.logs().join("update.log")
     }

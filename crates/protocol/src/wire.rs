@@ -103,7 +103,14 @@ pub struct NotSupported {
     /// Absent from servers before this field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// The agent's credential, in the answer to its first register (trust on first use).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
+
+/// Header of a `register` from an id the fleet does not know, when the server requires
+/// enrollment (`agents.enrollment-token`).
+pub const ENROLLMENT_HEADER: &str = "Enrollment-Token";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]

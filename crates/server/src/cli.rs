@@ -21,25 +21,48 @@ pub enum RolloutAction {
 pub struct AdminClient {
     pub server: String,
     pub token: String,
+    /// Trust only this CA (PEM) for an HTTPS server.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl AdminClient {
     fn http(&self) -> anyhow::Result<reqwest::Client> {
-        reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .context("cannot make an HTTP client")
+        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
+        if let Some(ca) = &self.ca_file {
+            // A private CA: trusted alone, as the agents trust it.
+            let pem = std::fs::read(ca).with_context(|| format!("--ca-file {}", ca.display()))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .with_context(|| format!("--ca-file {}: not PEM certificates", ca.display()))?;
+            builder = builder.tls_built_in_root_certs(false);
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        builder.build().context("cannot make an HTTP client")
     }
 
-    /// Sends the request and returns the answer's JSON, or an error that says what the
-    /// server said.
-    pub async fn rollout(&self, action: &RolloutAction) -> anyhow::Result<Value> {
+    /// `DELETE /admin/agents/{id}/token`.
+    pub async fn forget_token(&self, id: &str) -> anyhow::Result<Value> {
+        let base = self.base()?;
+        let request = self
+            .http()?
+            .delete(format!("{base}/admin/agents/{id}/token"));
+        self.send(base, request).await
+    }
+
+    fn base(&self) -> anyhow::Result<&str> {
         if self.token.is_empty() {
             anyhow::bail!(
                 "no admin token: pass --token, or set UPDATE_SERVER_ADMIN_TOKEN (or admin.token in --config)"
             );
         }
-        let base = self.server.trim_end_matches('/');
+        Ok(self.server.trim_end_matches('/'))
+    }
+
+    /// Sends the request and returns the answer's JSON, or an error that says what the
+    /// server said.
+    pub async fn rollout(&self, action: &RolloutAction) -> anyhow::Result<Value> {
+        let base = self.base()?;
         let http = self.http()?;
         let request = match action {
             RolloutAction::Status => http.get(format!("{base}/admin/rollout")),
@@ -50,6 +73,10 @@ impl AdminClient {
             RolloutAction::Resume => http.post(format!("{base}/admin/rollout/resume")),
             RolloutAction::Advance => http.post(format!("{base}/admin/rollout/advance")),
         };
+        self.send(base, request).await
+    }
+
+    async fn send(&self, base: &str, request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
         let response = request
             .bearer_auth(&self.token)
             .send()

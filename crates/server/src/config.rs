@@ -26,8 +26,11 @@ pub const KEYS: &[Key] = &[
     key("downloads", "stall-timeout", Kind::Int),
     key("bundle", "public-key", Kind::Str),
     key("agents", "accept", Kind::Str),
+    key("agents", "enrollment-token", Kind::Str),
     key("admin", "token", Kind::Str),
     key("database", "url", Kind::Str),
+    key("tls", "cert", Kind::Str),
+    key("tls", "key", Kind::Str),
     key("rollout", "waves", Kind::List),
     key("rollout", "wave-wait", Kind::Int),
     key("rollout", "max-failures", Kind::Str),
@@ -44,6 +47,17 @@ pub struct Config {
     pub admin: AdminSection,
     pub database: DatabaseSection,
     pub rollout: RolloutSection,
+    pub tls: TlsSection,
+}
+
+/// `[tls]`: when both are set, the server speaks HTTPS only.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct TlsSection {
+    /// PEM: the certificate, then the chain to its issuer.
+    pub cert: String,
+    /// PEM: its private key.
+    pub key: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -84,6 +98,9 @@ pub struct BundleSection {
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct AgentsSection {
     pub accept: String,
+    /// When set, an id the fleet does not know must present it (`Enrollment-Token`) to
+    /// register. Empty: open enrollment.
+    pub enrollment_token: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -169,6 +186,7 @@ impl Default for AgentsSection {
     fn default() -> Self {
         Self {
             accept: "exact".into(),
+            enrollment_token: String::new(),
         }
     }
 }
@@ -208,6 +226,9 @@ impl Config {
             return Err("server.max-connections must be at least 1".into());
         }
         self.rollout_plan()?;
+        if self.tls.cert.is_empty() != self.tls.key.is_empty() {
+            return Err("tls.cert and tls.key go together: set both for HTTPS, or neither".into());
+        }
         for (name, value) in [
             ("server.header-timeout", self.server.header_timeout),
             ("server.idle-timeout", self.server.idle_timeout),
@@ -218,6 +239,12 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// `(cert, key)` when HTTPS is asked for.
+    pub fn tls_files(&self) -> Option<(PathBuf, PathBuf)> {
+        (!self.tls.cert.is_empty() || !self.tls.key.is_empty())
+            .then(|| (PathBuf::from(&self.tls.cert), PathBuf::from(&self.tls.key)))
     }
 
     /// The clocks every connection is held to.
@@ -242,12 +269,17 @@ impl Config {
     /// The URL of this server's admin API, from `server.listen` (a wildcard address is
     /// reached on loopback).
     pub fn admin_url(&self) -> String {
+        let scheme = if self.tls_files().is_some() {
+            "https"
+        } else {
+            "http"
+        };
         match self.listen_addr() {
             Ok(addr) if addr.ip().is_unspecified() => {
-                format!("http://127.0.0.1:{}", addr.port())
+                format!("{scheme}://127.0.0.1:{}", addr.port())
             }
-            Ok(addr) => format!("http://{addr}"),
-            Err(_) => format!("http://{}", self.server.listen),
+            Ok(addr) => format!("{scheme}://{addr}"),
+            Err(_) => format!("{scheme}://{}", self.server.listen),
         }
     }
 

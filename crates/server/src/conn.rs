@@ -175,7 +175,7 @@ impl<T> Guarded<T> {
         let counter = match why {
             Expired::Header => &self.metrics.header_timeouts,
             Expired::Idle => &self.metrics.idle_closed,
-            Expired::Stall => &self.metrics.stalled,
+            Expired::Stall => &self.metrics.stall_closed,
         };
         inc(counter);
         let what = match why {
@@ -446,18 +446,50 @@ pub fn fit_connections(wanted: usize, fd_limit: u64) -> (usize, Option<String>) 
     )
 }
 
+/// Serves one connection's I/O (plain, or TLS over the guarded stream) until it ends.
+async fn serve_io<I>(
+    builder: auto::Builder<TokioExecutor>,
+    io: I,
+    router: Router,
+    state: Arc<ConnState>,
+    watcher: hyper_util::server::graceful::Watcher,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service =
+        hyper::service::service_fn(move |req| handle(router.clone(), Arc::clone(&state), req));
+    let conn = builder
+        .serve_connection(TokioIo::new(io), service)
+        .into_owned();
+    let _ = watcher.watch(conn).await;
+}
+
+/// What a server needs to accept connections.
+pub struct Listener {
+    pub listener: tokio::net::TcpListener,
+    pub max_connections: usize,
+    pub timeouts: Timeouts,
+    /// HTTPS only, when set.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
 /// Accepts connections until `shutdown` resolves, at most `max_connections` open at
 /// once (the rest wait in the kernel's queue); then stops accepting, lets running
 /// requests finish for `grace`, and returns.
 pub async fn serve(
-    listener: tokio::net::TcpListener,
+    listener: Listener,
     router: Router,
-    max_connections: usize,
-    timeouts: Timeouts,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send,
     grace: Duration,
 ) {
+    let Listener {
+        listener,
+        max_connections,
+        timeouts,
+        tls,
+    } = listener;
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -516,17 +548,27 @@ pub async fn serve(
         let registered = Arc::clone(&registry);
         let io = Guarded::new(stream, Arc::clone(&state), timeouts, Arc::clone(&metrics));
         let router = router.clone();
-        let service =
-            hyper::service::service_fn(move |req| handle(router.clone(), Arc::clone(&state), req));
-        let conn = builder
-            .serve_connection(TokioIo::new(io), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let acceptor = acceptor.clone();
         let metrics = Arc::clone(&metrics);
         metrics.connections_open.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
+            let serve = async {
+                match acceptor {
+                    None => serve_io(builder, io, router, state, watcher).await,
+                    // The handshake is part of the head: it gets the header clock.
+                    Some(acceptor) => {
+                        match tokio::time::timeout(timeouts.header, acceptor.accept(io)).await {
+                            Ok(Ok(tls)) => serve_io(builder, tls, router, state, watcher).await,
+                            Ok(Err(e)) => tracing::debug!("TLS handshake failed: {e}"),
+                            Err(_) => inc(&metrics.header_timeouts),
+                        }
+                    }
+                }
+            };
             tokio::select! {
-                _ = conn => {}
+                () = serve => {}
                 () = watched.evict.notified() => {}
             }
             registered.lock().remove(&watched.id);

@@ -252,6 +252,54 @@ impl Db {
     }
 }
 
+/// What the fleet knows of an id's credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credentials {
+    /// The id was never seen.
+    Unknown,
+    /// Known, but from before credentials (or its token was forgotten by an operator).
+    None,
+    /// The sha256 (hex) of its token.
+    Hash(String),
+}
+
+impl Db {
+    pub async fn credentials(&self, id: &str) -> Result<Credentials, sqlx::Error> {
+        let row = sqlx::query("SELECT token_hash FROM agents WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            None => Credentials::Unknown,
+            Some(r) => match r.get::<Option<String>, _>(0) {
+                Some(hash) => Credentials::Hash(hash),
+                None => Credentials::None,
+            },
+        })
+    }
+
+    /// Gives the id its token, unless it has one (another server may have just issued
+    /// it): true if this call did.
+    pub async fn issue_token(&self, id: &str, hash: &str) -> Result<bool, sqlx::Error> {
+        let done =
+            sqlx::query("UPDATE agents SET token_hash = $2 WHERE id = $1 AND token_hash IS NULL")
+                .bind(id)
+                .bind(hash)
+                .execute(&self.pool)
+                .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// An operator's reset: the id's next register gets a new token. False if unknown.
+    pub async fn forget_token(&self, id: &str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query("UPDATE agents SET token_hash = NULL WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}
+
 const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error FROM agents";
 
 fn agent_row(r: &AnyRow) -> AgentRow {

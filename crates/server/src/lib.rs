@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod config;
 pub mod conn;
+pub mod credentials;
 pub mod db;
 pub mod error;
 pub mod limiter;
@@ -15,6 +16,7 @@ pub mod metrics;
 pub mod rollout;
 pub mod routes;
 pub mod store;
+pub mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -85,11 +87,13 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             metrics: Arc::default(),
             policy,
             admin_token: config.admin.token.clone(),
+            enrollment_token: config.agents.enrollment_token.clone(),
             auto_update: AtomicBool::new(auto_update),
             download_limit: AtomicUsize::new(download_limit.min(config.server.max_connections)),
             max_connections: config.server.max_connections,
             retry_after: config.downloads.retry_after,
             request_timeout: Duration::from_secs(config.server.header_timeout),
+            stall_timeout: Duration::from_secs(config.downloads.stall_timeout),
         }),
     })
 }
@@ -168,6 +172,16 @@ pub async fn serve(
     // Nothing under home changes, and no socket is taken, unless both are free: a second
     // server started by mistake must not touch the first one's bundle.
     let mut home_lock = HomeLock::acquire(&config.server.home)?;
+    // A certificate that cannot serve is an error before anything listens.
+    let tls = match config.tls_files() {
+        Some((cert, key)) => {
+            let certificates = tls::Certificates::open(&cert, &key)?;
+            let server_config = certificates.server_config()?;
+            tls::watch(certificates);
+            Some(server_config)
+        }
+        None => None,
+    };
     let listener = listen(addr).map_err(|e| {
         ServerError::Io(format!(
             "cannot listen on {addr}: {e}; is another server running there?"
@@ -180,7 +194,12 @@ pub async fn serve(
     let state = build_state(&config).await?;
     let metrics = Arc::clone(&state.inner.metrics);
     tracing::info!(
-        "update-server listening on http://{local} (home {})",
+        "update-server listening on {}://{local} (home {})",
+        if config.tls_files().is_some() {
+            "https"
+        } else {
+            "http"
+        },
         config.server.home.display()
     );
     // Tests and scripts read this line to learn the port.
@@ -211,16 +230,13 @@ pub async fn serve(
             grace.as_secs()
         );
     };
-    conn::serve(
+    let listener = conn::Listener {
         listener,
-        router,
         max_connections,
-        config.timeouts(),
-        metrics,
-        announced,
-        grace,
-    )
-    .await;
+        timeouts: config.timeouts(),
+        tls,
+    };
+    conn::serve(listener, router, metrics, announced, grace).await;
     Ok(())
 }
 

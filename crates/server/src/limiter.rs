@@ -2,7 +2,7 @@
 //! body ends or its client goes away (the body, and with it the slot, is dropped then).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 #[derive(Debug, Default)]
 pub struct DownloadLimiter {
@@ -28,6 +28,7 @@ impl DownloadLimiter {
                     self.peak.fetch_max(current + 1, Ordering::Relaxed);
                     return Some(Slot {
                         limiter: Arc::clone(self),
+                        released: Arc::new(AtomicBool::new(false)),
                     });
                 }
                 Err(actual) => current = actual,
@@ -44,14 +45,36 @@ impl DownloadLimiter {
     }
 }
 
+/// A download's place in the limit. Given back once: by whoever calls
+/// [`Slot::release`] first (a stall watchdog), or when it is dropped.
 #[derive(Debug)]
 pub struct Slot {
     limiter: Arc<DownloadLimiter>,
+    released: Arc<AtomicBool>,
+}
+
+impl Slot {
+    /// Gives the place back now; true if this call did (not an earlier one).
+    pub fn release(&self) -> bool {
+        let first = !self.released.swap(true, Ordering::AcqRel);
+        if first {
+            self.limiter.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+        first
+    }
+
+    /// A handle that can release this slot from elsewhere (a watchdog task).
+    pub fn remote(&self) -> Slot {
+        Slot {
+            limiter: Arc::clone(&self.limiter),
+            released: Arc::clone(&self.released),
+        }
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.limiter.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.release();
     }
 }
 
@@ -69,5 +92,19 @@ mod tests {
         assert!(l.try_acquire(2).is_some());
         assert_eq!(l.peak(), 2);
         assert!(l.try_acquire(0).is_none());
+    }
+
+    #[test]
+    fn a_slot_is_given_back_once_whoever_releases_it() {
+        let l = Arc::new(DownloadLimiter::default());
+        let slot = l.try_acquire(1).unwrap();
+        let watchdog = slot.remote();
+        assert!(watchdog.release());
+        assert_eq!(l.in_flight(), 0);
+        assert!(!slot.release());
+        drop(watchdog);
+        drop(slot);
+        assert_eq!(l.in_flight(), 0);
+        assert!(l.try_acquire(1).is_some());
     }
 }

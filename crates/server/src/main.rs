@@ -32,6 +32,23 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Agents' credentials (through the admin API of a running server).
+    Agents {
+        #[command(subcommand)]
+        action: Agents,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Agents {
+    /// Forget an agent's credentials (it lost data/agent-token); its next register gets
+    /// new ones.
+    ForgetToken {
+        /// The agent's id (data/agent-id, or `id` in GET /admin/agents).
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -61,6 +78,22 @@ struct AdminArgs {
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
+    /// Trust only this CA (PEM) when the server speaks HTTPS with a private certificate.
+    #[arg(long, value_name = "FILE", global = true)]
+    ca_file: Option<PathBuf>,
+}
+
+impl AdminArgs {
+    fn client(&self, config: &update_server::Config) -> AdminClient {
+        AdminClient {
+            server: self.server.clone().unwrap_or_else(|| config.admin_url()),
+            token: self
+                .token
+                .clone()
+                .unwrap_or_else(|| config.admin.token.clone()),
+            ca_file: self.ca_file.clone(),
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -88,11 +121,20 @@ fn main() -> ExitCode {
                 config,
                 update_server::shutdown_signal(),
             ))?,
+            Some(Command::Agents { action, admin }) => {
+                let client = admin.client(&config);
+                let Agents::ForgetToken { id } = action;
+                let answer = runtime.block_on(client.forget_token(&id))?;
+                if admin.json {
+                    println!("{}", serde_json::to_string_pretty(&answer)?);
+                } else {
+                    println!(
+                        "forgot the credentials of agent {id}; its next register gets new ones"
+                    );
+                }
+            }
             Some(Command::Rollout { action, admin }) => {
-                let client = AdminClient {
-                    server: admin.server.unwrap_or_else(|| config.admin_url()),
-                    token: admin.token.unwrap_or_else(|| config.admin.token.clone()),
-                };
+                let client = admin.client(&config);
                 let action = match action {
                     Rollout::Status => RolloutAction::Status,
                     Rollout::Halt { reason } => RolloutAction::Halt { reason },

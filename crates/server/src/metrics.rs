@@ -18,8 +18,10 @@ pub struct Metrics {
     pub registrations_accepted: AtomicU64,
     pub registrations_refused: AtomicU64,
     pub reports: AtomicU64,
-    /// Connections ended because a client took no bytes for `downloads.stall-timeout`.
+    /// Downloads whose client took no bytes for `downloads.stall-timeout` (slots freed).
     pub stalled: AtomicU64,
+    /// Connections closed because a write made no progress for `downloads.stall-timeout`.
+    pub stall_closed: AtomicU64,
     /// Connections closed for want of a whole request head in `server.header-timeout`.
     pub header_timeouts: AtomicU64,
     /// Keep-alive connections closed after `server.idle-timeout`.
@@ -161,7 +163,7 @@ impl Metrics {
         for (why, c) in [
             ("header-timeout", &self.header_timeouts),
             ("idle-timeout", &self.idle_closed),
-            ("stall-timeout", &self.stalled),
+            ("stall-timeout", &self.stall_closed),
             ("evicted", &self.evicted),
         ] {
             let _ = writeln!(

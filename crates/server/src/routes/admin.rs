@@ -111,6 +111,25 @@ pub(super) async fn agents(
     Ok(Json(records).into_response())
 }
 
+/// `DELETE /admin/agents/{id}/token`: the agent lost its credentials (its `data/` was
+/// wiped); its next register gets new ones.
+pub(super) async fn forget_token(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    authorize(s, &headers)?;
+    if !s.db.forget_token(&id).await? {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no agent {id:?} is known"),
+        ));
+    }
+    tracing::warn!(agent = %id, "an operator reset the agent's credentials; its next register gets new ones");
+    Ok(Json(serde_json::json!({ "id": id, "token": "forgotten" })).into_response())
+}
+
 pub(super) async fn rollout(
     State(state): State<AppState>,
     headers: HeaderMap,

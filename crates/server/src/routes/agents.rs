@@ -10,6 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::{AppState, json_body, ready};
+use crate::credentials::{self, Verdict};
 use crate::error::ApiError;
 use crate::metrics::inc;
 
@@ -59,6 +60,10 @@ pub(super) async fn register(
         Ok(b) => b,
         Err(r) => return Ok(*r),
     };
+    let issue = match authenticate(s, &hello.id, &headers).await? {
+        Verdict::Allow { issue } => issue,
+        Verdict::Deny(why) => return Err(unauthorized(&hello.id, why)),
+    };
     s.db.touch_agent(
         &hello.id,
         &hello.name,
@@ -83,12 +88,19 @@ pub(super) async fn register(
             bundle.version().clone(),
         ),
     };
+    let token = if issue {
+        issue_token(s, &hello.id).await?
+    } else {
+        None
+    };
     if accepted {
         inc(&s.metrics.registrations_accepted);
-        return Ok(Json(
-            serde_json::json!({ "status": "accepted", "expected": expected.to_string() }),
-        )
-        .into_response());
+        let mut body =
+            serde_json::json!({ "status": "accepted", "expected": expected.to_string() });
+        if let Some(token) = token {
+            body["token"] = serde_json::Value::String(token);
+        }
+        return Ok(Json(body).into_response());
     }
     inc(&s.metrics.registrations_refused);
     tracing::info!(agent = %hello.id, version = %agent_version, expected = %expected, "refused agent");
@@ -97,17 +109,63 @@ pub(super) async fn register(
         expected: expected.to_string(),
         download: wire::DOWNLOAD_PATH.to_owned(),
         sha256: Some(bundle.info.sha256.clone()),
+        token,
     };
     Ok((StatusCode::CONFLICT, Json(body)).into_response())
+}
+
+/// Whether this request may speak for the id (see [`crate::credentials`]).
+async fn authenticate(
+    s: &crate::routes::Shared,
+    id: &str,
+    headers: &HeaderMap,
+) -> Result<Verdict, ApiError> {
+    let known = s.db.credentials(id).await?;
+    let enrollment = headers
+        .get(wire::ENROLLMENT_HEADER)
+        .and_then(|v| v.to_str().ok());
+    Ok(credentials::decide(
+        &known,
+        credentials::bearer(headers),
+        &s.enrollment_token,
+        enrollment,
+    ))
+}
+
+fn unauthorized(id: &str, why: &'static str) -> ApiError {
+    tracing::warn!(agent = %id, "refused a call without the agent's credentials: {why}");
+    ApiError::new(StatusCode::UNAUTHORIZED, why)
+}
+
+/// A token for an id that has none; `None` if another server just gave it one.
+async fn issue_token(s: &crate::routes::Shared, id: &str) -> Result<Option<String>, ApiError> {
+    let token = credentials::new_token().map_err(|e| {
+        tracing::error!("no randomness for a token: {e}");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no randomness")
+    })?;
+    if s.db
+        .issue_token(id, &credentials::hash_token(&token))
+        .await?
+    {
+        tracing::info!(agent = %id, "issued the agent its credentials");
+        Ok(Some(token))
+    } else {
+        Ok(None)
+    }
 }
 
 /// `POST /agentupdate/report`, from any version.
 pub(super) async fn report(
     State(state): State<AppState>,
+    headers: HeaderMap,
     body: Result<Json<Report>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let report = json_body(body)?;
     check_id(&report.id)?;
+    // Nobody reports for an agent but that agent: a forged failure could halt a rollout.
+    if let Verdict::Deny(why) = authenticate(&state.inner, &report.id, &headers).await? {
+        return Err(unauthorized(&report.id, why));
+    }
     if report.error.as_ref().is_some_and(|e| e.len() > 4096) {
         return Err(ApiError::bad_request(
             "error text is longer than 4096 bytes",

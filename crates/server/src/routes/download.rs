@@ -3,8 +3,9 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -284,10 +285,19 @@ pub(super) async fn download(
     } else {
         &s.metrics.downloads_206
     });
+    let progress = Arc::new(Progress::new());
+    watch_for_stall(
+        slot.remote(),
+        Arc::clone(&progress),
+        s.stall_timeout,
+        Arc::clone(&s.metrics),
+    );
     let body = SlotBody {
         data: bundle.data.slice(start as usize..end as usize),
         sent: 0,
-        _slot: slot,
+        slot,
+        progress,
+        stall: s.stall_timeout,
         _bundle: Arc::clone(&bundle),
         metrics: Arc::clone(&s.metrics),
     };
@@ -303,9 +313,72 @@ pub(super) async fn download(
 struct SlotBody {
     data: Bytes,
     sent: usize,
-    _slot: Slot,
+    slot: Slot,
+    progress: Arc<Progress>,
+    stall: Duration,
     _bundle: Arc<ServedBundle>,
     metrics: Arc<Metrics>,
+}
+
+/// When a download last handed bytes to its connection.
+struct Progress {
+    started: tokio::time::Instant,
+    last: AtomicU64,
+    done: AtomicBool,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self {
+            started: tokio::time::Instant::now(),
+            last: AtomicU64::new(0),
+            done: AtomicBool::new(false),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn touch(&self) {
+        self.last.store(self.now(), Ordering::Relaxed);
+    }
+
+    fn idle_for(&self) -> Duration {
+        Duration::from_millis(self.now().saturating_sub(self.last.load(Ordering::Relaxed)))
+    }
+}
+
+/// Frees the slot of a download that hands no bytes to its connection for `stall`. Over
+/// HTTP/1.1 the connection's own clock ends it too; over HTTP/2 a client that stops
+/// reading stops the body being asked for at all, and only this notices.
+fn watch_for_stall(slot: Slot, progress: Arc<Progress>, stall: Duration, metrics: Arc<Metrics>) {
+    tokio::spawn(async move {
+        let step = (stall / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        loop {
+            tokio::time::sleep(step).await;
+            if progress.done.load(Ordering::Relaxed) {
+                return;
+            }
+            if progress.idle_for() >= stall {
+                if slot.release() {
+                    inc(&metrics.stalled);
+                }
+                return;
+            }
+        }
+    });
+}
+
+impl Drop for SlotBody {
+    fn drop(&mut self) {
+        self.progress.done.store(true, Ordering::Relaxed);
+        // Ended for stalling (its connection's clock fired): counted here, once.
+        let stalled = self.sent < self.data.len() && self.progress.idle_for() >= self.stall;
+        if self.slot.release() && stalled {
+            inc(&self.metrics.stalled);
+        }
+    }
 }
 
 impl Stream for SlotBody {
@@ -315,6 +388,7 @@ impl Stream for SlotBody {
         if self.sent >= self.data.len() {
             return Poll::Ready(None);
         }
+        self.progress.touch();
         let end = (self.sent + BODY_CHUNK).min(self.data.len());
         let chunk = self.data.slice(self.sent..end);
         self.metrics

@@ -48,12 +48,16 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     pub policy: AcceptPolicy,
     pub admin_token: String,
+    /// `agents.enrollment-token`; empty: open enrollment.
+    pub enrollment_token: String,
     pub auto_update: AtomicBool,
     pub download_limit: AtomicUsize,
     pub max_connections: usize,
     pub retry_after: u64,
     /// How long a non-download request may take, its body included.
     pub request_timeout: std::time::Duration,
+    /// How long a download may hand no bytes to its client before its slot is freed.
+    pub stall_timeout: std::time::Duration,
 }
 
 pub fn app(state: AppState) -> Router {
@@ -80,6 +84,10 @@ pub fn app(state: AppState) -> Router {
                 .patch(admin::update_settings),
         )
         .route("/admin/agents", get(admin::agents))
+        .route(
+            "/admin/agents/{id}/token",
+            axum::routing::delete(admin::forget_token),
+        )
         .route("/admin/rollout", get(admin::rollout))
         .route("/admin/rollout/halt", post(admin::rollout_halt))
         .route("/admin/rollout/resume", post(admin::rollout_resume))
