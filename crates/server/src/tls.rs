@@ -25,8 +25,10 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// What identifies the files' contents on disk, to notice a replacement.
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+/// What identifies a file's contents on disk (modified, length), to notice a replacement.
+type Stamp = Option<(SystemTime, u64)>;
+
+fn stamp(path: &Path) -> Stamp {
     let meta = std::fs::metadata(path).ok()?;
     Some((meta.modified().ok()?, meta.len()))
 }
@@ -108,7 +110,8 @@ pub struct Certificates {
     cert: PathBuf,
     key: PathBuf,
     current: RwLock<Arc<CertifiedKey>>,
-    stamps: RwLock<(Option<(SystemTime, u64)>, Option<(SystemTime, u64)>)>,
+    /// Of the certificate and of the key, as last loaded.
+    stamps: RwLock<(Stamp, Stamp)>,
 }
 
 impl ResolvesServerCert for Certificates {
