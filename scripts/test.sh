@@ -10,7 +10,7 @@ fi
 cd "$(dirname "$0")/.."
 
 # The end-to-end tests use the real tools the interface promises.
-tools=(minisign unzip wget curl)
+tools=(minisign unzip wget curl openssl)
 missing=()
 for tool in "${tools[@]}"; do
     command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")

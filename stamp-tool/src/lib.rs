@@ -203,7 +203,7 @@ pub fn stamp_server(dir: &Path, version: &AgentVersion, key_path: &Path) -> Resu
     let (bundle, sig_path) = find_bundle(dir)?;
     let sig = Signature::parse(&atomic::read_text(&sig_path, 4096)?)
         .map_err(|e| StampError::Refused(format!("{}: {e}", sig_path.display())))?;
-    verify::verify_file(&bundle, &sig, &key.public_key()).map_err(|e| {
+    verify::verify_file(&bundle, &sig, &verify::Trust::key(&key.public_key())).map_err(|e| {
         StampError::Refused(format!(
             "{} does not verify with the key {} ({e}); refusing to sign it again",
             bundle.display(),
@@ -212,6 +212,8 @@ pub fn stamp_server(dir: &Path, version: &AgentVersion, key_path: &Path) -> Resu
     })?;
     let mut payload = Payload::open(&bundle)?;
     let facts = payload.facts()?;
+    // A key rotation the bundle carried is carried on: it still ends at this key.
+    let rotations = payload.rotations()?;
 
     // Everything is built in a hidden directory beside the bundle, then renamed in.
     let work = tempfile::Builder::new()
@@ -237,6 +239,7 @@ pub fn stamp_server(dir: &Path, version: &AgentVersion, key_path: &Path) -> Resu
         // pack takes the stub from a bundle, leaving its payload behind.
         stub: &bundle,
         signed_at: None,
+        rotations: &rotations,
     })?;
     let name = layout::bundle_file_name(version);
     let new_bundle = dir.join(&name);

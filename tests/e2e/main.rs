@@ -17,4 +17,5 @@ mod rollout;
 mod server;
 mod sim;
 mod stamp;
+mod trust;
 mod update;

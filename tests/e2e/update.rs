@@ -51,7 +51,7 @@ pub(crate) fn prepare(env: &str, dist2: impl FnOnce(&Path), stub: Option<&Path>)
 }
 
 /// Short update timings for tests that do not measure them.
-const QUICK: &str = "export AGENT_UPDATE_STABILITY_WINDOW=1s\nexport AGENT_UPDATE_HEALTH_TIMEOUT=20s\nexport AGENT_RESTART_BACKOFF_MAX=2\n";
+pub(crate) const QUICK: &str = "export AGENT_UPDATE_STABILITY_WINDOW=1s\nexport AGENT_UPDATE_HEALTH_TIMEOUT=20s\nexport AGENT_RESTART_BACKOFF_MAX=2\n";
 
 /// Like [`prepare`], with exactly `env_file` as conf/agent-env.sh.
 pub(crate) fn prepare_env_file(

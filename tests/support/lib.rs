@@ -352,8 +352,118 @@ impl ServerProc {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
+    pub fn https_url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.port)
+    }
+
     pub fn download_dir(&self) -> PathBuf {
         self.home.join("downloads/agent")
+    }
+}
+
+/// A throw-away private CA made with openssl, and a server certificate it issued for
+/// 127.0.0.1 and localhost.
+pub struct Pki {
+    pub dir: PathBuf,
+    pub ca: PathBuf,
+    pub ca_key: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl Pki {
+    pub fn new(dir: &Path) -> Self {
+        require_tool("openssl");
+        fs::create_dir_all(dir).unwrap();
+        let ca = dir.join("ca.pem");
+        let ca_key = dir.join("ca.key");
+        run_ok(
+            Command::new("openssl")
+                .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+                .args(["ec_paramgen_curve:P-256", "-nodes", "-days", "2"])
+                .args(["-subj", "/CN=e2e test CA"])
+                .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+                .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+                .arg("-keyout")
+                .arg(&ca_key)
+                .arg("-out")
+                .arg(&ca),
+        );
+        let mut pki = Self {
+            dir: dir.to_path_buf(),
+            ca,
+            ca_key,
+            cert: PathBuf::new(),
+            key: PathBuf::new(),
+        };
+        let (cert, key) = pki.issue("server", 1);
+        pki.cert = cert;
+        pki.key = key;
+        pki
+    }
+
+    /// A certificate for 127.0.0.1 valid for `days` (negative: already expired).
+    pub fn issue(&self, name: &str, days: i32) -> (PathBuf, PathBuf) {
+        let key = self.dir.join(format!("{name}.key"));
+        let csr = self.dir.join(format!("{name}.csr"));
+        let cert = self.dir.join(format!("{name}.pem"));
+        let ext = self.dir.join("ext.cnf");
+        fs::write(
+            &ext,
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        run_ok(
+            Command::new("openssl")
+                .args([
+                    "req",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:P-256",
+                ])
+                .args(["-nodes", "-subj"])
+                .arg(format!("/CN={name}"))
+                .arg("-keyout")
+                .arg(&key)
+                .arg("-out")
+                .arg(&csr),
+        );
+        run_ok(
+            Command::new("openssl")
+                .args(["x509", "-req", "-in"])
+                .arg(&csr)
+                .arg("-CA")
+                .arg(&self.ca)
+                .arg("-CAkey")
+                .arg(&self.ca_key)
+                .args(["-CAcreateserial", "-days", &days.to_string(), "-extfile"])
+                .arg(&ext)
+                .arg("-out")
+                .arg(&cert),
+        );
+        (cert, key)
+    }
+
+    /// `curl` that trusts this CA only, silent, failing on HTTP errors.
+    pub fn curl(&self) -> Command {
+        let mut c = Command::new("curl");
+        c.args(["-sS", "--fail", "--max-time", "10", "--cacert"])
+            .arg(&self.ca);
+        c
+    }
+
+    /// The subject of the certificate a server presents, as openssl prints it.
+    pub fn presented_subject(&self, port: u16) -> String {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "openssl s_client -connect 127.0.0.1:{port} -CAfile '{}' </dev/null 2>/dev/null | openssl x509 -noout -subject",
+                self.ca.display()
+            ))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 }
 
@@ -365,6 +475,44 @@ impl TestContext {
 
     /// Like [`TestContext::server`], on `port` (to restart a server where it was).
     pub fn server_on(&self, home: &str, port: u16, env: &[(&str, &str)]) -> ServerProc {
+        let server = self.spawn_server(home, port, env);
+        wait_until(
+            Duration::from_secs(20),
+            "update-server to answer /healthz",
+            || {
+                http(port, "GET", "/healthz", &[])
+                    .map(|r| r.status == 200)
+                    .unwrap_or(false)
+            },
+        );
+        server
+    }
+
+    /// An HTTPS update-server with the certificate `pki` issued; waits until it answers.
+    pub fn server_tls(&self, home: &str, pki: &Pki, env: &[(&str, &str)]) -> ServerProc {
+        let cert = pki.cert.display().to_string();
+        let key = pki.key.display().to_string();
+        let mut all = vec![
+            ("UPDATE_SERVER_TLS_CERT", cert.as_str()),
+            ("UPDATE_SERVER_TLS_KEY", key.as_str()),
+        ];
+        all.extend_from_slice(env);
+        let server = self.spawn_server(home, free_port(), &all);
+        wait_until(
+            Duration::from_secs(20),
+            "update-server to answer /healthz over HTTPS",
+            || {
+                pki.curl()
+                    .arg(server.https_url("/healthz"))
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            },
+        );
+        server
+    }
+
+    /// Starts update-server without waiting for it.
+    pub fn spawn_server(&self, home: &str, port: u16, env: &[(&str, &str)]) -> ServerProc {
         let home = self.path(home);
         fs::create_dir_all(home.join("downloads/agent")).unwrap();
         let mut cmd = self.cmd("update-server");
@@ -382,17 +530,7 @@ impl TestContext {
             cmd.env(k, v);
         }
         let pid = self.spawn(cmd);
-        let server = ServerProc { port, home, pid };
-        wait_until(
-            Duration::from_secs(20),
-            "update-server to answer /healthz",
-            || {
-                http(port, "GET", "/healthz", &[])
-                    .map(|r| r.status == 200)
-                    .unwrap_or(false)
-            },
-        );
-        server
+        ServerProc { port, home, pid }
     }
 
     /// Copies a bundle and its signature into the server's download directory.
@@ -732,4 +870,12 @@ pub fn patch_bytes(path: &Path, from: &[u8], to: &[u8]) -> usize {
     }
     fs::write(path, data).unwrap();
     count
+}
+
+/// Seconds since the epoch, as the agent writes them.
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }

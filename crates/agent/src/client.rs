@@ -396,6 +396,10 @@ fn network(url: &str, e: reqwest::Error) -> CommError {
     let mut message = error_chain(&e);
     if e.is_redirect() {
         message = format!("too many redirects (more than {MAX_REDIRECTS}): {message}");
+    } else if message.to_ascii_lowercase().contains("certificate") {
+        message = format!(
+            "{message}; the server's certificate does not verify: set server.ca-file to the CA that issued it, or give the server a certificate this machine's roots trust"
+        );
     }
     CommError::Network {
         url: url.to_owned(),

@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agent_extract::verify::{self, Verified};
+use agent_extract::verify::{self, Trust, Verified};
 use agent_protocol::AgentVersion;
 use agent_protocol::journal::{Journal, Phase};
 use agent_protocol::layout::{self, AgentHome};
-use agent_protocol::minisign::{BundleClaim, PublicKey, Signature};
+use agent_protocol::minisign::{BundleClaim, KeyId, PublicKey, Signature};
 use agent_protocol::wire::{Report, UpdateStatus, VersionInfo};
 use agent_updater::state;
 use tokio::sync::watch;
@@ -123,12 +123,24 @@ pub async fn fetch_verified(
     // whose signed claim does not match what the server says, is not worth a byte.
     let key = trusted_key(ctx.config, home.root())
         .map_err(|reason| Outcome::Degraded { reason, slow: true })?;
+    let retired = state::retired_keys(home)
+        .map_err(|e| degraded(format!("cannot read data/retired-keys: {e}")))?;
     let signature = ctx
         .client
         .signature()
         .await
         .map_err(|e| degraded(format!("cannot fetch the signature: {e}")))?;
     let key_path = ctx.config.public_key_path(home.root());
+    let trust = Trust {
+        key: &key,
+        retired: &retired,
+    };
+    if let Err(retired) = trust.check_signer(signature.key_id()) {
+        return Err(Outcome::Degraded {
+            reason: format!("refusing the server's bundle: {retired}"),
+            slow: true,
+        });
+    }
     check_claim(&key, &key_path, &signature, &info, &ctx.install.version_dir)
         .map_err(|reason| degraded(format!("refusing the server's bundle: {reason}")))?;
     let dir = home.update_dir();
@@ -197,14 +209,16 @@ pub async fn fetch_verified(
     );
 
     let verify_started = Instant::now();
-    let verified = match verify_download(key, signature, &info, &downloaded).await {
+    let verified = match verify_download(key, retired, signature, &info, &downloaded).await {
         Ok(v) => v,
         Err(reason) => {
             // Unverified bytes never stay where they could be run.
             let _ = fs::remove_file(&downloaded.path);
-            return Err(degraded(format!(
-                "refusing the downloaded bundle: {reason}"
-            )));
+            // The same bytes will never verify: wait for the server to offer others.
+            return Err(Outcome::Degraded {
+                reason: format!("refusing the downloaded bundle: {reason}"),
+                slow: true,
+            });
         }
     };
     let timings = Timings {
@@ -218,6 +232,12 @@ pub async fn fetch_verified(
         verified.signature.key_id(),
         verified.claim.signed_at
     );
+    if let Some(chain) = &verified.chain {
+        tracing::info!(
+            "the bundle carries the key rotation {chain}: once the update commits, this agent trusts only key {}",
+            chain.end.key_id()
+        );
+    }
     Ok(Ready {
         path: downloaded.path,
         info,
@@ -244,7 +264,9 @@ pub fn trusted_key(config: &Config, home: &Path) -> Result<PublicKey, String> {
 }
 
 /// The checks that need only the signature and the server's description: the key, the
-/// trusted comment, and what it vouches for against what the server names.
+/// trusted comment, and what it vouches for against what the server names. A bundle
+/// signed by another key can only be checked once its rotation chain is at hand, after
+/// the download; its claim is checked here all the same, and authenticated then.
 fn check_claim(
     key: &PublicKey,
     key_path: &Path,
@@ -252,17 +274,18 @@ fn check_claim(
     info: &VersionInfo,
     running_dir: &Path,
 ) -> Result<BundleClaim, String> {
-    if signature.key_id() != key.key_id() {
-        return Err(format!(
-            "signed by key {}, but this agent trusts key {} ({}); arbitrary installation refused",
+    if signature.key_id() == key.key_id() {
+        signature
+            .verify_trusted_comment(key)
+            .map_err(|e| format!("signature check failed: {e}"))?;
+    } else {
+        tracing::info!(
+            "the server's bundle is signed by key {}, not by the trusted key {} ({}): it must carry a key rotation from it, checked after the download",
             signature.key_id(),
             key.key_id(),
             key_path.display()
-        ));
+        );
     }
-    signature
-        .verify_trusted_comment(key)
-        .map_err(|e| format!("signature check failed: {e}"))?;
     let claim = BundleClaim::parse(signature.trusted_comment())
         .map_err(|e| format!("signature check failed: {e}"))?;
     if claim.version != info.agent || claim.sha256 != info.sha256 {
@@ -293,6 +316,7 @@ fn check_claim(
 /// arrived), and the payload's own version against the signed claim.
 async fn verify_download(
     key: PublicKey,
+    retired: Vec<KeyId>,
     signature: Signature,
     info: &VersionInfo,
     downloaded: &download::Downloaded,
@@ -300,7 +324,11 @@ async fn verify_download(
     let path = downloaded.path.clone();
     let digests = downloaded.digests.clone();
     let verified = tokio::task::spawn_blocking(move || {
-        verify::verify_with_digests(&path, &digests, &signature, &key)
+        let trust = Trust {
+            key: &key,
+            retired: &retired,
+        };
+        verify::verify_with_digests(&path, &digests, &signature, &trust)
     })
     .await
     .map_err(|e| e.to_string())?
@@ -342,6 +370,11 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
             .version_dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned()),
+        trust: ready
+            .verified
+            .chain
+            .as_ref()
+            .map(|chain| state::trust_change(chain, &ctx.config.public_key_path(home.root()))),
     };
     let link = home.update_dir().join(UPDATER_LINK);
     let file_name = ready

@@ -106,6 +106,28 @@ enum Command {
         /// refuse a bundle signed before the one they run.
         #[arg(long, value_name = "SECS")]
         signed_at: Option<u64>,
+        /// A key rotation statement from `rotate-key` (repeatable, oldest first): agents
+        /// that trust an older key follow the chain to the signing key.
+        #[arg(long, value_name = "FILE")]
+        rotation: Vec<PathBuf>,
+    },
+    /// Hand trust from the current signing key to a new one: writes
+    /// DIR/rotation-<new key id>.minisig (NEW.pub signed by OLD.key) and a copy of NEW.pub.
+    ///
+    /// Pack the next bundles with the new key and `--rotation DIR/rotation-<id>.minisig`;
+    /// agents that trust the old key follow it and then trust only the new one. Check a
+    /// statement by hand with
+    /// `minisign -Vm DIR/rotation-<id>.pub -x DIR/rotation-<id>.minisig -p OLD.pub`.
+    RotateKey {
+        /// The current (old) secret key.
+        #[arg(long, value_name = "OLD.key")]
+        old: PathBuf,
+        /// The new key's public half (from `agent-bundle keygen`).
+        #[arg(long, value_name = "NEW.pub")]
+        new: PathBuf,
+        /// Directory to write the statement into.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
     },
     /// Verify a bundle's signature, trusted comment and contents.
     Verify {
@@ -237,9 +259,14 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             out,
             stub,
             signed_at,
+            rotation,
         }) => {
             let version = AgentVersion::new(&agent_version, &build)?;
             let key = keygen::read_secret_key(&key)?;
+            let rotations = rotation
+                .iter()
+                .map(|p| keygen::read_rotation(p))
+                .collect::<Result<Vec<_>>>()?;
             let stub = stub.unwrap_or(exe);
             let packed = pack::pack(&PackRequest {
                 dist: &dist,
@@ -249,6 +276,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 out_dir: &out,
                 stub: &stub,
                 signed_at,
+                rotations: &rotations,
             })?;
             println!(
                 "Packed {} ({} bytes, sha256 {}) and {}, signed by key {}.",
@@ -257,6 +285,33 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 packed.digests.sha256_hex(),
                 packed.signature.display(),
                 key.key_id()
+            );
+            if !rotations.is_empty() {
+                println!(
+                    "It carries {} key rotation statement(s) ending at key {}.",
+                    rotations.len(),
+                    key.key_id()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::RotateKey { old, new, out }) => {
+            let files = keygen::rotate_key(&old, &new, &out, pack::now_secs())?;
+            println!(
+                "Wrote {} (key {} hands trust to key {}) and {}.",
+                files.signature.display(),
+                files.from,
+                files.to,
+                files.public.display()
+            );
+            println!(
+                "Pack the next bundles with the new secret key and --rotation {}.",
+                files.signature.display()
+            );
+            println!(
+                "Check it by hand with: minisign -Vm {} -x {} -p <old update.pub>",
+                files.public.display(),
+                files.signature.display()
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -304,6 +359,14 @@ fn run_install(request: &InstallRequest<'_>) -> Result<ExitCode> {
             "Trusting update key {key_id} shipped inside the bundle; no .minisig beside the bundle, so its signature was NOT checked. Pass --trust-key with the signature to check it."
         ),
     };
+    if let Some(chain) = &installed.chain {
+        let _ = writeln!(
+            out,
+            "The bundle is signed by key {} through the key rotation {chain}; the agent trusts key {} and refuses the older keys.",
+            chain.end.key_id(),
+            chain.end.key_id()
+        );
+    }
     if request.ca_file.is_some() {
         let _ = writeln!(
             out,
@@ -339,6 +402,9 @@ fn run_verify(bundle: &Path, public_key: &Path, sig: Option<&Path>) -> ExitCode 
                 v.signature.key_id(),
                 v.claim.signed_at
             );
+            if let Some(chain) = &v.chain {
+                println!("key rotation followed: {chain}");
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -356,5 +422,9 @@ fn verify_bundle(bundle: &Path, public_key: &Path, sig: Option<&Path>) -> Result
     let text = atomic::read_text(&sig_path, 64 * 1024)?;
     let signature = Signature::parse(&text)
         .map_err(|e| BundleError::Invalid(format!("{}: {e}", sig_path.display())))?;
-    Ok(verify::verify_file(bundle, &signature, &key)?)
+    Ok(verify::verify_file(
+        bundle,
+        &signature,
+        &verify::Trust::key(&key),
+    )?)
 }

@@ -14,9 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use agent_extract::atomic;
 use agent_extract::payload::{self, BundleFacts, Payload, PayloadProblem};
 use agent_extract::unpack::{self, Options};
-use agent_extract::verify;
+use agent_extract::verify::{self, Trust};
 use agent_protocol::layout::{self, AgentHome};
 use agent_protocol::minisign::{PublicKey, Signature};
+use agent_protocol::rotation::Chain;
 
 use agent_updater::process;
 
@@ -54,6 +55,8 @@ pub struct Installed {
     pub home: PathBuf,
     pub facts: BundleFacts,
     pub trust: TrustSource,
+    /// The key rotation followed from the trusted key to the bundle's signer.
+    pub chain: Option<Chain>,
 }
 
 pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
@@ -95,7 +98,14 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
     }
     // Trust is decided before a byte of the payload is unpacked.
     let signature_path = PathBuf::from(format!("{}.minisig", req.bundle.display()));
-    let trust = decide_trust(req, &mut payload, &facts, &signature_path)?;
+    let (trust, chain) = decide_trust(req, &mut payload, &facts, &signature_path)?;
+    // The installation trusts the key that signs its bundles: the end of a rotation
+    // chain, or the operator's key.
+    let key_file = match (&chain, req.trust_key) {
+        (Some(chain), _) => Some(chain.end_file.clone()),
+        (None, Some(path)) => Some(atomic::read_limited(path, 64 * 1024)?),
+        (None, None) => None,
+    };
     check()?;
 
     let mut made = MadeDirs::create(req.prefix)?;
@@ -149,11 +159,18 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
         enroll_token: req.enroll_token,
     };
     if exists {
-        reinstall_over(&home, &facts, &version_stage, &trust, req.trust_key)?;
+        let operator_key = match trust {
+            TrustSource::Operator { .. } => key_file.as_deref(),
+            TrustSource::Bundle { .. } => None,
+        };
+        reinstall_over(&home, &facts, &version_stage, operator_key)?;
         server.apply(&home)?;
+        retire_chain(&home, chain.as_ref())?;
     } else {
-        fresh_tree(staging.path(), &facts, &version_stage, req.trust_key)?;
-        server.apply(&AgentHome::new(staging.path().join(layout::DIST_ROOT)))?;
+        fresh_tree(staging.path(), &facts, &version_stage, key_file.as_deref())?;
+        let staged = AgentHome::new(staging.path().join(layout::DIST_ROOT));
+        server.apply(&staged)?;
+        retire_chain(&staged, chain.as_ref())?;
         fs::rename(staging.path().join("agent"), home.root()).at(home.root())?;
         atomic::fsync_dir(&prefix)?;
     }
@@ -162,7 +179,17 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
         home: home.root().to_path_buf(),
         facts,
         trust,
+        chain,
     })
+}
+
+/// The keys a rotation passed are refused from the start, as an updated agent refuses them.
+fn retire_chain(home: &AgentHome, chain: Option<&Chain>) -> Result<()> {
+    if let Some(chain) = chain {
+        agent_updater::state::retire_keys(home, chain.retired(), chain.end.key_id())
+            .map_err(|e| BundleError::Invalid(format!("cannot write data/retired-keys: {e}")))?;
+    }
+    Ok(())
 }
 
 /// A CA file that looks like one: PEM with at least one certificate.
@@ -346,7 +373,7 @@ fn decide_trust(
     payload: &mut Payload,
     facts: &BundleFacts,
     signature_path: &Path,
-) -> Result<TrustSource> {
+) -> Result<(TrustSource, Option<Chain>)> {
     let signature = if signature_path.exists() {
         let text = atomic::read_text(signature_path, 64 * 1024)?;
         Some(
@@ -365,11 +392,14 @@ fn decide_trust(
                 signature_path.display()
             )));
         };
-        verify::verify_file(req.bundle, &signature, &key)?;
-        return Ok(TrustSource::Operator {
-            path: key_path.to_path_buf(),
-            key_id: key.key_id().to_string(),
-        });
+        let verified = verify::verify_file(req.bundle, &signature, &Trust::key(&key))?;
+        return Ok((
+            TrustSource::Operator {
+                path: key_path.to_path_buf(),
+                key_id: key.key_id().to_string(),
+            },
+            verified.chain,
+        ));
     }
     let shipped = unpack::read_entry(
         payload.dist(&facts.version)?,
@@ -385,17 +415,20 @@ fn decide_trust(
     })?;
     let key = PublicKey::parse(&String::from_utf8_lossy(&shipped))
         .map_err(|e| BundleError::Invalid(format!("the bundle's {SHIPPED_KEY}: {e}")))?;
-    let signature_checked = match signature {
-        Some(signature) => {
-            verify::verify_file(req.bundle, &signature, &key)?;
-            true
-        }
-        None => false,
+    let (signature_checked, chain) = match signature {
+        Some(signature) => (
+            true,
+            verify::verify_file(req.bundle, &signature, &Trust::key(&key))?.chain,
+        ),
+        None => (false, None),
     };
-    Ok(TrustSource::Bundle {
-        key_id: key.key_id().to_string(),
-        signature_checked,
-    })
+    Ok((
+        TrustSource::Bundle {
+            key_id: key.key_id().to_string(),
+            signature_checked,
+        },
+        chain,
+    ))
 }
 
 /// The key a distribution ships, relative to its root.
@@ -411,7 +444,7 @@ fn fresh_tree(
     staging: &Path,
     facts: &BundleFacts,
     version_stage: &Path,
-    trust_key: Option<&Path>,
+    key_file: Option<&[u8]>,
 ) -> Result<()> {
     let home = AgentHome::new(staging.join(layout::DIST_ROOT));
     for dir in [
@@ -426,7 +459,7 @@ fn fresh_tree(
     }
     let version_dir = home.version_dir(&facts.version);
     fs::rename(version_stage, &version_dir).at(&version_dir)?;
-    populate_conf(&home, &version_dir, trust_key)?;
+    populate_conf(&home, &version_dir, key_file)?;
     set_private(&home.data())?;
     atomic::replace_symlink(&home.current(), &relative_version_dir(facts))?;
     Ok(())
@@ -438,8 +471,7 @@ fn reinstall_over(
     home: &AgentHome,
     facts: &BundleFacts,
     version_stage: &Path,
-    trust: &TrustSource,
-    trust_key: Option<&Path>,
+    operator_key: Option<&[u8]>,
 ) -> Result<()> {
     for dir in [
         home.versions(),
@@ -466,19 +498,19 @@ fn reinstall_over(
         atomic::replace_symlink(&home.current(), &relative_version_dir(facts))?;
     }
     populate_conf(home, &version_dir, None)?;
-    if let (TrustSource::Operator { .. }, Some(key)) = (trust, trust_key) {
+    if let Some(key) = operator_key {
         let dest = home.conf().join("update.pub");
         if dest.exists() {
             atomic::copy_file(&dest, &home.conf().join("update.pub.bak"))?;
         }
-        atomic::copy_file(key, &dest)?;
+        atomic::write_with_mode(&dest, key, Some(0o644))?;
     }
     Ok(())
 }
 
 /// Copies each file of `conf.default/` into `conf/` unless the operator already has it;
-/// `update.pub` comes from `--trust-key` when given.
-fn populate_conf(home: &AgentHome, version_dir: &Path, trust_key: Option<&Path>) -> Result<()> {
+/// `update.pub` is `key_file` when given (`--trust-key`, or the end of a key rotation).
+fn populate_conf(home: &AgentHome, version_dir: &Path, key_file: Option<&[u8]>) -> Result<()> {
     let defaults = version_dir.join("conf.default");
     if defaults.is_dir() {
         for entry in fs::read_dir(&defaults).at(&defaults)? {
@@ -492,8 +524,8 @@ fn populate_conf(home: &AgentHome, version_dir: &Path, trust_key: Option<&Path>)
             }
         }
     }
-    if let Some(key) = trust_key {
-        atomic::copy_file(key, &home.conf().join("update.pub"))?;
+    if let Some(key) = key_file {
+        atomic::write_with_mode(&home.conf().join("update.pub"), key, Some(0o644))?;
     }
     Ok(())
 }

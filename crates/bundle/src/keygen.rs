@@ -1,10 +1,13 @@
-//! `agent-bundle keygen`: a signing key pair in minisign's format.
+//! `agent-bundle keygen`: a signing key pair in minisign's format; `agent-bundle
+//! rotate-key`: a statement, signed by the old key, that hands trust to a new one.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use agent_extract::atomic;
-use agent_protocol::minisign::SecretKey;
+use agent_protocol::layout;
+use agent_protocol::minisign::{PublicKey, SecretKey, Signature};
+use agent_protocol::rotation::{self, Statement};
 
 use crate::error::{BundleError, IoContext, Result};
 
@@ -58,4 +61,81 @@ pub fn read_secret_key(path: &Path) -> Result<SecretKey> {
         );
     }
     Ok(key)
+}
+
+pub struct RotationFiles {
+    pub signature: PathBuf,
+    pub public: PathBuf,
+    pub from: String,
+    pub to: String,
+}
+
+/// Writes `rotation-<new id>.minisig` (the new public key file signed by the old key)
+/// and `rotation-<new id>.pub` (the exact bytes signed) into `out`.
+pub fn rotate_key(
+    old_key: &Path,
+    new_pub: &Path,
+    out: &Path,
+    signed_at: u64,
+) -> Result<RotationFiles> {
+    let old = read_secret_key(old_key)?;
+    let new_file = atomic::read_limited(new_pub, rotation::MAX_KEY_FILE as u64)?;
+    let new_key = std::str::from_utf8(&new_file)
+        .map_err(|_| "not text".to_owned())
+        .and_then(|t| PublicKey::parse(t).map_err(|e| e.to_string()))
+        .map_err(|e| {
+            BundleError::Invalid(format!(
+                "--new {}: {e}; pass the new key's public half (update.pub from `agent-bundle keygen`)",
+                new_pub.display()
+            ))
+        })?;
+    let statement = Statement::sign(&old, &new_file, signed_at)
+        .map_err(|e| BundleError::Invalid(e.to_string()))?;
+    fs::create_dir_all(out).at(out)?;
+    let (pub_name, sig_name) = layout::rotation_file_names(&new_key.key_id().to_string());
+    let public = out.join(pub_name);
+    let signature = out.join(sig_name);
+    atomic::write_with_mode(&public, &statement.key_file, Some(0o644))?;
+    atomic::write_with_mode(
+        &signature,
+        statement.signature.to_file_string().as_bytes(),
+        Some(0o644),
+    )?;
+    Ok(RotationFiles {
+        signature,
+        public,
+        from: old.key_id().to_string(),
+        to: new_key.key_id().to_string(),
+    })
+}
+
+/// Reads a statement `rotate-key` wrote, given either of its two files.
+pub fn read_rotation(path: &Path) -> Result<Statement> {
+    let shown = path.display().to_string();
+    let (sig_path, pub_path) = if let Some(stem) = shown.strip_suffix(".pub") {
+        (PathBuf::from(format!("{stem}.minisig")), path.to_path_buf())
+    } else if let Some(stem) = shown.strip_suffix(".minisig") {
+        (path.to_path_buf(), PathBuf::from(format!("{stem}.pub")))
+    } else {
+        return Err(BundleError::Invalid(format!(
+            "--rotation {shown}: expected a rotation-<key id>.minisig written by `agent-bundle rotate-key`"
+        )));
+    };
+    let sig_text = atomic::read_text(&sig_path, 4096)?;
+    let signature = Signature::parse(&sig_text)
+        .map_err(|e| BundleError::Invalid(format!("{}: {e}", sig_path.display())))?;
+    let key_file = atomic::read_limited(&pub_path, rotation::MAX_KEY_FILE as u64).map_err(|e| {
+        BundleError::Invalid(format!(
+            "the rotation statement {} needs the public key it signs beside it: {e} (rotate-key writes both files)",
+            sig_path.display()
+        ))
+    })?;
+    let statement = Statement {
+        key_file,
+        signature,
+    };
+    rotation::RotationClaim::parse(statement.signature.trusted_comment())
+        .and_then(|_| statement.new_key())
+        .map_err(|e| BundleError::Invalid(format!("{}: {e}", sig_path.display())))?;
+    Ok(statement)
 }

@@ -16,6 +16,7 @@ use agent_protocol::digest::Digests;
 use agent_protocol::layout::{self, AGENT_VERSION_FILE};
 use agent_protocol::minisign::{BundleClaim, SecretKey};
 use agent_protocol::properties::Properties;
+use agent_protocol::rotation::{self, Statement};
 use agent_protocol::version::AgentVersion;
 use flate2::Compression;
 use flate2::write::GzEncoder;
@@ -33,6 +34,8 @@ pub struct PackRequest<'a> {
     pub stub: &'a Path,
     /// Unix seconds for `signed-at`; `None` is now.
     pub signed_at: Option<u64>,
+    /// Key rotation statements, oldest first, leading to `key`.
+    pub rotations: &'a [Statement],
 }
 
 pub struct Packed {
@@ -43,6 +46,8 @@ pub struct Packed {
 }
 
 pub fn pack(req: &PackRequest<'_>) -> Result<Packed> {
+    rotation::check_links(req.rotations, req.key.key_id())
+        .map_err(|e| BundleError::Invalid(format!("--rotation: {e}")))?;
     for required in ["bin", "README.txt", "LICENSE"] {
         if !req.dist.join(required).exists() {
             return Err(BundleError::Invalid(format!(
@@ -220,6 +225,19 @@ fn write_bundle(req: &PackRequest<'_>, tarball: &Path, out: &mut File) -> Result
         let src = req.dist.join(entry);
         zip.start_file(entry, text).map_err(zip_err)?;
         io::copy(&mut File::open(&src).at(&src)?, &mut zip).at(&src)?;
+    }
+    for (i, statement) in req.rotations.iter().enumerate() {
+        let to = statement
+            .new_key()
+            .map_err(|e| BundleError::Invalid(format!("--rotation: {e}")))?
+            .key_id()
+            .to_string();
+        let (key_entry, sig_entry) = layout::rotation_entries(i + 1, &to);
+        zip.start_file(key_entry, text).map_err(zip_err)?;
+        zip.write_all(&statement.key_file).at(req.out_dir)?;
+        zip.start_file(sig_entry, text).map_err(zip_err)?;
+        zip.write_all(statement.signature.to_file_string().as_bytes())
+            .at(req.out_dir)?;
     }
     let mut writer = zip.finish().map_err(zip_err)?;
     writer.flush().at(req.out_dir)?;

@@ -9,7 +9,9 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use agent_protocol::layout;
+use agent_protocol::minisign::Signature;
 use agent_protocol::properties::{MAX_PROPERTIES_BYTES, Properties};
+use agent_protocol::rotation::{self, Statement};
 use agent_protocol::version::AgentVersion;
 
 use crate::error::{Error, IoContext, Result};
@@ -123,6 +125,69 @@ impl Payload {
             platform,
             properties,
         })
+    }
+
+    /// The key rotation chain under `rotations/`, oldest first: pairs `NN-<id>.pub` and
+    /// `NN-<id>.minisig`, numbered from 1 without gaps. Empty when the bundle has none.
+    pub fn rotations(&mut self) -> Result<Vec<Statement>> {
+        let mut stems: Vec<(usize, String)> = Vec::new();
+        for name in self.entry_names() {
+            let Some(rest) = name.strip_prefix(layout::ROTATIONS_DIR) else {
+                continue;
+            };
+            if rest.is_empty() {
+                continue; // the directory entry itself
+            }
+            let stem = rest
+                .strip_suffix(".minisig")
+                .or_else(|| rest.strip_suffix(".pub"));
+            let number = stem
+                .and_then(|s| s.split_once('-'))
+                .and_then(|(n, _)| n.parse::<usize>().ok());
+            let (Some(stem), Some(number)) = (stem, number) else {
+                return Err(self.corrupt(
+                    &name,
+                    "not a rotation statement (rotations/NN-<key id>.pub or .minisig)",
+                ));
+            };
+            if !stems.iter().any(|(_, s)| s == stem) {
+                stems.push((number, stem.to_owned()));
+            }
+        }
+        if stems.len() > rotation::MAX_STATEMENTS {
+            return Err(self.corrupt(
+                layout::ROTATIONS_DIR,
+                &format!(
+                    "{} rotation statements, more than {}",
+                    stems.len(),
+                    rotation::MAX_STATEMENTS
+                ),
+            ));
+        }
+        stems.sort();
+        let mut statements = Vec::with_capacity(stems.len());
+        for (i, (number, stem)) in stems.iter().enumerate() {
+            if *number != i + 1 {
+                return Err(self.corrupt(
+                    layout::ROTATIONS_DIR,
+                    &format!(
+                        "statements are not numbered 1, 2, ...: {stem} is number {}",
+                        i + 1
+                    ),
+                ));
+            }
+            let key_name = format!("{}{stem}.pub", layout::ROTATIONS_DIR);
+            let sig_name = format!("{}{stem}.minisig", layout::ROTATIONS_DIR);
+            let key_file = self.read_bytes(&key_name, rotation::MAX_KEY_FILE as u64)?;
+            let sig_text = self.read_text(&sig_name, 4096)?;
+            let signature =
+                Signature::parse(&sig_text).map_err(|e| self.corrupt(&sig_name, &e.to_string()))?;
+            statements.push(Statement {
+                key_file,
+                signature,
+            });
+        }
+        Ok(statements)
     }
 
     /// Reads a small entry whole; an entry larger than `max` is refused, whatever it declares.

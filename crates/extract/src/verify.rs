@@ -5,12 +5,17 @@
 //! BLAKE2b-512), the signed trusted comment parses as a [`BundleClaim`], the claim's
 //! sha256 is the file's sha256, and the version and platform inside the payload are
 //! the ones the claim names.
+//!
+//! A bundle signed by another key than the trusted one is genuine when it carries a
+//! rotation chain (`rotations/`) from the trusted key to its signer; a key retired by an
+//! earlier rotation is refused whatever the bundle carries.
 
 use std::fs::File;
 use std::path::Path;
 
 use agent_protocol::digest::Digests;
-use agent_protocol::minisign::{BundleClaim, PublicKey, Signature, Signed};
+use agent_protocol::minisign::{BundleClaim, KeyId, PublicKey, Signature, Signed};
+use agent_protocol::rotation::{self, Chain, ChainError};
 
 use crate::error::{Error, IoContext, Result};
 use crate::payload::{BundleFacts, Payload};
@@ -25,12 +30,39 @@ pub struct Verified {
     pub facts: BundleFacts,
     pub digests: Digests,
     pub signature: Signature,
+    /// The key rotation followed from the trusted key to the signer, if it is another key.
+    pub chain: Option<Chain>,
+}
+
+/// What a bundle is checked against.
+#[derive(Debug, Clone, Copy)]
+pub struct Trust<'a> {
+    pub key: &'a PublicKey,
+    /// Keys an earlier rotation retired: a bundle they signed is refused.
+    pub retired: &'a [KeyId],
+}
+
+impl<'a> Trust<'a> {
+    /// Only `key`, nothing retired.
+    pub fn key(key: &'a PublicKey) -> Self {
+        Self { key, retired: &[] }
+    }
+
+    /// Refuses a signer that was retired; what can be known before the bundle is at hand.
+    pub fn check_signer(&self, signer: KeyId) -> Result<(), ChainError> {
+        if signer != self.key.key_id() && self.retired.contains(&signer) {
+            return Err(ChainError::Retired { signer });
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
     #[error(transparent)]
     Signature(#[from] agent_protocol::Error),
+    #[error(transparent)]
+    Chain(#[from] ChainError),
     #[error("{0}")]
     Mismatch(String),
     #[error(transparent)]
@@ -41,11 +73,11 @@ pub enum VerifyError {
 pub fn verify_file(
     bundle: &Path,
     signature: &Signature,
-    key: &PublicKey,
+    trust: &Trust<'_>,
 ) -> Result<Verified, VerifyError> {
     let file = File::open(bundle).at(bundle)?;
     let digests = Digests::of_reader(file).at(bundle)?;
-    verify_with_digests(bundle, &digests, signature, key)
+    verify_with_digests(bundle, &digests, signature, trust)
 }
 
 /// Verifies `bundle` whose digests were already computed (while it was downloaded).
@@ -53,8 +85,16 @@ pub fn verify_with_digests(
     bundle: &Path,
     digests: &Digests,
     signature: &Signature,
-    key: &PublicKey,
+    trust: &Trust<'_>,
 ) -> Result<Verified, VerifyError> {
+    trust.check_signer(signature.key_id())?;
+    let chain = if signature.key_id() == trust.key.key_id() {
+        None
+    } else {
+        let statements = Payload::open(bundle)?.rotations()?;
+        rotation::follow(trust.key, &statements, signature.key_id(), trust.retired)?
+    };
+    let key = chain.as_ref().map_or(trust.key, |c| &c.end);
     if signature.is_prehashed() {
         signature.verify(key, Signed::Prehashed(&digests.blake2b))?;
     } else {
@@ -86,5 +126,6 @@ pub fn verify_with_digests(
         facts,
         digests: digests.clone(),
         signature: signature.clone(),
+        chain,
     })
 }

@@ -41,6 +41,9 @@ pub enum Error {
     #[error("{0}")]
     Mismatch(String),
 
+    #[error("key rotation: {0}")]
+    Rotation(String),
+
     #[error("invalid journal: {0}")]
     Journal(String),
 

@@ -55,6 +55,21 @@ pub struct Journal {
     /// It differs from `from` when the version was stamped for a skew test.
     #[serde(default)]
     pub from_dir: Option<String>,
+    /// A signing-key rotation the bundle carried: applied when the update commits,
+    /// never before, so a rollback leaves the trust as it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<TrustChange>,
+}
+
+/// The trust an update hands over to a new signing key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrustChange {
+    /// The trusted key file to replace (the agent's `update.public-key`).
+    pub key_path: String,
+    /// The new key's public key file, exactly as the rotation statement carried it.
+    pub new_key: String,
+    /// Key ids the rotation passed through, remembered as retired.
+    pub retire: Vec<String>,
 }
 
 impl Journal {
@@ -97,6 +112,11 @@ mod tests {
             boot_count: 2,
             reason: None,
             from_dir: None,
+            trust: Some(TrustChange {
+                key_path: "/x/conf/update.pub".into(),
+                new_key: "untrusted comment: k\nRWQ\n".into(),
+                retire: vec!["0807060504030201".into()],
+            }),
         };
         assert_eq!(Journal::parse(&j.to_json()).unwrap(), j);
         assert!(Journal::parse("{").is_err());

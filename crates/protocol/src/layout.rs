@@ -9,6 +9,8 @@ use crate::version::AgentVersion;
 pub const PROPERTIES_ENTRY: &str = "agent-update-version.properties";
 pub const README_ENTRY: &str = "README.txt";
 pub const LICENSE_ENTRY: &str = "LICENSE";
+/// Directory of the bundle's zip payload holding the key rotation chain.
+pub const ROTATIONS_DIR: &str = "rotations/";
 /// Top directory of the distribution tarball.
 pub const DIST_ROOT: &str = "agent";
 
@@ -41,6 +43,21 @@ pub const PLATFORM: &str = env!("AGENT_PLATFORM");
 
 pub fn dist_entry(version: &AgentVersion) -> String {
     format!("agent-{}.tar.gz", version.version_str())
+}
+
+/// The zip entries of the `n`th (1-based) rotation statement, to key `to`: the new
+/// public key file and its signature by the key before it.
+pub fn rotation_entries(n: usize, to: &str) -> (String, String) {
+    let stem = format!("{ROTATIONS_DIR}{n:02}-{to}");
+    (format!("{stem}.pub"), format!("{stem}.minisig"))
+}
+
+/// The files `agent-bundle rotate-key` writes for a rotation to key `to`.
+pub fn rotation_file_names(to: &str) -> (String, String) {
+    (
+        format!("rotation-{to}.pub"),
+        format!("rotation-{to}.minisig"),
+    )
 }
 
 pub fn bundle_file_name(version: &AgentVersion) -> String {

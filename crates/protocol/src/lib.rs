@@ -14,6 +14,7 @@ pub mod journal;
 pub mod layout;
 pub mod minisign;
 pub mod properties;
+pub mod rotation;
 pub mod settings;
 pub mod version;
 pub mod wire;

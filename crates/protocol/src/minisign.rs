@@ -38,6 +38,12 @@ const SECRET_KEY_LEN: usize = 2 + 2 + 2 + 32 + 8 + 8 + 8 + 64 + 32;
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KeyId([u8; 8]);
 
+impl KeyId {
+    pub fn from_bytes(bytes: [u8; 8]) -> Self {
+        Self(bytes)
+    }
+}
+
 impl fmt::Display for KeyId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:016X}", u64::from_le_bytes(self.0))
@@ -274,6 +280,12 @@ impl Signature {
 
     pub fn is_prehashed(&self) -> bool {
         self.algorithm == ALG_PREHASHED
+    }
+
+    /// The same signature with another untrusted comment (which nothing vouches for).
+    pub fn with_untrusted_comment(mut self, comment: &str) -> Self {
+        self.untrusted_comment = comment.replace(['\n', '\r'], " ");
+        self
     }
 
     /// The trusted comment as written; only meaningful after [`Signature::verify`].

@@ -16,7 +16,7 @@ use std::time::SystemTime;
 
 use agent_extract::atomic;
 use agent_extract::payload::Payload;
-use agent_extract::verify;
+use agent_extract::verify::{self, Trust};
 use agent_protocol::AgentVersion;
 use agent_protocol::digest::MultiHasher;
 use agent_protocol::layout;
@@ -337,11 +337,20 @@ impl BundleStore {
                     sig_path.display()
                 ))
             })?;
-            verify::verify_with_digests(tmp.path(), &digests, &signature, key).map_err(|e| {
-                Refused::Content(format!(
-                    "{shown} failed verification: {e}; the bundle is not served"
-                ))
-            })?;
+            let verified =
+                verify::verify_with_digests(tmp.path(), &digests, &signature, &Trust::key(key))
+                    .map_err(|e| {
+                        Refused::Content(format!(
+                            "{shown} failed verification: {e}; the bundle is not served"
+                        ))
+                    })?;
+            if let Some(chain) = &verified.chain {
+                tracing::info!(
+                    "{shown} is signed by key {} through the key rotation {chain}; agents that trust key {} will follow it (set bundle.public-key to the new key once the fleet has moved)",
+                    signature.key_id(),
+                    key.key_id()
+                );
+            }
         }
         let facts = self
             .facts(tmp.path(), &digests.sha256_hex(), &shown)

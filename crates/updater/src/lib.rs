@@ -143,7 +143,12 @@ fn new_transaction(home: &AgentHome, bundle: &Path) -> Result<Journal> {
     })?;
     let key_path = home.conf().join("update.pub");
     let key = PublicKey::parse(&agent_extract::atomic::read_text(&key_path, 4096)?)?;
-    let verified = verify::verify_file(bundle, &Signature::parse(&sig_text)?, &key)?;
+    let retired = state::retired_keys(home)?;
+    let trust = verify::Trust {
+        key: &key,
+        retired: &retired,
+    };
+    let verified = verify::verify_file(bundle, &Signature::parse(&sig_text)?, &trust)?;
     let journal = Journal {
         from,
         to: facts.version,
@@ -156,6 +161,10 @@ fn new_transaction(home: &AgentHome, bundle: &Path) -> Result<Journal> {
         from_dir: current
             .file_name()
             .map(|n| n.to_string_lossy().into_owned()),
+        trust: verified
+            .chain
+            .as_ref()
+            .map(|chain| state::trust_change(chain, &key_path)),
     };
     state::write_journal(home, &journal)?;
     Ok(journal)

@@ -4,6 +4,7 @@
 //! - `data/update-journal.json`: the transaction, rewritten atomically at every phase.
 //! - `data/bad-versions`: sha256 of bundles that failed to come up; never retried.
 //! - `data/outbox/*.json`: reports waiting to be delivered to the server.
+//! - `data/retired-keys`: signing keys a rotation retired; bundles they sign are refused.
 
 use std::fs;
 use std::io;
@@ -11,8 +12,10 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use agent_extract::atomic;
-use agent_protocol::journal::Journal;
+use agent_protocol::journal::{Journal, TrustChange};
 use agent_protocol::layout::AgentHome;
+use agent_protocol::minisign::KeyId;
+use agent_protocol::rotation::{self, Chain};
 use agent_protocol::wire::Report;
 
 use crate::error::{Result, UpdateError};
@@ -104,6 +107,54 @@ pub fn clear_bad(home: &AgentHome) -> Result<usize> {
         Ok(()) => Ok(n),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
         Err(e) => Err(io_at(home.bad_versions(), e)),
+    }
+}
+
+/// Keys retired by earlier rotations. A missing file is none; an unreadable one is an
+/// error, so a failure to read it never quietly trusts a retired key again.
+pub fn retired_keys(home: &AgentHome) -> Result<Vec<KeyId>> {
+    match atomic::read_text(&home.retired_keys(), MAX_STATE_FILE) {
+        Ok(text) => Ok(rotation::parse_retired(&text)),
+        Err(agent_extract::Error::Io { source, .. })
+            if source.kind() == io::ErrorKind::NotFound =>
+        {
+            Ok(Vec::new())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Adds `keys` to `data/retired-keys` (`<key id> retired-at=<secs> for=<new key id>`);
+/// keys already there are not repeated. Returns the ones added.
+pub fn retire_keys(home: &AgentHome, keys: &[KeyId], new_key: KeyId) -> Result<Vec<KeyId>> {
+    let known = retired_keys(home)?;
+    let added: Vec<KeyId> = keys
+        .iter()
+        .filter(|k| !known.contains(k) && **k != new_key)
+        .copied()
+        .collect();
+    if added.is_empty() {
+        return Ok(added);
+    }
+    fs::create_dir_all(home.data()).map_err(|e| io_at(home.data(), e))?;
+    let path = home.retired_keys();
+    let mut text = atomic::read_text(&path, MAX_STATE_FILE).unwrap_or_default();
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    for key in &added {
+        text.push_str(&format!("{key} retired-at={} for={new_key}\n", now_secs()));
+    }
+    atomic::write(&path, text.as_bytes())?;
+    Ok(added)
+}
+
+/// The trust change an update along `chain` makes when it commits.
+pub fn trust_change(chain: &Chain, key_path: &Path) -> TrustChange {
+    TrustChange {
+        key_path: key_path.display().to_string(),
+        new_key: String::from_utf8_lossy(&chain.end_file).into_owned(),
+        retire: chain.retired().iter().map(ToString::to_string).collect(),
     }
 }
 

@@ -17,6 +17,7 @@ use agent_extract::unpack::{self, Options};
 use agent_protocol::AgentVersion;
 use agent_protocol::journal::{Health, Journal, Phase};
 use agent_protocol::layout::{self, AgentHome};
+use agent_protocol::minisign::{KeyId, PublicKey};
 use agent_protocol::wire::{Report, UpdateStatus};
 
 use crate::error::{Result, UpdateError};
@@ -457,9 +458,62 @@ impl Transaction<'_> {
     /// After the commit record: report, prune, clean. Repeatable: recovery runs it again
     /// while `data/update/` still holds this update's files.
     fn finish_commit(&mut self) {
+        if let Err(e) = self.apply_trust() {
+            // The old key stays trusted, and the chain the bundle carried still leads
+            // from it: the next update along the chain tries again.
+            self.log
+                .step(&format!("could not hand trust to the new signing key: {e}"));
+        }
         self.report(UpdateStatus::Installed, None);
         self.remove_old_versions();
         self.clean_update_dir();
+    }
+
+    /// A rotated signing key takes over: the trusted key file becomes the new key (the
+    /// old file kept as `<file>.prev`), and the keys the chain passed are retired.
+    /// Repeatable: a key file that already holds the new key is left alone.
+    fn apply_trust(&mut self) -> std::result::Result<(), String> {
+        let Some(change) = self.journal.trust.clone() else {
+            return Ok(());
+        };
+        let new_key = PublicKey::parse(&change.new_key).map_err(|e| e.to_string())?;
+        let key_path = PathBuf::from(&change.key_path);
+        let current = atomic::read_text(&key_path, 64 * 1024).ok();
+        let current_id = current
+            .as_deref()
+            .and_then(|t| PublicKey::parse(t).ok())
+            .map(|k| k.key_id());
+        if current_id != Some(new_key.key_id()) {
+            let prev = PathBuf::from(format!("{}.prev", key_path.display()));
+            if let Some(text) = &current {
+                atomic::write_with_mode(&prev, text.as_bytes(), Some(0o644))
+                    .map_err(|e| e.to_string())?;
+            }
+            atomic::write_with_mode(&key_path, change.new_key.as_bytes(), Some(0o644))
+                .map_err(|e| e.to_string())?;
+            self.log.step(&format!(
+                "signing key rotated: {} now trusts key {} (the previous key {} is kept in {})",
+                key_path.display(),
+                new_key.key_id(),
+                current_id.map_or_else(|| "?".to_owned(), |k| k.to_string()),
+                prev.display()
+            ));
+        }
+        let retire: Vec<KeyId> = change
+            .retire
+            .iter()
+            .filter_map(|k| k.parse().ok())
+            .collect();
+        let added =
+            state::retire_keys(self.home, &retire, new_key.key_id()).map_err(|e| e.to_string())?;
+        if !added.is_empty() {
+            let names: Vec<String> = added.iter().map(ToString::to_string).collect();
+            self.log.step(&format!(
+                "retired signing key {} (data/retired-keys): bundles it signs are refused",
+                names.join(", ")
+            ));
+        }
+        Ok(())
     }
 
     /// Keeps the new version and the previous one (for the next rollback).
