@@ -7,6 +7,7 @@
 
 mod agent;
 mod bundle;
+mod cloud;
 mod first_day;
 mod fleet;
 mod handlers;

@@ -879,3 +879,139 @@ pub fn now_secs() -> u64 {
         .unwrap()
         .as_secs()
 }
+
+/// A throw-away PostgreSQL cluster: `initdb` as the `postgres` user in a directory of
+/// its own, listening on a loopback port with a password, stopped and removed on drop.
+pub struct Postgres {
+    pub dir: PathBuf,
+    pub port: u16,
+    bin: PathBuf,
+}
+
+/// The password of the `postgres` user in the clusters tests make.
+pub const PG_PASSWORD: &str = "e2e-secret";
+
+impl Postgres {
+    /// Makes and starts a cluster; fails the test (saying what to install) where
+    /// PostgreSQL is missing: tests that need it never pass without it.
+    pub fn start() -> Self {
+        let bin = fs::read_dir("/usr/lib/postgresql")
+            .ok()
+            .and_then(|versions| {
+                versions
+                    .flatten()
+                    .map(|v| v.path().join("bin"))
+                    .filter(|b| b.join("initdb").is_file())
+                    .max()
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb); apt-get install postgresql"
+                )
+            });
+        let dir = tempfile::Builder::new()
+            .prefix("e2e-pg-")
+            .tempdir()
+            .unwrap()
+            .keep();
+        let pwfile = dir.join("pw");
+        fs::write(&pwfile, format!("{PG_PASSWORD}\n")).unwrap();
+        run_ok(
+            Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir),
+        );
+        let pg = Self {
+            dir,
+            port: free_port(),
+            bin,
+        };
+        pg.as_postgres(
+            Command::new(pg.bin.join("initdb"))
+                .arg("-D")
+                .arg(pg.data())
+                .args(["-U", "postgres", "-E", "UTF8", "--auth-local=trust"])
+                .args(["--auth-host=scram-sha-256", "--pwfile"])
+                .arg(&pwfile),
+        );
+        pg.start_server();
+        pg.psql("postgres", "CREATE DATABASE fleet");
+        pg
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    fn as_postgres(&self, cmd: &mut Command) -> Output {
+        let mut full = Command::new("runuser");
+        full.args(["-u", "postgres", "--"]).arg(cmd.get_program());
+        full.args(cmd.get_args());
+        run_ok(&mut full)
+    }
+
+    /// Starts the server (again, after [`Postgres::stop`]) and waits until it answers.
+    pub fn start_server(&self) {
+        self.as_postgres(
+            Command::new(self.bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(self.data())
+                .arg("-o")
+                .arg(format!(
+                    "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off",
+                    self.port,
+                    self.dir.display()
+                ))
+                .arg("-l")
+                .arg(self.dir.join("log"))
+                .args(["-w", "start"]),
+        );
+    }
+
+    /// Stops the server at once (`-m fast`: sessions are cut, as in a crash or failover).
+    pub fn stop(&self) {
+        self.as_postgres(
+            Command::new(self.bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(self.data())
+                .args(["-m", "fast", "-w", "stop"]),
+        );
+    }
+
+    /// `postgres://postgres:…@127.0.0.1:PORT/fleet`.
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://postgres:{PG_PASSWORD}@127.0.0.1:{}/fleet",
+            self.port
+        )
+    }
+
+    /// Runs SQL in `database`; returns psql's unaligned, tuples-only output.
+    pub fn psql(&self, database: &str, sql: &str) -> String {
+        let out = run_ok(
+            Command::new("psql")
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .args(["-U", "postgres", "-d", database, "-X", "-A", "-t", "-v"])
+                .arg("ON_ERROR_STOP=1")
+                .arg("-c")
+                .arg(sql)
+                .env("PGPASSWORD", PG_PASSWORD),
+        );
+        stdout(&out).trim().to_owned()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(self.data())
+            .args(["-m", "immediate", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}

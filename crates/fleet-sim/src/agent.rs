@@ -171,6 +171,13 @@ impl SimAgent {
         if (status.is_server_error() || status.is_client_error()) && !expected {
             shared.stats.error(format!("{endpoint}: {status}"));
         }
+        if matches!(endpoint, "register" | "connect" | "report") {
+            match status {
+                StatusCode::CONFLICT => shared.count_refused(),
+                StatusCode::SERVICE_UNAVAILABLE => shared.count_unavailable(),
+                _ => {}
+            }
+        }
         Some(Answer {
             status,
             headers,

@@ -70,6 +70,8 @@ pub struct Shared {
     bytes: AtomicU64,
     busy: AtomicU64,
     failed: AtomicU64,
+    refused: AtomicU64,
+    unavailable: AtomicU64,
 }
 
 impl Shared {
@@ -92,6 +94,16 @@ impl Shared {
 
     pub fn add_bytes(&self, n: u64) {
         self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A `409` to a register or connect: the server refused the agent's version.
+    pub fn count_refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A `503` to a register, connect or report (a server without its database, say).
+    pub fn count_unavailable(&self) {
+        self.unavailable.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn count_busy(&self) {
@@ -155,6 +167,10 @@ pub struct Report {
     pub bundle_bytes: u64,
     pub busy_503: u64,
     pub simulated_failures: u64,
+    /// `409`s to registers and connects.
+    pub refused: u64,
+    /// `503`s to registers, connects and reports.
+    pub unavailable: u64,
     pub rollout: Option<RolloutSeen>,
 }
 
@@ -207,6 +223,8 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         bytes: AtomicU64::new(0),
         busy: AtomicU64::new(0),
         failed: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
+        unavailable: AtomicU64::new(0),
     });
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(options.agents);
@@ -289,6 +307,8 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         bundle_bytes: shared.bytes.load(Ordering::Relaxed),
         busy_503: shared.busy.load(Ordering::Relaxed),
         simulated_failures: shared.failed.load(Ordering::Relaxed),
+        refused: shared.refused.load(Ordering::Relaxed),
+        unavailable: shared.unavailable.load(Ordering::Relaxed),
         rollout,
     })
 }
@@ -375,6 +395,11 @@ pub fn render(report: &Report) -> String {
         out,
         "bundle bytes fetched: {}, 503s: {}, simulated install failures: {}",
         report.bundle_bytes, report.busy_503, report.simulated_failures
+    );
+    let _ = writeln!(
+        out,
+        "409s to register/connect: {}, 503s to register/connect/report: {}",
+        report.refused, report.unavailable
     );
     match &report.rollout {
         Some(r) => {

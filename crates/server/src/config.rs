@@ -29,6 +29,7 @@ pub const KEYS: &[Key] = &[
     key("agents", "enrollment-token", Kind::Str),
     key("admin", "token", Kind::Str),
     key("database", "url", Kind::Str),
+    key("database", "pool-size", Kind::Int),
     key("tls", "cert", Kind::Str),
     key("tls", "key", Kind::Str),
     key("rollout", "waves", Kind::List),
@@ -109,10 +110,21 @@ pub struct AdminSection {
     pub token: String,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct DatabaseSection {
     pub url: String,
+    /// Connections to PostgreSQL this server keeps at most (SQLite uses a few of its own).
+    pub pool_size: u32,
+}
+
+impl Default for DatabaseSection {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            pool_size: 16,
+        }
+    }
 }
 
 /// `[rollout]`: how a new bundle reaches the fleet.
@@ -224,6 +236,9 @@ impl Config {
         }
         if self.server.max_connections == 0 {
             return Err("server.max-connections must be at least 1".into());
+        }
+        if self.database.pool_size == 0 {
+            return Err("database.pool-size must be at least 1".into());
         }
         self.rollout_plan()?;
         if self.tls.cert.is_empty() != self.tls.key.is_empty() {

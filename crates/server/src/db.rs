@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agent_protocol::wire::Report;
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{AnyPool, Row};
+use sqlx::{AnyPool, Connection, Row};
 
 use crate::error::ServerError;
 
@@ -66,9 +66,78 @@ pub struct AgentRow {
     pub update_error: Option<String>,
 }
 
+/// Where a PostgreSQL URL points, for messages: never its password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgTarget {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub database: String,
+}
+
+impl PgTarget {
+    pub fn parse(url: &str) -> Result<Self, ServerError> {
+        use std::str::FromStr;
+        let options = sqlx::postgres::PgConnectOptions::from_str(url).map_err(|e| {
+            ServerError::Config(format!(
+                "database.url is not a valid PostgreSQL URL ({e}); write postgres://USER:PASSWORD@HOST:PORT/DATABASE"
+            ))
+        })?;
+        Ok(Self {
+            host: options.get_host().to_owned(),
+            port: options.get_port(),
+            user: options.get_username().to_owned(),
+            database: options
+                .get_database()
+                .unwrap_or(options.get_username())
+                .to_owned(),
+        })
+    }
+
+    /// Why connecting failed, in words that say what to do.
+    pub fn explain(&self, e: &sqlx::Error) -> String {
+        let Self {
+            host,
+            port,
+            user,
+            database,
+        } = self;
+        let at = format!("PostgreSQL at {host}:{port}");
+        match e {
+            sqlx::Error::Io(io) => format!(
+                "cannot reach {at} ({io}); is it running, and listening there (listen_addresses, port)?"
+            ),
+            sqlx::Error::Tls(tls) => {
+                format!(
+                    "TLS to {at} failed ({tls}); check sslmode and the certificates in database.url"
+                )
+            }
+            sqlx::Error::PoolTimedOut => {
+                format!("{at} did not answer in time; is it running and reachable?")
+            }
+            sqlx::Error::Database(db) => match db.code().as_deref() {
+                Some("28P01" | "28000") => format!(
+                    "{at} refused the login of user {user:?} ({}); check the user and password in database.url, and pg_hba.conf",
+                    db.message()
+                ),
+                Some("3D000") => format!(
+                    "database {database:?} does not exist on {at}; create it (createdb -h {host} -p {port} -U {user} {database}) or fix database.url"
+                ),
+                Some("53300") => format!(
+                    "{at} has no connection left for this server ({}); raise max_connections there or lower database.pool-size",
+                    db.message()
+                ),
+                _ => format!("{at}: {}", db.message()),
+            },
+            other => format!("{at}: {other}"),
+        }
+    }
+}
+
 impl Db {
-    /// Opens (creating if needed) the database and migrates its schema.
-    pub async fn open(url: &str, home: &Path) -> Result<Self, ServerError> {
+    /// Opens (creating if needed) the database and migrates its schema. `pool_size`
+    /// bounds the connections to PostgreSQL.
+    pub async fn open(url: &str, home: &Path, pool_size: u32) -> Result<Self, ServerError> {
         sqlx::any::install_default_drivers();
         let (url, backend) = if url.is_empty() {
             (sqlite_url(&home.join("fleet.db")), Backend::Sqlite)
@@ -105,11 +174,20 @@ impl Db {
                     .await?
             }
             Backend::Postgres => {
+                let target = PgTarget::parse(&url)?;
+                // One plain connection first: the pool would retry a refused connection
+                // until its timeout and then say only that it timed out.
+                let first = sqlx::AnyConnection::connect(&url).await;
+                let first = first.map_err(|e| ServerError::Config(target.explain(&e)))?;
+                let _ = sqlx::Connection::close(first).await;
                 AnyPoolOptions::new()
-                    .max_connections(16)
-                    .acquire_timeout(Duration::from_secs(5))
+                    .max_connections(pool_size)
+                    // Short: while the database is away, agents are answered from memory
+                    // once a query has waited this long (see `outage`).
+                    .acquire_timeout(Duration::from_secs(3))
                     .connect(&url)
-                    .await?
+                    .await
+                    .map_err(|e| ServerError::Config(target.explain(&e)))?
             }
         };
         match backend {
@@ -137,6 +215,12 @@ impl Db {
         }
     }
 
+    /// A round trip to the database: is it there?
+    pub async fn ping(&self) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     pub async fn setting(&self, key: &str) -> Result<Option<String>, sqlx::Error> {
         let row = sqlx::query("SELECT value FROM settings WHERE key = $1")
             .bind(key)
@@ -157,7 +241,9 @@ impl Db {
         Ok(())
     }
 
-    /// Records a contact; `group` is kept unless the agent says one (a register).
+    /// Records a contact at `at` (unix seconds); `group` is kept unless the agent says
+    /// one (a register). A contact older than the one recorded changes nothing (it was
+    /// queued during an outage that another server did not have).
     pub async fn touch_agent(
         &self,
         id: &str,
@@ -165,19 +251,21 @@ impl Db {
         platform: &str,
         version: &str,
         group: Option<&str>,
+        at: i64,
     ) -> Result<(), sqlx::Error> {
         sqlx::query(
             "INSERT INTO agents (id, name, platform, version, last_contact, agent_group)
              VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT (id) DO UPDATE SET name = excluded.name, platform = excluded.platform,
                version = excluded.version, last_contact = excluded.last_contact,
-               agent_group = COALESCE($7, agents.agent_group)",
+               agent_group = COALESCE($7, agents.agent_group)
+             WHERE agents.last_contact <= excluded.last_contact",
         )
         .bind(id)
         .bind(name)
         .bind(platform)
         .bind(version)
-        .bind(now_secs())
+        .bind(at)
         .bind(group.unwrap_or(""))
         .bind(group)
         .execute(&self.pool)
@@ -185,7 +273,8 @@ impl Db {
         Ok(())
     }
 
-    pub async fn record_report(&self, report: &Report) -> Result<(), sqlx::Error> {
+    /// Records a report received at `at` (unix seconds).
+    pub async fn record_report(&self, report: &Report, at: i64) -> Result<(), sqlx::Error> {
         let version = match report.status {
             agent_protocol::wire::UpdateStatus::Installed => &report.to,
             _ => &report.from,
@@ -198,7 +287,7 @@ impl Db {
         )
         .bind(&report.id)
         .bind(version)
-        .bind(now_secs())
+        .bind(at)
         .bind(report.status.as_str())
         .bind(&report.error)
         .execute(&self.pool)
@@ -318,6 +407,29 @@ fn agent_row(r: &AnyRow) -> AgentRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_postgres_target_keeps_no_password_and_names_what_to_fix() {
+        let t = PgTarget::parse("postgres://fleet:s3cret@db.internal:6432/fleetdb").unwrap();
+        assert_eq!(
+            t,
+            PgTarget {
+                host: "db.internal".into(),
+                port: 6432,
+                user: "fleet".into(),
+                database: "fleetdb".into(),
+            }
+        );
+        let refused = t.explain(&sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert!(
+            refused.contains("cannot reach PostgreSQL at db.internal:6432"),
+            "{refused}"
+        );
+        assert!(!format!("{t:?}").contains("s3cret"));
+        assert!(PgTarget::parse("postgres://x@host:port/db").is_err());
+    }
 
     #[test]
     fn sqlite_urls_escape_what_the_parser_would_eat() {

@@ -11,8 +11,10 @@ pub mod conn;
 pub mod credentials;
 pub mod db;
 pub mod error;
+pub mod fleet;
 pub mod limiter;
 pub mod metrics;
+pub mod outage;
 pub mod rollout;
 pub mod routes;
 pub mod store;
@@ -28,6 +30,9 @@ use agent_protocol::minisign::PublicKey;
 pub use config::Config;
 pub use error::ServerError;
 pub use routes::{AppState, app};
+
+/// Writes queued while the fleet database was away, under the server's home.
+pub const SPOOL_FILE: &str = "spool.jsonl";
 
 /// How often the download directory is looked at.
 pub const SCAN_INTERVAL: Duration = Duration::from_secs(1);
@@ -56,7 +61,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         .await
         .map_err(|e| ServerError::Io(format!("bundle scan: {e}")))?;
 
-    let db = db::Db::open(&config.database.url, home).await?;
+    let db = db::Db::open(&config.database.url, home, config.database.pool_size).await?;
     let policy = config
         .accept_policy()
         .map_err(|e| ServerError::Config(e.to_string()))?;
@@ -74,7 +79,16 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         .setting(routes::SETTING_AUTO_UPDATE)
         .await?
         .is_none_or(|v| v != "false");
-    let download_limit = match db.setting(routes::SETTING_DOWNLOAD_LIMIT).await? {
+    let server_name = config.server_name();
+    // A limit set before limits were per server was this server's.
+    let own = db
+        .setting(&routes::download_limit_key(&server_name))
+        .await?;
+    let legacy = match &own {
+        Some(_) => None,
+        None => db.setting(routes::SETTING_DOWNLOAD_LIMIT).await?,
+    };
+    let download_limit = match own.or(legacy) {
         Some(v) => v.parse().unwrap_or(config.downloads.limit),
         None => config.downloads.limit,
     };
@@ -82,6 +96,8 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         inner: Arc::new(routes::Shared {
             store,
             db,
+            outage: Arc::new(outage::Outage::new(Some(home.join(SPOOL_FILE)))),
+            server_name,
             rollouts,
             limiter: Arc::default(),
             metrics: Arc::default(),
@@ -124,6 +140,7 @@ pub const ROLLOUT_INTERVAL: Duration = Duration::from_secs(1);
 fn spawn_rollout_loop(state: &AppState) {
     let store = Arc::clone(&state.inner.store);
     let rollouts = Arc::clone(&state.inner.rollouts);
+    let outage = Arc::clone(&state.inner.outage);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(ROLLOUT_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -143,6 +160,8 @@ fn spawn_rollout_loop(state: &AppState) {
             .await;
             match result {
                 Ok(()) => last_error.clear(),
+                // Said once by the outage itself; the rollout waits for the database.
+                Err(e) if outage::is_unavailable(&e) => outage.went_down(&e),
                 Err(e) => {
                     let e = e.to_string();
                     if e != last_error {
@@ -206,6 +225,8 @@ pub async fn serve(
     println!("listening on {local}");
 
     spawn_rollout_loop(&state);
+    fleet::spawn_drain(&state.inner);
+    fleet::spawn_settings_poll(&state.inner);
     let store = Arc::clone(&state.inner.store);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(SCAN_INTERVAL);

@@ -58,6 +58,7 @@ impl Metrics {
         by_version: &[(String, i64)],
         by_status: &[(String, i64)],
         rollout: &RolloutGauges,
+        database: &crate::outage::Status,
     ) -> String {
         let mut out = String::new();
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -193,6 +194,7 @@ impl Metrics {
             get(&self.connections_total)
         );
         render_rollout(&mut out, rollout);
+        render_database(&mut out, database);
         out
     }
 }
@@ -252,6 +254,40 @@ fn render_rollout(out: &mut String, r: &RolloutGauges) {
     );
     let _ = writeln!(out, "# TYPE agentupdate_bundle_mismatch gauge");
     let _ = writeln!(out, "agentupdate_bundle_mismatch {}", u8::from(r.mismatch));
+}
+
+fn render_database(out: &mut String, d: &crate::outage::Status) {
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_database_up 1 when the fleet database answers; 0 while agents are answered from memory."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_database_up gauge");
+    let _ = writeln!(out, "agentupdate_database_up {}", u8::from(d.up));
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_database_queued_writes Writes waiting for the fleet database."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_database_queued_writes gauge");
+    let _ = writeln!(out, "agentupdate_database_queued_writes {}", d.queued);
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_database_outages_total Times the fleet database was found unreachable."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_database_outages_total counter");
+    let _ = writeln!(out, "agentupdate_database_outages_total {}", d.outages);
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_database_dropped_contacts_total Contacts not queued because the queue was full."
+    );
+    let _ = writeln!(
+        out,
+        "# TYPE agentupdate_database_dropped_contacts_total counter"
+    );
+    let _ = writeln!(
+        out,
+        "agentupdate_database_dropped_contacts_total {}",
+        d.dropped
+    );
 }
 
 fn escape(s: &str) -> String {

@@ -132,7 +132,11 @@ impl Rollouts {
             }
             *served = Some(bundle.clone());
         }
-        self.start(&bundle).await?;
+        if let Err(e) = self.start(&bundle).await {
+            // Not started: the next look tries again.
+            *lock(&self.served) = None;
+            return Err(e);
+        }
         self.refresh().await?;
         self.decide().await
     }
@@ -268,12 +272,16 @@ impl Rollouts {
             }
         }
         let latest = latest.map(Arc::new);
+        // A new rollout: every agent placed at its start is read in once, so that its
+        // heartbeats cost no read, and so that an outage of the database finds each
+        // one's wave here. Agents that join later are read (and kept) one by one.
+        if let Some(row) = &latest
+            && lock(&self.members).0 != row.id
         {
+            let placed = store::memberships(self.db.pool(), row.id).await?;
             let mut members = lock(&self.members);
-            if let Some(row) = &latest
-                && members.0 != row.id
-            {
-                *members = (row.id, HashMap::new());
+            if members.0 != row.id {
+                *members = (row.id, placed);
             }
         }
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = latest;
@@ -393,28 +401,11 @@ impl Rollouts {
             return Ok(None);
         };
         if self.mismatch().is_some() {
-            // Not this server's rollout: refuse no one on a version of the fleet, and
-            // send the others to what this server can serve.
-            let fleet = [Some(&current.version), current.previous.as_ref()];
-            let accepted = self.policy.accepts(&served.version, version)
-                || fleet
-                    .into_iter()
-                    .flatten()
-                    .any(|v| self.policy.accepts(v, version));
-            return Ok(Some(Answer {
-                accepted,
-                expected: served.version,
-            }));
+            return Ok(Some(self.not_ours(&current, served, version)));
         }
         let on_target = self.policy.accepts(&current.version, version);
         let member = self.membership(&current, agent, group, on_target).await?;
-        let directive = Directive {
-            target: &current.version,
-            previous: current.previous.as_ref(),
-            state: current.state,
-            opened: current.opened,
-        };
-        let accepted = directive.accepts(&self.policy, version, member.wave);
+        let accepted = self.accepts(&current, version, member.wave);
         let now = now_ms();
         if on_target && !member.done {
             // Running the target proves the install, even if its report got lost.
@@ -438,6 +429,70 @@ impl Rollouts {
             accepted,
             expected: current.version.clone(),
         }))
+    }
+
+    /// Not this server's rollout: refuse no one on a version of the fleet, and send the
+    /// others to what this server can serve.
+    fn not_ours(&self, current: &RolloutRow, served: Served, version: &AgentVersion) -> Answer {
+        let fleet = [Some(&current.version), current.previous.as_ref()];
+        let accepted = self.policy.accepts(&served.version, version)
+            || fleet
+                .into_iter()
+                .flatten()
+                .any(|v| self.policy.accepts(v, version));
+        Answer {
+            accepted,
+            expected: served.version,
+        }
+    }
+
+    fn accepts(&self, current: &RolloutRow, version: &AgentVersion, wave: u32) -> bool {
+        Directive {
+            target: &current.version,
+            previous: current.previous.as_ref(),
+            state: current.state,
+            opened: current.opened,
+        }
+        .accepts(&self.policy, version, wave)
+    }
+
+    /// The directive while the fleet database is unreachable: the rollout as last read,
+    /// and the agent's wave as this server last knew it. An agent this server has not
+    /// placed yet is treated as one of the next wave to open, so an outage never
+    /// refuses an agent the rollout has not reached. Returns the `409` to record (the
+    /// rollout's id) when this is the agent's first.
+    pub fn answer_offline(
+        &self,
+        agent: &str,
+        version: &AgentVersion,
+    ) -> (Option<Answer>, Option<i64>) {
+        let served = lock(&self.served).clone();
+        let (Some(current), Some(served)) = (self.current(), served) else {
+            return (None, None);
+        };
+        if self.mismatch().is_some() {
+            return (Some(self.not_ours(&current, served, version)), None);
+        }
+        let known = {
+            let members = lock(&self.members);
+            (members.0 == current.id)
+                .then(|| members.1.get(agent).copied())
+                .flatten()
+        };
+        let wave = known.map_or(current.opened.saturating_add(1), |m| m.wave);
+        let accepted = self.accepts(&current, version, wave);
+        let mut told = None;
+        if !accepted && known.is_some_and(|m| !m.told) {
+            self.remember(current.id, agent, |m| m.told = true);
+            told = Some(current.id);
+        }
+        (
+            Some(Answer {
+                accepted,
+                expected: current.version.clone(),
+            }),
+            told,
+        )
     }
 
     async fn membership(
@@ -478,8 +533,9 @@ impl Rollouts {
         }
     }
 
-    /// An `INSTALLED` or `INSTALL_FAILED` for the rollout's target counts in its wave.
-    pub async fn report(&self, report: &Report) -> Result<(), sqlx::Error> {
+    /// An `INSTALLED` or `INSTALL_FAILED` for the rollout's target counts in its wave;
+    /// `at` (unix milliseconds) is when it was received.
+    pub async fn report(&self, report: &Report, at: i64) -> Result<(), sqlx::Error> {
         let Some(current) = self.current() else {
             return Ok(());
         };
@@ -506,12 +562,17 @@ impl Rollouts {
             &report.id,
             outcome,
             report.error.as_deref(),
-            now_ms(),
+            at,
         )
         .await?;
         self.remember(current.id, &report.id, |m| m.done = true);
         self.wake.notify_one();
         Ok(())
+    }
+
+    /// Records a `409` given while the database was away.
+    pub async fn record_told(&self, rollout: i64, agent: &str, at: i64) -> Result<(), sqlx::Error> {
+        store::mark_told(self.db.pool(), rollout, agent, at).await
     }
 
     /// `POST /admin/rollout/halt`.

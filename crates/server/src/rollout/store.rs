@@ -592,6 +592,31 @@ pub async fn forgive(
     Ok(())
 }
 
+/// Every agent's place in a rollout, to answer from memory.
+pub async fn memberships<'e>(
+    e: impl Executor<'e, Database = Any>,
+    rollout: i64,
+) -> Result<HashMap<String, Membership>, sqlx::Error> {
+    Ok(sqlx::query(
+        "SELECT agent_id, wave, told_at, outcome FROM rollout_agents WHERE rollout_id = $1",
+    )
+    .bind(rollout)
+    .fetch_all(e)
+    .await?
+    .into_iter()
+    .map(|r| {
+        (
+            r.get::<String, _>(0),
+            Membership {
+                wave: u32::try_from(r.get::<i64, _>(1)).unwrap_or(0),
+                told: r.get::<Option<i64>, _>(2).is_some(),
+                done: r.get::<Option<String>, _>(3).is_some(),
+            },
+        )
+    })
+    .collect())
+}
+
 /// Every agent's wave and `told_at` in a rollout, for `/admin/agents`.
 pub async fn members<'e>(
     e: impl Executor<'e, Database = Any>,

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::{AppState, SETTING_AUTO_UPDATE, SETTING_DOWNLOAD_LIMIT, Shared, authorize, json_body};
+use super::{AppState, SETTING_AUTO_UPDATE, Shared, authorize, download_limit_key, json_body};
 use crate::error::ApiError;
 use crate::metrics::RolloutGauges;
 use crate::rollout::Refusal;
@@ -23,6 +23,7 @@ fn settings_json(s: &Shared) -> serde_json::Value {
         "downloads_limit": s.download_limit.load(Ordering::Relaxed),
         "max_connections": s.max_connections,
         "downloads_in_flight": s.limiter.in_flight(),
+        "server": s.server_name,
     })
 }
 
@@ -56,7 +57,7 @@ pub(super) async fn update_settings(
                 s.max_connections
             )));
         }
-        s.db.set_setting(SETTING_DOWNLOAD_LIMIT, &limit.to_string())
+        s.db.set_setting(&download_limit_key(&s.server_name), &limit.to_string())
             .await?;
         s.download_limit.store(limit, Ordering::Relaxed);
         tracing::info!(limit, "download limit changed");
@@ -126,6 +127,8 @@ pub(super) async fn forget_token(
             format!("no agent {id:?} is known"),
         ));
     }
+    s.outage
+        .remember_credentials(&id, &crate::db::Credentials::None);
     tracing::warn!(agent = %id, "an operator reset the agent's credentials; its next register gets new ones");
     Ok(Json(serde_json::json!({ "id": id, "token": "forgotten" })).into_response())
 }
@@ -202,12 +205,19 @@ async fn operator_answer(s: &Shared, result: Result<(), Refusal>) -> Result<Resp
 
 pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let s = &state.inner;
-    let (by_version, by_status) = s.db.fleet_counts().await?;
+    // While the database is away, what this server itself counted is still worth
+    // scraping; the fleet's counts are left out.
+    let (by_version, by_status, waves) = if s.outage.is_down() {
+        Default::default()
+    } else {
+        let (by_version, by_status) = s.db.fleet_counts().await?;
+        (by_version, by_status, s.rollouts.wave_counts().await?)
+    };
     let current = s.rollouts.current();
     let gauges = RolloutGauges {
         state: current.as_ref().map(|r| r.state.as_str()),
         wave: current.as_ref().map_or(0, |r| r.opened),
-        waves: s.rollouts.wave_counts().await?,
+        waves,
         halts: HaltCause::ALL
             .iter()
             .map(|c| (c.as_str(), s.rollouts.halts(*c)))
@@ -220,14 +230,28 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
         &by_version,
         &by_status,
         &gauges,
+        &s.outage.status(),
     );
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
-/// `ok`, and what an operator should know about this server's place in the fleet.
+/// `ok` (the server serves its bundle and answers agents), and what an operator should
+/// know about its place in the fleet: a bundle that is not the fleet's rollout, a
+/// database it cannot reach.
 pub(super) async fn healthz(State(state): State<AppState>) -> Response {
-    match state.inner.rollouts.mismatch() {
-        None => "ok\n".into_response(),
-        Some(mismatch) => format!("ok\nbundle mismatch: {mismatch}\n").into_response(),
+    let s = &state.inner;
+    let mut text = String::from("ok\n");
+    if let Some(mismatch) = s.rollouts.mismatch() {
+        text.push_str(&format!("bundle mismatch: {mismatch}\n"));
     }
+    let database = s.outage.status();
+    if !database.up {
+        text.push_str(&format!(
+            "database unreachable for {:.0}s ({}); agents are answered from memory, {} writes queued\n",
+            database.down_for.unwrap_or(0.0),
+            database.reason.unwrap_or_default(),
+            database.queued
+        ));
+    }
+    text.into_response()
 }

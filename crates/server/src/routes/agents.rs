@@ -9,10 +9,14 @@ use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use super::{AppState, json_body, ready};
+use super::{AppState, Shared, json_body, ready};
 use crate::credentials::{self, Verdict};
+use crate::db::{Credentials, now_ms, now_secs};
 use crate::error::ApiError;
+use crate::fleet;
 use crate::metrics::inc;
+use crate::outage::{self, Deferred};
+use crate::rollout::Answer;
 
 fn agent_version_header(headers: &HeaderMap) -> Result<AgentVersion, ApiError> {
     let raw = headers.get(wire::AGENT_VERSION_HEADER).ok_or_else(|| {
@@ -64,22 +68,19 @@ pub(super) async fn register(
         Verdict::Allow { issue } => issue,
         Verdict::Deny(why) => return Err(unauthorized(&hello.id, why)),
     };
-    s.db.touch_agent(
-        &hello.id,
-        &hello.name,
-        &hello.platform,
-        &agent_version.to_string(),
-        hello.group.as_deref(),
+    fleet::save(
+        s,
+        Deferred::Contact {
+            id: hello.id.clone(),
+            name: hello.name.clone(),
+            platform: hello.platform.clone(),
+            version: agent_version.to_string(),
+            group: hello.group.clone(),
+            at: now_secs(),
+        },
     )
     .await?;
-    let answer = s
-        .rollouts
-        .answer(
-            &hello.id,
-            hello.group.as_deref().unwrap_or(""),
-            &agent_version,
-        )
-        .await?;
+    let answer = directive(s, &hello, &agent_version).await?;
     // Before the first rollout is read (a bundle just dropped), the bundle speaks alone.
     let (accepted, expected) = match answer {
         Some(a) => (a.accepted, a.expected),
@@ -88,7 +89,9 @@ pub(super) async fn register(
             bundle.version().clone(),
         ),
     };
-    let token = if issue {
+    // Credentials are issued once, in the database; while it is away, the agent gets
+    // its token at a later register.
+    let token = if issue && !s.outage.is_down() {
         issue_token(s, &hello.id).await?
     } else {
         None
@@ -114,13 +117,57 @@ pub(super) async fn register(
     Ok((StatusCode::CONFLICT, Json(body)).into_response())
 }
 
+/// The directive for this agent, from the database, or from what this server last read
+/// when the database is away.
+async fn directive(
+    s: &Shared,
+    hello: &AgentHello,
+    version: &AgentVersion,
+) -> Result<Option<Answer>, ApiError> {
+    if !s.outage.is_down() {
+        let group = hello.group.as_deref().unwrap_or("");
+        match s.rollouts.answer(&hello.id, group, version).await {
+            Ok(answer) => return Ok(answer),
+            Err(e) if outage::is_unavailable(&e) => s.outage.went_down(&e),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let (answer, told) = s.rollouts.answer_offline(&hello.id, version);
+    if let Some(rollout) = told {
+        s.outage.defer(Deferred::Told {
+            rollout,
+            agent: hello.id.clone(),
+            at_ms: now_ms(),
+        });
+    }
+    Ok(answer)
+}
+
+/// What the fleet knows of the id's credentials: from the database, or, while it is
+/// away, as this server last read them. An id this server never checked cannot be
+/// checked then: `503`, and the agent tries again (or another server).
+async fn known_credentials(s: &Shared, id: &str) -> Result<Credentials, ApiError> {
+    if !s.outage.is_down() {
+        match s.db.credentials(id).await {
+            Ok(known) => {
+                s.outage.remember_credentials(id, &known);
+                return Ok(known);
+            }
+            Err(e) if outage::is_unavailable(&e) => s.outage.went_down(&e),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    s.outage.known_credentials(id).ok_or_else(|| {
+        ApiError::unavailable(
+            "the fleet database is unreachable and this server has not seen this agent yet; try again shortly",
+            s.retry_after,
+        )
+    })
+}
+
 /// Whether this request may speak for the id (see [`crate::credentials`]).
-async fn authenticate(
-    s: &crate::routes::Shared,
-    id: &str,
-    headers: &HeaderMap,
-) -> Result<Verdict, ApiError> {
-    let known = s.db.credentials(id).await?;
+async fn authenticate(s: &Shared, id: &str, headers: &HeaderMap) -> Result<Verdict, ApiError> {
+    let known = known_credentials(s, id).await?;
     let enrollment = headers
         .get(wire::ENROLLMENT_HEADER)
         .and_then(|v| v.to_str().ok());
@@ -138,19 +185,24 @@ fn unauthorized(id: &str, why: &'static str) -> ApiError {
 }
 
 /// A token for an id that has none; `None` if another server just gave it one.
-async fn issue_token(s: &crate::routes::Shared, id: &str) -> Result<Option<String>, ApiError> {
+async fn issue_token(s: &Shared, id: &str) -> Result<Option<String>, ApiError> {
     let token = credentials::new_token().map_err(|e| {
         tracing::error!("no randomness for a token: {e}");
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no randomness")
     })?;
-    if s.db
-        .issue_token(id, &credentials::hash_token(&token))
-        .await?
-    {
-        tracing::info!(agent = %id, "issued the agent its credentials");
-        Ok(Some(token))
-    } else {
-        Ok(None)
+    let hash = credentials::hash_token(&token);
+    match s.db.issue_token(id, &hash).await {
+        Ok(true) => {
+            tracing::info!(agent = %id, "issued the agent its credentials");
+            s.outage.remember_credentials(id, &Credentials::Hash(hash));
+            Ok(Some(token))
+        }
+        Ok(false) => Ok(None),
+        Err(e) if outage::is_unavailable(&e) => {
+            s.outage.went_down(&e);
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -173,7 +225,19 @@ pub(super) async fn report(
     }
     inc(&state.inner.metrics.reports);
     tracing::info!(agent = %report.id, from = %report.from, to = %report.to, status = report.status.as_str(), error = ?report.error, "update report");
-    state.inner.db.record_report(&report).await?;
-    state.inner.rollouts.report(&report).await?;
-    Ok(Json(serde_json::json!({ "status": "recorded" })).into_response())
+    fleet::save(
+        &state.inner,
+        Deferred::Report {
+            report,
+            at_ms: now_ms(),
+        },
+    )
+    .await?;
+    // Queued or written, it is the server's now: the agent may forget it.
+    let status = if state.inner.outage.is_down() {
+        "queued"
+    } else {
+        "recorded"
+    };
+    Ok(Json(serde_json::json!({ "status": status })).into_response())
 }

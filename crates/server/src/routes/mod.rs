@@ -31,8 +31,15 @@ use crate::store::{BundleStore, Current, ServedBundle};
 /// Largest JSON body accepted; larger ones get `413`.
 pub const MAX_BODY: usize = 64 * 1024;
 
+/// The fleet-wide switch: one row for every server of the fleet.
 pub const SETTING_AUTO_UPDATE: &str = "auto-update";
+/// Where a single server kept its download limit before limits were per server.
 pub const SETTING_DOWNLOAD_LIMIT: &str = "downloads.limit";
+
+/// Each server's own download limit, keyed by its `server.name`.
+pub fn download_limit_key(server: &str) -> String {
+    format!("{SETTING_DOWNLOAD_LIMIT}@{server}")
+}
 
 /// Everything the handlers share.
 #[derive(Clone)]
@@ -43,6 +50,10 @@ pub struct AppState {
 pub struct Shared {
     pub store: Arc<BundleStore>,
     pub db: Db,
+    /// The database's absence, and what waits for it.
+    pub outage: Arc<crate::outage::Outage>,
+    /// `server.name`: keys this server's own settings in the fleet database.
+    pub server_name: String,
     pub rollouts: Arc<Rollouts>,
     pub limiter: Arc<DownloadLimiter>,
     pub metrics: Arc<Metrics>,

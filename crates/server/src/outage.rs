@@ -1,0 +1,450 @@
+//! Answering agents while the fleet database is unreachable.
+//!
+//! A PostgreSQL restart must never turn into `500`s for a fleet. When a query fails for
+//! want of the database (not because of a bad statement), the server marks the database
+//! down: agents are then answered from what this server last read (the credentials it
+//! checked, the rollout and each agent's place in it) and what they ask to be written
+//! (contacts, reports, the first `409` of a rollout) waits in a [`Spool`], in order. The
+//! drain (in `lib.rs`) writes the spool back as soon as the database answers, and only
+//! once it is empty do calls go to the database again, so nothing written later can
+//! overtake what was queued earlier.
+//!
+//! Reports and `409` records are also appended to `<home>/spool.jsonl`, so a server
+//! killed during an outage writes them when it starts again (replaying is harmless:
+//! every queued write is idempotent). Contacts are kept in memory only: they say when
+//! an agent was last heard, which its next heartbeat says again.
+//!
+//! It owns the spool file and nothing else; it never decides a directive itself.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use agent_protocol::wire::Report;
+use serde::{Deserialize, Serialize};
+
+use crate::db::Credentials;
+
+/// Most entries kept; past it, new contacts are dropped (reports and `409` records never
+/// are: they are few, and also on disk).
+pub const MAX_SPOOLED: usize = 1_000_000;
+
+/// Whether `e` means "the database cannot be reached now" (so the call should be
+/// answered from memory) rather than a fault in the query.
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| unavailable_state(&code)),
+        _ => false,
+    }
+}
+
+/// PostgreSQL's SQLSTATE classes of a database that is going or gone: connection
+/// exceptions (08), insufficient resources (53), operator intervention such as a
+/// shutdown (57P).
+fn unavailable_state(code: &str) -> bool {
+    code.starts_with("08") || code.starts_with("53") || code.starts_with("57P")
+}
+
+/// A write that waits for the database.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Deferred {
+    /// A register or connect: the agent row as of `at` (unix seconds).
+    Contact {
+        id: String,
+        name: String,
+        platform: String,
+        version: String,
+        group: Option<String>,
+        at: i64,
+    },
+    /// A report, received at `at_ms`.
+    Report { report: Report, at_ms: i64 },
+    /// The first `409` of rollout `rollout` to `agent`, at `at_ms`.
+    Told {
+        rollout: i64,
+        agent: String,
+        at_ms: i64,
+    },
+}
+
+impl Deferred {
+    fn agent(&self) -> &str {
+        match self {
+            Deferred::Contact { id, .. } => id,
+            Deferred::Report { report, .. } => &report.id,
+            Deferred::Told { agent, .. } => agent,
+        }
+    }
+
+    /// Kept on disk: what a later heartbeat would not say again.
+    fn durable(&self) -> bool {
+        !matches!(self, Deferred::Contact { .. })
+    }
+}
+
+/// The queued writes, oldest first. An agent's contact replaces its queued contact
+/// when nothing of that agent was queued after it, so a long outage keeps one contact
+/// per agent, not one per heartbeat, and the order of each agent's writes is kept.
+#[derive(Debug, Default)]
+pub struct Spool {
+    entries: BTreeMap<u64, Deferred>,
+    next: u64,
+    /// Sequence number of each agent's latest entry, and of its latest contact.
+    latest: HashMap<String, u64>,
+    contact: HashMap<String, u64>,
+    dropped: u64,
+}
+
+impl Spool {
+    pub fn push(&mut self, write: Deferred) {
+        let agent = write.agent().to_owned();
+        if let Deferred::Contact { .. } = write {
+            if let Some(&seq) = self.contact.get(&agent)
+                && self.latest.get(&agent) == Some(&seq)
+                && self.entries.contains_key(&seq)
+            {
+                self.entries.insert(seq, write);
+                return;
+            }
+            if self.entries.len() >= MAX_SPOOLED {
+                self.dropped += 1;
+                return;
+            }
+        }
+        let seq = self.next;
+        self.next += 1;
+        if let Deferred::Contact { .. } = write {
+            self.contact.insert(agent.clone(), seq);
+        }
+        self.latest.insert(agent, seq);
+        self.entries.insert(seq, write);
+    }
+
+    /// The oldest write, to be written next.
+    pub fn front(&self) -> Option<(u64, Deferred)> {
+        self.entries
+            .first_key_value()
+            .map(|(seq, w)| (*seq, w.clone()))
+    }
+
+    /// `seq` was written (or is given up): forget it.
+    pub fn done(&mut self, seq: u64) {
+        if let Some(write) = self.entries.remove(&seq) {
+            let agent = write.agent();
+            if self.latest.get(agent) == Some(&seq) {
+                self.latest.remove(agent);
+            }
+            if self.contact.get(agent) == Some(&seq) {
+                self.contact.remove(agent);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Contacts dropped because the spool was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
+/// What `/healthz` and `/metrics` say about the database.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Status {
+    pub up: bool,
+    /// Seconds since the database was found unreachable.
+    pub down_for: Option<f64>,
+    pub reason: Option<String>,
+    pub queued: usize,
+    pub dropped: u64,
+    pub outages: u64,
+}
+
+pub struct Outage {
+    down: AtomicBool,
+    since: Mutex<Option<(Instant, String)>>,
+    spool: Mutex<Spool>,
+    file: Option<PathBuf>,
+    /// The credentials last read for each agent: the only way to check a caller while
+    /// the database is away.
+    credentials: Mutex<HashMap<String, Credentials>>,
+    outages: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Outage {
+    /// With `file`, durable writes are also appended there, and what a previous process
+    /// left in it is queued again.
+    pub fn new(file: Option<PathBuf>) -> Self {
+        let mut spool = Spool::default();
+        if let Some(path) = &file {
+            for write in read_spool_file(path) {
+                spool.push(write);
+            }
+            if !spool.is_empty() {
+                tracing::info!(
+                    "{} writes queued during an earlier outage are written to the database",
+                    spool.len()
+                );
+            }
+        }
+        Self {
+            down: AtomicBool::new(false),
+            since: Mutex::new(None),
+            spool: Mutex::new(spool),
+            file,
+            credentials: Mutex::new(HashMap::new()),
+            outages: AtomicU64::new(0),
+        }
+    }
+
+    /// True from the first failure for want of the database until the spool is
+    /// written back.
+    pub fn is_down(&self) -> bool {
+        self.down.load(Ordering::Acquire)
+    }
+
+    /// A query failed for want of the database: say so once, and answer from memory.
+    pub fn went_down(&self, e: &sqlx::Error) {
+        if self.down.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.outages.fetch_add(1, Ordering::Relaxed);
+        let reason = e.to_string();
+        tracing::error!(
+            "the fleet database is unreachable ({reason}); answering agents from what this server knows and queueing their writes until it is back"
+        );
+        *lock(&self.since) = Some((Instant::now(), reason));
+    }
+
+    /// Queues a write for the database.
+    pub fn defer(&self, write: Deferred) {
+        if write.durable()
+            && let Some(path) = &self.file
+            && let Err(e) = append(path, &write)
+        {
+            tracing::warn!(
+                "{}: {e}; the queued write is kept in memory only",
+                path.display()
+            );
+        }
+        lock(&self.spool).push(write);
+    }
+
+    /// The oldest queued write.
+    pub fn front(&self) -> Option<(u64, Deferred)> {
+        lock(&self.spool).front()
+    }
+
+    pub fn written(&self, seq: u64) {
+        lock(&self.spool).done(seq);
+    }
+
+    /// Called when the database answers and the spool was written: calls go to the
+    /// database again. False while something is still queued.
+    pub fn came_back(&self) -> bool {
+        let spool = lock(&self.spool);
+        if !spool.is_empty() {
+            return false;
+        }
+        // Everything in the file was written: a later start must not queue it again.
+        if let Some(path) = &self.file {
+            let _ = std::fs::remove_file(path);
+        }
+        if self.down.swap(false, Ordering::AcqRel) {
+            let since = lock(&self.since).take();
+            tracing::info!(
+                "the fleet database is back after {:.1}s; every queued write is in it",
+                since.map_or(0.0, |(at, _)| at.elapsed().as_secs_f64())
+            );
+        }
+        true
+    }
+
+    pub fn queued(&self) -> usize {
+        lock(&self.spool).len()
+    }
+
+    pub fn remember_credentials(&self, id: &str, credentials: &Credentials) {
+        let mut known = lock(&self.credentials);
+        if known.get(id) != Some(credentials) {
+            known.insert(id.to_owned(), credentials.clone());
+        }
+    }
+
+    pub fn known_credentials(&self, id: &str) -> Option<Credentials> {
+        lock(&self.credentials).get(id).cloned()
+    }
+
+    pub fn status(&self) -> Status {
+        let since = lock(&self.since).clone();
+        let spool = lock(&self.spool);
+        Status {
+            up: !self.is_down(),
+            down_for: since.as_ref().map(|(at, _)| at.elapsed().as_secs_f64()),
+            reason: since.map(|(_, r)| r),
+            queued: spool.len(),
+            dropped: spool.dropped(),
+            outages: self.outages.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn append(path: &Path, write: &Deferred) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(write).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    file.write_all(&line)
+}
+
+/// The writes a previous process queued; lines that do not parse (a torn last line)
+/// are skipped.
+fn read_spool_file(path: &Path) -> Vec<Deferred> {
+    let Ok(file) = File::open(path) else {
+        return Vec::new();
+    };
+    BufReader::new(file)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|line| serde_json::from_str(&line).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_protocol::wire::UpdateStatus;
+
+    fn contact(id: &str, version: &str, at: i64) -> Deferred {
+        Deferred::Contact {
+            id: id.into(),
+            name: "n".into(),
+            platform: "p".into(),
+            version: version.into(),
+            group: None,
+            at,
+        }
+    }
+
+    fn report(id: &str, at_ms: i64) -> Deferred {
+        Deferred::Report {
+            report: Report {
+                id: id.into(),
+                from: "1.0.0+1".into(),
+                to: "2.0.0+2".into(),
+                status: UpdateStatus::Installed,
+                error: None,
+            },
+            at_ms,
+        }
+    }
+
+    fn drain(spool: &mut Spool) -> Vec<Deferred> {
+        let mut out = Vec::new();
+        while let Some((seq, w)) = spool.front() {
+            spool.done(seq);
+            out.push(w);
+        }
+        out
+    }
+
+    #[test]
+    fn heartbeats_of_one_agent_keep_one_contact_the_latest() {
+        let mut spool = Spool::default();
+        for at in 1..=100 {
+            spool.push(contact("a", "1.0.0+1", at));
+            spool.push(contact("b", "1.0.0+1", at));
+        }
+        assert_eq!(spool.len(), 2);
+        assert_eq!(
+            drain(&mut spool),
+            vec![contact("a", "1.0.0+1", 100), contact("b", "1.0.0+1", 100)]
+        );
+    }
+
+    #[test]
+    fn a_contact_after_a_report_does_not_jump_ahead_of_it() {
+        let mut spool = Spool::default();
+        spool.push(contact("a", "1.0.0+1", 1));
+        spool.push(report("a", 2000));
+        spool.push(contact("a", "2.0.0+2", 3));
+        spool.push(contact("a", "2.0.0+2", 4));
+        assert_eq!(
+            drain(&mut spool),
+            vec![
+                contact("a", "1.0.0+1", 1),
+                report("a", 2000),
+                contact("a", "2.0.0+2", 4)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_written_contact_is_not_replaced_afterwards() {
+        let mut spool = Spool::default();
+        spool.push(contact("a", "1.0.0+1", 1));
+        let (seq, _) = spool.front().unwrap();
+        spool.done(seq);
+        spool.push(contact("a", "1.0.0+1", 2));
+        assert_eq!(drain(&mut spool), vec![contact("a", "1.0.0+1", 2)]);
+    }
+
+    #[test]
+    fn unavailability_is_told_from_faults() {
+        assert!(is_unavailable(&sqlx::Error::PoolTimedOut));
+        assert!(is_unavailable(&sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused
+        ))));
+        assert!(!is_unavailable(&sqlx::Error::RowNotFound));
+        assert!(unavailable_state("57P01") && unavailable_state("08006"));
+        assert!(!unavailable_state("23505"));
+    }
+
+    #[test]
+    fn durable_writes_survive_a_restart_and_contacts_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spool.jsonl");
+        let outage = Outage::new(Some(path.clone()));
+        outage.defer(contact("a", "1.0.0+1", 1));
+        outage.defer(report("a", 2000));
+        outage.defer(Deferred::Told {
+            rollout: 3,
+            agent: "b".into(),
+            at_ms: 2500,
+        });
+        // A torn last line, as a kill in the middle of an append leaves it.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"kind\":\"rep")
+            .unwrap();
+        let again = Outage::new(Some(path.clone()));
+        assert_eq!(again.queued(), 2);
+        while let Some((seq, _)) = again.front() {
+            again.written(seq);
+        }
+        assert!(again.came_back());
+        assert!(!path.exists());
+    }
+}
