@@ -530,7 +530,8 @@ start_pg() {
 
 # fresh_db PORT: an empty database "fleet".
 fresh_db() {
-    psql -h 127.0.0.1 -p "$1" -U postgres -X -q -c 'DROP DATABASE IF EXISTS fleet' -c 'CREATE DATABASE fleet' >/dev/null
+    PGOPTIONS='-c client_min_messages=warning' psql -h 127.0.0.1 -p "$1" -U postgres -X -q \
+        -c 'DROP DATABASE IF EXISTS fleet' -c 'CREATE DATABASE fleet' >/dev/null
 }
 
 # cpu_secs PID...: CPU seconds (user + system) the processes used so far.
