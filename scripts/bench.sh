@@ -701,8 +701,8 @@ one at 10 %.
 |---|---|---|---|---|---|---|
 $(roll_row sqlite 0.02 "one server, SQLite")
 $(roll_row postgres 0.02 "two servers, PostgreSQL")
-$(roll_row sqlite 0.1 "one server, SQLite")
-$(roll_row postgres 0.1 "two servers, PostgreSQL")
+$(roll_row sqlite 0.10 "one server, SQLite")
+$(roll_row postgres 0.10 "two servers, PostgreSQL")
 
 At 10 % failures the rollout must halt in its second wave at the latest (target); at 2 %
 it must complete.

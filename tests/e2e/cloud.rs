@@ -1,6 +1,7 @@
 //! Several update-servers sharing one fleet on a real PostgreSQL (a throw-away cluster
 //! per test, made with initdb): shared agents and switch, per-server limits, a rollout
-//! that outlives the server that started it, and a database that goes away for 20 s.
+//! that outlives the server that started it, a server with another bundle that starts no
+//! second rollout, and a database that goes away for 20 s.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -79,6 +80,10 @@ fn wait_rollout(server: &ServerProc, what: &str, cond: impl Fn(&Value) -> bool) 
 }
 
 fn register(server: &ServerProc, id: &str) -> u16 {
+    register_as(server, id, "1.0.0+1")
+}
+
+fn register_as(server: &ServerProc, id: &str, version: &str) -> u16 {
     let body =
         serde_json::json!({ "id": id, "name": id, "platform": agent_protocol::layout::PLATFORM });
     http_with_body(
@@ -87,7 +92,7 @@ fn register(server: &ServerProc, id: &str) -> u16 {
         "/agent/register",
         &[
             ("Content-Type", "application/json"),
-            ("Agent-Version", "1.0.0+1"),
+            ("Agent-Version", version),
         ],
         body.to_string().as_bytes(),
     )
@@ -330,6 +335,107 @@ fn a_rollout_outlives_the_server_that_started_it() {
     for home in &homes {
         assert!(read_file(&home.join("current/agent-version.properties")).contains("2.0.0"));
     }
+}
+
+fn healthz(server: &ServerProc) -> String {
+    http(server.port, "GET", "/healthz", &[]).unwrap().text()
+}
+
+fn rollouts_in_database(pg: &Postgres) -> String {
+    pg.psql(
+        "fleet",
+        "SELECT string_agg(version || ' ' || state, ', ' ORDER BY id) FROM rollouts",
+    )
+}
+
+#[test]
+fn a_server_with_another_bundle_starts_no_second_rollout() {
+    let pg = Postgres::start();
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let old = ctx.pack_signed_at(&ctx.dist("d-old"), "0.5.0", "1", &key, "old", now - 7200);
+    let b0 = ctx.pack_signed_at(&ctx.dist("d0"), "0.9.0", "1", &key, "b0", now - 3600);
+    let b1 = ctx.pack_signed_at(&ctx.dist("d1"), "1.0.0", "1", &key, "b1", now);
+    let b2 = ctx.pack_signed_at(&ctx.dist("d2"), "2.0.0", "2", &key, "b2", now + 5);
+    // The fleet runs 0.5.0; its one agent is told to update to 1.0.0 and never reports,
+    // so the fleet's rollout of 1.0.0 stays under way.
+    let plan = [("UPDATE_SERVER_ROLLOUT_WAVES", "1,100%")];
+    let a = start(&ctx, "srv-a", free_port(), &env_for(&pg, "a", &plan));
+    let b = start(&ctx, "srv-b", free_port(), &env_for(&pg, "b", &plan));
+    ctx.publish_served(&a, &old);
+    wait_rollout(&a, "the rollout of 0.5.0 to complete", |r| {
+        r["version"] == "0.5.0+1" && r["state"] == "completed"
+    });
+    assert_eq!(register_as(&a, "early", "0.5.0+1"), 200);
+    ctx.republish(&a, &b1);
+    wait_rollout(&a, "a to start the rollout of 1.0.0", |r| {
+        r["version"] == "1.0.0+1" && r["state"] == "running"
+    });
+
+    // An older signature: said everywhere, never rolled out.
+    ctx.publish_served(&b, &b0);
+    wait_until(
+        Duration::from_secs(10),
+        "b to call its bundle stale",
+        || healthz(&b).contains("signed before"),
+    );
+    let health = healthz(&b);
+    assert!(health.starts_with("ok\nbundle mismatch: "), "{health}");
+    assert!(
+        health.contains("0.9.0") && health.contains("1.0.0"),
+        "{health}"
+    );
+    assert_eq!(metric(&b, "agentupdate_bundle_mismatch"), 1.0);
+    assert_eq!(metric(&a, "agentupdate_bundle_mismatch"), 0.0);
+    assert_eq!(rollout(&b).unwrap()["version"], "1.0.0+1");
+    // b still refuses no agent of the fleet's rollout.
+    assert_eq!(register(&b, "late"), 200);
+
+    // A newer bundle waits while the fleet's rollout is under way.
+    ctx.republish(&b, &b2);
+    wait_until(
+        Duration::from_secs(10),
+        "b to wait for the fleet's rollout",
+        || healthz(&b).contains("under way"),
+    );
+    assert_eq!(
+        rollouts_in_database(&pg),
+        "0.5.0+1 completed, 1.0.0+1 running"
+    );
+    let log = read_file(&b.home.join("server.log"));
+    assert!(
+        log.contains("signed before") && log.contains("under way"),
+        "{log}"
+    );
+
+    // Halted by an operator, it makes way: b's bundle starts the next rollout, once,
+    // and now a is the one out of step.
+    let (status, body) = admin(
+        &a,
+        "POST",
+        "/admin/rollout/halt",
+        r#"{"reason": "make way"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    wait_rollout(&a, "the rollout of 2.0.0 to start", |r| {
+        r["version"] == "2.0.0+2"
+    });
+    wait_until(
+        Duration::from_secs(10),
+        "a to say it is out of step",
+        || healthz(&a).contains("bundle mismatch"),
+    );
+    assert!(!healthz(&b).contains("mismatch"), "{}", healthz(&b));
+    let rows = rollouts_in_database(&pg);
+    assert!(
+        rows.starts_with("0.5.0+1 completed, 1.0.0+1 halted, 2.0.0+2 "),
+        "{rows}"
+    );
+    assert_eq!(rows.matches(',').count(), 2, "{rows}");
 }
 
 fn journal_phase(home: &Path) -> String {

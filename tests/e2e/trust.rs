@@ -399,6 +399,21 @@ fn the_whole_update_over_https_with_a_pinned_ca() {
         .unwrap();
     assert!(version.status.success());
     assert!(String::from_utf8_lossy(&version.stdout).contains("agent.latest.version=2.0.0"));
+    // HTTP/2 and HTTP/1.1 are both offered by ALPN: each client gets the one it asks for.
+    for (flag, spoken) in [("--http2", "2"), ("--http1.1", "1.1")] {
+        let answer = pki
+            .curl()
+            .args([flag, "-o", "/dev/null", "-w", "%{http_version}"])
+            .arg(server.https_url("/agentupdate/version"))
+            .output()
+            .unwrap();
+        assert!(answer.status.success(), "curl {flag}: {answer:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&answer.stdout),
+            spoken,
+            "curl {flag}"
+        );
+    }
     e2e::require_tool("wget");
     let fetched = ctx.path("wget-bundle");
     run_ok(

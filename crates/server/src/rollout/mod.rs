@@ -2,6 +2,7 @@
 //! waves, and the rollout halts by itself when too many agents fail.
 //!
 //! - [`plan`]: `[rollout]` as a plan (waves, soak, threshold, deadline);
+//! - [`claim`]: whether a served bundle may start a rollout (one at a time per fleet);
 //! - [`order`]: which agent is in which wave, the same on every server;
 //! - [`step`]: what happens next and the directive for one agent, pure functions of what
 //!   was observed and the time;
@@ -13,20 +14,22 @@
 //! It owns the `rollout*` tables. It never decides for a bundle it was not told about
 //! and never changes an agent's row except its update status on a missed deadline.
 
+pub mod claim;
 pub mod order;
 pub mod plan;
 pub mod step;
 pub mod store;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use agent_protocol::wire::{Report, UpdateStatus};
 use agent_protocol::{AcceptPolicy, AgentVersion};
 use serde_json::json;
 
-use crate::db::{Db, now_ms};
+use crate::db::{Backend, Db, now_ms};
+use crate::rollout::claim::Claim;
 use crate::rollout::order::Member;
 use crate::rollout::plan::Plan;
 use crate::rollout::step::{Decision, Directive, HaltCause, State};
@@ -63,6 +66,8 @@ pub struct Rollouts {
     /// once given; `told` and `done` only become true.
     members: Mutex<(i64, HashMap<String, Membership>)>,
     served: Mutex<Option<Served>>,
+    /// The served bundle waits for the fleet's rollout to end before it starts its own.
+    waiting: AtomicBool,
     mismatch: RwLock<Option<String>>,
     /// One decision at a time from this process (the database orders the servers).
     deciding: tokio::sync::Mutex<()>,
@@ -71,6 +76,9 @@ pub struct Rollouts {
     /// Woken by a report, so the decision that may follow is not a tick away.
     wake: tokio::sync::Notify,
 }
+
+/// The PostgreSQL advisory lock that orders rollout starts across servers ("rollout").
+const START_LOCK: i64 = 0x0072_6f6c_6c6f_7574;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -90,6 +98,7 @@ impl Rollouts {
             current: RwLock::new(None),
             members: Mutex::new((0, HashMap::new())),
             served: Mutex::new(None),
+            waiting: AtomicBool::new(false),
             mismatch: RwLock::new(None),
             deciding: tokio::sync::Mutex::new(()),
             halts: Default::default(),
@@ -122,37 +131,66 @@ impl Rollouts {
         self.wake.notified().await;
     }
 
-    /// The served bundle is `bundle`: start its rollout unless one exists, then read
-    /// the fleet's rollout again.
+    /// Several servers share this fleet (and may serve different bundles).
+    fn shared(&self) -> bool {
+        self.db.backend() == Backend::Postgres
+    }
+
+    /// The served bundle is `bundle`: start its rollout unless one exists or
+    /// [`claim::claim`] says it may not, then read the fleet's rollout again. A bundle
+    /// that waits for the fleet's rollout to end is looked at again at each call.
     pub async fn serve(&self, bundle: Served) -> Result<(), sqlx::Error> {
         {
             let mut served = lock(&self.served);
             if served.as_ref() == Some(&bundle) {
-                return Ok(());
+                let ready = self.waiting.load(Ordering::Relaxed)
+                    && claim::claim(self.current().as_deref(), &bundle, self.shared())
+                        == Claim::Start;
+                if !ready {
+                    return Ok(());
+                }
             }
             *served = Some(bundle.clone());
         }
-        if let Err(e) = self.start(&bundle).await {
-            // Not started: the next look tries again.
-            *lock(&self.served) = None;
-            return Err(e);
+        match self.start(&bundle).await {
+            Ok(claim) => self.waiting.store(claim == Claim::Busy, Ordering::Relaxed),
+            Err(e) => {
+                // Not started: the next look tries again.
+                *lock(&self.served) = None;
+                return Err(e);
+            }
         }
         self.refresh().await?;
         self.decide().await
     }
 
-    /// Creates the rollout of `bundle` if no server did: the previous version is the
-    /// last completed rollout's; the agents heard from within the deadline are placed
-    /// in waves (later ones join as they come).
-    async fn start(&self, bundle: &Served) -> Result<(), sqlx::Error> {
+    /// Creates the rollout of `bundle` if no server did and the fleet's latest rollout
+    /// lets it (see [`claim`]): the previous version is the last completed rollout's;
+    /// the agents heard from within the deadline are placed in waves (later ones join
+    /// as they come). Returns the claim it acted on.
+    async fn start(&self, bundle: &Served) -> Result<Claim, sqlx::Error> {
         let _one = self.deciding.lock().await;
         let mut tx = self.db.begin_write().await?;
+        if self.shared() {
+            // Two servers given two new bundles at once must not both see the fleet
+            // idle and start one each; SQLite's BEGIN IMMEDIATE already orders them.
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(START_LOCK)
+                .execute(&mut *tx)
+                .await?;
+        }
         if store::find(&mut *tx, &bundle.sha256, bundle.signed_at)
             .await?
             .is_some()
         {
             tx.commit().await?;
-            return Ok(());
+            return Ok(Claim::Ours);
+        }
+        let latest = store::latest(&mut *tx).await?;
+        let claim = claim::claim(latest.as_ref(), bundle, self.shared());
+        if claim != Claim::Start {
+            tx.commit().await?;
+            return Ok(claim);
         }
         let now = now_ms();
         let previous = store::last_completed_version(&mut *tx).await?;
@@ -170,7 +208,7 @@ impl Rollouts {
         };
         let Some(id) = store::insert(&mut tx, &new).await? else {
             tx.commit().await?;
-            return Ok(());
+            return Ok(Claim::Ours);
         };
         let since = now / 1000 - i64::try_from(self.plan.agent_deadline).unwrap_or(i64::MAX);
         let live = store::live_agents(&mut *tx, since).await?;
@@ -242,22 +280,16 @@ impl Rollouts {
             ),
             _ => tracing::info!(rollout = id, "rollout started: {detail}"),
         }
-        Ok(())
+        Ok(Claim::Start)
     }
 
     /// Reads the fleet's rollout again (another server may have moved it on).
     pub async fn refresh(&self) -> Result<(), sqlx::Error> {
         let latest = store::latest(self.db.pool()).await?;
         let served = lock(&self.served).clone();
-        let mismatch = match (&latest, &served) {
-            (Some(r), Some(s)) if r.sha256 != s.sha256 || r.signed_at != s.signed_at => {
-                Some(format!(
-                    "this server serves {} (sha256 {}), but the fleet's rollout is of {} (sha256 {}); it starts no rollout of its own: give it the fleet's bundle",
-                    s.version, s.sha256, r.version, r.sha256
-                ))
-            }
-            _ => None,
-        };
+        let mismatch = served
+            .as_ref()
+            .and_then(|s| claim::mismatch(latest.as_ref(), s, self.shared()));
         {
             let mut slot = self.mismatch.write().unwrap_or_else(|p| p.into_inner());
             if *slot != mismatch {
@@ -298,6 +330,9 @@ impl Rollouts {
             return Ok(());
         }
         let _one = self.deciding.lock().await;
+        if !self.due(current.id).await? {
+            return Ok(());
+        }
         let mut tx = self.db.begin_write().await?;
         let Some(mut row) = store::lock(&mut *tx, self.db.backend(), current.id).await? else {
             tx.commit().await?;
@@ -342,6 +377,27 @@ impl Rollouts {
             self.refresh().await?;
         }
         Ok(())
+    }
+
+    /// Whether anything is due in rollout `id`: an agent past its deadline or a
+    /// transition. Most looks (one per report) find nothing; this one reads without the
+    /// write lock, so on SQLite the reports themselves are not held up behind it. What
+    /// it finds due is read again under the lock before anything is written.
+    async fn due(&self, id: i64) -> Result<bool, sqlx::Error> {
+        let mut tx = self.db.pool().begin().await?;
+        let now = now_ms();
+        let due = match store::get(&mut *tx, id).await? {
+            None => false,
+            Some(row) if matches!(row.state, State::Halted | State::Completed) => false,
+            Some(row) => {
+                store::overdue(&mut tx, row.id, &row.plan, now).await? || {
+                    let progress = store::progress(&mut tx, &row).await?;
+                    step::next(&row.plan, &progress, now).is_some()
+                }
+            }
+        };
+        tx.rollback().await?;
+        Ok(due)
     }
 
     fn log_decision(&self, row: &RolloutRow, decision: &Decision, progress: &step::Progress) {

@@ -109,6 +109,14 @@ pub async fn lock<'e>(
         .transpose()
 }
 
+/// The rollout `id` as it stands, without a lock: for a look that decides nothing.
+pub async fn get<'e>(
+    e: impl Executor<'e, Database = Any>,
+    id: i64,
+) -> Result<Option<RolloutRow>, sqlx::Error> {
+    lock(e, Backend::Sqlite, id).await
+}
+
 pub async fn find<'e>(
     e: impl Executor<'e, Database = Any>,
     sha256: &str,
@@ -340,6 +348,29 @@ pub async fn set_outcome<'e>(
 
 /// Marks `TIMED_OUT` every agent of an open wave that was told (or, never reached, whose
 /// wave opened) `agent-deadline` ago or more without an outcome; returns their ids.
+/// Whether [`time_out`] would time any agent out now.
+pub async fn overdue(
+    conn: &mut AnyConnection,
+    rollout: i64,
+    plan: &Plan,
+    now: i64,
+) -> Result<bool, sqlx::Error> {
+    let cutoff = now.saturating_sub(plan.agent_deadline.saturating_mul(1000) as i64);
+    let row = sqlx::query(
+        "SELECT 1 FROM rollout_agents
+         WHERE rollout_id = $1 AND outcome IS NULL AND (
+           (told_at IS NOT NULL AND told_at <= $2)
+           OR (told_at IS NULL AND wave IN (SELECT wave FROM rollout_waves
+                WHERE rollout_id = $1 AND opened_at IS NOT NULL AND opened_at <= $2)))
+         LIMIT 1",
+    )
+    .bind(rollout)
+    .bind(cutoff)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.is_some())
+}
+
 pub async fn time_out(
     tx: &mut sqlx::Transaction<'static, Any>,
     rollout: i64,
