@@ -90,10 +90,16 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 note() { printf '  %s\n' "$*" >&2; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) print "n/a"; else printf "%.2f", a / b }'; }
 secs() { awk -v s="$1" 'BEGIN { printf "%.3f s", s }'; }
+# spread_as FORMAT [UNIT]: reads numbers, prints "median UNIT (min–max)", each number in
+# the printf FORMAT ("%%" in UNIT for a percent sign); "n/a" when there are none.
+spread_as() {
+    sort -n | awk -v f="$1" -v u="${2:-}" '{ a[NR] = $1 } END {
+        if (NR == 0) print "n/a"; else printf f u " (" f "–" f ")", a[int((NR + 1) / 2)], a[1], a[NR] }'
+}
 # Reads numbers, prints "median s (min–max)".
-spread() { sort -n | awk '{ a[NR] = $1 } END { if (NR == 0) print "n/a"; else printf "%.3f s (%.3f–%.3f)", a[int((NR + 1) / 2)], a[1], a[NR] }'; }
+spread() { spread_as %.3f " s"; }
 # Reads milliseconds, prints "median ms (min–max)".
-spread_ms() { sort -n | awk '{ a[NR] = $1 } END { if (NR == 0) print "n/a"; else printf "%.2f ms (%.2f–%.2f)", a[int((NR + 1) / 2)], a[1], a[NR] }'; }
+spread_ms() { spread_as %.2f " ms"; }
 # Reads numbers, prints the median alone.
 median_of() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
 
@@ -294,7 +300,7 @@ bench_server() {
     dl_nginx=$(median_of <"$work/dl-nginx")
     v_ours=$(median_of <"$work/v-ours")
     v_nginx=$(median_of <"$work/v-nginx")
-    range() { sort -n "$1" | awk '{ a[NR] = $1 } END { printf "%s (%s–%s)", a[int((NR + 1) / 2)], a[1], a[NR] }'; }
+    range() { spread_as %s <"$1"; }
 
     # A fresh server for the storm, so its peak RSS and peak in-flight are its own.
     kill "$server_pid" 2>/dev/null || true
@@ -438,7 +444,7 @@ EOF
         note "round $i: HTTPS download $(tail -1 "$work/tdl-ours") vs $(tail -1 "$work/tdl-nginx") MiB/s, /version $(tail -1 "$work/tv-ours") vs $(tail -1 "$work/tv-nginx") req/s"
     done
     stop_server
-    range() { sort -n "$1" | awk '{ a[NR] = $1 } END { printf "%s (%s–%s)", a[int((NR + 1) / 2)], a[1], a[NR] }'; }
+    range() { spread_as %s <"$1"; }
 
     # Token checks: the same fleet-sim fleet (it keeps and sends the token a server hands
     # out) against this server and against the server before credentials, alternating.
@@ -650,11 +656,11 @@ bench_cloud() {
     steady_row() { # steady_row SETUP NAME
         local f=("$work"/steady-"$1"-*.json)
         printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$2" \
-            "$(for x in "${f[@]}"; do jq '[.endpoints[].per_second] | add' "$x"; done | awk '{ printf "%.0f\n", $1 }' | sort -n | awk '{ a[NR] = $1 } END { printf "%s (%s–%s)", a[int((NR + 1) / 2)], a[1], a[NR] }')" \
+            "$(for x in "${f[@]}"; do jq '[.endpoints[].per_second] | add' "$x"; done | awk '{ printf "%.0f\n", $1 }' | spread_as %s)" \
             "$(for x in "${f[@]}"; do jq .endpoints.connect.p50_ms "$x"; done | spread_ms)" \
             "$(for x in "${f[@]}"; do jq .endpoints.connect.p99_ms "$x"; done | spread_ms)" \
             "$(cat "${f[@]}" | jq -s 'map(.errors | to_entries | map(.value) | add // 0) | add')" \
-            "$(sort -n "$work/cpu-$1" | awk '{ a[NR] = $1 } END { printf "%s %% (%s–%s)", a[int((NR + 1) / 2)], a[1], a[NR] }')" \
+            "$(spread_as %s " %%" <"$work/cpu-$1")" \
             "$(sort -n "$work/rss-$1" | awk '{ a[NR] = $1 } END { printf "%s MiB", a[NR] }')"
     }
     roll_row() { # roll_row SETUP RATE NAME
@@ -681,7 +687,7 @@ both servers). Everything shares the machine's two cores, fleet-sim included.
 warm-up; median (min–max) over the rounds. Calls are fleet-sim's (register and connect),
 latencies its own clock. Server CPU is the update-server processes' user and system time
 over the same 60 s (100 % is one core; both servers summed); PostgreSQL's own processes
-used $(sort -n "$work/pgcpu" | awk '{ a[NR] = $1 } END { printf "%s %% (%s–%s)", a[int((NR + 1) / 2)], a[1], a[NR] }') more in the
+used $(spread_as %s " %%" <"$work/pgcpu") more in the
 PostgreSQL runs. Peak RSS is the larger server's VmHWM.
 
 | setup | calls/s | connect p50 | connect p99 | errors | server CPU | peak RSS |
@@ -814,7 +820,7 @@ bench_hostile() {
         stop_home "$work/hu-n/agent"
         note "round $i: install $(tail -1 "$work/install-normal") vs $(tail -1 "$work/install-hostile") KiB, update $(tail -1 "$work/update-normal") vs $(tail -1 "$work/update-hostile") KiB"
     done
-    kib() { sort -n "$1" | awk '{ a[NR] = $1 } END { printf "%.1f MiB (%.1f–%.1f)", a[int((NR + 1) / 2)] / 1024, a[1] / 1024, a[NR] / 1024 }'; }
+    kib() { awk '{ print $1 / 1024 }' "$1" | spread_as %.1f " MiB"; }
 
     # The server under 300 clients each sending a 400 KB head slowly, against idle.
     local home=$work/hserver port

@@ -246,16 +246,7 @@ fn agents(ctx: &TestContext, bundle: &Path, urls: &[String], n: usize, env: &str
             home
         })
         .collect();
-    let starters: Vec<_> = homes
-        .iter()
-        .map(|home| {
-            let wrapper = home.join("current/bin/agent-wrapper.sh");
-            std::thread::spawn(move || run_ok(Command::new(wrapper).arg("start")))
-        })
-        .collect();
-    for s in starters {
-        s.join().unwrap();
-    }
+    e2e::start_wrappers(&homes);
     homes
 }
 

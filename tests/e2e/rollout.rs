@@ -4,7 +4,6 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e::{
@@ -69,16 +68,7 @@ fn fleet(
             home
         })
         .collect();
-    let starters: Vec<_> = homes
-        .iter()
-        .map(|home| {
-            let wrapper = home.join("current/bin/agent-wrapper.sh");
-            std::thread::spawn(move || run_ok(Command::new(wrapper).arg("start")))
-        })
-        .collect();
-    for s in starters {
-        s.join().unwrap();
-    }
+    e2e::start_wrappers(&homes);
     wait_until(LONG, "every agent to register", || {
         admin_agents(server.port, TOKEN)
             .iter()

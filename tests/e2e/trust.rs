@@ -13,7 +13,7 @@ use e2e::{
 };
 
 use crate::update::{
-    QUICK, TOKEN, WAIT, current, health, operator_conf, script_agent, start, wait_server_status,
+    QUICK, TOKEN, WAIT, current, health, script_agent, serve_to, start, wait_server_status,
 };
 
 /// Agent 1.0.0 installed from a bundle signed with key `a`, with short update timings.
@@ -121,9 +121,7 @@ fn rotation_a_to_b_is_followed_and_then_a_is_retired() {
         stdout(&out)
     );
 
-    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
-    ctx.publish_served(&server, &alone);
-    operator_conf(&home, &server.url(""));
+    let server = serve_to(&ctx, &home, &alone);
     start(&home);
     wait_log(&home, "agent.log", "carries no rotation", WAIT);
     assert!(current(&home).ends_with("1.0.0+1"));
@@ -270,9 +268,7 @@ fn an_agent_that_skipped_b_follows_a_b_c_and_a_broken_middle_link_is_refused() {
         stdout(&out)
     );
 
-    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
-    ctx.publish_served(&server, &broken);
-    operator_conf(&home, &server.url(""));
+    let server = serve_to(&ctx, &home, &broken);
     start(&home);
     wait_log(&home, "agent.log", "breaks at statement 2", WAIT);
     assert!(current(&home).ends_with("1.0.0+1"));
@@ -316,9 +312,7 @@ fn a_rolled_back_rotation_leaves_the_trust_exactly_as_it_was() {
         &["--rotation", &statement.display().to_string()],
     );
     let conf_before = fs::read(home.join("conf/update.pub")).unwrap();
-    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
-    ctx.publish_served(&server, &bundle);
-    operator_conf(&home, &server.url(""));
+    let server = serve_to(&ctx, &home, &bundle);
     start(&home);
     wait_server_status(&server, "1.0.0+1", "INSTALL_FAILED", &home);
     assert_eq!(fs::read(home.join("conf/update.pub")).unwrap(), conf_before);
@@ -591,9 +585,7 @@ fn forged_reports_and_a_stolen_id_get_401_and_change_nothing() {
     let (key, _) = ctx.keygen("keys");
     let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
     let home = ctx.install(&b1, "p");
-    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
-    ctx.publish_served(&server, &b1);
-    operator_conf(&home, &server.url(""));
+    let server = serve_to(&ctx, &home, &b1);
     start(&home);
     let id = read_file(&home.join("data/agent-id")).trim().to_owned();
     wait_until(WAIT, "the agent to register and keep its token", || {

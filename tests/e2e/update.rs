@@ -97,11 +97,18 @@ pub(crate) fn with_server(
     serve_setup(prepare(env, dist2, stub))
 }
 
-/// A server (admin token [`TOKEN`]) publishing the setup's 2.0.0, and the agent pointed at it.
+/// A server (admin token [`TOKEN`]) publishing `bundle`, and the agent at `home` pointed
+/// at it.
+pub(crate) fn serve_to(ctx: &TestContext, home: &Path, bundle: &Path) -> ServerProc {
+    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
+    ctx.publish_served(&server, bundle);
+    operator_conf(home, &server.url(""));
+    server
+}
+
+/// [`serve_to`] with the setup's 2.0.0.
 pub(crate) fn serve_setup(s: Setup) -> (Setup, ServerProc) {
-    let server = s.ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
-    s.ctx.publish_served(&server, &s.b2);
-    operator_conf(&s.home, &server.url(""));
+    let server = serve_to(&s.ctx, &s.home, &s.b2);
     (s, server)
 }
 

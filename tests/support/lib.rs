@@ -179,6 +179,21 @@ impl TestContext {
     }
 }
 
+/// Starts each installed agent through its wrapper, all at once, and waits until every
+/// wrapper says its agent is up.
+pub fn start_wrappers(homes: &[PathBuf]) {
+    let starters: Vec<_> = homes
+        .iter()
+        .map(|home| {
+            let wrapper = home.join("current/bin/agent-wrapper.sh");
+            std::thread::spawn(move || run_ok(Command::new(wrapper).arg("start")))
+        })
+        .collect();
+    for s in starters {
+        s.join().unwrap();
+    }
+}
+
 /// Writes the operator's conf/agent.toml: these servers, a 1 s heartbeat, and `extra`.
 pub fn configure_agent(home: &Path, urls: &[String], extra: &str) {
     let urls: Vec<String> = urls.iter().map(|u| format!("{u:?}")).collect();

@@ -346,8 +346,17 @@ pub async fn set_outcome<'e>(
     Ok(())
 }
 
-/// Marks `TIMED_OUT` every agent of an open wave that was told (or, never reached, whose
-/// wave opened) `agent-deadline` ago or more without an outcome; returns their ids.
+/// The agents of rollout `$1` told (or, never reached, whose wave opened) at `$2` or
+/// before, without an outcome: those past the agent deadline when `$2` is its cutoff.
+const PAST_DEADLINE: &str = "rollout_id = $1 AND outcome IS NULL AND (
+       (told_at IS NOT NULL AND told_at <= $2)
+       OR (told_at IS NULL AND wave IN (SELECT wave FROM rollout_waves
+            WHERE rollout_id = $1 AND opened_at IS NOT NULL AND opened_at <= $2)))";
+
+fn deadline_cutoff(plan: &Plan, now: i64) -> i64 {
+    now.saturating_sub(plan.agent_deadline.saturating_mul(1000) as i64)
+}
+
 /// Whether [`time_out`] would time any agent out now.
 pub async fn overdue(
     conn: &mut AnyConnection,
@@ -355,40 +364,32 @@ pub async fn overdue(
     plan: &Plan,
     now: i64,
 ) -> Result<bool, sqlx::Error> {
-    let cutoff = now.saturating_sub(plan.agent_deadline.saturating_mul(1000) as i64);
-    let row = sqlx::query(
-        "SELECT 1 FROM rollout_agents
-         WHERE rollout_id = $1 AND outcome IS NULL AND (
-           (told_at IS NOT NULL AND told_at <= $2)
-           OR (told_at IS NULL AND wave IN (SELECT wave FROM rollout_waves
-                WHERE rollout_id = $1 AND opened_at IS NOT NULL AND opened_at <= $2)))
-         LIMIT 1",
-    )
+    let row = sqlx::query(&format!(
+        "SELECT 1 FROM rollout_agents WHERE {PAST_DEADLINE} LIMIT 1"
+    ))
     .bind(rollout)
-    .bind(cutoff)
+    .bind(deadline_cutoff(plan, now))
     .fetch_optional(conn)
     .await?;
     Ok(row.is_some())
 }
 
+/// Marks `TIMED_OUT` every agent of an open wave that was told (or, never reached, whose
+/// wave opened) `agent-deadline` ago or more without an outcome; returns their ids.
 pub async fn time_out(
     tx: &mut sqlx::Transaction<'static, Any>,
     rollout: i64,
     plan: &Plan,
     now: i64,
 ) -> Result<Vec<String>, sqlx::Error> {
-    let cutoff = now.saturating_sub(plan.agent_deadline.saturating_mul(1000) as i64);
-    let ids: Vec<String> = sqlx::query(
+    let ids: Vec<String> = sqlx::query(&format!(
         "UPDATE rollout_agents SET outcome = 'TIMED_OUT', outcome_at = $3,
            error = 'no report within the agent deadline'
-         WHERE rollout_id = $1 AND outcome IS NULL AND (
-           (told_at IS NOT NULL AND told_at <= $2)
-           OR (told_at IS NULL AND wave IN (SELECT wave FROM rollout_waves
-                WHERE rollout_id = $1 AND opened_at IS NOT NULL AND opened_at <= $2)))
-         RETURNING agent_id",
-    )
+         WHERE {PAST_DEADLINE}
+         RETURNING agent_id"
+    ))
     .bind(rollout)
-    .bind(cutoff)
+    .bind(deadline_cutoff(plan, now))
     .bind(now)
     .fetch_all(&mut **tx)
     .await?
