@@ -32,8 +32,9 @@ pub const CONTENT_TYPE: &str = "application/x-protobuf";
 /// The header a client may send with its instance uid in UUID text form (v0.15+).
 pub const INSTANCE_UID_HEADER: &str = "OpAMP-Instance-UID";
 
-/// The default bound on one decoded message, as in opamp-go (64 MiB is its default;
-/// a server for many small agents wants far less, so the edge passes its own).
+/// A bound on one decoded message for callers without one of their own. opamp-go's
+/// server defaults to 64 MiB; status reports are kilobytes, and a server holding
+/// thousands of connections cannot let each buffer 64 MiB.
 pub const DEFAULT_MAX_MESSAGE: usize = 4 << 20;
 
 /// How an HTTP body is compressed.
