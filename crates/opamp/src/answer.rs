@@ -19,7 +19,7 @@ use crate::proto::{
     ServerToAgentFlags, server_error_response,
 };
 use crate::session::Observation;
-use crate::view::AgentView;
+use crate::view::{AgentView, OfferedPackage};
 
 /// The name of the one top-level package this server offers: its agent bundle.
 pub const AGENT_PACKAGE: &str = "agent";
@@ -146,18 +146,26 @@ pub struct AgentPackage {
 }
 
 impl AgentPackage {
-    /// `PackageAvailable.hash`: sha256 over the name, the version and the file's
-    /// sha256, so that any change to what is offered changes it. Hex.
-    pub fn package_hash(&self) -> Result<String> {
-        let content = from_hex("bundle sha256", &self.sha256)?;
-        Ok(hex::encode(package_hash(
-            AGENT_PACKAGE,
-            &self.version,
-            &content,
-        )))
+    /// What agents will report back about this offer, to keep with the rollout and
+    /// pass to [`crate::view::PackagesReport::outcome`].
+    pub fn offered(&self) -> Result<OfferedPackage> {
+        let offer = agent_package_offer(self)?;
+        let package_hash = offer
+            .packages
+            .get(AGENT_PACKAGE)
+            .map(|p| hex::encode(&p.hash))
+            .unwrap_or_default();
+        Ok(OfferedPackage {
+            name: AGENT_PACKAGE.to_owned(),
+            version: self.version.clone(),
+            package_hash,
+            all_packages_hash: hex::encode(&offer.all_packages_hash),
+        })
     }
 }
 
+/// `PackageAvailable.hash`: sha256 over the name, the version and the file's sha256,
+/// so that any change to what is offered changes it.
 fn package_hash(name: &str, version: &str, content_hash: &[u8]) -> [u8; 32] {
     let mut h = Sha256::new();
     for part in [name.as_bytes(), version.as_bytes(), content_hash] {
@@ -376,7 +384,16 @@ mod tests {
         assert_eq!(file.content_hash, vec![0xab; 32]);
         assert_eq!(file.signature, pkg.signature);
         assert!(file.headers.is_none());
-        assert_eq!(hex::encode(&p.hash), pkg.package_hash().unwrap());
+        let offered = pkg.offered().unwrap();
+        assert_eq!(hex::encode(&p.hash), offered.package_hash);
+        assert_eq!(
+            hex::encode(&offer.all_packages_hash),
+            offered.all_packages_hash
+        );
+        assert_eq!(
+            (offered.name.as_str(), offered.version.as_str()),
+            (AGENT_PACKAGE, "2.2.0+1234")
+        );
         assert_eq!(offer.all_packages_hash.len(), 32);
         // Another bundle, another hash at every level.
         let other = agent_package_offer(&AgentPackage {
@@ -412,7 +429,7 @@ mod tests {
     fn package_offer_goes_to_accepting_agents_until_received_then_statuses_count() {
         let pkg = bundle();
         let offer = agent_package_offer(&pkg).unwrap();
-        let package_hash = pkg.package_hash().unwrap();
+        let offered = pkg.offered().unwrap();
         let offers = || Offers {
             remote_config: None,
             packages: Some(offer.clone()),
@@ -450,10 +467,7 @@ mod tests {
         let o = observe_http(Some(&first.view), &installing);
         assert!(answer(&UID, &o, offers()).packages_available.is_none());
         let packages = o.view.packages.as_ref().unwrap();
-        assert_eq!(
-            packages.outcome(AGENT_PACKAGE, &pkg.version, &package_hash),
-            Some(UpdateStatus::Installing)
-        );
+        assert_eq!(packages.outcome(&offered), Some(UpdateStatus::Installing));
 
         let mut done = msg(3, ACCEPTS_ALL);
         done.package_statuses = Some(statuses(
@@ -462,10 +476,7 @@ mod tests {
         ));
         let o = observe_http(Some(&o.view), &done);
         let packages = o.view.packages.as_ref().unwrap();
-        assert_eq!(
-            packages.outcome(AGENT_PACKAGE, &pkg.version, &package_hash),
-            Some(UpdateStatus::Installed)
-        );
+        assert_eq!(packages.outcome(&offered), Some(UpdateStatus::Installed));
     }
 
     #[test]

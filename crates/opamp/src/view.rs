@@ -354,22 +354,42 @@ impl From<&PackageStatuses> for PackagesReport {
     }
 }
 
+/// A package as the server offered it, in the terms agents report back (hex hashes);
+/// see [`crate::answer::AgentPackage::offered`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OfferedPackage {
+    pub name: String,
+    pub version: String,
+    /// `PackageAvailable.hash`.
+    pub package_hash: String,
+    /// `PackagesAvailable.all_packages_hash` of the offer that carried it.
+    pub all_packages_hash: String,
+}
+
 impl PackagesReport {
     /// How the agent is doing with an offered package, for the rollout: `None` while
     /// the report is about something else (the agent has not seen the offer yet, or
-    /// reports an older one). `package_hash` is the offer's `PackageAvailable.hash`
-    /// in hex.
-    pub fn outcome(&self, name: &str, version: &str, package_hash: &str) -> Option<UpdateStatus> {
-        let p = self.packages.get(name)?;
+    /// reports an older one).
+    pub fn outcome(&self, offer: &OfferedPackage) -> Option<UpdateStatus> {
+        let Some(p) = self.packages.get(&offer.name) else {
+            // The agent could not process the offer as a whole (spec: error_message
+            // "not related to any particular single package").
+            let failed_offer = !self.error.is_empty()
+                && self
+                    .all_packages_hash
+                    .eq_ignore_ascii_case(&offer.all_packages_hash);
+            return failed_offer.then_some(UpdateStatus::InstallFailed);
+        };
         let has_it = if p.agent_has_hash.is_empty() {
-            !p.agent_has_version.is_empty() && p.agent_has_version == version
+            !p.agent_has_version.is_empty() && p.agent_has_version == offer.version
         } else {
-            p.agent_has_hash.eq_ignore_ascii_case(package_hash)
+            p.agent_has_hash.eq_ignore_ascii_case(&offer.package_hash)
         };
         let about_offer = if p.server_offered_hash.is_empty() {
-            p.server_offered_version == version
+            p.server_offered_version == offer.version
         } else {
-            p.server_offered_hash.eq_ignore_ascii_case(package_hash)
+            p.server_offered_hash
+                .eq_ignore_ascii_case(&offer.package_hash)
         };
         match p.state {
             PackageState::Installed if has_it => Some(UpdateStatus::Installed),
@@ -588,8 +608,13 @@ mod tests {
     fn package_statuses_map_to_update_statuses_for_the_offer_only() {
         let new = [2u8; 32];
         let old = [1u8; 32];
-        let offer = hex::encode(new);
-        let outcome = |r: PackagesReport| r.outcome("agent", "2.2.0", &offer);
+        let offer = OfferedPackage {
+            name: "agent".into(),
+            version: "2.2.0".into(),
+            package_hash: hex::encode(new),
+            all_packages_hash: hex::encode([9u8; 32]),
+        };
+        let outcome = |r: PackagesReport| r.outcome(&offer);
         assert_eq!(
             outcome(report(PackageStatusEnum::Installed, &new, &new)),
             Some(UpdateStatus::Installed)
@@ -621,10 +646,23 @@ mod tests {
             None
         );
         // No such package at all.
+        let other = OfferedPackage {
+            name: "other".into(),
+            ..offer.clone()
+        };
         assert_eq!(
-            report(PackageStatusEnum::Installed, &new, &new).outcome("other", "2.2.0", &offer),
+            report(PackageStatusEnum::Installed, &new, &new).outcome(&other),
             None
         );
+        // An error with the whole offer, before any package was touched.
+        let whole = |all: u8| PackagesReport {
+            all_packages_hash: hex::encode([all; 32]),
+            error: "no space left on device".into(),
+            packages: BTreeMap::new(),
+        };
+        assert_eq!(whole(9).outcome(&offer), Some(UpdateStatus::InstallFailed));
+        assert_eq!(whole(8).outcome(&offer), None);
+        assert_eq!(PackagesReport::default().outcome(&offer), None);
         assert_eq!(PackageState::from_wire(42), PackageState::Downloading);
         assert_eq!(
             PackageState::from_wire(3).update_status().as_str(),
