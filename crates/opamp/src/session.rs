@@ -15,10 +15,11 @@
 //!   it, or the agent kept its uid across a restart) is asked for its full state
 //!   unless its message already carries everything its capabilities promise; an
 //!   agent whose description the server does not have is always asked.
-//! - A uid already in use by another live agent (the edge saw a second connection,
-//!   or the description names another service or host), or an agent that asks the
-//!   server to choose (`RequestInstanceUid`), is given a fresh uid; its message is
-//!   not merged into the record it collided with.
+//! - A uid already in use by another live agent (a second connection whose sequence
+//!   does not continue the first's, or a description naming another service or
+//!   host), or an agent that asks the server to choose (`RequestInstanceUid`), is
+//!   given a fresh uid; a colliding message is not merged into the record it
+//!   collided with.
 //! - The first answer on a connection carries the server's capabilities.
 
 use crate::error::Result;
@@ -35,7 +36,11 @@ pub struct Contact<'a> {
     pub message: &'a AgentToServer,
     /// First message on this transport connection; every HTTP request is one.
     pub first_on_connection: bool,
-    /// The edge holds another live connection for this uid (WebSocket).
+    /// The edge holds another open connection for this uid (WebSocket). Not proof of
+    /// a second agent: a client whose network dropped reconnects before the server
+    /// notices the old connection is dead. A reconnecting agent continues its
+    /// `sequence_num`, a second agent does not, so only the latter is a duplicate;
+    /// when the observation is not a duplicate the edge closes the old connection.
     pub uid_in_use_elsewhere: bool,
 }
 
@@ -100,7 +105,12 @@ pub fn observe(stored: Option<&AgentView>, contact: Contact<'_>) -> Result<Obser
     let incoming = msg.agent_description.as_ref().map(Description::from);
 
     let collides = stored.is_some_and(|s| {
-        s.online && (contact.uid_in_use_elsewhere || describes_another_agent(s, incoming.as_ref()))
+        let continues = s
+            .sequence_num
+            .is_some_and(|last| msg.sequence_num == last.wrapping_add(1));
+        s.online
+            && ((contact.uid_in_use_elsewhere && !continues)
+                || describes_another_agent(s, incoming.as_ref()))
     });
     let asks_for_uid = msg.flags & AgentToServerFlags::RequestInstanceUid as u64 != 0;
     if collides {
@@ -491,6 +501,24 @@ mod tests {
         assert_ne!(new, o.uid);
         assert_eq!(o.view, first.view);
         assert!(!o.report_full_state);
+    }
+
+    #[test]
+    fn a_reconnect_before_the_old_connection_is_noticed_dead_is_the_same_agent() {
+        let obs = run(&[full(1, 1), heartbeat(2, 1)]);
+        let again = heartbeat(3, 1);
+        let o = observe(
+            Some(&obs[1].view),
+            Contact {
+                message: &again,
+                first_on_connection: true,
+                uid_in_use_elsewhere: true,
+            },
+        )
+        .unwrap();
+        assert!(!o.duplicate && o.new_instance_uid.is_none());
+        assert!(o.send_capabilities && !o.report_full_state);
+        assert_eq!(o.view.sequence_num, Some(3));
     }
 
     #[test]
