@@ -11,10 +11,11 @@ use agent_updater::state;
 use tokio::sync::watch;
 
 use crate::backoff::{Backoff, Gate, Offer, RetryGate, change_jitter};
-use crate::client::{Client, Directive, Trust};
+use crate::client::{Answer, Client, Directive, Hold, Trust};
 use crate::config::Config;
 use crate::home::Installation;
 use crate::identity;
+use crate::pacing::{self, LastContact};
 use crate::update::{self, Outcome, UpdateContext};
 
 /// How `agent run` ended; the wrapper reads the exit code.
@@ -128,16 +129,38 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
     };
     let mut first = true;
     let mut shutdown = stop_rx.clone();
+    let mut pace = Pace::default();
     loop {
-        match client.hello(first).await {
-            Ok(directive) => {
+        // Never held: the first contact (a register), and any contact with long polls off.
+        let hold = (config.agent.long_poll && !first).then(|| Hold {
+            wait: heartbeat,
+            known_offer: pace.known_offer.clone(),
+        });
+        let asked = Instant::now();
+        let contact = tokio::select! {
+            answer = client.contact(first, hold.as_ref()) => answer,
+            _ = shutdown.wait_for(|stop| *stop) => {
+                tracing::info!("stopping on request");
+                return Ok(RunEnd::Stopped);
+            }
+        };
+        let mut wait = heartbeat;
+        match contact {
+            Ok(answer) => {
                 if first {
                     tracing::info!("registered with {}", client.base());
                 }
                 first = false;
                 health.last_contact = Some(state::now_secs());
                 flush_outbox(&home, &client).await;
-                match directive {
+                wait = pace.answered(
+                    &answer,
+                    hold.as_ref(),
+                    asked.elapsed(),
+                    heartbeat,
+                    client.base(),
+                );
+                match answer.directive {
                     Directive::Accepted => {
                         health.refused_by_server = None;
                         write_health(&home, &health);
@@ -162,10 +185,56 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
             }
             Err(e) => tracing::warn!("{e}; trying again in {:?}", heartbeat),
         }
-        if update::sleep_or_shutdown(heartbeat, &mut shutdown).await {
+        if update::sleep_or_shutdown(wait, &mut shutdown).await {
             tracing::info!("stopping on request");
             return Ok(RunEnd::Stopped);
         }
+    }
+}
+
+/// What the agent knows from its last answers, to pace the next contact.
+#[derive(Debug, Default)]
+struct Pace {
+    last: Option<(bool, Option<String>, Option<String>)>,
+    /// The bundle the last `409` named, while the agent stays on its version.
+    known_offer: Option<String>,
+    /// The server answered a connect at once although asked to hold it (said once).
+    said_no_hold: bool,
+}
+
+impl Pace {
+    /// Records an answer; returns the wait before the next contact.
+    fn answered(
+        &mut self,
+        answer: &Answer,
+        hold: Option<&Hold>,
+        took: Duration,
+        heartbeat: Duration,
+        server: &str,
+    ) -> Duration {
+        let (accepted, expected, sha) = answer.directive.key();
+        let key = (
+            accepted,
+            expected.map(str::to_owned),
+            sha.map(str::to_owned),
+        );
+        let changed = self.last.as_ref() != Some(&key);
+        self.last = Some(key);
+        self.known_offer = sha.map(str::to_owned);
+        if hold.is_some() && !answer.server_holds && !self.said_no_hold {
+            tracing::info!(
+                "{server} answers connects at once (it does not hold them); asking it once per heartbeat ({heartbeat:?})"
+            );
+        }
+        self.said_no_hold = hold.is_some() && !answer.server_holds;
+        let last = LastContact {
+            asked_to_hold: hold.is_some(),
+            server_holds: answer.server_holds,
+            took,
+            wait: hold.map_or(heartbeat, |h| h.wait),
+            changed,
+        };
+        pacing::next_contact(heartbeat, &last, &mut rand::rng())
     }
 }
 
