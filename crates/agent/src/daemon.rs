@@ -160,6 +160,9 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
                     heartbeat,
                     client.base(),
                 );
+                // Learnt the moment it happened: no need to spread the fleet over a
+                // heartbeat's worth of jitter before acting.
+                let prompt = hold.is_some() && answer.server_holds;
                 match answer.directive {
                     Directive::Accepted => {
                         health.refused_by_server = None;
@@ -174,7 +177,7 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
                             sha256: ns.sha256.clone(),
                         };
                         if let Some(end) = on_refused(
-                            &install, &config, &client, &id, &offer, &mut retry, &stop_rx,
+                            &install, &config, &client, &id, &offer, &mut retry, &stop_rx, prompt,
                         )
                         .await
                         {
@@ -238,6 +241,10 @@ impl Pace {
     }
 }
 
+/// The longest random wait before acting on a changed offer learnt from a held connect.
+/// The download limit (`503` + `Retry-After`) spreads a fleet that learns at once.
+const PROMPT_SPREAD: Duration = Duration::from_secs(1);
+
 /// When the next update round may start.
 struct Retry {
     gate: RetryGate,
@@ -277,6 +284,7 @@ async fn on_refused(
     offer: &Offer,
     retry: &mut Retry,
     stop: &watch::Receiver<bool>,
+    prompt: bool,
 ) -> Option<RunEnd> {
     let expected = offer.expected.as_str();
     match state::open_transaction(&install.home) {
@@ -321,7 +329,12 @@ async fn on_refused(
         Gate::Wait => return None,
         Gate::Go => {}
         Gate::Changed => {
-            let jitter = change_jitter(config.agent.heartbeat, &mut rand::rng());
+            let spread = if prompt {
+                PROMPT_SPREAD.min(config.agent.heartbeat)
+            } else {
+                config.agent.heartbeat
+            };
+            let jitter = change_jitter(spread, &mut rand::rng());
             tracing::info!(
                 "the server now offers {expected}{}; trying it in {:.1}s instead of waiting out the last failure's backoff",
                 offer
