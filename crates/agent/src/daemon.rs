@@ -177,7 +177,16 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
                             sha256: ns.sha256.clone(),
                         };
                         if let Some(end) = on_refused(
-                            &install, &config, &client, &id, &offer, &mut retry, &stop_rx, prompt,
+                            &install,
+                            &config,
+                            &client,
+                            &id,
+                            Told {
+                                offer: &offer,
+                                prompt,
+                            },
+                            &mut retry,
+                            &stop_rx,
                         )
                         .await
                         {
@@ -241,6 +250,12 @@ impl Pace {
     }
 }
 
+/// A refusal: the bundle offered, and whether it was learnt from a held connect.
+struct Told<'a> {
+    offer: &'a Offer,
+    prompt: bool,
+}
+
 /// The longest random wait before acting on a changed offer learnt from a held connect.
 /// The download limit (`503` + `Retry-After`) spreads a fleet that learns at once.
 const PROMPT_SPREAD: Duration = Duration::from_secs(1);
@@ -281,11 +296,11 @@ async fn on_refused(
     config: &Config,
     client: &Client,
     id: &str,
-    offer: &Offer,
+    told: Told<'_>,
     retry: &mut Retry,
     stop: &watch::Receiver<bool>,
-    prompt: bool,
 ) -> Option<RunEnd> {
+    let Told { offer, prompt } = told;
     let expected = offer.expected.as_str();
     match state::open_transaction(&install.home) {
         Ok(Some(j)) => {
