@@ -17,6 +17,7 @@ pub mod error;
 pub mod home;
 pub mod identity;
 pub mod manual;
+pub mod pacing;
 pub mod status;
 pub mod update;
 

@@ -12,6 +12,14 @@ use crate::rollout::plan::Plan;
 
 pub const ENV_PREFIX: &str = "UPDATE_SERVER";
 
+/// Open connections by default: every agent of a fleet of 20,000 holds one (a long
+/// poll), with room to spare for downloads and operators. Lowered, with a warning, to
+/// what the process's file limit allows.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 25_000;
+
+/// The longest `agents.max-wait` accepted.
+pub const MAX_WAIT_CAP: u64 = 3600;
+
 pub const KEYS: &[Key] = &[
     key("server", "listen", Kind::Str),
     key("server", "home", Kind::Str),
@@ -27,6 +35,7 @@ pub const KEYS: &[Key] = &[
     key("bundle", "public-key", Kind::Str),
     key("agents", "accept", Kind::Str),
     key("agents", "enrollment-token", Kind::Str),
+    key("agents", "max-wait", Kind::Int),
     key("admin", "token", Kind::Str),
     key("database", "url", Kind::Str),
     key("database", "pool-size", Kind::Int),
@@ -102,6 +111,8 @@ pub struct AgentsSection {
     /// When set, an id the fleet does not know must present it (`Enrollment-Token`) to
     /// register. Empty: open enrollment.
     pub enrollment_token: String,
+    /// Seconds a long-polling `connect?wait=` may be held.
+    pub max_wait: u64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -174,7 +185,7 @@ impl Default for ServerSection {
         Self {
             listen: "127.0.0.1:7080".into(),
             home: PathBuf::from("server-home"),
-            max_connections: 1024,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             shutdown_grace: 30,
             name: String::new(),
             header_timeout: 30,
@@ -199,6 +210,7 @@ impl Default for AgentsSection {
         Self {
             accept: "exact".into(),
             enrollment_token: String::new(),
+            max_wait: 60,
         }
     }
 }
@@ -236,6 +248,12 @@ impl Config {
         }
         if self.server.max_connections == 0 {
             return Err("server.max-connections must be at least 1".into());
+        }
+        if self.agents.max_wait > MAX_WAIT_CAP {
+            return Err(format!(
+                "agents.max-wait ({}) is more than {MAX_WAIT_CAP} seconds; proxies and agents would give up on such holds first (0 turns holds off)",
+                self.agents.max_wait
+            ));
         }
         if self.database.pool_size == 0 {
             return Err("database.pool-size must be at least 1".into());

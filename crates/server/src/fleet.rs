@@ -130,6 +130,7 @@ pub fn spawn_settings_poll(shared: &Arc<Shared>) {
                         tracing::info!(
                             "auto_update is now {on} (changed on another server of the fleet)"
                         );
+                        shared.rollouts.news().publish("the fleet switch flipped");
                     }
                 }
                 Err(e) if outage::is_unavailable(&e) => shared.outage.went_down(&e),

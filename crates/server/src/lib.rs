@@ -14,6 +14,7 @@ pub mod error;
 pub mod fleet;
 pub mod limiter;
 pub mod metrics;
+pub mod news;
 pub mod outage;
 pub mod rollout;
 pub mod routes;
@@ -110,6 +111,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             retry_after: config.downloads.retry_after,
             request_timeout: Duration::from_secs(config.server.header_timeout),
             stall_timeout: Duration::from_secs(config.downloads.stall_timeout),
+            max_wait: Duration::from_secs(config.agents.max_wait),
         }),
     })
 }
@@ -183,7 +185,11 @@ pub async fn serve(
     let addr = config.listen_addr().map_err(ServerError::Config)?;
     // Connections are capped below the file limit, so that a flood of them never leaves
     // the server without a descriptor for its bundle or its database.
-    let fd_limit = conn::raise_fd_limit();
+    let fd_limit = conn::raise_fd_limit(
+        u64::try_from(config.server.max_connections)
+            .unwrap_or(u64::MAX)
+            .saturating_add(conn::FD_RESERVE),
+    );
     let (max_connections, lowered) = conn::fit_connections(config.server.max_connections, fd_limit);
     if let Some(why) = lowered {
         tracing::warn!("{why}");
@@ -212,6 +218,7 @@ pub async fn serve(
     home_lock.describe(&format!("pid {} listening on {local}", std::process::id()));
     let state = build_state(&config).await?;
     let metrics = Arc::clone(&state.inner.metrics);
+    let news = Arc::clone(state.inner.rollouts.news());
     tracing::info!(
         "update-server listening on {}://{local} (home {})",
         if config.tls_files().is_some() {
@@ -246,6 +253,8 @@ pub async fn serve(
     let grace = Duration::from_secs(config.server.shutdown_grace);
     let announced = async move {
         shutdown.await;
+        // Held connects are answered now, so their agents go elsewhere or come back.
+        news.close();
         tracing::info!(
             "stopping: no new connections; running downloads get {}s to finish",
             grace.as_secs()

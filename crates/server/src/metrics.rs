@@ -30,6 +30,26 @@ pub struct Metrics {
     pub evicted: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_open: AtomicU64,
+    /// Long-polling connects held now, and held in all.
+    pub connects_held: AtomicU64,
+    pub held_connects: AtomicU64,
+}
+
+/// Counts one held connect for as long as it lives (however it ends: answered, or
+/// dropped when its client goes away).
+pub struct Holding<'a>(&'a AtomicU64);
+
+impl<'a> Holding<'a> {
+    pub fn new(gauge: &'a AtomicU64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Self(gauge)
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 pub fn inc(counter: &AtomicU64) {
@@ -192,6 +212,26 @@ impl Metrics {
             out,
             "agentupdate_connections_total {}",
             get(&self.connections_total)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_connects_held Long-polling connects held now (agents waiting for news)."
+        );
+        let _ = writeln!(out, "# TYPE agentupdate_connects_held gauge");
+        let _ = writeln!(
+            out,
+            "agentupdate_connects_held {}",
+            get(&self.connects_held)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_held_connects_total Long-polling connects held."
+        );
+        let _ = writeln!(out, "# TYPE agentupdate_held_connects_total counter");
+        let _ = writeln!(
+            out,
+            "agentupdate_held_connects_total {}",
+            get(&self.held_connects)
         );
         render_rollout(&mut out, rollout);
         render_database(&mut out, database);

@@ -29,6 +29,7 @@ use agent_protocol::{AcceptPolicy, AgentVersion};
 use serde_json::json;
 
 use crate::db::{Backend, Db, now_ms};
+use crate::news::News;
 use crate::rollout::claim::Claim;
 use crate::rollout::order::Member;
 use crate::rollout::plan::Plan;
@@ -75,6 +76,8 @@ pub struct Rollouts {
     halts: [AtomicU64; 3],
     /// Woken by a report, so the decision that may follow is not a tick away.
     wake: tokio::sync::Notify,
+    /// Told whenever the rollout as this server sees it moves, so held connects look again.
+    news: Arc<News>,
 }
 
 /// The PostgreSQL advisory lock that orders rollout starts across servers ("rollout").
@@ -103,7 +106,13 @@ impl Rollouts {
             deciding: tokio::sync::Mutex::new(()),
             halts: Default::default(),
             wake: tokio::sync::Notify::new(),
+            news: Arc::default(),
         }
+    }
+
+    /// Where held connects learn that the rollout moved.
+    pub fn news(&self) -> &Arc<News> {
+        &self.news
     }
 
     /// The fleet's rollout as last read.
@@ -290,8 +299,10 @@ impl Rollouts {
         let mismatch = served
             .as_ref()
             .and_then(|s| claim::mismatch(latest.as_ref(), s, self.shared()));
+        let mismatch_changed;
         {
             let mut slot = self.mismatch.write().unwrap_or_else(|p| p.into_inner());
+            mismatch_changed = *slot != mismatch;
             if *slot != mismatch {
                 match &mismatch {
                     Some(m) => tracing::warn!("{m}"),
@@ -303,6 +314,11 @@ impl Rollouts {
                 *slot = mismatch;
             }
         }
+        let moved = {
+            let before = self.current();
+            let shape = |r: &RolloutRow| (r.id, r.state, r.opened, r.version.clone());
+            before.as_deref().map(shape) != latest.as_ref().map(shape)
+        };
         let latest = latest.map(Arc::new);
         // A new rollout: every agent placed at its start is read in once, so that its
         // heartbeats cost no read, and so that an outage of the database finds each
@@ -317,6 +333,9 @@ impl Rollouts {
             }
         }
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = latest;
+        if moved || mismatch_changed {
+            self.news.publish("the rollout moved");
+        }
         Ok(())
     }
 

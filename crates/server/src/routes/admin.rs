@@ -65,7 +65,9 @@ pub(super) async fn update_settings(
     if let Some(enabled) = change.auto_update {
         s.db.set_setting(SETTING_AUTO_UPDATE, if enabled { "true" } else { "false" })
             .await?;
-        s.auto_update.store(enabled, Ordering::Relaxed);
+        if s.auto_update.swap(enabled, Ordering::Relaxed) != enabled {
+            s.rollouts.news().publish("the fleet switch flipped");
+        }
         tracing::info!(enabled, "fleet-wide auto-update changed");
     }
     Ok(Json(settings_json(s)).into_response())

@@ -4,9 +4,12 @@
 use agent_protocol::AgentVersion;
 use agent_protocol::wire::{self, AgentHello, NotSupported, Report};
 use axum::Json;
-use axum::extract::State;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
 use axum::extract::rejection::JsonRejection;
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::{AppState, Shared, json_body, ready};
@@ -14,9 +17,11 @@ use crate::credentials::{self, Verdict};
 use crate::db::{Credentials, now_ms, now_secs};
 use crate::error::ApiError;
 use crate::fleet;
-use crate::metrics::inc;
+use crate::metrics::{Holding, inc};
 use crate::outage::{self, Deferred};
 use crate::rollout::Answer;
+use crate::store::ServedBundle;
+use serde::Deserialize;
 
 fn agent_version_header(headers: &HeaderMap) -> Result<AgentVersion, ApiError> {
     let raw = headers.get(wire::AGENT_VERSION_HEADER).ok_or_else(|| {
@@ -50,71 +55,198 @@ fn check_hello(hello: &AgentHello) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `POST /agent/register` and `/agent/connect`: the version directive.
+/// What register and connect answer: the directive, with credentials the first time.
+enum Greeting {
+    Accepted {
+        expected: AgentVersion,
+        token: Option<String>,
+    },
+    Refused(NotSupported),
+    /// Not a directive (no bundle to serve yet): answered as it is, never held.
+    Other(Response),
+}
+
+impl Greeting {
+    /// Whether an agent that knows `known` (the bundle it was refused with and stays
+    /// away from, if any) learns something from this answer. A held connect waits for
+    /// news; anything else is answered at once.
+    fn is_news(&self, known: Option<&str>) -> bool {
+        match self {
+            Greeting::Accepted { token, .. } => token.is_some() || known.is_some(),
+            Greeting::Refused(ns) => ns.token.is_some() || ns.sha256.as_deref() != known,
+            Greeting::Other(_) => true,
+        }
+    }
+
+    fn into_response(self) -> Response {
+        match self {
+            Greeting::Accepted { expected, token } => {
+                let mut body =
+                    serde_json::json!({ "status": "accepted", "expected": expected.to_string() });
+                if let Some(token) = token {
+                    body["token"] = serde_json::Value::String(token);
+                }
+                Json(body).into_response()
+            }
+            Greeting::Refused(ns) => (StatusCode::CONFLICT, Json(ns)).into_response(),
+            Greeting::Other(response) => response,
+        }
+    }
+}
+
+/// The hello of a register or connect, checked.
+struct Hello {
+    hello: AgentHello,
+    version: AgentVersion,
+}
+
+fn hello_of(
+    headers: &HeaderMap,
+    body: Result<Json<AgentHello>, JsonRejection>,
+) -> Result<Hello, ApiError> {
+    let hello = json_body(body)?;
+    check_hello(&hello)?;
+    let version = agent_version_header(headers)?;
+    Ok(Hello { hello, version })
+}
+
+/// `POST /agent/register`: the version directive.
 pub(super) async fn register(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Result<Json<AgentHello>, JsonRejection>,
 ) -> Result<Response, ApiError> {
+    let hello = hello_of(&headers, body)?;
+    Ok(greet(&state.inner, &hello, &headers).await?.into_response())
+}
+
+/// `connect?wait=<seconds>&known=<sha256>`.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Hold {
+    wait: Option<u64>,
+    known: Option<String>,
+}
+
+/// `POST /agent/connect`: the directive, like register; with `wait`, a long poll held
+/// until the answer is news to the agent, `wait` (at most `agents.max-wait`) runs out,
+/// or the server stops. While it waits it costs a task and a watch receiver: it is
+/// woken by [`crate::news`], never by reading the database.
+pub(super) async fn connect(
+    State(state): State<AppState>,
+    Query(hold): Query<Hold>,
+    headers: HeaderMap,
+    body: Result<Json<AgentHello>, JsonRejection>,
+) -> Result<Response, ApiError> {
     let s = &state.inner;
-    let hello = json_body(body)?;
-    check_hello(&hello)?;
-    let agent_version = agent_version_header(&headers)?;
+    let hello = hello_of(&headers, body)?;
+    let wait = Duration::from_secs(hold.wait.unwrap_or(0)).min(s.max_wait);
+    if wait.is_zero() {
+        return Ok(greet(s, &hello, &headers).await?.into_response());
+    }
+    let known = hold.known.as_deref();
+    // Taken before the first answer is worked out, so no change made meanwhile is missed.
+    let mut news = s.rollouts.news().subscribe();
+    let mut closing = s.rollouts.news().closing();
+    let deadline = tokio::time::Instant::now() + wait;
+    // The switch decides what a refused agent may download: every agent hears it flip.
+    let switch = s.auto_update.load(Ordering::Relaxed);
+    let mut greeting = greet(s, &hello, &headers).await?;
+    inc(&s.metrics.held_connects);
+    let _holding = Holding::new(&s.metrics.connects_held);
+    while !greeting.is_news(known) {
+        tokio::select! {
+            changed = news.changed() => if changed.is_err() { break },
+            () = tokio::time::sleep_until(deadline) => break,
+            _ = closing.wait_for(|c| *c) => break,
+        }
+        greeting = reconsider(s, &hello).await?;
+        if s.auto_update.load(Ordering::Relaxed) != switch {
+            break;
+        }
+    }
+    let mut response = greeting.into_response();
+    response.headers_mut().insert(
+        wire::LONG_POLL_HEADER,
+        HeaderValue::from(s.max_wait.as_secs()),
+    );
+    Ok(response)
+}
+
+/// The answer to a register or connect, counting as the agent's contact.
+async fn greet(s: &Shared, hello: &Hello, headers: &HeaderMap) -> Result<Greeting, ApiError> {
     let bundle = match ready(s) {
         Ok(b) => b,
-        Err(r) => return Ok(*r),
+        Err(r) => return Ok(Greeting::Other(*r)),
     };
-    let issue = match authenticate(s, &hello.id, &headers).await? {
+    let issue = match authenticate(s, &hello.hello.id, headers).await? {
         Verdict::Allow { issue } => issue,
-        Verdict::Deny(why) => return Err(unauthorized(&hello.id, why)),
+        Verdict::Deny(why) => return Err(unauthorized(&hello.hello.id, why)),
     };
     fleet::save(
         s,
         Deferred::Contact {
-            id: hello.id.clone(),
-            name: hello.name.clone(),
-            platform: hello.platform.clone(),
-            version: agent_version.to_string(),
-            group: hello.group.clone(),
+            id: hello.hello.id.clone(),
+            name: hello.hello.name.clone(),
+            platform: hello.hello.platform.clone(),
+            version: hello.version.to_string(),
+            group: hello.hello.group.clone(),
             at: now_secs(),
         },
     )
     .await?;
-    let answer = directive(s, &hello, &agent_version).await?;
+    // Credentials are issued once, in the database; while it is away, the agent gets
+    // its token at a later register.
+    let token = if issue && !s.outage.is_down() {
+        issue_token(s, &hello.hello.id).await?
+    } else {
+        None
+    };
+    decide(s, hello, &bundle, token, true).await
+}
+
+/// The answer again, after news, for a connect that is held: the agent's credentials
+/// were checked and its contact recorded when the hold began.
+async fn reconsider(s: &Shared, hello: &Hello) -> Result<Greeting, ApiError> {
+    let bundle = match ready(s) {
+        Ok(b) => b,
+        Err(r) => return Ok(Greeting::Other(*r)),
+    };
+    decide(s, hello, &bundle, None, false).await
+}
+
+async fn decide(
+    s: &Shared,
+    hello: &Hello,
+    bundle: &ServedBundle,
+    token: Option<String>,
+    count: bool,
+) -> Result<Greeting, ApiError> {
+    let answer = directive(s, &hello.hello, &hello.version).await?;
     // Before the first rollout is read (a bundle just dropped), the bundle speaks alone.
     let (accepted, expected) = match answer {
         Some(a) => (a.accepted, a.expected),
         None => (
-            s.policy.accepts(bundle.version(), &agent_version),
+            s.policy.accepts(bundle.version(), &hello.version),
             bundle.version().clone(),
         ),
     };
-    // Credentials are issued once, in the database; while it is away, the agent gets
-    // its token at a later register.
-    let token = if issue && !s.outage.is_down() {
-        issue_token(s, &hello.id).await?
-    } else {
-        None
-    };
     if accepted {
-        inc(&s.metrics.registrations_accepted);
-        let mut body =
-            serde_json::json!({ "status": "accepted", "expected": expected.to_string() });
-        if let Some(token) = token {
-            body["token"] = serde_json::Value::String(token);
+        if count {
+            inc(&s.metrics.registrations_accepted);
         }
-        return Ok(Json(body).into_response());
+        return Ok(Greeting::Accepted { expected, token });
     }
-    inc(&s.metrics.registrations_refused);
-    tracing::info!(agent = %hello.id, version = %agent_version, expected = %expected, "refused agent");
-    let body = NotSupported {
+    if count {
+        inc(&s.metrics.registrations_refused);
+    }
+    tracing::info!(agent = %hello.hello.id, version = %hello.version, expected = %expected, "refused agent");
+    Ok(Greeting::Refused(NotSupported {
         error: wire::NOT_SUPPORTED.to_owned(),
         expected: expected.to_string(),
         download: wire::DOWNLOAD_PATH.to_owned(),
         sha256: Some(bundle.info.sha256.clone()),
         token,
-    };
-    Ok((StatusCode::CONFLICT, Json(body)).into_response())
+    }))
 }
 
 /// The directive for this agent, from the database, or from what this server last read

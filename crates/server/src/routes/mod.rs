@@ -69,6 +69,8 @@ pub struct Shared {
     pub request_timeout: std::time::Duration,
     /// How long a download may hand no bytes to its client before its slot is freed.
     pub stall_timeout: std::time::Duration,
+    /// `agents.max-wait`: the longest a long-polling connect is held.
+    pub max_wait: std::time::Duration,
 }
 
 pub fn app(state: AppState) -> Router {
@@ -77,6 +79,14 @@ pub fn app(state: AppState) -> Router {
     // Downloads are not bounded here; their clock is the stall timeout.
     let request_timeout =
         TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, state.inner.request_timeout);
+    // A connect may be held for agents.max-wait (a long poll) before its own clock runs.
+    let held = Router::new().route(
+        wire::CONNECT_PATH,
+        post(agents::connect).route_layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            state.inner.request_timeout + state.inner.max_wait,
+        )),
+    );
     let downloads = Router::new()
         .route(wire::VERSION_PATH, get(download::version))
         .route(
@@ -86,7 +96,6 @@ pub fn app(state: AppState) -> Router {
         .route(wire::SIGNATURE_PATH, get(download::signature));
     Router::new()
         .route(wire::REGISTER_PATH, post(agents::register))
-        .route(wire::CONNECT_PATH, post(agents::register))
         .route(wire::REPORT_PATH, post(agents::report))
         .route(
             "/admin/settings",
@@ -106,6 +115,7 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(admin::metrics))
         .route("/healthz", get(admin::healthz))
         .route_layer(request_timeout)
+        .merge(held)
         .merge(downloads)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
