@@ -9,14 +9,14 @@ use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use agent_fleet::credentials::{self, Verdict};
+use agent_fleet::db::{Credentials, now_ms, now_secs};
+use agent_fleet::outage::Deferred;
+use agent_fleet::rollout::Answer;
+
 use super::{AppState, Shared, json_body, ready};
-use crate::credentials::{self, Verdict};
-use crate::db::{Credentials, now_ms, now_secs};
 use crate::error::ApiError;
-use crate::fleet;
 use crate::metrics::inc;
-use crate::outage::{self, Deferred};
-use crate::rollout::Answer;
 
 fn agent_version_header(headers: &HeaderMap) -> Result<AgentVersion, ApiError> {
     let raw = headers.get(wire::AGENT_VERSION_HEADER).ok_or_else(|| {
@@ -68,18 +68,16 @@ pub(super) async fn register(
         Verdict::Allow { issue } => issue,
         Verdict::Deny(why) => return Err(unauthorized(&hello.id, why)),
     };
-    fleet::save(
-        s,
-        Deferred::Contact {
+    s.fleet
+        .save(Deferred::Contact {
             id: hello.id.clone(),
             name: hello.name.clone(),
             platform: hello.platform.clone(),
             version: agent_version.to_string(),
             group: hello.group.clone(),
             at: now_secs(),
-        },
-    )
-    .await?;
+        })
+        .await?;
     let answer = directive(s, &hello, &agent_version).await?;
     // Before the first rollout is read (a bundle just dropped), the bundle speaks alone.
     let (accepted, expected) = match answer {
@@ -91,7 +89,7 @@ pub(super) async fn register(
     };
     // Credentials are issued once, in the database; while it is away, the agent gets
     // its token at a later register.
-    let token = if issue && !s.outage.is_down() {
+    let token = if issue && !s.fleet.outage.is_down() {
         issue_token(s, &hello.id).await?
     } else {
         None
@@ -124,17 +122,17 @@ async fn directive(
     hello: &AgentHello,
     version: &AgentVersion,
 ) -> Result<Option<Answer>, ApiError> {
-    if !s.outage.is_down() {
+    if !s.fleet.outage.is_down() {
         let group = hello.group.as_deref().unwrap_or("");
-        match s.rollouts.answer(&hello.id, group, version).await {
+        match s.fleet.rollouts.answer(&hello.id, group, version).await {
             Ok(answer) => return Ok(answer),
-            Err(e) if outage::is_unavailable(&e) => s.outage.went_down(&e),
+            Err(e) if e.is_unavailable() => s.fleet.outage.went_down(&e),
             Err(e) => return Err(e.into()),
         }
     }
-    let (answer, told) = s.rollouts.answer_offline(&hello.id, version);
+    let (answer, told) = s.fleet.rollouts.answer_offline(&hello.id, version);
     if let Some(rollout) = told {
-        s.outage.defer(Deferred::Told {
+        s.fleet.outage.defer(Deferred::Told {
             rollout,
             agent: hello.id.clone(),
             at_ms: now_ms(),
@@ -147,17 +145,17 @@ async fn directive(
 /// away, as this server last read them. An id this server never checked cannot be
 /// checked then: `503`, and the agent tries again (or another server).
 async fn known_credentials(s: &Shared, id: &str) -> Result<Credentials, ApiError> {
-    if !s.outage.is_down() {
-        match s.db.credentials(id).await {
+    if !s.fleet.outage.is_down() {
+        match s.fleet.db.credentials(id).await {
             Ok(known) => {
-                s.outage.remember_credentials(id, &known);
+                s.fleet.outage.remember_credentials(id, &known);
                 return Ok(known);
             }
-            Err(e) if outage::is_unavailable(&e) => s.outage.went_down(&e),
+            Err(e) if e.is_unavailable() => s.fleet.outage.went_down(&e),
             Err(e) => return Err(e.into()),
         }
     }
-    s.outage.known_credentials(id).ok_or_else(|| {
+    s.fleet.outage.known_credentials(id).ok_or_else(|| {
         ApiError::unavailable(
             "the fleet database is unreachable and this server has not seen this agent yet; try again shortly",
             s.retry_after,
@@ -165,7 +163,17 @@ async fn known_credentials(s: &Shared, id: &str) -> Result<Credentials, ApiError
     })
 }
 
-/// Whether this request may speak for the id (see [`crate::credentials`]).
+/// `Authorization: Bearer <token>`, if sent.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// Whether this request may speak for the id (see [`agent_fleet::credentials`]).
 async fn authenticate(s: &Shared, id: &str, headers: &HeaderMap) -> Result<Verdict, ApiError> {
     let known = known_credentials(s, id).await?;
     let enrollment = headers
@@ -173,7 +181,7 @@ async fn authenticate(s: &Shared, id: &str, headers: &HeaderMap) -> Result<Verdi
         .and_then(|v| v.to_str().ok());
     Ok(credentials::decide(
         &known,
-        credentials::bearer(headers),
+        bearer(headers),
         &s.enrollment_token,
         enrollment,
     ))
@@ -191,15 +199,17 @@ async fn issue_token(s: &Shared, id: &str) -> Result<Option<String>, ApiError> {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no randomness")
     })?;
     let hash = credentials::hash_token(&token);
-    match s.db.issue_token(id, &hash).await {
+    match s.fleet.db.issue_token(id, &hash).await {
         Ok(true) => {
             tracing::info!(agent = %id, "issued the agent its credentials");
-            s.outage.remember_credentials(id, &Credentials::Hash(hash));
+            s.fleet
+                .outage
+                .remember_credentials(id, &Credentials::Hash(hash));
             Ok(Some(token))
         }
         Ok(false) => Ok(None),
-        Err(e) if outage::is_unavailable(&e) => {
-            s.outage.went_down(&e);
+        Err(e) if e.is_unavailable() => {
+            s.fleet.outage.went_down(&e);
             Ok(None)
         }
         Err(e) => Err(e.into()),
@@ -225,16 +235,16 @@ pub(super) async fn report(
     }
     inc(&state.inner.metrics.reports);
     tracing::info!(agent = %report.id, from = %report.from, to = %report.to, status = report.status.as_str(), error = ?report.error, "update report");
-    fleet::save(
-        &state.inner,
-        Deferred::Report {
+    state
+        .inner
+        .fleet
+        .save(Deferred::Report {
             report,
             at_ms: now_ms(),
-        },
-    )
-    .await?;
+        })
+        .await?;
     // Queued or written, it is the server's now: the agent may forget it.
-    let status = if state.inner.outage.is_down() {
+    let status = if state.inner.fleet.outage.is_down() {
         "queued"
     } else {
         "recorded"
