@@ -3,7 +3,7 @@
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::rollout::step::WaveStatus;
+use agent_fleet::rollout::step::WaveStatus;
 
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -78,7 +78,7 @@ impl Metrics {
         by_version: &[(String, i64)],
         by_status: &[(String, i64)],
         rollout: &RolloutGauges,
-        database: &crate::outage::Status,
+        database: &agent_fleet::outage::Status,
     ) -> String {
         let mut out = String::new();
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -296,7 +296,7 @@ fn render_rollout(out: &mut String, r: &RolloutGauges) {
     let _ = writeln!(out, "agentupdate_bundle_mismatch {}", u8::from(r.mismatch));
 }
 
-fn render_database(out: &mut String, d: &crate::outage::Status) {
+fn render_database(out: &mut String, d: &agent_fleet::outage::Status) {
     let _ = writeln!(
         out,
         "# HELP agentupdate_database_up 1 when the fleet database answers; 0 while agents are answered from memory."

@@ -4,7 +4,6 @@
 use agent_protocol::AgentVersion;
 use agent_protocol::wire::{self, AgentHello, NotSupported, Report};
 use axum::Json;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
@@ -12,14 +11,14 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use agent_fleet::credentials::{self, Verdict};
+use agent_fleet::db::{Credentials, now_ms, now_secs};
+use agent_fleet::outage::Deferred;
+use agent_fleet::rollout::Answer;
+
 use super::{AppState, Shared, json_body, ready};
-use crate::credentials::{self, Verdict};
-use crate::db::{Credentials, now_ms, now_secs};
 use crate::error::ApiError;
-use crate::fleet;
 use crate::metrics::{Holding, inc};
-use crate::outage::{self, Deferred};
-use crate::rollout::Answer;
 use crate::store::ServedBundle;
 use serde::Deserialize;
 
@@ -130,7 +129,7 @@ pub(super) struct Hold {
 /// `POST /agent/connect`: the directive, like register; with `wait`, a long poll held
 /// until the answer is news to the agent, `wait` (at most `agents.max-wait`) runs out,
 /// or the server stops. While it waits it costs a task and a watch receiver: it is
-/// woken by [`crate::news`], never by reading the database.
+/// woken by [`agent_fleet::news`], never by reading the database.
 pub(super) async fn connect(
     State(state): State<AppState>,
     Query(hold): Query<Hold>,
@@ -145,11 +144,11 @@ pub(super) async fn connect(
     }
     let known = hold.known.as_deref();
     // Taken before the first answer is worked out, so no change made meanwhile is missed.
-    let mut news = s.rollouts.news().subscribe();
-    let mut closing = s.rollouts.news().closing();
+    let mut news = s.fleet.rollouts.news().subscribe();
+    let mut closing = s.fleet.rollouts.news().closing();
     let deadline = tokio::time::Instant::now() + wait;
     // The switch decides what a refused agent may download: every agent hears it flip.
-    let switch = s.auto_update.load(Ordering::Relaxed);
+    let switch = s.fleet.auto_update();
     let mut greeting = greet(s, &hello, &headers).await?;
     inc(&s.metrics.held_connects);
     let _holding = Holding::new(&s.metrics.connects_held);
@@ -160,7 +159,7 @@ pub(super) async fn connect(
             _ = closing.wait_for(|c| *c) => break,
         }
         greeting = reconsider(s, &hello).await?;
-        if s.auto_update.load(Ordering::Relaxed) != switch {
+        if s.fleet.auto_update() != switch {
             break;
         }
     }
@@ -182,21 +181,19 @@ async fn greet(s: &Shared, hello: &Hello, headers: &HeaderMap) -> Result<Greetin
         Verdict::Allow { issue } => issue,
         Verdict::Deny(why) => return Err(unauthorized(&hello.hello.id, why)),
     };
-    fleet::save(
-        s,
-        Deferred::Contact {
+    s.fleet
+        .save(Deferred::Contact {
             id: hello.hello.id.clone(),
             name: hello.hello.name.clone(),
             platform: hello.hello.platform.clone(),
             version: hello.version.to_string(),
             group: hello.hello.group.clone(),
             at: now_secs(),
-        },
-    )
-    .await?;
+        })
+        .await?;
     // Credentials are issued once, in the database; while it is away, the agent gets
     // its token at a later register.
-    let token = if issue && !s.outage.is_down() {
+    let token = if issue && !s.fleet.outage.is_down() {
         issue_token(s, &hello.hello.id).await?
     } else {
         None
@@ -256,17 +253,17 @@ async fn directive(
     hello: &AgentHello,
     version: &AgentVersion,
 ) -> Result<Option<Answer>, ApiError> {
-    if !s.outage.is_down() {
+    if !s.fleet.outage.is_down() {
         let group = hello.group.as_deref().unwrap_or("");
-        match s.rollouts.answer(&hello.id, group, version).await {
+        match s.fleet.rollouts.answer(&hello.id, group, version).await {
             Ok(answer) => return Ok(answer),
-            Err(e) if outage::is_unavailable(&e) => s.outage.went_down(&e),
+            Err(e) if e.is_unavailable() => s.fleet.outage.went_down(&e),
             Err(e) => return Err(e.into()),
         }
     }
-    let (answer, told) = s.rollouts.answer_offline(&hello.id, version);
+    let (answer, told) = s.fleet.rollouts.answer_offline(&hello.id, version);
     if let Some(rollout) = told {
-        s.outage.defer(Deferred::Told {
+        s.fleet.outage.defer(Deferred::Told {
             rollout,
             agent: hello.id.clone(),
             at_ms: now_ms(),
@@ -279,17 +276,17 @@ async fn directive(
 /// away, as this server last read them. An id this server never checked cannot be
 /// checked then: `503`, and the agent tries again (or another server).
 async fn known_credentials(s: &Shared, id: &str) -> Result<Credentials, ApiError> {
-    if !s.outage.is_down() {
-        match s.db.credentials(id).await {
+    if !s.fleet.outage.is_down() {
+        match s.fleet.db.credentials(id).await {
             Ok(known) => {
-                s.outage.remember_credentials(id, &known);
+                s.fleet.outage.remember_credentials(id, &known);
                 return Ok(known);
             }
-            Err(e) if outage::is_unavailable(&e) => s.outage.went_down(&e),
+            Err(e) if e.is_unavailable() => s.fleet.outage.went_down(&e),
             Err(e) => return Err(e.into()),
         }
     }
-    s.outage.known_credentials(id).ok_or_else(|| {
+    s.fleet.outage.known_credentials(id).ok_or_else(|| {
         ApiError::unavailable(
             "the fleet database is unreachable and this server has not seen this agent yet; try again shortly",
             s.retry_after,
@@ -297,7 +294,17 @@ async fn known_credentials(s: &Shared, id: &str) -> Result<Credentials, ApiError
     })
 }
 
-/// Whether this request may speak for the id (see [`crate::credentials`]).
+/// `Authorization: Bearer <token>`, if sent.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// Whether this request may speak for the id (see [`agent_fleet::credentials`]).
 async fn authenticate(s: &Shared, id: &str, headers: &HeaderMap) -> Result<Verdict, ApiError> {
     let known = known_credentials(s, id).await?;
     let enrollment = headers
@@ -305,7 +312,7 @@ async fn authenticate(s: &Shared, id: &str, headers: &HeaderMap) -> Result<Verdi
         .and_then(|v| v.to_str().ok());
     Ok(credentials::decide(
         &known,
-        credentials::bearer(headers),
+        bearer(headers),
         &s.enrollment_token,
         enrollment,
     ))
@@ -323,15 +330,17 @@ async fn issue_token(s: &Shared, id: &str) -> Result<Option<String>, ApiError> {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no randomness")
     })?;
     let hash = credentials::hash_token(&token);
-    match s.db.issue_token(id, &hash).await {
+    match s.fleet.db.issue_token(id, &hash).await {
         Ok(true) => {
             tracing::info!(agent = %id, "issued the agent its credentials");
-            s.outage.remember_credentials(id, &Credentials::Hash(hash));
+            s.fleet
+                .outage
+                .remember_credentials(id, &Credentials::Hash(hash));
             Ok(Some(token))
         }
         Ok(false) => Ok(None),
-        Err(e) if outage::is_unavailable(&e) => {
-            s.outage.went_down(&e);
+        Err(e) if e.is_unavailable() => {
+            s.fleet.outage.went_down(&e);
             Ok(None)
         }
         Err(e) => Err(e.into()),
@@ -357,16 +366,16 @@ pub(super) async fn report(
     }
     inc(&state.inner.metrics.reports);
     tracing::info!(agent = %report.id, from = %report.from, to = %report.to, status = report.status.as_str(), error = ?report.error, "update report");
-    fleet::save(
-        &state.inner,
-        Deferred::Report {
+    state
+        .inner
+        .fleet
+        .save(Deferred::Report {
             report,
             at_ms: now_ms(),
-        },
-    )
-    .await?;
+        })
+        .await?;
     // Queued or written, it is the server's now: the agent may forget it.
-    let status = if state.inner.outage.is_down() {
+    let status = if state.inner.fleet.outage.is_down() {
         "queued"
     } else {
         "recorded"
