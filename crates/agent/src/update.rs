@@ -375,6 +375,8 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
             .chain
             .as_ref()
             .map(|chain| state::trust_change(chain, &ctx.config.public_key_path(home.root()))),
+        ended_at: None,
+        abandoned: false,
     };
     let link = home.update_dir().join(UPDATER_LINK);
     let file_name = ready
