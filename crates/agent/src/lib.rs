@@ -17,6 +17,7 @@ pub mod error;
 pub mod home;
 pub mod identity;
 pub mod manual;
+pub mod recovery;
 pub mod status;
 pub mod update;
 
