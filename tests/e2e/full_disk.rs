@@ -58,7 +58,10 @@ impl Moment {
             Moment::DuringDownload => fs::metadata(update.join(format!("bundle-{bundle_sha256}.part")))
                 .is_ok_and(|m| m.len() > 0),
             Moment::AfterDownload => update.join("agent-bundle-2.0.0").exists(),
-            Moment::DuringUnpack => home.join(format!("versions/.staging-{NEW}")).exists(),
+            // Logged right before the unpack, where the fault point holds it.
+            Moment::DuringUnpack => {
+                read_file(&home.join("logs/update.log")).contains("checked (sha256")
+            }
             Moment::DuringMerge => update.join("agent.toml.before").exists(),
             Moment::AfterSwitch => {
                 fs::read_link(home.join("current")).is_ok_and(|l| l.ends_with(NEW))
@@ -323,8 +326,9 @@ fn one_run(b: &Bundles, moment: Moment, n: usize) {
     });
 
     // The moment: publish, wait for the update to reach it, fill the disk.
+    let mut filled = 0;
     if moment == Moment::BeforeDownload {
-        filler.fill();
+        filled = filler.fill();
     }
     shared.published.store(true, Ordering::SeqCst);
     let end = Instant::now() + WAIT;
@@ -337,11 +341,9 @@ fn one_run(b: &Bundles, moment: Moment, n: usize) {
         std::thread::sleep(Duration::from_millis(2));
     }
     let filled_at = Instant::now();
-    let filled = if moment == Moment::BeforeDownload {
-        0
-    } else {
-        filler.fill()
-    };
+    if moment != Moment::BeforeDownload {
+        filled = filler.fill();
+    }
     shared.filled.store(true, Ordering::SeqCst);
 
     // Until the updater (if any) is done and the agent is back at its heartbeats, the

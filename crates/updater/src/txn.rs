@@ -320,6 +320,7 @@ impl Transaction<'_> {
                 facts.version
             )));
         }
+        fault!("updater-unpacking");
         let written = unpack::unpack_tar_gz(
             payload.dist(&facts.version)?,
             &staging,
@@ -342,7 +343,6 @@ impl Transaction<'_> {
         if sig.is_file() {
             atomic::copy_file(sig, &staging.join(layout::VERSION_SIGNATURE_FILE))?;
         }
-        fault!("updater-unpacking");
         atomic::write(&staging.join(layout::COMPLETE_MARKER), b"")?;
         fs::rename(&staging, &dest).map_err(|e| io_at(&dest, e))?;
         atomic::fsync_dir(&self.home.versions())?;
