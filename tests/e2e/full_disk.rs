@@ -400,6 +400,23 @@ fn one_run(b: &Bundles, moment: Moment, n: usize) {
         let conf = read_file(&home.join("conf/agent.toml"));
         assert!(!conf.contains("stability-window"), "merge not undone:\n{conf}");
     }
+    // `agent status` says when and why the update was abandoned, naming the disk. The
+    // merge moment always can: abandoning it frees the new version's room first.
+    let journal = read_file(&home.join("data/update-journal.json"));
+    if moment == Moment::DuringMerge
+        || (journal.contains("\"rolled-back\"") && journal.contains("\"abandoned\": true"))
+    {
+        let status = e2e::stdout(&run_ok(
+            Command::new(home.join("current/bin/agent")).arg("status"),
+        ));
+        assert!(
+            status.contains("abandoned before the switch at ")
+                && status.contains("ago): the disk is full (")
+                && status.contains("1.0.0+1 kept running"),
+            "{moment:?} run {n}: agent status does not say the update was abandoned on a full disk:\n{status}\n{}",
+            logs(&home)
+        );
+    }
     eprintln!(
         "{moment:?} run {n}: filled {filled} bytes; {running} runs; longest time without an agent {:.1}s",
         longest_absence.as_secs_f64()
@@ -464,4 +481,55 @@ fn disk_full_during_the_configuration_merge() {
 #[test]
 fn disk_full_right_after_the_switch() {
     moment(Moment::AfterSwitch);
+}
+
+/// The wrapper hands off only to an updater: an agent that exits 0 while no updater holds
+/// `run/update.lock` is started again; while one holds it, it is not.
+#[test]
+fn an_agent_that_exits_0_is_restarted_unless_an_updater_holds_the_lock() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let home = ctx.install(&b1, "p");
+    e2e::configure_agent(&home, &["http://127.0.0.1:1".to_owned()], "");
+    run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("start"));
+    let agent_pid = || -> Option<u32> { read_file(&home.join("run/agent.pid")).trim().parse().ok() };
+    let first = agent_pid().unwrap();
+    // TERM to the agent alone: it exits 0, and nobody else would start it.
+    signal(first, "TERM");
+    e2e::wait_until(NO_AGENT_LIMIT, "the wrapper to start the agent again", || {
+        agent_pid().is_some_and(|p| p != first) && agents_running(&home).len() == 1
+    });
+    let log = read_file(&home.join("logs/wrapper.log"));
+    assert!(log.contains("no updater holds run/update.lock; starting it again"), "{log}");
+
+    // Now an updater (this test) holds the lock, as during a hand-off.
+    let lock = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(home.join("run/update.lock"))
+        .unwrap();
+    let mut lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    writeln!(lock, "{}", std::process::id()).unwrap();
+    let second = agent_pid().unwrap();
+    signal(second, "TERM");
+    e2e::wait_until(NO_AGENT_LIMIT, "the agent to exit", || e2e::pid_gone(second));
+    // Nothing starts it while the lock is held (the updater would): watch for a while.
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        assert!(agents_running(&home).is_empty(), "restarted under an updater's lock");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = read_file(&home.join("logs/wrapper.log"));
+    assert!(
+        log.contains(&format!("the updater (pid {}) takes over", std::process::id())),
+        "{log}"
+    );
+    drop(lock);
 }
