@@ -55,8 +55,10 @@ impl Moment {
         let update = home.join("data/update");
         match self {
             Moment::BeforeDownload => true,
-            Moment::DuringDownload => fs::metadata(update.join(format!("bundle-{bundle_sha256}.part")))
-                .is_ok_and(|m| m.len() > 0),
+            Moment::DuringDownload => {
+                fs::metadata(update.join(format!("bundle-{bundle_sha256}.part")))
+                    .is_ok_and(|m| m.len() > 0)
+            }
             Moment::AfterDownload => update.join("agent-bundle-2.0.0").exists(),
             // Logged right before the unpack, where the fault point holds it.
             Moment::DuringUnpack => {
@@ -165,7 +167,12 @@ fn directive(shared: Arc<Shared>) -> Handler {
             let body = format!(
                 r#"{{"error":"agent_not_supported","expected":"{NEW}","download":"/agentupdate/download"}}"#
             );
-            respond(s, 409, &[("Content-Type", "application/json")], body.as_bytes());
+            respond(
+                s,
+                409,
+                &[("Content-Type", "application/json")],
+                body.as_bytes(),
+            );
         } else {
             respond(s, 200, &[], b"{}");
         }
@@ -184,7 +191,11 @@ fn download(bundle: &Path, pause: bool, shared: Arc<Shared>) -> Handler {
             .unwrap_or(0);
         if n == 0 && pause {
             let half = bytes.len() / 2;
-            let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", bytes.len());
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                bytes.len()
+            );
             let _ = s.write_all(&bytes[..half]);
             let _ = s.flush();
             let end = Instant::now() + WAIT;
@@ -241,7 +252,13 @@ fn updater_running(home: &Path) -> bool {
 
 fn logs(home: &Path) -> String {
     let mut out = String::new();
-    for file in ["update.log", "update.out", "agent.log", "agent.out", "wrapper.log"] {
+    for file in [
+        "update.log",
+        "update.out",
+        "agent.log",
+        "agent.out",
+        "wrapper.log",
+    ] {
         let text = read_file(&home.join("logs").join(file));
         let tail: Vec<&str> = text.lines().rev().take(40).collect();
         out.push_str(&format!("--- {file} (last lines)\n"));
@@ -398,7 +415,10 @@ fn one_run(b: &Bundles, moment: Moment, n: usize) {
     if running == OLD {
         // The old version's configuration carries no key of the new one's.
         let conf = read_file(&home.join("conf/agent.toml"));
-        assert!(!conf.contains("stability-window"), "merge not undone:\n{conf}");
+        assert!(
+            !conf.contains("stability-window"),
+            "merge not undone:\n{conf}"
+        );
     }
     // `agent status` says when and why the update was abandoned, naming the disk. The
     // merge moment always can: abandoning it frees the new version's room first.
@@ -494,15 +514,21 @@ fn an_agent_that_exits_0_is_restarted_unless_an_updater_holds_the_lock() {
     let home = ctx.install(&b1, "p");
     e2e::configure_agent(&home, &["http://127.0.0.1:1".to_owned()], "");
     run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("start"));
-    let agent_pid = || -> Option<u32> { read_file(&home.join("run/agent.pid")).trim().parse().ok() };
+    let agent_pid =
+        || -> Option<u32> { read_file(&home.join("run/agent.pid")).trim().parse().ok() };
     let first = agent_pid().unwrap();
     // TERM to the agent alone: it exits 0, and nobody else would start it.
     signal(first, "TERM");
-    e2e::wait_until(NO_AGENT_LIMIT, "the wrapper to start the agent again", || {
-        agent_pid().is_some_and(|p| p != first) && agents_running(&home).len() == 1
-    });
+    e2e::wait_until(
+        NO_AGENT_LIMIT,
+        "the wrapper to start the agent again",
+        || agent_pid().is_some_and(|p| p != first) && agents_running(&home).len() == 1,
+    );
     let log = read_file(&home.join("logs/wrapper.log"));
-    assert!(log.contains("no updater holds run/update.lock; starting it again"), "{log}");
+    assert!(
+        log.contains("no updater holds run/update.lock; starting it again"),
+        "{log}"
+    );
 
     // Now an updater (this test) holds the lock, as during a hand-off.
     let lock = fs::OpenOptions::new()
@@ -519,16 +545,24 @@ fn an_agent_that_exits_0_is_restarted_unless_an_updater_holds_the_lock() {
     writeln!(lock, "{}", std::process::id()).unwrap();
     let second = agent_pid().unwrap();
     signal(second, "TERM");
-    e2e::wait_until(NO_AGENT_LIMIT, "the agent to exit", || e2e::pid_gone(second));
+    e2e::wait_until(NO_AGENT_LIMIT, "the agent to exit", || {
+        e2e::pid_gone(second)
+    });
     // Nothing starts it while the lock is held (the updater would): watch for a while.
     let end = Instant::now() + Duration::from_secs(3);
     while Instant::now() < end {
-        assert!(agents_running(&home).is_empty(), "restarted under an updater's lock");
+        assert!(
+            agents_running(&home).is_empty(),
+            "restarted under an updater's lock"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let log = read_file(&home.join("logs/wrapper.log"));
     assert!(
-        log.contains(&format!("the updater (pid {}) takes over", std::process::id())),
+        log.contains(&format!(
+            "the updater (pid {}) takes over",
+            std::process::id()
+        )),
         "{log}"
     );
     drop(lock);

@@ -302,8 +302,7 @@ async fn on_refused(
                 ready.timings.verify.as_secs_f64()
             );
             let to = &ready.info.agent;
-            match update::wait_for_unpack(&install.home, to, pid, Duration::from_secs(300)).await
-            {
+            match update::wait_for_unpack(&install.home, to, pid, Duration::from_secs(300)).await {
                 update::HandOff::Leave => {
                     tracing::info!(
                         "the new version is on disk; stopping so the updater can switch"

@@ -79,7 +79,8 @@ pub async fn update(
     // rather than let the updater time out waiting for it.
     let to = &ready.info.agent;
     let patience = std::time::Duration::from_secs(300);
-    if let update::HandOff::Stay(why) = update::wait_for_unpack(&install.home, to, pid, patience).await
+    if let update::HandOff::Stay(why) =
+        update::wait_for_unpack(&install.home, to, pid, patience).await
     {
         anyhow::bail!(
             "the update to {to} stopped before the switch: {why}; {} keeps running. See logs/update.log",

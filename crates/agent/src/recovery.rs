@@ -150,7 +150,10 @@ mod tests {
     fn only_an_open_journal_with_no_updater_needs_finishing() {
         assert_eq!(look(None, false), Look::Settled);
         assert_eq!(look(Some(&journal(Phase::Committed)), false), Look::Settled);
-        assert_eq!(look(Some(&journal(Phase::RolledBack)), false), Look::Settled);
+        assert_eq!(
+            look(Some(&journal(Phase::RolledBack)), false),
+            Look::Settled
+        );
         assert_eq!(look(Some(&journal(Phase::Unpacked)), true), Look::Settled);
         assert_eq!(
             look(Some(&journal(Phase::Unpacked)), false),

@@ -562,7 +562,10 @@ mod tests {
                 Some(HandOff::Leave)
             );
         }
-        assert_eq!(hand_off_step(&journal(Phase::Prepared, None), &to, true), None);
+        assert_eq!(
+            hand_off_step(&journal(Phase::Prepared, None), &to, true),
+            None
+        );
         let unreadable: Result<Option<Journal>, String> = Err("garbled".into());
         assert_eq!(hand_off_step(&unreadable, &to, true), None);
     }
@@ -582,7 +585,10 @@ mod tests {
         else {
             panic!("a vanished updater sent the agent away")
         };
-        assert!(why.contains("ended before it had unpacked 2.0.0+2"), "{why}");
+        assert!(
+            why.contains("ended before it had unpacked 2.0.0+2"),
+            "{why}"
+        );
         assert!(matches!(
             hand_off_step(&Ok(None), &to, true),
             Some(HandOff::Stay(_))

@@ -81,7 +81,10 @@ pub fn run_update_with(req: &Request<'_>, fx: &dyn Effects) -> Result<String> {
         && !matches!(e, UpdateError::Locked { .. })
         && outcome::must_leave_an_agent(req.wait_pid.is_some(), req.recover, began)
     {
-        log.step(&format!("the update stops here: {}", outcome::explain(&e.to_string())));
+        log.step(&format!(
+            "the update stops here: {}",
+            outcome::explain(&e.to_string())
+        ));
         leave_an_agent(&home, fx, &mut log);
     }
     result

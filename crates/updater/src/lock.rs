@@ -107,7 +107,15 @@ mod tests {
         assert!(holds(line, 22768, 5366268));
         assert!(!holds(line, 22769, 5366268));
         assert!(!holds(line, 22768, 5366267));
-        assert!(!holds("2: FLOCK  ADVISORY  READ 22768 fe:00:5366268 0 EOF", 22768, 5366268));
-        assert!(!holds("3: POSIX  ADVISORY  WRITE 22768 fe:00:5366268 0 EOF", 22768, 5366268));
+        assert!(!holds(
+            "2: FLOCK  ADVISORY  READ 22768 fe:00:5366268 0 EOF",
+            22768,
+            5366268
+        ));
+        assert!(!holds(
+            "3: POSIX  ADVISORY  WRITE 22768 fe:00:5366268 0 EOF",
+            22768,
+            5366268
+        ));
     }
 }

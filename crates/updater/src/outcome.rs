@@ -14,9 +14,14 @@ pub const FULL_BELOW: u64 = 1024 * 1024;
 
 /// The words the OS uses for a full disk or an exhausted quota (ENOSPC, EDQUOT).
 pub fn mentions_full_disk(text: &str) -> bool {
-    ["No space left on device", "os error 28", "Disk quota exceeded", "os error 122"]
-        .iter()
-        .any(|w| text.contains(w))
+    [
+        "No space left on device",
+        "os error 28",
+        "Disk quota exceeded",
+        "os error 122",
+    ]
+    .iter()
+    .any(|w| text.contains(w))
         || text.starts_with(DISK_FULL)
 }
 
@@ -125,7 +130,8 @@ fn when(at: u64, now: u64) -> String {
 mod tests {
     use super::*;
 
-    const ENOSPC: &str = "/a/agent/versions/.staging-2.0.0+2/LICENSE: No space left on device (os error 28)";
+    const ENOSPC: &str =
+        "/a/agent/versions/.staging-2.0.0+2/LICENSE: No space left on device (os error 28)";
 
     #[test]
     fn a_full_disk_is_named_once() {
@@ -144,7 +150,10 @@ mod tests {
         let Blame::Disk(reason) = blame(judged, Some(4096)) else {
             panic!("a full disk blamed the bundle")
         };
-        assert!(reason.starts_with("the disk is full (4096 bytes free)"), "{reason}");
+        assert!(
+            reason.starts_with("the disk is full (4096 bytes free)"),
+            "{reason}"
+        );
         assert!(reason.ends_with(judged), "{reason}");
         assert!(matches!(blame(ENOSPC, Some(100 << 20)), Blame::Disk(_)));
     }
@@ -190,8 +199,14 @@ mod tests {
     #[test]
     fn status_says_when_and_why_an_update_was_abandoned() {
         let line = describe(&journal(Phase::RolledBack), 1_000 + 180, false);
-        assert!(line.starts_with("last 1.0.0+1 -> 2.0.0+2 abandoned before the switch at "), "{line}");
-        assert!(line.contains("GMT (3 min ago): the disk is full (/a/agent"), "{line}");
+        assert!(
+            line.starts_with("last 1.0.0+1 -> 2.0.0+2 abandoned before the switch at "),
+            "{line}"
+        );
+        assert!(
+            line.contains("GMT (3 min ago): the disk is full (/a/agent"),
+            "{line}"
+        );
         assert!(line.contains("1.0.0+1 kept running"), "{line}");
         let rolled = Journal {
             abandoned: false,
@@ -201,7 +216,10 @@ mod tests {
         assert!(describe(&rolled, 1_010, false).ends_with("(10 s ago): it crashed"));
         assert!(describe(&journal(Phase::Unpacked), 0, true).contains("under way"));
         let stale = describe(&journal(Phase::Unpacked), 0, false);
-        assert!(stale.contains("interrupted at phase Unpacked (no updater runs)"), "{stale}");
+        assert!(
+            stale.contains("interrupted at phase Unpacked (no updater runs)"),
+            "{stale}"
+        );
         assert!(stale.contains("last reason: the disk is full"), "{stale}");
     }
 }

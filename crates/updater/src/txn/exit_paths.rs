@@ -76,7 +76,9 @@ impl Effects for Fake {
     }
 
     fn add_bad(&self, home: &AgentHome, sha256: &str, version: &str, reason: &str) -> Result<()> {
-        self.write("bad".into(), || state::add_bad(home, sha256, version, reason))
+        self.write("bad".into(), || {
+            state::add_bad(home, sha256, version, reason)
+        })
     }
 
     fn running_agent(&self, _: &AgentHome) -> Option<u32> {
@@ -87,7 +89,12 @@ impl Effects for Fake {
         false
     }
 
-    fn start_agent(&self, _: &AgentHome, dir: &Path, _: Option<Duration>) -> Result<String, String> {
+    fn start_agent(
+        &self,
+        _: &AgentHome,
+        dir: &Path,
+        _: Option<Duration>,
+    ) -> Result<String, String> {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         self.events.borrow_mut().push(format!("start:{name}"));
         if name == NEW
@@ -224,9 +231,18 @@ fn abandon_during_the_unpack_on_a_full_disk_starts_the_old_agent() {
     let (_dir, home) = installation(false);
     let fx = Fake::new(true);
     // The bundle is not what was verified: the unpack never begins.
-    let verdict = run(&home, &fx, journal(&home, Phase::Prepared), false, settings());
+    let verdict = run(
+        &home,
+        &fx,
+        journal(&home, Phase::Prepared),
+        false,
+        settings(),
+    );
     assert_old_started_before_the_writes(&home, &fx, &verdict);
-    assert!(fx.position("bad").is_none(), "abandon marked the bundle bad");
+    assert!(
+        fx.position("bad").is_none(),
+        "abandon marked the bundle bad"
+    );
 }
 
 #[test]
@@ -235,8 +251,16 @@ fn abandon_after_the_switch_could_not_be_recorded_points_current_back_and_starts
     let fx = Fake::new(true);
     // The old agent is stopped (Unpacked); the merge works, the flip works, the record of
     // Switched fails: everything is undone and the old agent started.
-    let verdict = run(&home, &fx, journal(&home, Phase::Unpacked), false, settings());
-    assert!(fx.position("journal:Switched").unwrap() < fx.position(&format!("start:{OLD}")).unwrap());
+    let verdict = run(
+        &home,
+        &fx,
+        journal(&home, Phase::Unpacked),
+        false,
+        settings(),
+    );
+    assert!(
+        fx.position("journal:Switched").unwrap() < fx.position(&format!("start:{OLD}")).unwrap()
+    );
     assert_old_started_before_the_writes(&home, &fx, &verdict);
 }
 
@@ -270,9 +294,19 @@ fn a_recovery_that_finds_the_old_agent_running_closes_the_journal_and_starts_not
     let (_dir, home) = installation(true);
     let fx = Fake::new(false);
     fx.running.set(Some(std::process::id()));
-    let verdict = run(&home, &fx, journal(&home, Phase::Unpacked), true, settings());
+    let verdict = run(
+        &home,
+        &fx,
+        journal(&home, Phase::Unpacked),
+        true,
+        settings(),
+    );
     assert!(matches!(verdict, Verdict::RolledBack(_)), "{verdict:?}");
-    assert!(fx.events().iter().all(|e| !e.starts_with("start:")), "{:?}", fx.events());
+    assert!(
+        fx.events().iter().all(|e| !e.starts_with("start:")),
+        "{:?}",
+        fx.events()
+    );
     let closed = state::read_journal(&home).unwrap().unwrap();
     assert_eq!(closed.phase, Phase::RolledBack);
     assert!(closed.abandoned && closed.ended_at.is_some(), "{closed:?}");
@@ -295,13 +329,27 @@ fn a_commit_that_cannot_be_recorded_leaves_the_healthy_new_version_running() {
         fs::write(run_dir.join("agent.pid"), pid.to_string()).unwrap();
         fs::write(
             run_dir.join("health.json"),
-            format!(r#"{{"version":"{NEW}","pid":{pid},"components_started":true,"last_contact":null}}"#),
+            format!(
+                r#"{{"version":"{NEW}","pid":{pid},"components_started":true,"last_contact":null}}"#
+            ),
         )
         .unwrap();
     }));
-    let verdict = run(&home, &fx, journal(&home, Phase::Switched), false, settings());
-    assert!(matches!(verdict, Verdict::Unrecorded(ref r) if r.starts_with("the disk is full")), "{verdict:?}");
-    assert_eq!(fx.events(), [format!("start:{NEW}"), "journal:Committed".to_owned()]);
+    let verdict = run(
+        &home,
+        &fx,
+        journal(&home, Phase::Switched),
+        false,
+        settings(),
+    );
+    assert!(
+        matches!(verdict, Verdict::Unrecorded(ref r) if r.starts_with("the disk is full")),
+        "{verdict:?}"
+    );
+    assert_eq!(
+        fx.events(),
+        [format!("start:{NEW}"), "journal:Committed".to_owned()]
+    );
     assert_eq!(current(&home), format!("versions/{NEW}"));
     assert!(home.version_dir(&OLD.parse().unwrap()).exists());
 }
