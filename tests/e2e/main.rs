@@ -10,6 +10,7 @@ mod bundle;
 mod cloud;
 mod first_day;
 mod fleet;
+mod full_disk;
 mod handlers;
 mod hostile_archives;
 mod hostile_clients;
