@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use agent_protocol::wire::Report;
+use agent_protocol::wire::{ConfigStatus, Report};
 use serde::{Deserialize, Serialize};
 
 use crate::db::Credentials;
@@ -45,10 +45,16 @@ pub enum Deferred {
         platform: String,
         version: String,
         group: Option<String>,
+        /// The configuration set it runs; absent in spools from before remote
+        /// configuration (kept as recorded).
+        #[serde(default)]
+        config_hash: Option<String>,
         at: i64,
     },
     /// A report, received at `at_ms`.
     Report { report: Report, at_ms: i64 },
+    /// What an agent made of a configuration set, received at `at_ms`.
+    ConfigStatus { status: ConfigStatus, at_ms: i64 },
     /// The first `409` of rollout `rollout` to `agent`, at `at_ms`.
     Told {
         rollout: i64,
@@ -63,6 +69,7 @@ impl Deferred {
             Deferred::Contact { id, .. } => id,
             Deferred::Report { report, .. } => &report.id,
             Deferred::Told { agent, .. } => agent,
+            Deferred::ConfigStatus { status, .. } => &status.id,
         }
     }
 
@@ -324,6 +331,7 @@ mod tests {
             platform: "p".into(),
             version: version.into(),
             group: None,
+            config_hash: None,
             at,
         }
     }

@@ -1,8 +1,8 @@
-//! `POST /agent/register`, `/agent/connect` (the version directive, as the rollout says)
-//! and `/agentupdate/report`.
+//! `POST /agent/register`, `/agent/connect` (the version directive, as the rollout says,
+//! and the configuration set the agent should run) and `/agentupdate/report`.
 
 use agent_protocol::AgentVersion;
-use agent_protocol::wire::{self, AgentHello, NotSupported, Report};
+use agent_protocol::wire::{self, AgentHello, ConnectBody, NotSupported, Report};
 use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
@@ -32,7 +32,7 @@ fn agent_version_header(headers: &HeaderMap) -> Result<AgentVersion, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("{} header: {e}", wire::AGENT_VERSION_HEADER)))
 }
 
-fn check_id(id: &str) -> Result<(), ApiError> {
+pub(super) fn check_id(id: &str) -> Result<(), ApiError> {
     if id.trim().is_empty() || id.len() > 128 {
         return Err(ApiError::bad_request("id must be 1 to 128 characters"));
     }
@@ -50,15 +50,25 @@ fn check_hello(hello: &AgentHello) -> Result<(), ApiError> {
     Ok(())
 }
 
+fn check_config_hash(hash: &str) -> Result<(), ApiError> {
+    if hash.len() > 64 {
+        return Err(ApiError::bad_request(
+            "config_hash is longer than 64 characters",
+        ));
+    }
+    Ok(())
+}
+
 /// `POST /agent/register` and `/agent/connect`: the version directive.
 pub(super) async fn register(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Result<Json<AgentHello>, JsonRejection>,
+    body: Result<Json<ConnectBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    let hello = json_body(body)?;
+    let ConnectBody { hello, config_hash } = json_body(body)?;
     check_hello(&hello)?;
+    check_config_hash(&config_hash)?;
     let agent_version = agent_version_header(&headers)?;
     let bundle = match ready(s) {
         Ok(b) => b,
@@ -75,6 +85,7 @@ pub(super) async fn register(
             platform: hello.platform.clone(),
             version: agent_version.to_string(),
             group: hello.group.clone(),
+            config_hash: Some(config_hash.clone()),
             at: now_secs(),
         })
         .await?;
@@ -100,6 +111,10 @@ pub(super) async fn register(
             serde_json::json!({ "status": "accepted", "expected": expected.to_string() });
         if let Some(token) = token {
             body["token"] = serde_json::Value::String(token);
+        }
+        if let Some(set) = config_directive(s, &hello, &config_hash).await? {
+            inc(&s.metrics.configs_sent);
+            body["config"] = serde_json::to_value(set).unwrap_or_default();
         }
         return Ok(Json(body).into_response());
     }
@@ -141,6 +156,28 @@ async fn directive(
     Ok(answer)
 }
 
+/// The configuration set this agent should run, if it runs another. While the database
+/// is away no set is sent: an agent keeps the set it has until the fleet's record of
+/// who was sent what can be written.
+async fn config_directive(
+    s: &Shared,
+    hello: &AgentHello,
+    running: &str,
+) -> Result<Option<wire::ConfigPayload>, ApiError> {
+    if s.fleet.outage.is_down() {
+        return Ok(None);
+    }
+    let group = hello.group.as_deref().unwrap_or("");
+    match s.fleet.configs.answer(&hello.id, group, running).await {
+        Ok(set) => Ok(set),
+        Err(e) if e.is_unavailable() => {
+            s.fleet.outage.went_down(&e);
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// What the fleet knows of the id's credentials: from the database, or, while it is
 /// away, as this server last read them. An id this server never checked cannot be
 /// checked then: `503`, and the agent tries again (or another server).
@@ -174,7 +211,11 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Whether this request may speak for the id (see [`agent_fleet::credentials`]).
-async fn authenticate(s: &Shared, id: &str, headers: &HeaderMap) -> Result<Verdict, ApiError> {
+pub(super) async fn authenticate(
+    s: &Shared,
+    id: &str,
+    headers: &HeaderMap,
+) -> Result<Verdict, ApiError> {
     let known = known_credentials(s, id).await?;
     let enrollment = headers
         .get(wire::ENROLLMENT_HEADER)
@@ -187,7 +228,7 @@ async fn authenticate(s: &Shared, id: &str, headers: &HeaderMap) -> Result<Verdi
     ))
 }
 
-fn unauthorized(id: &str, why: &'static str) -> ApiError {
+pub(super) fn unauthorized(id: &str, why: &'static str) -> ApiError {
     tracing::warn!(agent = %id, "refused a call without the agent's credentials: {why}");
     ApiError::new(StatusCode::UNAUTHORIZED, why)
 }
