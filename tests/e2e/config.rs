@@ -8,7 +8,8 @@ use std::fs;
 use std::time::Duration;
 
 use e2e::{
-    ServerProc, TestContext, admin_agents, http, http_with_body, metric, run_ok, wait_until,
+    Postgres, ServerProc, TestContext, admin_agents, http, http_with_body, metric, run_ok,
+    wait_until,
 };
 use serde_json::{Value, json};
 
@@ -473,4 +474,49 @@ fn a_bundle_rollout_and_a_config_rollout_side_by_side_both_complete() {
         assert_eq!(row["config_hash"], json!(hash), "{row}");
         assert_eq!(row["config_status"], "APPLIED", "{row}");
     }
+}
+
+#[test]
+fn a_set_pushed_on_one_server_is_delivered_by_another_on_postgresql() {
+    let pg = Postgres::start();
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let url = pg.url();
+    let env = |name| {
+        [
+            ("UPDATE_SERVER_DATABASE_URL", url.as_str()),
+            ("UPDATE_SERVER_SERVER_NAME", name),
+            ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN),
+        ]
+    };
+    let a = ctx.server("srv-a", &env("a"));
+    let b = ctx.server("srv-b", &env("b"));
+    ctx.publish_served(&a, &b1);
+    ctx.publish_served(&b, &b1);
+    let mut agent = SimAgent::new("agent-pg", "1.0.0+1", "");
+    assert_eq!(agent.connect(&b).0, 200);
+    let (status, body) = put_set(&a, "default", &files(&[("web.yml", "on postgres\n")]));
+    assert_eq!(status, 200, "{body}");
+    let hash = body["hash"].as_str().unwrap().to_owned();
+    // b reads the set another server stored, and sends it.
+    wait_until(LONG, "b to send the set pushed on a", || {
+        agent
+            .connect(&b)
+            .1
+            .get("config")
+            .is_some_and(|c| c["hash"] == json!(hash))
+    });
+    agent.config_status(&b, &hash, true, "");
+    wait_until(LONG, "a to count the agent's APPLIED", || {
+        set_of(&config_status(&a), "default")["applied"] == 1
+    });
+    let (_, answer) = agent.connect(&a);
+    assert!(
+        answer.get("config").is_none(),
+        "a re-sent the set: {answer}"
+    );
+    let row = &admin_agents(a.port, TOKEN)[0];
+    assert_eq!(row["config_status"], "APPLIED", "{row}");
+    assert_eq!(row["config_hash"], json!(hash), "{row}");
 }
