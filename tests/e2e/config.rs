@@ -464,6 +464,12 @@ fn a_bundle_rollout_and_a_config_rollout_side_by_side_both_complete() {
     });
     let bundle = rollout(&server);
     assert_eq!(bundle["waves"][0]["installed"], 1, "{bundle}");
+    // /admin/rollout shows the config rollout beside the bundle's.
+    assert_eq!(bundle["config"][0]["group"], "default", "{bundle}");
+    assert_eq!(
+        bundle["config"][0]["rollout"]["state"], "completed",
+        "{bundle}"
+    );
     assert_eq!(bundle["waves"][0]["failed"], 0, "{bundle}");
     let config = config_status(&server);
     let set = set_of(&config, "default");

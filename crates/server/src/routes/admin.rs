@@ -146,7 +146,12 @@ pub(super) async fn rollout(
 
 async fn rollout_json(s: &Shared) -> Result<Response, ApiError> {
     match s.fleet.rollouts.status().await? {
-        Some(status) => Ok(Json(status).into_response()),
+        Some(mut status) => {
+            // Config rollouts run beside the bundle's: one look shows both.
+            let configs = s.fleet.configs.status().await?;
+            status["config"] = configs["sets"].clone();
+            Ok(Json(status).into_response())
+        }
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "no rollout yet: no bundle has been served; drop one into the download directory",
