@@ -526,3 +526,61 @@ fn a_set_pushed_on_one_server_is_delivered_by_another_on_postgresql() {
     assert_eq!(row["config_status"], "APPLIED", "{row}");
     assert_eq!(row["config_hash"], json!(hash), "{row}");
 }
+
+#[test]
+fn fleet_sim_agents_apply_a_set_in_waves_and_each_is_counted_once() {
+    let ctx = TestContext::new();
+    let server = server_with_bundle(
+        &ctx,
+        "1.0.0",
+        &[("UPDATE_SERVER_ROLLOUT_WAVES", "10%,50%,100%")],
+    );
+    let mut sim = ctx.cmd("fleet-sim");
+    sim.args(["--server", &server.url(""), "--agents", "40"])
+        .args([
+            "--agent-version",
+            "1.0.0+1",
+            "--heartbeat",
+            "300ms",
+            "--ramp",
+            "1s",
+        ])
+        .args(["--duration", "60s"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let pid = ctx.spawn(sim);
+    wait_until(LONG, "the simulated agents to register", || {
+        admin_agents(server.port, TOKEN).len() == 40
+    });
+    let (status, body) = put_set(&server, "default", &files(&[("web.yml", "sim\n")]));
+    assert_eq!(status, 200, "{body}");
+    let hash = body["hash"].as_str().unwrap().to_owned();
+    wait_until(LONG, "every simulated agent to apply the set", || {
+        let status = config_status(&server);
+        let set = set_of(&status, "default");
+        set["applied"] == 40 && set["rollout"]["state"] == "completed"
+    });
+    let status = config_status(&server);
+    let waves = &set_of(&status, "default")["rollout"]["waves"];
+    assert_eq!(waves[0]["agents"], 4, "{status}");
+    assert_eq!(waves[1]["agents"], 16, "{status}");
+    assert_eq!(waves[2]["agents"], 20, "{status}");
+    // Opened in order, each after the one before it completed.
+    for w in 1..3 {
+        let opened = waves[w]["opened_at"].as_f64().unwrap();
+        let before = waves[w - 1]["completed_at"].as_f64().unwrap();
+        assert!(
+            opened >= before,
+            "wave {} opened before wave {w} completed: {status}",
+            w + 1
+        );
+    }
+    // Sent once each: the agents send its hash back and nothing is sent again.
+    assert_eq!(metric(&server, "agentupdate_config_sent_total"), 40.0);
+    assert_eq!(metric(&server, "agentupdate_config_status_total"), 40.0);
+    for row in admin_agents(server.port, TOKEN) {
+        assert_eq!(row["config_hash"], json!(hash), "{row}");
+        assert_eq!(row["config_status"], "APPLIED", "{row}");
+    }
+    e2e::signal(pid, "TERM");
+}

@@ -2,14 +2,18 @@
 //! `Retry-After`, fetches the bundle (whole, or `HEAD` and its first bytes), reports
 //! `INSTALLING`, waits out a simulated install, then reports `INSTALLED` (and runs the
 //! new version) or, with the chosen probability, `INSTALL_FAILED` (and never retries that
-//! bundle, as a real agent would not).
+//! bundle, as a real agent would not). It runs the configuration set the server sends
+//! it: it says `APPLIED` at once and sends the set's hash from then on.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_protocol::AgentVersion;
-use agent_protocol::wire::{self, AgentHello, NotSupported, Report, UpdateStatus};
+use agent_protocol::wire::{
+    self, AgentHello, ConfigOutcome, ConfigPayload, ConfigStatus, ConnectBody, NotSupported,
+    Report, UpdateStatus,
+};
 use futures_util::StreamExt;
 use rand::Rng;
 use reqwest::{Method, StatusCode};
@@ -31,6 +35,8 @@ pub struct SimAgent {
     bad: HashSet<String>,
     server: usize,
     registered: bool,
+    /// The configuration set it runs (empty: none).
+    config_hash: String,
 }
 
 /// One request to make.
@@ -90,6 +96,7 @@ impl SimAgent {
             bad: HashSet::new(),
             server: index,
             registered: false,
+            config_hash: String::new(),
         }
     }
 
@@ -201,7 +208,11 @@ impl SimAgent {
         } else {
             ("register", wire::REGISTER_PATH)
         };
-        let body = serde_json::to_value(self.hello_body()).ok();
+        let body = serde_json::to_value(ConnectBody {
+            hello: self.hello_body(),
+            config_hash: self.config_hash.clone(),
+        })
+        .ok();
         let answer = self
             .call(shared, Call::new(endpoint, Method::POST, path).json(body))
             .await;
@@ -213,6 +224,7 @@ impl SimAgent {
         match answer.status {
             s if s.is_success() => {
                 self.registered = true;
+                self.apply_config(shared, &answer.body).await;
                 Some(Ok(()))
             }
             StatusCode::CONFLICT => {
@@ -226,6 +238,33 @@ impl SimAgent {
                 None
             }
             _ => None,
+        }
+    }
+
+    /// Runs the set a `200` carries, if any: `APPLIED` at once.
+    async fn apply_config(&mut self, shared: &Shared, body: &[u8]) {
+        let Some(set) = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|json| json.get("config").cloned())
+            .and_then(|config| serde_json::from_value::<ConfigPayload>(config).ok())
+        else {
+            return;
+        };
+        let status = ConfigStatus {
+            id: self.id.clone(),
+            hash: set.hash.clone(),
+            status: ConfigOutcome::Applied,
+            error: None,
+        };
+        let answer = self
+            .call(
+                shared,
+                Call::new("config-status", Method::POST, wire::CONFIG_STATUS_PATH)
+                    .json(serde_json::to_value(status).ok()),
+            )
+            .await;
+        if answer.is_some_and(|a| a.status.is_success()) {
+            self.config_hash = set.hash;
         }
     }
 
