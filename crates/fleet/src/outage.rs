@@ -400,6 +400,31 @@ mod tests {
     }
 
     #[test]
+    fn a_spool_from_before_configuration_sets_still_reads_and_statuses_are_kept() {
+        let old = r#"{"kind":"contact","id":"a","name":"n","platform":"p","version":"1.0.0+1","group":null,"at":5}"#;
+        let write: Deferred = serde_json::from_str(old).unwrap();
+        assert!(matches!(
+            write,
+            Deferred::Contact {
+                config_hash: None,
+                ..
+            }
+        ));
+        let status = Deferred::ConfigStatus {
+            status: agent_protocol::wire::ConfigStatus {
+                id: "a".into(),
+                hash: "h".into(),
+                status: agent_protocol::wire::ConfigOutcome::Failed,
+                error: Some("check failed".into()),
+            },
+            at_ms: 7,
+        };
+        assert!(status.durable());
+        let line = serde_json::to_string(&status).unwrap();
+        assert_eq!(serde_json::from_str::<Deferred>(&line).unwrap(), status);
+    }
+
+    #[test]
     fn durable_writes_survive_a_restart_and_contacts_do_not() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("spool.jsonl");
