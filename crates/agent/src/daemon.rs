@@ -1,8 +1,8 @@
 //! `agent run`: register, heartbeat, and follow the version directive.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_extract::atomic;
 use agent_protocol::AgentVersion;
 use agent_protocol::journal::Health;
 use agent_protocol::layout::{self, AgentHome};
@@ -13,9 +13,12 @@ use tokio::sync::watch;
 use crate::backoff::{Backoff, Gate, Offer, RetryGate, change_jitter};
 use crate::client::{Client, Directive, Trust};
 use crate::config::Config;
+use crate::health::HealthBoard;
 use crate::home::Installation;
 use crate::identity;
 use crate::update::{self, Outcome, UpdateContext};
+use crate::workload::Supervisor;
+use crate::workload::spec::Spec;
 
 /// How `agent run` ended; the wrapper reads the exit code.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,17 +37,6 @@ impl RunEnd {
             RunEnd::Stopped | RunEnd::HandedOff { .. } => 0,
             RunEnd::RefusedUpdatesDisabled { .. } => layout::EXIT_REFUSED,
         }
-    }
-}
-
-/// What the updater reads to judge the new version's health.
-fn write_health(home: &AgentHome, health: &Health) {
-    let json = serde_json::to_vec_pretty(health).unwrap_or_default();
-    if let Err(e) = std::fs::create_dir_all(home.run())
-        .map_err(|e| e.to_string())
-        .and_then(|()| atomic::write(&home.health_file(), &json).map_err(|e| e.to_string()))
-    {
-        tracing::warn!("cannot write {}: {e}", home.health_file().display());
     }
 }
 
@@ -78,7 +70,33 @@ pub async fn flush_outbox(home: &AgentHome, client: &Client) {
     }
 }
 
+/// Runs the agent: its workload first (whatever any server says), then the conversation
+/// with the servers; the workload is stopped before this returns, however it ends.
 pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd> {
+    let home = install.home.clone();
+    let board = Arc::new(HealthBoard::new(
+        home.clone(),
+        Health {
+            version: install.version.clone(),
+            pid: std::process::id(),
+            components_started: true,
+            last_contact: None,
+            refused_by_server: None,
+            workload: None,
+        },
+    ));
+    let spec = Spec::new(&config.workload, home.root(), &install.version_dir);
+    let workload = Supervisor::start(spec, home.clone(), Arc::clone(&board));
+    let end = serve(&install, &config, &board).await;
+    workload.stop().await;
+    end
+}
+
+async fn serve(
+    install: &Installation,
+    config: &Config,
+    board: &HealthBoard,
+) -> anyhow::Result<RunEnd> {
     let home = install.home.clone();
     let id = identity::load_or_create(&home)?;
     let name = if config.agent.name.is_empty() {
@@ -91,6 +109,7 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
         name,
         platform: layout::PLATFORM.to_owned(),
         group: config.agent.group(),
+        health: None,
     };
     let mut client = Client::new(
         config.server.urls.clone(),
@@ -104,14 +123,7 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
         let _ = stop_tx.send(true);
     });
 
-    let mut health = Health {
-        version: install.version.clone(),
-        pid: std::process::id(),
-        components_started: true,
-        last_contact: None,
-        refused_by_server: None,
-    };
-    write_health(&home, &health);
+    let mut health_changed = board.subscribe();
     tracing::info!(
         "agent {} started (id {id}, home {}, servers {})",
         install.version,
@@ -129,31 +141,35 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
     let mut first = true;
     let mut shutdown = stop_rx.clone();
     loop {
+        client.set_health(board.agent_health());
         match client.hello(first).await {
             Ok(directive) => {
                 if first {
                     tracing::info!("registered with {}", client.base());
                 }
                 first = false;
-                health.last_contact = Some(state::now_secs());
+                let contact = state::now_secs();
                 flush_outbox(&home, &client).await;
                 match directive {
                     Directive::Accepted => {
-                        health.refused_by_server = None;
-                        write_health(&home, &health);
+                        board.update(|h| {
+                            h.last_contact = Some(contact);
+                            h.refused_by_server = None;
+                        });
                         retry.reset();
                     }
                     Directive::Refused(ns) => {
-                        health.refused_by_server = Some(ns.expected.clone());
-                        write_health(&home, &health);
+                        board.update(|h| {
+                            h.last_contact = Some(contact);
+                            h.refused_by_server = Some(ns.expected.clone());
+                        });
                         let offer = Offer {
                             expected: ns.expected.clone(),
                             sha256: ns.sha256.clone(),
                         };
-                        if let Some(end) = on_refused(
-                            &install, &config, &client, &id, &offer, &mut retry, &stop_rx,
-                        )
-                        .await
+                        if let Some(end) =
+                            on_refused(install, config, &client, &id, &offer, &mut retry, &stop_rx)
+                                .await
                         {
                             return Ok(end);
                         }
@@ -162,9 +178,16 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
             }
             Err(e) => tracing::warn!("{e}; trying again in {:?}", heartbeat),
         }
-        if update::sleep_or_shutdown(heartbeat, &mut shutdown).await {
-            tracing::info!("stopping on request");
-            return Ok(RunEnd::Stopped);
+        // The heartbeat is the longest silence: a change of the workload's health is
+        // told at once.
+        tokio::select! {
+            stop = update::sleep_or_shutdown(heartbeat, &mut shutdown) => {
+                if stop {
+                    tracing::info!("stopping on request");
+                    return Ok(RunEnd::Stopped);
+                }
+            }
+            _ = health_changed.changed() => {}
         }
     }
 }
