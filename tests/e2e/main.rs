@@ -20,3 +20,4 @@ mod sim;
 mod stamp;
 mod trust;
 mod update;
+mod workload;
