@@ -8,8 +8,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e::{
-    TestContext, free_port, http, pid_gone, read_file, require_tool, run_ok,
-    signal, stdout, wait_until,
+    TestContext, free_port, http, pid_gone, read_file, require_tool, run_ok, signal, stdout,
+    wait_until,
 };
 
 use crate::update::{

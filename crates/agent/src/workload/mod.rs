@@ -67,6 +67,18 @@ struct Running {
     child: tokio::process::Child,
     pid: u32,
     since_unix: u64,
+    /// The tasks copying its stdout and stderr into the log.
+    pumps: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Lets the output it wrote before it exited reach the log before its exit line
+    /// (bounded: a child of it may hold the pipes open).
+    async fn drain(&mut self) {
+        for pump in self.pumps.drain(..) {
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(500), pump).await;
+        }
+    }
 }
 
 type CheckFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
@@ -148,7 +160,8 @@ async fn supervise(
             status = wait_child(&mut running) => {
                 check_run = None;
                 check_due = None;
-                if let Some(r) = running.take() {
+                if let Some(mut r) = running.take() {
+                    r.drain().await;
                     let exit = match (status.code(), status.signal()) {
                         (Some(code), _) => Exit::Code(code),
                         (None, Some(sig)) => Exit::Signal(sig),
@@ -192,6 +205,7 @@ async fn supervise(
     if let Some(mut r) = running.take() {
         let how = group::stop(r.pid, spec.stop_timeout).await;
         let status = r.child.wait().await.ok();
+        r.drain().await;
         let ended = status
             .map(|s| match (s.code(), s.signal()) {
                 (Some(code), _) => Exit::Code(code).to_string(),
@@ -279,11 +293,12 @@ fn start(
         }
         None => tracing::warn!("workload (pid {pid}) ended before it could be recorded"),
     }
+    let mut pumps = Vec::new();
     if let Some(out) = child.stdout.take() {
-        tokio::spawn(pump(out, Arc::clone(log)));
+        pumps.push(tokio::spawn(pump(out, Arc::clone(log))));
     }
     if let Some(err) = child.stderr.take() {
-        tokio::spawn(pump(err, Arc::clone(log)));
+        pumps.push(tokio::spawn(pump(err, Arc::clone(log))));
     }
     sup.started(Instant::now());
     let text = format!(
@@ -297,6 +312,7 @@ fn start(
         child,
         pid,
         since_unix: now_secs(),
+        pumps,
     });
 }
 
