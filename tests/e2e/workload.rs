@@ -403,6 +403,62 @@ fn an_update_whose_workload_is_healthy_runs_it_from_the_new_version() {
         exe_of(pid)
     );
     assert_eq!(exporters(&home), vec![pid]);
-    let record = agent_record(&server).unwrap();
-    assert_eq!(record["version"], "2.0.0+2");
+    wait_until(
+        WAIT,
+        "the server to list 2.0.0+2 with a healthy workload",
+        || {
+            agent_record(&server).is_some_and(|a| {
+                a["version"] == "2.0.0+2"
+                    && a["health"]["healthy"] == true
+                    && a["health"]["workload"] == "running"
+            })
+        },
+    );
+}
+
+#[test]
+fn the_server_lists_each_agents_health_and_counts_the_unhealthy() {
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let port = free_port();
+    let dist = exporter_dist(&ctx, "d1", port);
+    // A program that dies at once, every time.
+    script(
+        &dist,
+        "bin/node_exporter",
+        "echo 'exporter: no config' >&2\nexit 3",
+    );
+    let bundle = ctx.pack(&dist, "1.0.0", "1", &key, "b1");
+    let home = ctx.install(&bundle, "p");
+    let server = serve_to(&ctx, &home, &bundle);
+    let conf = read_file(&home.join("conf/agent.toml"));
+    fs::write(
+        home.join("conf/agent.toml"),
+        format!("{conf}\n{}", workload_toml(port)),
+    )
+    .unwrap();
+    start(&home);
+    let mut last = None;
+    wait_until(WAIT, "the server to list the agent unhealthy", || {
+        last = agent_record(&server);
+        last.as_ref().is_some_and(|a| {
+            a["health"]["healthy"] == false
+                && a["health"]["restarts"].as_u64().is_some_and(|r| r >= 1)
+                && a["health"]["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("exited with code 3"))
+        })
+    });
+    let health = &last.unwrap()["health"];
+    assert!(
+        ["backoff", "starting"].contains(&health["workload"].as_str().unwrap_or_default()),
+        "{health}"
+    );
+    assert_eq!(e2e::metric(&server, "agentupdate_agents_unhealthy"), 1.0);
+    assert!(e2e::metric(&server, "agentupdate_workload_restarts") >= 1.0);
+    // agent status says the same on the machine.
+    let status = stdout(&run_ok(
+        Command::new(home.join("current/bin/agent")).arg("status"),
+    ));
+    assert!(status.contains("exited with code 3"), "{status}");
 }

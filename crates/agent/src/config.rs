@@ -124,7 +124,7 @@ impl WorkloadSection {
             );
         }
         let url = self.health_url.trim();
-        if !url.is_empty() && !(url.starts_with("http://") || url.starts_with("https://")) {
+        if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
             return Err(format!(
                 "workload.health-url {url:?} is not an http:// or https:// URL"
             ));

@@ -74,6 +74,7 @@ pub async fn flush_outbox(home: &AgentHome, client: &Client) {
 /// with the servers; the workload is stopped before this returns, however it ends.
 pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd> {
     let home = install.home.clone();
+    let spec = Spec::new(&config.workload, home.root(), &install.version_dir);
     let board = Arc::new(HealthBoard::new(
         home.clone(),
         Health {
@@ -82,10 +83,9 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
             components_started: true,
             last_contact: None,
             refused_by_server: None,
-            workload: None,
+            workload: Some(crate::workload::initial_report(&spec)),
         },
     ));
-    let spec = Spec::new(&config.workload, home.root(), &install.version_dir);
     let workload = Supervisor::start(spec, home.clone(), Arc::clone(&board));
     let end = serve(&install, &config, &board).await;
     workload.stop().await;
@@ -115,7 +115,7 @@ async fn serve(
         config.server.urls.clone(),
         install.version.clone(),
         hello,
-        Trust::of(&config, &home),
+        Trust::of(config, &home),
     )?;
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {

@@ -216,6 +216,9 @@ pub struct AgentRecord {
     /// When the fleet's rollout first told it to update (unix seconds).
     #[serde(default)]
     pub told_at: Option<f64>,
+    /// The health it reported with its last register or connect (`null` if none).
+    #[serde(default)]
+    pub health: Option<AgentHealth>,
 }
 
 #[cfg(test)]

@@ -64,6 +64,8 @@ pub struct AgentRow {
     pub last_contact: i64,
     pub update_status: Option<String>,
     pub update_error: Option<String>,
+    /// The `"health"` object it last reported (JSON), if any.
+    pub health: Option<String>,
 }
 
 /// Where a PostgreSQL URL points, for messages: never its password.
@@ -273,6 +275,41 @@ impl Db {
         Ok(())
     }
 
+    /// Keeps the health an agent reported with its contact at `at` (unless a later
+    /// contact was already recorded).
+    pub async fn record_health(
+        &self,
+        id: &str,
+        health: &agent_protocol::wire::AgentHealth,
+        at: i64,
+    ) -> Result<(), sqlx::Error> {
+        let json = serde_json::to_string(health).unwrap_or_default();
+        sqlx::query(
+            "UPDATE agents SET health = $2, healthy = $3, workload_restarts = $4
+             WHERE id = $1 AND last_contact <= $5",
+        )
+        .bind(id)
+        .bind(json)
+        .bind(i64::from(health.healthy))
+        .bind(i64::try_from(health.restarts).unwrap_or(i64::MAX))
+        .bind(at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// (agents whose last reported health is unhealthy, workload restarts the agents
+    /// last reported in all), for /metrics.
+    pub async fn health_counts(&self) -> Result<(i64, i64), sqlx::Error> {
+        let row = sqlx::query(
+            "SELECT COALESCE(SUM(CASE WHEN healthy = 0 THEN 1 ELSE 0 END), 0),
+                    COALESCE(SUM(workload_restarts), 0) FROM agents",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((row.get(0), row.get(1)))
+    }
+
     /// Records a report received at `at` (unix seconds).
     pub async fn record_report(&self, report: &Report, at: i64) -> Result<(), sqlx::Error> {
         let version = match report.status {
@@ -389,7 +426,7 @@ impl Db {
     }
 }
 
-const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error FROM agents";
+const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error, health FROM agents";
 
 fn agent_row(r: &AnyRow) -> AgentRow {
     AgentRow {
@@ -401,6 +438,7 @@ fn agent_row(r: &AnyRow) -> AgentRow {
         last_contact: r.get(5),
         update_status: r.get(6),
         update_error: r.get(7),
+        health: r.get(8),
     }
 }
 

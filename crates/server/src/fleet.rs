@@ -30,9 +30,14 @@ pub async fn write(db: &Db, rollouts: &Rollouts, w: &Deferred) -> Result<(), sql
             version,
             group,
             at,
+            health,
         } => {
             db.touch_agent(id, name, platform, version, group.as_deref(), *at)
-                .await
+                .await?;
+            match health {
+                Some(health) => db.record_health(id, health, *at).await,
+                None => Ok(()),
+            }
         }
         Deferred::Report { report, at_ms } => {
             db.record_report(report, at_ms / 1000).await?;

@@ -67,6 +67,9 @@ pub enum Deferred {
         version: String,
         group: Option<String>,
         at: i64,
+        /// The agent's and its workload's health, when it reported one.
+        #[serde(default)]
+        health: Option<agent_protocol::wire::AgentHealth>,
     },
     /// A report, received at `at_ms`.
     Report { report: Report, at_ms: i64 },
@@ -343,6 +346,7 @@ mod tests {
             version: version.into(),
             group: None,
             at,
+            health: None,
         }
     }
 

@@ -105,7 +105,6 @@ async fn supervise(
         spec.enabled(),
         spec.start_timeout,
         spec.health != Check::None,
-        Instant::now(),
     );
     let http = reqwest::Client::builder()
         .no_proxy()
@@ -356,15 +355,30 @@ async fn poll_check(run: &mut Option<CheckFuture>) -> Result<(), String> {
     }
 }
 
+/// The workload as reported before the supervisor has started it: the first
+/// `run/health.json` already says there is one, and that it is not healthy yet.
+pub fn initial_report(spec: &Spec) -> WorkloadReport {
+    let sup = Supervision::new(
+        spec.enabled(),
+        spec.start_timeout,
+        spec.health != Check::None,
+    );
+    report(&sup, None, spec)
+}
+
 fn publish(board: &HealthBoard, sup: &Supervision, running: Option<&Running>, spec: &Spec) {
-    let report = WorkloadReport {
+    let report = report(sup, running, spec);
+    board.update(|h| h.workload = Some(report));
+}
+
+fn report(sup: &Supervision, running: Option<&Running>, spec: &Spec) -> WorkloadReport {
+    WorkloadReport {
         health: sup.health(),
         pid: running.map(|r| r.pid),
         since: running.map(|r| r.since_unix),
         last_exit: sup.last_exit().map(str::to_owned),
         start_timeout_ms: u64::try_from(spec.start_timeout.as_millis()).unwrap_or(u64::MAX),
-    };
-    board.update(|h| h.workload = Some(report));
+    }
 }
 
 /// The workload's lines of `agent status`; `agent_alive` says whether the report is

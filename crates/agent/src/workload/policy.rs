@@ -45,6 +45,9 @@ impl fmt::Display for Exit {
 enum Phase {
     /// No workload configured.
     None,
+    /// Not started yet: reported as starting, so that nobody takes the time before the
+    /// first start for a healthy agent without a workload.
+    Initial,
     Starting {
         since: Instant,
     },
@@ -88,13 +91,9 @@ pub struct Supervision {
 
 impl Supervision {
     /// `enabled`: a command is configured; `has_check`: a health-url or health-command.
-    pub fn new(enabled: bool, start_timeout: Duration, has_check: bool, now: Instant) -> Self {
+    pub fn new(enabled: bool, start_timeout: Duration, has_check: bool) -> Self {
         Self {
-            phase: if enabled {
-                Phase::Backoff { until: now }
-            } else {
-                Phase::None
-            },
+            phase: if enabled { Phase::Initial } else { Phase::None },
             start_timeout,
             has_check,
             starts: 0,
@@ -121,7 +120,7 @@ impl Supervision {
     pub fn spawn_failed(&mut self, error: String, now: Instant) -> Duration {
         self.healthy = false;
         self.last_error = Some(error);
-        let delay = self.take_delay(None, now);
+        let delay = self.take_delay(None);
         self.phase = Phase::Backoff { until: now + delay };
         delay
     }
@@ -143,14 +142,14 @@ impl Supervision {
             Some(why) => why,
             None => format!("the workload {exit}{after}"),
         });
-        let delay = self.take_delay(ran, now);
+        let delay = self.take_delay(ran);
         self.phase = Phase::Backoff { until: now + delay };
         delay
     }
 
     /// Exponential backoff: doubling from [`BACKOFF_FIRST`] to [`BACKOFF_MAX`], back to
     /// the start after a run of [`STABLE_RESET`].
-    fn take_delay(&mut self, ran: Option<Duration>, _now: Instant) -> Duration {
+    fn take_delay(&mut self, ran: Option<Duration>) -> Duration {
         if ran.is_some_and(|r| r >= STABLE_RESET) {
             self.next_delay = BACKOFF_FIRST;
         }
@@ -159,14 +158,13 @@ impl Supervision {
         delay
     }
 
-    /// The result of one health check (`Err` says what failed).
-    pub fn checked(&mut self, result: Result<(), String>, now: Instant) {
+    /// The result of one health check (`Err` says what failed), observed at `_now`.
+    pub fn checked(&mut self, result: Result<(), String>, _now: Instant) {
         match (self.phase, result) {
             (Phase::Starting { since }, Ok(())) => {
                 self.phase = Phase::Running { since };
                 self.healthy = true;
                 self.last_error = None;
-                let _ = now;
             }
             (Phase::Starting { .. }, Err(e)) => self.last_check_error = Some(e),
             (Phase::Running { .. }, Ok(())) => {
@@ -184,6 +182,7 @@ impl Supervision {
     /// What to do at `now`.
     pub fn tick(&mut self, now: Instant) -> Action {
         match self.phase {
+            Phase::Initial => Action::Start,
             Phase::Backoff { until } if now >= until => Action::Start,
             Phase::Backoff { until } => Action::Wait(Some(until)),
             Phase::Starting { since } if !self.has_check => {
@@ -248,7 +247,7 @@ impl Supervision {
     pub fn state(&self) -> WorkloadState {
         match self.phase {
             Phase::None => WorkloadState::None,
-            Phase::Starting { .. } => WorkloadState::Starting,
+            Phase::Initial | Phase::Starting { .. } => WorkloadState::Starting,
             Phase::Running { .. } => WorkloadState::Running,
             Phase::Backoff { .. } => WorkloadState::Backoff,
             Phase::Stopped => WorkloadState::Stopped,
@@ -281,7 +280,7 @@ mod tests {
     #[test]
     fn no_command_is_healthy_with_no_workload() {
         let now = Instant::now();
-        let mut s = Supervision::new(false, secs(30), false, now);
+        let mut s = Supervision::new(false, secs(30), false);
         assert_eq!(s.tick(now), Action::Wait(None));
         let h = s.health();
         assert!(h.healthy);
@@ -291,7 +290,10 @@ mod tests {
     #[test]
     fn starts_at_once_and_is_healthy_after_settling_without_a_check() {
         let t0 = Instant::now();
-        let mut s = Supervision::new(true, secs(30), false, t0);
+        let mut s = Supervision::new(true, secs(30), false);
+        // Before the first start it is starting, not healthy.
+        assert_eq!(s.health().workload, WorkloadState::Starting);
+        assert!(!s.health().healthy);
         assert_eq!(s.tick(t0), Action::Start);
         s.started(t0);
         assert_eq!(s.health().workload, WorkloadState::Starting);
@@ -306,7 +308,7 @@ mod tests {
     #[test]
     fn backoff_doubles_to_five_minutes_while_it_keeps_crashing() {
         let mut now = Instant::now();
-        let mut s = Supervision::new(true, secs(30), false, now);
+        let mut s = Supervision::new(true, secs(30), false);
         let mut delays = Vec::new();
         for _ in 0..12 {
             assert_eq!(s.tick(now), Action::Start);
@@ -333,7 +335,7 @@ mod tests {
     #[test]
     fn five_minutes_of_stable_running_resets_the_backoff() {
         let mut now = Instant::now();
-        let mut s = Supervision::new(true, secs(30), false, now);
+        let mut s = Supervision::new(true, secs(30), false);
         for _ in 0..4 {
             s.started(now);
             now += secs(1);
@@ -356,7 +358,7 @@ mod tests {
     #[test]
     fn a_start_that_never_passes_its_check_fails_at_the_start_timeout() {
         let t0 = Instant::now();
-        let mut s = Supervision::new(true, secs(5), true, t0);
+        let mut s = Supervision::new(true, secs(5), true);
         s.started(t0);
         assert_eq!(s.check_interval(), Some(CHECK_STARTING));
         s.checked(
@@ -381,7 +383,7 @@ mod tests {
     #[test]
     fn a_passing_check_makes_it_running_and_a_failing_one_unhealthy() {
         let t0 = Instant::now();
-        let mut s = Supervision::new(true, secs(5), true, t0);
+        let mut s = Supervision::new(true, secs(5), true);
         s.started(t0);
         s.checked(Ok(()), t0 + secs(1));
         assert!(s.health().healthy);
@@ -398,7 +400,7 @@ mod tests {
     #[test]
     fn a_command_that_cannot_start_backs_off_with_its_reason() {
         let t0 = Instant::now();
-        let mut s = Supervision::new(true, secs(5), false, t0);
+        let mut s = Supervision::new(true, secs(5), false);
         assert_eq!(s.spawn_failed("no such file".into(), t0), secs(1));
         assert_eq!(s.spawn_failed("no such file".into(), t0 + secs(1)), secs(2));
         let h = s.health();

@@ -106,6 +106,7 @@ pub(super) async fn agents(
                 group: a.group,
                 update_status: a.update_status,
                 update_error: a.update_error,
+                health: a.health.and_then(|h| serde_json::from_str(&h).ok()),
             }
         })
         .collect();
@@ -207,11 +208,17 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
     let s = &state.inner;
     // While the database is away, what this server itself counted is still worth
     // scraping; the fleet's counts are left out.
-    let (by_version, by_status, waves) = if s.outage.is_down() {
+    let (by_version, by_status, waves, health) = if s.outage.is_down() {
         Default::default()
     } else {
         let (by_version, by_status) = s.db.fleet_counts().await?;
-        (by_version, by_status, s.rollouts.wave_counts().await?)
+        let health = Some(s.db.health_counts().await?);
+        (
+            by_version,
+            by_status,
+            s.rollouts.wave_counts().await?,
+            health,
+        )
     };
     let current = s.rollouts.current();
     let gauges = RolloutGauges {
@@ -232,6 +239,10 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
         &gauges,
         &s.outage.status(),
     );
+    let text = match health {
+        Some((unhealthy, restarts)) => text + &crate::metrics::health(unhealthy, restarts),
+        None => text,
+    };
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 

@@ -50,6 +50,23 @@ fn check_hello(hello: &AgentHello) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// An agent's words about its workload are kept, within reason.
+fn bounded_health(
+    mut health: agent_protocol::wire::AgentHealth,
+) -> agent_protocol::wire::AgentHealth {
+    const MAX_ERROR: usize = 4096;
+    if let Some(e) = health.last_error.as_mut()
+        && e.len() > MAX_ERROR
+    {
+        let mut cut = MAX_ERROR;
+        while !e.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        e.truncate(cut);
+    }
+    health
+}
+
 /// `POST /agent/register` and `/agent/connect`: the version directive.
 pub(super) async fn register(
     State(state): State<AppState>,
@@ -77,6 +94,7 @@ pub(super) async fn register(
             version: agent_version.to_string(),
             group: hello.group.clone(),
             at: now_secs(),
+            health: hello.health.clone().map(bounded_health),
         },
     )
     .await?;
