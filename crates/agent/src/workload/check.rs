@@ -32,12 +32,25 @@ async fn get(http: &reqwest::Client, url: &str) -> Result<(), String> {
         .await
         .map_err(|e| format!("GET {url}: {}", crate::client::error_chain(&e)))?;
     let status = answer.status();
+    // The body is read (and dropped), up to a cap: hanging up in the middle of it
+    // makes some programs log a broken pipe at every check.
+    let mut answer = answer;
+    let mut read = 0usize;
+    while read < MAX_BODY {
+        match answer.chunk().await {
+            Ok(Some(chunk)) => read += chunk.len(),
+            Ok(None) | Err(_) => break,
+        }
+    }
     if status.is_success() {
         Ok(())
     } else {
         Err(format!("GET {url} answered {status}"))
     }
 }
+
+/// How much of a health answer is read before the connection is dropped.
+const MAX_BODY: usize = 8 * 1024 * 1024;
 
 async fn command(argv: &[String], home: &std::path::Path) -> Result<(), String> {
     let Some((program, args)) = argv.split_first() else {
