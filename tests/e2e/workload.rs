@@ -464,3 +464,56 @@ fn the_server_lists_each_agents_health_and_counts_the_unhealthy() {
     ));
     assert!(status.contains("exited with code 3"), "{status}");
 }
+
+#[test]
+fn power_loss_during_an_update_converges_to_exactly_one_healthy_workload() {
+    let (_ctx, home, server, port) = update_setup(|_| {});
+    start(&home);
+    e2e::wait_log(&home, "agent.log", "updating", WAIT);
+    // A random moment of the update (download, unpack, stop, switch, judge): not a wait
+    // for a condition, the moment the power goes.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let moment = Duration::from_millis(u64::from(nanos) % 4000);
+    std::thread::sleep(moment);
+    // Wrapper, agent, updater and workload all die at once.
+    let victims = e2e::pids_mentioning(&home);
+    for &pid in &victims {
+        signal(pid, "KILL");
+    }
+    wait_until(Duration::from_secs(10), "every process to die", || {
+        victims.iter().all(|&p| pid_gone(p))
+    });
+    // The machine comes back: the wrapper starts the agent (and finishes or rolls back
+    // the update from its journal).
+    start(&home);
+    let mut last = None;
+    wait_until(WAIT, "the update to end", || {
+        last = agent_record(&server);
+        last.as_ref().is_some_and(|a| {
+            (a["version"] == "2.0.0+2" && a["update_status"] == "INSTALLED")
+                || a["update_status"] == "INSTALL_FAILED"
+        }) && health(&home)["workload"]["healthy"] == true
+    });
+    let pid = wait_healthy(&home, port);
+    // Whatever the moment, one workload, from the version that runs.
+    let version = health(&home)["version"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        exe_of(pid).contains(&format!("versions/{version}/")),
+        "killed {moment:?} into the update: workload {} for agent {version}; record {last:?}\n{}",
+        exe_of(pid),
+        logs(&home)
+    );
+    assert_eq!(
+        exporters(&home),
+        vec![pid],
+        "killed {moment:?} into the update: not exactly one workload\n{}",
+        logs(&home)
+    );
+    assert_eq!(agents_running(&home).len(), 1);
+}
