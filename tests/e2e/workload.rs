@@ -396,9 +396,14 @@ fn an_update_whose_workload_exits_at_once_rolls_back_naming_its_exit_code() {
 #[test]
 fn an_update_whose_workload_is_healthy_runs_it_from_the_new_version() {
     let (_ctx, home, server, port) = update_setup(|_| {});
+    // The operator's own workload configuration: an update never overwrites it.
+    let mine = home.join("conf/workload/marker.prom");
+    fs::write(&mine, format!("{MARKER}\noperator_value 7\n")).unwrap();
     start(&home);
     wait_server_status(&server, "2.0.0+2", "INSTALLED", &home);
     let pid = wait_healthy(&home, port);
+    assert!(read_file(&mine).contains("operator_value 7"));
+    assert!(metrics(port).is_some_and(|m| m.contains("operator_value 7")));
     assert!(
         exe_of(pid).contains("versions/2.0.0+2/bin/node_exporter"),
         "{}",

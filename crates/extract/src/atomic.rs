@@ -158,6 +158,23 @@ fn parent(path: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn copy_tree_copies_files_and_directories_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        fs::create_dir_all(src.join("sub")).unwrap();
+        fs::write(src.join("a.yml"), "a").unwrap();
+        fs::write(src.join("sub/b.yml"), "b").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", src.join("link")).unwrap();
+        let dest = dir.path().join("conf/workload");
+        fs::create_dir_all(dir.path().join("conf")).unwrap();
+        assert_eq!(copy_tree(&src, &dest).unwrap(), 2);
+        assert_eq!(fs::read_to_string(dest.join("sub/b.yml")).unwrap(), "b");
+        assert!(fs::symlink_metadata(dest.join("link")).is_err());
+        assert_eq!(tail_lines(&dest.join("a.yml"), 3), "a");
+    }
+
     use super::*;
 
     #[test]
