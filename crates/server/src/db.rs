@@ -302,8 +302,9 @@ impl Db {
     /// last reported in all), for /metrics.
     pub async fn health_counts(&self) -> Result<(i64, i64), sqlx::Error> {
         let row = sqlx::query(
-            "SELECT COALESCE(SUM(CASE WHEN healthy = 0 THEN 1 ELSE 0 END), 0),
-                    COALESCE(SUM(workload_restarts), 0) FROM agents",
+            // PostgreSQL sums BIGINT as NUMERIC: cast back, for both backends alike.
+            "SELECT CAST(COALESCE(SUM(CASE WHEN healthy = 0 THEN 1 ELSE 0 END), 0) AS BIGINT),
+                    CAST(COALESCE(SUM(workload_restarts), 0) AS BIGINT) FROM agents",
         )
         .fetch_one(&self.pool)
         .await?;
