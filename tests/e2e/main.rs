@@ -13,6 +13,7 @@ mod fleet;
 mod handlers;
 mod hostile_archives;
 mod hostile_clients;
+mod long_poll;
 mod quickstart;
 mod rollout;
 mod server;

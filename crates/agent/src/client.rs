@@ -48,6 +48,38 @@ pub enum Directive {
     Refused(NotSupported),
 }
 
+impl Directive {
+    /// What the agent acts on: accepted, or refused for which bundle. Two answers with
+    /// the same key bring no news.
+    pub fn key(&self) -> (bool, Option<&str>, Option<&str>) {
+        match self {
+            Directive::Accepted => (true, None, None),
+            Directive::Refused(ns) => (false, Some(&ns.expected), ns.sha256.as_deref()),
+        }
+    }
+}
+
+/// A `connect` the server may hold (a long poll).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hold {
+    /// How long the server may hold the answer.
+    pub wait: Duration,
+    /// The bundle this agent was refused with and stays away from (it failed here):
+    /// a `409` naming it again is no news, so the server holds that too.
+    pub known_offer: Option<String>,
+}
+
+/// A server's answer to register or connect.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub directive: Directive,
+    /// The server honours holds ([`wire::LONG_POLL_HEADER`]).
+    pub server_holds: bool,
+}
+
+/// Time allowed on top of a hold for the answer to arrive.
+const HOLD_GRACE: Duration = Duration::from_secs(15);
+
 /// How the agent proves who it is and whom it trusts.
 #[derive(Debug, Clone, Default)]
 pub struct Trust {
@@ -237,6 +269,12 @@ impl Client {
     /// trouble or a 5xx, fails over to the next server in order and registers there,
     /// so the new server checks the version again.
     pub async fn hello(&mut self, first: bool) -> Result<Directive, CommError> {
+        self.contact(first, None).await.map(|a| a.directive)
+    }
+
+    /// Like [`Client::hello`], with a `connect` the server may hold as `hold` says. A
+    /// register (the first contact, or one after a failover) is never held.
+    pub async fn contact(&mut self, first: bool, hold: Option<&Hold>) -> Result<Answer, CommError> {
         let mut register = first;
         let mut tried = Vec::new();
         for _ in 0..self.urls.len() {
@@ -245,7 +283,8 @@ impl Client {
             } else {
                 wire::CONNECT_PATH
             };
-            match self.hello_once(path, register).await {
+            let held = if register { None } else { hold };
+            match self.hello_once(path, register, held).await {
                 Ok(d) => {
                     self.say_success(self.base());
                     return Ok(d);
@@ -264,18 +303,34 @@ impl Client {
         Err(CommError::AllDown(tried.join(", ")))
     }
 
-    async fn hello_once(&self, path: &str, register: bool) -> Result<Directive, CommError> {
+    async fn hello_once(
+        &self,
+        path: &str,
+        register: bool,
+        hold: Option<&Hold>,
+    ) -> Result<Answer, CommError> {
         let url = self.url(path);
-        let request = self
-            .http
-            .post(&url)
-            .timeout(REQUEST_TIMEOUT)
-            .json(&self.hello);
+        let mut request = self.http.post(&url).json(&self.hello);
+        request = match hold {
+            Some(hold) => {
+                let mut query = vec![(wire::WAIT_QUERY, hold.wait.as_secs().max(1).to_string())];
+                if let Some(sha) = &hold.known_offer {
+                    query.push((wire::KNOWN_QUERY, sha.clone()));
+                }
+                request.query(&query).timeout(hold.wait + HOLD_GRACE)
+            }
+            None => request.timeout(REQUEST_TIMEOUT),
+        };
         let resp = self
             .identified(request, register)
             .send()
             .await
             .map_err(|e| network(&url, e))?;
+        let server_holds = resp.headers().contains_key(wire::LONG_POLL_HEADER);
+        let answer = |directive| Answer {
+            directive,
+            server_holds,
+        };
         let status = resp.status();
         match status {
             s if s.is_success() => {
@@ -285,7 +340,7 @@ impl Client {
                 {
                     self.keep_token(json.get("token").and_then(|t| t.as_str()));
                 }
-                Ok(Directive::Accepted)
+                Ok(answer(Directive::Accepted))
             }
             StatusCode::CONFLICT => {
                 let body = small_body(resp, &url).await?;
@@ -309,7 +364,7 @@ impl Client {
                     });
                 }
                 self.keep_token(ns.token.as_deref());
-                Ok(Directive::Refused(ns))
+                Ok(answer(Directive::Refused(ns)))
             }
             s => Err(status_error(&url, s, resp).await),
         }

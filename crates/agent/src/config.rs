@@ -34,8 +34,12 @@ pub struct ServerSection {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct AgentSection {
+    /// The longest silence between the agent and its server.
     #[serde(with = "humantime_str")]
     pub heartbeat: Duration,
+    /// Ask the server to hold each `connect` until something changes for this agent
+    /// (at most a heartbeat), so news arrives at once instead of at the next heartbeat.
+    pub long_poll: bool,
     /// Shown to the server; defaults to the host name.
     pub name: String,
     /// Sent when registering: rollout waves written `group:NAME` take these agents
@@ -210,6 +214,7 @@ impl Default for AgentSection {
     fn default() -> Self {
         Self {
             heartbeat: Duration::from_secs(30),
+            long_poll: true,
             name: String::new(),
             group: String::new(),
         }
@@ -236,6 +241,7 @@ pub const KEYS: &[Key] = &[
     key("server", "ca-file", Kind::Str),
     key("server", "enrollment-token", Kind::Str),
     key("agent", "heartbeat", Kind::Str),
+    key("agent", "long-poll", Kind::Bool),
     key("agent", "name", Kind::Str),
     key("agent", "group", Kind::Str),
     key("update", "enabled", Kind::Bool),
@@ -349,6 +355,8 @@ mod tests {
 urls = ["http://127.0.0.1:7080"]
 [agent]
 heartbeat = "30s"
+long-poll = true
+group = ""
 [update]
 enabled = true
 public-key = "conf/update.pub"

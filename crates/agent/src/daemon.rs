@@ -11,11 +11,12 @@ use agent_updater::state;
 use tokio::sync::watch;
 
 use crate::backoff::{Backoff, Gate, Offer, RetryGate, change_jitter};
-use crate::client::{Client, Directive, Trust};
+use crate::client::{Answer, Client, Directive, Hold, Trust};
 use crate::config::Config;
 use crate::health::HealthBoard;
 use crate::home::Installation;
 use crate::identity;
+use crate::pacing::{self, LastContact};
 use crate::update::{self, Outcome, UpdateContext};
 use crate::workload::Supervisor;
 use crate::workload::spec::Spec;
@@ -140,17 +141,45 @@ async fn serve(
     };
     let mut first = true;
     let mut shutdown = stop_rx.clone();
+    let mut pace = Pace::default();
     loop {
+        // Never held: the first contact (a register), and any contact with long polls off.
+        let hold = (config.agent.long_poll && !first).then(|| Hold {
+            wait: heartbeat,
+            known_offer: pace.known_offer.clone(),
+        });
+        let asked = Instant::now();
         client.set_health(board.agent_health());
-        match client.hello(first).await {
-            Ok(directive) => {
+        let contact = tokio::select! {
+            answer = client.contact(first, hold.as_ref()) => answer,
+            _ = shutdown.wait_for(|stop| *stop) => {
+                tracing::info!("stopping on request");
+                return Ok(RunEnd::Stopped);
+            }
+            // A held connect carries the health of when it was sent: a change of the
+            // workload's is told at once, with a new one.
+            _ = health_changed.changed(), if hold.is_some() => continue,
+        };
+        let mut wait = heartbeat;
+        match contact {
+            Ok(answer) => {
                 if first {
                     tracing::info!("registered with {}", client.base());
                 }
                 first = false;
                 let contact = state::now_secs();
                 flush_outbox(&home, &client).await;
-                match directive {
+                wait = pace.answered(
+                    &answer,
+                    hold.as_ref(),
+                    asked.elapsed(),
+                    heartbeat,
+                    client.base(),
+                );
+                // Learnt the moment it happened: no need to spread the fleet over a
+                // heartbeat's worth of jitter before acting.
+                let prompt = hold.is_some() && answer.server_holds;
+                match answer.directive {
                     Directive::Accepted => {
                         board.update(|h| {
                             h.last_contact = Some(contact);
@@ -167,9 +196,19 @@ async fn serve(
                             expected: ns.expected.clone(),
                             sha256: ns.sha256.clone(),
                         };
-                        if let Some(end) =
-                            on_refused(install, config, &client, &id, &offer, &mut retry, &stop_rx)
-                                .await
+                        if let Some(end) = on_refused(
+                            install,
+                            config,
+                            &client,
+                            &id,
+                            Told {
+                                offer: &offer,
+                                prompt,
+                            },
+                            &mut retry,
+                            &stop_rx,
+                        )
+                        .await
                         {
                             return Ok(end);
                         }
@@ -181,7 +220,7 @@ async fn serve(
         // The heartbeat is the longest silence: a change of the workload's health is
         // told at once.
         tokio::select! {
-            stop = update::sleep_or_shutdown(heartbeat, &mut shutdown) => {
+            stop = update::sleep_or_shutdown(wait, &mut shutdown) => {
                 if stop {
                     tracing::info!("stopping on request");
                     return Ok(RunEnd::Stopped);
@@ -191,6 +230,62 @@ async fn serve(
         }
     }
 }
+
+/// What the agent knows from its last answers, to pace the next contact.
+#[derive(Debug, Default)]
+struct Pace {
+    last: Option<(bool, Option<String>, Option<String>)>,
+    /// The bundle the last `409` named, while the agent stays on its version.
+    known_offer: Option<String>,
+    /// The server answered a connect at once although asked to hold it (said once).
+    said_no_hold: bool,
+}
+
+impl Pace {
+    /// Records an answer; returns the wait before the next contact.
+    fn answered(
+        &mut self,
+        answer: &Answer,
+        hold: Option<&Hold>,
+        took: Duration,
+        heartbeat: Duration,
+        server: &str,
+    ) -> Duration {
+        let (accepted, expected, sha) = answer.directive.key();
+        let key = (
+            accepted,
+            expected.map(str::to_owned),
+            sha.map(str::to_owned),
+        );
+        let changed = self.last.as_ref() != Some(&key);
+        self.last = Some(key);
+        self.known_offer = sha.map(str::to_owned);
+        if hold.is_some() && !answer.server_holds && !self.said_no_hold {
+            tracing::info!(
+                "{server} answers connects at once (it does not hold them); asking it once per heartbeat ({heartbeat:?})"
+            );
+        }
+        self.said_no_hold = hold.is_some() && !answer.server_holds;
+        let last = LastContact {
+            asked_to_hold: hold.is_some(),
+            server_holds: answer.server_holds,
+            took,
+            wait: hold.map_or(heartbeat, |h| h.wait),
+            changed,
+        };
+        pacing::next_contact(heartbeat, &last, &mut rand::rng())
+    }
+}
+
+/// A refusal: the bundle offered, and whether it was learnt from a held connect.
+struct Told<'a> {
+    offer: &'a Offer,
+    prompt: bool,
+}
+
+/// The longest random wait before acting on a changed offer learnt from a held connect.
+/// The download limit (`503` + `Retry-After`) spreads a fleet that learns at once.
+const PROMPT_SPREAD: Duration = Duration::from_secs(1);
 
 /// When the next update round may start.
 struct Retry {
@@ -228,10 +323,11 @@ async fn on_refused(
     config: &Config,
     client: &Client,
     id: &str,
-    offer: &Offer,
+    told: Told<'_>,
     retry: &mut Retry,
     stop: &watch::Receiver<bool>,
 ) -> Option<RunEnd> {
+    let Told { offer, prompt } = told;
     let expected = offer.expected.as_str();
     match state::open_transaction(&install.home) {
         Ok(Some(j)) => {
@@ -275,7 +371,12 @@ async fn on_refused(
         Gate::Wait => return None,
         Gate::Go => {}
         Gate::Changed => {
-            let jitter = change_jitter(config.agent.heartbeat, &mut rand::rng());
+            let spread = if prompt {
+                PROMPT_SPREAD.min(config.agent.heartbeat)
+            } else {
+                config.agent.heartbeat
+            };
+            let jitter = change_jitter(spread, &mut rand::rng());
             tracing::info!(
                 "the server now offers {expected}{}; trying it in {:.1}s instead of waiting out the last failure's backoff",
                 offer

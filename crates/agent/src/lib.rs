@@ -22,6 +22,7 @@ pub mod health;
 pub mod home;
 pub mod identity;
 pub mod manual;
+pub mod pacing;
 pub mod status;
 pub mod update;
 pub mod workload;

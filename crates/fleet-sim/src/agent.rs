@@ -19,6 +19,9 @@ use crate::{DownloadMode, Shared};
 /// How many times a download is tried (through `503`s) before waiting for the next
 /// heartbeat.
 const DOWNLOAD_TRIES: u32 = 20;
+/// Longest random pause before reconnecting to a server that let a held connect go
+/// early with nothing new, as real agents do.
+const RECONNECT_JITTER: Duration = Duration::from_secs(5);
 /// The first bytes fetched in `head` mode.
 const FIRST_BYTES: u64 = 64 * 1024;
 
@@ -31,6 +34,17 @@ pub struct SimAgent {
     bad: HashSet<String>,
     server: usize,
     registered: bool,
+    /// The last directive: accepted, or refused with which bundle.
+    last: Option<Option<String>>,
+}
+
+/// What a register or connect came back with.
+struct Hello {
+    directive: Option<Result<(), NotSupported>>,
+    /// The server held the connect (it honours long polls).
+    held: bool,
+    /// The directive differs from the one before.
+    changed: bool,
 }
 
 /// One request to make.
@@ -90,6 +104,7 @@ impl SimAgent {
             bad: HashSet::new(),
             server: index,
             registered: false,
+            last: None,
         }
     }
 
@@ -197,21 +212,48 @@ impl SimAgent {
 
     /// Register (first, or after a failover) or connect; the directive if answered.
     async fn hello(&mut self, shared: &Shared) -> Option<Result<(), NotSupported>> {
-        let (endpoint, path) = if self.registered {
-            ("connect", wire::CONNECT_PATH)
+        self.hello_held(shared).await.directive
+    }
+
+    /// Like [`SimAgent::hello`], held by the server when `--long-poll` asks for it: a
+    /// connect (never a register) waits until something changes for this agent. A
+    /// known-bad bundle is named, so a `409` for it again is no news.
+    async fn hello_held(&mut self, shared: &Shared) -> Hello {
+        let long_poll = self.registered && shared.options.long_poll;
+        let (endpoint, path) = if long_poll {
+            let mut path = format!(
+                "{}?{}={}",
+                wire::CONNECT_PATH,
+                wire::WAIT_QUERY,
+                shared.options.heartbeat.as_secs().max(1)
+            );
+            if let Some(Some(sha)) = &self.last
+                && self.bad.contains(sha)
+            {
+                path.push_str(&format!("&{}={sha}", wire::KNOWN_QUERY));
+            }
+            ("connect (held)", path)
+        } else if self.registered {
+            ("connect", wire::CONNECT_PATH.to_owned())
         } else {
-            ("register", wire::REGISTER_PATH)
+            ("register", wire::REGISTER_PATH.to_owned())
         };
         let body = serde_json::to_value(self.hello_body()).ok();
         let answer = self
-            .call(shared, Call::new(endpoint, Method::POST, path).json(body))
+            .call(shared, Call::new(endpoint, Method::POST, &path).json(body))
             .await;
+        let mut hello = Hello {
+            directive: None,
+            held: false,
+            changed: false,
+        };
         let Some(answer) = answer else {
             self.fail_over(shared);
-            return None;
+            return hello;
         };
+        hello.held = long_poll && answer.headers.contains_key(wire::LONG_POLL_HEADER);
         self.keep_token(&answer.body);
-        match answer.status {
+        hello.directive = match answer.status {
             s if s.is_success() => {
                 self.registered = true;
                 Some(Ok(()))
@@ -227,7 +269,16 @@ impl SimAgent {
                 None
             }
             _ => None,
+        };
+        if let Some(directive) = &hello.directive {
+            let key = directive
+                .as_ref()
+                .err()
+                .map(|ns| ns.sha256.clone().unwrap_or_else(|| ns.expected.clone()));
+            hello.changed = self.last.as_ref() != Some(&key);
+            self.last = Some(key);
         }
+        hello
     }
 
     fn fail_over(&mut self, shared: &Shared) {
@@ -375,16 +426,34 @@ impl SimAgent {
             return;
         }
         shared.joined(&self.version);
+        let heartbeat = shared.options.heartbeat;
         loop {
-            if let Some(Err(ns)) = self.hello(&shared).await {
+            let asked = Instant::now();
+            let hello = tokio::select! {
+                hello = self.hello_held(&shared) => hello,
+                // A held connect ends with the simulation.
+                true = shared.sleep(Duration::MAX) => return,
+            };
+            let took = asked.elapsed();
+            if let Some(Err(ns)) = hello.directive {
                 self.update(&shared, ns).await;
             }
-            let jitter = shared.options.jitter;
-            let factor = 1.0 + jitter * (2.0 * rand::rng().random::<f64>() - 1.0);
-            if shared
-                .sleep(shared.options.heartbeat.mul_f64(factor.max(0.0)))
-                .await
-            {
+            let wait = if hello.held {
+                // Straight back after news or a hold that ran its course; a server
+                // letting go early with nothing new (a restart) gets a random pause.
+                if hello.changed || took.as_secs_f64() >= heartbeat.as_secs_f64() * 0.9 {
+                    Duration::ZERO
+                } else {
+                    RECONNECT_JITTER
+                        .min(heartbeat)
+                        .mul_f64(rand::rng().random::<f64>())
+                }
+            } else {
+                let jitter = shared.options.jitter;
+                let factor = 1.0 + jitter * (2.0 * rand::rng().random::<f64>() - 1.0);
+                heartbeat.mul_f64(factor.max(0.0))
+            };
+            if shared.sleep(wait).await {
                 return;
             }
         }

@@ -56,6 +56,9 @@ pub struct Options {
     pub progress: Duration,
     /// Latencies of the first this-long are not counted (a ramp, a transition).
     pub warmup: Duration,
+    /// Connect as agents do by default: a long poll (`connect?wait=`), held by the
+    /// server until something changes for the agent.
+    pub long_poll: bool,
 }
 
 /// What every simulated agent shares.

@@ -58,6 +58,10 @@ struct Cli {
     /// Also write the summary as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Long-poll as real agents do by default (connect?wait=HEARTBEAT): the server holds
+    /// each connect until something changes for the agent. Without it, agents heartbeat.
+    #[arg(long)]
+    long_poll: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -110,6 +114,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         admin_token: cli.token,
         progress: cli.progress.max(Duration::from_millis(100)),
         warmup: cli.warmup,
+        long_poll: cli.long_poll,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let report = runtime.block_on(fleet_sim::run(options))?;

@@ -14,6 +14,15 @@ pub const REPORT_PATH: &str = "/agentupdate/report";
 pub const REGISTER_PATH: &str = "/agent/register";
 pub const CONNECT_PATH: &str = "/agent/connect";
 pub const AGENT_VERSION_HEADER: &str = "Agent-Version";
+/// `connect?wait=<seconds>`: hold the answer until something changes for the agent, or
+/// the wait runs out (a long poll).
+pub const WAIT_QUERY: &str = "wait";
+/// `connect?known=<sha256>`: the agent was refused with this bundle and stays where it
+/// is (it failed here before); a `409` naming the same bundle is no news to it.
+pub const KNOWN_QUERY: &str = "known";
+/// On a `connect` answer: the server honours `wait`, holding at most this many seconds.
+/// An answer without it comes from a server that answers at once.
+pub const LONG_POLL_HEADER: &str = "Agent-Long-Poll";
 /// The `error` of a 409 answer to an agent the directive refuses.
 pub const NOT_SUPPORTED: &str = "agent_not_supported";
 

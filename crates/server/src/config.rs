@@ -8,9 +8,17 @@ use agent_protocol::settings::{self, Environment, Key, Kind, Strictness, key};
 use serde::Deserialize;
 
 use crate::error::ServerError;
-use crate::rollout::plan::Plan;
+use agent_fleet::rollout::plan::Plan;
 
 pub const ENV_PREFIX: &str = "UPDATE_SERVER";
+
+/// Open connections by default: every agent of a fleet of 20,000 holds one (a long
+/// poll), with room to spare for downloads and operators. Lowered, with a warning, to
+/// what the process's file limit allows.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 25_000;
+
+/// The longest `agents.max-wait` accepted.
+pub const MAX_WAIT_CAP: u64 = 3600;
 
 pub const KEYS: &[Key] = &[
     key("server", "listen", Kind::Str),
@@ -27,6 +35,7 @@ pub const KEYS: &[Key] = &[
     key("bundle", "public-key", Kind::Str),
     key("agents", "accept", Kind::Str),
     key("agents", "enrollment-token", Kind::Str),
+    key("agents", "max-wait", Kind::Int),
     key("admin", "token", Kind::Str),
     key("database", "url", Kind::Str),
     key("database", "pool-size", Kind::Int),
@@ -102,6 +111,8 @@ pub struct AgentsSection {
     /// When set, an id the fleet does not know must present it (`Enrollment-Token`) to
     /// register. Empty: open enrollment.
     pub enrollment_token: String,
+    /// Seconds a long-polling `connect?wait=` may be held.
+    pub max_wait: u64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -174,7 +185,7 @@ impl Default for ServerSection {
         Self {
             listen: "127.0.0.1:7080".into(),
             home: PathBuf::from("server-home"),
-            max_connections: 1024,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             shutdown_grace: 30,
             name: String::new(),
             header_timeout: 30,
@@ -199,6 +210,7 @@ impl Default for AgentsSection {
         Self {
             accept: "exact".into(),
             enrollment_token: String::new(),
+            max_wait: 60,
         }
     }
 }
@@ -236,6 +248,12 @@ impl Config {
         }
         if self.server.max_connections == 0 {
             return Err("server.max-connections must be at least 1".into());
+        }
+        if self.agents.max_wait > MAX_WAIT_CAP {
+            return Err(format!(
+                "agents.max-wait ({}) is more than {MAX_WAIT_CAP} seconds; proxies and agents would give up on such holds first (0 turns holds off)",
+                self.agents.max_wait
+            ));
         }
         if self.database.pool_size == 0 {
             return Err("database.pool-size must be at least 1".into());
@@ -352,8 +370,17 @@ mod tests {
     fn environment_and_validation() {
         let env = |k: &str| (k == "UPDATE_SERVER_DOWNLOADS_LIMIT").then(|| "5".to_owned());
         assert_eq!(Config::load(None, &env).unwrap().downloads.limit, 5);
-        let too_many = |k: &str| (k == "UPDATE_SERVER_DOWNLOADS_LIMIT").then(|| "2000".to_owned());
+        let too_many = |k: &str| match k {
+            "UPDATE_SERVER_DOWNLOADS_LIMIT" => Some("2000".to_owned()),
+            "UPDATE_SERVER_SERVER_MAX_CONNECTIONS" => Some("1000".to_owned()),
+            _ => None,
+        };
         assert!(Config::load(None, &too_many).is_err());
+        let long_wait =
+            |k: &str| (k == "UPDATE_SERVER_AGENTS_MAX_WAIT").then(|| "86400".to_owned());
+        assert!(Config::load(None, &long_wait).is_err());
+        let no_holds = |k: &str| (k == "UPDATE_SERVER_AGENTS_MAX_WAIT").then(|| "0".to_owned());
+        assert_eq!(Config::load(None, &no_holds).unwrap().agents.max_wait, 0);
         let bad_policy =
             |k: &str| (k == "UPDATE_SERVER_AGENTS_ACCEPT").then(|| "sometimes".to_owned());
         assert!(Config::load(None, &bad_policy).is_err());

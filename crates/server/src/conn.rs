@@ -419,16 +419,19 @@ impl Registry {
 
 /// Raises this process's soft file limit to its hard limit; returns the soft limit now
 /// in force.
-pub fn raise_fd_limit() -> u64 {
+pub fn raise_fd_limit(wanted: u64) -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => hard,
-            Err(_) => soft,
-        },
-        Ok((soft, _)) => soft,
-        Err(_) => 1024,
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024;
+    };
+    // Past the hard limit only a privileged process may go; try, then settle for it.
+    if wanted > hard && setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted).is_ok() {
+        return wanted;
     }
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return hard;
+    }
+    soft
 }
 
 /// The connection cap that fits the file limit: `wanted`, or less (with the reason).

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::rollout::step::WaveStatus;
+use agent_fleet::rollout::step::WaveStatus;
 
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -30,6 +30,26 @@ pub struct Metrics {
     pub evicted: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_open: AtomicU64,
+    /// Long-polling connects held now, and held in all.
+    pub connects_held: AtomicU64,
+    pub held_connects: AtomicU64,
+}
+
+/// Counts one held connect for as long as it lives (however it ends: answered, or
+/// dropped when its client goes away).
+pub struct Holding<'a>(&'a AtomicU64);
+
+impl<'a> Holding<'a> {
+    pub fn new(gauge: &'a AtomicU64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Self(gauge)
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 pub fn inc(counter: &AtomicU64) {
@@ -58,7 +78,7 @@ impl Metrics {
         by_version: &[(String, i64)],
         by_status: &[(String, i64)],
         rollout: &RolloutGauges,
-        database: &crate::outage::Status,
+        database: &agent_fleet::outage::Status,
     ) -> String {
         let mut out = String::new();
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -193,6 +213,26 @@ impl Metrics {
             "agentupdate_connections_total {}",
             get(&self.connections_total)
         );
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_connects_held Long-polling connects held now (agents waiting for news)."
+        );
+        let _ = writeln!(out, "# TYPE agentupdate_connects_held gauge");
+        let _ = writeln!(
+            out,
+            "agentupdate_connects_held {}",
+            get(&self.connects_held)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_held_connects_total Long-polling connects held."
+        );
+        let _ = writeln!(out, "# TYPE agentupdate_held_connects_total counter");
+        let _ = writeln!(
+            out,
+            "agentupdate_held_connects_total {}",
+            get(&self.held_connects)
+        );
         render_rollout(&mut out, rollout);
         render_database(&mut out, database);
         out
@@ -256,7 +296,7 @@ fn render_rollout(out: &mut String, r: &RolloutGauges) {
     let _ = writeln!(out, "agentupdate_bundle_mismatch {}", u8::from(r.mismatch));
 }
 
-fn render_database(out: &mut String, d: &crate::outage::Status) {
+fn render_database(out: &mut String, d: &agent_fleet::outage::Status) {
     let _ = writeln!(
         out,
         "# HELP agentupdate_database_up 1 when the fleet database answers; 0 while agents are answered from memory."

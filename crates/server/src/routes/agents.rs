@@ -4,19 +4,23 @@
 use agent_protocol::AgentVersion;
 use agent_protocol::wire::{self, AgentHello, NotSupported, Report};
 use axum::Json;
-use axum::extract::State;
+use std::time::Duration;
+
 use axum::extract::rejection::JsonRejection;
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use agent_fleet::credentials::{self, Verdict};
+use agent_fleet::db::{Credentials, now_ms, now_secs};
+use agent_fleet::outage::Deferred;
+use agent_fleet::rollout::Answer;
+
 use super::{AppState, Shared, json_body, ready};
-use crate::credentials::{self, Verdict};
-use crate::db::{Credentials, now_ms, now_secs};
 use crate::error::ApiError;
-use crate::fleet;
-use crate::metrics::inc;
-use crate::outage::{self, Deferred};
-use crate::rollout::Answer;
+use crate::metrics::{Holding, inc};
+use crate::store::ServedBundle;
+use serde::Deserialize;
 
 fn agent_version_header(headers: &HeaderMap) -> Result<AgentVersion, ApiError> {
     let raw = headers.get(wire::AGENT_VERSION_HEADER).ok_or_else(|| {
@@ -67,72 +71,197 @@ fn bounded_health(
     health
 }
 
-/// `POST /agent/register` and `/agent/connect`: the version directive.
+/// What register and connect answer: the directive, with credentials the first time.
+enum Greeting {
+    Accepted {
+        expected: AgentVersion,
+        token: Option<String>,
+    },
+    Refused(NotSupported),
+    /// Not a directive (no bundle to serve yet): answered as it is, never held.
+    Other(Response),
+}
+
+impl Greeting {
+    /// Whether an agent that knows `known` (the bundle it was refused with and stays
+    /// away from, if any) learns something from this answer. A held connect waits for
+    /// news; anything else is answered at once.
+    fn is_news(&self, known: Option<&str>) -> bool {
+        match self {
+            Greeting::Accepted { token, .. } => token.is_some() || known.is_some(),
+            Greeting::Refused(ns) => ns.token.is_some() || ns.sha256.as_deref() != known,
+            Greeting::Other(_) => true,
+        }
+    }
+
+    fn into_response(self) -> Response {
+        match self {
+            Greeting::Accepted { expected, token } => {
+                let mut body =
+                    serde_json::json!({ "status": "accepted", "expected": expected.to_string() });
+                if let Some(token) = token {
+                    body["token"] = serde_json::Value::String(token);
+                }
+                Json(body).into_response()
+            }
+            Greeting::Refused(ns) => (StatusCode::CONFLICT, Json(ns)).into_response(),
+            Greeting::Other(response) => response,
+        }
+    }
+}
+
+/// The hello of a register or connect, checked.
+struct Hello {
+    hello: AgentHello,
+    version: AgentVersion,
+}
+
+fn hello_of(
+    headers: &HeaderMap,
+    body: Result<Json<AgentHello>, JsonRejection>,
+) -> Result<Hello, ApiError> {
+    let hello = json_body(body)?;
+    check_hello(&hello)?;
+    let version = agent_version_header(headers)?;
+    Ok(Hello { hello, version })
+}
+
+/// `POST /agent/register`: the version directive.
 pub(super) async fn register(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Result<Json<AgentHello>, JsonRejection>,
 ) -> Result<Response, ApiError> {
+    let hello = hello_of(&headers, body)?;
+    Ok(greet(&state.inner, &hello, &headers).await?.into_response())
+}
+
+/// `connect?wait=<seconds>&known=<sha256>`.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Hold {
+    wait: Option<u64>,
+    known: Option<String>,
+}
+
+/// `POST /agent/connect`: the directive, like register; with `wait`, a long poll held
+/// until the answer is news to the agent, `wait` (at most `agents.max-wait`) runs out,
+/// or the server stops. While it waits it costs a task and a watch receiver: it is
+/// woken by [`agent_fleet::news`], never by reading the database.
+pub(super) async fn connect(
+    State(state): State<AppState>,
+    Query(hold): Query<Hold>,
+    headers: HeaderMap,
+    body: Result<Json<AgentHello>, JsonRejection>,
+) -> Result<Response, ApiError> {
     let s = &state.inner;
-    let hello = json_body(body)?;
-    check_hello(&hello)?;
-    let agent_version = agent_version_header(&headers)?;
+    let hello = hello_of(&headers, body)?;
+    let wait = Duration::from_secs(hold.wait.unwrap_or(0)).min(s.max_wait);
+    if wait.is_zero() {
+        return Ok(greet(s, &hello, &headers).await?.into_response());
+    }
+    let known = hold.known.as_deref();
+    // Taken before the first answer is worked out, so no change made meanwhile is missed.
+    let mut news = s.fleet.rollouts.news().subscribe();
+    let mut closing = s.fleet.rollouts.news().closing();
+    let deadline = tokio::time::Instant::now() + wait;
+    // The switch decides what a refused agent may download: every agent hears it flip.
+    let switch = s.fleet.auto_update();
+    let mut greeting = greet(s, &hello, &headers).await?;
+    inc(&s.metrics.held_connects);
+    let _holding = Holding::new(&s.metrics.connects_held);
+    while !greeting.is_news(known) {
+        tokio::select! {
+            changed = news.changed() => if changed.is_err() { break },
+            () = tokio::time::sleep_until(deadline) => break,
+            _ = closing.wait_for(|c| *c) => break,
+        }
+        greeting = reconsider(s, &hello).await?;
+        if s.fleet.auto_update() != switch {
+            break;
+        }
+    }
+    let mut response = greeting.into_response();
+    response.headers_mut().insert(
+        wire::LONG_POLL_HEADER,
+        HeaderValue::from(s.max_wait.as_secs()),
+    );
+    Ok(response)
+}
+
+/// The answer to a register or connect, counting as the agent's contact.
+async fn greet(s: &Shared, hello: &Hello, headers: &HeaderMap) -> Result<Greeting, ApiError> {
     let bundle = match ready(s) {
         Ok(b) => b,
-        Err(r) => return Ok(*r),
+        Err(r) => return Ok(Greeting::Other(*r)),
     };
-    let issue = match authenticate(s, &hello.id, &headers).await? {
+    let issue = match authenticate(s, &hello.hello.id, headers).await? {
         Verdict::Allow { issue } => issue,
-        Verdict::Deny(why) => return Err(unauthorized(&hello.id, why)),
+        Verdict::Deny(why) => return Err(unauthorized(&hello.hello.id, why)),
     };
-    fleet::save(
-        s,
-        Deferred::Contact {
-            id: hello.id.clone(),
-            name: hello.name.clone(),
-            platform: hello.platform.clone(),
-            version: agent_version.to_string(),
-            group: hello.group.clone(),
+    s.fleet
+        .save(Deferred::Contact {
+            id: hello.hello.id.clone(),
+            name: hello.hello.name.clone(),
+            platform: hello.hello.platform.clone(),
+            version: hello.version.to_string(),
+            group: hello.hello.group.clone(),
             at: now_secs(),
-            health: hello.health.clone().map(bounded_health),
-        },
-    )
-    .await?;
-    let answer = directive(s, &hello, &agent_version).await?;
+            health: hello.hello.health.clone().map(bounded_health),
+        })
+        .await?;
+    // Credentials are issued once, in the database; while it is away, the agent gets
+    // its token at a later register.
+    let token = if issue && !s.fleet.outage.is_down() {
+        issue_token(s, &hello.hello.id).await?
+    } else {
+        None
+    };
+    decide(s, hello, &bundle, token, true).await
+}
+
+/// The answer again, after news, for a connect that is held: the agent's credentials
+/// were checked and its contact recorded when the hold began.
+async fn reconsider(s: &Shared, hello: &Hello) -> Result<Greeting, ApiError> {
+    let bundle = match ready(s) {
+        Ok(b) => b,
+        Err(r) => return Ok(Greeting::Other(*r)),
+    };
+    decide(s, hello, &bundle, None, false).await
+}
+
+async fn decide(
+    s: &Shared,
+    hello: &Hello,
+    bundle: &ServedBundle,
+    token: Option<String>,
+    count: bool,
+) -> Result<Greeting, ApiError> {
+    let answer = directive(s, &hello.hello, &hello.version).await?;
     // Before the first rollout is read (a bundle just dropped), the bundle speaks alone.
     let (accepted, expected) = match answer {
         Some(a) => (a.accepted, a.expected),
         None => (
-            s.policy.accepts(bundle.version(), &agent_version),
+            s.policy.accepts(bundle.version(), &hello.version),
             bundle.version().clone(),
         ),
     };
-    // Credentials are issued once, in the database; while it is away, the agent gets
-    // its token at a later register.
-    let token = if issue && !s.outage.is_down() {
-        issue_token(s, &hello.id).await?
-    } else {
-        None
-    };
     if accepted {
-        inc(&s.metrics.registrations_accepted);
-        let mut body =
-            serde_json::json!({ "status": "accepted", "expected": expected.to_string() });
-        if let Some(token) = token {
-            body["token"] = serde_json::Value::String(token);
+        if count {
+            inc(&s.metrics.registrations_accepted);
         }
-        return Ok(Json(body).into_response());
+        return Ok(Greeting::Accepted { expected, token });
     }
-    inc(&s.metrics.registrations_refused);
-    tracing::info!(agent = %hello.id, version = %agent_version, expected = %expected, "refused agent");
-    let body = NotSupported {
+    if count {
+        inc(&s.metrics.registrations_refused);
+    }
+    tracing::info!(agent = %hello.hello.id, version = %hello.version, expected = %expected, "refused agent");
+    Ok(Greeting::Refused(NotSupported {
         error: wire::NOT_SUPPORTED.to_owned(),
         expected: expected.to_string(),
         download: wire::DOWNLOAD_PATH.to_owned(),
         sha256: Some(bundle.info.sha256.clone()),
         token,
-    };
-    Ok((StatusCode::CONFLICT, Json(body)).into_response())
+    }))
 }
 
 /// The directive for this agent, from the database, or from what this server last read
@@ -142,17 +271,17 @@ async fn directive(
     hello: &AgentHello,
     version: &AgentVersion,
 ) -> Result<Option<Answer>, ApiError> {
-    if !s.outage.is_down() {
+    if !s.fleet.outage.is_down() {
         let group = hello.group.as_deref().unwrap_or("");
-        match s.rollouts.answer(&hello.id, group, version).await {
+        match s.fleet.rollouts.answer(&hello.id, group, version).await {
             Ok(answer) => return Ok(answer),
-            Err(e) if outage::is_unavailable(&e) => s.outage.went_down(&e),
+            Err(e) if e.is_unavailable() => s.fleet.outage.went_down(&e),
             Err(e) => return Err(e.into()),
         }
     }
-    let (answer, told) = s.rollouts.answer_offline(&hello.id, version);
+    let (answer, told) = s.fleet.rollouts.answer_offline(&hello.id, version);
     if let Some(rollout) = told {
-        s.outage.defer(Deferred::Told {
+        s.fleet.outage.defer(Deferred::Told {
             rollout,
             agent: hello.id.clone(),
             at_ms: now_ms(),
@@ -165,17 +294,17 @@ async fn directive(
 /// away, as this server last read them. An id this server never checked cannot be
 /// checked then: `503`, and the agent tries again (or another server).
 async fn known_credentials(s: &Shared, id: &str) -> Result<Credentials, ApiError> {
-    if !s.outage.is_down() {
-        match s.db.credentials(id).await {
+    if !s.fleet.outage.is_down() {
+        match s.fleet.db.credentials(id).await {
             Ok(known) => {
-                s.outage.remember_credentials(id, &known);
+                s.fleet.outage.remember_credentials(id, &known);
                 return Ok(known);
             }
-            Err(e) if outage::is_unavailable(&e) => s.outage.went_down(&e),
+            Err(e) if e.is_unavailable() => s.fleet.outage.went_down(&e),
             Err(e) => return Err(e.into()),
         }
     }
-    s.outage.known_credentials(id).ok_or_else(|| {
+    s.fleet.outage.known_credentials(id).ok_or_else(|| {
         ApiError::unavailable(
             "the fleet database is unreachable and this server has not seen this agent yet; try again shortly",
             s.retry_after,
@@ -183,7 +312,17 @@ async fn known_credentials(s: &Shared, id: &str) -> Result<Credentials, ApiError
     })
 }
 
-/// Whether this request may speak for the id (see [`crate::credentials`]).
+/// `Authorization: Bearer <token>`, if sent.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// Whether this request may speak for the id (see [`agent_fleet::credentials`]).
 async fn authenticate(s: &Shared, id: &str, headers: &HeaderMap) -> Result<Verdict, ApiError> {
     let known = known_credentials(s, id).await?;
     let enrollment = headers
@@ -191,7 +330,7 @@ async fn authenticate(s: &Shared, id: &str, headers: &HeaderMap) -> Result<Verdi
         .and_then(|v| v.to_str().ok());
     Ok(credentials::decide(
         &known,
-        credentials::bearer(headers),
+        bearer(headers),
         &s.enrollment_token,
         enrollment,
     ))
@@ -209,15 +348,17 @@ async fn issue_token(s: &Shared, id: &str) -> Result<Option<String>, ApiError> {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no randomness")
     })?;
     let hash = credentials::hash_token(&token);
-    match s.db.issue_token(id, &hash).await {
+    match s.fleet.db.issue_token(id, &hash).await {
         Ok(true) => {
             tracing::info!(agent = %id, "issued the agent its credentials");
-            s.outage.remember_credentials(id, &Credentials::Hash(hash));
+            s.fleet
+                .outage
+                .remember_credentials(id, &Credentials::Hash(hash));
             Ok(Some(token))
         }
         Ok(false) => Ok(None),
-        Err(e) if outage::is_unavailable(&e) => {
-            s.outage.went_down(&e);
+        Err(e) if e.is_unavailable() => {
+            s.fleet.outage.went_down(&e);
             Ok(None)
         }
         Err(e) => Err(e.into()),
@@ -243,16 +384,16 @@ pub(super) async fn report(
     }
     inc(&state.inner.metrics.reports);
     tracing::info!(agent = %report.id, from = %report.from, to = %report.to, status = report.status.as_str(), error = ?report.error, "update report");
-    fleet::save(
-        &state.inner,
-        Deferred::Report {
+    state
+        .inner
+        .fleet
+        .save(Deferred::Report {
             report,
             at_ms: now_ms(),
-        },
-    )
-    .await?;
+        })
+        .await?;
     // Queued or written, it is the server's now: the agent may forget it.
-    let status = if state.inner.outage.is_down() {
+    let status = if state.inner.fleet.outage.is_down() {
         "queued"
     } else {
         "recorded"

@@ -7,7 +7,7 @@ mod agents;
 mod download;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::AtomicUsize;
 
 use agent_protocol::AcceptPolicy;
 use agent_protocol::wire;
@@ -21,25 +21,15 @@ use axum::{Json, Router};
 use subtle::ConstantTimeEq;
 use tower_http::timeout::TimeoutLayer;
 
-use crate::db::Db;
+use agent_fleet::Fleet;
+
 use crate::error::ApiError;
 use crate::limiter::DownloadLimiter;
 use crate::metrics::Metrics;
-use crate::rollout::Rollouts;
 use crate::store::{BundleStore, Current, ServedBundle};
 
 /// Largest JSON body accepted; larger ones get `413`.
 pub const MAX_BODY: usize = 64 * 1024;
-
-/// The fleet-wide switch: one row for every server of the fleet.
-pub const SETTING_AUTO_UPDATE: &str = "auto-update";
-/// Where a single server kept its download limit before limits were per server.
-pub const SETTING_DOWNLOAD_LIMIT: &str = "downloads.limit";
-
-/// Each server's own download limit, keyed by its `server.name`.
-pub fn download_limit_key(server: &str) -> String {
-    format!("{SETTING_DOWNLOAD_LIMIT}@{server}")
-}
 
 /// Everything the handlers share.
 #[derive(Clone)]
@@ -49,19 +39,16 @@ pub struct AppState {
 
 pub struct Shared {
     pub store: Arc<BundleStore>,
-    pub db: Db,
-    /// The database's absence, and what waits for it.
-    pub outage: Arc<crate::outage::Outage>,
+    /// The fleet model: database, outage spool, rollouts, fleet-wide settings.
+    pub fleet: Arc<Fleet>,
     /// `server.name`: keys this server's own settings in the fleet database.
     pub server_name: String,
-    pub rollouts: Arc<Rollouts>,
     pub limiter: Arc<DownloadLimiter>,
     pub metrics: Arc<Metrics>,
     pub policy: AcceptPolicy,
     pub admin_token: String,
     /// `agents.enrollment-token`; empty: open enrollment.
     pub enrollment_token: String,
-    pub auto_update: AtomicBool,
     pub download_limit: AtomicUsize,
     pub max_connections: usize,
     pub retry_after: u64,
@@ -69,6 +56,8 @@ pub struct Shared {
     pub request_timeout: std::time::Duration,
     /// How long a download may hand no bytes to its client before its slot is freed.
     pub stall_timeout: std::time::Duration,
+    /// `agents.max-wait`: the longest a long-polling connect is held.
+    pub max_wait: std::time::Duration,
 }
 
 pub fn app(state: AppState) -> Router {
@@ -77,6 +66,14 @@ pub fn app(state: AppState) -> Router {
     // Downloads are not bounded here; their clock is the stall timeout.
     let request_timeout =
         TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, state.inner.request_timeout);
+    // A connect may be held for agents.max-wait (a long poll) before its own clock runs.
+    let held = Router::new().route(
+        wire::CONNECT_PATH,
+        post(agents::connect).route_layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            state.inner.request_timeout + state.inner.max_wait,
+        )),
+    );
     let downloads = Router::new()
         .route(wire::VERSION_PATH, get(download::version))
         .route(
@@ -86,7 +83,6 @@ pub fn app(state: AppState) -> Router {
         .route(wire::SIGNATURE_PATH, get(download::signature));
     Router::new()
         .route(wire::REGISTER_PATH, post(agents::register))
-        .route(wire::CONNECT_PATH, post(agents::register))
         .route(wire::REPORT_PATH, post(agents::report))
         .route(
             "/admin/settings",
@@ -106,6 +102,7 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(admin::metrics))
         .route("/healthz", get(admin::healthz))
         .route_layer(request_timeout)
+        .merge(held)
         .merge(downloads)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)

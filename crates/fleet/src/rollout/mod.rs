@@ -29,6 +29,8 @@ use agent_protocol::{AcceptPolicy, AgentVersion};
 use serde_json::json;
 
 use crate::db::{Backend, Db, now_ms};
+use crate::error::FleetError;
+use crate::news::News;
 use crate::rollout::claim::Claim;
 use crate::rollout::order::Member;
 use crate::rollout::plan::Plan;
@@ -75,6 +77,8 @@ pub struct Rollouts {
     halts: [AtomicU64; 3],
     /// Woken by a report, so the decision that may follow is not a tick away.
     wake: tokio::sync::Notify,
+    /// Told whenever the rollout as this server sees it moves, so held connects look again.
+    news: Arc<News>,
 }
 
 /// The PostgreSQL advisory lock that orders rollout starts across servers ("rollout").
@@ -103,7 +107,13 @@ impl Rollouts {
             deciding: tokio::sync::Mutex::new(()),
             halts: Default::default(),
             wake: tokio::sync::Notify::new(),
+            news: Arc::default(),
         }
+    }
+
+    /// Where held connects learn that the rollout moved.
+    pub fn news(&self) -> &Arc<News> {
+        &self.news
     }
 
     /// The fleet's rollout as last read.
@@ -139,7 +149,7 @@ impl Rollouts {
     /// The served bundle is `bundle`: start its rollout unless one exists or
     /// [`claim::claim`] says it may not, then read the fleet's rollout again. A bundle
     /// that waits for the fleet's rollout to end is looked at again at each call.
-    pub async fn serve(&self, bundle: Served) -> Result<(), sqlx::Error> {
+    pub async fn serve(&self, bundle: Served) -> Result<(), FleetError> {
         {
             let mut served = lock(&self.served);
             if served.as_ref() == Some(&bundle) {
@@ -168,7 +178,7 @@ impl Rollouts {
     /// lets it (see [`claim`]): the previous version is the last completed rollout's;
     /// the agents heard from within the deadline are placed in waves (later ones join
     /// as they come). Returns the claim it acted on.
-    async fn start(&self, bundle: &Served) -> Result<Claim, sqlx::Error> {
+    async fn start(&self, bundle: &Served) -> Result<Claim, FleetError> {
         let _one = self.deciding.lock().await;
         let mut tx = self.db.begin_write().await?;
         if self.shared() {
@@ -284,14 +294,16 @@ impl Rollouts {
     }
 
     /// Reads the fleet's rollout again (another server may have moved it on).
-    pub async fn refresh(&self) -> Result<(), sqlx::Error> {
+    pub async fn refresh(&self) -> Result<(), FleetError> {
         let latest = store::latest(self.db.pool()).await?;
         let served = lock(&self.served).clone();
         let mismatch = served
             .as_ref()
             .and_then(|s| claim::mismatch(latest.as_ref(), s, self.shared()));
+        let mismatch_changed;
         {
             let mut slot = self.mismatch.write().unwrap_or_else(|p| p.into_inner());
+            mismatch_changed = *slot != mismatch;
             if *slot != mismatch {
                 match &mismatch {
                     Some(m) => tracing::warn!("{m}"),
@@ -303,6 +315,11 @@ impl Rollouts {
                 *slot = mismatch;
             }
         }
+        let moved = {
+            let before = self.current();
+            let shape = |r: &RolloutRow| (r.id, r.state, r.opened, r.version.clone());
+            before.as_deref().map(shape) != latest.as_ref().map(shape)
+        };
         let latest = latest.map(Arc::new);
         // A new rollout: every agent placed at its start is read in once, so that its
         // heartbeats cost no read, and so that an outage of the database finds each
@@ -317,12 +334,15 @@ impl Rollouts {
             }
         }
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = latest;
+        if moved || mismatch_changed {
+            self.news.publish("the rollout moved");
+        }
         Ok(())
     }
 
     /// Times out the agents past their deadline and applies every transition that is
     /// due, in one write transaction; logs each once, after it is committed.
-    pub async fn decide(&self) -> Result<(), sqlx::Error> {
+    pub async fn decide(&self) -> Result<(), FleetError> {
         let Some(current) = self.current() else {
             return Ok(());
         };
@@ -383,7 +403,7 @@ impl Rollouts {
     /// transition. Most looks (one per report) find nothing; this one reads without the
     /// write lock, so on SQLite the reports themselves are not held up behind it. What
     /// it finds due is read again under the lock before anything is written.
-    async fn due(&self, id: i64) -> Result<bool, sqlx::Error> {
+    async fn due(&self, id: i64) -> Result<bool, FleetError> {
         let mut tx = self.db.pool().begin().await?;
         let now = now_ms();
         let due = match store::get(&mut *tx, id).await? {
@@ -451,7 +471,7 @@ impl Rollouts {
         agent: &str,
         group: &str,
         version: &AgentVersion,
-    ) -> Result<Option<Answer>, sqlx::Error> {
+    ) -> Result<Option<Answer>, FleetError> {
         let served = lock(&self.served).clone();
         let (Some(current), Some(served)) = (self.current(), served) else {
             return Ok(None);
@@ -557,7 +577,7 @@ impl Rollouts {
         agent: &str,
         group: &str,
         on_target: bool,
-    ) -> Result<Membership, sqlx::Error> {
+    ) -> Result<Membership, FleetError> {
         {
             let members = lock(&self.members);
             if members.0 == current.id
@@ -591,7 +611,7 @@ impl Rollouts {
 
     /// An `INSTALLED` or `INSTALL_FAILED` for the rollout's target counts in its wave;
     /// `at` (unix milliseconds) is when it was received.
-    pub async fn report(&self, report: &Report, at: i64) -> Result<(), sqlx::Error> {
+    pub async fn report(&self, report: &Report, at: i64) -> Result<(), FleetError> {
         let Some(current) = self.current() else {
             return Ok(());
         };
@@ -627,12 +647,12 @@ impl Rollouts {
     }
 
     /// Records a `409` given while the database was away.
-    pub async fn record_told(&self, rollout: i64, agent: &str, at: i64) -> Result<(), sqlx::Error> {
-        store::mark_told(self.db.pool(), rollout, agent, at).await
+    pub async fn record_told(&self, rollout: i64, agent: &str, at: i64) -> Result<(), FleetError> {
+        Ok(store::mark_told(self.db.pool(), rollout, agent, at).await?)
     }
 
     /// `POST /admin/rollout/halt`.
-    pub async fn halt(&self, why: Option<&str>) -> Result<Result<(), Refusal>, sqlx::Error> {
+    pub async fn halt(&self, why: Option<&str>) -> Result<Result<(), Refusal>, FleetError> {
         let reason = match why {
             Some(w) if !w.trim().is_empty() => format!("halted by an operator: {}", w.trim()),
             _ => "halted by an operator".to_owned(),
@@ -649,14 +669,14 @@ impl Rollouts {
     }
 
     /// `POST /admin/rollout/advance`: the next wave opens now.
-    pub async fn advance(&self) -> Result<Result<(), Refusal>, sqlx::Error> {
+    pub async fn advance(&self) -> Result<Result<(), Refusal>, FleetError> {
         self.operator(|row, progress| step::advance(&row.plan, progress).map_err(Refusal))
             .await
     }
 
     /// `POST /admin/rollout/resume`: a halted rollout goes on; the failures seen so far
     /// are let go (only later ones count against `max-failures`).
-    pub async fn resume(&self) -> Result<Result<(), Refusal>, sqlx::Error> {
+    pub async fn resume(&self) -> Result<Result<(), Refusal>, FleetError> {
         let Some(current) = self.current() else {
             return Ok(Err(Refusal("there is no rollout".into())));
         };
@@ -703,7 +723,7 @@ impl Rollouts {
     async fn operator(
         &self,
         choose: impl FnOnce(&RolloutRow, &step::Progress) -> Result<Decision, Refusal>,
-    ) -> Result<Result<(), Refusal>, sqlx::Error> {
+    ) -> Result<Result<(), Refusal>, FleetError> {
         let Some(current) = self.current() else {
             return Ok(Err(Refusal("there is no rollout".into())));
         };
@@ -730,7 +750,7 @@ impl Rollouts {
     }
 
     /// `GET /admin/rollout`: the fleet's rollout with each wave's counts.
-    pub async fn status(&self) -> Result<Option<serde_json::Value>, sqlx::Error> {
+    pub async fn status(&self) -> Result<Option<serde_json::Value>, FleetError> {
         let Some(row) = store::latest(self.db.pool()).await? else {
             return Ok(None);
         };
@@ -779,7 +799,7 @@ impl Rollouts {
     }
 
     /// Every agent's wave and `told_at` (seconds) in the fleet's rollout.
-    pub async fn members(&self) -> Result<HashMap<String, (u32, Option<f64>)>, sqlx::Error> {
+    pub async fn members(&self) -> Result<HashMap<String, (u32, Option<f64>)>, FleetError> {
         let Some(current) = self.current() else {
             return Ok(HashMap::new());
         };
@@ -791,12 +811,12 @@ impl Rollouts {
     }
 
     /// Per-wave counts of the fleet's rollout, for `/metrics`.
-    pub async fn wave_counts(&self) -> Result<Vec<step::WaveStatus>, sqlx::Error> {
+    pub async fn wave_counts(&self) -> Result<Vec<step::WaveStatus>, FleetError> {
         let Some(current) = self.current() else {
             return Ok(Vec::new());
         };
         let mut conn = self.db.pool().acquire().await?;
-        store::wave_status(&mut conn, &current).await
+        Ok(store::wave_status(&mut conn, &current).await?)
     }
 }
 

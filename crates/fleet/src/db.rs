@@ -14,7 +14,7 @@ use agent_protocol::wire::Report;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Connection, Row};
 
-use crate::error::ServerError;
+use crate::error::FleetError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -78,10 +78,10 @@ pub struct PgTarget {
 }
 
 impl PgTarget {
-    pub fn parse(url: &str) -> Result<Self, ServerError> {
+    pub fn parse(url: &str) -> Result<Self, FleetError> {
         use std::str::FromStr;
         let options = sqlx::postgres::PgConnectOptions::from_str(url).map_err(|e| {
-            ServerError::Config(format!(
+            FleetError::Config(format!(
                 "database.url is not a valid PostgreSQL URL ({e}); write postgres://USER:PASSWORD@HOST:PORT/DATABASE"
             ))
         })?;
@@ -139,7 +139,7 @@ impl PgTarget {
 impl Db {
     /// Opens (creating if needed) the database and migrates its schema. `pool_size`
     /// bounds the connections to PostgreSQL.
-    pub async fn open(url: &str, home: &Path, pool_size: u32) -> Result<Self, ServerError> {
+    pub async fn open(url: &str, home: &Path, pool_size: u32) -> Result<Self, FleetError> {
         sqlx::any::install_default_drivers();
         let (url, backend) = if url.is_empty() {
             (sqlite_url(&home.join("fleet.db")), Backend::Sqlite)
@@ -150,7 +150,7 @@ impl Db {
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             (url.to_owned(), Backend::Postgres)
         } else {
-            return Err(ServerError::Config(format!(
+            return Err(FleetError::Config(format!(
                 "database.url {url:?}: use a postgres:// URL, a sqlite: URL, or leave it empty for a file under the server's home"
             )));
         };
@@ -180,7 +180,7 @@ impl Db {
                 // One plain connection first: the pool would retry a refused connection
                 // until its timeout and then say only that it timed out.
                 let first = sqlx::AnyConnection::connect(&url).await;
-                let first = first.map_err(|e| ServerError::Config(target.explain(&e)))?;
+                let first = first.map_err(|e| FleetError::Config(target.explain(&e)))?;
                 let _ = sqlx::Connection::close(first).await;
                 AnyPoolOptions::new()
                     .max_connections(pool_size)
@@ -189,7 +189,7 @@ impl Db {
                     .acquire_timeout(Duration::from_secs(3))
                     .connect(&url)
                     .await
-                    .map_err(|e| ServerError::Config(target.explain(&e)))?
+                    .map_err(|e| FleetError::Config(target.explain(&e)))?
             }
         };
         match backend {
@@ -218,12 +218,12 @@ impl Db {
     }
 
     /// A round trip to the database: is it there?
-    pub async fn ping(&self) -> Result<(), sqlx::Error> {
+    pub async fn ping(&self) -> Result<(), FleetError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
 
-    pub async fn setting(&self, key: &str) -> Result<Option<String>, sqlx::Error> {
+    pub async fn setting(&self, key: &str) -> Result<Option<String>, FleetError> {
         let row = sqlx::query("SELECT value FROM settings WHERE key = $1")
             .bind(key)
             .fetch_optional(&self.pool)
@@ -231,7 +231,7 @@ impl Db {
         Ok(row.map(|r| r.get::<String, _>(0)))
     }
 
-    pub async fn set_setting(&self, key: &str, value: &str) -> Result<(), sqlx::Error> {
+    pub async fn set_setting(&self, key: &str, value: &str) -> Result<(), FleetError> {
         sqlx::query(
             "INSERT INTO settings (key, value) VALUES ($1, $2)
              ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -254,7 +254,7 @@ impl Db {
         version: &str,
         group: Option<&str>,
         at: i64,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), FleetError> {
         sqlx::query(
             "INSERT INTO agents (id, name, platform, version, last_contact, agent_group)
              VALUES ($1, $2, $3, $4, $5, $6)
@@ -312,7 +312,7 @@ impl Db {
     }
 
     /// Records a report received at `at` (unix seconds).
-    pub async fn record_report(&self, report: &Report, at: i64) -> Result<(), sqlx::Error> {
+    pub async fn record_report(&self, report: &Report, at: i64) -> Result<(), FleetError> {
         let version = match report.status {
             agent_protocol::wire::UpdateStatus::Installed => &report.to,
             _ => &report.from,
@@ -334,7 +334,7 @@ impl Db {
     }
 
     /// One agent, if known.
-    pub async fn agent(&self, id: &str) -> Result<Option<AgentRow>, sqlx::Error> {
+    pub async fn agent(&self, id: &str) -> Result<Option<AgentRow>, FleetError> {
         let row = sqlx::query(&format!("{AGENT_COLUMNS} WHERE id = $1"))
             .bind(id)
             .fetch_optional(&self.pool)
@@ -346,7 +346,7 @@ impl Db {
         &self,
         version: Option<&str>,
         status: Option<&str>,
-    ) -> Result<Vec<AgentRow>, sqlx::Error> {
+    ) -> Result<Vec<AgentRow>, FleetError> {
         let rows = sqlx::query(&format!(
             "{AGENT_COLUMNS} WHERE ($1 = '' OR version = $1) AND ($2 = '' OR update_status = $2) ORDER BY id"
         ))
@@ -360,7 +360,7 @@ impl Db {
     /// (label, count) of agents by version and by last update status, for /metrics.
     pub async fn fleet_counts(
         &self,
-    ) -> Result<(Vec<(String, i64)>, Vec<(String, i64)>), sqlx::Error> {
+    ) -> Result<(Vec<(String, i64)>, Vec<(String, i64)>), FleetError> {
         let by_version = sqlx::query("SELECT version, COUNT(*) FROM agents GROUP BY version")
             .fetch_all(&self.pool)
             .await?
@@ -391,7 +391,7 @@ pub enum Credentials {
 }
 
 impl Db {
-    pub async fn credentials(&self, id: &str) -> Result<Credentials, sqlx::Error> {
+    pub async fn credentials(&self, id: &str) -> Result<Credentials, FleetError> {
         let row = sqlx::query("SELECT token_hash FROM agents WHERE id = $1")
             .bind(id)
             .fetch_optional(&self.pool)
@@ -407,7 +407,7 @@ impl Db {
 
     /// Gives the id its token, unless it has one (another server may have just issued
     /// it): true if this call did.
-    pub async fn issue_token(&self, id: &str, hash: &str) -> Result<bool, sqlx::Error> {
+    pub async fn issue_token(&self, id: &str, hash: &str) -> Result<bool, FleetError> {
         let done =
             sqlx::query("UPDATE agents SET token_hash = $2 WHERE id = $1 AND token_hash IS NULL")
                 .bind(id)
@@ -418,7 +418,7 @@ impl Db {
     }
 
     /// An operator's reset: the id's next register gets a new token. False if unknown.
-    pub async fn forget_token(&self, id: &str) -> Result<bool, sqlx::Error> {
+    pub async fn forget_token(&self, id: &str) -> Result<bool, FleetError> {
         let done = sqlx::query("UPDATE agents SET token_hash = NULL WHERE id = $1")
             .bind(id)
             .execute(&self.pool)
