@@ -282,7 +282,7 @@ impl Db {
         id: &str,
         health: &agent_protocol::wire::AgentHealth,
         at: i64,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), FleetError> {
         let json = serde_json::to_string(health).unwrap_or_default();
         sqlx::query(
             "UPDATE agents SET health = $2, healthy = $3, workload_restarts = $4
@@ -300,7 +300,7 @@ impl Db {
 
     /// (agents whose last reported health is unhealthy, workload restarts the agents
     /// last reported in all), for /metrics.
-    pub async fn health_counts(&self) -> Result<(i64, i64), sqlx::Error> {
+    pub async fn health_counts(&self) -> Result<(i64, i64), FleetError> {
         let row = sqlx::query(
             // PostgreSQL sums BIGINT as NUMERIC: cast back, for both backends alike.
             "SELECT CAST(COALESCE(SUM(CASE WHEN healthy = 0 THEN 1 ELSE 0 END), 0) AS BIGINT),
