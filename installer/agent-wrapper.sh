@@ -28,6 +28,10 @@ EXIT_FILE="$RUN/agent.exit"
 HEALTH_FILE="$RUN/health.json"
 # An flock(2) the updater holds for the whole update; the kernel drops it when it dies.
 LOCK_FILE="$RUN/update.lock"
+# The workload the agent runs in its own process group, and that process's start time
+# ("<pid> <clock ticks>"), so that a recycled pid is never signalled.
+WORKLOAD_PID_FILE="$RUN/workload.pid"
+WORKLOAD_START_FILE="$RUN/workload.starttime"
 
 if [ -f "$AGENT_HOME/conf/agent-env.sh" ]; then
     # shellcheck disable=SC1091
@@ -93,6 +97,30 @@ updater_running() {
     alive "$holder" || return 1
     inode=$(stat -c %i "$LOCK_FILE" 2>/dev/null) || return 1
     grep -Eq "^[0-9]+: +FLOCK +[A-Z]+ +WRITE +$holder +[0-9a-f]+:[0-9a-f]+:$inode " /proc/locks 2>/dev/null
+}
+
+# The workload's pid if the agent left it running (it was killed before it could stop
+# it) and the record still names that very process.
+leftover_workload() {
+    wpid=$(read_pid "$WORKLOAD_PID_FILE") || return 1
+    { read -r rpid rticks <"$WORKLOAD_START_FILE"; } 2>/dev/null || return 1
+    [ "$rpid" = "$wpid" ] || return 1
+    ticks=$({ sed 's/^.*) //' "/proc/$wpid/stat" | cut -d' ' -f20; } 2>/dev/null)
+    [ -n "$ticks" ] && [ "$ticks" = "$rticks" ] || return 1
+    echo "$wpid"
+}
+
+# Stops the whole process group of a workload its agent left behind: TERM, then KILL.
+stop_leftover_workload() {
+    wpid=$(leftover_workload) || return 0
+    log "the agent left its workload (pid $wpid) running; stopping its process group"
+    kill -TERM "-$wpid" 2>/dev/null
+    deadline=$(($(now) + 10))
+    while alive "$wpid" && [ "$(now)" -lt "$deadline" ]; do
+        sleep 0.05
+    done
+    kill -KILL "-$wpid" 2>/dev/null
+    rm -f "$WORKLOAD_PID_FILE" "$WORKLOAD_START_FILE"
 }
 
 # Finish or roll back an update that was interrupted (the updater died, or the new
@@ -273,6 +301,8 @@ stop() {
         sleep 0.05
     done
     rm -f "$PID_FILE"
+    # The agent stops its workload first; one it could not (it was killed) goes now.
+    stop_leftover_workload
     if [ -n "$pid" ]; then
         log "stopped agent (pid $pid)"
         echo "agent stopped (pid $pid)"
@@ -290,6 +320,10 @@ kill_all() {
         kill -KILL "$pid" 2>/dev/null
         echo "agent killed (pid $pid)"
         log "killed agent (pid $pid)"
+    fi
+    if wpid=$(leftover_workload); then
+        kill -KILL "-$wpid" 2>/dev/null
+        log "killed the workload's process group (pid $wpid)"
     fi
     rm -f "$PID_FILE" "$SUPERVISOR_PID_FILE"
 }

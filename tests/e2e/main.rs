@@ -23,3 +23,4 @@ mod sim;
 mod stamp;
 mod trust;
 mod update;
+mod workload;

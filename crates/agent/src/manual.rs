@@ -23,6 +23,7 @@ pub async fn update(
         name: crate::identity::host_name(),
         platform: layout::PLATFORM.to_owned(),
         group: config.agent.group(),
+        health: None,
     };
     let client = Client::new(
         config.server.urls.clone(),

@@ -51,9 +51,10 @@ pub fn render(install: &Installation, config: &Config) -> String {
                 .map(|t| format!("{}s ago", state::now_secs().saturating_sub(t)))
                 .unwrap_or_else(|| "never".into());
             let _ = writeln!(out, "contact:  last successful {contact}");
-            if let Some(expected) = h.refused_by_server {
+            if let Some(expected) = &h.refused_by_server {
                 let _ = writeln!(out, "directive: refused; the server expects {expected}");
             }
+            out.push_str(&crate::workload::describe(h.workload.as_ref(), alive));
         }
         None => {
             let _ = writeln!(out, "process:  no run/health.json (not started yet?)");

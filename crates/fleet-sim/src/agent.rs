@@ -125,6 +125,7 @@ impl SimAgent {
             name: format!("sim-{:05}", self.index),
             platform: agent_protocol::layout::PLATFORM.to_owned(),
             group: self.group.clone(),
+            health: None,
         }
     }
 

@@ -84,6 +84,8 @@ pub struct AgentRow {
     /// `APPLYING`, `APPLIED` or `FAILED`, of the set it was last sent.
     pub config_status: Option<String>,
     pub config_error: Option<String>,
+    /// The `"health"` object it last reported (JSON), if any.
+    pub health: Option<String>,
 }
 
 /// Where a PostgreSQL URL points, for messages: never its password.
@@ -296,6 +298,42 @@ impl Db {
         Ok(())
     }
 
+    /// Keeps the health an agent reported with its contact at `at` (unless a later
+    /// contact was already recorded).
+    pub async fn record_health(
+        &self,
+        id: &str,
+        health: &agent_protocol::wire::AgentHealth,
+        at: i64,
+    ) -> Result<(), FleetError> {
+        let json = serde_json::to_string(health).unwrap_or_default();
+        sqlx::query(
+            "UPDATE agents SET health = $2, healthy = $3, workload_restarts = $4
+             WHERE id = $1 AND last_contact <= $5",
+        )
+        .bind(id)
+        .bind(json)
+        .bind(i64::from(health.healthy))
+        .bind(i64::try_from(health.restarts).unwrap_or(i64::MAX))
+        .bind(at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// (agents whose last reported health is unhealthy, workload restarts the agents
+    /// last reported in all), for /metrics.
+    pub async fn health_counts(&self) -> Result<(i64, i64), FleetError> {
+        let row = sqlx::query(
+            // PostgreSQL sums BIGINT as NUMERIC: cast back, for both backends alike.
+            "SELECT CAST(COALESCE(SUM(CASE WHEN healthy = 0 THEN 1 ELSE 0 END), 0) AS BIGINT),
+                    CAST(COALESCE(SUM(workload_restarts), 0) AS BIGINT) FROM agents",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((row.get(0), row.get(1)))
+    }
+
     /// Records a report received at `at` (unix seconds).
     pub async fn record_report(&self, report: &Report, at: i64) -> Result<(), FleetError> {
         let version = match report.status {
@@ -412,7 +450,7 @@ impl Db {
     }
 }
 
-const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error, config_hash, config_status, config_error FROM agents";
+const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error, config_hash, config_status, config_error, health FROM agents";
 
 fn agent_row(r: &AnyRow) -> AgentRow {
     AgentRow {
@@ -427,6 +465,7 @@ fn agent_row(r: &AnyRow) -> AgentRow {
         config_hash: r.get(8),
         config_status: r.get(9),
         config_error: r.get(10),
+        health: r.get(11),
     }
 }
 

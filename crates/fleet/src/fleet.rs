@@ -177,6 +177,7 @@ pub async fn write(
             group,
             config_hash,
             at,
+            health,
         } => {
             db.touch_agent(&Contact {
                 id,
@@ -187,7 +188,11 @@ pub async fn write(
                 config_hash: config_hash.as_deref(),
                 at: *at,
             })
-            .await
+            .await?;
+            match health {
+                Some(health) => db.record_health(id, health, *at).await,
+                None => Ok(()),
+            }
         }
         Deferred::ConfigStatus { status, at_ms } => configs.report(status, *at_ms).await,
         Deferred::Report { report, at_ms } => {

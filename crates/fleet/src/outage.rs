@@ -50,6 +50,9 @@ pub enum Deferred {
         #[serde(default)]
         config_hash: Option<String>,
         at: i64,
+        /// The agent's and its workload's health, when it reported one.
+        #[serde(default)]
+        health: Option<agent_protocol::wire::AgentHealth>,
     },
     /// A report, received at `at_ms`.
     Report { report: Report, at_ms: i64 },
@@ -333,6 +336,7 @@ mod tests {
             group: None,
             config_hash: None,
             at,
+            health: None,
         }
     }
 

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::version::AgentVersion;
+use crate::wire::AgentHealth;
 
 /// Where an update transaction stands. Each phase is written before the step it names
 /// is taken, so recovery knows which steps may be half done.
@@ -101,6 +102,30 @@ pub struct Health {
     /// Set when a server refused this version: the version it expects instead.
     #[serde(default)]
     pub refused_by_server: Option<String>,
+    /// The workload as the agent supervises it; absent from agents before workloads
+    /// (which the updater judges as having none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<WorkloadReport>,
+}
+
+/// The workload in `run/health.json`: what `connect` reports, and what `agent status`
+/// and the updater need besides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkloadReport {
+    #[serde(flatten)]
+    pub health: AgentHealth,
+    /// The workload's process (the leader of its process group), while it runs.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// Unix seconds at which the running workload started.
+    #[serde(default)]
+    pub since: Option<u64>,
+    /// How its last run ended ("exited with code 1", "killed by signal 9").
+    #[serde(default)]
+    pub last_exit: Option<String>,
+    /// `workload.start-timeout`, in milliseconds.
+    #[serde(default)]
+    pub start_timeout_ms: u64,
 }
 
 #[cfg(test)]

@@ -101,6 +101,62 @@ pub struct AgentHello {
     /// `agent.group`: rollout waves written `group:NAME` take these agents first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+    /// The agent's and its workload's health, as of this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<AgentHealth>,
+}
+
+/// Where the workload (the operator's program the agent runs) stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadState {
+    /// Up, and healthy or being checked.
+    Running,
+    /// Started, not yet healthy; `start-timeout` has not passed.
+    Starting,
+    /// Exited or failed to start; waiting before the next start.
+    Backoff,
+    /// Not running and not about to be (the agent is stopping, or cannot start it).
+    Stopped,
+    /// No workload is configured (`workload.command` is empty).
+    None,
+}
+
+impl WorkloadState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadState::Running => "running",
+            WorkloadState::Starting => "starting",
+            WorkloadState::Backoff => "backoff",
+            WorkloadState::Stopped => "stopped",
+            WorkloadState::None => "none",
+        }
+    }
+}
+
+/// `"health"` of a `connect` or `register` body, and of `/admin/agents` rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentHealth {
+    /// The agent runs and its workload runs and passes its check (or there is none).
+    pub healthy: bool,
+    pub workload: WorkloadState,
+    /// Restarts of the workload since the agent started.
+    pub restarts: u64,
+    /// The workload's last failure, in words for an operator.
+    #[serde(default)]
+    pub last_error: Option<String>,
+}
+
+impl AgentHealth {
+    /// An agent with no workload.
+    pub fn no_workload() -> Self {
+        Self {
+            healthy: true,
+            workload: WorkloadState::None,
+            restarts: 0,
+            last_error: None,
+        }
+    }
 }
 
 /// A `register` or `connect` body as the server reads it: the [`AgentHello`] and the
@@ -226,6 +282,9 @@ pub struct AgentRecord {
     pub config_status: Option<String>,
     #[serde(default)]
     pub config_error: Option<String>,
+    /// The health it reported with its last register or connect (`null` if none).
+    #[serde(default)]
+    pub health: Option<AgentHealth>,
 }
 
 #[cfg(test)]
@@ -290,6 +349,23 @@ mod tests {
                 "{key}={value} accepted"
             );
         }
+    }
+
+    #[test]
+    fn health_json_matches_design() {
+        let h = AgentHealth {
+            healthy: false,
+            workload: WorkloadState::Backoff,
+            restarts: 3,
+            last_error: Some("exited with code 1".into()),
+        };
+        assert_eq!(
+            serde_json::to_string(&h).unwrap(),
+            r#"{"healthy":false,"workload":"backoff","restarts":3,"last_error":"exited with code 1"}"#
+        );
+        let hello: AgentHello =
+            serde_json::from_str(r#"{"id":"a","name":"n","platform":"p"}"#).unwrap();
+        assert_eq!(hello.health, None);
     }
 
     #[test]

@@ -409,4 +409,20 @@ pub fn render_config(
             "agentupdate_config_rollout_halts_total{{cause=\"{cause}\"}} {n}"
         );
     }
+/// The fleet's health as its agents last reported it.
+pub fn health(unhealthy: i64, restarts: i64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_agents_unhealthy Agents whose last reported health is unhealthy (agent or workload)."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_agents_unhealthy gauge");
+    let _ = writeln!(out, "agentupdate_agents_unhealthy {unhealthy}");
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_workload_restarts Workload restarts the agents last reported, summed (each agent counts since it started)."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_workload_restarts gauge");
+    let _ = writeln!(out, "agentupdate_workload_restarts {restarts}");
+    out
 }

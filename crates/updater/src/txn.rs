@@ -392,6 +392,14 @@ impl Transaction<'_> {
                 if !target.exists() && entry.path().is_file() {
                     atomic::copy_file(&entry.path(), &target).map_err(|e| e.to_string())?;
                 }
+                // The workload's configuration, for a first version that has one; an
+                // existing conf/workload/ is never touched.
+                if entry.file_name() == "workload"
+                    && entry.path().is_dir()
+                    && fs::symlink_metadata(&target).is_err()
+                {
+                    atomic::copy_tree(&entry.path(), &target).map_err(|e| e.to_string())?;
+                }
             }
         }
         self.log.step(&if added.is_empty() {
@@ -466,6 +474,9 @@ impl Transaction<'_> {
                         self.settings.stability_window
                     ));
                     return Ok(());
+                }
+                Judgement::Failed(reason) if judge.workload_failed() => {
+                    return Err(with_workload_log(self.home, reason));
                 }
                 Judgement::Failed(reason) => return Err(reason),
             }
@@ -785,3 +796,12 @@ impl Transaction<'_> {
 
 #[cfg(test)]
 mod exit_paths;
+/// A workload's failure with the last lines it wrote, so the report says why.
+fn with_workload_log(home: &AgentHome, reason: String) -> String {
+    let tail = atomic::tail_lines(&home.logs().join("workload.log"), 5);
+    if tail.trim().is_empty() {
+        reason
+    } else {
+        format!("{reason}; last lines of logs/workload.log:\n{tail}")
+    }
+}

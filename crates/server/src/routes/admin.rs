@@ -110,6 +110,7 @@ pub(super) async fn agents(
                 config_hash: a.config_hash,
                 config_status: a.config_status,
                 config_error: a.config_error,
+                health: a.health.and_then(|h| serde_json::from_str(&h).ok()),
             }
         })
         .collect();
@@ -215,11 +216,17 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
     let s = &state.inner;
     // While the database is away, what this server itself counted is still worth
     // scraping; the fleet's counts are left out.
-    let (by_version, by_status, waves) = if s.fleet.outage.is_down() {
+    let (by_version, by_status, waves, health) = if s.fleet.outage.is_down() {
         Default::default()
     } else {
         let (by_version, by_status) = s.fleet.db.fleet_counts().await?;
-        (by_version, by_status, s.fleet.rollouts.wave_counts().await?)
+        let health = Some(s.fleet.db.health_counts().await?);
+        (
+            by_version,
+            by_status,
+            s.fleet.rollouts.wave_counts().await?,
+            health,
+        )
     };
     let current = s.fleet.rollouts.current();
     let gauges = RolloutGauges {
@@ -246,6 +253,10 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
         &s.fleet.outage.status(),
     );
     crate::metrics::render_config(&mut text, &s.metrics, &config_gauges);
+    let text = match health {
+        Some((unhealthy, restarts)) => text + &crate::metrics::health(unhealthy, restarts),
+        None => text,
+    };
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 

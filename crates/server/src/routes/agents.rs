@@ -63,6 +63,23 @@ fn check_config_hash(hash: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// An agent's words about its workload are kept, within reason.
+fn bounded_health(
+    mut health: agent_protocol::wire::AgentHealth,
+) -> agent_protocol::wire::AgentHealth {
+    const MAX_ERROR: usize = 4096;
+    if let Some(e) = health.last_error.as_mut()
+        && e.len() > MAX_ERROR
+    {
+        let mut cut = MAX_ERROR;
+        while !e.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        e.truncate(cut);
+    }
+    health
+}
+
 /// What register and connect answer: the directive, with credentials the first time.
 enum Greeting {
     Accepted {
@@ -217,6 +234,7 @@ async fn greet(s: &Shared, hello: &Hello, headers: &HeaderMap) -> Result<Greetin
             group: hello.hello.group.clone(),
             config_hash: Some(hello.config_hash.clone()),
             at: now_secs(),
+            health: hello.hello.health.clone().map(bounded_health),
         })
         .await?;
     // Credentials are issued once, in the database; while it is away, the agent gets
