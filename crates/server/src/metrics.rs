@@ -409,6 +409,8 @@ pub fn render_config(
             "agentupdate_config_rollout_halts_total{{cause=\"{cause}\"}} {n}"
         );
     }
+}
+
 /// The fleet's health as its agents last reported it.
 pub fn health(unhealthy: i64, restarts: i64) -> String {
     let mut out = String::new();
