@@ -13,6 +13,7 @@ mod fleet;
 mod handlers;
 mod hostile_archives;
 mod hostile_clients;
+mod page;
 mod quickstart;
 mod rollout;
 mod server;

@@ -27,6 +27,7 @@ pub const KEYS: &[Key] = &[
     key("bundle", "public-key", Kind::Str),
     key("agents", "accept", Kind::Str),
     key("agents", "enrollment-token", Kind::Str),
+    key("agents", "heartbeat", Kind::Int),
     key("admin", "token", Kind::Str),
     key("database", "url", Kind::Str),
     key("database", "pool-size", Kind::Int),
@@ -102,6 +103,9 @@ pub struct AgentsSection {
     /// When set, an id the fleet does not know must present it (`Enrollment-Token`) to
     /// register. Empty: open enrollment.
     pub enrollment_token: String,
+    /// Seconds between the agents' heartbeats (their `agent.heartbeat`): the fleet page
+    /// calls an agent stale after three without a word.
+    pub heartbeat: u64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -199,6 +203,7 @@ impl Default for AgentsSection {
         Self {
             accept: "exact".into(),
             enrollment_token: String::new(),
+            heartbeat: 30,
         }
     }
 }
@@ -248,6 +253,7 @@ impl Config {
             ("server.header-timeout", self.server.header_timeout),
             ("server.idle-timeout", self.server.idle_timeout),
             ("downloads.stall-timeout", self.downloads.stall_timeout),
+            ("agents.heartbeat", self.agents.heartbeat),
         ] {
             if value == 0 {
                 return Err(format!("{name} must be at least 1 second"));
