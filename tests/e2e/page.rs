@@ -389,11 +389,11 @@ fn an_operator_signs_in_sees_the_fleet_halts_and_resumes_its_rollout_and_signs_o
 
     // A wrong token is refused and signs no one in.
     sign_in_browser(&b, &server, "not-the-token");
-    assert!(b.source().contains("not the admin token"), "{}", b.source());
+    b.wait_text("p.error", "not the admin token");
     assert!(b.try_find("form[action='/signout']").is_none());
 
     sign_in_browser(&b, &server, TOKEN);
-    assert_eq!(b.text(&b.find("#total")), listed.len().to_string());
+    assert_eq!(b.text(&b.wait_for("#total")), listed.len().to_string());
     let cookie = b
         .cookies()
         .into_iter()
@@ -421,8 +421,8 @@ fn an_operator_signs_in_sees_the_fleet_halts_and_resumes_its_rollout_and_signs_o
     assert!(b.text(&b.find("#summary")).starts_with("62 agents · page 1 of 2"), "{}", b.text(&b.find("#summary")));
     assert_eq!(b.texts("#agents tbody tr").len(), 50);
     b.click(&b.find("a[rel=next]"));
+    b.wait_url("/agents?page=2");
     assert_eq!(b.texts("#agents tbody tr").len(), 12);
-    assert!(b.url().ends_with("/agents?page=2"), "{}", b.url());
     let names = b.texts("#agents tbody td:first-child");
     assert!(names.iter().any(|n| n == IMG_NAME), "{names:?}");
     assert_eq!(b.alert(), None, "a script ran");
@@ -432,8 +432,9 @@ fn an_operator_signs_in_sees_the_fleet_halts_and_resumes_its_rollout_and_signs_o
     let search = b.find("input[name=q]");
     b.type_into(&search, "WEB-003");
     b.click(&b.find("form.filters button[type=submit]"));
-    assert_eq!(b.texts("#agents tbody td:first-child"), ["web-003"]);
+    wait_until(Duration::from_secs(30), "the search to be sent", || b.url().contains("q=WEB-003"));
     assert!(b.url().contains("group=canary"), "{}", b.url());
+    assert_eq!(b.texts("#agents tbody td:first-child"), ["web-003"]);
     b.goto(&server.url("/agents?q=WEB-05"));
     let names = b.texts("#agents tbody td:first-child");
     assert_eq!(names, ["web-050", "web-051", "web-052", "web-053", "web-054", "web-055", "web-056", "web-057", "web-058", "web-059"]);
@@ -458,11 +459,11 @@ fn an_operator_signs_in_sees_the_fleet_halts_and_resumes_its_rollout_and_signs_o
     assert!(b.text(&b.find("#state")).contains("running"));
     assert!(b.try_find("form[method=post] button").is_some());
     b.click(&b.find("form[action='/rollouts/halt'] button"));
-    assert!(b.text(&b.find("#state")).contains("halted"), "{}", b.source());
+    b.wait_text("#state", "halted");
     assert_eq!(rollout_state(&server), "halted");
     assert!(b.try_find("form[action='/rollouts/halt']").is_none());
     b.click(&b.find("form[action='/rollouts/resume'] button"));
-    assert!(b.text(&b.find("#state")).contains("running"), "{}", b.source());
+    b.wait_text("#state", "running");
     assert_eq!(rollout_state(&server), "running");
 
     // Silent for three heartbeats: stale, counted and listed.
@@ -479,7 +480,7 @@ fn an_operator_signs_in_sees_the_fleet_halts_and_resumes_its_rollout_and_signs_o
 
     // Sign out: the page is gone, and the old cookie with it.
     b.click(&b.find("form[action='/signout'] button"));
-    assert!(b.try_find("form[action='/signin']").is_some());
+    b.wait_for("form[action='/signin']");
     b.goto(&server.url("/rollouts"));
     assert!(b.try_find("form[action='/signin']").is_some(), "{}", b.source());
     assert_eq!(curl(&["-b", &session, &server.url("/agents")]), "303");

@@ -12,13 +12,16 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::{TestContext, free_port, http, http_with_body, require_tool, wait_until};
+use crate::{TestContext, free_port, require_tool, wait_until};
 
 /// The key W3C WebDriver names an element reference by.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 pub const CHROMIUM: &str = "/usr/bin/chromium";
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// How long a page opened by a click may take to show.
+pub const PAGE_WAIT: Duration = Duration::from_secs(30);
 
 /// A browser session; ended (and its Chromium closed) on drop.
 pub struct Browser {
@@ -45,9 +48,7 @@ impl Browser {
             .stderr(Stdio::null());
         ctx.spawn(cmd);
         wait_until(Duration::from_secs(20), "chromedriver to answer", || {
-            http(port, "GET", "/status", &[])
-                .map(|r| r.status == 200 && r.text().contains("\"ready\":true"))
-                .unwrap_or(false)
+            call(port, "GET", "/status", None).is_ok_and(|v| v["ready"] == true)
         });
         let profile = ctx.path("chromium-profile");
         std::fs::create_dir_all(&profile).unwrap();
@@ -137,22 +138,68 @@ impl Browser {
         })
     }
 
-    /// The rendered text of every element matching `css`.
+    /// The first element matching `css`, waiting for a page a click opened to show it.
+    pub fn wait_for(&self, css: &str) -> Element {
+        let mut found = None;
+        wait_until(PAGE_WAIT, &format!("{css:?} on the page"), || {
+            found = self.try_find(css);
+            found.is_some()
+        });
+        found.unwrap()
+    }
+
+    /// Waits until the first element matching `css` reads `text` (in part).
+    pub fn wait_text(&self, css: &str, text: &str) {
+        let mut seen = Vec::new();
+        let start = std::time::Instant::now();
+        while start.elapsed() < PAGE_WAIT {
+            seen = self.texts(css);
+            if seen.first().is_some_and(|t| t.contains(text)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{css:?} never read {text:?}; it read {seen:?}; the page:\n{}", self.source());
+    }
+
+    /// Waits until the browser's address ends with `suffix`.
+    pub fn wait_url(&self, suffix: &str) {
+        wait_until(PAGE_WAIT, &format!("the address to end with {suffix:?}"), || {
+            self.url().ends_with(suffix)
+        });
+    }
+
+    /// The rendered text of every element matching `css`. Tried again while a page
+    /// that a click opened replaces the one the elements were found on.
     pub fn texts(&self, css: &str) -> Vec<String> {
-        let list = self.ok(
+        let mut last = String::new();
+        for _ in 0..50 {
+            match self.try_texts(css) {
+                Ok(texts) => return texts,
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("texts of {css:?}: {last}")
+    }
+
+    fn try_texts(&self, css: &str) -> Result<Vec<String>, String> {
+        let list = self.call(
             "POST",
             "/elements",
             Some(&json!({"using": "css selector", "value": css})),
-        );
-        list.as_array()
-            .map(|items| {
-                items
-                    .iter()
-                    .filter_map(|e| e[ELEMENT].as_str())
-                    .map(|id| self.text(&Element(id.to_owned())))
-                    .collect()
-            })
-            .unwrap_or_default()
+        )?;
+        let mut texts = Vec::new();
+        for id in list
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e[ELEMENT].as_str())
+        {
+            let text = self.call("GET", &format!("/element/{id}/text"), None)?;
+            texts.push(text.as_str().unwrap_or("").to_owned());
+        }
+        Ok(texts)
     }
 
     pub fn text(&self, el: &Element) -> String {
@@ -218,19 +265,56 @@ fn read(path: &Path) -> String {
 /// One WebDriver command: its `value`, or the error WebDriver answered.
 fn call(port: u16, method: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
     let body = body.map(Value::to_string).unwrap_or_default();
-    let answer = http_with_body(
-        port,
-        method,
-        path,
-        &[("Content-Type", "application/json; charset=utf-8")],
-        body.as_bytes(),
-    )
-    .map_err(|e| format!("chromedriver on port {port}: {e}"))?;
-    let v: Value = serde_json::from_slice(&answer.body)
-        .map_err(|e| format!("{} answered {e}: {}", answer.status, answer.text()))?;
-    if answer.status == 200 {
+    let (status, answer) =
+        exchange(port, method, path, &body).map_err(|e| format!("chromedriver on port {port}: {e}"))?;
+    let v: Value = serde_json::from_slice(&answer).map_err(|e| {
+        format!("{status} answered {e}: {}", String::from_utf8_lossy(&answer))
+    })?;
+    if status == 200 {
         Ok(v["value"].clone())
     } else {
-        Err(format!("{}: {}", answer.status, v["value"]))
+        Err(format!("{status}: {}", v["value"]))
     }
+}
+
+/// One request; the status and the body, read to its `Content-Length` (chromedriver
+/// keeps the connection open whatever `Connection: close` says).
+fn exchange(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16, Vec<u8>)> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    // A page load or a click that navigates can take a while on a loaded machine.
+    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\
+         Content-Type: application/json; charset=utf-8\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad(format!("no status line: {line:?}")))?;
+    let mut length = 0usize;
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 || line == "\r\n" {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':')
+            && k.trim().eq_ignore_ascii_case("content-length")
+        {
+            length = v
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("bad length: {line:?}")))?;
+        }
+    }
+    let mut answer = vec![0; length];
+    reader.read_exact(&mut answer)?;
+    Ok((status, answer))
 }

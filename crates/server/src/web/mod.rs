@@ -104,7 +104,9 @@ async fn protect(mut response: Response) -> Response {
     set(headers, header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY);
     set(headers, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
     set(headers, header::X_FRAME_OPTIONS, "DENY");
-    set(headers, header::REFERRER_POLICY, "no-referrer");
+    // Not `no-referrer`: under it a browser sends `Origin: null` with the page's own
+    // forms, and the origin check could not tell them from a forged one.
+    set(headers, header::REFERRER_POLICY, "same-origin");
     if !headers.contains_key(header::CACHE_CONTROL) {
         set(headers, header::CACHE_CONTROL, "no-store");
     }
@@ -229,10 +231,7 @@ async fn sign_in(
     headers: HeaderMap,
     request: Request,
 ) -> Response {
-    let (host, form) = match read_form(request).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+    let (host, form) = read_form(request).await;
     if !same_origin(&headers, host.as_deref()) {
         return refused(
             StatusCode::FORBIDDEN,
@@ -306,24 +305,22 @@ fn check_post(
     Ok((id, csrf))
 }
 
-async fn read_form(request: Request) -> Result<(Option<String>, HashMap<String, String>), Response> {
+/// The form of a POST, and the request's authority (HTTP/2 has no `Host`). A body that
+/// is not a form reads as an empty one: the CSRF check then refuses it with `403`.
+async fn read_form(request: Request) -> (Option<String>, HashMap<String, String>) {
     let host = request.uri().authority().map(|a| a.as_str().to_owned());
-    match <Form<HashMap<String, String>> as axum::extract::FromRequest<()>>::from_request(request, &())
-        .await
-    {
-        Ok(Form(form)) => Ok((host, form)),
-        Err(e) => Err(refused(
-            StatusCode::BAD_REQUEST,
-            &format!("the form could not be read: {e}"),
-        )),
-    }
+    let form = <Form<HashMap<String, String>> as axum::extract::FromRequest<()>>::from_request(
+        request,
+        &(),
+    )
+    .await
+    .map(|Form(form)| form)
+    .unwrap_or_default();
+    (host, form)
 }
 
 async fn sign_out(State(page): State<Page>, headers: HeaderMap, request: Request) -> Response {
-    let (host, form) = match read_form(request).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+    let (host, form) = read_form(request).await;
     let (id, _) = match check_post(&page, &headers, host.as_deref(), &form) {
         Ok(v) => v,
         Err(r) => return r,
@@ -426,10 +423,7 @@ async fn act(
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, Trouble> {
-    let (host, form) = match read_form(request).await {
-        Ok(v) => v,
-        Err(r) => return Ok(r),
-    };
+    let (host, form) = read_form(request).await;
     let (_, csrf) = match check_post(&page, &headers, host.as_deref(), &form) {
         Ok(v) => v,
         Err(r) => return Ok(r),
