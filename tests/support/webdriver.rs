@@ -101,7 +101,10 @@ impl Browser {
     }
 
     pub fn url(&self) -> String {
-        self.ok("GET", "/url", None).as_str().unwrap_or("").to_owned()
+        self.ok("GET", "/url", None)
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
     }
 
     /// The page's HTML as the browser holds it now.
@@ -113,7 +116,10 @@ impl Browser {
     }
 
     pub fn title(&self) -> String {
-        self.ok("GET", "/title", None).as_str().unwrap_or("").to_owned()
+        self.ok("GET", "/title", None)
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
     }
 
     /// The first element matching the CSS selector, if any.
@@ -159,14 +165,19 @@ impl Browser {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("{css:?} never read {text:?}; it read {seen:?}; the page:\n{}", self.source());
+        panic!(
+            "{css:?} never read {text:?}; it read {seen:?}; the page:\n{}",
+            self.source()
+        );
     }
 
     /// Waits until the browser's address ends with `suffix`.
     pub fn wait_url(&self, suffix: &str) {
-        wait_until(PAGE_WAIT, &format!("the address to end with {suffix:?}"), || {
-            self.url().ends_with(suffix)
-        });
+        wait_until(
+            PAGE_WAIT,
+            &format!("the address to end with {suffix:?}"),
+            || self.url().ends_with(suffix),
+        );
     }
 
     /// The rendered text of every element matching `css`. Tried again while a page
@@ -218,7 +229,11 @@ impl Browser {
     }
 
     pub fn click(&self, el: &Element) {
-        self.ok("POST", &format!("/element/{}/click", el.0), Some(&json!({})));
+        self.ok(
+            "POST",
+            &format!("/element/{}/click", el.0),
+            Some(&json!({})),
+        );
     }
 
     /// The text of an open `alert()`, if a script opened one.
@@ -265,10 +280,13 @@ fn read(path: &Path) -> String {
 /// One WebDriver command: its `value`, or the error WebDriver answered.
 fn call(port: u16, method: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
     let body = body.map(Value::to_string).unwrap_or_default();
-    let (status, answer) =
-        exchange(port, method, path, &body).map_err(|e| format!("chromedriver on port {port}: {e}"))?;
+    let (status, answer) = exchange(port, method, path, &body)
+        .map_err(|e| format!("chromedriver on port {port}: {e}"))?;
     let v: Value = serde_json::from_slice(&answer).map_err(|e| {
-        format!("{status} answered {e}: {}", String::from_utf8_lossy(&answer))
+        format!(
+            "{status} answered {e}: {}",
+            String::from_utf8_lossy(&answer)
+        )
     })?;
     if status == 200 {
         Ok(v["value"].clone())

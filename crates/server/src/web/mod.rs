@@ -101,7 +101,11 @@ async fn protect(mut response: Response) -> Response {
     let set = |h: &mut HeaderMap, name: header::HeaderName, value: &'static str| {
         h.insert(name, HeaderValue::from_static(value));
     };
-    set(headers, header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY);
+    set(
+        headers,
+        header::CONTENT_SECURITY_POLICY,
+        CONTENT_SECURITY_POLICY,
+    );
     set(headers, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
     set(headers, header::X_FRAME_OPTIONS, "DENY");
     // Not `no-referrer`: under it a browser sends `Origin: null` with the page's own
@@ -133,7 +137,11 @@ fn render(status: StatusCode, page: &impl Template) -> Response {
         Ok(html) => (status, Html(html)).into_response(),
         Err(e) => {
             tracing::error!("fleet page template: {e}");
-            (StatusCode::INTERNAL_SERVER_ERROR, "internal error; see the server log").into_response()
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error; see the server log",
+            )
+                .into_response()
         }
     }
 }
@@ -193,7 +201,11 @@ fn sign_in_form(page: &Page, status: StatusCode, message: &str) -> Response {
     let nonce = session::random_token();
     let mut response = render(
         status,
-        &views::SignIn::new(Frame::new("Sign in", "", now_secs()), nonce.clone(), message),
+        &views::SignIn::new(
+            Frame::new("Sign in", "", now_secs()),
+            nonce.clone(),
+            message,
+        ),
     );
     let cookie = session::set_cookie(SIGNIN_COOKIE, &nonce, session::IDLE, page.options.secure);
     if let Ok(v) = HeaderValue::from_str(&cookie) {
@@ -226,11 +238,7 @@ async fn home(State(page): State<Page>, headers: HeaderMap) -> Result<Response, 
     ))
 }
 
-async fn sign_in(
-    State(page): State<Page>,
-    headers: HeaderMap,
-    request: Request,
-) -> Response {
+async fn sign_in(State(page): State<Page>, headers: HeaderMap, request: Request) -> Response {
     let (host, form) = read_form(request).await;
     if !same_origin(&headers, host.as_deref()) {
         return refused(
@@ -276,31 +284,24 @@ async fn sign_in(
 }
 
 /// The checks every button's POST passes: a live session, its CSRF token in the form,
-/// sent from this server's own page. `Err` is the refusal to answer.
+/// sent from this server's own page. `Err` says why it is refused (`403`).
 fn check_post(
     page: &Page,
     headers: &HeaderMap,
     host: Option<&str>,
     form: &HashMap<String, String>,
-) -> Result<(String, String), Response> {
+) -> Result<(String, String), &'static str> {
     if !same_origin(headers, host) {
-        return Err(refused(
-            StatusCode::FORBIDDEN,
-            "refused: this form was not sent from this server's own page",
-        ));
+        return Err("refused: this form was not sent from this server's own page");
     }
     let Some((id, csrf)) = signed_in(page, headers) else {
-        return Err(refused(
-            StatusCode::FORBIDDEN,
-            "refused: you are not signed in (or your session ended); sign in again",
-        ));
+        return Err("refused: you are not signed in (or your session ended); sign in again");
     };
     let field = form.get(CSRF_FIELD).map_or("", String::as_str);
     if !session::secret_matches(field, &csrf) {
-        return Err(refused(
-            StatusCode::FORBIDDEN,
+        return Err(
             "refused: the form's CSRF token is missing or wrong; reload the page and try again",
-        ));
+        );
     }
     Ok((id, csrf))
 }
@@ -323,7 +324,7 @@ async fn sign_out(State(page): State<Page>, headers: HeaderMap, request: Request
     let (host, form) = read_form(request).await;
     let (id, _) = match check_post(&page, &headers, host.as_deref(), &form) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(why) => return refused(StatusCode::FORBIDDEN, why),
     };
     page.sessions.end(&id);
     tracing::info!("fleet page: signed out");
@@ -352,6 +353,8 @@ async fn agents(
     let all = source::agents(&page.app.inner).await?;
     let q = query::AgentQuery::from_pairs(&pairs);
     let p = query::page(&all, &q, heartbeat, now);
+    let mut rows: Vec<model::Agent> = p.rows.iter().map(|a| (*a).clone()).collect();
+    source::add_waves(&page.app.inner, &mut rows).await?;
     Ok(render(
         StatusCode::OK,
         &views::AgentsPage::new(
@@ -360,6 +363,7 @@ async fn agents(
             views::Choices::of(&all),
             all.len(),
             &p,
+            &rows,
             heartbeat,
             now,
         ),
@@ -397,7 +401,12 @@ async fn agent(
     ))
 }
 
-async fn rollouts_page(page: &Page, csrf: &str, status: StatusCode, message: &str) -> Result<Response, Trouble> {
+async fn rollouts_page(
+    page: &Page,
+    csrf: &str,
+    status: StatusCode,
+    message: &str,
+) -> Result<Response, Trouble> {
     let now = now_secs();
     let rollout = source::rollout(&page.app.inner).await?;
     Ok(render(
@@ -426,10 +435,13 @@ async fn act(
     let (host, form) = read_form(request).await;
     let (_, csrf) = match check_post(&page, &headers, host.as_deref(), &form) {
         Ok(v) => v,
-        Err(r) => return Ok(r),
+        Err(why) => return Ok(refused(StatusCode::FORBIDDEN, why)),
     };
     let Some(action) = source::Action::parse(&action) else {
-        return Ok(refused(StatusCode::NOT_FOUND, "no such action: the buttons are Halt, Resume and Advance"));
+        return Ok(refused(
+            StatusCode::NOT_FOUND,
+            "no such action: the buttons are Halt, Resume and Advance",
+        ));
     };
     match source::act(&page.app.inner, action).await? {
         Ok(()) => {

@@ -62,8 +62,30 @@ impl Agent {
 
     /// A failed update or configuration, as the agent reported it.
     pub fn failed(&self) -> bool {
-        matches!(self.update_label(), "INSTALL_FAILED" | "TIMED_OUT") || self.config_label() == "FAILED"
+        matches!(self.update_label(), "INSTALL_FAILED" | "TIMED_OUT")
+            || self.config_label() == "FAILED"
     }
+}
+
+/// The health label and its detail from what an agent reports of its workload
+/// (`healthy`, the workload's state, its restarts, its last error): `healthy` or
+/// `unhealthy`, so that the counts and the filter have few values; the rest is detail.
+pub fn health_of(
+    healthy: bool,
+    workload: &str,
+    restarts: u64,
+    last_error: Option<&str>,
+) -> (String, String) {
+    let label = if healthy { "healthy" } else { "unhealthy" };
+    let mut detail = format!("workload {workload}");
+    if restarts > 0 {
+        detail.push_str(&format!(", {restarts} restarts"));
+    }
+    if let Some(e) = last_error.filter(|e| !e.is_empty()) {
+        detail.push_str(": ");
+        detail.push_str(e);
+    }
+    (label.to_owned(), detail)
 }
 
 /// Stale: not heard from for more than [`STALE_HEARTBEATS`] heartbeats. A long-polling
@@ -155,6 +177,21 @@ mod tests {
         assert!(timed_out.failed());
         assert!(config.failed());
         assert!(!installed.failed());
+    }
+
+    #[test]
+    fn health_is_a_word_and_the_rest_is_detail() {
+        assert_eq!(
+            health_of(true, "running", 0, None),
+            ("healthy".to_owned(), "workload running".to_owned())
+        );
+        assert_eq!(
+            health_of(false, "backoff", 3, Some("exited with 1")),
+            (
+                "unhealthy".to_owned(),
+                "workload backoff, 3 restarts: exited with 1".to_owned()
+            )
+        );
     }
 
     #[test]

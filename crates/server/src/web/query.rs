@@ -66,16 +66,18 @@ impl AgentQuery {
             && exact(&self.group, &agent.group)
             && exact(&self.protocol, agent.protocol_label())
             && (!self.stale || is_stale(agent.last_contact, heartbeat, now))
-            && (self.q.is_empty() || contains_ignoring_case(&agent.id, &self.q)
+            && (self.q.is_empty()
+                || contains_ignoring_case(&agent.id, &self.q)
                 || contains_ignoring_case(&agent.name, &self.q))
     }
 
     /// Any filter set (the page says "of N matching" then).
     pub fn filtered(&self) -> bool {
-        *self != Self {
-            page: self.page,
-            ..Self::default()
-        }
+        *self
+            != Self {
+                page: self.page,
+                ..Self::default()
+            }
     }
 
     /// The query string of this search on page `page`, percent-encoded, without the
@@ -133,7 +135,12 @@ pub struct Page<'a> {
 }
 
 /// The agents `query` matches, page `query.page` of them, in the order given.
-pub fn page<'a>(agents: &'a [Agent], query: &AgentQuery, heartbeat: Duration, now: i64) -> Page<'a> {
+pub fn page<'a>(
+    agents: &'a [Agent],
+    query: &AgentQuery,
+    heartbeat: Duration,
+    now: i64,
+) -> Page<'a> {
     let matching: Vec<&Agent> = agents
         .iter()
         .filter(|a| query.matches(a, heartbeat, now))
@@ -189,7 +196,11 @@ mod tests {
     #[test]
     fn nonsense_pages_are_page_one() {
         for p in ["0", "-3", "x", "", "99999999999999999999999"] {
-            assert_eq!(AgentQuery::from_pairs(&pairs(&[("page", p)])).page, 1, "{p}");
+            assert_eq!(
+                AgentQuery::from_pairs(&pairs(&[("page", p)])).page,
+                1,
+                "{p}"
+            );
         }
         assert_eq!(AgentQuery::from_pairs(&pairs(&[("page", "7")])).page, 7);
     }
@@ -230,7 +241,10 @@ mod tests {
         ] {
             let mut one = all.clone();
             one.insert(k.into(), v.into());
-            assert!(!AgentQuery::from_pairs(&one).matches(&a, HB, NOW), "{k}={v}");
+            assert!(
+                !AgentQuery::from_pairs(&one).matches(&a, HB, NOW),
+                "{k}={v}"
+            );
         }
     }
 
@@ -255,8 +269,10 @@ mod tests {
         let agents: Vec<Agent> = (0..120)
             .map(|i| agent(&format!("{i:03}"), "n", "1"))
             .collect();
-        let mut q = AgentQuery::default();
-        q.page = 1;
+        let mut q = AgentQuery {
+            page: 1,
+            ..AgentQuery::default()
+        };
         let p = page(&agents, &q, HB, NOW);
         assert_eq!((p.page, p.pages, p.matching, p.rows.len()), (1, 3, 120, 50));
         assert_eq!(p.rows[0].id, "000");
@@ -282,7 +298,10 @@ mod tests {
             q.to_query(3),
             "q=a%20b%26c%3D%3Cd%3E&version=1.0.0%2B5&stale=1&page=3"
         );
-        assert_eq!(q.to_query(1), "q=a%20b%26c%3D%3Cd%3E&version=1.0.0%2B5&stale=1");
+        assert_eq!(
+            q.to_query(1),
+            "q=a%20b%26c%3D%3Cd%3E&version=1.0.0%2B5&stale=1"
+        );
     }
 
     #[test]

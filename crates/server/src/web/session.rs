@@ -189,7 +189,11 @@ mod tests {
         assert_eq!(sessions.check(&id, now).as_deref(), Some(csrf.as_str()));
         assert_eq!(sessions.check("nope", now), None);
         sessions.end(&id);
-        assert_eq!(sessions.check(&id, now), None, "a replayed cookie after sign-out");
+        assert_eq!(
+            sessions.check(&id, now),
+            None,
+            "a replayed cookie after sign-out"
+        );
     }
 
     #[test]
@@ -229,7 +233,11 @@ mod tests {
         assert_eq!(sessions.len(), MAX_SESSIONS);
         sessions.start(t0 + Duration::from_secs(5));
         assert_eq!(sessions.len(), MAX_SESSIONS);
-        assert!(sessions.check(&first, t0 + Duration::from_secs(5)).is_none());
+        assert!(
+            sessions
+                .check(&first, t0 + Duration::from_secs(5))
+                .is_none()
+        );
     }
 
     #[test]
@@ -252,7 +260,11 @@ mod tests {
     fn cross_site_posts_are_refused() {
         let host = Some("127.0.0.1:7080");
         assert!(same_origin(None, host, None), "curl: no browser headers");
-        assert!(same_origin(Some("http://127.0.0.1:7080"), host, Some("same-origin")));
+        assert!(same_origin(
+            Some("http://127.0.0.1:7080"),
+            host,
+            Some("same-origin")
+        ));
         assert!(!same_origin(Some("http://evil.example"), host, None));
         assert!(!same_origin(None, host, Some("cross-site")));
         assert!(!same_origin(None, host, Some("same-site")));

@@ -2,40 +2,64 @@
 //! that knows where the fleet's rows come from. The actions call the very functions
 //! `/admin/rollout/halt`, `/resume` and `/advance` call.
 
+use std::collections::HashMap;
+
 use serde::Deserialize;
 use sqlx::Row;
 
 use super::model::Agent;
 use crate::routes::Shared;
 
-/// Every agent of the fleet, by id, as `/admin/agents` lists them.
+/// Every agent of the fleet, by id, as `/admin/agents` lists them but for their wave
+/// (a second read of every agent; [`add_waves`] adds it to the few shown).
 pub async fn agents(s: &Shared) -> Result<Vec<Agent>, sqlx::Error> {
     let rows = s.db.agents(None, None).await?;
-    let members = s.rollouts.members().await?;
     Ok(rows
         .into_iter()
-        .map(|a| {
-            let member = members.get(&a.id);
-            Agent {
-                wave: member.map(|m| m.0),
-                told_at: member.and_then(|m| m.1),
-                id: a.id,
-                name: a.name,
-                platform: a.platform,
-                version: a.version,
-                group: a.group,
-                protocol: String::new(),
-                last_contact: a.last_contact,
-                update_status: a.update_status,
-                update_error: a.update_error,
-                health: None,
-                health_detail: None,
-                config_hash: None,
-                config_status: None,
-                config_error: None,
-            }
+        .map(|a| Agent {
+            id: a.id,
+            name: a.name,
+            platform: a.platform,
+            version: a.version,
+            group: a.group,
+            last_contact: a.last_contact,
+            update_status: a.update_status,
+            update_error: a.update_error,
+            ..Agent::default()
         })
         .collect())
+}
+
+/// Fills in each agent's wave and `told_at` in the fleet's rollout.
+pub async fn add_waves(s: &Shared, agents: &mut [Agent]) -> Result<(), sqlx::Error> {
+    let Some(rollout) = s.rollouts.current() else {
+        return Ok(());
+    };
+    if agents.is_empty() {
+        return Ok(());
+    }
+    let marks: Vec<String> = (0..agents.len()).map(|i| format!("${}", i + 2)).collect();
+    let sql = format!(
+        "SELECT agent_id, wave, told_at FROM rollout_agents WHERE rollout_id = $1 AND agent_id IN ({})",
+        marks.join(", ")
+    );
+    let mut query = sqlx::query(&sql).bind(rollout.id);
+    for a in agents.iter() {
+        query = query.bind(a.id.clone());
+    }
+    let found: HashMap<String, (i64, Option<i64>)> = query
+        .fetch_all(s.db.pool())
+        .await?
+        .iter()
+        .map(|r| (r.get::<String, _>(0), (r.get::<i64, _>(1), r.get(2))))
+        .collect();
+    for a in agents.iter_mut() {
+        if let Some((wave, told)) = found.get(&a.id) {
+            a.wave = u32::try_from(*wave).ok();
+            a.told_at = told.map(|ms| ms as f64 / 1000.0);
+        }
+    }
+    Ok(())
 }
 
 /// One agent, if the fleet knows it.
@@ -43,21 +67,20 @@ pub async fn agent(s: &Shared, id: &str) -> Result<Option<Agent>, sqlx::Error> {
     let Some(a) = s.db.agent(id).await? else {
         return Ok(None);
     };
-    let member = s.rollouts.members().await?.remove(&a.id);
-    Ok(Some(Agent {
-        wave: member.map(|m| m.0),
-        told_at: member.and_then(|m| m.1),
+    let mut one = [Agent {
         id: a.id,
         name: a.name,
         platform: a.platform,
         version: a.version,
         group: a.group,
-        protocol: String::new(),
         last_contact: a.last_contact,
         update_status: a.update_status,
         update_error: a.update_error,
         ..Agent::default()
-    }))
+    }];
+    add_waves(s, &mut one).await?;
+    let [agent] = one;
+    Ok(Some(agent))
 }
 
 /// One line of an agent's history: what each rollout asked of it and what came of it.

@@ -371,7 +371,12 @@ impl Choices {
             statuses: sorted(agents.iter().map(Agent::update_label)),
             healths: sorted(agents.iter().map(Agent::health_label)),
             configs: sorted(agents.iter().map(Agent::config_label)),
-            groups: sorted(agents.iter().map(|a| a.group.as_str()).filter(|g| !g.is_empty())),
+            groups: sorted(
+                agents
+                    .iter()
+                    .map(|a| a.group.as_str())
+                    .filter(|g| !g.is_empty()),
+            ),
             protocols: sorted(agents.iter().map(Agent::protocol_label)),
         }
     }
@@ -384,6 +389,7 @@ impl AgentsPage {
         choices: Choices,
         total: usize,
         page: &Page<'_>,
+        rows: &[Agent],
         heartbeat: std::time::Duration,
         now: i64,
     ) -> Self {
@@ -411,8 +417,7 @@ impl AgentsPage {
             matching: page.matching,
             page: page.page,
             pages: page.pages,
-            rows: page
-                .rows
+            rows: rows
                 .iter()
                 .map(|a| AgentView::new(a, heartbeat, now))
                 .collect(),
@@ -534,6 +539,7 @@ mod tests {
             Choices::of(&agents),
             1,
             &p,
+            &agents,
             Duration::from_secs(30),
             1_000,
         )
@@ -541,7 +547,11 @@ mod tests {
         .unwrap();
         assert!(!html.contains("<script>"), "{html}");
         assert!(!html.contains("<img"), "{html}");
-        assert!(html.contains("&#60;script&#62;alert(1)&#60;/script&#62;") || html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{html}");
+        assert!(
+            html.contains("&#60;script&#62;alert(1)&#60;/script&#62;")
+                || html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{html}"
+        );
         assert!(html.contains("href=\"/agents/id%2F%3Cb%3E\""), "{html}");
     }
 
@@ -556,7 +566,11 @@ mod tests {
         let html = RolloutsPage::new(frame(), Some(RolloutView::new(&r, 1_000)), "")
             .render()
             .unwrap();
-        assert_eq!(html.matches("name=\"csrf\" value=\"the-csrf\"").count(), 3, "{html}");
+        assert_eq!(
+            html.matches("name=\"csrf\" value=\"the-csrf\"").count(),
+            3,
+            "{html}"
+        );
         assert!(html.contains(">Halt</button>") && html.contains(">Advance</button>"));
         assert!(!html.contains(">Resume</button>"));
     }
@@ -607,6 +621,7 @@ mod tests {
             Choices::of(&agents),
             120,
             &p,
+            &[],
             Duration::from_secs(30),
             1_000,
         );
