@@ -540,6 +540,19 @@ fn an_operator_signs_in_sees_the_fleet_halts_and_resumes_its_rollout_and_signs_o
     );
     assert_eq!(rollout_state(&server), "running");
 
+    // A forged form on another site, clicked by the signed-in operator: refused.
+    let forged = format!(
+        "<form method=post action='{}'><input type=hidden name=csrf value=forged><button>Halt</button></form>",
+        server.url("/rollouts/halt")
+    );
+    b.goto(&format!(
+        "data:text/html,{}",
+        forged.replace(' ', "%20").replace('#', "%23")
+    ));
+    b.click(&b.find("button"));
+    b.wait_text("p.error", "refused");
+    assert_eq!(rollout_state(&server), "running");
+
     // Halt, then Resume, with the buttons.
     b.goto(&server.url("/rollouts"));
     assert!(b.text(&b.find("#state")).contains("running"));
