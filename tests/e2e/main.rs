@@ -8,6 +8,7 @@
 mod agent;
 mod bundle;
 mod cloud;
+mod config;
 mod first_day;
 mod fleet;
 mod handlers;

@@ -8,7 +8,7 @@ use agent_protocol::settings::{self, Environment, Key, Kind, Strictness, key};
 use serde::Deserialize;
 
 use crate::error::ServerError;
-use crate::rollout::plan::Plan;
+use agent_fleet::rollout::plan::Plan;
 
 pub const ENV_PREFIX: &str = "UPDATE_SERVER";
 

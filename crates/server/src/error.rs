@@ -2,14 +2,15 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use agent_fleet::FleetError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("configuration: {0}")]
     Config(String),
-    #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error("database migration: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The fleet model's (its database's) own error, in its own words.
+    #[error(transparent)]
+    Fleet(#[from] FleetError),
     #[error("{0}")]
     Io(String),
 }
@@ -48,16 +49,18 @@ impl ApiError {
 /// Seconds a client is asked to wait when the fleet database is away.
 const DATABASE_RETRY_AFTER: u64 = 5;
 
-impl From<sqlx::Error> for ApiError {
-    fn from(e: sqlx::Error) -> Self {
-        if crate::outage::is_unavailable(&e) {
+/// The fleet database away is `503` with `Retry-After`; any other fault of the model is
+/// the server's (`500`, detail in the log).
+impl From<FleetError> for ApiError {
+    fn from(e: FleetError) -> Self {
+        if e.is_unavailable() {
             tracing::warn!("the fleet database is unreachable: {e}");
             return Self::unavailable(
                 "the fleet database is unreachable; try again shortly",
                 DATABASE_RETRY_AFTER,
             );
         }
-        tracing::error!("database error: {e}");
+        tracing::error!("fleet model: {e}");
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
     }
 }

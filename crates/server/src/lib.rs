@@ -1,21 +1,21 @@
-//! update-server: serves one signed agent bundle, enforces the version directive and
-//! keeps the fleet's state.
+//! update-server: the HTTP edge of the fleet. It serves one signed agent bundle,
+//! answers agents with the version directive, and gives operators the admin API, the
+//! metrics and the CLI; the fleet's state and every decision about it live in the fleet
+//! model ([`agent_fleet`]), which this crate drives.
 //!
-//! It owns its home directory (download dir, private bundle copies, database). It never
-//! modifies the operator's dropped bundle files, never serves a byte that is not in its
-//! private immutable copy, and never holds a bundle whole in memory (it maps it).
+//! It owns its home directory (download dir, private bundle copies, the spool file and
+//! the lock), the accept loop ([`conn`]), TLS, the routes, the bundle store and the
+//! download limiter. It never modifies the operator's dropped bundle files, never
+//! serves a byte that is not in its private immutable copy, and never holds a bundle
+//! whole in memory (it maps it). It must not touch the fleet database but through
+//! [`agent_fleet`], nor decide a rollout step or a credentials verdict itself.
 
 pub mod cli;
 pub mod config;
 pub mod conn;
-pub mod credentials;
-pub mod db;
 pub mod error;
-pub mod fleet;
 pub mod limiter;
 pub mod metrics;
-pub mod outage;
-pub mod rollout;
 pub mod routes;
 pub mod store;
 pub mod tls;
@@ -23,9 +23,13 @@ pub mod web;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
+use agent_fleet::config::Configs;
+use agent_fleet::db::Db;
+use agent_fleet::outage::Outage;
+use agent_fleet::{Fleet, rollout};
 use agent_protocol::minisign::PublicKey;
 
 pub use config::Config;
@@ -62,7 +66,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         .await
         .map_err(|e| ServerError::Io(format!("bundle scan: {e}")))?;
 
-    let db = db::Db::open(&config.database.url, home, config.database.pool_size).await?;
+    let db = Db::open(&config.database.url, home, config.database.pool_size).await?;
     let policy = config
         .accept_policy()
         .map_err(|e| ServerError::Config(e.to_string()))?;
@@ -76,36 +80,29 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
     if let store::Current::Ready(bundle) = store.current() {
         rollouts.serve(served(&bundle)).await?;
     }
-    let auto_update = db
-        .setting(routes::SETTING_AUTO_UPDATE)
-        .await?
-        .is_none_or(|v| v != "false");
+    let outage = Arc::new(Outage::new(Some(home.join(SPOOL_FILE))));
+    let configs = Arc::new(Configs::new(
+        db.clone(),
+        config.rollout_plan().map_err(ServerError::Config)?,
+        config.server_name(),
+    ));
+    configs.refresh().await?;
+    let fleet = Fleet::new(db, outage, rollouts, configs).await?;
     let server_name = config.server_name();
-    // A limit set before limits were per server was this server's.
-    let own = db
-        .setting(&routes::download_limit_key(&server_name))
-        .await?;
-    let legacy = match &own {
-        Some(_) => None,
-        None => db.setting(routes::SETTING_DOWNLOAD_LIMIT).await?,
-    };
-    let download_limit = match own.or(legacy) {
-        Some(v) => v.parse().unwrap_or(config.downloads.limit),
-        None => config.downloads.limit,
-    };
+    let download_limit = fleet
+        .download_limit(&server_name)
+        .await?
+        .unwrap_or(config.downloads.limit);
     Ok(AppState {
         inner: Arc::new(routes::Shared {
             store,
-            db,
-            outage: Arc::new(outage::Outage::new(Some(home.join(SPOOL_FILE)))),
+            fleet: Arc::new(fleet),
             server_name,
-            rollouts,
             limiter: Arc::default(),
             metrics: Arc::default(),
             policy,
             admin_token: config.admin.token.clone(),
             enrollment_token: config.agents.enrollment_token.clone(),
-            auto_update: AtomicBool::new(auto_update),
             download_limit: AtomicUsize::new(download_limit.min(config.server.max_connections)),
             max_connections: config.server.max_connections,
             retry_after: config.downloads.retry_after,
@@ -136,12 +133,13 @@ pub fn served(bundle: &store::ServedBundle) -> rollout::Served {
 /// besides at once after each report.
 pub const ROLLOUT_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Keeps the fleet's rollout moving: follows the served bundle, times out agents, opens
-/// and completes waves.
+/// Keeps the fleet's rollouts moving (the bundle's and each configuration set's):
+/// follows the served bundle, times out agents, opens and completes waves.
 fn spawn_rollout_loop(state: &AppState) {
     let store = Arc::clone(&state.inner.store);
-    let rollouts = Arc::clone(&state.inner.rollouts);
-    let outage = Arc::clone(&state.inner.outage);
+    let rollouts = Arc::clone(&state.inner.fleet.rollouts);
+    let outage = Arc::clone(&state.inner.fleet.outage);
+    let configs = Arc::clone(&state.inner.fleet.configs);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(ROLLOUT_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -150,19 +148,23 @@ fn spawn_rollout_loop(state: &AppState) {
             tokio::select! {
                 _ = tick.tick() => {}
                 () = rollouts.woken() => {}
+                () = configs.woken() => {}
             }
             let result = async {
                 if let store::Current::Ready(bundle) = store.current() {
                     rollouts.serve(served(&bundle)).await?;
                 }
                 rollouts.refresh().await?;
-                rollouts.decide().await
+                rollouts.decide().await?;
+                // Config rollouts beside it: a set pushed on another server, its waves.
+                configs.refresh().await?;
+                configs.decide().await
             }
             .await;
             match result {
                 Ok(()) => last_error.clear(),
                 // Said once by the outage itself; the rollout waits for the database.
-                Err(e) if outage::is_unavailable(&e) => outage.went_down(&e),
+                Err(e) if e.is_unavailable() => outage.went_down(&e),
                 Err(e) => {
                     let e = e.to_string();
                     if e != last_error {
@@ -226,8 +228,8 @@ pub async fn serve(
     println!("listening on {local}");
 
     spawn_rollout_loop(&state);
-    fleet::spawn_drain(&state.inner);
-    fleet::spawn_settings_poll(&state.inner);
+    state.inner.fleet.spawn_drain();
+    state.inner.fleet.spawn_settings_poll();
     let store = Arc::clone(&state.inner.store);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(SCAN_INTERVAL);

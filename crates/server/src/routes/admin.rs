@@ -11,15 +11,17 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::{AppState, SETTING_AUTO_UPDATE, Shared, authorize, download_limit_key, json_body};
+use agent_fleet::db::Credentials;
+use agent_fleet::rollout::Refusal;
+use agent_fleet::rollout::step::HaltCause;
+
+use super::{AppState, Shared, authorize, json_body};
 use crate::error::ApiError;
 use crate::metrics::RolloutGauges;
-use crate::rollout::Refusal;
-use crate::rollout::step::HaltCause;
 
 fn settings_json(s: &Shared) -> serde_json::Value {
     serde_json::json!({
-        "auto_update": s.auto_update.load(Ordering::Relaxed),
+        "auto_update": s.fleet.auto_update(),
         "downloads_limit": s.download_limit.load(Ordering::Relaxed),
         "max_connections": s.max_connections,
         "downloads_in_flight": s.limiter.in_flight(),
@@ -57,15 +59,12 @@ pub(super) async fn update_settings(
                 s.max_connections
             )));
         }
-        s.db.set_setting(&download_limit_key(&s.server_name), &limit.to_string())
-            .await?;
+        s.fleet.set_download_limit(&s.server_name, limit).await?;
         s.download_limit.store(limit, Ordering::Relaxed);
         tracing::info!(limit, "download limit changed");
     }
     if let Some(enabled) = change.auto_update {
-        s.db.set_setting(SETTING_AUTO_UPDATE, if enabled { "true" } else { "false" })
-            .await?;
-        s.auto_update.store(enabled, Ordering::Relaxed);
+        s.fleet.set_auto_update(enabled).await?;
         tracing::info!(enabled, "fleet-wide auto-update changed");
     }
     Ok(Json(settings_json(s)).into_response())
@@ -84,10 +83,12 @@ pub(super) async fn agents(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     authorize(s, &headers)?;
-    let rows =
-        s.db.agents(filter.version.as_deref(), filter.status.as_deref())
-            .await?;
-    let members = s.rollouts.members().await?;
+    let rows = s
+        .fleet
+        .db
+        .agents(filter.version.as_deref(), filter.status.as_deref())
+        .await?;
+    let members = s.fleet.rollouts.members().await?;
     let records: Vec<AgentRecord> = rows
         .into_iter()
         .map(|a| {
@@ -106,6 +107,9 @@ pub(super) async fn agents(
                 group: a.group,
                 update_status: a.update_status,
                 update_error: a.update_error,
+                config_hash: a.config_hash,
+                config_status: a.config_status,
+                config_error: a.config_error,
             }
         })
         .collect();
@@ -121,14 +125,13 @@ pub(super) async fn forget_token(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     authorize(s, &headers)?;
-    if !s.db.forget_token(&id).await? {
+    if !s.fleet.db.forget_token(&id).await? {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("no agent {id:?} is known"),
         ));
     }
-    s.outage
-        .remember_credentials(&id, &crate::db::Credentials::None);
+    s.fleet.outage.remember_credentials(&id, &Credentials::None);
     tracing::warn!(agent = %id, "an operator reset the agent's credentials; its next register gets new ones");
     Ok(Json(serde_json::json!({ "id": id, "token": "forgotten" })).into_response())
 }
@@ -142,7 +145,7 @@ pub(super) async fn rollout(
 }
 
 async fn rollout_json(s: &Shared) -> Result<Response, ApiError> {
-    match s.rollouts.status().await? {
+    match s.fleet.rollouts.status().await? {
         Some(status) => Ok(Json(status).into_response()),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -174,7 +177,7 @@ pub(super) async fn rollout_halt(
     if halt.reason.as_ref().is_some_and(|r| r.len() > 1024) {
         return Err(ApiError::bad_request("reason is longer than 1024 bytes"));
     }
-    operator_answer(s, s.rollouts.halt(halt.reason.as_deref()).await?).await
+    operator_answer(s, s.fleet.rollouts.halt(halt.reason.as_deref()).await?).await
 }
 
 pub(super) async fn rollout_resume(
@@ -183,7 +186,7 @@ pub(super) async fn rollout_resume(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     authorize(s, &headers)?;
-    operator_answer(s, s.rollouts.resume().await?).await
+    operator_answer(s, s.fleet.rollouts.resume().await?).await
 }
 
 pub(super) async fn rollout_advance(
@@ -192,7 +195,7 @@ pub(super) async fn rollout_advance(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     authorize(s, &headers)?;
-    operator_answer(s, s.rollouts.advance().await?).await
+    operator_answer(s, s.fleet.rollouts.advance().await?).await
 }
 
 /// The rollout after an operator's request, or `409` saying why it could not be done.
@@ -207,31 +210,37 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
     let s = &state.inner;
     // While the database is away, what this server itself counted is still worth
     // scraping; the fleet's counts are left out.
-    let (by_version, by_status, waves) = if s.outage.is_down() {
+    let (by_version, by_status, waves) = if s.fleet.outage.is_down() {
         Default::default()
     } else {
-        let (by_version, by_status) = s.db.fleet_counts().await?;
-        (by_version, by_status, s.rollouts.wave_counts().await?)
+        let (by_version, by_status) = s.fleet.db.fleet_counts().await?;
+        (by_version, by_status, s.fleet.rollouts.wave_counts().await?)
     };
-    let current = s.rollouts.current();
+    let current = s.fleet.rollouts.current();
     let gauges = RolloutGauges {
         state: current.as_ref().map(|r| r.state.as_str()),
         wave: current.as_ref().map_or(0, |r| r.opened),
         waves,
         halts: HaltCause::ALL
             .iter()
-            .map(|c| (c.as_str(), s.rollouts.halts(*c)))
+            .map(|c| (c.as_str(), s.fleet.rollouts.halts(*c)))
             .collect(),
-        mismatch: s.rollouts.mismatch().is_some(),
+        mismatch: s.fleet.rollouts.mismatch().is_some(),
     };
-    let text = s.metrics.render(
+    let config_gauges = if s.fleet.outage.is_down() {
+        Default::default()
+    } else {
+        s.fleet.configs.gauges().await?
+    };
+    let mut text = s.metrics.render(
         s.limiter.in_flight(),
         s.limiter.peak(),
         &by_version,
         &by_status,
         &gauges,
-        &s.outage.status(),
+        &s.fleet.outage.status(),
     );
+    crate::metrics::render_config(&mut text, &s.metrics, &config_gauges);
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
@@ -241,10 +250,10 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
 pub(super) async fn healthz(State(state): State<AppState>) -> Response {
     let s = &state.inner;
     let mut text = String::from("ok\n");
-    if let Some(mismatch) = s.rollouts.mismatch() {
+    if let Some(mismatch) = s.fleet.rollouts.mismatch() {
         text.push_str(&format!("bundle mismatch: {mismatch}\n"));
     }
-    let database = s.outage.status();
+    let database = s.fleet.outage.status();
     if !database.up {
         text.push_str(&format!(
             "database unreachable for {:.0}s ({}); agents are answered from memory, {} writes queued\n",

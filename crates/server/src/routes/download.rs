@@ -186,7 +186,7 @@ pub(super) async fn download(
 ) -> Response {
     let s = &state.inner;
     let limit = s.download_limit.load(Ordering::Relaxed);
-    if limit == 0 || !s.auto_update.load(Ordering::Relaxed) {
+    if limit == 0 || !s.fleet.auto_update() {
         inc(&s.metrics.downloads_403);
         let why = if limit == 0 {
             "agent downloads are disabled on this server (downloads.limit = 0)"

@@ -1,13 +1,16 @@
 //! The HTTP interface of DESIGN.md, as an axum `Router` that tests drive without a socket.
 //! By area: [`download`] (version, bundle, signature), [`agents`] (register, connect,
-//! report: the version directive) and [`admin`] (settings, agents, rollout, metrics).
+//! report: the version directive, and the configuration set to run), [`config`]
+//! (configuration sets, `/agent/config-status`) and [`admin`] (settings, agents,
+//! rollout, metrics).
 
 mod admin;
 mod agents;
+mod config;
 mod download;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::AtomicUsize;
 
 use agent_protocol::AcceptPolicy;
 use agent_protocol::wire;
@@ -21,25 +24,15 @@ use axum::{Json, Router};
 use subtle::ConstantTimeEq;
 use tower_http::timeout::TimeoutLayer;
 
-use crate::db::Db;
+use agent_fleet::Fleet;
+
 use crate::error::ApiError;
 use crate::limiter::DownloadLimiter;
 use crate::metrics::Metrics;
-use crate::rollout::Rollouts;
 use crate::store::{BundleStore, Current, ServedBundle};
 
 /// Largest JSON body accepted; larger ones get `413`.
 pub const MAX_BODY: usize = 64 * 1024;
-
-/// The fleet-wide switch: one row for every server of the fleet.
-pub const SETTING_AUTO_UPDATE: &str = "auto-update";
-/// Where a single server kept its download limit before limits were per server.
-pub const SETTING_DOWNLOAD_LIMIT: &str = "downloads.limit";
-
-/// Each server's own download limit, keyed by its `server.name`.
-pub fn download_limit_key(server: &str) -> String {
-    format!("{SETTING_DOWNLOAD_LIMIT}@{server}")
-}
 
 /// Everything the handlers share.
 #[derive(Clone)]
@@ -49,19 +42,16 @@ pub struct AppState {
 
 pub struct Shared {
     pub store: Arc<BundleStore>,
-    pub db: Db,
-    /// The database's absence, and what waits for it.
-    pub outage: Arc<crate::outage::Outage>,
+    /// The fleet model: database, outage spool, rollouts, fleet-wide settings.
+    pub fleet: Arc<Fleet>,
     /// `server.name`: keys this server's own settings in the fleet database.
     pub server_name: String,
-    pub rollouts: Arc<Rollouts>,
     pub limiter: Arc<DownloadLimiter>,
     pub metrics: Arc<Metrics>,
     pub policy: AcceptPolicy,
     pub admin_token: String,
     /// `agents.enrollment-token`; empty: open enrollment.
     pub enrollment_token: String,
-    pub auto_update: AtomicBool,
     pub download_limit: AtomicUsize,
     pub max_connections: usize,
     pub retry_after: u64,
@@ -88,6 +78,15 @@ pub fn app(state: AppState) -> Router {
         .route(wire::REGISTER_PATH, post(agents::register))
         .route(wire::CONNECT_PATH, post(agents::register))
         .route(wire::REPORT_PATH, post(agents::report))
+        .route(wire::CONFIG_STATUS_PATH, post(config::status))
+        .route("/admin/config", get(config::list))
+        .route(
+            "/admin/config/{group}",
+            axum::routing::put(config::put)
+                .layer(DefaultBodyLimit::max(config::MAX_CONFIG_BODY))
+                .delete(config::delete),
+        )
+        .route("/admin/config/{group}/{action}", post(config::steer))
         .route(
             "/admin/settings",
             get(admin::settings)

@@ -29,11 +29,12 @@ use agent_protocol::{AcceptPolicy, AgentVersion};
 use serde_json::json;
 
 use crate::db::{Backend, Db, now_ms};
+use crate::error::FleetError;
 use crate::rollout::claim::Claim;
 use crate::rollout::order::Member;
 use crate::rollout::plan::Plan;
 use crate::rollout::step::{Decision, Directive, HaltCause, State};
-use crate::rollout::store::{Membership, NewRollout, RolloutRow};
+use crate::rollout::store::{BUNDLES, Membership, NewRollout, RolloutRow};
 
 /// The bundle this server serves, as a rollout knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,7 +140,7 @@ impl Rollouts {
     /// The served bundle is `bundle`: start its rollout unless one exists or
     /// [`claim::claim`] says it may not, then read the fleet's rollout again. A bundle
     /// that waits for the fleet's rollout to end is looked at again at each call.
-    pub async fn serve(&self, bundle: Served) -> Result<(), sqlx::Error> {
+    pub async fn serve(&self, bundle: Served) -> Result<(), FleetError> {
         {
             let mut served = lock(&self.served);
             if served.as_ref() == Some(&bundle) {
@@ -168,7 +169,7 @@ impl Rollouts {
     /// lets it (see [`claim`]): the previous version is the last completed rollout's;
     /// the agents heard from within the deadline are placed in waves (later ones join
     /// as they come). Returns the claim it acted on.
-    async fn start(&self, bundle: &Served) -> Result<Claim, sqlx::Error> {
+    async fn start(&self, bundle: &Served) -> Result<Claim, FleetError> {
         let _one = self.deciding.lock().await;
         let mut tx = self.db.begin_write().await?;
         if self.shared() {
@@ -230,7 +231,7 @@ impl Rollouts {
                 (id.clone(), *wave, done)
             })
             .collect();
-        store::insert_members(&mut tx, id, &rows, now).await?;
+        store::insert_members(&mut tx, BUNDLES, id, &rows, now).await?;
         let detail = format!(
             "{} -> {}, {} agents placed in {} waves ({})",
             previous
@@ -247,17 +248,50 @@ impl Rollouts {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        store::event(&mut *tx, id, "started", 0, &detail, now, &self.server).await?;
+        store::event(
+            &mut *tx,
+            BUNDLES,
+            id,
+            "started",
+            0,
+            &detail,
+            now,
+            &self.server,
+        )
+        .await?;
         if state == State::Completed {
             // The previous version again: nothing to roll out.
             let row = store::lock(&mut *tx, self.db.backend(), id).await?;
             if let Some(row) = row {
                 for w in 1..=self.plan.wave_count() {
-                    store::apply(&mut tx, &row, &Decision::OpenWave(w), now, &self.server).await?;
-                    store::apply(&mut tx, &row, &Decision::CompleteWave(w), now, &self.server)
-                        .await?;
+                    store::apply(
+                        &mut tx,
+                        BUNDLES,
+                        &row.head(),
+                        &Decision::OpenWave(w),
+                        now,
+                        &self.server,
+                    )
+                    .await?;
+                    store::apply(
+                        &mut tx,
+                        BUNDLES,
+                        &row.head(),
+                        &Decision::CompleteWave(w),
+                        now,
+                        &self.server,
+                    )
+                    .await?;
                 }
-                store::apply(&mut tx, &row, &Decision::Complete, now, &self.server).await?;
+                store::apply(
+                    &mut tx,
+                    BUNDLES,
+                    &row.head(),
+                    &Decision::Complete,
+                    now,
+                    &self.server,
+                )
+                .await?;
             }
         }
         tx.commit().await?;
@@ -284,7 +318,7 @@ impl Rollouts {
     }
 
     /// Reads the fleet's rollout again (another server may have moved it on).
-    pub async fn refresh(&self) -> Result<(), sqlx::Error> {
+    pub async fn refresh(&self) -> Result<(), FleetError> {
         let latest = store::latest(self.db.pool()).await?;
         let served = lock(&self.served).clone();
         let mismatch = served
@@ -310,7 +344,7 @@ impl Rollouts {
         if let Some(row) = &latest
             && lock(&self.members).0 != row.id
         {
-            let placed = store::memberships(self.db.pool(), row.id).await?;
+            let placed = store::memberships(self.db.pool(), BUNDLES, row.id).await?;
             let mut members = lock(&self.members);
             if members.0 != row.id {
                 *members = (row.id, placed);
@@ -322,7 +356,7 @@ impl Rollouts {
 
     /// Times out the agents past their deadline and applies every transition that is
     /// due, in one write transaction; logs each once, after it is committed.
-    pub async fn decide(&self) -> Result<(), sqlx::Error> {
+    pub async fn decide(&self) -> Result<(), FleetError> {
         let Some(current) = self.current() else {
             return Ok(());
         };
@@ -343,16 +377,16 @@ impl Rollouts {
             return self.refresh().await;
         }
         let now = now_ms();
-        let timed_out = store::time_out(&mut tx, row.id, &row.plan, now).await?;
+        let timed_out = store::time_out(&mut tx, BUNDLES, row.id, &row.plan, now).await?;
         let mut decided = Vec::new();
         // Each wave opens and completes at most once, plus a soak, a halt, the end.
         let most = 3 * row.plan.waves.len() + 3;
         while decided.len() < most {
-            let progress = store::progress(&mut tx, &row).await?;
+            let progress = store::progress(&mut tx, BUNDLES, &row.head()).await?;
             let Some(decision) = step::next(&row.plan, &progress, now) else {
                 break;
             };
-            if !store::apply(&mut tx, &row, &decision, now, &self.server).await? {
+            if !store::apply(&mut tx, BUNDLES, &row.head(), &decision, now, &self.server).await? {
                 break;
             }
             decided.push((decision, progress));
@@ -383,15 +417,15 @@ impl Rollouts {
     /// transition. Most looks (one per report) find nothing; this one reads without the
     /// write lock, so on SQLite the reports themselves are not held up behind it. What
     /// it finds due is read again under the lock before anything is written.
-    async fn due(&self, id: i64) -> Result<bool, sqlx::Error> {
+    async fn due(&self, id: i64) -> Result<bool, FleetError> {
         let mut tx = self.db.pool().begin().await?;
         let now = now_ms();
         let due = match store::get(&mut *tx, id).await? {
             None => false,
             Some(row) if matches!(row.state, State::Halted | State::Completed) => false,
             Some(row) => {
-                store::overdue(&mut tx, row.id, &row.plan, now).await? || {
-                    let progress = store::progress(&mut tx, &row).await?;
+                store::overdue(&mut tx, BUNDLES, row.id, &row.plan, now).await? || {
+                    let progress = store::progress(&mut tx, BUNDLES, &row.head()).await?;
                     step::next(&row.plan, &progress, now).is_some()
                 }
             }
@@ -451,7 +485,7 @@ impl Rollouts {
         agent: &str,
         group: &str,
         version: &AgentVersion,
-    ) -> Result<Option<Answer>, sqlx::Error> {
+    ) -> Result<Option<Answer>, FleetError> {
         let served = lock(&self.served).clone();
         let (Some(current), Some(served)) = (self.current(), served) else {
             return Ok(None);
@@ -467,6 +501,7 @@ impl Rollouts {
             // Running the target proves the install, even if its report got lost.
             store::set_outcome(
                 self.db.pool(),
+                BUNDLES,
                 current.id,
                 agent,
                 store::INSTALLED,
@@ -478,7 +513,7 @@ impl Rollouts {
             self.wake.notify_one();
         }
         if !accepted && !member.told {
-            store::mark_told(self.db.pool(), current.id, agent, now).await?;
+            store::mark_told(self.db.pool(), BUNDLES, current.id, agent, now).await?;
             self.remember(current.id, agent, |m| m.told = true);
         }
         Ok(Some(Answer {
@@ -557,7 +592,7 @@ impl Rollouts {
         agent: &str,
         group: &str,
         on_target: bool,
-    ) -> Result<Membership, sqlx::Error> {
+    ) -> Result<Membership, FleetError> {
         {
             let members = lock(&self.members);
             if members.0 == current.id
@@ -566,11 +601,20 @@ impl Rollouts {
                 return Ok(*m);
             }
         }
-        let member = match store::membership(self.db.pool(), current.id, agent).await? {
+        let member = match store::membership(self.db.pool(), BUNDLES, current.id, agent).await? {
             Some(m) => m,
             None => {
                 let wave = current.plan.join_wave(current.opened, group);
-                store::join(self.db.pool(), current.id, agent, wave, on_target, now_ms()).await?
+                store::join(
+                    self.db.pool(),
+                    BUNDLES,
+                    current.id,
+                    agent,
+                    wave,
+                    on_target,
+                    now_ms(),
+                )
+                .await?
             }
         };
         let mut members = lock(&self.members);
@@ -591,7 +635,7 @@ impl Rollouts {
 
     /// An `INSTALLED` or `INSTALL_FAILED` for the rollout's target counts in its wave;
     /// `at` (unix milliseconds) is when it was received.
-    pub async fn report(&self, report: &Report, at: i64) -> Result<(), sqlx::Error> {
+    pub async fn report(&self, report: &Report, at: i64) -> Result<(), FleetError> {
         let Some(current) = self.current() else {
             return Ok(());
         };
@@ -614,6 +658,7 @@ impl Rollouts {
             .await?;
         store::set_outcome(
             self.db.pool(),
+            BUNDLES,
             current.id,
             &report.id,
             outcome,
@@ -627,12 +672,12 @@ impl Rollouts {
     }
 
     /// Records a `409` given while the database was away.
-    pub async fn record_told(&self, rollout: i64, agent: &str, at: i64) -> Result<(), sqlx::Error> {
-        store::mark_told(self.db.pool(), rollout, agent, at).await
+    pub async fn record_told(&self, rollout: i64, agent: &str, at: i64) -> Result<(), FleetError> {
+        Ok(store::mark_told(self.db.pool(), BUNDLES, rollout, agent, at).await?)
     }
 
     /// `POST /admin/rollout/halt`.
-    pub async fn halt(&self, why: Option<&str>) -> Result<Result<(), Refusal>, sqlx::Error> {
+    pub async fn halt(&self, why: Option<&str>) -> Result<Result<(), Refusal>, FleetError> {
         let reason = match why {
             Some(w) if !w.trim().is_empty() => format!("halted by an operator: {}", w.trim()),
             _ => "halted by an operator".to_owned(),
@@ -649,14 +694,14 @@ impl Rollouts {
     }
 
     /// `POST /admin/rollout/advance`: the next wave opens now.
-    pub async fn advance(&self) -> Result<Result<(), Refusal>, sqlx::Error> {
+    pub async fn advance(&self) -> Result<Result<(), Refusal>, FleetError> {
         self.operator(|row, progress| step::advance(&row.plan, progress).map_err(Refusal))
             .await
     }
 
     /// `POST /admin/rollout/resume`: a halted rollout goes on; the failures seen so far
     /// are let go (only later ones count against `max-failures`).
-    pub async fn resume(&self) -> Result<Result<(), Refusal>, sqlx::Error> {
+    pub async fn resume(&self) -> Result<Result<(), Refusal>, FleetError> {
         let Some(current) = self.current() else {
             return Ok(Err(Refusal("there is no rollout".into())));
         };
@@ -666,12 +711,13 @@ impl Rollouts {
             let row = store::lock(&mut *tx, self.db.backend(), current.id).await?;
             let result = match row {
                 Some(row) if row.state == State::Halted => {
-                    let progress = store::progress(&mut tx, &row).await?;
+                    let progress = store::progress(&mut tx, BUNDLES, &row.head()).await?;
                     let now = now_ms();
-                    store::forgive(&mut tx, row.id, progress.failures()).await?;
-                    store::set_state(&mut tx, row.id, State::Running, None, None).await?;
+                    store::forgive(&mut tx, BUNDLES, row.id, progress.failures()).await?;
+                    store::set_state(&mut tx, BUNDLES, row.id, State::Running, None, None).await?;
                     store::event(
                         &mut *tx,
+                        BUNDLES,
                         row.id,
                         "resumed",
                         row.opened,
@@ -703,7 +749,7 @@ impl Rollouts {
     async fn operator(
         &self,
         choose: impl FnOnce(&RolloutRow, &step::Progress) -> Result<Decision, Refusal>,
-    ) -> Result<Result<(), Refusal>, sqlx::Error> {
+    ) -> Result<Result<(), Refusal>, FleetError> {
         let Some(current) = self.current() else {
             return Ok(Err(Refusal("there is no rollout".into())));
         };
@@ -713,10 +759,18 @@ impl Rollouts {
             let Some(row) = store::lock(&mut *tx, self.db.backend(), current.id).await? else {
                 return Ok(Err(Refusal("there is no rollout".into())));
             };
-            let progress = store::progress(&mut tx, &row).await?;
+            let progress = store::progress(&mut tx, BUNDLES, &row.head()).await?;
             let result = match choose(&row, &progress) {
                 Ok(decision) => {
-                    store::apply(&mut tx, &row, &decision, now_ms(), &self.server).await?;
+                    store::apply(
+                        &mut tx,
+                        BUNDLES,
+                        &row.head(),
+                        &decision,
+                        now_ms(),
+                        &self.server,
+                    )
+                    .await?;
                     Ok(decision)
                 }
                 Err(refusal) => Err(refusal),
@@ -730,13 +784,13 @@ impl Rollouts {
     }
 
     /// `GET /admin/rollout`: the fleet's rollout with each wave's counts.
-    pub async fn status(&self) -> Result<Option<serde_json::Value>, sqlx::Error> {
+    pub async fn status(&self) -> Result<Option<serde_json::Value>, FleetError> {
         let Some(row) = store::latest(self.db.pool()).await? else {
             return Ok(None);
         };
         let mut conn = self.db.pool().acquire().await?;
-        let waves = store::wave_status(&mut conn, &row).await?;
-        let events = store::events(&mut *conn, row.id).await?;
+        let waves = store::wave_status(&mut conn, BUNDLES, &row.head()).await?;
+        let events = store::events(&mut *conn, BUNDLES, row.id).await?;
         let waves: Vec<serde_json::Value> = waves
             .iter()
             .zip(&row.plan.waves)
@@ -779,11 +833,11 @@ impl Rollouts {
     }
 
     /// Every agent's wave and `told_at` (seconds) in the fleet's rollout.
-    pub async fn members(&self) -> Result<HashMap<String, (u32, Option<f64>)>, sqlx::Error> {
+    pub async fn members(&self) -> Result<HashMap<String, (u32, Option<f64>)>, FleetError> {
         let Some(current) = self.current() else {
             return Ok(HashMap::new());
         };
-        Ok(store::members(self.db.pool(), current.id)
+        Ok(store::members(self.db.pool(), BUNDLES, current.id)
             .await?
             .into_iter()
             .map(|(id, (wave, told))| (id, (wave, told.map(secs))))
@@ -791,12 +845,12 @@ impl Rollouts {
     }
 
     /// Per-wave counts of the fleet's rollout, for `/metrics`.
-    pub async fn wave_counts(&self) -> Result<Vec<step::WaveStatus>, sqlx::Error> {
+    pub async fn wave_counts(&self) -> Result<Vec<step::WaveStatus>, FleetError> {
         let Some(current) = self.current() else {
             return Ok(Vec::new());
         };
         let mut conn = self.db.pool().acquire().await?;
-        store::wave_status(&mut conn, &current).await
+        Ok(store::wave_status(&mut conn, BUNDLES, &current.head()).await?)
     }
 }
 

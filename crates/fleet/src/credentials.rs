@@ -1,12 +1,11 @@
 //! Per-agent credentials and enrollment, decided from what the fleet knows of an id and
-//! what the request presents. Pure: the handlers fetch and store, this decides.
+//! what the request presents. Pure: the edges fetch and store, this decides.
 //!
 //! An id's first `register` (trust on first use) gets a random token; the server keeps
 //! only its sha256, compared in constant time. From then on, a call for that id without
 //! its token is `401`, so nobody can forge its reports or take the id over. With
 //! `agents.enrollment-token` set, an id the fleet does not know must present it.
 
-use axum::http::{HeaderMap, header};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -31,16 +30,6 @@ pub fn new_token() -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)?;
     Ok(hex::encode(bytes))
-}
-
-/// `Authorization: Bearer <token>`, if sent.
-pub fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
-        .map(str::trim)
 }
 
 fn same(a: &str, b: &str) -> bool {

@@ -14,7 +14,7 @@ use agent_protocol::wire::Report;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Connection, Row};
 
-use crate::error::ServerError;
+use crate::error::FleetError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -53,6 +53,21 @@ fn sqlite_url(path: &Path) -> String {
     url
 }
 
+/// What a register or connect says of an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Contact<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    pub platform: &'a str,
+    pub version: &'a str,
+    /// Kept as recorded unless the agent says one (a register).
+    pub group: Option<&'a str>,
+    /// The configuration set it runs; kept as recorded unless given.
+    pub config_hash: Option<&'a str>,
+    /// Unix seconds.
+    pub at: i64,
+}
+
 /// One agent row, as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentRow {
@@ -64,6 +79,11 @@ pub struct AgentRow {
     pub last_contact: i64,
     pub update_status: Option<String>,
     pub update_error: Option<String>,
+    /// The configuration set it runs (empty: none).
+    pub config_hash: String,
+    /// `APPLYING`, `APPLIED` or `FAILED`, of the set it was last sent.
+    pub config_status: Option<String>,
+    pub config_error: Option<String>,
 }
 
 /// Where a PostgreSQL URL points, for messages: never its password.
@@ -76,10 +96,10 @@ pub struct PgTarget {
 }
 
 impl PgTarget {
-    pub fn parse(url: &str) -> Result<Self, ServerError> {
+    pub fn parse(url: &str) -> Result<Self, FleetError> {
         use std::str::FromStr;
         let options = sqlx::postgres::PgConnectOptions::from_str(url).map_err(|e| {
-            ServerError::Config(format!(
+            FleetError::Config(format!(
                 "database.url is not a valid PostgreSQL URL ({e}); write postgres://USER:PASSWORD@HOST:PORT/DATABASE"
             ))
         })?;
@@ -137,7 +157,7 @@ impl PgTarget {
 impl Db {
     /// Opens (creating if needed) the database and migrates its schema. `pool_size`
     /// bounds the connections to PostgreSQL.
-    pub async fn open(url: &str, home: &Path, pool_size: u32) -> Result<Self, ServerError> {
+    pub async fn open(url: &str, home: &Path, pool_size: u32) -> Result<Self, FleetError> {
         sqlx::any::install_default_drivers();
         let (url, backend) = if url.is_empty() {
             (sqlite_url(&home.join("fleet.db")), Backend::Sqlite)
@@ -148,7 +168,7 @@ impl Db {
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             (url.to_owned(), Backend::Postgres)
         } else {
-            return Err(ServerError::Config(format!(
+            return Err(FleetError::Config(format!(
                 "database.url {url:?}: use a postgres:// URL, a sqlite: URL, or leave it empty for a file under the server's home"
             )));
         };
@@ -178,7 +198,7 @@ impl Db {
                 // One plain connection first: the pool would retry a refused connection
                 // until its timeout and then say only that it timed out.
                 let first = sqlx::AnyConnection::connect(&url).await;
-                let first = first.map_err(|e| ServerError::Config(target.explain(&e)))?;
+                let first = first.map_err(|e| FleetError::Config(target.explain(&e)))?;
                 let _ = sqlx::Connection::close(first).await;
                 AnyPoolOptions::new()
                     .max_connections(pool_size)
@@ -187,7 +207,7 @@ impl Db {
                     .acquire_timeout(Duration::from_secs(3))
                     .connect(&url)
                     .await
-                    .map_err(|e| ServerError::Config(target.explain(&e)))?
+                    .map_err(|e| FleetError::Config(target.explain(&e)))?
             }
         };
         match backend {
@@ -216,12 +236,12 @@ impl Db {
     }
 
     /// A round trip to the database: is it there?
-    pub async fn ping(&self) -> Result<(), sqlx::Error> {
+    pub async fn ping(&self) -> Result<(), FleetError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
 
-    pub async fn setting(&self, key: &str) -> Result<Option<String>, sqlx::Error> {
+    pub async fn setting(&self, key: &str) -> Result<Option<String>, FleetError> {
         let row = sqlx::query("SELECT value FROM settings WHERE key = $1")
             .bind(key)
             .fetch_optional(&self.pool)
@@ -229,7 +249,7 @@ impl Db {
         Ok(row.map(|r| r.get::<String, _>(0)))
     }
 
-    pub async fn set_setting(&self, key: &str, value: &str) -> Result<(), sqlx::Error> {
+    pub async fn set_setting(&self, key: &str, value: &str) -> Result<(), FleetError> {
         sqlx::query(
             "INSERT INTO settings (key, value) VALUES ($1, $2)
              ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -241,24 +261,25 @@ impl Db {
         Ok(())
     }
 
-    /// Records a contact at `at` (unix seconds); `group` is kept unless the agent says
-    /// one (a register). A contact older than the one recorded changes nothing (it was
+    /// Records a contact. A contact older than the one recorded changes nothing (it was
     /// queued during an outage that another server did not have).
-    pub async fn touch_agent(
-        &self,
-        id: &str,
-        name: &str,
-        platform: &str,
-        version: &str,
-        group: Option<&str>,
-        at: i64,
-    ) -> Result<(), sqlx::Error> {
+    pub async fn touch_agent(&self, c: &Contact<'_>) -> Result<(), FleetError> {
+        let Contact {
+            id,
+            name,
+            platform,
+            version,
+            group,
+            config_hash,
+            at,
+        } = *c;
         sqlx::query(
-            "INSERT INTO agents (id, name, platform, version, last_contact, agent_group)
-             VALUES ($1, $2, $3, $4, $5, $6)
+            "INSERT INTO agents (id, name, platform, version, last_contact, agent_group, config_hash)
+             VALUES ($1, $2, $3, $4, $5, $6, $8)
              ON CONFLICT (id) DO UPDATE SET name = excluded.name, platform = excluded.platform,
                version = excluded.version, last_contact = excluded.last_contact,
-               agent_group = COALESCE($7, agents.agent_group)
+               agent_group = COALESCE($7, agents.agent_group),
+               config_hash = COALESCE($9, agents.config_hash)
              WHERE agents.last_contact <= excluded.last_contact",
         )
         .bind(id)
@@ -268,13 +289,15 @@ impl Db {
         .bind(at)
         .bind(group.unwrap_or(""))
         .bind(group)
+        .bind(config_hash.unwrap_or(""))
+        .bind(config_hash)
         .execute(&self.pool)
         .await?;
         Ok(())
     }
 
     /// Records a report received at `at` (unix seconds).
-    pub async fn record_report(&self, report: &Report, at: i64) -> Result<(), sqlx::Error> {
+    pub async fn record_report(&self, report: &Report, at: i64) -> Result<(), FleetError> {
         let version = match report.status {
             agent_protocol::wire::UpdateStatus::Installed => &report.to,
             _ => &report.from,
@@ -296,7 +319,7 @@ impl Db {
     }
 
     /// One agent, if known.
-    pub async fn agent(&self, id: &str) -> Result<Option<AgentRow>, sqlx::Error> {
+    pub async fn agent(&self, id: &str) -> Result<Option<AgentRow>, FleetError> {
         let row = sqlx::query(&format!("{AGENT_COLUMNS} WHERE id = $1"))
             .bind(id)
             .fetch_optional(&self.pool)
@@ -308,7 +331,7 @@ impl Db {
         &self,
         version: Option<&str>,
         status: Option<&str>,
-    ) -> Result<Vec<AgentRow>, sqlx::Error> {
+    ) -> Result<Vec<AgentRow>, FleetError> {
         let rows = sqlx::query(&format!(
             "{AGENT_COLUMNS} WHERE ($1 = '' OR version = $1) AND ($2 = '' OR update_status = $2) ORDER BY id"
         ))
@@ -322,7 +345,7 @@ impl Db {
     /// (label, count) of agents by version and by last update status, for /metrics.
     pub async fn fleet_counts(
         &self,
-    ) -> Result<(Vec<(String, i64)>, Vec<(String, i64)>), sqlx::Error> {
+    ) -> Result<(Vec<(String, i64)>, Vec<(String, i64)>), FleetError> {
         let by_version = sqlx::query("SELECT version, COUNT(*) FROM agents GROUP BY version")
             .fetch_all(&self.pool)
             .await?
@@ -353,7 +376,7 @@ pub enum Credentials {
 }
 
 impl Db {
-    pub async fn credentials(&self, id: &str) -> Result<Credentials, sqlx::Error> {
+    pub async fn credentials(&self, id: &str) -> Result<Credentials, FleetError> {
         let row = sqlx::query("SELECT token_hash FROM agents WHERE id = $1")
             .bind(id)
             .fetch_optional(&self.pool)
@@ -369,7 +392,7 @@ impl Db {
 
     /// Gives the id its token, unless it has one (another server may have just issued
     /// it): true if this call did.
-    pub async fn issue_token(&self, id: &str, hash: &str) -> Result<bool, sqlx::Error> {
+    pub async fn issue_token(&self, id: &str, hash: &str) -> Result<bool, FleetError> {
         let done =
             sqlx::query("UPDATE agents SET token_hash = $2 WHERE id = $1 AND token_hash IS NULL")
                 .bind(id)
@@ -380,7 +403,7 @@ impl Db {
     }
 
     /// An operator's reset: the id's next register gets a new token. False if unknown.
-    pub async fn forget_token(&self, id: &str) -> Result<bool, sqlx::Error> {
+    pub async fn forget_token(&self, id: &str) -> Result<bool, FleetError> {
         let done = sqlx::query("UPDATE agents SET token_hash = NULL WHERE id = $1")
             .bind(id)
             .execute(&self.pool)
@@ -389,7 +412,7 @@ impl Db {
     }
 }
 
-const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error FROM agents";
+const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error, config_hash, config_status, config_error FROM agents";
 
 fn agent_row(r: &AnyRow) -> AgentRow {
     AgentRow {
@@ -401,6 +424,9 @@ fn agent_row(r: &AnyRow) -> AgentRow {
         last_contact: r.get(5),
         update_status: r.get(6),
         update_error: r.get(7),
+        config_hash: r.get(8),
+        config_status: r.get(9),
+        config_error: r.get(10),
     }
 }
 

@@ -5,7 +5,7 @@
 //! down: agents are then answered from what this server last read (the credentials it
 //! checked, the rollout and each agent's place in it) and what they ask to be written
 //! (contacts, reports, the first `409` of a rollout) waits in a [`Spool`], in order. The
-//! drain (in `lib.rs`) writes the spool back as soon as the database answers, and only
+//! drain (in [`crate::fleet`]) writes the spool back as soon as the database answers, and only
 //! once it is empty do calls go to the database again, so nothing written later can
 //! overtake what was queued earlier.
 //!
@@ -24,36 +24,15 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use agent_protocol::wire::Report;
+use agent_protocol::wire::{ConfigStatus, Report};
 use serde::{Deserialize, Serialize};
 
 use crate::db::Credentials;
+use crate::error::FleetError;
 
 /// Most entries kept; past it, new contacts are dropped (reports and `409` records never
 /// are: they are few, and also on disk).
 pub const MAX_SPOOLED: usize = 1_000_000;
-
-/// Whether `e` means "the database cannot be reached now" (so the call should be
-/// answered from memory) rather than a fault in the query.
-pub fn is_unavailable(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| unavailable_state(&code)),
-        _ => false,
-    }
-}
-
-/// PostgreSQL's SQLSTATE classes of a database that is going or gone: connection
-/// exceptions (08), insufficient resources (53), operator intervention such as a
-/// shutdown (57P).
-fn unavailable_state(code: &str) -> bool {
-    code.starts_with("08") || code.starts_with("53") || code.starts_with("57P")
-}
 
 /// A write that waits for the database.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,10 +45,16 @@ pub enum Deferred {
         platform: String,
         version: String,
         group: Option<String>,
+        /// The configuration set it runs; absent in spools from before remote
+        /// configuration (kept as recorded).
+        #[serde(default)]
+        config_hash: Option<String>,
         at: i64,
     },
     /// A report, received at `at_ms`.
     Report { report: Report, at_ms: i64 },
+    /// What an agent made of a configuration set, received at `at_ms`.
+    ConfigStatus { status: ConfigStatus, at_ms: i64 },
     /// The first `409` of rollout `rollout` to `agent`, at `at_ms`.
     Told {
         rollout: i64,
@@ -84,6 +69,7 @@ impl Deferred {
             Deferred::Contact { id, .. } => id,
             Deferred::Report { report, .. } => &report.id,
             Deferred::Told { agent, .. } => agent,
+            Deferred::ConfigStatus { status, .. } => &status.id,
         }
     }
 
@@ -225,12 +211,15 @@ impl Outage {
     }
 
     /// A query failed for want of the database: say so once, and answer from memory.
-    pub fn went_down(&self, e: &sqlx::Error) {
+    pub fn went_down(&self, e: &FleetError) {
         if self.down.swap(true, Ordering::AcqRel) {
             return;
         }
         self.outages.fetch_add(1, Ordering::Relaxed);
-        let reason = e.to_string();
+        let reason = match e {
+            FleetError::Database(e) => e.to_string(),
+            other => other.to_string(),
+        };
         tracing::error!(
             "the fleet database is unreachable ({reason}); answering agents from what this server knows and queueing their writes until it is back"
         );
@@ -342,6 +331,7 @@ mod tests {
             platform: "p".into(),
             version: version.into(),
             group: None,
+            config_hash: None,
             at,
         }
     }
@@ -407,17 +397,6 @@ mod tests {
         spool.done(seq);
         spool.push(contact("a", "1.0.0+1", 2));
         assert_eq!(drain(&mut spool), vec![contact("a", "1.0.0+1", 2)]);
-    }
-
-    #[test]
-    fn unavailability_is_told_from_faults() {
-        assert!(is_unavailable(&sqlx::Error::PoolTimedOut));
-        assert!(is_unavailable(&sqlx::Error::Io(std::io::Error::from(
-            std::io::ErrorKind::ConnectionRefused
-        ))));
-        assert!(!is_unavailable(&sqlx::Error::RowNotFound));
-        assert!(unavailable_state("57P01") && unavailable_state("08006"));
-        assert!(!unavailable_state("23505"));
     }
 
     #[test]
