@@ -29,7 +29,9 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
 
-use crate::db::now_secs;
+use agent_fleet::FleetError;
+use agent_fleet::db::now_secs;
+
 use crate::error::ApiError;
 use crate::routes::AppState;
 use session::{COOKIE, CSRF_FIELD, SIGNIN_COOKIE, Sessions};
@@ -86,7 +88,8 @@ pub fn router(app: AppState, options: Options) -> Router {
         .route("/agents", get(agents))
         .route("/agents/{id}", get(agent))
         .route("/rollouts", get(rollouts))
-        .route("/rollouts/{action}", post(act))
+        .route("/rollouts/{action}", post(act_bundle))
+        .route("/rollouts/config/{group}/{action}", post(act_config))
         .route("/static/fleet.css", get(stylesheet))
         .layer(axum::middleware::map_response(protect))
         .layer(DefaultBodyLimit::max(MAX_FORM))
@@ -149,8 +152,8 @@ fn render(status: StatusCode, page: &impl Template) -> Response {
 /// A page that could not be made: the admin API's status and words, as HTML.
 struct Trouble(ApiError);
 
-impl From<sqlx::Error> for Trouble {
-    fn from(e: sqlx::Error) -> Self {
+impl From<FleetError> for Trouble {
+    fn from(e: FleetError) -> Self {
         Self(ApiError::from(e))
     }
 }
@@ -223,6 +226,7 @@ async fn home(State(page): State<Page>, headers: HeaderMap) -> Result<Response, 
     let heartbeat = page.options.heartbeat;
     let agents = source::agents(s).await?;
     let rollout = source::rollout(s).await?;
+    let configs = source::config_sets(s).await?;
     let o = overview::overview(&agents, heartbeat, now);
     let failed = agents.iter().filter(|a| a.failed()).count();
     Ok(render(
@@ -233,6 +237,7 @@ async fn home(State(page): State<Page>, headers: HeaderMap) -> Result<Response, 
             failed,
             heartbeat * model::STALE_HEARTBEATS,
             rollout.as_ref().map(|r| views::RolloutView::new(r, now)),
+            views::ConfigView::all(&configs, now),
             now,
         ),
     ))
@@ -361,7 +366,6 @@ async fn agents(
             Frame::new("Agents", &csrf, now),
             q.clone(),
             views::Choices::of(&all),
-            all.len(),
             &p,
             &rows,
             heartbeat,
@@ -408,12 +412,15 @@ async fn rollouts_page(
     message: &str,
 ) -> Result<Response, Trouble> {
     let now = now_secs();
-    let rollout = source::rollout(&page.app.inner).await?;
+    let s = &page.app.inner;
+    let rollout = source::rollout(s).await?;
+    let configs = source::config_sets(s).await?;
     Ok(render(
         status,
         &views::RolloutsPage::new(
             Frame::new("Rollouts", csrf, now),
             rollout.as_ref().map(|r| views::RolloutView::new(r, now)),
+            views::ConfigView::all(&configs, now),
             message,
         ),
     ))
@@ -426,9 +433,37 @@ async fn rollouts(State(page): State<Page>, headers: HeaderMap) -> Result<Respon
     rollouts_page(&page, &csrf, StatusCode::OK, "").await
 }
 
-async fn act(
+async fn act_bundle(
     State(page): State<Page>,
     Path(action): Path<String>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    act(page, source::Target::Bundle, &action, headers, request).await
+}
+
+async fn act_config(
+    State(page): State<Page>,
+    Path((group, action)): Path<(String, String)>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    act(
+        page,
+        source::Target::Config(group),
+        &action,
+        headers,
+        request,
+    )
+    .await
+}
+
+/// A button: checked like every POST, then the very call the admin API makes; the
+/// rollouts page then shows the new state (or why nothing changed).
+async fn act(
+    page: Page,
+    target: source::Target,
+    action: &str,
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, Trouble> {
@@ -437,15 +472,15 @@ async fn act(
         Ok(v) => v,
         Err(why) => return Ok(refused(StatusCode::FORBIDDEN, why)),
     };
-    let Some(action) = source::Action::parse(&action) else {
+    let Some(action) = source::Action::parse(action) else {
         return Ok(refused(
             StatusCode::NOT_FOUND,
             "no such action: the buttons are Halt, Resume and Advance",
         ));
     };
-    match source::act(&page.app.inner, action).await? {
+    match source::act(&page.app.inner, &target, action).await? {
         Ok(()) => {
-            tracing::info!("fleet page: an operator pressed {action:?}");
+            tracing::info!("fleet page: an operator pressed {action:?} on {target:?}");
             Ok(Redirect::to("/rollouts").into_response())
         }
         Err(why) => rollouts_page(&page, &csrf, StatusCode::CONFLICT, &why).await,

@@ -6,7 +6,7 @@ use askama::Template;
 use super::model::{Agent, ago, is_stale, utc};
 use super::overview::{Count, Failure, Overview};
 use super::query::{AgentQuery, Page, encode};
-use super::source::{HistoryLine, Rollout};
+use super::source::{ConfigSets, HistoryLine, Rollout};
 
 /// What every page's frame needs: its title, and the CSRF token of the signed-in
 /// person's session (empty when signed out: no navigation then).
@@ -123,6 +123,8 @@ pub struct RolloutView {
     pub can_halt: bool,
     pub can_resume: bool,
     pub can_advance: bool,
+    /// Where its buttons post: `<actions>/halt`, `/resume`, `/advance`.
+    pub actions: String,
     pub waves: Vec<WaveView>,
     pub events: Vec<EventView>,
 }
@@ -149,6 +151,10 @@ pub struct EventView {
     pub server: String,
 }
 
+fn ms_to_secs(ms: i64) -> f64 {
+    ms as f64 / 1000.0
+}
+
 fn when(at: Option<f64>, now: i64) -> String {
     match at {
         Some(t) if t.is_finite() => format!("{} ({})", ago(t as i64, now), utc(t)),
@@ -170,6 +176,7 @@ impl RolloutView {
             can_halt: live,
             can_resume: r.state == "halted",
             can_advance: live,
+            actions: "/rollouts".to_owned(),
             waves: r
                 .waves
                 .iter()
@@ -206,6 +213,48 @@ impl RolloutView {
     }
 }
 
+/// A configuration set and its config rollout.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigView {
+    pub group: String,
+    pub hash: String,
+    pub created: String,
+    pub files: String,
+    pub applied: u64,
+    pub applying: u64,
+    pub failed: u64,
+    pub rollout: Option<RolloutView>,
+}
+
+impl ConfigView {
+    pub fn all(sets: &ConfigSets, now: i64) -> Vec<Self> {
+        sets.sets
+            .iter()
+            .map(|set| Self {
+                group: set.group.clone(),
+                hash: agent_fleet::config::short(&set.hash).to_owned(),
+                created: when(Some(set.created_at), now),
+                files: set.files.join(", "),
+                applied: set.applied,
+                applying: set.applying,
+                failed: set.failed + set.timed_out,
+                rollout: set.rollout.as_ref().map(|r| {
+                    let mut view = RolloutView::new(&r.as_rollout(set), now);
+                    view.actions = format!("/rollouts/config/{}", encode(&set.group));
+                    view
+                }),
+            })
+            .collect()
+    }
+
+    /// A config rollout still going (or halted), for the overview.
+    pub fn live(&self) -> bool {
+        self.rollout
+            .as_ref()
+            .is_some_and(|r| r.state != "completed")
+    }
+}
+
 #[derive(Template)]
 #[template(path = "overview.html")]
 pub struct OverviewPage {
@@ -218,6 +267,7 @@ pub struct OverviewPage {
     pub stale_after: String,
     pub failed: usize,
     pub rollout: Option<RolloutView>,
+    pub configs: Vec<ConfigView>,
     pub by_version: Vec<CountRow>,
     pub by_status: Vec<CountRow>,
     pub by_health: Vec<CountRow>,
@@ -233,6 +283,7 @@ impl OverviewPage {
         failed: usize,
         stale_after: std::time::Duration,
         rollout: Option<RolloutView>,
+        configs: Vec<ConfigView>,
         now: i64,
     ) -> Self {
         Self {
@@ -240,6 +291,7 @@ impl OverviewPage {
             csrf: frame.csrf,
             server_version: frame.server_version,
             now_utc: frame.now_utc,
+            configs: configs.into_iter().filter(ConfigView::live).collect(),
             total: o.total,
             stale: o.stale,
             stale_after: format!("{} s", stale_after.as_secs()),
@@ -349,9 +401,10 @@ pub struct AgentsPage {
     pub next: String,
 }
 
-/// The choices of each filter: the labels the fleet has, sorted.
+/// The choices of each filter: the labels the fleet has, sorted; and its size.
 #[derive(Debug, Clone, Default)]
 pub struct Choices {
+    pub total: usize,
     pub versions: Vec<String>,
     pub statuses: Vec<String>,
     pub healths: Vec<String>,
@@ -367,6 +420,7 @@ impl Choices {
             set.into_iter().map(str::to_owned).collect()
         }
         Self {
+            total: agents.len(),
             versions: sorted(agents.iter().map(|a| a.version.as_str())),
             statuses: sorted(agents.iter().map(Agent::update_label)),
             healths: sorted(agents.iter().map(Agent::health_label)),
@@ -387,7 +441,6 @@ impl AgentsPage {
         frame: Frame,
         query: AgentQuery,
         choices: Choices,
-        total: usize,
         page: &Page<'_>,
         rows: &[Agent],
         heartbeat: std::time::Duration,
@@ -413,7 +466,7 @@ impl AgentsPage {
             configs: choices.configs,
             groups: choices.groups,
             protocols: choices.protocols,
-            total,
+            total: choices.total,
             matching: page.matching,
             page: page.page,
             pages: page.pages,
@@ -438,6 +491,7 @@ impl AgentsPage {
 
 #[derive(Debug, Clone, Default)]
 pub struct HistoryView {
+    pub kind: &'static str,
     pub version: String,
     pub wave: u32,
     pub told: String,
@@ -468,11 +522,12 @@ impl AgentPage {
             history: history
                 .iter()
                 .map(|h| HistoryView {
-                    version: h.version.clone(),
+                    kind: h.kind,
+                    version: h.target.clone(),
                     wave: h.wave,
-                    told: when(h.told_at, now),
+                    told: when(h.told_at.map(ms_to_secs), now),
                     outcome: h.outcome.clone().unwrap_or_else(|| "PENDING".to_owned()),
-                    when: when(h.outcome_at, now),
+                    when: when(h.outcome_at.map(ms_to_secs), now),
                     error: h.error.clone().unwrap_or_default(),
                 })
                 .collect(),
@@ -489,10 +544,16 @@ pub struct RolloutsPage {
     pub now_utc: String,
     pub message: String,
     pub rollout: Option<RolloutView>,
+    pub configs: Vec<ConfigView>,
 }
 
 impl RolloutsPage {
-    pub fn new(frame: Frame, rollout: Option<RolloutView>, message: &str) -> Self {
+    pub fn new(
+        frame: Frame,
+        rollout: Option<RolloutView>,
+        configs: Vec<ConfigView>,
+        message: &str,
+    ) -> Self {
         Self {
             title: frame.title,
             csrf: frame.csrf,
@@ -500,6 +561,7 @@ impl RolloutsPage {
             now_utc: frame.now_utc,
             message: message.to_owned(),
             rollout,
+            configs,
         }
     }
 }
@@ -537,7 +599,6 @@ mod tests {
             frame(),
             query.clone(),
             Choices::of(&agents),
-            1,
             &p,
             &agents,
             Duration::from_secs(30),
@@ -563,7 +624,7 @@ mod tests {
             wave: 1,
             ..Rollout::default()
         };
-        let html = RolloutsPage::new(frame(), Some(RolloutView::new(&r, 1_000)), "")
+        let html = RolloutsPage::new(frame(), Some(RolloutView::new(&r, 1_000)), Vec::new(), "")
             .render()
             .unwrap();
         assert_eq!(
@@ -576,12 +637,35 @@ mod tests {
     }
 
     #[test]
+    fn a_config_rollouts_buttons_post_to_its_group() {
+        let sets: ConfigSets = serde_json::from_value(serde_json::json!({"sets": [{
+            "group": "a b/c", "hash": "0123456789abcdef", "created_at": 1.0,
+            "files": ["x.conf"], "applied": 1, "applying": 0, "failed": 0, "timed_out": 0,
+            "rollout": {"state": "running", "reason": null, "wave": 1, "started_at": 1.0,
+                "completed_at": null, "events": [],
+                "waves": [{"size": "100%", "agents": 2, "applied": 1, "failed": 0,
+                    "timed_out": 0, "pending": 1, "opened_at": 1.0, "completed_at": null}]}
+        }]}))
+        .unwrap();
+        let configs = ConfigView::all(&sets, 1_000);
+        assert_eq!(configs[0].hash, "0123456789ab");
+        let html = RolloutsPage::new(frame(), None, configs, "")
+            .render()
+            .unwrap();
+        assert!(
+            html.contains("action=\"/rollouts/config/a%20b%2Fc/halt\""),
+            "{html}"
+        );
+        assert!(html.contains(">Advance</button>"));
+    }
+
+    #[test]
     fn a_halted_rollout_offers_resume_only() {
         let r = Rollout {
             state: "halted".into(),
             ..Rollout::default()
         };
-        let html = RolloutsPage::new(frame(), Some(RolloutView::new(&r, 1_000)), "")
+        let html = RolloutsPage::new(frame(), Some(RolloutView::new(&r, 1_000)), Vec::new(), "")
             .render()
             .unwrap();
         assert!(html.contains(">Resume</button>"));
@@ -619,7 +703,6 @@ mod tests {
             frame(),
             query,
             Choices::of(&agents),
-            120,
             &p,
             &[],
             Duration::from_secs(30),
