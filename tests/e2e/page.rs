@@ -328,18 +328,24 @@ async fn buttons_refuse_a_missing_or_wrong_csrf_a_foreign_origin_and_a_cookie_re
 // ---------------------------------------------------------------------------------
 // The real server, in a real browser.
 
-/// Registers an agent of 1.0.0+1 over plain HTTP; its credential token.
-fn register(server: &ServerProc, id: &str, name: &str, group: &str) -> String {
+/// Registers (or, with its `token`, connects) an agent of 1.0.0+1 over plain HTTP; the
+/// credential token a first register hands out.
+fn register(server: &ServerProc, id: &str, name: &str, group: &str, token: &str) -> String {
     let body =
         json!({"id": id, "name": name, "platform": "x86_64-unknown-linux-gnu", "group": group});
+    let auth = format!("Bearer {token}");
+    let mut headers = vec![
+        ("Agent-Version", "1.0.0+1"),
+        ("Content-Type", "application/json"),
+    ];
+    if !token.is_empty() {
+        headers.push(("Authorization", &auth));
+    }
     let a = http_with_body(
         server.port,
         "POST",
         "/agent/register",
-        &[
-            ("Agent-Version", "1.0.0+1"),
-            ("Content-Type", "application/json"),
-        ],
+        &headers,
         body.to_string().as_bytes(),
     )
     .unwrap();
@@ -369,6 +375,65 @@ fn report_failed(server: &ServerProc, id: &str, token: &str, error: &str) {
     )
     .unwrap();
     assert_eq!(a.status, 200, "{}", a.text());
+}
+
+/// Stores a one-file configuration set for `group`; its hash.
+fn push_config(server: &ServerProc, group: &str) -> String {
+    let auth = format!("Bearer {TOKEN}");
+    let body = json!({"files": {"app.conf": "answer = 42\n"}}).to_string();
+    let a = http_with_body(
+        server.port,
+        "PUT",
+        &format!("/admin/config/{group}"),
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        body.as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(a.status, 200, "{}", a.text());
+    let v: Value = serde_json::from_slice(&a.body).unwrap();
+    v["hash"].as_str().unwrap().to_owned()
+}
+
+fn config_failed(server: &ServerProc, id: &str, token: &str, hash: &str, error: &str) {
+    let body = json!({"id": id, "hash": hash, "status": "FAILED", "error": error});
+    let auth = format!("Bearer {token}");
+    let a = http_with_body(
+        server.port,
+        "POST",
+        "/agent/config-status",
+        &[
+            ("Agent-Version", "1.0.0+1"),
+            ("Content-Type", "application/json"),
+            ("Authorization", &auth),
+        ],
+        body.to_string().as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(a.status, 200, "{}", a.text());
+}
+
+/// The state of `group`'s config rollout, as `/admin/config` says it.
+fn config_state(server: &ServerProc, group: &str) -> String {
+    let auth = format!("Bearer {TOKEN}");
+    let a = http(
+        server.port,
+        "GET",
+        "/admin/config",
+        &[("Authorization", &auth)],
+    )
+    .unwrap();
+    let v: Value = serde_json::from_slice(&a.body).unwrap_or_default();
+    v["sets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|set| set["group"] == group)
+        .and_then(|set| set["state"].as_str())
+        .unwrap_or_default()
+        .to_owned()
 }
 
 fn rollout_state(server: &ServerProc) -> String {
@@ -420,22 +485,38 @@ fn an_operator_signs_in_sees_the_fleet_halts_and_resumes_its_rollout_and_signs_o
     ctx.publish_served(&server, &bundle);
 
     // A small fleet, two of whose names are markup, one of which failed with markup.
-    let token = register(&server, "agent-script", SCRIPT_NAME, "");
+    let token = register(&server, "agent-script", SCRIPT_NAME, "", "");
     report_failed(
         &server,
         "agent-script",
         &token,
         "<script>alert(2)</script> disk full",
     );
-    register(&server, "agent-img", IMG_NAME, "");
+    register(&server, "agent-img", IMG_NAME, "", "");
+    let mut canary_token = String::new();
     for i in 0..60 {
-        register(
+        let group = if i < 5 { "canary" } else { "" };
+        let token = register(
             &server,
             &format!("agent-{i:03}"),
             &format!("web-{i:03}"),
-            if i < 5 { "canary" } else { "" },
+            group,
+            "",
         );
+        if i == 0 {
+            canary_token = token;
+        }
     }
+    // A configuration set for the canary group, which agent-000 fails to apply.
+    let hash = push_config(&server, "canary");
+    register(&server, "agent-000", "web-000", "canary", &canary_token);
+    config_failed(
+        &server,
+        "agent-000",
+        &canary_token,
+        &hash,
+        "<b>bad</b> line 3",
+    );
     let listed = admin_agents(server.port, TOKEN);
     assert_eq!(listed.len(), 62);
     wait_until(Duration::from_secs(20), "the rollout to run", || {
@@ -527,6 +608,15 @@ fn an_operator_signs_in_sees_the_fleet_halts_and_resumes_its_rollout_and_signs_o
     b.goto(&server.url("/agents?status=INSTALL_FAILED"));
     assert_eq!(b.texts("#agents tbody td:first-child"), [SCRIPT_NAME]);
 
+    // The configuration failure, counted and explained, as text.
+    b.goto(&server.url("/agents?config=FAILED"));
+    assert_eq!(b.texts("#agents tbody td:first-child"), ["web-000"]);
+    assert!(
+        b.source().contains("&lt;b&gt;bad&lt;/b&gt; line 3"),
+        "{}",
+        b.source()
+    );
+
     // One agent's page, its id in the path.
     b.goto(&server.url("/agents/agent-script"));
     assert!(b.source().contains("disk full"));
@@ -581,6 +671,21 @@ fn an_operator_signs_in_sees_the_fleet_halts_and_resumes_its_rollout_and_signs_o
         "{}",
         b.text(&b.find("#summary"))
     );
+
+    // The canary group's config rollout has its own buttons, calling the config API.
+    assert_eq!(config_state(&server, "canary"), "running");
+    b.goto(&server.url("/rollouts"));
+    b.click(&b.find("form[action='/rollouts/config/canary/halt'] button"));
+    b.wait_for("form[action='/rollouts/config/canary/resume']");
+    assert_eq!(config_state(&server, "canary"), "halted");
+    assert_eq!(
+        rollout_state(&server),
+        "running",
+        "the bundle's rollout is another"
+    );
+    b.click(&b.find("form[action='/rollouts/config/canary/resume'] button"));
+    b.wait_for("form[action='/rollouts/config/canary/halt']");
+    assert_eq!(config_state(&server, "canary"), "running");
 
     // Sign out: the page is gone, and the old cookie with it.
     b.click(&b.find("form[action='/signout'] button"));
