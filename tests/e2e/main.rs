@@ -16,6 +16,7 @@ mod handlers;
 mod hostile_archives;
 mod hostile_clients;
 mod long_poll;
+mod page;
 mod quickstart;
 mod rollout;
 mod server;

@@ -19,6 +19,7 @@ pub mod db;
 pub mod error;
 pub mod fleet;
 pub mod news;
+pub mod history;
 pub mod outage;
 pub mod rollout;
 pub mod settings;
