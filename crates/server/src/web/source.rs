@@ -7,12 +7,29 @@ use agent_fleet::db::AgentRow;
 pub use agent_fleet::history::HistoryLine;
 use serde::Deserialize;
 
-use super::model::Agent;
+use super::model::{Agent, health_of};
 use crate::routes::Shared;
 
 fn agent_of(a: AgentRow) -> Agent {
     let nonempty = |s: String| if s.is_empty() { None } else { Some(s) };
+    // The "health" the agent last reported, as the connect body carried it.
+    let (health, health_detail) = a
+        .health
+        .as_deref()
+        .and_then(|h| serde_json::from_str::<agent_protocol::wire::AgentHealth>(h).ok())
+        .map(|h| {
+            let (label, detail) = health_of(
+                h.healthy,
+                h.workload.as_str(),
+                h.restarts,
+                h.last_error.as_deref(),
+            );
+            (Some(label), Some(detail))
+        })
+        .unwrap_or_default();
     Agent {
+        health,
+        health_detail,
         id: a.id,
         name: a.name,
         platform: a.platform,
