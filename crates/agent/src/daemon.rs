@@ -125,6 +125,7 @@ async fn serve(
     });
 
     let mut health_changed = board.subscribe();
+    tokio::spawn(crate::recovery::finish_interrupted(home.clone()));
     tracing::info!(
         "agent {} started (id {id}, home {}, servers {})",
         install.version,
@@ -424,11 +425,24 @@ async fn on_refused(
                 ready.timings.download.as_secs_f64(),
                 ready.timings.verify.as_secs_f64()
             );
-            update::wait_for_unpack(&install.home, pid, Duration::from_secs(300)).await;
-            tracing::info!("the new version is on disk; stopping so the updater can switch");
-            Some(RunEnd::HandedOff {
-                to: ready.info.agent.clone(),
-            })
+            let to = &ready.info.agent;
+            match update::wait_for_unpack(&install.home, to, pid, Duration::from_secs(300)).await {
+                update::HandOff::Leave => {
+                    tracing::info!(
+                        "the new version is on disk; stopping so the updater can switch"
+                    );
+                    Some(RunEnd::HandedOff { to: to.clone() })
+                }
+                update::HandOff::Stay(why) => {
+                    let wait = retry.failed(offer, false);
+                    tracing::warn!(
+                        "the update to {to} stopped before the switch: {why}; {} keeps running and tries again in {:.0}s",
+                        install.version,
+                        wait.as_secs_f64()
+                    );
+                    None
+                }
+            }
         }
         Err(e) => {
             let wait = retry.failed(offer, false);

@@ -23,6 +23,7 @@ pub mod home;
 pub mod identity;
 pub mod manual;
 pub mod pacing;
+pub mod recovery;
 pub mod status;
 pub mod update;
 pub mod workload;

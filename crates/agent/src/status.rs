@@ -61,22 +61,11 @@ pub fn render(install: &Installation, config: &Config) -> String {
         }
     }
     match state::read_journal(home) {
-        Ok(Some(j)) if !j.phase.is_final() => {
-            let _ = writeln!(
-                out,
-                "update:   {} -> {} under way (phase {:?})",
-                j.from, j.to, j.phase
-            );
-        }
         Ok(Some(j)) => {
-            let _ = writeln!(
-                out,
-                "update:   last {} -> {} ended {:?}{}",
-                j.from,
-                j.to,
-                j.phase,
-                j.reason.map(|r| format!(": {r}")).unwrap_or_default()
-            );
+            // When and why it ended (a full disk named as such), or who is finishing it.
+            let updater = agent_updater::lock::holder(&home.update_lock()).is_some();
+            let line = agent_updater::outcome::describe(&j, state::now_secs(), updater);
+            let _ = writeln!(out, "update:   {line}");
         }
         Ok(None) => {}
         Err(e) => {

@@ -53,6 +53,21 @@ fn sqlite_url(path: &Path) -> String {
     url
 }
 
+/// What a register or connect says of an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Contact<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    pub platform: &'a str,
+    pub version: &'a str,
+    /// Kept as recorded unless the agent says one (a register).
+    pub group: Option<&'a str>,
+    /// The configuration set it runs; kept as recorded unless given.
+    pub config_hash: Option<&'a str>,
+    /// Unix seconds.
+    pub at: i64,
+}
+
 /// One agent row, as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentRow {
@@ -66,6 +81,11 @@ pub struct AgentRow {
     pub update_error: Option<String>,
     /// The `"health"` object it last reported (JSON), if any.
     pub health: Option<String>,
+    /// The configuration set it runs (empty: none).
+    pub config_hash: String,
+    /// `APPLYING`, `APPLIED` or `FAILED`, of the set it was last sent.
+    pub config_status: Option<String>,
+    pub config_error: Option<String>,
 }
 
 /// Where a PostgreSQL URL points, for messages: never its password.
@@ -243,24 +263,25 @@ impl Db {
         Ok(())
     }
 
-    /// Records a contact at `at` (unix seconds); `group` is kept unless the agent says
-    /// one (a register). A contact older than the one recorded changes nothing (it was
+    /// Records a contact. A contact older than the one recorded changes nothing (it was
     /// queued during an outage that another server did not have).
-    pub async fn touch_agent(
-        &self,
-        id: &str,
-        name: &str,
-        platform: &str,
-        version: &str,
-        group: Option<&str>,
-        at: i64,
-    ) -> Result<(), FleetError> {
+    pub async fn touch_agent(&self, c: &Contact<'_>) -> Result<(), FleetError> {
+        let Contact {
+            id,
+            name,
+            platform,
+            version,
+            group,
+            config_hash,
+            at,
+        } = *c;
         sqlx::query(
-            "INSERT INTO agents (id, name, platform, version, last_contact, agent_group)
-             VALUES ($1, $2, $3, $4, $5, $6)
+            "INSERT INTO agents (id, name, platform, version, last_contact, agent_group, config_hash)
+             VALUES ($1, $2, $3, $4, $5, $6, $8)
              ON CONFLICT (id) DO UPDATE SET name = excluded.name, platform = excluded.platform,
                version = excluded.version, last_contact = excluded.last_contact,
-               agent_group = COALESCE($7, agents.agent_group)
+               agent_group = COALESCE($7, agents.agent_group),
+               config_hash = COALESCE($9, agents.config_hash)
              WHERE agents.last_contact <= excluded.last_contact",
         )
         .bind(id)
@@ -270,6 +291,8 @@ impl Db {
         .bind(at)
         .bind(group.unwrap_or(""))
         .bind(group)
+        .bind(config_hash.unwrap_or(""))
+        .bind(config_hash)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -427,7 +450,7 @@ impl Db {
     }
 }
 
-const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error, health FROM agents";
+const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error, config_hash, config_status, config_error, health FROM agents";
 
 fn agent_row(r: &AnyRow) -> AgentRow {
     AgentRow {
@@ -439,7 +462,10 @@ fn agent_row(r: &AnyRow) -> AgentRow {
         last_contact: r.get(5),
         update_status: r.get(6),
         update_error: r.get(7),
-        health: r.get(8),
+        config_hash: r.get(8),
+        config_status: r.get(9),
+        config_error: r.get(10),
+        health: r.get(11),
     }
 }
 

@@ -60,6 +60,13 @@ pub struct Journal {
     /// never before, so a rollback leaves the trust as it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust: Option<TrustChange>,
+    /// Unix seconds at which the transaction reached its final phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<u64>,
+    /// Rolled back before `current` was switched: the old version never stopped being the
+    /// installed one, and the bundle is not held against (it is tried again).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub abandoned: bool,
 }
 
 /// The trust an update hands over to a new signing key.
@@ -142,6 +149,8 @@ mod tests {
                 new_key: "untrusted comment: k\nRWQ\n".into(),
                 retire: vec!["0807060504030201".into()],
             }),
+            ended_at: Some(2),
+            abandoned: true,
         };
         assert_eq!(Journal::parse(&j.to_json()).unwrap(), j);
         assert!(Journal::parse("{").is_err());

@@ -13,6 +13,8 @@ pub const SIGNATURE_PATH: &str = "/agentupdate/download.minisig";
 pub const REPORT_PATH: &str = "/agentupdate/report";
 pub const REGISTER_PATH: &str = "/agent/register";
 pub const CONNECT_PATH: &str = "/agent/connect";
+/// `POST`: an agent says whether it applied a configuration set.
+pub const CONFIG_STATUS_PATH: &str = "/agent/config-status";
 pub const AGENT_VERSION_HEADER: &str = "Agent-Version";
 /// `connect?wait=<seconds>`: hold the answer until something changes for the agent, or
 /// the wait runs out (a long poll).
@@ -157,6 +159,52 @@ impl AgentHealth {
     }
 }
 
+/// A `register` or `connect` body as the server reads it: the [`AgentHello`] and the
+/// hash of the configuration set the agent runs. An agent from before remote
+/// configuration sends no `config_hash`: it reads as empty (no set).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectBody {
+    #[serde(flatten)]
+    pub hello: AgentHello,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub config_hash: String,
+}
+
+/// `"config"` in a `200` to `register`/`connect`: the set the agent should run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigPayload {
+    /// See [`crate::config_set::hash`].
+    pub hash: String,
+    pub files: std::collections::BTreeMap<String, String>,
+}
+
+/// What an agent made of a configuration set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ConfigOutcome {
+    Applied,
+    Failed,
+}
+
+impl ConfigOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfigOutcome::Applied => "APPLIED",
+            ConfigOutcome::Failed => "FAILED",
+        }
+    }
+}
+
+/// Body of `POST /agent/config-status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigStatus {
+    pub id: String,
+    pub hash: String,
+    pub status: ConfigOutcome,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
 /// Body of a `409` to an agent the directive refuses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NotSupported {
@@ -228,11 +276,40 @@ pub struct AgentRecord {
     /// The health it reported with its last register or connect (`null` if none).
     #[serde(default)]
     pub health: Option<AgentHealth>,
+    /// The configuration set the agent runs (empty: none).
+    #[serde(default)]
+    pub config_hash: String,
+    /// `APPLIED`, `APPLYING` (sent, not answered yet) or `FAILED`, of the set it was
+    /// last sent.
+    #[serde(default)]
+    pub config_status: Option<String>,
+    #[serde(default)]
+    pub config_error: Option<String>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connect_body_without_config_hash_still_parses() {
+        let old: ConnectBody =
+            serde_json::from_str(r#"{"id":"a","name":"n","platform":"p","group":"g"}"#).unwrap();
+        assert_eq!(old.config_hash, "");
+        assert_eq!(old.hello.group.as_deref(), Some("g"));
+        let new: ConnectBody =
+            serde_json::from_str(r#"{"id":"a","name":"n","platform":"p","config_hash":"ab"}"#)
+                .unwrap();
+        assert_eq!(new.config_hash, "ab");
+        let status: ConfigStatus =
+            serde_json::from_str(r#"{"id":"a","hash":"h","status":"FAILED","error":"bad"}"#)
+                .unwrap();
+        assert_eq!(status.status, ConfigOutcome::Failed);
+        assert!(
+            serde_json::from_str::<ConfigStatus>(r#"{"id":"a","hash":"h","status":"APPLYING"}"#)
+                .is_err()
+        );
+    }
 
     fn info() -> VersionInfo {
         VersionInfo {

@@ -108,6 +108,9 @@ pub(super) async fn agents(
                 update_status: a.update_status,
                 update_error: a.update_error,
                 health: a.health.and_then(|h| serde_json::from_str(&h).ok()),
+                config_hash: a.config_hash,
+                config_status: a.config_status,
+                config_error: a.config_error,
             }
         })
         .collect();
@@ -144,7 +147,12 @@ pub(super) async fn rollout(
 
 async fn rollout_json(s: &Shared) -> Result<Response, ApiError> {
     match s.fleet.rollouts.status().await? {
-        Some(status) => Ok(Json(status).into_response()),
+        Some(mut status) => {
+            // Config rollouts run beside the bundle's: one look shows both.
+            let configs = s.fleet.configs.status().await?;
+            status["config"] = configs["sets"].clone();
+            Ok(Json(status).into_response())
+        }
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "no rollout yet: no bundle has been served; drop one into the download directory",
@@ -231,7 +239,12 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
             .collect(),
         mismatch: s.fleet.rollouts.mismatch().is_some(),
     };
-    let text = s.metrics.render(
+    let config_gauges = if s.fleet.outage.is_down() {
+        Default::default()
+    } else {
+        s.fleet.configs.gauges().await?
+    };
+    let mut text = s.metrics.render(
         s.limiter.in_flight(),
         s.limiter.peak(),
         &by_version,
@@ -239,10 +252,10 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
         &gauges,
         &s.fleet.outage.status(),
     );
-    let text = match health {
-        Some((unhealthy, restarts)) => text + &crate::metrics::health(unhealthy, restarts),
-        None => text,
-    };
+    crate::metrics::render_config(&mut text, &s.metrics, &config_gauges);
+    if let Some((unhealthy, restarts)) = health {
+        text.push_str(&crate::metrics::health(unhealthy, restarts));
+    }
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
