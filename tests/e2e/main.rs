@@ -17,6 +17,7 @@ mod hostile_archives;
 mod hostile_clients;
 mod long_poll;
 mod quickstart;
+mod remote_config;
 mod rollout;
 mod server;
 mod sim;
