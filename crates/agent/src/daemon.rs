@@ -91,7 +91,7 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
     let dirs = Dirs::new(&home, &config.workload.config_dir);
     if let Ok(dirs) = &dirs {
         // Before the workload reads it: a set half-applied when the agent died is mended.
-        dirs.recover();
+        dirs.recover(&home);
     }
     let mut workload = LiveWorkload::start(
         spec,

@@ -89,7 +89,10 @@ impl super::Workload for LiveWorkload {
                 match group::leftover(&self.home) {
                     Some((pgid, _)) => {
                         group::signal_group(pgid, signal);
-                        tracing::info!("sent {signal} to the workload (pid {pgid}) to reload");
+                        tracing::info!(
+                            "sent {} to the workload (pid {pgid}) to reload",
+                            signal.as_str()
+                        );
                         Ok(())
                     }
                     None => {

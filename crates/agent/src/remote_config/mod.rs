@@ -14,7 +14,7 @@ pub mod live;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use agent_extract::atomic;
@@ -31,6 +31,12 @@ pub fn running_hash_file(home: &AgentHome) -> PathBuf {
 /// offered.
 pub fn failed_hash_file(home: &AgentHome) -> PathBuf {
     home.data().join("config-failed")
+}
+
+/// `data/config-applying`: the set being swapped in, until its outcome is known; an
+/// agent that dies before then finds it at its next start and puts the set before back.
+pub fn applying_file(home: &AgentHome) -> PathBuf {
+    home.data().join("config-applying")
 }
 
 /// `data/config-status.json`: the outcome no server has heard yet.
@@ -148,9 +154,10 @@ impl Dirs {
         self.parent.join(format!("{}{short}", self.new_prefix()))
     }
 
-    /// After a crash: a half-made new set is removed, and a `config-dir` that is
-    /// missing while the previous set exists gets it back.
-    pub fn recover(&self) {
+    /// After a crash: a half-made new set is removed, a `config-dir` that is missing
+    /// while the previous set exists gets it back, and a set swapped in whose outcome was
+    /// never known is swapped out again (the server offers it again).
+    pub fn recover(&self, home: &AgentHome) {
         if let Ok(entries) = std::fs::read_dir(&self.parent) {
             for entry in entries.flatten() {
                 if entry
@@ -181,6 +188,19 @@ impl Dirs {
                 ),
             }
         }
+        if let Some(applying) = read_hash(&applying_file(home)) {
+            if read_set(&self.config_dir).is_some_and(|files| config_set::hash(&files) == applying)
+                && prev.is_dir()
+            {
+                match swap_back(self, true) {
+                    Ok(()) => tracing::warn!(
+                        "configuration set {applying} was being applied when the agent stopped; put the set before it back"
+                    ),
+                    Err(e) => tracing::error!("{e}"),
+                }
+            }
+            let _ = std::fs::remove_file(applying_file(home));
+        }
     }
 }
 
@@ -197,6 +217,21 @@ pub trait Workload {
     async fn restart(&mut self);
 }
 
+/// The regular files of `dir` as a set (`None` if it cannot be read as one).
+fn read_set(dir: &Path) -> Option<BTreeMap<String, String>> {
+    let mut files = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).ok()? {
+        let entry = entry.ok()?;
+        if !entry.file_type().ok()?.is_file() {
+            continue;
+        }
+        let name = entry.file_name().into_string().ok()?;
+        let text = atomic::read_text(&entry.path(), config_set::MAX_BYTES as u64 + 1).ok()?;
+        files.insert(name, text);
+    }
+    Some(files)
+}
+
 /// Applies an offered set; the outcome, as reported to the server.
 pub async fn apply(
     home: &AgentHome,
@@ -211,7 +246,10 @@ pub async fn apply(
         status: outcome,
         error,
     };
-    match apply_inner(dirs, set, workload).await {
+    let applying = applying_file(home);
+    let outcome = apply_inner(dirs, set, workload, &applying).await;
+    let _ = std::fs::remove_file(&applying);
+    match outcome {
         Ok(()) => {
             if let Err(e) = write_small(&running_hash_file(home), set.hash.as_bytes()) {
                 tracing::error!("cannot record the configuration set in use: {e}");
@@ -241,6 +279,7 @@ async fn apply_inner(
     dirs: Result<&Dirs, &str>,
     set: &ConfigPayload,
     workload: &mut impl Workload,
+    applying: &Path,
 ) -> Result<(), String> {
     let dirs = dirs.map_err(str::to_owned)?;
     verify(&set.files, &set.hash)?;
@@ -256,6 +295,7 @@ async fn apply_inner(
         let _ = std::fs::remove_dir_all(&staging);
         return Err(e);
     }
+    write_small(applying, set.hash.as_bytes())?;
     let had_set = swap_in(dirs, &staging)?;
     let taken = match workload.reload().await {
         Ok(()) => workload.wait_healthy().await,
@@ -293,7 +333,6 @@ fn write_set(dir: &Path, files: &BTreeMap<String, String>) -> Result<(), String>
         .mode(0o755)
         .create(dir)
         .map_err(|e| err(dir, e))?;
-    use std::os::unix::fs::DirBuilderExt;
     for (name, text) in files {
         config_set::check_name(name).map_err(|e| format!("the set is refused: {e}"))?;
         let path = dir.join(name);

@@ -159,10 +159,28 @@ fn a_crash_half_way_is_mended_at_start() {
     std::fs::create_dir_all(&staging).unwrap();
     std::fs::create_dir_all(dirs.prev()).unwrap();
     std::fs::write(dirs.prev().join("app.conf"), "old\n").unwrap();
-    dirs.recover();
+    dirs.recover(&home);
     assert!(!staging.exists());
     assert_eq!(read(&dirs.config_dir, "app.conf"), "old\n");
     assert!(home.agent_toml().exists());
+}
+
+#[tokio::test]
+async fn a_set_swapped_in_when_the_agent_died_is_swapped_out_at_start() {
+    let (_tmp, home, dirs, mut fake) = setup();
+    let good = set(&[("app.conf", "good\n")]);
+    apply(&home, Ok(&dirs), "a", &good, &mut fake).await;
+    // As if the agent died after the swap, before the verdict.
+    let new = set(&[("app.conf", "new\n")]);
+    std::fs::create_dir_all(home.data()).unwrap();
+    std::fs::write(applying_file(&home), &new.hash).unwrap();
+    write_set(&dirs.staging(&new.hash), &new.files).unwrap();
+    swap_in(&dirs, &dirs.staging(&new.hash)).unwrap();
+    assert_eq!(read(&dirs.config_dir, "app.conf"), "new\n");
+    dirs.recover(&home);
+    assert_eq!(read(&dirs.config_dir, "app.conf"), "good\n");
+    assert!(!applying_file(&home).exists());
+    assert_eq!(running_hash(&home), good.hash);
 }
 
 #[test]
