@@ -108,7 +108,9 @@ fn a_pushed_set_is_applied_and_a_set_the_workload_refuses_is_undone() {
     .unwrap();
     start(&home);
     let first = wait_workload_healthy(&home);
-    wait_until(WAIT, "the agent to register", || agent_record(&server).is_some());
+    wait_until(WAIT, "the agent to register", || {
+        agent_record(&server).is_some()
+    });
 
     let good = push(&ctx, &server, "good", "good 1\n");
     wait_config(&server, &home, &good, "APPLIED");
@@ -132,7 +134,8 @@ fn a_pushed_set_is_applied_and_a_set_the_workload_refuses_is_undone() {
     let row = agent_record(&server).unwrap();
     let error = row["config_error"].as_str().unwrap_or_default();
     assert!(
-        error.contains("app.conf says bad, refusing to run") && error.contains("exited with code 1"),
+        error.contains("app.conf says bad, refusing to run")
+            && error.contains("exited with code 1"),
         "FAILED without the workload's words: {row}\n{}",
         logs(&home)
     );
@@ -152,7 +155,12 @@ fn a_pushed_set_is_applied_and_a_set_the_workload_refuses_is_undone() {
     wait_until(WAIT, "three more contacts", || {
         contact(&health(&home)) >= seen + 3
     });
-    assert_eq!(refusals(), before, "the bad set was applied again\n{}", logs(&home));
+    assert_eq!(
+        refusals(),
+        before,
+        "the bad set was applied again\n{}",
+        logs(&home)
+    );
     assert_eq!(read_file(&home.join("conf/workload/app.conf")), "good 1\n");
     run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("stop"));
 }

@@ -540,11 +540,7 @@ async fn small_body(resp: reqwest::Response, url: &str) -> Result<Vec<u8>, CommE
 }
 
 /// Reads at most `cap` bytes; more is an error, never a truncation.
-async fn capped_body(
-    resp: reqwest::Response,
-    url: &str,
-    cap: usize,
-) -> Result<Vec<u8>, CommError> {
+async fn capped_body(resp: reqwest::Response, url: &str, cap: usize) -> Result<Vec<u8>, CommError> {
     let mut out = Vec::new();
     let mut stream = resp.bytes_stream();
     while let Some(chunk) = stream.next().await {

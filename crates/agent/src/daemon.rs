@@ -17,9 +17,9 @@ use crate::health::HealthBoard;
 use crate::home::Installation;
 use crate::identity;
 use crate::pacing::{self, LastContact};
-use crate::update::{self, Outcome, UpdateContext};
 use crate::remote_config::live::LiveWorkload;
 use crate::remote_config::{self, Dirs, decide};
+use crate::update::{self, Outcome, UpdateContext};
 use crate::workload::spec::Spec;
 
 /// How `agent run` ended; the wrapper reads the exit code.

@@ -141,7 +141,10 @@ mod tests {
             Took::Wait
         );
         let fresh = report(WorkloadState::Running, true, Some(11));
-        assert_eq!(took(Some(&fresh), Some(10), Duration::ZERO, t, ""), Took::Yes);
+        assert_eq!(
+            took(Some(&fresh), Some(10), Duration::ZERO, t, ""),
+            Took::Yes
+        );
         let starting = report(WorkloadState::Starting, false, Some(11));
         assert_eq!(
             took(Some(&starting), Some(10), Duration::from_secs(1), t, ""),
@@ -165,7 +168,13 @@ mod tests {
     #[test]
     fn no_workload_takes_any_set() {
         let none = report(WorkloadState::None, true, None);
-        assert_eq!(took(Some(&none), None, Duration::ZERO, Duration::ZERO, ""), Took::Yes);
-        assert_eq!(took(None, None, Duration::ZERO, Duration::ZERO, ""), Took::Yes);
+        assert_eq!(
+            took(Some(&none), None, Duration::ZERO, Duration::ZERO, ""),
+            Took::Yes
+        );
+        assert_eq!(
+            took(None, None, Duration::ZERO, Duration::ZERO, ""),
+            Took::Yes
+        );
     }
 }

@@ -387,13 +387,8 @@ async fn run_check(argv: &[String], dir: &Path) -> Result<(), String> {
 
 fn exchange(a: &Path, b: &Path) -> Result<(), String> {
     use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
-    renameat2(AT_FDCWD, a, AT_FDCWD, b, RenameFlags::RENAME_EXCHANGE).map_err(|e| {
-        format!(
-            "cannot swap {} and {}: {e}",
-            a.display(),
-            b.display()
-        )
-    })
+    renameat2(AT_FDCWD, a, AT_FDCWD, b, RenameFlags::RENAME_EXCHANGE)
+        .map_err(|e| format!("cannot swap {} and {}: {e}", a.display(), b.display()))
 }
 
 /// Puts `staging` in as `config-dir` (never missing on the way) and the set it held as

@@ -89,7 +89,10 @@ async fn a_set_the_workload_refuses_is_undone_and_remembered() {
     let bad = set(&[("app.conf", "bad\n")]);
     let st = apply(&home, Ok(&dirs), "a", &bad, &mut fake).await;
     assert_eq!(st.status, ConfigOutcome::Failed);
-    assert!(st.error.as_deref().unwrap().contains("bad setting"), "{st:?}");
+    assert!(
+        st.error.as_deref().unwrap().contains("bad setting"),
+        "{st:?}"
+    );
     assert_eq!(read(&dirs.config_dir, "app.conf"), "good\n");
     assert_eq!(fake.restarts, 1);
     assert_eq!(running_hash(&home), good.hash);
@@ -117,7 +120,10 @@ async fn a_check_that_fails_changes_nothing() {
     let st = apply(&home, Ok(&dirs), "a", &refused, &mut fake).await;
     assert_eq!(st.status, ConfigOutcome::Failed);
     let error = st.error.unwrap();
-    assert!(error.contains("exit code 3") && error.contains("app.conf: no ok"), "{error}");
+    assert!(
+        error.contains("exit code 3") && error.contains("app.conf: no ok"),
+        "{error}"
+    );
     assert_eq!(read(&dirs.config_dir, "app.conf"), "good\n");
     assert_eq!(fake.reloads, 1);
     assert_eq!(fake.restarts, 0);
