@@ -87,12 +87,13 @@ fn wait_workload_healthy(home: &Path) -> u64 {
     pid
 }
 
-#[test]
-fn a_pushed_set_is_applied_and_a_set_the_workload_refuses_is_undone() {
+/// An agent at 1.0.0 whose distribution runs `app` as its workload with `workload`
+/// (a `[workload]` section), and a server with admin token [`TOKEN`] serving it.
+fn setup(app: &str, workload: &str) -> (TestContext, std::path::PathBuf, e2e::ServerProc) {
     let ctx = TestContext::new();
     let (key, _) = ctx.keygen("keys");
     let dist = ctx.dist("d1");
-    fs::write(dist.join("bin/app"), APP).unwrap();
+    fs::write(dist.join("bin/app"), app).unwrap();
     run_ok(Command::new("chmod").arg("755").arg(dist.join("bin/app")));
     fs::create_dir_all(dist.join("conf.default/workload")).unwrap();
     fs::write(dist.join("conf.default/workload/app.conf"), "good 0\n").unwrap();
@@ -101,11 +102,13 @@ fn a_pushed_set_is_applied_and_a_set_the_workload_refuses_is_undone() {
     fs::write(home.join("conf/agent-env.sh"), QUICK).unwrap();
     let server = serve_to(&ctx, &home, &bundle);
     let conf = read_file(&home.join("conf/agent.toml"));
-    fs::write(
-        home.join("conf/agent.toml"),
-        format!("{conf}\n{}", workload_toml()),
-    )
-    .unwrap();
+    fs::write(home.join("conf/agent.toml"), format!("{conf}\n{workload}")).unwrap();
+    (ctx, home, server)
+}
+
+#[test]
+fn a_pushed_set_is_applied_and_a_set_the_workload_refuses_is_undone() {
+    let (ctx, home, server) = setup(APP, workload_toml());
     start(&home);
     let first = wait_workload_healthy(&home);
     wait_until(WAIT, "the agent to register", || {
@@ -162,5 +165,102 @@ fn a_pushed_set_is_applied_and_a_set_the_workload_refuses_is_undone() {
         logs(&home)
     );
     assert_eq!(read_file(&home.join("conf/workload/app.conf")), "good 1\n");
+    run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("stop"));
+}
+
+/// Reads its configuration at start and again on HUP; a "bad" one makes it exit.
+const HUP_APP: &str = r#"#!/bin/sh
+load() {
+  if grep -q bad "$1/app.conf"; then
+    echo "app: app.conf says bad, refusing to run" >&2
+    exit 1
+  fi
+  echo "app: running with $(cat "$1/app.conf")"
+}
+load "$1"
+trap 'load "$1"' HUP
+while :; do sleep 1 & wait $!; done
+"#;
+
+#[test]
+fn check_command_refusals_change_nothing_and_signal_reload_keeps_the_run() {
+    let (ctx, home, server) = setup(
+        HUP_APP,
+        r#"
+[workload]
+command = ["bin/app", "{config_dir}"]
+health-command = ["/bin/sh", "-c", "! grep -q bad {config_dir}/app.conf"]
+check-command = ["/bin/sh", "-c", "if grep -q forbidden {config_dir}/app.conf; then echo 'check: forbidden word in app.conf' >&2; exit 4; fi"]
+reload = "signal:HUP"
+start-timeout = "4s"
+stop-timeout = "2s"
+"#,
+    );
+    start(&home);
+    let first = wait_workload_healthy(&home);
+    wait_until(WAIT, "the agent to register", || {
+        agent_record(&server).is_some()
+    });
+
+    let good = push(&ctx, &server, "good", "good 1\n");
+    wait_config(&server, &home, &good, "APPLIED");
+    assert_eq!(read_file(&home.join("conf/workload/app.conf")), "good 1\n");
+    wait_until(WAIT, "the workload to read the new set on HUP", || {
+        read_file(&home.join("logs/workload.log")).contains("app: running with good 1")
+    });
+    assert_eq!(
+        wait_workload_healthy(&home),
+        first,
+        "a signal reload keeps the same run"
+    );
+
+    let forbidden = push(&ctx, &server, "forbidden", "forbidden\n");
+    wait_until(WAIT, "the check-command's refusal at the server", || {
+        agent_record(&server).is_some_and(|a| {
+            a["config_status"] == "FAILED"
+                && a["config_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("check: forbidden word in app.conf"))
+        })
+    });
+    let row = agent_record(&server).unwrap();
+    assert!(
+        row["config_error"]
+            .as_str()
+            .unwrap()
+            .contains("exit code 4"),
+        "{row}"
+    );
+    assert_eq!(
+        read_file(&home.join("data/config-failed")).trim(),
+        forbidden
+    );
+    assert_eq!(read_file(&home.join("conf/workload/app.conf")), "good 1\n");
+    assert_eq!(
+        wait_workload_healthy(&home),
+        first,
+        "a refused check touches nothing"
+    );
+    let leftovers: Vec<String> = fs::read_dir(home.join("conf"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".workload"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    let bad = push(&ctx, &server, "bad", "bad\n");
+    wait_until(WAIT, "the workload's refusal at the server", || {
+        agent_record(&server).is_some_and(|a| {
+            a["config_status"] == "FAILED"
+                && a["config_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("says bad"))
+        })
+    });
+    assert_eq!(read_file(&home.join("data/config-failed")).trim(), bad);
+    assert_eq!(read_file(&home.join("conf/workload/app.conf")), "good 1\n");
+    wait_workload_healthy(&home);
+    assert_eq!(read_file(&home.join("data/config-hash")).trim(), good);
     run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("stop"));
 }
