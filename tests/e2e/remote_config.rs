@@ -8,10 +8,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e::{TestContext, read_file, run_ok, wait_until};
+use e2e::{TestContext, read_file, run_ok, signal, wait_until};
 use serde_json::Value;
 
-use crate::update::{QUICK, TOKEN, WAIT, agent_record, health, serve_to, start};
+use crate::update::{QUICK, TOKEN, WAIT, agent_record, agents_running, health, serve_to, start};
 
 /// Runs while `app.conf` in its configuration directory does not say "bad".
 const APP: &str = r#"#!/bin/sh
@@ -262,5 +262,40 @@ stop-timeout = "2s"
     assert_eq!(read_file(&home.join("conf/workload/app.conf")), "good 1\n");
     wait_workload_healthy(&home);
     assert_eq!(read_file(&home.join("data/config-hash")).trim(), good);
+    run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("stop"));
+}
+
+#[test]
+fn an_agent_killed_while_applying_comes_back_on_the_set_that_worked() {
+    let (ctx, home, server) = setup(APP, workload_toml());
+    start(&home);
+    wait_workload_healthy(&home);
+    wait_until(WAIT, "the agent to register", || {
+        agent_record(&server).is_some()
+    });
+    let bad = push(&ctx, &server, "bad", "bad\n");
+    // Swapped in, the verdict not yet known: the moment to die.
+    wait_until(WAIT, "the agent to swap the bad set in", || {
+        home.join("data/config-applying").exists()
+            && read_file(&home.join("conf/workload/app.conf")) == "bad\n"
+    });
+    let agents = agents_running(&home);
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    signal(agents[0], "KILL");
+    // The wrapper's supervisor starts a new agent; it puts the set before back, is
+    // offered the bad set again, and refuses it in its own time.
+    wait_until(WAIT, "the agent to report the bad set FAILED", || {
+        agent_record(&server).is_some_and(|a| a["config_status"] == "FAILED")
+    });
+    assert_eq!(read_file(&home.join("conf/workload/app.conf")), "good 0\n");
+    assert_eq!(read_file(&home.join("data/config-failed")).trim(), bad);
+    assert!(!home.join("data/config-applying").exists());
+    wait_workload_healthy(&home);
+    assert!(
+        read_file(&home.join("logs/agent.log"))
+            .contains("was being applied when the agent stopped"),
+        "{}",
+        logs(&home)
+    );
     run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("stop"));
 }
