@@ -18,6 +18,7 @@ mod hostile_clients;
 mod long_poll;
 mod page;
 mod quickstart;
+mod remote_config;
 mod rollout;
 mod server;
 mod sim;

@@ -13,12 +13,17 @@ use std::time::Duration;
 use agent_protocol::AgentVersion;
 use agent_protocol::minisign::Signature;
 use agent_protocol::properties::Properties;
-use agent_protocol::wire::{self, AgentHello, NotSupported, Report, VersionInfo};
+use agent_protocol::wire::{
+    self, AgentHello, ConfigPayload, ConfigStatus, ConnectBody, NotSupported, Report, VersionInfo,
+};
 use futures_util::StreamExt;
 use reqwest::StatusCode;
 
 /// Cap on the small bodies (version properties, 409 answers, signatures).
 const MAX_SMALL_BODY: usize = 64 * 1024;
+/// Cap on a `200` to register/connect: it may carry a configuration set (1 MiB of
+/// files, escaped in JSON).
+const MAX_ANSWER_BODY: usize = 8 * 1024 * 1024;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_REDIRECTS: usize = 5;
 /// Shorter than the server's default `server.idle-timeout`.
@@ -75,6 +80,8 @@ pub struct Answer {
     pub directive: Directive,
     /// The server honours holds ([`wire::LONG_POLL_HEADER`]).
     pub server_holds: bool,
+    /// The configuration set the agent should run, when it runs another.
+    pub config: Option<ConfigPayload>,
 }
 
 /// Time allowed on top of a hold for the answer to arrive.
@@ -109,6 +116,8 @@ pub struct Client {
     current: usize,
     version: AgentVersion,
     hello: AgentHello,
+    /// The configuration set the agent runs (empty: none), told in register/connect.
+    config_hash: String,
     trust: Trust,
     token: Mutex<Option<String>>,
     /// The last failure said of each server, so each is said once, not every heartbeat.
@@ -169,6 +178,7 @@ impl Client {
             current: 0,
             version,
             hello,
+            config_hash: String::new(),
             trust,
             token: Mutex::new(token),
             last_failure: Mutex::new(HashMap::new()),
@@ -248,6 +258,11 @@ impl Client {
         self.hello.health = Some(health);
     }
 
+    /// The `"config_hash"` the next `register` or `connect` carries.
+    pub fn set_config_hash(&mut self, hash: String) {
+        self.config_hash = hash;
+    }
+
     pub fn http(&self) -> &reqwest::Client {
         &self.http
     }
@@ -310,7 +325,11 @@ impl Client {
         hold: Option<&Hold>,
     ) -> Result<Answer, CommError> {
         let url = self.url(path);
-        let mut request = self.http.post(&url).json(&self.hello);
+        let body = ConnectBody {
+            hello: self.hello.clone(),
+            config_hash: self.config_hash.clone(),
+        };
+        let mut request = self.http.post(&url).json(&body);
         request = match hold {
             Some(hold) => {
                 let mut query = vec![(wire::WAIT_QUERY, hold.wait.as_secs().max(1).to_string())];
@@ -330,17 +349,28 @@ impl Client {
         let answer = |directive| Answer {
             directive,
             server_holds,
+            config: None,
         };
         let status = resp.status();
         match status {
             s if s.is_success() => {
-                // The body is the directive's answer; it may carry credentials.
-                if let Ok(body) = small_body(resp, &url).await
-                    && let Ok(json) = serde_json::from_slice::<serde_json::Value>(&body)
+                // The body is the directive's answer; it may carry credentials and a
+                // configuration set.
+                let mut accepted = answer(Directive::Accepted);
+                if let Ok(body) = capped_body(resp, &url, MAX_ANSWER_BODY).await
+                    && let Ok(mut json) = serde_json::from_slice::<serde_json::Value>(&body)
                 {
                     self.keep_token(json.get("token").and_then(|t| t.as_str()));
+                    if let Some(config) = json.get_mut("config").map(serde_json::Value::take) {
+                        match serde_json::from_value::<ConfigPayload>(config) {
+                            Ok(set) => accepted.config = Some(set),
+                            Err(e) => tracing::warn!(
+                                "{url}: a \"config\" that is not a configuration set ({e}); ignored"
+                            ),
+                        }
+                    }
                 }
-                Ok(answer(Directive::Accepted))
+                Ok(accepted)
             }
             StatusCode::CONFLICT => {
                 let body = small_body(resp, &url).await?;
@@ -412,6 +442,23 @@ impl Client {
             url,
             message: e.to_string(),
         })
+    }
+
+    /// `POST /agent/config-status`.
+    pub async fn config_status(&self, status: &ConfigStatus) -> Result<(), CommError> {
+        let url = self.url(wire::CONFIG_STATUS_PATH);
+        let request = self.http.post(&url).timeout(REQUEST_TIMEOUT).json(status);
+        let resp = self
+            .identified(request, false)
+            .send()
+            .await
+            .map_err(|e| network(&url, e))?;
+        if resp.status().is_success() {
+            Ok(())
+        } else {
+            let status = resp.status();
+            Err(status_error(&url, status, resp).await)
+        }
     }
 
     /// `POST /agentupdate/report`.
@@ -489,14 +536,19 @@ async fn status_error(url: &str, status: StatusCode, resp: reqwest::Response) ->
 
 /// Reads at most [`MAX_SMALL_BODY`] bytes; more is an error, never a truncation.
 async fn small_body(resp: reqwest::Response, url: &str) -> Result<Vec<u8>, CommError> {
+    capped_body(resp, url, MAX_SMALL_BODY).await
+}
+
+/// Reads at most `cap` bytes; more is an error, never a truncation.
+async fn capped_body(resp: reqwest::Response, url: &str, cap: usize) -> Result<Vec<u8>, CommError> {
     let mut out = Vec::new();
     let mut stream = resp.bytes_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| network(url, e))?;
-        if out.len() + chunk.len() > MAX_SMALL_BODY {
+        if out.len() + chunk.len() > cap {
             return Err(CommError::Garbage {
                 url: url.to_owned(),
-                message: format!("answer longer than {MAX_SMALL_BODY} bytes"),
+                message: format!("answer longer than {cap} bytes"),
             });
         }
         out.extend_from_slice(&chunk);

@@ -12,13 +12,14 @@ use tokio::sync::watch;
 
 use crate::backoff::{Backoff, Gate, Offer, RetryGate, change_jitter};
 use crate::client::{Answer, Client, Directive, Hold, Trust};
-use crate::config::Config;
+use crate::config::{Config, Reload, parse_reload};
 use crate::health::HealthBoard;
 use crate::home::Installation;
 use crate::identity;
 use crate::pacing::{self, LastContact};
+use crate::remote_config::live::LiveWorkload;
+use crate::remote_config::{self, Dirs, decide};
 use crate::update::{self, Outcome, UpdateContext};
-use crate::workload::Supervisor;
 use crate::workload::spec::Spec;
 
 /// How `agent run` ended; the wrapper reads the exit code.
@@ -87,8 +88,19 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
             workload: Some(crate::workload::initial_report(&spec)),
         },
     ));
-    let workload = Supervisor::start(spec, home.clone(), Arc::clone(&board));
-    let end = serve(&install, &config, &board).await;
+    let dirs = Dirs::new(&home, &config.workload.config_dir);
+    if let Ok(dirs) = &dirs {
+        // Before the workload reads it: a set half-applied when the agent died is mended.
+        dirs.recover(&home);
+    }
+    let mut workload = LiveWorkload::start(
+        spec,
+        home.clone(),
+        Arc::clone(&board),
+        parse_reload(&config.workload.reload).unwrap_or(Reload::Restart),
+        config.workload.check_command.clone(),
+    );
+    let end = serve(&install, &config, &board, &dirs, &mut workload).await;
     workload.stop().await;
     end
 }
@@ -97,6 +109,8 @@ async fn serve(
     install: &Installation,
     config: &Config,
     board: &HealthBoard,
+    dirs: &Result<Dirs, String>,
+    workload: &mut LiveWorkload,
 ) -> anyhow::Result<RunEnd> {
     let home = install.home.clone();
     let id = identity::load_or_create(&home)?;
@@ -151,6 +165,7 @@ async fn serve(
         });
         let asked = Instant::now();
         client.set_health(board.agent_health());
+        client.set_config_hash(remote_config::running_hash(&home));
         let contact = tokio::select! {
             answer = client.contact(first, hold.as_ref()) => answer,
             _ = shutdown.wait_for(|stop| *stop) => {
@@ -163,13 +178,15 @@ async fn serve(
         };
         let mut wait = heartbeat;
         match contact {
-            Ok(answer) => {
+            Ok(mut answer) => {
                 if first {
                     tracing::info!("registered with {}", client.base());
                 }
                 first = false;
                 let contact = state::now_secs();
                 flush_outbox(&home, &client).await;
+                flush_config_status(&home, &client).await;
+                let offered = answer.config.take();
                 wait = pace.answered(
                     &answer,
                     hold.as_ref(),
@@ -187,6 +204,9 @@ async fn serve(
                             h.refused_by_server = None;
                         });
                         retry.reset();
+                        if let Some(set) = offered {
+                            take_config(&home, &client, &id, dirs, workload, &set).await;
+                        }
                     }
                     Directive::Refused(ns) => {
                         board.update(|h| {
@@ -230,6 +250,74 @@ async fn serve(
             _ = health_changed.changed() => {}
         }
     }
+}
+
+/// Sends the configuration outcome no server has heard yet; kept for the next contact
+/// if this one cannot hear it either.
+async fn flush_config_status(home: &AgentHome, client: &Client) {
+    let Some(status) = remote_config::pending_status(home) else {
+        return;
+    };
+    match client.config_status(&status).await {
+        Ok(()) => {
+            tracing::info!(
+                "reported configuration set {} {} to the server",
+                status.hash,
+                status.status.as_str()
+            );
+            remote_config::status_sent(home, &status);
+        }
+        // The server will never take it (it no longer knows the set): said once, dropped.
+        Err(crate::client::CommError::Status { status: code, .. })
+            if matches!(code, 400 | 404 | 409 | 410 | 422) =>
+        {
+            tracing::warn!(
+                "the server refuses the configuration status of set {} ({code}); dropped",
+                status.hash
+            );
+            remote_config::status_sent(home, &status);
+        }
+        Err(e) => tracing::info!("configuration status kept for the next contact: {e}"),
+    }
+}
+
+/// A set the server offers: applied unless it runs already or failed here before.
+async fn take_config(
+    home: &AgentHome,
+    client: &Client,
+    id: &str,
+    dirs: &Result<Dirs, String>,
+    workload: &mut LiveWorkload,
+    set: &agent_protocol::wire::ConfigPayload,
+) {
+    let running = remote_config::running_hash(home);
+    let failed = remote_config::failed_hash(home);
+    match decide::offer(&set.hash, &running, failed.as_deref()) {
+        decide::OfferVerdict::Apply => {}
+        decide::OfferVerdict::Running => return,
+        decide::OfferVerdict::FailedBefore => {
+            tracing::debug!(
+                "configuration set {} failed here before; waiting for another",
+                set.hash
+            );
+            return;
+        }
+    }
+    tracing::info!(
+        "the server offers configuration set {} ({} file(s)); applying it",
+        set.hash,
+        set.files.len()
+    );
+    let status = remote_config::apply(
+        home,
+        dirs.as_ref().map_err(String::as_str),
+        id,
+        set,
+        workload,
+    )
+    .await;
+    remote_config::keep_status(home, &status);
+    flush_config_status(home, client).await;
 }
 
 /// What the agent knows from its last answers, to pace the next contact.

@@ -24,6 +24,7 @@ pub mod identity;
 pub mod manual;
 pub mod pacing;
 pub mod recovery;
+pub mod remote_config;
 pub mod status;
 pub mod update;
 pub mod workload;
