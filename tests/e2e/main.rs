@@ -14,6 +14,7 @@ mod handlers;
 mod hostile_archives;
 mod hostile_clients;
 mod long_poll;
+mod opamp;
 mod quickstart;
 mod rollout;
 mod server;

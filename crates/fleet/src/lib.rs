@@ -18,6 +18,7 @@ pub mod db;
 pub mod error;
 pub mod fleet;
 pub mod news;
+pub mod opamp;
 pub mod outage;
 pub mod rollout;
 pub mod settings;

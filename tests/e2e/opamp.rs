@@ -1,0 +1,350 @@
+//! OpAMP agents of other vendors in the fleet: the two registry OpAMP clients (PyPI
+//! opentelemetry-opamp-client 0.5b0, npm @elastic/opamp-client-node 0.5.0, installed
+//! by scripts/test.sh and found through OPAMP_PYTHON and OPAMP_NODE_MODULES) against
+//! a real update-server; bodies that do not decode or are too large; a WebSocket
+//! client that is answered and closed with 1009 over the limit.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use agent_opamp::proto::{
+    AgentCapabilities, AgentDescription, AgentToServer, AnyValue, ComponentHealth, KeyValue,
+    ServerToAgent, any_value,
+};
+use e2e::{
+    ServerProc, TestContext, admin_agents, http_with_body, read_file, repo_root, signal, wait_until,
+};
+use flate2::Compression;
+use flate2::write::GzEncoder;
+use futures_util::{SinkExt, StreamExt};
+use prost::Message as _;
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+const ADMIN: &str = "opamp-admin";
+const ENROLL: &str = "opamp-enroll";
+const LONG: Duration = Duration::from_secs(60);
+
+fn env_path(var: &str) -> PathBuf {
+    let value = std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: run scripts/test.sh, which installs the registry OpAMP clients (scripts/opamp-clients.sh target/opamp-clients) and sets it")
+    });
+    let path = PathBuf::from(value);
+    assert!(
+        path.exists(),
+        "{var}={} does not exist: run scripts/opamp-clients.sh target/opamp-clients",
+        path.display()
+    );
+    path
+}
+
+fn clients_dir() -> PathBuf {
+    repo_root().join("crates/opamp/tests/clients")
+}
+
+fn server(ctx: &TestContext) -> ServerProc {
+    ctx.server(
+        "home",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", ADMIN),
+            ("UPDATE_SERVER_AGENTS_ENROLLMENT_TOKEN", ENROLL),
+        ],
+    )
+}
+
+fn start_client(ctx: &TestContext, server: &ServerProc, which: &str, out: &Path) -> u32 {
+    std::fs::create_dir_all(out).unwrap();
+    let endpoint = server.url(agent_opamp::OPAMP_PATH);
+    let mut cmd = if which == "python" {
+        let mut c = Command::new(env_path("OPAMP_PYTHON"));
+        c.arg(clients_dir().join("python_client.py"));
+        c
+    } else {
+        let mut c = Command::new("node");
+        c.env("NODE_PATH", env_path("OPAMP_NODE_MODULES"))
+            .arg(clients_dir().join("node_client.js"));
+        c
+    };
+    cmd.args(["--endpoint", &endpoint, "--out"])
+        .arg(out)
+        .args(["--group", "canary", "--token", ENROLL, "--interval", "1"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(out.with_extension("log")).unwrap());
+    ctx.spawn(cmd)
+}
+
+fn row<'a>(rows: &'a [Value], id: &str) -> Option<&'a Value> {
+    rows.iter().find(|r| r["id"] == id)
+}
+
+#[test]
+fn both_registry_clients_appear_as_opamp_agents() {
+    let ctx = TestContext::new();
+    let server = server(&ctx);
+    let py_out = ctx.path("python");
+    let node_out = ctx.path("node");
+    let py = start_client(&ctx, &server, "python", &py_out);
+    start_client(&ctx, &server, "node", &node_out);
+    let uid = |out: &Path| {
+        let mut id = String::new();
+        wait_until(LONG, "the client to write its instance_uid", || {
+            id = read_file(&out.join("instance_uid")).trim().to_owned();
+            !id.is_empty()
+        });
+        id
+    };
+    let (py_id, node_id) = (uid(&py_out), uid(&node_out));
+    let mut rows = Vec::new();
+    wait_until(LONG, "both clients in /admin/agents", || {
+        rows = admin_agents(server.port, ADMIN);
+        row(&rows, &py_id).is_some() && row(&rows, &node_id).is_some()
+    });
+    for (id, service) in [(&py_id, "python-opamp-test"), (&node_id, "node-opamp-test")] {
+        let r = row(&rows, id).unwrap();
+        assert_eq!(r["protocol"], "opamp", "{r}");
+        assert_eq!(r["name"], service, "{r}");
+        assert_eq!(r["description"]["service.name"], service, "{r}");
+        assert_eq!(r["description"]["agent.group"], "canary", "{r}");
+        assert_eq!(r["group"], "canary", "{r}");
+        assert_eq!(r["online"], true, "{r}");
+        // Neither client reports health; the field is there, empty.
+        assert!(r.as_object().unwrap().contains_key("health"), "{r}");
+        assert!(
+            r.as_object().unwrap().contains_key("remote_config_status"),
+            "{r}"
+        );
+        assert!(
+            r.as_object().unwrap().contains_key("effective_config_hash"),
+            "{r}"
+        );
+    }
+    // The Python client says goodbye (AgentDisconnect) when stopped: offline at once.
+    signal(py, "TERM");
+    wait_until(LONG, "the stopped client to show offline", || {
+        let rows = admin_agents(server.port, ADMIN);
+        row(&rows, &py_id).is_some_and(|r| r["online"] == false)
+    });
+    let rows = admin_agents(server.port, ADMIN);
+    assert_eq!(row(&rows, &node_id).unwrap()["online"], true);
+    let log = read_file(&server.home.join("server.log"));
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+fn message(uid: [u8; 16], seq: u64) -> AgentToServer {
+    let kv = |k: &str, v: &str| KeyValue {
+        key: k.into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(v.into())),
+        }),
+    };
+    AgentToServer {
+        instance_uid: uid.to_vec(),
+        sequence_num: seq,
+        capabilities: AgentCapabilities::ReportsStatus as u64
+            | AgentCapabilities::ReportsHealth as u64,
+        agent_description: Some(AgentDescription {
+            identifying_attributes: vec![kv("service.name", "ws-test")],
+            non_identifying_attributes: vec![kv("agent.group", "edge"), kv("os.type", "linux")],
+        }),
+        health: Some(ComponentHealth {
+            healthy: true,
+            status: "running".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn post(server: &ServerProc, headers: &[(&str, &str)], body: &[u8]) -> e2e::HttpAnswer {
+    let auth = format!("Bearer {ENROLL}");
+    let mut all = vec![
+        ("Content-Type", "application/x-protobuf"),
+        ("Authorization", auth.as_str()),
+    ];
+    all.extend_from_slice(headers);
+    http_with_body(server.port, "POST", agent_opamp::OPAMP_PATH, &all, body).unwrap()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut e = GzEncoder::new(Vec::new(), Compression::default());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+#[test]
+fn http_bodies_are_checked_and_answers_are_protobuf() {
+    let ctx = TestContext::new();
+    let server = server(&ctx);
+    let body = message([7; 16], 1).encode_to_vec();
+
+    // Without the enrollment token: 401.
+    let a = http_with_body(
+        server.port,
+        "POST",
+        "/v1/opamp",
+        &[("Content-Type", "application/x-protobuf")],
+        &body,
+    )
+    .unwrap();
+    assert_eq!(a.status, 401, "{}", a.text());
+
+    // A plain body, no gzip asked: a plain answer, the exact Content-Type.
+    let a = post(&server, &[], &body);
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.header("Content-Type"), Some("application/x-protobuf"));
+    assert_eq!(a.header("Content-Encoding"), None);
+    let answer = ServerToAgent::decode(a.body.as_slice()).unwrap();
+    assert_eq!(answer.instance_uid, vec![7; 16]);
+    assert_ne!(
+        answer.capabilities, 0,
+        "the first answer carries capabilities"
+    );
+
+    // A gzip body, gzip asked: a gzip answer.
+    let a = post(
+        &server,
+        &[("Content-Encoding", "gzip"), ("Accept-Encoding", "gzip")],
+        &gzip(&message([7; 16], 2).encode_to_vec()),
+    );
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.header("Content-Encoding"), Some("gzip"));
+    let mut plain = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(a.body.as_slice()),
+        &mut plain,
+    )
+    .unwrap();
+    assert_eq!(
+        ServerToAgent::decode(plain.as_slice())
+            .unwrap()
+            .instance_uid,
+        vec![7; 16]
+    );
+
+    // Undecodable: 400. Not gzip though it says so: 400.
+    assert_eq!(post(&server, &[], b"\xff\xff\xff\xff").status, 400);
+    assert_eq!(
+        post(&server, &[("Content-Encoding", "gzip")], b"not gzip").status,
+        400
+    );
+    // Over the limit on the wire, and a gzip bomb under it that inflates past it: 413.
+    let big = vec![0x0a_u8; 3 << 20];
+    assert_eq!(post(&server, &[], &big).status, 413);
+    let bomb = gzip(&vec![0u8; 64 << 20]);
+    assert!(bomb.len() < 1 << 20);
+    assert_eq!(
+        post(&server, &[("Content-Encoding", "gzip")], &bomb).status,
+        413
+    );
+
+    // curl, as an operator would probe it.
+    let out = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .args(["-H", &format!("Authorization: Bearer {ENROLL}")])
+        .args([
+            "-H",
+            "Content-Type: application/x-protobuf",
+            "--data-binary",
+            "garbage\u{1}",
+        ])
+        .arg(server.url("/v1/opamp"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "400");
+
+    // The agent is listed with its health and description.
+    let rows = admin_agents(server.port, ADMIN);
+    let id = "07070707-0707-0707-0707-070707070707";
+    let r = row(&rows, id).unwrap_or_else(|| panic!("{rows:?}"));
+    assert_eq!(r["protocol"], "opamp");
+    assert_eq!(r["health"]["healthy"], true);
+    assert_eq!(r["health"]["status"], "running");
+    assert_eq!(r["group"], "edge");
+    assert_eq!(r["platform"], "linux");
+}
+
+#[test]
+fn websocket_clients_are_answered_and_closed_with_1009_over_the_limit() {
+    let ctx = TestContext::new();
+    let server = server(&ctx);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let connect = || async {
+            let mut req = format!("ws://127.0.0.1:{}/v1/opamp", server.port)
+                .into_client_request()
+                .unwrap();
+            req.headers_mut()
+                .insert("Authorization", format!("Bearer {ENROLL}").parse().unwrap());
+            tokio_tungstenite::connect_async(req).await.unwrap().0
+        };
+        let mut ws = connect().await;
+        // With the one-byte header.
+        let mut framed = vec![0u8];
+        framed.extend(message([9; 16], 1).encode_to_vec());
+        ws.send(Message::Binary(framed.into())).await.unwrap();
+        let answer = next_answer(&mut ws).await;
+        assert_eq!(answer.instance_uid, vec![9; 16]);
+        assert_ne!(answer.capabilities, 0);
+        // Without it: accepted too.
+        ws.send(Message::Binary(message([9; 16], 2).encode_to_vec().into()))
+            .await
+            .unwrap();
+        let answer = next_answer(&mut ws).await;
+        assert_eq!(answer.instance_uid, vec![9; 16]);
+        assert_eq!(answer.flags, 0, "no gap, no full state asked");
+
+        let rows = admin_agents(server.port, ADMIN);
+        let r = row(&rows, "09090909-0909-0909-0909-090909090909")
+            .unwrap()
+            .clone();
+        assert_eq!(r["protocol"], "opamp");
+        assert_eq!(r["online"], true);
+
+        // Over the limit: close 1009.
+        let mut big = vec![0u8];
+        big.extend(vec![0x0a; 2 << 20]);
+        let _ = ws.send(Message::Binary(big.into())).await;
+        let code = loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(Some(frame)))) => break u16::from(frame.code),
+                Some(Ok(_)) => continue,
+                other => panic!("expected a close frame, got {other:?}"),
+            }
+        };
+        assert_eq!(code, 1009);
+        // The socket closed without a goodbye: the agent shows offline.
+        wait_until(LONG, "the closed socket's agent offline", || {
+            let rows = admin_agents(server.port, ADMIN);
+            row(&rows, "09090909-0909-0909-0909-090909090909").is_some_and(|r| r["online"] == false)
+        });
+        // The server still serves others.
+        let mut ws = connect().await;
+        ws.send(Message::Binary(message([10; 16], 1).encode_to_vec().into()))
+            .await
+            .unwrap();
+        assert_eq!(next_answer(&mut ws).await.instance_uid, vec![10; 16]);
+        ws.close(None).await.unwrap();
+    });
+}
+
+async fn next_answer<S>(ws: &mut S) -> ServerToAgent
+where
+    S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+            Ok(Some(Ok(Message::Binary(b)))) => {
+                assert_eq!(b[0], 0, "answers carry the 0x00 header");
+                return ServerToAgent::decode(&b[1..]).unwrap();
+            }
+            Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => continue,
+            other => panic!("expected an answer, got {other:?}"),
+        }
+    }
+}
