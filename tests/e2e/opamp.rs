@@ -348,3 +348,261 @@ where
         }
     }
 }
+
+/// The router alone, driven with `oneshot`: the HTTP transport's answers.
+mod handlers {
+    use super::*;
+    use agent_protocol::settings::VarMap;
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    use update_server::{Config, app, build_state};
+
+    fn call(token: &str, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+        let ctx = TestContext::new();
+        let home = ctx.path("home");
+        let config = Config::load(
+            None,
+            &VarMap(vec![
+                (
+                    "UPDATE_SERVER_SERVER_HOME".into(),
+                    home.display().to_string(),
+                ),
+                ("UPDATE_SERVER_AGENTS_ENROLLMENT_TOKEN".into(), token.into()),
+            ]),
+        )
+        .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let state = build_state(&config).await.unwrap();
+            let resp = app(state).oneshot(req).await.unwrap();
+            let status = resp.status();
+            let headers = resp.headers().clone();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, headers, body.to_vec())
+        })
+    }
+
+    fn request(headers: &[(&str, &str)], body: Vec<u8>) -> Request<Body> {
+        let mut b =
+            Request::post(agent_opamp::OPAMP_PATH).header("Content-Type", "application/x-protobuf");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(Body::from(body)).unwrap()
+    }
+
+    #[test]
+    fn answers_are_exactly_protobuf_and_plain_unless_gzip_is_asked() {
+        let (status, headers, body) = call("", request(&[], message([1; 16], 1).encode_to_vec()));
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers["content-type"], "application/x-protobuf");
+        assert!(headers.get("content-encoding").is_none());
+        assert_eq!(
+            ServerToAgent::decode(body.as_slice()).unwrap().instance_uid,
+            vec![1; 16]
+        );
+        let (status, headers, body) = call(
+            "",
+            request(
+                &[
+                    ("Content-Encoding", "gzip"),
+                    ("Accept-Encoding", "gzip;q=0.5, br"),
+                ],
+                gzip(&message([1; 16], 1).encode_to_vec()),
+            ),
+        );
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers["content-encoding"], "gzip");
+        assert_eq!(&body[..2], &[0x1f, 0x8b]);
+    }
+
+    #[test]
+    fn bad_bodies_are_400_and_large_ones_413() {
+        let (status, _, _) = call("", request(&[], b"\x0a\x05ab".to_vec()));
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        // Decodes, but a 3-byte instance_uid is no uid.
+        let mut m = message([1; 16], 1);
+        m.instance_uid = vec![1, 2, 3];
+        let (status, headers, body) = call("", request(&[], m.encode_to_vec()));
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(headers["content-type"], "application/x-protobuf");
+        let answer = ServerToAgent::decode(body.as_slice()).unwrap();
+        assert!(
+            answer
+                .error_response
+                .unwrap()
+                .error_message
+                .contains("16 bytes")
+        );
+        let (status, _, _) = call("", request(&[("Content-Encoding", "br")], vec![1]));
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        let (status, _, body) = call("", request(&[], vec![0x0a; 2 << 20]));
+        assert_eq!(
+            status,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "{}",
+            String::from_utf8_lossy(&body)
+        );
+        let bomb = gzip(&vec![0u8; 8 << 20]);
+        let (status, _, _) = call("", request(&[("Content-Encoding", "gzip")], bomb));
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[test]
+    fn the_enrollment_token_is_the_bearer() {
+        let body = message([1; 16], 1).encode_to_vec();
+        let (status, _, _) = call("sesame", request(&[], body.clone()));
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let (status, _, _) = call(
+            "sesame",
+            request(&[("Authorization", "Bearer nope")], body.clone()),
+        );
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let (status, _, _) = call(
+            "sesame",
+            request(&[("Authorization", "Bearer sesame")], body),
+        );
+        assert_eq!(status, StatusCode::OK);
+    }
+}
+
+/// OpAMP agents that take packages: the ones of an open wave are offered the served
+/// bundle as the `agent` package (URL, hash, signature), the others not yet; a failed
+/// install counts in the rollout like a native agent's report and halts it. An agent
+/// that does not take packages is never placed in a wave nor offered anything.
+#[test]
+fn agents_that_take_packages_are_offered_the_bundle_in_their_wave() {
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let dist = ctx.dist("dist");
+    let bundle = ctx.pack(&dist, "2.2.0", "1234", &key, "out");
+    let server = ctx.server(
+        "home",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", ADMIN),
+            ("UPDATE_SERVER_AGENTS_ENROLLMENT_TOKEN", ENROLL),
+            ("UPDATE_SERVER_ROLLOUT_WAVES", "1,100%"),
+            ("UPDATE_SERVER_ROLLOUT_MAX_FAILURES", "0"),
+        ],
+    );
+    let takes = |uid: [u8; 16], seq: u64| {
+        let mut m = message(uid, seq);
+        m.capabilities |= AgentCapabilities::AcceptsPackages as u64
+            | AgentCapabilities::ReportsPackageStatuses as u64;
+        m
+    };
+    let send = |m: &AgentToServer| {
+        let a = post(&server, &[], &m.encode_to_vec());
+        assert_eq!(a.status, 200, "{}", a.text());
+        ServerToAgent::decode(a.body.as_slice()).unwrap()
+    };
+    // Known to the fleet before the bundle arrives: nothing to offer yet.
+    assert!(send(&message([3; 16], 1)).packages_available.is_none());
+    assert!(send(&takes([4; 16], 1)).packages_available.is_none());
+    assert!(send(&takes([5; 16], 1)).packages_available.is_none());
+
+    ctx.publish_served(&server, &bundle);
+    let sha256 = e2e::sha256_file(&bundle);
+    let signature = std::fs::read(format!("{}.minisig", bundle.display())).unwrap();
+    let auth = format!("Bearer {ADMIN}");
+    let rollout = || -> Value {
+        let a = e2e::http(
+            server.port,
+            "GET",
+            "/admin/rollout",
+            &[("Authorization", &auth)],
+        )
+        .unwrap();
+        serde_json::from_slice(&a.body).unwrap_or_default()
+    };
+    wait_until(LONG, "the rollout to open its first wave", || {
+        rollout()["wave"] == 1
+    });
+    let placed: u64 = rollout()["waves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["agents"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        placed,
+        2,
+        "only the agents that take packages are placed: {:#}",
+        rollout()
+    );
+
+    assert!(send(&message([3; 16], 2)).packages_available.is_none());
+    let a = send(&takes([4; 16], 2)).packages_available;
+    let b = send(&takes([5; 16], 2)).packages_available;
+    assert!(
+        a.is_some() != b.is_some(),
+        "one agent in the first wave of one: {a:?} {b:?}"
+    );
+    let (uid, offer) = match (a, b) {
+        (Some(o), None) => ([4u8; 16], o),
+        (None, Some(o)) => ([5u8; 16], o),
+        _ => unreachable!(),
+    };
+    let pkg = &offer.packages["agent"];
+    assert_eq!(pkg.version, "2.2.0+1234");
+    let file = pkg.file.as_ref().unwrap();
+    assert_eq!(file.download_url, server.url("/agentupdate/download"));
+    assert_eq!(hex(&file.content_hash), sha256);
+    assert_eq!(file.signature, signature);
+    assert!(!offer.all_packages_hash.is_empty());
+
+    // Its install failed.
+    let mut failed = takes(uid, 3);
+    failed.package_statuses = Some(agent_opamp::proto::PackageStatuses {
+        packages: [(
+            "agent".to_owned(),
+            agent_opamp::proto::PackageStatus {
+                name: "agent".into(),
+                server_offered_version: pkg.version.clone(),
+                server_offered_hash: pkg.hash.clone(),
+                status: agent_opamp::proto::PackageStatusEnum::InstallFailed as i32,
+                error_message: "signature check failed".into(),
+                ..Default::default()
+            },
+        )]
+        .into(),
+        server_provided_all_packages_hash: offer.all_packages_hash.clone(),
+        ..Default::default()
+    });
+    send(&failed);
+    let rows = admin_agents(server.port, ADMIN);
+    let id = uuid_text(uid);
+    let r = row(&rows, &id).unwrap();
+    assert_eq!(r["update_status"], "INSTALL_FAILED", "{r}");
+    assert_eq!(r["update_error"], "signature check failed", "{r}");
+    let r = row(&rows, "03030303-0303-0303-0303-030303030303").unwrap();
+    assert_eq!(r["update_status"], Value::Null, "{r}");
+    wait_until(LONG, "the failure to halt the rollout", || {
+        rollout()["state"] == "halted"
+    });
+    assert_eq!(rollout()["waves"][0]["failed"], 1, "{:#}", rollout());
+    // Halted: the failed agent is not offered it again, the next wave never is.
+    assert!(send(&takes([4; 16], 4)).packages_available.is_none());
+    assert!(send(&takes([5; 16], 4)).packages_available.is_none());
+}
+
+fn uuid_text(uid: [u8; 16]) -> String {
+    let h = hex(&uid);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
