@@ -17,7 +17,7 @@ use crate::routes::AppState;
 /// of incompressible data.
 pub const MAX_WIRE_BODY: usize = MAX_MESSAGE + MAX_MESSAGE / 16 + 1024;
 
-fn header_text<'a>(headers: &'a HeaderMap, name: header::HeaderName) -> Option<&'a str> {
+fn header_text(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
