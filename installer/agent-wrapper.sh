@@ -26,6 +26,12 @@ SUPERVISOR_PID_FILE="$RUN/wrapper.pid"
 # `start` and the updater read it to tell a crash from a slow start.
 EXIT_FILE="$RUN/agent.exit"
 HEALTH_FILE="$RUN/health.json"
+# An flock(2) the updater holds for the whole update; the kernel drops it when it dies.
+LOCK_FILE="$RUN/update.lock"
+# The workload the agent runs in its own process group, and that process's start time
+# ("<pid> <clock ticks>"), so that a recycled pid is never signalled.
+WORKLOAD_PID_FILE="$RUN/workload.pid"
+WORKLOAD_START_FILE="$RUN/workload.starttime"
 
 if [ -f "$AGENT_HOME/conf/agent-env.sh" ]; then
     # shellcheck disable=SC1091
@@ -37,7 +43,8 @@ STOP_TIMEOUT=${AGENT_STOP_TIMEOUT:-20}
 START_TIMEOUT=${AGENT_START_TIMEOUT:-15}
 BACKOFF_MAX=${AGENT_RESTART_BACKOFF_MAX:-60}
 # Exit codes of `agent run` after which the agent is not restarted:
-# 0 (stopped, or handed over to the updater), 3 (refused, updates disabled) and
+# 0 while an updater holds run/update.lock (handed over to it; 0 without one is
+# restarted: nobody else would start it), 3 (refused, updates disabled) and
 # 78 (EX_CONFIG: the configuration is wrong; restarting cannot fix it).
 EXIT_CONFIG=78
 
@@ -82,6 +89,40 @@ alive() {
     [ -n "$state" ] && [ "$state" != "Z" ]
 }
 
+# True while an updater holds run/update.lock: the pid it wrote there is listed in
+# /proc/locks with an exclusive flock on that very file (looking never takes the lock,
+# which could turn a starting updater away). Sets $holder.
+updater_running() {
+    holder=$(read_pid "$LOCK_FILE") || return 1
+    alive "$holder" || return 1
+    inode=$(stat -c %i "$LOCK_FILE" 2>/dev/null) || return 1
+    grep -Eq "^[0-9]+: +FLOCK +[A-Z]+ +WRITE +$holder +[0-9a-f]+:[0-9a-f]+:$inode " /proc/locks 2>/dev/null
+}
+
+# The workload's pid if the agent left it running (it was killed before it could stop
+# it) and the record still names that very process.
+leftover_workload() {
+    wpid=$(read_pid "$WORKLOAD_PID_FILE") || return 1
+    { read -r rpid rticks <"$WORKLOAD_START_FILE"; } 2>/dev/null || return 1
+    [ "$rpid" = "$wpid" ] || return 1
+    ticks=$({ sed 's/^.*) //' "/proc/$wpid/stat" | cut -d' ' -f20; } 2>/dev/null)
+    [ -n "$ticks" ] && [ "$ticks" = "$rticks" ] || return 1
+    echo "$wpid"
+}
+
+# Stops the whole process group of a workload its agent left behind: TERM, then KILL.
+stop_leftover_workload() {
+    wpid=$(leftover_workload) || return 0
+    log "the agent left its workload (pid $wpid) running; stopping its process group"
+    kill -TERM "-$wpid" 2>/dev/null
+    deadline=$(($(now) + 10))
+    while alive "$wpid" && [ "$(now)" -lt "$deadline" ]; do
+        sleep 0.05
+    done
+    kill -KILL "-$wpid" 2>/dev/null
+    rm -f "$WORKLOAD_PID_FILE" "$WORKLOAD_START_FILE"
+}
+
 # Finish or roll back an update that was interrupted (the updater died, or the new
 # version keeps crashing before it committed). Skipped while an updater runs: it holds
 # run/update.lock and is the one starting us.
@@ -121,7 +162,13 @@ supervise() {
         child=
         [ "$stopping" -eq 1 ] && break
         case "$rc" in
-        0) log "agent exited normally"; break ;;
+        0)
+            if updater_running; then
+                log "agent exited normally; the updater (pid $holder) takes over"
+                break
+            fi
+            log "agent exited with code 0 but no updater holds run/update.lock; starting it again"
+            ;;
         3) log "agent refused by the server and updates are disabled; not restarting"; break ;;
         "$EXIT_CONFIG")
             log "agent refused its configuration (exit $rc); not restarting: fix conf/agent.toml or conf/agent-env.sh (see logs/agent.out), then start it again"
@@ -139,12 +186,21 @@ supervise() {
         [ "$stopping" -eq 1 ] && break
         backoff=$((backoff * 2))
         [ "$backoff" -gt "$BACKOFF_MAX" ] && backoff=$BACKOFF_MAX
+        # While recovery runs this supervisor steps aside: the updater starts agents
+        # through `start`, which must not take it for a supervisor between restarts (and
+        # leave the start to it, while it waits for the updater).
+        rm -f "$SUPERVISOR_PID_FILE"
         recover
         # Recovery may have started (or rolled back to) an agent with its own supervisor.
         if pid=$(read_pid "$PID_FILE") && is_agent "$pid"; then
             log "an agent (pid $pid) was started by recovery; this supervisor ends"
             break
         fi
+        if sup=$(read_pid "$SUPERVISOR_PID_FILE") && [ "$sup" != $$ ] && is_supervisor "$sup"; then
+            log "recovery started a supervisor (pid $sup); this one ends"
+            break
+        fi
+        echo $$ >"$SUPERVISOR_PID_FILE"
     done
     [ "$(cat "$SUPERVISOR_PID_FILE" 2>/dev/null)" = "$$" ] && rm -f "$SUPERVISOR_PID_FILE"
 }
@@ -245,6 +301,8 @@ stop() {
         sleep 0.05
     done
     rm -f "$PID_FILE"
+    # The agent stops its workload first; one it could not (it was killed) goes now.
+    stop_leftover_workload
     if [ -n "$pid" ]; then
         log "stopped agent (pid $pid)"
         echo "agent stopped (pid $pid)"
@@ -262,6 +320,10 @@ kill_all() {
         kill -KILL "$pid" 2>/dev/null
         echo "agent killed (pid $pid)"
         log "killed agent (pid $pid)"
+    fi
+    if wpid=$(leftover_workload); then
+        kill -KILL "-$wpid" 2>/dev/null
+        log "killed the workload's process group (pid $wpid)"
     fi
     rm -f "$PID_FILE" "$SUPERVISOR_PID_FILE"
 }

@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 # server (the tests make throw-away clusters with its initdb).
 have_postgres() { compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && command -v psql >/dev/null 2>&1; }
 missing=()
-for tool in minisign unzip wget curl openssl; do
+# prometheus-node-exporter is the real workload the workload tests pack into bundles.
+for tool in minisign unzip wget curl openssl prometheus-node-exporter; do
     command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 have_postgres || missing+=(postgresql)
@@ -26,6 +27,11 @@ if ((${#missing[@]})); then
         echo "test.sh: installing ${missing[*]}" >&2
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        # The package starts Debian's own node exporter on :9100 where systemd runs; the
+        # tests run their own copies on free ports and need none of it.
+        if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus-node-exporter 2>/dev/null; then
+            systemctl disable --now prometheus-node-exporter >/dev/null 2>&1 || true
+        fi
     else
         echo "test.sh: missing ${missing[*]}; install them (sudo apt-get install ${missing[*]}) and run again" >&2
         exit 1

@@ -8,8 +8,10 @@
 mod agent;
 mod bundle;
 mod cloud;
+mod config;
 mod first_day;
 mod fleet;
+mod full_disk;
 mod handlers;
 mod hostile_archives;
 mod hostile_clients;
@@ -22,3 +24,4 @@ mod sim;
 mod stamp;
 mod trust;
 mod update;
+mod workload;

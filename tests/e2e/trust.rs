@@ -752,7 +752,7 @@ fn enrollment_needs_the_token_and_an_agent_installed_with_it_updates() {
         },
     );
     let log = read_file(&home.join("logs/agent.log"));
-    assert!(!log.contains("401"), "{log}");
+    assert!(!log.contains("answered 401"), "{log}");
     assert!(
         admin_agents(server.port, TOKEN)
             .iter()

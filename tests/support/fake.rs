@@ -74,7 +74,9 @@ fn serve(stream: TcpStream, routes: &HashMap<&'static str, Handler>, log: &Mutex
     }
     let mut parts = line.split_whitespace();
     let method = parts.next().unwrap_or_default().to_owned();
-    let path = parts.next().unwrap_or_default().to_owned();
+    // Routed by path alone, as a real server routes `connect?wait=30`.
+    let target = parts.next().unwrap_or_default();
+    let path = target.split_once('?').map_or(target, |(p, _)| p).to_owned();
     let mut headers = Vec::new();
     loop {
         let mut h = String::new();

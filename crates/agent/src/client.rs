@@ -243,6 +243,11 @@ impl Client {
         }
     }
 
+    /// The `"health"` the next `register` or `connect` carries.
+    pub fn set_health(&mut self, health: agent_protocol::wire::AgentHealth) {
+        self.hello.health = Some(health);
+    }
+
     pub fn http(&self) -> &reqwest::Client {
         &self.http
     }

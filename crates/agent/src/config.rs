@@ -1,5 +1,6 @@
 //! `conf/agent.toml`, every key also settable as `AGENT_<SECTION>_<KEY>`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ pub struct Config {
     pub server: ServerSection,
     pub agent: AgentSection,
     pub update: UpdateSection,
+    pub workload: WorkloadSection,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -74,6 +76,130 @@ pub struct UpdateSection {
     pub read_timeout: Duration,
 }
 
+/// The operator's program the agent runs and supervises (DESIGN.md, "The workload").
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct WorkloadSection {
+    /// argv; empty: no workload. A relative first word resolves against the version
+    /// directory; `{home}`, `{version_dir}` and `{config_dir}` are replaced in every word.
+    pub command: Vec<String>,
+    /// Extra environment for the workload.
+    pub env: BTreeMap<String, String>,
+    /// Healthy while a GET answers 2xx.
+    pub health_url: String,
+    /// Instead of `health-url`: healthy while it exits 0.
+    pub health_command: Vec<String>,
+    /// From start to healthy; past it the start failed.
+    #[serde(with = "humantime_str")]
+    pub start_timeout: Duration,
+    /// TERM to the workload's process group, then KILL after this.
+    #[serde(with = "humantime_str")]
+    pub stop_timeout: Duration,
+    /// The workload's configuration files, relative to AGENT_HOME.
+    pub config_dir: String,
+    /// Validates a new configuration directory before it is applied.
+    pub check_command: Vec<String>,
+    /// How a new configuration takes effect: `restart` or `signal:<NAME>`.
+    pub reload: String,
+}
+
+impl Default for WorkloadSection {
+    fn default() -> Self {
+        Self {
+            command: Vec::new(),
+            env: BTreeMap::new(),
+            health_url: String::new(),
+            health_command: Vec::new(),
+            start_timeout: Duration::from_secs(30),
+            stop_timeout: Duration::from_secs(10),
+            config_dir: "conf/workload".into(),
+            check_command: Vec::new(),
+            reload: "restart".into(),
+        }
+    }
+}
+
+impl WorkloadSection {
+    /// The checks a configuration must pass that TOML types alone do not express.
+    fn validate(&self) -> std::result::Result<(), String> {
+        if self.command.first().is_some_and(|w| w.trim().is_empty()) {
+            return Err(
+                "workload.command starts with an empty word; write the program first, e.g. [\"bin/exporter\", \"--flag\"], or [] for no workload".into(),
+            );
+        }
+        let url = self.health_url.trim();
+        if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(format!(
+                "workload.health-url {url:?} is not an http:// or https:// URL"
+            ));
+        }
+        if !url.is_empty() && !self.health_command.is_empty() {
+            return Err(
+                "workload.health-url and workload.health-command are both set; keep one".into(),
+            );
+        }
+        if self.start_timeout.is_zero() {
+            return Err("workload.start-timeout must be more than 0s".into());
+        }
+        let config_dir = Path::new(self.config_dir.trim());
+        if self.config_dir.trim().is_empty()
+            || config_dir.is_absolute()
+            || config_dir
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(format!(
+                "workload.config-dir {:?} must be a path inside AGENT_HOME, such as \"conf/workload\"",
+                self.config_dir
+            ));
+        }
+        parse_reload(&self.reload)?;
+        for name in self.env.keys() {
+            if name.is_empty() || name.contains(['=', '\0']) {
+                return Err(format!(
+                    "workload.env: {name:?} is not an environment variable name"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// True when a workload is configured.
+    pub fn enabled(&self) -> bool {
+        !self.command.is_empty()
+    }
+}
+
+/// How a new workload configuration takes effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reload {
+    Restart,
+    /// The signal's number.
+    Signal(i32),
+}
+
+/// `restart` or `signal:<NAME>` (`signal:HUP`, `signal:SIGUSR1`).
+pub fn parse_reload(text: &str) -> std::result::Result<Reload, String> {
+    let text = text.trim();
+    if text == "restart" {
+        return Ok(Reload::Restart);
+    }
+    let bad = || {
+        format!(
+            "workload.reload {text:?} is neither \"restart\" nor \"signal:<NAME>\" (e.g. \"signal:HUP\")"
+        )
+    };
+    let name = text.strip_prefix("signal:").ok_or_else(bad)?.trim();
+    let name = name.to_ascii_uppercase();
+    let full = if name.starts_with("SIG") {
+        name
+    } else {
+        format!("SIG{name}")
+    };
+    let signal: nix::sys::signal::Signal = full.parse().map_err(|_| bad())?;
+    Ok(Reload::Signal(signal as i32))
+}
+
 impl Default for ServerSection {
     fn default() -> Self {
         Self {
@@ -125,6 +251,15 @@ pub const KEYS: &[Key] = &[
     key("update", "max-retry-after", Kind::Str),
     key("update", "download-timeout", Kind::Str),
     key("update", "read-timeout", Kind::Str),
+    key("workload", "command", Kind::List),
+    key("workload", "env", Kind::Map),
+    key("workload", "health-url", Kind::Str),
+    key("workload", "health-command", Kind::List),
+    key("workload", "start-timeout", Kind::Str),
+    key("workload", "stop-timeout", Kind::Str),
+    key("workload", "config-dir", Kind::Str),
+    key("workload", "check-command", Kind::List),
+    key("workload", "reload", Kind::Str),
 ];
 
 pub const ENV_PREFIX: &str = "AGENT";
@@ -170,6 +305,7 @@ impl Config {
                 )));
             }
         }
+        config.workload.validate().map_err(bad)?;
         Ok(config)
     }
 
@@ -277,6 +413,65 @@ max-retry-after = "1h"
             ("AGENT_START_TIMEOUT".into(), "5".into()),
         ]);
         assert!(Config::parse("", Path::new("a.toml"), &knobs).is_ok());
+    }
+
+    #[test]
+    fn workload_section_parses_with_environment_overrides() {
+        let text = r#"
+[workload]
+command = ["bin/node_exporter", "--web.listen-address=127.0.0.1:9100"]
+env = { GOMAXPROCS = "1" }
+health-url = "http://127.0.0.1:9100/metrics"
+start-timeout = "5s"
+stop-timeout = "2s"
+reload = "signal:HUP"
+"#;
+        let env = VarMap(vec![
+            ("AGENT_WORKLOAD_STOP_TIMEOUT".into(), "3s".into()),
+            ("AGENT_WORKLOAD_ENV".into(), "A=1,B=2".into()),
+        ]);
+        let c = Config::parse(text, Path::new("a.toml"), &env).unwrap();
+        assert_eq!(c.workload.command[0], "bin/node_exporter");
+        assert_eq!(c.workload.start_timeout, Duration::from_secs(5));
+        assert_eq!(c.workload.stop_timeout, Duration::from_secs(3));
+        assert_eq!(c.workload.env.get("B").map(String::as_str), Some("2"));
+        assert_eq!(c.workload.config_dir, "conf/workload");
+        assert_eq!(parse_reload(&c.workload.reload), Ok(Reload::Signal(1)));
+        assert!(!Config::default().workload.enabled());
+    }
+
+    #[test]
+    fn workload_mistakes_are_named() {
+        for (text, needle) in [
+            ("[workload]\ncomand = [\"x\"]\n", "comand"),
+            ("[workload]\nstart-timeout = \"soon\"\n", "soon"),
+            ("[workload]\nstop-timeout = \"10\"\n", "no unit"),
+            ("[workload]\nreload = \"signal:NOPE\"\n", "signal:NOPE"),
+            ("[workload]\nreload = \"kick\"\n", "restart"),
+            (
+                "[workload]\nhealth-url = \"localhost:9100\"\n",
+                "health-url",
+            ),
+            (
+                "[workload]\nhealth-url = \"http://x/\"\nhealth-command = [\"true\"]\n",
+                "both",
+            ),
+            ("[workload]\nconfig-dir = \"../etc\"\n", "config-dir"),
+            ("[workload]\ncommand = [\"\"]\n", "empty word"),
+        ] {
+            let err = Config::parse(text, Path::new("/h/conf/agent.toml"), &no_env)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(needle) && err.contains("/h/conf/agent.toml"),
+                "{text}: {err}"
+            );
+        }
+        let typo = VarMap(vec![("AGENT_WORKLOAD_COMAND".into(), "x".into())]);
+        let err = Config::parse("", Path::new("a.toml"), &typo)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("AGENT_WORKLOAD_COMMAND"), "{err}");
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! `agent run`: register, heartbeat, and follow the version directive.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_extract::atomic;
 use agent_protocol::AgentVersion;
 use agent_protocol::journal::Health;
 use agent_protocol::layout::{self, AgentHome};
@@ -13,10 +13,13 @@ use tokio::sync::watch;
 use crate::backoff::{Backoff, Gate, Offer, RetryGate, change_jitter};
 use crate::client::{Answer, Client, Directive, Hold, Trust};
 use crate::config::Config;
+use crate::health::HealthBoard;
 use crate::home::Installation;
 use crate::identity;
 use crate::pacing::{self, LastContact};
 use crate::update::{self, Outcome, UpdateContext};
+use crate::workload::Supervisor;
+use crate::workload::spec::Spec;
 
 /// How `agent run` ended; the wrapper reads the exit code.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,17 +38,6 @@ impl RunEnd {
             RunEnd::Stopped | RunEnd::HandedOff { .. } => 0,
             RunEnd::RefusedUpdatesDisabled { .. } => layout::EXIT_REFUSED,
         }
-    }
-}
-
-/// What the updater reads to judge the new version's health.
-fn write_health(home: &AgentHome, health: &Health) {
-    let json = serde_json::to_vec_pretty(health).unwrap_or_default();
-    if let Err(e) = std::fs::create_dir_all(home.run())
-        .map_err(|e| e.to_string())
-        .and_then(|()| atomic::write(&home.health_file(), &json).map_err(|e| e.to_string()))
-    {
-        tracing::warn!("cannot write {}: {e}", home.health_file().display());
     }
 }
 
@@ -79,7 +71,33 @@ pub async fn flush_outbox(home: &AgentHome, client: &Client) {
     }
 }
 
+/// Runs the agent: its workload first (whatever any server says), then the conversation
+/// with the servers; the workload is stopped before this returns, however it ends.
 pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd> {
+    let home = install.home.clone();
+    let spec = Spec::new(&config.workload, home.root(), &install.version_dir);
+    let board = Arc::new(HealthBoard::new(
+        home.clone(),
+        Health {
+            version: install.version.clone(),
+            pid: std::process::id(),
+            components_started: true,
+            last_contact: None,
+            refused_by_server: None,
+            workload: Some(crate::workload::initial_report(&spec)),
+        },
+    ));
+    let workload = Supervisor::start(spec, home.clone(), Arc::clone(&board));
+    let end = serve(&install, &config, &board).await;
+    workload.stop().await;
+    end
+}
+
+async fn serve(
+    install: &Installation,
+    config: &Config,
+    board: &HealthBoard,
+) -> anyhow::Result<RunEnd> {
     let home = install.home.clone();
     let id = identity::load_or_create(&home)?;
     let name = if config.agent.name.is_empty() {
@@ -92,12 +110,13 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
         name,
         platform: layout::PLATFORM.to_owned(),
         group: config.agent.group(),
+        health: None,
     };
     let mut client = Client::new(
         config.server.urls.clone(),
         install.version.clone(),
         hello,
-        Trust::of(&config, &home),
+        Trust::of(config, &home),
     )?;
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -105,14 +124,8 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
         let _ = stop_tx.send(true);
     });
 
-    let mut health = Health {
-        version: install.version.clone(),
-        pid: std::process::id(),
-        components_started: true,
-        last_contact: None,
-        refused_by_server: None,
-    };
-    write_health(&home, &health);
+    tokio::spawn(crate::recovery::finish_interrupted(home.clone()));
+    let mut health_changed = board.subscribe();
     tracing::info!(
         "agent {} started (id {id}, home {}, servers {})",
         install.version,
@@ -137,12 +150,16 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
             known_offer: pace.known_offer.clone(),
         });
         let asked = Instant::now();
+        client.set_health(board.agent_health());
         let contact = tokio::select! {
             answer = client.contact(first, hold.as_ref()) => answer,
             _ = shutdown.wait_for(|stop| *stop) => {
                 tracing::info!("stopping on request");
                 return Ok(RunEnd::Stopped);
             }
+            // A held connect carries the health of when it was sent: a change of the
+            // workload's is told at once, with a new one.
+            _ = health_changed.changed(), if hold.is_some() => continue,
         };
         let mut wait = heartbeat;
         match contact {
@@ -151,7 +168,7 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
                     tracing::info!("registered with {}", client.base());
                 }
                 first = false;
-                health.last_contact = Some(state::now_secs());
+                let contact = state::now_secs();
                 flush_outbox(&home, &client).await;
                 wait = pace.answered(
                     &answer,
@@ -165,20 +182,24 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
                 let prompt = hold.is_some() && answer.server_holds;
                 match answer.directive {
                     Directive::Accepted => {
-                        health.refused_by_server = None;
-                        write_health(&home, &health);
+                        board.update(|h| {
+                            h.last_contact = Some(contact);
+                            h.refused_by_server = None;
+                        });
                         retry.reset();
                     }
                     Directive::Refused(ns) => {
-                        health.refused_by_server = Some(ns.expected.clone());
-                        write_health(&home, &health);
+                        board.update(|h| {
+                            h.last_contact = Some(contact);
+                            h.refused_by_server = Some(ns.expected.clone());
+                        });
                         let offer = Offer {
                             expected: ns.expected.clone(),
                             sha256: ns.sha256.clone(),
                         };
                         if let Some(end) = on_refused(
-                            &install,
-                            &config,
+                            install,
+                            config,
                             &client,
                             &id,
                             Told {
@@ -197,9 +218,16 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
             }
             Err(e) => tracing::warn!("{e}; trying again in {:?}", heartbeat),
         }
-        if update::sleep_or_shutdown(wait, &mut shutdown).await {
-            tracing::info!("stopping on request");
-            return Ok(RunEnd::Stopped);
+        // The heartbeat is the longest silence: a change of the workload's health is
+        // told at once.
+        tokio::select! {
+            stop = update::sleep_or_shutdown(wait, &mut shutdown) => {
+                if stop {
+                    tracing::info!("stopping on request");
+                    return Ok(RunEnd::Stopped);
+                }
+            }
+            _ = health_changed.changed() => {}
         }
     }
 }
@@ -397,11 +425,24 @@ async fn on_refused(
                 ready.timings.download.as_secs_f64(),
                 ready.timings.verify.as_secs_f64()
             );
-            update::wait_for_unpack(&install.home, pid, Duration::from_secs(300)).await;
-            tracing::info!("the new version is on disk; stopping so the updater can switch");
-            Some(RunEnd::HandedOff {
-                to: ready.info.agent.clone(),
-            })
+            let to = &ready.info.agent;
+            match update::wait_for_unpack(&install.home, to, pid, Duration::from_secs(300)).await {
+                update::HandOff::Leave => {
+                    tracing::info!(
+                        "the new version is on disk; stopping so the updater can switch"
+                    );
+                    Some(RunEnd::HandedOff { to: to.clone() })
+                }
+                update::HandOff::Stay(why) => {
+                    let wait = retry.failed(offer, false);
+                    tracing::warn!(
+                        "the update to {to} stopped before the switch: {why}; {} keeps running and tries again in {:.0}s",
+                        install.version,
+                        wait.as_secs_f64()
+                    );
+                    None
+                }
+            }
         }
         Err(e) => {
             let wait = retry.failed(offer, false);

@@ -6,6 +6,10 @@
 //! `data/` (identity, outbox, downloads, bad versions) and `run/health.json`; it never
 //! modifies `versions/` or `current` (that is the updater's job) and never runs a byte it
 //! has not verified.
+//!
+//! It also runs the operator's program, the workload ([`workload`]): it starts it,
+//! restarts it, checks its health and stops it, and owns `logs/workload.log` and
+//! `run/workload.pid`.
 
 pub mod backoff;
 pub mod cli;
@@ -14,11 +18,14 @@ pub mod config;
 pub mod daemon;
 pub mod download;
 pub mod error;
+pub mod health;
 pub mod home;
 pub mod identity;
 pub mod manual;
 pub mod pacing;
+pub mod recovery;
 pub mod status;
 pub mod update;
+pub mod workload;
 
 pub use error::{AgentError, Result};

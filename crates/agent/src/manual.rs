@@ -23,6 +23,7 @@ pub async fn update(
         name: crate::identity::host_name(),
         platform: layout::PLATFORM.to_owned(),
         group: config.agent.group(),
+        health: None,
     };
     let client = Client::new(
         config.server.urls.clone(),
@@ -77,7 +78,16 @@ pub async fn update(
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     // Keep the running agent up while the new version unpacks, then ask it to stop
     // rather than let the updater time out waiting for it.
-    update::wait_for_unpack(&install.home, pid, std::time::Duration::from_secs(300)).await;
+    let to = &ready.info.agent;
+    let patience = std::time::Duration::from_secs(300);
+    if let update::HandOff::Stay(why) =
+        update::wait_for_unpack(&install.home, to, pid, patience).await
+    {
+        anyhow::bail!(
+            "the update to {to} stopped before the switch: {why}; {} keeps running. See logs/update.log",
+            install.version
+        );
+    }
     if let Some(daemon) = daemon
         && let Ok(raw) = i32::try_from(daemon)
     {

@@ -51,31 +51,21 @@ pub fn render(install: &Installation, config: &Config) -> String {
                 .map(|t| format!("{}s ago", state::now_secs().saturating_sub(t)))
                 .unwrap_or_else(|| "never".into());
             let _ = writeln!(out, "contact:  last successful {contact}");
-            if let Some(expected) = h.refused_by_server {
+            if let Some(expected) = &h.refused_by_server {
                 let _ = writeln!(out, "directive: refused; the server expects {expected}");
             }
+            out.push_str(&crate::workload::describe(h.workload.as_ref(), alive));
         }
         None => {
             let _ = writeln!(out, "process:  no run/health.json (not started yet?)");
         }
     }
     match state::read_journal(home) {
-        Ok(Some(j)) if !j.phase.is_final() => {
-            let _ = writeln!(
-                out,
-                "update:   {} -> {} under way (phase {:?})",
-                j.from, j.to, j.phase
-            );
-        }
         Ok(Some(j)) => {
-            let _ = writeln!(
-                out,
-                "update:   last {} -> {} ended {:?}{}",
-                j.from,
-                j.to,
-                j.phase,
-                j.reason.map(|r| format!(": {r}")).unwrap_or_default()
-            );
+            // When and why it ended (a full disk named as such), or who is finishing it.
+            let updater = agent_updater::lock::holder(&home.update_lock()).is_some();
+            let line = agent_updater::outcome::describe(&j, state::now_secs(), updater);
+            let _ = writeln!(out, "update:   {line}");
         }
         Ok(None) => {}
         Err(e) => {

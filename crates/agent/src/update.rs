@@ -375,6 +375,8 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
             .chain
             .as_ref()
             .map(|chain| state::trust_change(chain, &ctx.config.public_key_path(home.root()))),
+        ended_at: None,
+        abandoned: false,
     };
     let link = home.update_dir().join(UPDATER_LINK);
     let file_name = ready
@@ -414,21 +416,78 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
     }
 }
 
-/// Keeps the agent serving while the updater unpacks: returns once the journal leaves
-/// `Prepared` (the new version is on disk and the updater is about to stop us), the
-/// updater is gone, or `patience` runs out. The updater stops a laggard anyway.
-pub async fn wait_for_unpack(home: &AgentHome, updater_pid: u32, patience: Duration) {
+/// How the agent's part of a hand-off ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandOff {
+    /// The new version is wholly unpacked and the updater is about to stop this agent:
+    /// leave (exit 0; the updater holds `run/update.lock`, so the wrapper lets us go).
+    Leave,
+    /// The update stopped before it needed this agent gone (why, in an operator's
+    /// words): keep serving; the refusal brings the next attempt.
+    Stay(String),
+}
+
+/// One look at the journal during a hand-off to `to`: `None` to keep waiting. The agent
+/// leaves only when the journal says the new version is wholly on disk (a phase past
+/// `Prepared` that is not a rollback): an abandoned, rolled-back, vanished or
+/// unreadable transaction, or an updater gone without a word, keeps it serving.
+pub fn hand_off_step(
+    journal: &Result<Option<Journal>, String>,
+    to: &AgentVersion,
+    updater_alive: bool,
+) -> Option<HandOff> {
+    let gone = || {
+        HandOff::Stay(format!(
+            "the updater ended before it had unpacked {to} (see logs/update.log)"
+        ))
+    };
+    match journal {
+        Ok(Some(j)) if j.to == *to => match j.phase {
+            Phase::Stopping | Phase::Unpacked | Phase::Switched | Phase::Committed => {
+                Some(HandOff::Leave)
+            }
+            Phase::RolledBack => Some(HandOff::Stay(
+                j.reason
+                    .as_deref()
+                    .map(agent_updater::outcome::explain)
+                    .unwrap_or_else(|| "the updater rolled it back".into()),
+            )),
+            Phase::Prepared | Phase::RollingBack if updater_alive => None,
+            Phase::Prepared | Phase::RollingBack => Some(gone()),
+        },
+        Ok(Some(j)) => Some(HandOff::Stay(format!(
+            "the journal now names another update ({} -> {})",
+            j.from, j.to
+        ))),
+        Ok(None) => Some(HandOff::Stay("the update journal is gone".into())),
+        Err(_) if updater_alive => None,
+        Err(e) => Some(HandOff::Stay(format!(
+            "{}; the updater ended",
+            agent_updater::outcome::explain(e)
+        ))),
+    }
+}
+
+/// Keeps the agent serving while the updater unpacks, and says whether to leave (see
+/// [`hand_off_step`]). After `patience` it stays: the updater stops it when it is ready.
+pub async fn wait_for_unpack(
+    home: &AgentHome,
+    to: &AgentVersion,
+    updater_pid: u32,
+    patience: Duration,
+) -> HandOff {
     let end = tokio::time::Instant::now() + patience;
     while tokio::time::Instant::now() < end {
-        match state::read_journal(home) {
-            Ok(Some(j)) if j.phase == Phase::Prepared => {}
-            _ => return,
-        }
-        if !agent_updater::process::is_alive(updater_pid) {
-            return;
+        let journal = state::read_journal(home).map_err(|e| e.to_string());
+        let alive = agent_updater::process::is_alive(updater_pid);
+        if let Some(verdict) = hand_off_step(&journal, to, alive) {
+            return verdict;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    HandOff::Stay(format!(
+        "the updater has not unpacked {to} within {patience:?}; serving on until it stops this agent"
+    ))
 }
 
 /// Starts `<bundle> --update=<home> --wait-pid=<pid>`; the updater calls setsid(2) first
@@ -451,7 +510,15 @@ pub fn spawn_updater(home: &AgentHome, bundle: &Path, wait_pid: u32) -> Result<u
         .stderr(err)
         .spawn()
         .map_err(|e| format!("cannot start the updater {}: {e}", bundle.display()))?;
-    Ok(child.id())
+    let pid = child.id();
+    reap(child);
+    Ok(pid)
+}
+
+/// Waits for a child on a thread of its own: an agent that stays after its updater
+/// ended (an abandoned update) must not keep it as a zombie.
+pub fn reap(mut child: std::process::Child) {
+    std::thread::spawn(move || child.wait());
 }
 
 /// Sleeps, or returns true at once when shutdown is asked for.
@@ -462,5 +529,78 @@ pub async fn sleep_or_shutdown(wait: Duration, shutdown: &mut watch::Receiver<bo
     tokio::select! {
         _ = tokio::time::sleep(wait) => false,
         _ = shutdown.changed() => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn journal(phase: Phase, reason: Option<&str>) -> Result<Option<Journal>, String> {
+        Ok(Some(Journal {
+            from: "1.0.0+1".parse().unwrap(),
+            to: "2.0.0+2".parse().unwrap(),
+            bundle_sha256: "ab".repeat(32),
+            bundle_path: "/x".into(),
+            phase,
+            started_at: 1,
+            boot_count: 0,
+            reason: reason.map(str::to_owned),
+            from_dir: None,
+            trust: None,
+            ended_at: None,
+            abandoned: phase == Phase::RolledBack,
+        }))
+    }
+
+    #[test]
+    fn the_agent_leaves_only_once_the_new_version_is_unpacked() {
+        let to: AgentVersion = "2.0.0+2".parse().unwrap();
+        for phase in [Phase::Stopping, Phase::Unpacked, Phase::Switched] {
+            assert_eq!(
+                hand_off_step(&journal(phase, None), &to, true),
+                Some(HandOff::Leave)
+            );
+        }
+        assert_eq!(
+            hand_off_step(&journal(Phase::Prepared, None), &to, true),
+            None
+        );
+        let unreadable: Result<Option<Journal>, String> = Err("garbled".into());
+        assert_eq!(hand_off_step(&unreadable, &to, true), None);
+    }
+
+    #[test]
+    fn an_abandoned_update_keeps_the_agent_serving_and_says_why() {
+        let to: AgentVersion = "2.0.0+2".parse().unwrap();
+        let full = "x/LICENSE: No space left on device (os error 28)";
+        let Some(HandOff::Stay(why)) =
+            hand_off_step(&journal(Phase::RolledBack, Some(full)), &to, true)
+        else {
+            panic!("an abandoned update sent the agent away")
+        };
+        assert_eq!(why, format!("the disk is full ({full})"));
+        // The updater died (or gave up) with the journal still at Prepared.
+        let Some(HandOff::Stay(why)) = hand_off_step(&journal(Phase::Prepared, None), &to, false)
+        else {
+            panic!("a vanished updater sent the agent away")
+        };
+        assert!(
+            why.contains("ended before it had unpacked 2.0.0+2"),
+            "{why}"
+        );
+        assert!(matches!(
+            hand_off_step(&Ok(None), &to, true),
+            Some(HandOff::Stay(_))
+        ));
+        let other: AgentVersion = "3.0.0+3".parse().unwrap();
+        assert!(matches!(
+            hand_off_step(&journal(Phase::Stopping, None), &other, true),
+            Some(HandOff::Stay(_))
+        ));
+        assert!(matches!(
+            hand_off_step(&Err("garbled".into()), &to, false),
+            Some(HandOff::Stay(_))
+        ));
     }
 }

@@ -159,14 +159,20 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(BundleError::Extract(agent_extract::Error::Interrupted)) => {
-            eprintln!("agent-bundle: interrupted; nothing was installed");
+            say_err("agent-bundle: interrupted; nothing was installed");
             ExitCode::from(130)
         }
         Err(e) => {
-            eprintln!("agent-bundle: error: {e}");
+            say_err(&format!("agent-bundle: error: {e}"));
             ExitCode::FAILURE
         }
     }
+}
+
+/// One line to stderr that cannot panic: the updater's stderr is logs/update.out, which a
+/// full disk refuses, and `eprintln!` would panic there.
+fn say_err(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// The command line, with the carried agent's README.txt shown above `--help`.
@@ -236,7 +242,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             wait_pid: cli.wait_pid,
             recover: cli.recover,
         })?;
-        println!("{outcome}");
+        // Like say_err: stdout is logs/update.out too.
+        let _ = writeln!(std::io::stdout(), "{outcome}");
         return Ok(ExitCode::SUCCESS);
     }
     match cli.command {

@@ -4,7 +4,7 @@
 //! filesystem) and renamed into place at the end, so a failed install leaves nothing.
 //! With `--force` over an existing agent, only the version directory and `current` are
 //! replaced; the operator's `conf/`, `data/` and `logs/` are kept (missing conf files
-//! are added from the new defaults).
+//! are added from the new defaults, `conf/workload/` only when it is absent).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -508,7 +508,8 @@ fn reinstall_over(
     Ok(())
 }
 
-/// Copies each file of `conf.default/` into `conf/` unless the operator already has it;
+/// Copies each file of `conf.default/` into `conf/` unless the operator already has it,
+/// and `conf.default/workload/` to `conf/workload/` unless that exists;
 /// `update.pub` is `key_file` when given (`--trust-key`, or the end of a key rotation).
 fn populate_conf(home: &AgentHome, version_dir: &Path, key_file: Option<&[u8]>) -> Result<()> {
     let defaults = version_dir.join("conf.default");
@@ -527,8 +528,23 @@ fn populate_conf(home: &AgentHome, version_dir: &Path, key_file: Option<&[u8]>) 
     if let Some(key) = key_file {
         atomic::write_with_mode(&home.conf().join("update.pub"), key, Some(0o644))?;
     }
+    seed_workload_conf(home, &defaults)?;
     Ok(())
 }
+
+/// The workload's configuration directory, seeded from `conf.default/workload/` when the
+/// operator has none; an existing one is the operator's (or the server's) and is kept.
+fn seed_workload_conf(home: &AgentHome, defaults: &Path) -> Result<()> {
+    let seed = defaults.join(WORKLOAD_CONF);
+    let dest = home.conf().join(WORKLOAD_CONF);
+    if seed.is_dir() && fs::symlink_metadata(&dest).is_err() {
+        atomic::copy_tree(&seed, &dest)?;
+    }
+    Ok(())
+}
+
+/// `conf.default/workload/` → `conf/workload/` (the default `workload.config-dir`).
+const WORKLOAD_CONF: &str = "workload";
 
 fn set_private(dir: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;

@@ -78,6 +78,60 @@ pub fn read_text(path: &Path, max: u64) -> Result<String> {
         .at(path)
 }
 
+/// The last `max` bytes of a file (all of it if smaller), as text with invalid UTF-8
+/// replaced: for showing the end of a log.
+pub fn read_tail(path: &Path, max: u64) -> Result<String> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = File::open(path).at(path)?;
+    let len = file.metadata().at(path)?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(max)))
+        .at(path)?;
+    let mut buf = Vec::new();
+    file.take(max).read_to_end(&mut buf).at(path)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The last `lines` lines of a text file (empty if it cannot be read).
+pub fn tail_lines(path: &Path, lines: usize) -> String {
+    let Ok(text) = read_tail(path, 64 * 1024) else {
+        return String::new();
+    };
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Copies the directories and regular files under `src` to a new `dest`, through a
+/// temporary sibling renamed into place (so `dest` is whole or absent); symlinks and
+/// other special files are left out. `dest` must not exist.
+pub fn copy_tree(src: &Path, dest: &Path) -> Result<u64> {
+    fn walk(src: &Path, dest: &Path, n: &mut u64) -> Result<()> {
+        fs::create_dir_all(dest).at(dest)?;
+        for entry in fs::read_dir(src).at(src)? {
+            let entry = entry.at(src)?;
+            let kind = entry.file_type().at(entry.path())?;
+            let to = dest.join(entry.file_name());
+            if kind.is_dir() {
+                walk(&entry.path(), &to, n)?;
+            } else if kind.is_file() {
+                fs::copy(entry.path(), &to).at(&to)?;
+                *n += 1;
+            }
+        }
+        Ok(())
+    }
+    let dir = parent(dest);
+    let tmp = tempfile::Builder::new()
+        .prefix(".tmp-tree-")
+        .tempdir_in(&dir)
+        .at(&dir)?;
+    let mut n = 0;
+    walk(src, tmp.path(), &mut n)?;
+    let staged = tmp.keep();
+    fs::rename(&staged, dest).at(dest)?;
+    fsync_dir(&dir)?;
+    Ok(n)
+}
+
 /// Copies a regular file to `dest` through a temp file and rename; keeps the mode.
 pub fn copy_file(src: &Path, dest: &Path) -> Result<u64> {
     let dir = parent(dest);
@@ -104,6 +158,23 @@ fn parent(path: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn copy_tree_copies_files_and_directories_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        fs::create_dir_all(src.join("sub")).unwrap();
+        fs::write(src.join("a.yml"), "a").unwrap();
+        fs::write(src.join("sub/b.yml"), "b").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", src.join("link")).unwrap();
+        let dest = dir.path().join("conf/workload");
+        fs::create_dir_all(dir.path().join("conf")).unwrap();
+        assert_eq!(copy_tree(&src, &dest).unwrap(), 2);
+        assert_eq!(fs::read_to_string(dest.join("sub/b.yml")).unwrap(), "b");
+        assert!(fs::symlink_metadata(dest.join("link")).is_err());
+        assert_eq!(tail_lines(&dest.join("a.yml"), 3), "a");
+    }
+
     use super::*;
 
     #[test]

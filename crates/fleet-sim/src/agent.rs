@@ -2,14 +2,18 @@
 //! `Retry-After`, fetches the bundle (whole, or `HEAD` and its first bytes), reports
 //! `INSTALLING`, waits out a simulated install, then reports `INSTALLED` (and runs the
 //! new version) or, with the chosen probability, `INSTALL_FAILED` (and never retries that
-//! bundle, as a real agent would not).
+//! bundle, as a real agent would not). It runs the configuration set the server sends
+//! it: it says `APPLIED` at once and sends the set's hash from then on.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_protocol::AgentVersion;
-use agent_protocol::wire::{self, AgentHello, NotSupported, Report, UpdateStatus};
+use agent_protocol::wire::{
+    self, AgentHello, ConfigOutcome, ConfigPayload, ConfigStatus, ConnectBody, NotSupported,
+    Report, UpdateStatus,
+};
 use futures_util::StreamExt;
 use rand::Rng;
 use reqwest::{Method, StatusCode};
@@ -34,6 +38,8 @@ pub struct SimAgent {
     bad: HashSet<String>,
     server: usize,
     registered: bool,
+    /// The configuration set it runs (empty: none).
+    config_hash: String,
     /// The last directive: accepted, or refused with which bundle.
     last: Option<Option<String>>,
 }
@@ -43,7 +49,7 @@ struct Hello {
     directive: Option<Result<(), NotSupported>>,
     /// The server held the connect (it honours long polls).
     held: bool,
-    /// The directive differs from the one before.
+    /// The directive differs from the one before, or a configuration set came.
     changed: bool,
 }
 
@@ -105,6 +111,7 @@ impl SimAgent {
             server: index,
             registered: false,
             last: None,
+            config_hash: String::new(),
         }
     }
 
@@ -118,6 +125,7 @@ impl SimAgent {
             name: format!("sim-{:05}", self.index),
             platform: agent_protocol::layout::PLATFORM.to_owned(),
             group: self.group.clone(),
+            health: None,
         }
     }
 
@@ -237,7 +245,11 @@ impl SimAgent {
         } else {
             ("register", wire::REGISTER_PATH.to_owned())
         };
-        let body = serde_json::to_value(self.hello_body()).ok();
+        let body = serde_json::to_value(ConnectBody {
+            hello: self.hello_body(),
+            config_hash: self.config_hash.clone(),
+        })
+        .ok();
         let answer = self
             .call(shared, Call::new(endpoint, Method::POST, &path).json(body))
             .await;
@@ -255,6 +267,7 @@ impl SimAgent {
         hello.directive = match answer.status {
             s if s.is_success() => {
                 self.registered = true;
+                hello.changed = self.apply_config(shared, &answer.body).await;
                 Some(Ok(()))
             }
             StatusCode::CONFLICT => {
@@ -274,10 +287,38 @@ impl SimAgent {
                 .as_ref()
                 .err()
                 .map(|ns| ns.sha256.clone().unwrap_or_else(|| ns.expected.clone()));
-            hello.changed = self.last.as_ref() != Some(&key);
+            hello.changed |= self.last.as_ref() != Some(&key);
             self.last = Some(key);
         }
         hello
+    }
+
+    /// Runs the set a `200` carries, if any: `APPLIED` at once. True if there was one.
+    async fn apply_config(&mut self, shared: &Shared, body: &[u8]) -> bool {
+        let Some(set) = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|json| json.get("config").cloned())
+            .and_then(|config| serde_json::from_value::<ConfigPayload>(config).ok())
+        else {
+            return false;
+        };
+        let status = ConfigStatus {
+            id: self.id.clone(),
+            hash: set.hash.clone(),
+            status: ConfigOutcome::Applied,
+            error: None,
+        };
+        let answer = self
+            .call(
+                shared,
+                Call::new("config-status", Method::POST, wire::CONFIG_STATUS_PATH)
+                    .json(serde_json::to_value(status).ok()),
+            )
+            .await;
+        if answer.is_some_and(|a| a.status.is_success()) {
+            self.config_hash = set.hash;
+        }
+        true
     }
 
     fn fail_over(&mut self, shared: &Shared) {

@@ -53,6 +53,21 @@ fn sqlite_url(path: &Path) -> String {
     url
 }
 
+/// What a register or connect says of an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Contact<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    pub platform: &'a str,
+    pub version: &'a str,
+    /// Kept as recorded unless the agent says one (a register).
+    pub group: Option<&'a str>,
+    /// The configuration set it runs; kept as recorded unless given.
+    pub config_hash: Option<&'a str>,
+    /// Unix seconds.
+    pub at: i64,
+}
+
 /// One agent row, as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentRow {
@@ -64,6 +79,13 @@ pub struct AgentRow {
     pub last_contact: i64,
     pub update_status: Option<String>,
     pub update_error: Option<String>,
+    /// The configuration set it runs (empty: none).
+    pub config_hash: String,
+    /// `APPLYING`, `APPLIED` or `FAILED`, of the set it was last sent.
+    pub config_status: Option<String>,
+    pub config_error: Option<String>,
+    /// The `"health"` object it last reported (JSON), if any.
+    pub health: Option<String>,
 }
 
 /// Where a PostgreSQL URL points, for messages: never its password.
@@ -241,24 +263,25 @@ impl Db {
         Ok(())
     }
 
-    /// Records a contact at `at` (unix seconds); `group` is kept unless the agent says
-    /// one (a register). A contact older than the one recorded changes nothing (it was
+    /// Records a contact. A contact older than the one recorded changes nothing (it was
     /// queued during an outage that another server did not have).
-    pub async fn touch_agent(
-        &self,
-        id: &str,
-        name: &str,
-        platform: &str,
-        version: &str,
-        group: Option<&str>,
-        at: i64,
-    ) -> Result<(), FleetError> {
+    pub async fn touch_agent(&self, c: &Contact<'_>) -> Result<(), FleetError> {
+        let Contact {
+            id,
+            name,
+            platform,
+            version,
+            group,
+            config_hash,
+            at,
+        } = *c;
         sqlx::query(
-            "INSERT INTO agents (id, name, platform, version, last_contact, agent_group)
-             VALUES ($1, $2, $3, $4, $5, $6)
+            "INSERT INTO agents (id, name, platform, version, last_contact, agent_group, config_hash)
+             VALUES ($1, $2, $3, $4, $5, $6, $8)
              ON CONFLICT (id) DO UPDATE SET name = excluded.name, platform = excluded.platform,
                version = excluded.version, last_contact = excluded.last_contact,
-               agent_group = COALESCE($7, agents.agent_group)
+               agent_group = COALESCE($7, agents.agent_group),
+               config_hash = COALESCE($9, agents.config_hash)
              WHERE agents.last_contact <= excluded.last_contact",
         )
         .bind(id)
@@ -268,9 +291,47 @@ impl Db {
         .bind(at)
         .bind(group.unwrap_or(""))
         .bind(group)
+        .bind(config_hash.unwrap_or(""))
+        .bind(config_hash)
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    /// Keeps the health an agent reported with its contact at `at` (unless a later
+    /// contact was already recorded).
+    pub async fn record_health(
+        &self,
+        id: &str,
+        health: &agent_protocol::wire::AgentHealth,
+        at: i64,
+    ) -> Result<(), FleetError> {
+        let json = serde_json::to_string(health).unwrap_or_default();
+        sqlx::query(
+            "UPDATE agents SET health = $2, healthy = $3, workload_restarts = $4
+             WHERE id = $1 AND last_contact <= $5",
+        )
+        .bind(id)
+        .bind(json)
+        .bind(i64::from(health.healthy))
+        .bind(i64::try_from(health.restarts).unwrap_or(i64::MAX))
+        .bind(at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// (agents whose last reported health is unhealthy, workload restarts the agents
+    /// last reported in all), for /metrics.
+    pub async fn health_counts(&self) -> Result<(i64, i64), FleetError> {
+        let row = sqlx::query(
+            // PostgreSQL sums BIGINT as NUMERIC: cast back, for both backends alike.
+            "SELECT CAST(COALESCE(SUM(CASE WHEN healthy = 0 THEN 1 ELSE 0 END), 0) AS BIGINT),
+                    CAST(COALESCE(SUM(workload_restarts), 0) AS BIGINT) FROM agents",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((row.get(0), row.get(1)))
     }
 
     /// Records a report received at `at` (unix seconds).
@@ -389,7 +450,7 @@ impl Db {
     }
 }
 
-const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error FROM agents";
+const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error, config_hash, config_status, config_error, health FROM agents";
 
 fn agent_row(r: &AnyRow) -> AgentRow {
     AgentRow {
@@ -401,6 +462,10 @@ fn agent_row(r: &AnyRow) -> AgentRow {
         last_contact: r.get(5),
         update_status: r.get(6),
         update_error: r.get(7),
+        config_hash: r.get(8),
+        config_status: r.get(9),
+        config_error: r.get(10),
+        health: r.get(11),
     }
 }
 

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::db::Db;
+use crate::config::Configs;
+use crate::db::{Contact, Db};
 use crate::error::FleetError;
 use crate::outage::{Deferred, Outage};
 use crate::rollout::Rollouts;
@@ -29,6 +30,8 @@ pub struct Fleet {
     /// The database's absence, and what waits for it.
     pub outage: Arc<Outage>,
     pub rollouts: Arc<Rollouts>,
+    /// Configuration sets and their config rollouts.
+    pub configs: Arc<Configs>,
     auto_update: AtomicBool,
 }
 
@@ -38,12 +41,14 @@ impl Fleet {
         db: Db,
         outage: Arc<Outage>,
         rollouts: Arc<Rollouts>,
+        configs: Arc<Configs>,
     ) -> Result<Self, FleetError> {
         let on = settings::auto_update_on(db.setting(settings::AUTO_UPDATE).await?.as_deref());
         Ok(Self {
             db,
             outage,
             rollouts,
+            configs,
             auto_update: AtomicBool::new(on),
         })
     }
@@ -92,7 +97,7 @@ impl Fleet {
             self.outage.defer(w);
             return Ok(());
         }
-        match write(&self.db, &self.rollouts, &w).await {
+        match write(&self.db, &self.rollouts, &self.configs, &w).await {
             Ok(()) => Ok(()),
             Err(e) if e.is_unavailable() => {
                 self.outage.went_down(&e);
@@ -106,7 +111,7 @@ impl Fleet {
     /// Writes the spool back, oldest first, while the database answers; then lets calls
     /// go to the database again.
     pub async fn drain(&self) {
-        drain(&self.db, &self.rollouts, &self.outage).await;
+        drain(&self.db, &self.rollouts, &self.configs, &self.outage).await;
     }
 
     /// Drains the spool every [`PROBE_INTERVAL`] when there is something to write or the
@@ -157,7 +162,12 @@ impl Fleet {
 }
 
 /// Applies one write. Every write is idempotent, so a replay after a crash is harmless.
-pub async fn write(db: &Db, rollouts: &Rollouts, w: &Deferred) -> Result<(), FleetError> {
+pub async fn write(
+    db: &Db,
+    rollouts: &Rollouts,
+    configs: &Configs,
+    w: &Deferred,
+) -> Result<(), FleetError> {
     match w {
         Deferred::Contact {
             id,
@@ -165,11 +175,26 @@ pub async fn write(db: &Db, rollouts: &Rollouts, w: &Deferred) -> Result<(), Fle
             platform,
             version,
             group,
+            config_hash,
             at,
+            health,
         } => {
-            db.touch_agent(id, name, platform, version, group.as_deref(), *at)
-                .await
+            db.touch_agent(&Contact {
+                id,
+                name,
+                platform,
+                version,
+                group: group.as_deref(),
+                config_hash: config_hash.as_deref(),
+                at: *at,
+            })
+            .await?;
+            match health {
+                Some(health) => db.record_health(id, health, *at).await,
+                None => Ok(()),
+            }
         }
+        Deferred::ConfigStatus { status, at_ms } => configs.report(status, *at_ms).await,
         Deferred::Report { report, at_ms } => {
             db.record_report(report, at_ms / 1000).await?;
             rollouts.report(report, *at_ms).await
@@ -184,7 +209,7 @@ pub async fn write(db: &Db, rollouts: &Rollouts, w: &Deferred) -> Result<(), Fle
 
 /// Writes the spool back, oldest first, while the database answers; then lets calls go
 /// to the database again.
-pub async fn drain(db: &Db, rollouts: &Rollouts, outage: &Outage) {
+pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Outage) {
     if outage.is_down() && outage.queued() == 0 {
         if let Err(e) = db.ping().await {
             if !e.is_unavailable() {
@@ -194,7 +219,7 @@ pub async fn drain(db: &Db, rollouts: &Rollouts, outage: &Outage) {
         }
     }
     while let Some((seq, w)) = outage.front() {
-        match write(db, rollouts, &w).await {
+        match write(db, rollouts, configs, &w).await {
             Ok(()) => outage.written(seq),
             Err(e) if e.is_unavailable() => {
                 outage.went_down(&e);

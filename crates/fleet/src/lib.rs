@@ -2,8 +2,8 @@
 //!
 //! It owns the fleet database (SQLite or PostgreSQL, its schema and migrations), every
 //! agent's row, their credentials, the fleet-wide settings and their names, the staged
-//! rollouts (plans, waves, pure step decisions, the rows that record them) and the
-//! outage spool that holds writes while the database is away. [`Fleet`] bundles them
+//! rollouts of bundles and of configuration sets (plans, waves, pure step decisions,
+//! the rows that record them), the configuration sets themselves, and the outage spool that holds writes while the database is away. [`Fleet`] bundles them
 //! for an edge: it writes what agents tell (now, or queued) and keeps the settings read.
 //!
 //! It must not touch HTTP: no axum, hyper or http types in its signatures, no status
@@ -13,6 +13,7 @@
 //! ([`rollout::Served`]). Decisions (a rollout's next step, an agent's wave, the
 //! credentials verdict) stay pure functions, unit tested without a database.
 
+pub mod config;
 pub mod credentials;
 pub mod db;
 pub mod error;

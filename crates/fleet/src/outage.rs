@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use agent_protocol::wire::Report;
+use agent_protocol::wire::{ConfigStatus, Report};
 use serde::{Deserialize, Serialize};
 
 use crate::db::Credentials;
@@ -45,10 +45,19 @@ pub enum Deferred {
         platform: String,
         version: String,
         group: Option<String>,
+        /// The configuration set it runs; absent in spools from before remote
+        /// configuration (kept as recorded).
+        #[serde(default)]
+        config_hash: Option<String>,
         at: i64,
+        /// The agent's and its workload's health, when it reported one.
+        #[serde(default)]
+        health: Option<agent_protocol::wire::AgentHealth>,
     },
     /// A report, received at `at_ms`.
     Report { report: Report, at_ms: i64 },
+    /// What an agent made of a configuration set, received at `at_ms`.
+    ConfigStatus { status: ConfigStatus, at_ms: i64 },
     /// The first `409` of rollout `rollout` to `agent`, at `at_ms`.
     Told {
         rollout: i64,
@@ -63,6 +72,7 @@ impl Deferred {
             Deferred::Contact { id, .. } => id,
             Deferred::Report { report, .. } => &report.id,
             Deferred::Told { agent, .. } => agent,
+            Deferred::ConfigStatus { status, .. } => &status.id,
         }
     }
 
@@ -324,7 +334,9 @@ mod tests {
             platform: "p".into(),
             version: version.into(),
             group: None,
+            config_hash: None,
             at,
+            health: None,
         }
     }
 
@@ -389,6 +401,31 @@ mod tests {
         spool.done(seq);
         spool.push(contact("a", "1.0.0+1", 2));
         assert_eq!(drain(&mut spool), vec![contact("a", "1.0.0+1", 2)]);
+    }
+
+    #[test]
+    fn a_spool_from_before_configuration_sets_still_reads_and_statuses_are_kept() {
+        let old = r#"{"kind":"contact","id":"a","name":"n","platform":"p","version":"1.0.0+1","group":null,"at":5}"#;
+        let write: Deferred = serde_json::from_str(old).unwrap();
+        assert!(matches!(
+            write,
+            Deferred::Contact {
+                config_hash: None,
+                ..
+            }
+        ));
+        let status = Deferred::ConfigStatus {
+            status: agent_protocol::wire::ConfigStatus {
+                id: "a".into(),
+                hash: "h".into(),
+                status: agent_protocol::wire::ConfigOutcome::Failed,
+                error: Some("check failed".into()),
+            },
+            at_ms: 7,
+        };
+        assert!(status.durable());
+        let line = serde_json::to_string(&status).unwrap();
+        assert_eq!(serde_json::from_str::<Deferred>(&line).unwrap(), status);
     }
 
     #[test]

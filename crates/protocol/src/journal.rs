@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::version::AgentVersion;
+use crate::wire::AgentHealth;
 
 /// Where an update transaction stands. Each phase is written before the step it names
 /// is taken, so recovery knows which steps may be half done.
@@ -59,6 +60,13 @@ pub struct Journal {
     /// never before, so a rollback leaves the trust as it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust: Option<TrustChange>,
+    /// Unix seconds at which the transaction reached its final phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<u64>,
+    /// Rolled back before `current` was switched: the old version never stopped being the
+    /// installed one, and the bundle is not held against (it is tried again).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub abandoned: bool,
 }
 
 /// The trust an update hands over to a new signing key.
@@ -94,6 +102,30 @@ pub struct Health {
     /// Set when a server refused this version: the version it expects instead.
     #[serde(default)]
     pub refused_by_server: Option<String>,
+    /// The workload as the agent supervises it; absent from agents before workloads
+    /// (which the updater judges as having none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<WorkloadReport>,
+}
+
+/// The workload in `run/health.json`: what `connect` reports, and what `agent status`
+/// and the updater need besides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkloadReport {
+    #[serde(flatten)]
+    pub health: AgentHealth,
+    /// The workload's process (the leader of its process group), while it runs.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// Unix seconds at which the running workload started.
+    #[serde(default)]
+    pub since: Option<u64>,
+    /// How its last run ended ("exited with code 1", "killed by signal 9").
+    #[serde(default)]
+    pub last_exit: Option<String>,
+    /// `workload.start-timeout`, in milliseconds.
+    #[serde(default)]
+    pub start_timeout_ms: u64,
 }
 
 #[cfg(test)]
@@ -117,6 +149,8 @@ mod tests {
                 new_key: "untrusted comment: k\nRWQ\n".into(),
                 retire: vec!["0807060504030201".into()],
             }),
+            ended_at: Some(2),
+            abandoned: true,
         };
         assert_eq!(Journal::parse(&j.to_json()).unwrap(), j);
         assert!(Journal::parse("{").is_err());

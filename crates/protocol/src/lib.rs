@@ -8,6 +8,7 @@
 //! This crate does no I/O of its own beyond `Read`/`Write` values handed to it: it
 //! never opens a file, a socket or a process, so every format can be tested in memory.
 
+pub mod config_set;
 pub mod digest;
 pub mod error;
 pub mod journal;

@@ -10,6 +10,8 @@ pub enum Kind {
     Bool,
     /// Comma-separated.
     List,
+    /// Comma-separated `NAME=VALUE` pairs (a table of strings).
+    Map,
 }
 
 /// A documented configuration key.
@@ -188,6 +190,19 @@ pub fn apply_env(
                     .map(|s| toml::Value::String(s.to_owned()))
                     .collect(),
             ),
+            Kind::Map => {
+                let mut map = toml::Table::new();
+                for pair in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                    let (name, value) = pair.split_once('=').ok_or_else(|| {
+                        format!("{var}: {pair:?} is not NAME=VALUE; write e.g. {var}=A=1,B=2")
+                    })?;
+                    map.insert(
+                        name.trim().to_owned(),
+                        toml::Value::String(value.trim().to_owned()),
+                    );
+                }
+                toml::Value::Table(map)
+            }
         };
         let section = table
             .entry(key.section.to_owned())
@@ -247,6 +262,12 @@ mod tests {
         apply_env(&mut t, "X", &keys, &env, Strictness::WholePrefix).unwrap();
         assert_eq!(t["downloads"]["limit"].as_integer(), Some(5));
         assert_eq!(t["server"]["urls"].as_array().unwrap().len(), 2);
+        let map = [key("workload", "env", Kind::Map)];
+        let env = |k: &str| (k == "X_WORKLOAD_ENV").then(|| "A=1, B=x=y".to_owned());
+        apply_env(&mut t, "X", &map, &env, Strictness::WholePrefix).unwrap();
+        assert_eq!(t["workload"]["env"]["B"].as_str(), Some("x=y"));
+        let bad = |_: &str| Some("A".to_owned());
+        assert!(apply_env(&mut t, "X", &map, &bad, Strictness::WholePrefix).is_err());
         let bad = |_: &str| Some("many".to_owned());
         let err = apply_env(&mut t, "X", &keys[..1], &bad, Strictness::WholePrefix).unwrap_err();
         assert!(err.contains("X_DOWNLOADS_LIMIT"), "{err}");

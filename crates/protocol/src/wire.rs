@@ -13,6 +13,8 @@ pub const SIGNATURE_PATH: &str = "/agentupdate/download.minisig";
 pub const REPORT_PATH: &str = "/agentupdate/report";
 pub const REGISTER_PATH: &str = "/agent/register";
 pub const CONNECT_PATH: &str = "/agent/connect";
+/// `POST`: an agent says whether it applied a configuration set.
+pub const CONFIG_STATUS_PATH: &str = "/agent/config-status";
 pub const AGENT_VERSION_HEADER: &str = "Agent-Version";
 /// `connect?wait=<seconds>`: hold the answer until something changes for the agent, or
 /// the wait runs out (a long poll).
@@ -99,6 +101,108 @@ pub struct AgentHello {
     /// `agent.group`: rollout waves written `group:NAME` take these agents first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+    /// The agent's and its workload's health, as of this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<AgentHealth>,
+}
+
+/// Where the workload (the operator's program the agent runs) stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadState {
+    /// Up, and healthy or being checked.
+    Running,
+    /// Started, not yet healthy; `start-timeout` has not passed.
+    Starting,
+    /// Exited or failed to start; waiting before the next start.
+    Backoff,
+    /// Not running and not about to be (the agent is stopping, or cannot start it).
+    Stopped,
+    /// No workload is configured (`workload.command` is empty).
+    None,
+}
+
+impl WorkloadState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadState::Running => "running",
+            WorkloadState::Starting => "starting",
+            WorkloadState::Backoff => "backoff",
+            WorkloadState::Stopped => "stopped",
+            WorkloadState::None => "none",
+        }
+    }
+}
+
+/// `"health"` of a `connect` or `register` body, and of `/admin/agents` rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentHealth {
+    /// The agent runs and its workload runs and passes its check (or there is none).
+    pub healthy: bool,
+    pub workload: WorkloadState,
+    /// Restarts of the workload since the agent started.
+    pub restarts: u64,
+    /// The workload's last failure, in words for an operator.
+    #[serde(default)]
+    pub last_error: Option<String>,
+}
+
+impl AgentHealth {
+    /// An agent with no workload.
+    pub fn no_workload() -> Self {
+        Self {
+            healthy: true,
+            workload: WorkloadState::None,
+            restarts: 0,
+            last_error: None,
+        }
+    }
+}
+
+/// A `register` or `connect` body as the server reads it: the [`AgentHello`] and the
+/// hash of the configuration set the agent runs. An agent from before remote
+/// configuration sends no `config_hash`: it reads as empty (no set).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectBody {
+    #[serde(flatten)]
+    pub hello: AgentHello,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub config_hash: String,
+}
+
+/// `"config"` in a `200` to `register`/`connect`: the set the agent should run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigPayload {
+    /// See [`crate::config_set::hash`].
+    pub hash: String,
+    pub files: std::collections::BTreeMap<String, String>,
+}
+
+/// What an agent made of a configuration set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ConfigOutcome {
+    Applied,
+    Failed,
+}
+
+impl ConfigOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfigOutcome::Applied => "APPLIED",
+            ConfigOutcome::Failed => "FAILED",
+        }
+    }
+}
+
+/// Body of `POST /agent/config-status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigStatus {
+    pub id: String,
+    pub hash: String,
+    pub status: ConfigOutcome,
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// Body of a `409` to an agent the directive refuses.
@@ -169,11 +273,43 @@ pub struct AgentRecord {
     /// When the fleet's rollout first told it to update (unix seconds).
     #[serde(default)]
     pub told_at: Option<f64>,
+    /// The configuration set the agent runs (empty: none).
+    #[serde(default)]
+    pub config_hash: String,
+    /// `APPLIED`, `APPLYING` (sent, not answered yet) or `FAILED`, of the set it was
+    /// last sent.
+    #[serde(default)]
+    pub config_status: Option<String>,
+    #[serde(default)]
+    pub config_error: Option<String>,
+    /// The health it reported with its last register or connect (`null` if none).
+    #[serde(default)]
+    pub health: Option<AgentHealth>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connect_body_without_config_hash_still_parses() {
+        let old: ConnectBody =
+            serde_json::from_str(r#"{"id":"a","name":"n","platform":"p","group":"g"}"#).unwrap();
+        assert_eq!(old.config_hash, "");
+        assert_eq!(old.hello.group.as_deref(), Some("g"));
+        let new: ConnectBody =
+            serde_json::from_str(r#"{"id":"a","name":"n","platform":"p","config_hash":"ab"}"#)
+                .unwrap();
+        assert_eq!(new.config_hash, "ab");
+        let status: ConfigStatus =
+            serde_json::from_str(r#"{"id":"a","hash":"h","status":"FAILED","error":"bad"}"#)
+                .unwrap();
+        assert_eq!(status.status, ConfigOutcome::Failed);
+        assert!(
+            serde_json::from_str::<ConfigStatus>(r#"{"id":"a","hash":"h","status":"APPLYING"}"#)
+                .is_err()
+        );
+    }
 
     fn info() -> VersionInfo {
         VersionInfo {
@@ -213,6 +349,23 @@ mod tests {
                 "{key}={value} accepted"
             );
         }
+    }
+
+    #[test]
+    fn health_json_matches_design() {
+        let h = AgentHealth {
+            healthy: false,
+            workload: WorkloadState::Backoff,
+            restarts: 3,
+            last_error: Some("exited with code 1".into()),
+        };
+        assert_eq!(
+            serde_json::to_string(&h).unwrap(),
+            r#"{"healthy":false,"workload":"backoff","restarts":3,"last_error":"exited with code 1"}"#
+        );
+        let hello: AgentHello =
+            serde_json::from_str(r#"{"id":"a","name":"n","platform":"p"}"#).unwrap();
+        assert_eq!(hello.health, None);
     }
 
     #[test]

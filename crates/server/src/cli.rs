@@ -1,5 +1,6 @@
-//! `update-server rollout status|halt|resume|advance`: the admin API of a running server,
-//! from a shell. Prints a table of the waves (or the API's JSON with `--json`).
+//! `update-server rollout status|halt|resume|advance` and `update-server config
+//! push|status|delete|halt|resume|advance`: the admin API of a running server, from a
+//! shell. Prints a table of the waves (or the API's JSON with `--json`).
 
 use std::fmt::Write as _;
 use std::time::{Duration, UNIX_EPOCH};
@@ -229,4 +230,157 @@ mod tests {
         );
         assert_eq!(lines.len(), 6, "{text}");
     }
+}
+
+/// What to ask of the configuration sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigAction {
+    /// Store the regular files of a directory as a group's set.
+    Push {
+        group: String,
+        dir: std::path::PathBuf,
+    },
+    Status,
+    Delete {
+        group: String,
+    },
+    Halt {
+        group: String,
+        reason: Option<String>,
+    },
+    Resume {
+        group: String,
+    },
+    Advance {
+        group: String,
+    },
+}
+
+/// The regular files of `dir` (not its subdirectories, not symlinks) as a set: name to
+/// UTF-8 text. The server checks names and sizes; this refuses what it cannot send.
+pub fn read_set(
+    dir: &std::path::Path,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let mut files = std::collections::BTreeMap::new();
+    let entries = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read the directory {}", dir.display()))?;
+    for entry in entries {
+        let entry =
+            entry.with_context(|| format!("cannot read the directory {}", dir.display()))?;
+        let path = entry.path();
+        let meta = std::fs::symlink_metadata(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if !meta.is_file() {
+            eprintln!(
+                "update-server: skipping {} (not a regular file)",
+                path.display()
+            );
+            continue;
+        }
+        let name = entry.file_name().into_string().map_err(|n| {
+            anyhow::anyhow!(
+                "{}: the file name {n:?} is not UTF-8; rename it",
+                dir.display()
+            )
+        })?;
+        let bytes =
+            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            anyhow::anyhow!(
+                "{} is not UTF-8 text; a configuration set carries text files only",
+                path.display()
+            )
+        })?;
+        files.insert(name, text);
+    }
+    Ok(files)
+}
+
+impl AdminClient {
+    /// `/admin/config...`: the answer's JSON, or an error that says what the server said.
+    pub async fn config(&self, action: &ConfigAction) -> anyhow::Result<Value> {
+        let base = self.base()?;
+        let http = self.http()?;
+        let request = match action {
+            ConfigAction::Push { group, dir } => {
+                let files = read_set(dir)?;
+                http.put(format!("{base}/admin/config/{group}"))
+                    .json(&serde_json::json!({ "files": files }))
+            }
+            ConfigAction::Status => http.get(format!("{base}/admin/config")),
+            ConfigAction::Delete { group } => http.delete(format!("{base}/admin/config/{group}")),
+            ConfigAction::Halt { group, reason } => http
+                .post(format!("{base}/admin/config/{group}/halt"))
+                .json(&serde_json::json!({ "reason": reason })),
+            ConfigAction::Resume { group } => {
+                http.post(format!("{base}/admin/config/{group}/resume"))
+            }
+            ConfigAction::Advance { group } => {
+                http.post(format!("{base}/admin/config/{group}/advance"))
+            }
+        };
+        self.send(base, request).await
+    }
+}
+
+/// `GET /admin/config` as a person reads it: one block per set.
+pub fn render_config(status: &Value) -> String {
+    let mut out = String::new();
+    let sets = status
+        .get("sets")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if sets.is_empty() {
+        out.push_str("no configuration sets; push one with `update-server config push --group default DIR`\n");
+        return out;
+    }
+    for set in &sets {
+        let rollout = set.get("rollout").cloned().unwrap_or(Value::Null);
+        let files = set
+            .get("files")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        let _ = writeln!(
+            out,
+            "group {}: set {} ({files} files, created {}), rollout {} (wave {})",
+            text(set, "group"),
+            text(set, "hash").get(..12).unwrap_or(text(set, "hash")),
+            date(&set["created_at"]),
+            match text(&rollout, "state") {
+                "" => "-",
+                s => s,
+            },
+            count(&rollout, "wave"),
+        );
+        let _ = writeln!(
+            out,
+            "  applied {}, applying {}, failed {}, timed out {}",
+            count(set, "applied"),
+            count(set, "applying"),
+            count(set, "failed"),
+            count(set, "timed_out")
+        );
+        if let Some(reason) = rollout.get("reason").and_then(Value::as_str) {
+            let _ = writeln!(out, "  reason: {reason}");
+        }
+        if let Some(waves) = rollout.get("waves").and_then(Value::as_array) {
+            for (i, w) in waves.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "  wave {} {:>6}  agents {:>5}  applied {:>5}  failed {:>4}  timed out {:>4}  pending {:>5}  opened {}  completed {}",
+                    i + 1,
+                    text(w, "size"),
+                    count(w, "agents"),
+                    count(w, "applied"),
+                    count(w, "failed"),
+                    count(w, "timed_out"),
+                    count(w, "pending"),
+                    clock(&w["opened_at"]),
+                    clock(&w["completed_at"]),
+                );
+            }
+        }
+    }
+    out
 }

@@ -385,8 +385,17 @@ mod tests {
     fn environment_and_validation() {
         let env = |k: &str| (k == "UPDATE_SERVER_DOWNLOADS_LIMIT").then(|| "5".to_owned());
         assert_eq!(Config::load(None, &env).unwrap().downloads.limit, 5);
-        let too_many = |k: &str| (k == "UPDATE_SERVER_DOWNLOADS_LIMIT").then(|| "2000".to_owned());
+        let too_many = |k: &str| match k {
+            "UPDATE_SERVER_DOWNLOADS_LIMIT" => Some("2000".to_owned()),
+            "UPDATE_SERVER_SERVER_MAX_CONNECTIONS" => Some("1000".to_owned()),
+            _ => None,
+        };
         assert!(Config::load(None, &too_many).is_err());
+        let long_wait =
+            |k: &str| (k == "UPDATE_SERVER_AGENTS_MAX_WAIT").then(|| "86400".to_owned());
+        assert!(Config::load(None, &long_wait).is_err());
+        let no_holds = |k: &str| (k == "UPDATE_SERVER_AGENTS_MAX_WAIT").then(|| "0".to_owned());
+        assert_eq!(Config::load(None, &no_holds).unwrap().agents.max_wait, 0);
         let bad_policy =
             |k: &str| (k == "UPDATE_SERVER_AGENTS_ACCEPT").then(|| "sometimes".to_owned());
         assert!(Config::load(None, &bad_policy).is_err());

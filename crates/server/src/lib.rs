@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
+use agent_fleet::config::Configs;
 use agent_fleet::db::Db;
 use agent_fleet::outage::Outage;
 use agent_fleet::{Fleet, rollout};
@@ -80,7 +81,14 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         rollouts.serve(served(&bundle)).await?;
     }
     let outage = Arc::new(Outage::new(Some(home.join(SPOOL_FILE))));
-    let fleet = Fleet::new(db, outage, rollouts).await?;
+    let configs = Arc::new(Configs::new(
+        db.clone(),
+        config.rollout_plan().map_err(ServerError::Config)?,
+        config.server_name(),
+        Arc::clone(rollouts.news()),
+    ));
+    configs.refresh().await?;
+    let fleet = Fleet::new(db, outage, rollouts, configs).await?;
     let server_name = config.server_name();
     let download_limit = fleet
         .download_limit(&server_name)
@@ -129,12 +137,13 @@ pub fn served(bundle: &store::ServedBundle) -> rollout::Served {
 /// besides at once after each report.
 pub const ROLLOUT_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Keeps the fleet's rollout moving: follows the served bundle, times out agents, opens
-/// and completes waves.
+/// Keeps the fleet's rollouts moving (the bundle's and each configuration set's):
+/// follows the served bundle, times out agents, opens and completes waves.
 fn spawn_rollout_loop(state: &AppState) {
     let store = Arc::clone(&state.inner.store);
     let rollouts = Arc::clone(&state.inner.fleet.rollouts);
     let outage = Arc::clone(&state.inner.fleet.outage);
+    let configs = Arc::clone(&state.inner.fleet.configs);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(ROLLOUT_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -143,13 +152,17 @@ fn spawn_rollout_loop(state: &AppState) {
             tokio::select! {
                 _ = tick.tick() => {}
                 () = rollouts.woken() => {}
+                () = configs.woken() => {}
             }
             let result = async {
                 if let store::Current::Ready(bundle) = store.current() {
                     rollouts.serve(served(&bundle)).await?;
                 }
                 rollouts.refresh().await?;
-                rollouts.decide().await
+                rollouts.decide().await?;
+                // Config rollouts beside it: a set pushed on another server, its waves.
+                configs.refresh().await?;
+                configs.decide().await
             }
             .await;
             match result {

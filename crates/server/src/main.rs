@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use agent_protocol::settings::ProcessEnv;
 use clap::{Args, Parser, Subcommand};
-use update_server::cli::{AdminClient, RolloutAction};
+use update_server::cli::{AdminClient, ConfigAction, RolloutAction};
 
 /// Serves one signed agent bundle and enforces the agent version directive; with a
 /// command, talks to a running server's admin API.
@@ -32,12 +32,58 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// The workload's configuration sets (through the admin API of a running server).
+    Config {
+        #[command(subcommand)]
+        action: ConfigCmd,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Agents' credentials (through the admin API of a running server).
     Agents {
         #[command(subcommand)]
         action: Agents,
         #[command(flatten)]
         admin: AdminArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCmd {
+    /// Store the regular files of DIR as a group's set; it reaches the group's agents in
+    /// waves, as [rollout] says.
+    Push {
+        /// The agents' group (agent.group); `default`: agents whose group has no set.
+        #[arg(long, default_value = "default")]
+        group: String,
+        /// The directory whose regular files make the set.
+        dir: PathBuf,
+    },
+    /// Every set, how many agents applied it, are applying it or failed it, and its
+    /// config rollout.
+    Status,
+    /// Return a group to `default`'s set.
+    Delete {
+        #[arg(long)]
+        group: String,
+    },
+    /// Send the group's set to no more agents.
+    Halt {
+        #[arg(long, default_value = "default")]
+        group: String,
+        /// Why, recorded with the halt.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Let a halted config rollout go on (failures seen so far no longer count).
+    Resume {
+        #[arg(long, default_value = "default")]
+        group: String,
+    },
+    /// Open the config rollout's next wave now.
+    Advance {
+        #[arg(long, default_value = "default")]
+        group: String,
     },
 }
 
@@ -131,6 +177,30 @@ fn main() -> ExitCode {
                     println!(
                         "forgot the credentials of agent {id}; its next register gets new ones"
                     );
+                }
+            }
+            Some(Command::Config { action, admin }) => {
+                let client = admin.client(&config);
+                let action = match action {
+                    ConfigCmd::Push { group, dir } => ConfigAction::Push { group, dir },
+                    ConfigCmd::Status => ConfigAction::Status,
+                    ConfigCmd::Delete { group } => ConfigAction::Delete { group },
+                    ConfigCmd::Halt { group, reason } => ConfigAction::Halt { group, reason },
+                    ConfigCmd::Resume { group } => ConfigAction::Resume { group },
+                    ConfigCmd::Advance { group } => ConfigAction::Advance { group },
+                };
+                let answer = runtime.block_on(client.config(&action))?;
+                if admin.json {
+                    println!("{}", serde_json::to_string_pretty(&answer)?);
+                } else if let ConfigAction::Push { group, .. } = &action {
+                    println!(
+                        "stored set {} for group {group}",
+                        answer["hash"].as_str().unwrap_or("?")
+                    );
+                } else if let ConfigAction::Delete { group } = &action {
+                    println!("deleted the set of group {group}; its agents run default's set");
+                } else {
+                    print!("{}", update_server::cli::render_config(&answer));
                 }
             }
             Some(Command::Rollout { action, admin }) => {

@@ -18,6 +18,10 @@ pub struct Metrics {
     pub registrations_accepted: AtomicU64,
     pub registrations_refused: AtomicU64,
     pub reports: AtomicU64,
+    /// `POST /agent/config-status` calls.
+    pub config_statuses: AtomicU64,
+    /// Answers that carried a configuration set.
+    pub configs_sent: AtomicU64,
     /// Downloads whose client took no bytes for `downloads.stall-timeout` (slots freed).
     pub stalled: AtomicU64,
     /// Connections closed because a write made no progress for `downloads.stall-timeout`.
@@ -334,4 +338,93 @@ fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// The config rollouts' gauges, after the rest of `/metrics`.
+pub fn render_config(
+    out: &mut String,
+    metrics: &Metrics,
+    gauges: &agent_fleet::config::ConfigGauges,
+) {
+    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_config_sent_total Answers to agents that carried a configuration set."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_config_sent_total counter");
+    let _ = writeln!(
+        out,
+        "agentupdate_config_sent_total {}",
+        get(&metrics.configs_sent)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_config_status_total Configuration statuses agents reported."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_config_status_total counter");
+    let _ = writeln!(
+        out,
+        "agentupdate_config_status_total {}",
+        get(&metrics.config_statuses)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_config_rollout_state Each group's config rollout is in this state (1) or not (0)."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_config_rollout_state gauge");
+    for (group, state) in &gauges.states {
+        for s in ["running", "soaking", "halted", "completed"] {
+            let _ = writeln!(
+                out,
+                "agentupdate_config_rollout_state{{group=\"{group}\",state=\"{s}\"}} {}",
+                u8::from(*state == s)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_config_agents Agents of each group's config rollout, by status."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_config_agents gauge");
+    for (group, applied, failed, pending) in &gauges.agents {
+        for (status, n) in [
+            ("applied", applied),
+            ("failed", failed),
+            ("pending", pending),
+        ] {
+            let _ = writeln!(
+                out,
+                "agentupdate_config_agents{{group=\"{group}\",status=\"{status}\"}} {n}"
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_config_rollout_halts_total Config rollouts this server halted, by cause."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_config_rollout_halts_total counter");
+    for (cause, n) in &gauges.halts {
+        let _ = writeln!(
+            out,
+            "agentupdate_config_rollout_halts_total{{cause=\"{cause}\"}} {n}"
+        );
+    }
+}
+
+/// The fleet's health as its agents last reported it.
+pub fn health(unhealthy: i64, restarts: i64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_agents_unhealthy Agents whose last reported health is unhealthy (agent or workload)."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_agents_unhealthy gauge");
+    let _ = writeln!(out, "agentupdate_agents_unhealthy {unhealthy}");
+    let _ = writeln!(
+        out,
+        "# HELP agentupdate_workload_restarts Workload restarts the agents last reported, summed (each agent counts since it started)."
+    );
+    let _ = writeln!(out, "# TYPE agentupdate_workload_restarts gauge");
+    let _ = writeln!(out, "agentupdate_workload_restarts {restarts}");
+    out
 }

@@ -6,12 +6,18 @@
 //! started, and stays so (same pid) through the stability window, all within the health
 //! timeout. Failed, at once rather than at the timeout: the process exits or is
 //! restarted before it is healthy, exits during the window, or a server refuses it.
+//!
+//! The new version's workload counts too: the agent is healthy only once its workload
+//! runs and passes its check (the agent gives up on a start after the workload's
+//! `start-timeout`); a workload that exits, fails to start, restarts or turns unhealthy
+//! before the commit fails the update.
 
 use std::time::Duration;
 
 use agent_protocol::AgentVersion;
-use agent_protocol::journal::Health;
+use agent_protocol::journal::{Health, WorkloadReport};
 use agent_protocol::layout::EXIT_CONFIG;
+use agent_protocol::wire::WorkloadState;
 
 /// One look at the installation, `elapsed` after the new version was started.
 #[derive(Debug, Clone, Default)]
@@ -48,6 +54,18 @@ pub struct Judge {
     stable: Option<(u32, Duration)>,
     /// Set once the stability window has begun, for the log.
     pub announced: bool,
+    /// The workload's restarts when the window began: one more fails it.
+    restarts_at_stable: u64,
+    /// The verdict blames the workload (its log is worth showing).
+    workload_failed: bool,
+}
+
+/// The new version's workload, if it has one (an agent from before workloads, or one
+/// with `workload.command = []`, has none).
+fn workload_of(h: &Health) -> Option<&WorkloadReport> {
+    h.workload
+        .as_ref()
+        .filter(|w| w.health.workload != WorkloadState::None)
 }
 
 impl Judge {
@@ -59,7 +77,19 @@ impl Judge {
             watched: None,
             stable: None,
             announced: false,
+            restarts_at_stable: 0,
+            workload_failed: false,
         }
+    }
+
+    /// True when the failure is the workload's: its exit or failing check.
+    pub fn workload_failed(&self) -> bool {
+        self.workload_failed
+    }
+
+    fn workload_failure(&mut self, why: String) -> Judgement {
+        self.workload_failed = true;
+        Judgement::Failed(why)
     }
 
     /// When the stability window began, if it has.
@@ -92,7 +122,38 @@ impl Judge {
                     "the server refuses {to}: it expects {expected}"
                 ));
             }
+            let workload = workload_of(h);
+            if let Some(w) = workload
+                && w.health.workload == WorkloadState::Backoff
+            {
+                return self.workload_failure(format!(
+                    "the workload of {to} failed {secs:.1}s after start: {}",
+                    w.health
+                        .last_error
+                        .as_deref()
+                        .or(w.last_exit.as_deref())
+                        .unwrap_or("it is not running")
+                ));
+            }
+            let workload_ok = workload.is_none_or(|w| w.health.healthy);
+            let restarts = workload.map_or(0, |w| w.health.restarts);
             match self.stable {
+                Some((pid, _)) if pid == h.pid && restarts > self.restarts_at_stable => {
+                    return self.workload_failure(format!(
+                        "the workload of {to} was restarted {secs:.1}s after start, during the stability window: {}",
+                        workload
+                            .and_then(|w| w.last_exit.as_deref())
+                            .unwrap_or("it exited")
+                    ));
+                }
+                Some((pid, _)) if pid == h.pid && !workload_ok => {
+                    return self.workload_failure(format!(
+                        "the workload of {to} turned unhealthy {secs:.1}s after start, during the stability window: {}",
+                        workload
+                            .and_then(|w| w.health.last_error.as_deref())
+                            .unwrap_or("its health check fails")
+                    ));
+                }
                 Some((pid, _)) if pid != h.pid => {
                     return Judgement::Failed(format!(
                         "the new agent (pid {pid}) exited {secs:.1}s after it reported healthy and was restarted"
@@ -102,7 +163,10 @@ impl Judge {
                     return Judgement::Healthy { pid };
                 }
                 Some(_) => {}
-                None if h.components_started => self.stable = Some((h.pid, obs.elapsed)),
+                None if h.components_started && workload_ok => {
+                    self.stable = Some((h.pid, obs.elapsed));
+                    self.restarts_at_stable = restarts;
+                }
                 None => {}
             }
         } else if let Some((pid, _)) = self.stable {
@@ -126,6 +190,17 @@ impl Judge {
                 }
                 (Some(h), _) if !h.components_started => {
                     "running, components not started".to_owned()
+                }
+                (Some(h), _) if workload_of(h).is_some_and(|w| !w.health.healthy) => {
+                    self.workload_failed = true;
+                    let w = workload_of(h);
+                    format!(
+                        "its workload is {}{}",
+                        w.map_or("starting", |w| w.health.workload.as_str()),
+                        w.and_then(|w| w.health.last_error.as_deref())
+                            .map(|e| format!(" ({e})"))
+                            .unwrap_or_default()
+                    )
                 }
                 (Some(_), _) => "healthy, but not for the whole stability window".to_owned(),
                 (None, Some(_)) if obs.agent_alive => {
@@ -187,6 +262,7 @@ mod tests {
                 components_started: true,
                 last_contact: None,
                 refused_by_server: None,
+                workload: None,
             }),
             health_pid_alive: true,
             agent_pid: Some(pid),
@@ -298,6 +374,86 @@ mod tests {
             h.version = "1.0.0+1".parse().unwrap();
         }
         assert_eq!(j.observe(&o), Judgement::Wait);
+    }
+
+    fn with_workload(
+        mut o: Observation,
+        state: WorkloadState,
+        healthy: bool,
+        restarts: u64,
+    ) -> Observation {
+        use agent_protocol::wire::AgentHealth;
+        if let Some(h) = o.health.as_mut() {
+            h.workload = Some(WorkloadReport {
+                health: AgentHealth {
+                    healthy,
+                    workload: state,
+                    restarts,
+                    last_error: (!healthy)
+                        .then(|| "GET http://127.0.0.1:9/metrics: connection refused".into()),
+                },
+                pid: Some(70),
+                since: None,
+                last_exit: (restarts > 0).then(|| "exited with code 2 after 0.1s".into()),
+                start_timeout_ms: 30_000,
+            });
+        }
+        o
+    }
+
+    #[test]
+    fn a_starting_workload_delays_the_verdict_and_a_healthy_one_allows_it() {
+        let mut j = judge();
+        let starting = with_workload(healthy(0.5, 7), WorkloadState::Starting, false, 0);
+        assert_eq!(j.observe(&starting), Judgement::Wait);
+        assert_eq!(j.stable_since(), None);
+        let up = with_workload(healthy(3.0, 7), WorkloadState::Running, true, 0);
+        assert_eq!(j.observe(&up), Judgement::Wait);
+        let later = with_workload(healthy(13.5, 7), WorkloadState::Running, true, 0);
+        assert_eq!(j.observe(&later), Judgement::Healthy { pid: 7 });
+        assert!(!j.workload_failed());
+    }
+
+    #[test]
+    fn a_workload_that_exits_or_fails_its_start_fails_the_update_at_once() {
+        let mut j = judge();
+        let crashed = with_workload(healthy(1.5, 7), WorkloadState::Backoff, false, 0);
+        let Judgement::Failed(why) = j.observe(&crashed) else {
+            panic!("not failed");
+        };
+        assert!(
+            why.contains("workload of 2.0.0+2 failed") && why.contains("connection refused"),
+            "{why}"
+        );
+        assert!(j.workload_failed());
+    }
+
+    #[test]
+    fn a_workload_restarted_or_unhealthy_in_the_window_fails_the_update() {
+        let mut j = judge();
+        let up = with_workload(healthy(1.0, 7), WorkloadState::Running, true, 0);
+        assert_eq!(j.observe(&up), Judgement::Wait);
+        let again = with_workload(healthy(2.0, 7), WorkloadState::Starting, false, 1);
+        assert!(matches!(j.observe(&again), Judgement::Failed(w) if w.contains("code 2")));
+        let mut j = judge();
+        assert_eq!(j.observe(&up), Judgement::Wait);
+        let sick = with_workload(healthy(2.0, 7), WorkloadState::Running, false, 0);
+        assert!(matches!(j.observe(&sick), Judgement::Failed(w) if w.contains("unhealthy")));
+        assert!(j.workload_failed());
+    }
+
+    #[test]
+    fn a_workload_still_starting_at_the_timeout_is_named() {
+        let mut j = judge();
+        let slow = with_workload(healthy(60.0, 7), WorkloadState::Starting, false, 0);
+        let Judgement::Failed(why) = j.observe(&slow) else {
+            panic!("not failed");
+        };
+        assert!(
+            why.contains("workload is starting") && why.contains("connection refused"),
+            "{why}"
+        );
+        assert!(j.workload_failed());
     }
 
     #[test]

@@ -5,13 +5,16 @@
 //! configuration, flips `current`, starts the new agent through its wrapper, judges its
 //! health and commits or rolls back. It never writes to the operator's `conf/` except
 //! the merge (which keeps `agent.toml.bak`), and never deletes `data/` or `logs/`.
-//! The state files it shares with the agent are in [`state`].
+//! The state files it shares with the agent are in [`state`]; what to do after a
+//! failure is decided in [`outcome`], and every way out leaves an agent running.
 
+pub mod effects;
 pub mod error;
 pub mod health;
 pub mod lock;
 pub mod log;
 pub mod merge;
+pub mod outcome;
 pub mod process;
 pub mod settings;
 pub mod state;
@@ -27,6 +30,7 @@ use agent_protocol::minisign::{PublicKey, Signature};
 
 pub use error::{Result, UpdateError};
 
+use crate::effects::Effects;
 use crate::lock::UpdateLock;
 use crate::log::UpdateLog;
 use crate::settings::Settings;
@@ -50,7 +54,13 @@ pub fn run_update(req: &Request<'_>) -> Result<String> {
 
     // Outlive the agent that started us, and its session.
     let _ = nix::unistd::setsid();
+    run_update_with(req, &effects::Live)
+}
 
+/// [`run_update`] with its state writes and agent starts going through `fx`. Once it
+/// holds the lock, no way out of it (an error of its own included) leaves an agent
+/// that was handed to it, or a transaction it took up, without an agent running.
+pub fn run_update_with(req: &Request<'_>, fx: &dyn Effects) -> Result<String> {
     let home = std::fs::canonicalize(req.home).map_err(|e| {
         UpdateError::Failed(format!(
             "no agent installed at {}: {e}; pass --update=AGENT_HOME",
@@ -65,6 +75,29 @@ pub fn run_update(req: &Request<'_>) -> Result<String> {
         )));
     }
     let mut log = UpdateLog::open(&home.update_log());
+    let mut began = false;
+    let result = locked(req, &home, fx, &mut log, &mut began);
+    if let Err(e) = &result
+        && !matches!(e, UpdateError::Locked { .. })
+        && outcome::must_leave_an_agent(req.wait_pid.is_some(), req.recover, began)
+    {
+        log.step(&format!(
+            "the update stops here: {}",
+            outcome::explain(&e.to_string())
+        ));
+        leave_an_agent(&home, fx, &mut log);
+    }
+    result
+}
+
+/// Everything from the lock on; `began` is set once a transaction is taken up.
+fn locked(
+    req: &Request<'_>,
+    home: &AgentHome,
+    fx: &dyn Effects,
+    log: &mut UpdateLog,
+    began: &mut bool,
+) -> Result<String> {
     let _lock = match UpdateLock::acquire(&home.update_lock()) {
         Ok(l) => l,
         Err(UpdateError::Locked { holder, .. }) if req.recover => {
@@ -74,8 +107,8 @@ pub fn run_update(req: &Request<'_>) -> Result<String> {
         }
         Err(e) => return Err(e),
     };
-    let (settings, warnings) = Settings::load(&home, &|k| std::env::var(k).ok());
-    let journal = state::read_journal(&home)?;
+    let (settings, warnings) = Settings::load(home, &|k| std::env::var(k).ok());
+    let journal = state::read_journal(home)?;
     let (journal, recovering) = match journal {
         Some(j) if !j.phase.is_final() => {
             // Prepared is where the agent leaves it; anything later means a run died.
@@ -83,10 +116,11 @@ pub fn run_update(req: &Request<'_>) -> Result<String> {
             (j, recovering)
         }
         // The updater died between the commit and its report: send it, clean up.
-        Some(j) if j.phase == Phase::Committed && txn::has_leftovers(&home) => (j, true),
+        Some(j) if j.phase == Phase::Committed && txn::has_leftovers(home) => (j, true),
         _ if req.recover => return Ok("nothing to recover: no update is under way".into()),
-        _ => (new_transaction(&home, req.bundle)?, false),
+        _ => (new_transaction(home, req.bundle, fx)?, false),
     };
+    *began = true;
     log.set_prefix(format!("{} -> {}", journal.from, journal.to));
     if recovering {
         log.step(&format!(
@@ -106,25 +140,50 @@ pub fn run_update(req: &Request<'_>) -> Result<String> {
     let to = journal.to.clone();
     let from = journal.from.clone();
     let mut txn = Transaction {
-        home: &home,
+        home,
         journal,
         settings,
-        log: &mut log,
+        log,
         wait_pid: req.wait_pid,
         recovering,
+        fx,
     };
-    match txn.run()? {
+    match txn.run() {
         Verdict::Committed => Ok(format!("agent updated from {from} to {to}")),
         Verdict::RolledBack(reason) => Err(UpdateError::Failed(format!(
             "update to {to} rolled back, {from} runs again: {reason}. See logs/update.log"
         ))),
+        Verdict::Unrecorded(reason) => Err(UpdateError::Failed(format!(
+            "{to} is healthy and runs, but the commit could not be recorded: {reason}; it is recorded once the disk has room. See logs/update.log"
+        ))),
+    }
+}
+
+/// The last resort on the way out: the version `current` names is started unless an
+/// agent (or a supervisor about to restart one) runs.
+fn leave_an_agent(home: &AgentHome, fx: &dyn Effects, log: &mut UpdateLog) {
+    if let Some(pid) = fx.running_agent(home) {
+        log.step(&format!("an agent runs (pid {pid})"));
+        return;
+    }
+    if fx.supervisor_running(home) {
+        log.step("the wrapper's supervisor is restarting the agent");
+        return;
+    }
+    let dir = std::fs::canonicalize(home.current()).unwrap_or_else(|_| home.current());
+    match fx.start_agent(home, &dir, None) {
+        Ok(out) => log.step(&format!("started the agent in {}: {out}", dir.display())),
+        Err(e) => log.step(&format!(
+            "could not start the agent: {e}; start it with {}/bin/agent-wrapper.sh start",
+            dir.display()
+        )),
     }
 }
 
 /// An update started by hand (`agent-bundle-V --update=HOME`), not by the agent: the
 /// bundle must verify against the installation's trusted key with the `.minisig`
 /// beside it, exactly as the agent would have checked it.
-fn new_transaction(home: &AgentHome, bundle: &Path) -> Result<Journal> {
+fn new_transaction(home: &AgentHome, bundle: &Path, fx: &dyn Effects) -> Result<Journal> {
     let current = std::fs::canonicalize(home.current())
         .map_err(|e| UpdateError::Failed(format!("{}: {e}", home.current().display())))?;
     let from = payload::installed_version(&current)?;
@@ -165,7 +224,9 @@ fn new_transaction(home: &AgentHome, bundle: &Path) -> Result<Journal> {
             .chain
             .as_ref()
             .map(|chain| state::trust_change(chain, &key_path)),
+        ended_at: None,
+        abandoned: false,
     };
-    state::write_journal(home, &journal)?;
+    fx.write_journal(home, &journal)?;
     Ok(journal)
 }

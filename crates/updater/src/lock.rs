@@ -1,4 +1,7 @@
-//! `run/update.lock`: one updater per installation.
+//! `run/update.lock`: one updater per installation. It is an flock(2), so the kernel
+//! drops it when its holder dies; [`holder`] tells others (the agent, `agent status`)
+//! whether an updater holds it, without taking it (a probe that took it, even for an
+//! instant, could turn a starting updater away).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, Write};
@@ -46,6 +49,31 @@ impl UpdateLock {
     }
 }
 
+/// The pid of the updater holding the lock at `path`, if one does: the pid it wrote there
+/// is listed in /proc/locks as holding an exclusive flock on that very file.
+pub fn holder(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let pid: u32 = fs::read_to_string(path).ok()?.trim().parse().ok()?;
+    let inode = fs::metadata(path).ok()?.ino();
+    let locks = fs::read_to_string("/proc/locks").ok()?;
+    locks
+        .lines()
+        .any(|line| holds(line, pid, inode))
+        .then_some(pid)
+}
+
+/// `1: FLOCK  ADVISORY  WRITE 1234 fe:00:5366268 0 EOF`: an exclusive flock by `pid` on
+/// inode `inode` (the device is not compared: the pid and inode together suffice).
+fn holds(line: &str, pid: u32, inode: u64) -> bool {
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    matches!(
+        fields.as_slice(),
+        [_, "FLOCK", _, "WRITE", p, dev_inode, ..]
+            if p.parse() == Ok(pid)
+                && dev_inode.rsplit(':').next().and_then(|i| i.parse().ok()) == Some(inode)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,5 +87,35 @@ mod tests {
         assert!(err.contains(&std::process::id().to_string()), "{err}");
         drop(held);
         UpdateLock::acquire(&path).unwrap();
+    }
+
+    #[test]
+    fn the_holder_is_seen_only_while_the_lock_is_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/update.lock");
+        let held = UpdateLock::acquire(&path).unwrap();
+        assert_eq!(holder(&path), Some(std::process::id()));
+        drop(held);
+        // The pid is still written in the file; the kernel no longer lists the lock.
+        assert_eq!(holder(&path), None);
+        assert_eq!(holder(&dir.path().join("none")), None);
+    }
+
+    #[test]
+    fn proc_locks_lines_parse() {
+        let line = "1: FLOCK  ADVISORY  WRITE 22768 fe:00:5366268 0 EOF";
+        assert!(holds(line, 22768, 5366268));
+        assert!(!holds(line, 22769, 5366268));
+        assert!(!holds(line, 22768, 5366267));
+        assert!(!holds(
+            "2: FLOCK  ADVISORY  READ 22768 fe:00:5366268 0 EOF",
+            22768,
+            5366268
+        ));
+        assert!(!holds(
+            "3: POSIX  ADVISORY  WRITE 22768 fe:00:5366268 0 EOF",
+            22768,
+            5366268
+        ));
     }
 }

@@ -10,6 +10,8 @@ pub struct UpdateLog {
     started: Instant,
     step_started: Instant,
     prefix: String,
+    /// Said once: the log file refuses writes (a full disk).
+    write_failed: bool,
 }
 
 impl UpdateLog {
@@ -26,6 +28,7 @@ impl UpdateLog {
             started: now,
             step_started: now,
             prefix: String::new(),
+            write_failed: false,
         }
     }
 
@@ -46,10 +49,20 @@ impl UpdateLog {
         );
         self.step_started = now;
         tracing::info!("{}", line.trim_end());
-        if let Some(f) = &mut self.file {
-            let _ = f.write_all(line.as_bytes());
-            let _ = f.sync_data();
+        // Written to stderr as well (logs/update.out when the agent started us), and
+        // neither write may stop the update: on a full disk both fail, and `eprint!`
+        // would panic where the old agent is still to be started.
+        let mut stderr = std::io::stderr();
+        let _ = stderr.write_all(line.as_bytes());
+        if let Some(f) = &mut self.file
+            && let Err(e) = f.write_all(line.as_bytes()).and_then(|()| f.sync_data())
+            && !self.write_failed
+        {
+            self.write_failed = true;
+            let _ = writeln!(
+                stderr,
+                "cannot write logs/update.log ({e}); the update goes on, logging here only"
+            );
         }
-        eprint!("{line}");
     }
 }

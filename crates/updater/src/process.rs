@@ -45,9 +45,23 @@ pub fn recorded_agent_pid(home: &AgentHome) -> Option<u32> {
     read_pid(&home.pid_file())
 }
 
-/// The running agent of this installation, if any.
+/// The running agent of this installation, if any: the one `run/agent.pid` names or,
+/// when that file says nothing useful (a full disk can leave it empty), one found among
+/// the processes.
 pub fn running_agent(home: &AgentHome) -> Option<u32> {
-    read_pid(&home.pid_file()).filter(|&p| is_agent(p, home))
+    read_pid(&home.pid_file())
+        .filter(|&p| is_agent(p, home))
+        .or_else(|| find_agent(home))
+}
+
+fn find_agent(home: &AgentHome) -> Option<u32> {
+    let me = std::process::id();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .find(|&pid| is_agent(pid, home))
 }
 
 pub fn running_supervisor(home: &AgentHome) -> Option<u32> {

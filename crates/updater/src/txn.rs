@@ -5,6 +5,13 @@
 //! At no instant is there no runnable agent on disk: the new version is unpacked beside
 //! the old one, `current` is flipped by renaming a symlink, and the old version is
 //! removed only after a later update commits.
+//!
+//! Every way out of a failed transaction ([`Transaction::run`] never fails) puts the old
+//! version back and starts it *before* it writes the outbox, `data/bad-versions` or the
+//! journal's last phase; those writes may fail (a full disk) and are then logged, never
+//! a reason to leave the machine without an agent. A journal that could not record the
+//! end still names the transaction, and the updater's link stays in `data/update/`, so
+//! the agent or the next start finishes it from what is on disk.
 
 use std::fs;
 use std::io;
@@ -20,10 +27,12 @@ use agent_protocol::layout::{self, AgentHome};
 use agent_protocol::minisign::{KeyId, PublicKey};
 use agent_protocol::wire::{Report, UpdateStatus};
 
+use crate::effects::Effects;
 use crate::error::{Result, UpdateError};
 use crate::health::{self, Judge, Judgement, Observation};
 use crate::log::UpdateLog;
 use crate::merge;
+use crate::outcome::{self, Blame, Resume};
 use crate::process::{self, Stopped};
 use crate::settings::Settings;
 use crate::state::{self, io_at};
@@ -45,6 +54,8 @@ pub struct Transaction<'a> {
     pub wait_pid: Option<u32>,
     /// This run picks up a journal left by a run that died.
     pub recovering: bool,
+    /// The journal, the outbox, bad versions and agent starts go through here.
+    pub fx: &'a dyn Effects,
 }
 
 /// True while `data/update/` still holds the recovery link of an update.
@@ -53,17 +64,29 @@ pub fn has_leftovers(home: &AgentHome) -> bool {
 }
 
 /// How a transaction ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Committed,
     RolledBack(String),
+    /// The new version is healthy and runs, but the journal could not record the commit
+    /// (the reason): it stays, and a later recovery records it.
+    Unrecorded(String),
 }
+
+/// Starts of the old version through its wrapper before the updater gives up (a second
+/// later each): a wrapper can fail where a moment later it would not (its own files on a
+/// disk that is being freed).
+const START_ATTEMPTS: u32 = 3;
 
 /// A fault point for the crash tests (`--features failpoints`, `FAILPOINTS=<name>=return`):
 /// the process dies on the spot, like `kill -9`, with no cleanup.
 macro_rules! fault {
     ($name:expr) => {
         fail::fail_point!($name, |_| {
-            eprintln!("fault point {} reached: dying", $name);
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("fault point {} reached: dying\n", $name).as_bytes(),
+            );
             std::process::abort()
         })
     };
@@ -94,18 +117,52 @@ impl Transaction<'_> {
             .unwrap_or_else(|| self.journal.from.to_string())
     }
 
+    /// Records `phase`; the phase in memory moves only once the journal says so, so that
+    /// a failed write leaves both naming the last phase reached.
     fn record(&mut self, phase: Phase) -> Result<()> {
+        let before = self.journal.phase;
         self.journal.phase = phase;
-        state::write_journal(self.home, &self.journal)
+        let written = self.fx.write_journal(self.home, &self.journal);
+        if written.is_err() {
+            self.journal.phase = before;
+        }
+        written
+    }
+
+    /// Records `phase` where a failure to must not change what happens next; says so.
+    fn try_record(&mut self, phase: Phase) -> bool {
+        match self.record(phase) {
+            Ok(()) => true,
+            Err(e) => {
+                self.journal.phase = phase;
+                self.log.step(&format!(
+                    "could not record phase {phase:?} in the journal: {}",
+                    outcome::explain(&e.to_string())
+                ));
+                false
+            }
+        }
     }
 
     /// Drives the journal to a final phase. A failure before the switch closes the
-    /// transaction with the old version untouched and running.
-    pub fn run(&mut self) -> Result<Verdict> {
+    /// transaction with the old version untouched and running; after it, rolls back.
+    /// Either way an agent runs when this returns.
+    pub fn run(&mut self) -> Verdict {
+        if outcome::resume(
+            self.journal.phase,
+            self.recovering,
+            self.fx.running_agent(self.home).is_some(),
+        ) == Resume::Abandon
+        {
+            return self.abandon(format!(
+                "an earlier updater stopped at phase {:?} and {} runs again",
+                self.journal.phase, self.journal.from
+            ));
+        }
         match self.drive() {
-            Ok(v) => Ok(v),
+            Ok(v) => v,
             Err(e) if self.journal.phase < Phase::Switched => self.abandon(e.to_string()),
-            Err(e) => Err(e),
+            Err(e) => self.rollback(format!("the updater failed: {e}"), false),
         }
     }
 
@@ -136,21 +193,27 @@ impl Transaction<'_> {
                     fault!("updater-switched");
                 }
                 Phase::Switched => {
-                    if self.recovering {
+                    // A recovery that finds the new version running judges it; only one
+                    // that has to start it again counts a start.
+                    if self.recovering && self.fx.running_agent(self.home).is_none() {
                         self.journal.boot_count += 1;
-                        self.record(Phase::Switched)?;
+                        self.try_record(Phase::Switched);
                         if self.journal.boot_count > self.settings.max_boots {
                             let reason = format!(
                                 "the new version did not commit after {} starts (it crashes or the updater died each time)",
                                 self.settings.max_boots
                             );
-                            return self.rollback(reason);
+                            return Ok(self.rollback(reason, true));
                         }
                     }
-                    match self.start_and_judge() {
-                        Ok(()) => return self.commit(),
-                        Err(reason) => return self.rollback(reason),
-                    }
+                    return Ok(match self.start_and_judge() {
+                        Ok(()) => self.commit(),
+                        Err(reason) => match outcome::blame(&reason, self.fx.free_bytes(self.home))
+                        {
+                            Blame::Bundle => self.rollback(reason, true),
+                            Blame::Disk(reason) => self.rollback(reason, false),
+                        },
+                    });
                 }
                 Phase::RollingBack => {
                     let reason = self
@@ -158,7 +221,8 @@ impl Transaction<'_> {
                         .reason
                         .clone()
                         .unwrap_or_else(|| "an earlier rollback was interrupted".into());
-                    return self.rollback(reason);
+                    let bad = !outcome::mentions_full_disk(&reason);
+                    return Ok(self.rollback(reason, bad));
                 }
                 Phase::Committed => {
                     if has_leftovers(self.home) {
@@ -202,7 +266,7 @@ impl Transaction<'_> {
     }
 
     fn stop_old(&mut self) {
-        let pid = self.wait_pid.or_else(|| process::running_agent(self.home));
+        let pid = self.wait_pid.or_else(|| self.fx.running_agent(self.home));
         let how = process::stop_agent(self.home, pid, self.settings.stop_patience);
         let what = match how {
             Stopped::NotRunning => "the old agent had already stopped".to_owned(),
@@ -256,6 +320,7 @@ impl Transaction<'_> {
                 facts.version
             )));
         }
+        fault!("updater-unpacking");
         let written = unpack::unpack_tar_gz(
             payload.dist(&facts.version)?,
             &staging,
@@ -315,6 +380,7 @@ impl Transaction<'_> {
         let defaults =
             fs::read_to_string(new_dir.join("conf.default/agent.toml")).unwrap_or_default();
         let (merged, added) = merge::merge(&before, &defaults)?;
+        fault!("updater-merging");
         fs::create_dir_all(self.home.conf()).map_err(|e| e.to_string())?;
         atomic::write(&self.home.conf().join("agent.toml.bak"), before.as_bytes())
             .map_err(|e| e.to_string())?;
@@ -325,6 +391,14 @@ impl Transaction<'_> {
                 let target = self.home.conf().join(entry.file_name());
                 if !target.exists() && entry.path().is_file() {
                     atomic::copy_file(&entry.path(), &target).map_err(|e| e.to_string())?;
+                }
+                // The workload's configuration, for a first version that has one; an
+                // existing conf/workload/ is never touched.
+                if entry.file_name() == "workload"
+                    && entry.path().is_dir()
+                    && fs::symlink_metadata(&target).is_err()
+                {
+                    atomic::copy_tree(&entry.path(), &target).map_err(|e| e.to_string())?;
                 }
             }
         }
@@ -339,17 +413,33 @@ impl Transaction<'_> {
         Ok(())
     }
 
+    /// Puts back `conf/agent.toml` as it was before the merge, if the merge changed it.
     fn restore_conf(&mut self) {
-        let before = self.conf_before();
-        if let Ok(text) = atomic::read_text(&before, 1 << 20) {
-            match atomic::write(&self.home.agent_toml(), text.as_bytes()) {
-                Ok(()) => self
-                    .log
-                    .step("configuration restored to what it was before the update"),
-                Err(e) => self
-                    .log
-                    .step(&format!("could not restore conf/agent.toml: {e}")),
-            }
+        let Ok(text) = atomic::read_text(&self.conf_before(), 1 << 20) else {
+            return;
+        };
+        let conf = self.home.agent_toml();
+        if fs::read_to_string(&conf).is_ok_and(|now| now == text) {
+            return;
+        }
+        let Err(e) = atomic::write(&conf, text.as_bytes()) else {
+            self.log
+                .step("configuration restored to what it was before the update");
+            return;
+        };
+        // No room for a copy: the file before the merge is also conf/agent.toml.bak, and
+        // a rename writes no byte.
+        let bak = self.home.conf().join("agent.toml.bak");
+        if fs::read_to_string(&bak).is_ok_and(|b| b == text) && fs::rename(&bak, &conf).is_ok() {
+            self.log.step(&format!(
+                "configuration restored by moving conf/agent.toml.bak back (no room to copy it: {e})"
+            ));
+        } else {
+            self.log.step(&format!(
+                "could not restore conf/agent.toml: {}; the file before the update is in {}",
+                outcome::explain(&e.to_string()),
+                self.conf_before().display()
+            ));
         }
     }
 
@@ -358,13 +448,14 @@ impl Transaction<'_> {
         let to = self.journal.to.clone();
         let _ = fs::remove_file(self.home.health_file());
         let start = Instant::now();
-        if process::running_agent(self.home).is_none() {
+        if self.fx.running_agent(self.home).is_none() {
             // The wrapper only launches it; the judge below watches it come up, so
             // `start` need not wait long for a slow one.
             let within = self.settings.health_timeout.min(WRAPPER_START_WAIT);
-            let out =
-                process::wrapper_within(self.home, &self.version_dir(&to), "start", Some(within))
-                    .map_err(|e| format!("{to} did not start through its wrapper: {e}"))?;
+            let out = self
+                .fx
+                .start_agent(self.home, &self.version_dir(&to), Some(within))
+                .map_err(|e| format!("{to} did not start through its wrapper: {e}"))?;
             self.log
                 .step(&format!("started {to} through its wrapper: {out}"));
         }
@@ -383,6 +474,9 @@ impl Transaction<'_> {
                         self.settings.stability_window
                     ));
                     return Ok(());
+                }
+                Judgement::Failed(reason) if judge.workload_failed() => {
+                    return Err(with_workload_log(self.home, reason));
                 }
                 Judgement::Failed(reason) => return Err(reason),
             }
@@ -435,24 +529,38 @@ impl Transaction<'_> {
             status,
             error,
         };
-        if let Err(e) = state::enqueue_report(self.home, &report) {
+        if let Err(e) = self.fx.enqueue_report(self.home, &report) {
             // A report is never a reason to change the verdict.
             self.log.step(&format!(
-                "could not queue the {} report: {e}",
-                status.as_str()
+                "could not queue the {} report: {}",
+                status.as_str(),
+                outcome::explain(&e.to_string())
             ));
         }
     }
 
-    fn commit(&mut self) -> Result<Verdict> {
-        self.record(Phase::Committed)?;
+    fn commit(&mut self) -> Verdict {
+        self.journal.ended_at = Some(state::now_secs());
+        if let Err(e) = self.record(Phase::Committed) {
+            // The new version is healthy and serving: rolling it back because a file
+            // cannot be written would trade a working agent for nothing. The journal
+            // stays at Switched and the updater's link in data/update/, so a recovery
+            // (the agent asks for one) judges it again and records the commit.
+            self.journal.ended_at = None;
+            let reason = outcome::explain(&e.to_string());
+            self.log.step(&format!(
+                "{} is healthy and runs, but the commit could not be recorded: {reason}; it is recorded (and INSTALLED reported) once the disk has room",
+                self.journal.to
+            ));
+            return Verdict::Unrecorded(reason);
+        }
         fault!("updater-committed");
         self.log.step(&format!(
             "committed: {} is the installed version",
             self.journal.to
         ));
         self.finish_commit();
-        Ok(Verdict::Committed)
+        Verdict::Committed
     }
 
     /// After the commit record: report, prune, clean. Repeatable: recovery runs it again
@@ -549,57 +657,28 @@ impl Transaction<'_> {
     /// Nothing was switched yet: `current` still names the old version. Close the
     /// journal, undo the merge, and make sure the old agent runs again. The bundle is
     /// not marked bad: the failure was not proven to be the bundle's.
-    fn abandon(&mut self, reason: String) -> Result<Verdict> {
+    fn abandon(&mut self, reason: String) -> Verdict {
+        let reason = outcome::explain(&reason);
         self.log
             .step(&format!("update abandoned before the switch: {reason}"));
-        self.restore_old(&reason)?;
-        Ok(Verdict::RolledBack(reason))
+        self.journal.abandoned = true;
+        self.restore_old(&reason, false);
+        Verdict::RolledBack(reason)
     }
 
-    /// Puts the old version back: `current`, the configuration, no trace of the new
-    /// version; reports `INSTALL_FAILED` (before the journal closes, so a crash repeats
-    /// the report rather than losing it), closes the journal and starts the old agent
-    /// unless one runs. Shared by the rollback and by an abandon before the switch.
-    fn restore_old(&mut self, reason: &str) -> Result<()> {
-        let from = self.journal.from.clone();
-        let to = self.journal.to.clone();
-        let from_name = self.old_dir_name();
-        let old_dir = self.home.versions().join(&from_name);
-        atomic::replace_symlink(
-            &self.home.current(),
-            &Path::new("versions").join(&from_name),
-        )?;
-        self.log.step(&format!("current -> versions/{from_name}"));
-        self.restore_conf();
-        self.report(UpdateStatus::InstallFailed, Some(reason.to_owned()));
-        let _ = fs::remove_dir_all(self.staging_dir());
-        let new_dir = self.version_dir(&to);
-        if to.to_string() != from_name && new_dir.exists() {
-            let _ = fs::remove_dir_all(&new_dir);
-        }
-        self.journal.reason = Some(reason.to_owned());
-        self.record(Phase::RolledBack)?;
-        self.clean_update_dir();
-        if process::running_agent(self.home).is_none() {
-            match process::wrapper(self.home, &old_dir, "start") {
-                Ok(out) => self.log.step(&format!("started {from} again: {out}")),
-                Err(e) => self.log.step(&format!("could not start {from}: {e}")),
-            }
-        }
-        Ok(())
-    }
-
-    /// Step 6: back to the old version, remembered as bad, reported.
-    fn rollback(&mut self, reason: String) -> Result<Verdict> {
+    /// Step 6: back to the old version; remembered as bad when `bundle_at_fault`.
+    fn rollback(&mut self, reason: String, bundle_at_fault: bool) -> Verdict {
         self.journal.reason = Some(reason.clone());
-        self.record(Phase::RollingBack)?;
+        // Recorded first so that a crash from here on goes on rolling back; a journal
+        // that cannot be written does not stop the rollback.
+        self.try_record(Phase::RollingBack);
         self.log.step(&format!("rolling back: {reason}"));
         fault!("updater-rolling-back");
         let old_dir = self.home.versions().join(self.old_dir_name());
-        let pid = process::running_agent(self.home);
+        let pid = self.fx.running_agent(self.home);
         // A supervisor between restarts of a crashing agent must go too, or it would
         // start the next one.
-        if pid.is_some() || process::running_supervisor(self.home).is_some() {
+        if pid.is_some() || self.fx.supervisor_running(self.home) {
             let _ = process::wrapper(self.home, &old_dir, "stop");
             process::stop_agent(self.home, pid, Duration::ZERO);
             self.log.step(&match pid {
@@ -607,20 +686,122 @@ impl Transaction<'_> {
                 None => "stopped the new agent's supervisor (between restarts)".to_owned(),
             });
         }
-        if let Err(e) = state::add_bad(
-            self.home,
-            &self.journal.bundle_sha256,
-            &self.journal.to.to_string(),
-            &reason,
-        ) {
-            self.log
-                .step(&format!("could not record the bad bundle: {e}"));
+        self.restore_old(&reason, bundle_at_fault);
+        self.log.step(&if bundle_at_fault {
+            format!(
+                "rolled back to {}; bundle {} is in data/bad-versions and will not be retried",
+                self.journal.from, self.journal.bundle_sha256
+            )
+        } else {
+            format!(
+                "rolled back to {}; the bundle is not held against (the disk was full), so it is tried again",
+                self.journal.from
+            )
+        });
+        Verdict::RolledBack(reason)
+    }
+
+    /// Puts the old version back and starts it, then writes what there is to write.
+    /// In order: `current`, no trace of the new version (which frees room), the
+    /// configuration, the old agent started unless one runs; then the `INSTALL_FAILED`
+    /// report (before the journal closes, so a crash repeats the report rather than
+    /// losing it), the bad bundle, and the journal's last phase. Shared by the rollback
+    /// and by an abandon before the switch. Nothing here fails: what cannot be done is
+    /// logged, and what cannot be recorded is left for the next start to finish.
+    fn restore_old(&mut self, reason: &str, bundle_at_fault: bool) {
+        let from_name = self.old_dir_name();
+        let to = self.journal.to.clone();
+        let target = Path::new("versions").join(&from_name);
+        if fs::read_link(self.home.current()).ok().as_deref() != Some(target.as_path()) {
+            match atomic::replace_symlink(&self.home.current(), &target) {
+                Ok(()) => self.log.step(&format!("current -> versions/{from_name}")),
+                Err(e) => self.log.step(&format!(
+                    "could not point current back at versions/{from_name}: {}",
+                    outcome::explain(&e.to_string())
+                )),
+            }
         }
-        self.restore_old(&reason)?;
-        self.log.step(&format!(
-            "rolled back to {}; bundle {} is in data/bad-versions and will not be retried",
-            self.journal.from, self.journal.bundle_sha256
-        ));
-        Ok(Verdict::RolledBack(reason))
+        let _ = fs::remove_dir_all(self.staging_dir());
+        let new_dir = self.version_dir(&to);
+        if to.to_string() != from_name && new_dir.exists() {
+            let _ = fs::remove_dir_all(&new_dir);
+        }
+        self.restore_conf();
+        self.start_old();
+
+        self.report(UpdateStatus::InstallFailed, Some(reason.to_owned()));
+        if bundle_at_fault
+            && let Err(e) = self.fx.add_bad(
+                self.home,
+                &self.journal.bundle_sha256,
+                &self.journal.to.to_string(),
+                reason,
+            )
+        {
+            self.log.step(&format!(
+                "could not record the bad bundle: {}",
+                outcome::explain(&e.to_string())
+            ));
+        }
+        self.journal.reason = Some(reason.to_owned());
+        self.journal.ended_at = Some(state::now_secs());
+        if self.try_record(Phase::RolledBack) {
+            self.clean_update_dir();
+        } else {
+            self.log.step(
+                "the journal still names this update; the agent, or the next start through the wrapper, closes it from what is on disk (data/update/ is kept for that)",
+            );
+        }
+    }
+
+    /// Starts the old version through its wrapper unless an agent (or a supervisor
+    /// about to restart one) runs; tries again while none does.
+    fn start_old(&mut self) {
+        let from = self.journal.from.clone();
+        let old_dir = self.home.versions().join(self.old_dir_name());
+        for attempt in 1..=START_ATTEMPTS {
+            if let Some(pid) = self.fx.running_agent(self.home) {
+                if attempt == 1 {
+                    self.log.step(&format!("{from} runs (pid {pid})"));
+                }
+                return;
+            }
+            if attempt == 1 && self.fx.supervisor_running(self.home) {
+                self.log.step(&format!(
+                    "the wrapper's supervisor is restarting {from}; leaving it to it"
+                ));
+                return;
+            }
+            match self.fx.start_agent(self.home, &old_dir, None) {
+                Ok(out) => {
+                    self.log.step(&format!("started {from} again: {out}"));
+                    return;
+                }
+                Err(e) => self.log.step(&format!(
+                    "could not start {from} (attempt {attempt} of {START_ATTEMPTS}): {e}"
+                )),
+            }
+            if attempt < START_ATTEMPTS {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        if self.fx.running_agent(self.home).is_none() {
+            self.log.step(&format!(
+                "no agent runs: start it with {}/bin/agent-wrapper.sh start",
+                old_dir.display()
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod exit_paths;
+/// A workload's failure with the last lines it wrote, so the report says why.
+fn with_workload_log(home: &AgentHome, reason: String) -> String {
+    let tail = atomic::tail_lines(&home.logs().join("workload.log"), 5);
+    if tail.trim().is_empty() {
+        reason
+    } else {
+        format!("{reason}; last lines of logs/workload.log:\n{tail}")
     }
 }

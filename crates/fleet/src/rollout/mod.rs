@@ -35,7 +35,7 @@ use crate::rollout::claim::Claim;
 use crate::rollout::order::Member;
 use crate::rollout::plan::Plan;
 use crate::rollout::step::{Decision, Directive, HaltCause, State};
-use crate::rollout::store::{Membership, NewRollout, RolloutRow};
+use crate::rollout::store::{BUNDLES, Membership, NewRollout, RolloutRow};
 
 /// The bundle this server serves, as a rollout knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -240,7 +240,7 @@ impl Rollouts {
                 (id.clone(), *wave, done)
             })
             .collect();
-        store::insert_members(&mut tx, id, &rows, now).await?;
+        store::insert_members(&mut tx, BUNDLES, id, &rows, now).await?;
         let detail = format!(
             "{} -> {}, {} agents placed in {} waves ({})",
             previous
@@ -257,17 +257,50 @@ impl Rollouts {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        store::event(&mut *tx, id, "started", 0, &detail, now, &self.server).await?;
+        store::event(
+            &mut *tx,
+            BUNDLES,
+            id,
+            "started",
+            0,
+            &detail,
+            now,
+            &self.server,
+        )
+        .await?;
         if state == State::Completed {
             // The previous version again: nothing to roll out.
             let row = store::lock(&mut *tx, self.db.backend(), id).await?;
             if let Some(row) = row {
                 for w in 1..=self.plan.wave_count() {
-                    store::apply(&mut tx, &row, &Decision::OpenWave(w), now, &self.server).await?;
-                    store::apply(&mut tx, &row, &Decision::CompleteWave(w), now, &self.server)
-                        .await?;
+                    store::apply(
+                        &mut tx,
+                        BUNDLES,
+                        &row.head(),
+                        &Decision::OpenWave(w),
+                        now,
+                        &self.server,
+                    )
+                    .await?;
+                    store::apply(
+                        &mut tx,
+                        BUNDLES,
+                        &row.head(),
+                        &Decision::CompleteWave(w),
+                        now,
+                        &self.server,
+                    )
+                    .await?;
                 }
-                store::apply(&mut tx, &row, &Decision::Complete, now, &self.server).await?;
+                store::apply(
+                    &mut tx,
+                    BUNDLES,
+                    &row.head(),
+                    &Decision::Complete,
+                    now,
+                    &self.server,
+                )
+                .await?;
             }
         }
         tx.commit().await?;
@@ -327,7 +360,7 @@ impl Rollouts {
         if let Some(row) = &latest
             && lock(&self.members).0 != row.id
         {
-            let placed = store::memberships(self.db.pool(), row.id).await?;
+            let placed = store::memberships(self.db.pool(), BUNDLES, row.id).await?;
             let mut members = lock(&self.members);
             if members.0 != row.id {
                 *members = (row.id, placed);
@@ -363,16 +396,16 @@ impl Rollouts {
             return self.refresh().await;
         }
         let now = now_ms();
-        let timed_out = store::time_out(&mut tx, row.id, &row.plan, now).await?;
+        let timed_out = store::time_out(&mut tx, BUNDLES, row.id, &row.plan, now).await?;
         let mut decided = Vec::new();
         // Each wave opens and completes at most once, plus a soak, a halt, the end.
         let most = 3 * row.plan.waves.len() + 3;
         while decided.len() < most {
-            let progress = store::progress(&mut tx, &row).await?;
+            let progress = store::progress(&mut tx, BUNDLES, &row.head()).await?;
             let Some(decision) = step::next(&row.plan, &progress, now) else {
                 break;
             };
-            if !store::apply(&mut tx, &row, &decision, now, &self.server).await? {
+            if !store::apply(&mut tx, BUNDLES, &row.head(), &decision, now, &self.server).await? {
                 break;
             }
             decided.push((decision, progress));
@@ -410,8 +443,8 @@ impl Rollouts {
             None => false,
             Some(row) if matches!(row.state, State::Halted | State::Completed) => false,
             Some(row) => {
-                store::overdue(&mut tx, row.id, &row.plan, now).await? || {
-                    let progress = store::progress(&mut tx, &row).await?;
+                store::overdue(&mut tx, BUNDLES, row.id, &row.plan, now).await? || {
+                    let progress = store::progress(&mut tx, BUNDLES, &row.head()).await?;
                     step::next(&row.plan, &progress, now).is_some()
                 }
             }
@@ -487,6 +520,7 @@ impl Rollouts {
             // Running the target proves the install, even if its report got lost.
             store::set_outcome(
                 self.db.pool(),
+                BUNDLES,
                 current.id,
                 agent,
                 store::INSTALLED,
@@ -498,7 +532,7 @@ impl Rollouts {
             self.wake.notify_one();
         }
         if !accepted && !member.told {
-            store::mark_told(self.db.pool(), current.id, agent, now).await?;
+            store::mark_told(self.db.pool(), BUNDLES, current.id, agent, now).await?;
             self.remember(current.id, agent, |m| m.told = true);
         }
         Ok(Some(Answer {
@@ -633,11 +667,20 @@ impl Rollouts {
                 return Ok(*m);
             }
         }
-        let member = match store::membership(self.db.pool(), current.id, agent).await? {
+        let member = match store::membership(self.db.pool(), BUNDLES, current.id, agent).await? {
             Some(m) => m,
             None => {
                 let wave = current.plan.join_wave(current.opened, group);
-                store::join(self.db.pool(), current.id, agent, wave, on_target, now_ms()).await?
+                store::join(
+                    self.db.pool(),
+                    BUNDLES,
+                    current.id,
+                    agent,
+                    wave,
+                    on_target,
+                    now_ms(),
+                )
+                .await?
             }
         };
         let mut members = lock(&self.members);
@@ -681,6 +724,7 @@ impl Rollouts {
             .await?;
         store::set_outcome(
             self.db.pool(),
+            BUNDLES,
             current.id,
             &report.id,
             outcome,
@@ -695,7 +739,7 @@ impl Rollouts {
 
     /// Records a `409` given while the database was away.
     pub async fn record_told(&self, rollout: i64, agent: &str, at: i64) -> Result<(), FleetError> {
-        Ok(store::mark_told(self.db.pool(), rollout, agent, at).await?)
+        Ok(store::mark_told(self.db.pool(), BUNDLES, rollout, agent, at).await?)
     }
 
     /// `POST /admin/rollout/halt`.
@@ -733,12 +777,13 @@ impl Rollouts {
             let row = store::lock(&mut *tx, self.db.backend(), current.id).await?;
             let result = match row {
                 Some(row) if row.state == State::Halted => {
-                    let progress = store::progress(&mut tx, &row).await?;
+                    let progress = store::progress(&mut tx, BUNDLES, &row.head()).await?;
                     let now = now_ms();
-                    store::forgive(&mut tx, row.id, progress.failures()).await?;
-                    store::set_state(&mut tx, row.id, State::Running, None, None).await?;
+                    store::forgive(&mut tx, BUNDLES, row.id, progress.failures()).await?;
+                    store::set_state(&mut tx, BUNDLES, row.id, State::Running, None, None).await?;
                     store::event(
                         &mut *tx,
+                        BUNDLES,
                         row.id,
                         "resumed",
                         row.opened,
@@ -780,10 +825,18 @@ impl Rollouts {
             let Some(row) = store::lock(&mut *tx, self.db.backend(), current.id).await? else {
                 return Ok(Err(Refusal("there is no rollout".into())));
             };
-            let progress = store::progress(&mut tx, &row).await?;
+            let progress = store::progress(&mut tx, BUNDLES, &row.head()).await?;
             let result = match choose(&row, &progress) {
                 Ok(decision) => {
-                    store::apply(&mut tx, &row, &decision, now_ms(), &self.server).await?;
+                    store::apply(
+                        &mut tx,
+                        BUNDLES,
+                        &row.head(),
+                        &decision,
+                        now_ms(),
+                        &self.server,
+                    )
+                    .await?;
                     Ok(decision)
                 }
                 Err(refusal) => Err(refusal),
@@ -802,8 +855,8 @@ impl Rollouts {
             return Ok(None);
         };
         let mut conn = self.db.pool().acquire().await?;
-        let waves = store::wave_status(&mut conn, &row).await?;
-        let events = store::events(&mut *conn, row.id).await?;
+        let waves = store::wave_status(&mut conn, BUNDLES, &row.head()).await?;
+        let events = store::events(&mut *conn, BUNDLES, row.id).await?;
         let waves: Vec<serde_json::Value> = waves
             .iter()
             .zip(&row.plan.waves)
@@ -850,7 +903,7 @@ impl Rollouts {
         let Some(current) = self.current() else {
             return Ok(HashMap::new());
         };
-        Ok(store::members(self.db.pool(), current.id)
+        Ok(store::members(self.db.pool(), BUNDLES, current.id)
             .await?
             .into_iter()
             .map(|(id, (wave, told))| (id, (wave, told.map(secs))))
@@ -863,7 +916,7 @@ impl Rollouts {
             return Ok(Vec::new());
         };
         let mut conn = self.db.pool().acquire().await?;
-        Ok(store::wave_status(&mut conn, &current).await?)
+        Ok(store::wave_status(&mut conn, BUNDLES, &current.head()).await?)
     }
 }
 

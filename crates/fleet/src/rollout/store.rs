@@ -2,6 +2,10 @@
 //! apply a decision. Every transition is guarded twice: by the write lock of the
 //! transaction it is decided in, and by a unique event row (`rollout_events_once`), so a
 //! wave is opened once even by two servers or across a restart.
+//!
+//! Bundle rollouts and configuration rollouts have tables of the same shape
+//! ([`Tables`]: [`BUNDLES`], [`CONFIGS`]); everything after a rollout's row is read
+//! (waves, members, outcomes, events, the writes of a decision) is shared by both.
 
 use std::collections::HashMap;
 
@@ -16,6 +20,71 @@ use crate::rollout::step::{Decision, Progress, State, WaveStatus};
 pub const INSTALLED: &str = "INSTALLED";
 pub const INSTALL_FAILED: &str = "INSTALL_FAILED";
 pub const TIMED_OUT: &str = "TIMED_OUT";
+
+/// The tables of one kind of rollout, and the outcomes its agents report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tables {
+    pub rollouts: &'static str,
+    pub waves: &'static str,
+    pub agents: &'static str,
+    pub events: &'static str,
+    /// The outcome of an agent that made it, and of one that failed.
+    pub done: &'static str,
+    pub failed: &'static str,
+    /// The columns of `agents` (status, error) a missed deadline is written to.
+    pub agent_status: Option<(&'static str, &'static str)>,
+    /// What an agent was to report, for the deadline's message.
+    pub awaited: &'static str,
+}
+
+/// A new bundle reaching the fleet.
+pub const BUNDLES: &Tables = &Tables {
+    rollouts: "rollouts",
+    waves: "rollout_waves",
+    agents: "rollout_agents",
+    events: "rollout_events",
+    done: INSTALLED,
+    failed: INSTALL_FAILED,
+    agent_status: Some(("update_status", "update_error")),
+    awaited: "INSTALLED or INSTALL_FAILED",
+};
+
+/// A new configuration set reaching a group.
+pub const CONFIGS: &Tables = &Tables {
+    rollouts: "config_rollouts",
+    waves: "config_rollout_waves",
+    agents: "config_rollout_agents",
+    events: "config_rollout_events",
+    done: APPLIED,
+    failed: FAILED,
+    agent_status: None,
+    awaited: "APPLIED or FAILED",
+};
+
+pub const APPLIED: &str = "APPLIED";
+pub const FAILED: &str = "FAILED";
+
+/// What the shared functions need of a rollout's row, whatever its kind.
+#[derive(Debug, Clone, Copy)]
+pub struct Head<'a> {
+    pub id: i64,
+    pub plan: &'a Plan,
+    pub state: State,
+    pub opened: u32,
+    pub forgiven: u64,
+}
+
+impl RolloutRow {
+    pub fn head(&self) -> Head<'_> {
+        Head {
+            id: self.id,
+            plan: &self.plan,
+            state: self.state,
+            opened: self.opened,
+            forgiven: self.forgiven,
+        }
+    }
+}
 
 /// How many failed agents a halt reason names.
 const FAILURES_NAMED: i64 = 3;
@@ -44,7 +113,19 @@ pub struct RolloutRow {
 pub struct Membership {
     pub wave: u32,
     pub told: bool,
+    /// It has an outcome (made it, failed or timed out).
     pub done: bool,
+    /// Its outcome is the failure it reported.
+    pub failed: bool,
+}
+
+fn member(t: &Tables, wave: i64, told_at: Option<i64>, outcome: Option<String>) -> Membership {
+    Membership {
+        wave: u32::try_from(wave).unwrap_or(0),
+        told: told_at.is_some(),
+        done: outcome.is_some(),
+        failed: outcome.as_deref() == Some(t.failed),
+    }
 }
 
 const ROLLOUT_COLUMNS: &str = "SELECT id, sha256, signed_at, version, previous, state, reason, halt_cause, plan, opened, forgiven, started_at, completed_at FROM rollouts";
@@ -190,15 +271,29 @@ pub async fn insert(
     let Some(id) = id else {
         return Ok(None);
     };
-    for (i, spec) in new.plan.waves.iter().enumerate() {
-        sqlx::query("INSERT INTO rollout_waves (rollout_id, wave, spec) VALUES ($1, $2, $3)")
-            .bind(id)
-            .bind(i as i64 + 1)
-            .bind(spec.to_string())
-            .execute(&mut **tx)
-            .await?;
-    }
+    insert_waves(tx, BUNDLES, id, new.plan).await?;
     Ok(Some(id))
+}
+
+/// The plan's waves of a new rollout, none opened.
+pub async fn insert_waves(
+    tx: &mut sqlx::Transaction<'static, Any>,
+    t: &Tables,
+    id: i64,
+    plan: &Plan,
+) -> Result<(), sqlx::Error> {
+    for (i, spec) in plan.waves.iter().enumerate() {
+        sqlx::query(&format!(
+            "INSERT INTO {} (rollout_id, wave, spec) VALUES ($1, $2, $3)",
+            t.waves
+        ))
+        .bind(id)
+        .bind(i as i64 + 1)
+        .bind(spec.to_string())
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
 }
 
 /// Agents heard from since `since_secs`: (id, group, version).
@@ -224,14 +319,16 @@ pub async fn live_agents<'e>(
 /// Places agents in their waves; `done` ones (already on the target) count as installed.
 pub async fn insert_members(
     tx: &mut sqlx::Transaction<'static, Any>,
+    t: &Tables,
     rollout: i64,
     members: &[(String, u32, bool)],
     now: i64,
 ) -> Result<(), sqlx::Error> {
     // Several rows per statement: a 10,000-agent fleet is placed in 50 round trips.
     for chunk in members.chunks(200) {
-        let mut sql = String::from(
-            "INSERT INTO rollout_agents (rollout_id, agent_id, wave, outcome, outcome_at) VALUES ",
+        let mut sql = format!(
+            "INSERT INTO {} (rollout_id, agent_id, wave, outcome, outcome_at) VALUES ",
+            t.agents
         );
         for i in 0..chunk.len() {
             let b = i * 5;
@@ -254,7 +351,7 @@ pub async fn insert_members(
                 .bind(rollout)
                 .bind(agent.as_str())
                 .bind(i64::from(*wave))
-                .bind(done.then_some(INSTALLED))
+                .bind(done.then_some(t.done))
                 .bind(done.then_some(now));
         }
         q.execute(&mut **tx).await?;
@@ -264,60 +361,65 @@ pub async fn insert_members(
 
 pub async fn membership<'e>(
     e: impl Executor<'e, Database = Any>,
+    t: &Tables,
     rollout: i64,
     agent: &str,
 ) -> Result<Option<Membership>, sqlx::Error> {
-    let row = sqlx::query(
-        "SELECT wave, told_at, outcome FROM rollout_agents WHERE rollout_id = $1 AND agent_id = $2",
-    )
+    let row = sqlx::query(&format!(
+        "SELECT wave, told_at, outcome FROM {} WHERE rollout_id = $1 AND agent_id = $2",
+        t.agents
+    ))
     .bind(rollout)
     .bind(agent)
     .fetch_optional(e)
     .await?;
-    Ok(row.map(|r| Membership {
-        wave: u32::try_from(r.get::<i64, _>(0)).unwrap_or(0),
-        told: r.get::<Option<i64>, _>(1).is_some(),
-        done: r.get::<Option<String>, _>(2).is_some(),
-    }))
+    Ok(row.map(|r| member(t, r.get(0), r.get(1), r.get(2))))
 }
 
 /// Places an agent first seen during the rollout; the first server to do so wins.
 pub async fn join<'e>(
     e: impl Executor<'e, Database = Any> + Copy,
+    t: &Tables,
     rollout: i64,
     agent: &str,
     wave: u32,
     done: bool,
     now: i64,
 ) -> Result<Membership, sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO rollout_agents (rollout_id, agent_id, wave, outcome, outcome_at) VALUES ($1, $2, $3, $4, $5)
+    sqlx::query(&format!(
+        "INSERT INTO {} (rollout_id, agent_id, wave, outcome, outcome_at) VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (rollout_id, agent_id) DO NOTHING",
-    )
+        t.agents
+    ))
     .bind(rollout)
     .bind(agent)
     .bind(i64::from(wave))
-    .bind(done.then_some(INSTALLED))
+    .bind(done.then_some(t.done))
     .bind(done.then_some(now))
     .execute(e)
     .await?;
-    Ok(membership(e, rollout, agent).await?.unwrap_or(Membership {
-        wave,
-        told: false,
-        done,
-    }))
+    Ok(membership(e, t, rollout, agent)
+        .await?
+        .unwrap_or(Membership {
+            wave,
+            told: false,
+            done,
+            failed: false,
+        }))
 }
 
 /// The first `409` of this rollout to the agent.
 pub async fn mark_told<'e>(
     e: impl Executor<'e, Database = Any>,
+    t: &Tables,
     rollout: i64,
     agent: &str,
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE rollout_agents SET told_at = $3 WHERE rollout_id = $1 AND agent_id = $2 AND told_at IS NULL",
-    )
+    sqlx::query(&format!(
+        "UPDATE {} SET told_at = $3 WHERE rollout_id = $1 AND agent_id = $2 AND told_at IS NULL",
+        t.agents
+    ))
     .bind(rollout)
     .bind(agent)
     .bind(now)
@@ -329,16 +431,18 @@ pub async fn mark_told<'e>(
 /// What the agent reported (or, for `INSTALLED`, showed by running the target).
 pub async fn set_outcome<'e>(
     e: impl Executor<'e, Database = Any>,
+    t: &Tables,
     rollout: i64,
     agent: &str,
     outcome: &str,
     error: Option<&str>,
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE rollout_agents SET outcome = $3, outcome_at = $4, error = $5
+    sqlx::query(&format!(
+        "UPDATE {} SET outcome = $3, outcome_at = $4, error = $5
          WHERE rollout_id = $1 AND agent_id = $2 AND (outcome IS NULL OR outcome <> $3)",
-    )
+        t.agents
+    ))
     .bind(rollout)
     .bind(agent)
     .bind(outcome)
@@ -351,10 +455,15 @@ pub async fn set_outcome<'e>(
 
 /// The agents of rollout `$1` told (or, never reached, whose wave opened) at `$2` or
 /// before, without an outcome: those past the agent deadline when `$2` is its cutoff.
-const PAST_DEADLINE: &str = "rollout_id = $1 AND outcome IS NULL AND (
+fn past_deadline(t: &Tables) -> String {
+    format!(
+        "rollout_id = $1 AND outcome IS NULL AND (
        (told_at IS NOT NULL AND told_at <= $2)
-       OR (told_at IS NULL AND wave IN (SELECT wave FROM rollout_waves
-            WHERE rollout_id = $1 AND opened_at IS NOT NULL AND opened_at <= $2)))";
+       OR (told_at IS NULL AND wave IN (SELECT wave FROM {}
+            WHERE rollout_id = $1 AND opened_at IS NOT NULL AND opened_at <= $2)))",
+        t.waves
+    )
+}
 
 fn deadline_cutoff(plan: &Plan, now: i64) -> i64 {
     now.saturating_sub(plan.agent_deadline.saturating_mul(1000) as i64)
@@ -363,12 +472,15 @@ fn deadline_cutoff(plan: &Plan, now: i64) -> i64 {
 /// Whether [`time_out`] would time any agent out now.
 pub async fn overdue(
     conn: &mut AnyConnection,
+    t: &Tables,
     rollout: i64,
     plan: &Plan,
     now: i64,
 ) -> Result<bool, sqlx::Error> {
     let row = sqlx::query(&format!(
-        "SELECT 1 FROM rollout_agents WHERE {PAST_DEADLINE} LIMIT 1"
+        "SELECT 1 FROM {} WHERE {} LIMIT 1",
+        t.agents,
+        past_deadline(t)
     ))
     .bind(rollout)
     .bind(deadline_cutoff(plan, now))
@@ -381,15 +493,18 @@ pub async fn overdue(
 /// wave opened) `agent-deadline` ago or more without an outcome; returns their ids.
 pub async fn time_out(
     tx: &mut sqlx::Transaction<'static, Any>,
+    t: &Tables,
     rollout: i64,
     plan: &Plan,
     now: i64,
 ) -> Result<Vec<String>, sqlx::Error> {
     let ids: Vec<String> = sqlx::query(&format!(
-        "UPDATE rollout_agents SET outcome = 'TIMED_OUT', outcome_at = $3,
+        "UPDATE {} SET outcome = 'TIMED_OUT', outcome_at = $3,
            error = 'no report within the agent deadline'
-         WHERE {PAST_DEADLINE}
-         RETURNING agent_id"
+         WHERE {}
+         RETURNING agent_id",
+        t.agents,
+        past_deadline(t)
     ))
     .bind(rollout)
     .bind(deadline_cutoff(plan, now))
@@ -399,14 +514,17 @@ pub async fn time_out(
     .into_iter()
     .map(|r| r.get(0))
     .collect();
+    let Some((status, error)) = t.agent_status else {
+        return Ok(ids);
+    };
     let detail = format!(
-        "no INSTALLED or INSTALL_FAILED within the agent deadline ({} s)",
-        plan.agent_deadline
+        "no {} within the agent deadline ({} s)",
+        t.awaited, plan.agent_deadline
     );
     for id in &ids {
-        sqlx::query(
-            "UPDATE agents SET update_status = 'TIMED_OUT', update_error = $2 WHERE id = $1",
-        )
+        sqlx::query(&format!(
+            "UPDATE agents SET {status} = 'TIMED_OUT', {error} = $2 WHERE id = $1"
+        ))
         .bind(id)
         .bind(&detail)
         .execute(&mut **tx)
@@ -418,24 +536,28 @@ pub async fn time_out(
 /// The rollout as the step function sees it.
 pub async fn progress(
     tx: &mut sqlx::Transaction<'static, Any>,
-    row: &RolloutRow,
+    t: &Tables,
+    row: &Head<'_>,
 ) -> Result<Progress, sqlx::Error> {
-    let waves = wave_status(tx, row).await?;
-    let told: i64 = sqlx::query(
-        "SELECT COUNT(*) FROM rollout_agents WHERE rollout_id = $1 AND told_at IS NOT NULL",
-    )
+    let waves = wave_status(tx, t, row).await?;
+    let told: i64 = sqlx::query(&format!(
+        "SELECT COUNT(*) FROM {} WHERE rollout_id = $1 AND told_at IS NOT NULL",
+        t.agents
+    ))
     .bind(row.id)
     .fetch_one(&mut **tx)
     .await?
     .get(0);
-    let failures_seen = sqlx::query(
+    let failures_seen = sqlx::query(&format!(
         "SELECT ra.agent_id, COALESCE(a.name, ''), ra.outcome, COALESCE(ra.error, '')
-         FROM rollout_agents ra LEFT JOIN agents a ON a.id = ra.agent_id
-         WHERE ra.rollout_id = $1 AND ra.outcome IN ('INSTALL_FAILED', 'TIMED_OUT')
+         FROM {} ra LEFT JOIN agents a ON a.id = ra.agent_id
+         WHERE ra.rollout_id = $1 AND ra.outcome IN ($3, 'TIMED_OUT')
          ORDER BY ra.outcome_at LIMIT $2",
-    )
+        t.agents
+    ))
     .bind(row.id)
     .bind(FAILURES_NAMED)
+    .bind(t.failed)
     .fetch_all(&mut **tx)
     .await?
     .into_iter()
@@ -468,23 +590,27 @@ pub async fn progress(
 /// Each wave's counts and times, in order.
 pub async fn wave_status(
     conn: &mut AnyConnection,
-    row: &RolloutRow,
+    t: &Tables,
+    row: &Head<'_>,
 ) -> Result<Vec<WaveStatus>, sqlx::Error> {
     let mut waves = vec![WaveStatus::default(); row.plan.waves.len()];
-    for r in
-        sqlx::query("SELECT wave, opened_at, completed_at FROM rollout_waves WHERE rollout_id = $1")
-            .bind(row.id)
-            .fetch_all(&mut *conn)
-            .await?
+    for r in sqlx::query(&format!(
+        "SELECT wave, opened_at, completed_at FROM {} WHERE rollout_id = $1",
+        t.waves
+    ))
+    .bind(row.id)
+    .fetch_all(&mut *conn)
+    .await?
     {
         if let Some(w) = slot(&mut waves, r.get(0)) {
             w.opened_at = r.get(1);
             w.completed_at = r.get(2);
         }
     }
-    for r in sqlx::query(
-        "SELECT wave, COALESCE(outcome, ''), COUNT(*) FROM rollout_agents WHERE rollout_id = $1 GROUP BY wave, COALESCE(outcome, '')",
-    )
+    for r in sqlx::query(&format!(
+        "SELECT wave, COALESCE(outcome, ''), COUNT(*) FROM {} WHERE rollout_id = $1 GROUP BY wave, COALESCE(outcome, '')",
+        t.agents
+    ))
     .bind(row.id)
     .fetch_all(&mut *conn)
     .await?
@@ -494,8 +620,8 @@ pub async fn wave_status(
         if let Some(w) = slot(&mut waves, r.get(0)) {
             w.agents += n;
             match outcome.as_str() {
-                INSTALLED => w.installed += n,
-                INSTALL_FAILED => w.failed += n,
+                o if o == t.done => w.installed += n,
+                o if o == t.failed => w.failed += n,
                 TIMED_OUT => w.timed_out += n,
                 _ => {}
             }
@@ -509,8 +635,13 @@ fn slot(waves: &mut [WaveStatus], wave: i64) -> Option<&mut WaveStatus> {
 }
 
 /// Records an event; false if its unique key says it happened already.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one row's columns, each named at the call"
+)]
 pub async fn event<'e>(
     e: impl Executor<'e, Database = Any>,
+    t: &Tables,
     rollout: i64,
     kind: &str,
     wave: u32,
@@ -518,10 +649,11 @@ pub async fn event<'e>(
     now: i64,
     server: &str,
 ) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(
-        "INSERT INTO rollout_events (rollout_id, kind, wave, at, detail, server) VALUES ($1, $2, $3, $4, $5, $6)
+    let done = sqlx::query(&format!(
+        "INSERT INTO {} (rollout_id, kind, wave, at, detail, server) VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT DO NOTHING",
-    )
+        t.events
+    ))
     .bind(rollout)
     .bind(kind)
     .bind(i64::from(wave))
@@ -536,7 +668,8 @@ pub async fn event<'e>(
 /// Applies one decision to the locked rollout `row`; false if it was taken already.
 pub async fn apply(
     tx: &mut sqlx::Transaction<'static, Any>,
-    row: &RolloutRow,
+    t: &Tables,
+    row: &Head<'_>,
     decision: &Decision,
     now: i64,
     server: &str,
@@ -544,18 +677,19 @@ pub async fn apply(
     let id = row.id;
     match decision {
         Decision::OpenWave(w) => {
-            if !event(&mut **tx, id, "wave_opened", *w, "", now, server).await? {
+            if !event(&mut **tx, t, id, "wave_opened", *w, "", now, server).await? {
                 return Ok(false);
             }
-            sqlx::query(
-                "UPDATE rollouts SET opened = $2, state = 'running' WHERE id = $1 AND opened = $3",
-            )
+            sqlx::query(&format!(
+                "UPDATE {} SET opened = $2, state = 'running' WHERE id = $1 AND opened = $3",
+                t.rollouts
+            ))
             .bind(id)
             .bind(i64::from(*w))
             .bind(i64::from(w.saturating_sub(1)))
             .execute(&mut **tx)
             .await?;
-            sqlx::query("UPDATE rollout_waves SET opened_at = $3 WHERE rollout_id = $1 AND wave = $2 AND opened_at IS NULL")
+            sqlx::query(&format!("UPDATE {} SET opened_at = $3 WHERE rollout_id = $1 AND wave = $2 AND opened_at IS NULL", t.waves))
                 .bind(id)
                 .bind(i64::from(*w))
                 .bind(now)
@@ -563,10 +697,10 @@ pub async fn apply(
                 .await?;
         }
         Decision::CompleteWave(w) => {
-            if !event(&mut **tx, id, "wave_completed", *w, "", now, server).await? {
+            if !event(&mut **tx, t, id, "wave_completed", *w, "", now, server).await? {
                 return Ok(false);
             }
-            sqlx::query("UPDATE rollout_waves SET completed_at = $3 WHERE rollout_id = $1 AND wave = $2 AND completed_at IS NULL")
+            sqlx::query(&format!("UPDATE {} SET completed_at = $3 WHERE rollout_id = $1 AND wave = $2 AND completed_at IS NULL", t.waves))
                 .bind(id)
                 .bind(i64::from(*w))
                 .bind(now)
@@ -574,23 +708,26 @@ pub async fn apply(
                 .await?;
         }
         Decision::Soak(w) => {
-            event(&mut **tx, id, "soaking", *w, "", now, server).await?;
-            set_state(tx, id, State::Soaking, None, None).await?;
+            event(&mut **tx, t, id, "soaking", *w, "", now, server).await?;
+            set_state(tx, t, id, State::Soaking, None, None).await?;
         }
         Decision::Halt { cause, reason } => {
-            event(&mut **tx, id, "halted", row.opened, reason, now, server).await?;
-            set_state(tx, id, State::Halted, Some(reason), Some(cause.as_str())).await?;
+            event(&mut **tx, t, id, "halted", row.opened, reason, now, server).await?;
+            set_state(tx, t, id, State::Halted, Some(reason), Some(cause.as_str())).await?;
         }
         Decision::Complete => {
-            if !event(&mut **tx, id, "completed", 0, "", now, server).await? {
+            if !event(&mut **tx, t, id, "completed", 0, "", now, server).await? {
                 return Ok(false);
             }
-            set_state(tx, id, State::Completed, None, None).await?;
-            sqlx::query("UPDATE rollouts SET completed_at = $2 WHERE id = $1")
-                .bind(id)
-                .bind(now)
-                .execute(&mut **tx)
-                .await?;
+            set_state(tx, t, id, State::Completed, None, None).await?;
+            sqlx::query(&format!(
+                "UPDATE {} SET completed_at = $2 WHERE id = $1",
+                t.rollouts
+            ))
+            .bind(id)
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
         }
     }
     Ok(true)
@@ -598,43 +735,53 @@ pub async fn apply(
 
 pub async fn set_state(
     tx: &mut sqlx::Transaction<'static, Any>,
+    t: &Tables,
     id: i64,
     state: State,
     reason: Option<&str>,
     cause: Option<&str>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE rollouts SET state = $2, reason = $3, halt_cause = $4 WHERE id = $1")
-        .bind(id)
-        .bind(state.as_str())
-        .bind(reason)
-        .bind(cause)
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(&format!(
+        "UPDATE {} SET state = $2, reason = $3, halt_cause = $4 WHERE id = $1",
+        t.rollouts
+    ))
+    .bind(id)
+    .bind(state.as_str())
+    .bind(reason)
+    .bind(cause)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
 /// Lets the failures seen so far go (an operator's `resume`).
 pub async fn forgive(
     tx: &mut sqlx::Transaction<'static, Any>,
+    t: &Tables,
     id: i64,
     failures: u64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE rollouts SET forgiven = $2 WHERE id = $1")
-        .bind(id)
-        .bind(i64::try_from(failures).unwrap_or(i64::MAX))
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(&format!(
+        "UPDATE {} SET forgiven = $2 WHERE id = $1",
+        t.rollouts
+    ))
+    .bind(id)
+    .bind(i64::try_from(failures).unwrap_or(i64::MAX))
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
 /// Every agent's place in a rollout, to answer from memory.
 pub async fn memberships<'e>(
     e: impl Executor<'e, Database = Any>,
+    t: &Tables,
     rollout: i64,
 ) -> Result<HashMap<String, Membership>, sqlx::Error> {
-    Ok(sqlx::query(
-        "SELECT agent_id, wave, told_at, outcome FROM rollout_agents WHERE rollout_id = $1",
-    )
+    Ok(sqlx::query(&format!(
+        "SELECT agent_id, wave, told_at, outcome FROM {} WHERE rollout_id = $1",
+        t.agents
+    ))
     .bind(rollout)
     .fetch_all(e)
     .await?
@@ -642,11 +789,7 @@ pub async fn memberships<'e>(
     .map(|r| {
         (
             r.get::<String, _>(0),
-            Membership {
-                wave: u32::try_from(r.get::<i64, _>(1)).unwrap_or(0),
-                told: r.get::<Option<i64>, _>(2).is_some(),
-                done: r.get::<Option<String>, _>(3).is_some(),
-            },
+            member(t, r.get(1), r.get(2), r.get(3)),
         )
     })
     .collect())
@@ -655,32 +798,36 @@ pub async fn memberships<'e>(
 /// Every agent's wave and `told_at` in a rollout, for `/admin/agents`.
 pub async fn members<'e>(
     e: impl Executor<'e, Database = Any>,
+    t: &Tables,
     rollout: i64,
 ) -> Result<HashMap<String, (u32, Option<i64>)>, sqlx::Error> {
-    Ok(
-        sqlx::query("SELECT agent_id, wave, told_at FROM rollout_agents WHERE rollout_id = $1")
-            .bind(rollout)
-            .fetch_all(e)
-            .await?
-            .into_iter()
-            .map(|r| {
-                (
-                    r.get::<String, _>(0),
-                    (u32::try_from(r.get::<i64, _>(1)).unwrap_or(0), r.get(2)),
-                )
-            })
-            .collect(),
-    )
+    Ok(sqlx::query(&format!(
+        "SELECT agent_id, wave, told_at FROM {} WHERE rollout_id = $1",
+        t.agents
+    ))
+    .bind(rollout)
+    .fetch_all(e)
+    .await?
+    .into_iter()
+    .map(|r| {
+        (
+            r.get::<String, _>(0),
+            (u32::try_from(r.get::<i64, _>(1)).unwrap_or(0), r.get(2)),
+        )
+    })
+    .collect())
 }
 
 /// The transitions of a rollout, oldest first: (kind, wave, at, detail, server).
 pub async fn events<'e>(
     e: impl Executor<'e, Database = Any>,
+    t: &Tables,
     rollout: i64,
 ) -> Result<Vec<(String, u32, i64, String, String)>, sqlx::Error> {
-    Ok(sqlx::query(
-        "SELECT kind, wave, at, COALESCE(detail, ''), server FROM rollout_events WHERE rollout_id = $1 ORDER BY id",
-    )
+    Ok(sqlx::query(&format!(
+        "SELECT kind, wave, at, COALESCE(detail, ''), server FROM {} WHERE rollout_id = $1 ORDER BY id",
+        t.events
+    ))
     .bind(rollout)
     .fetch_all(e)
     .await?

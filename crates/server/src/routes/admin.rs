@@ -108,6 +108,10 @@ pub(super) async fn agents(
                 group: a.group,
                 update_status: a.update_status,
                 update_error: a.update_error,
+                config_hash: a.config_hash,
+                config_status: a.config_status,
+                config_error: a.config_error,
+                health: a.health.and_then(|h| serde_json::from_str(&h).ok()),
             }
         })
         .collect();
@@ -154,7 +158,12 @@ pub(super) async fn rollout(
 
 async fn rollout_json(s: &Shared) -> Result<Response, ApiError> {
     match s.fleet.rollouts.status().await? {
-        Some(status) => Ok(Json(status).into_response()),
+        Some(mut status) => {
+            // Config rollouts run beside the bundle's: one look shows both.
+            let configs = s.fleet.configs.status().await?;
+            status["config"] = configs["sets"].clone();
+            Ok(Json(status).into_response())
+        }
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "no rollout yet: no bundle has been served; drop one into the download directory",
@@ -218,11 +227,17 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
     let s = &state.inner;
     // While the database is away, what this server itself counted is still worth
     // scraping; the fleet's counts are left out.
-    let (by_version, by_status, waves) = if s.fleet.outage.is_down() {
+    let (by_version, by_status, waves, health) = if s.fleet.outage.is_down() {
         Default::default()
     } else {
         let (by_version, by_status) = s.fleet.db.fleet_counts().await?;
-        (by_version, by_status, s.fleet.rollouts.wave_counts().await?)
+        let health = Some(s.fleet.db.health_counts().await?);
+        (
+            by_version,
+            by_status,
+            s.fleet.rollouts.wave_counts().await?,
+            health,
+        )
     };
     let current = s.fleet.rollouts.current();
     let gauges = RolloutGauges {
@@ -235,7 +250,12 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
             .collect(),
         mismatch: s.fleet.rollouts.mismatch().is_some(),
     };
-    let text = s.metrics.render(
+    let config_gauges = if s.fleet.outage.is_down() {
+        Default::default()
+    } else {
+        s.fleet.configs.gauges().await?
+    };
+    let mut text = s.metrics.render(
         s.limiter.in_flight(),
         s.limiter.peak(),
         &by_version,
@@ -243,6 +263,11 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
         &gauges,
         &s.fleet.outage.status(),
     );
+    crate::metrics::render_config(&mut text, &s.metrics, &config_gauges);
+    let text = match health {
+        Some((unhealthy, restarts)) => text + &crate::metrics::health(unhealthy, restarts),
+        None => text,
+    };
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 

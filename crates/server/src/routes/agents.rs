@@ -1,8 +1,8 @@
-//! `POST /agent/register`, `/agent/connect` (the version directive, as the rollout says)
-//! and `/agentupdate/report`.
+//! `POST /agent/register`, `/agent/connect` (the version directive, as the rollout says,
+//! and the configuration set the agent should run) and `/agentupdate/report`.
 
 use agent_protocol::AgentVersion;
-use agent_protocol::wire::{self, AgentHello, NotSupported, Report};
+use agent_protocol::wire::{self, AgentHello, ConnectBody, NotSupported, Report};
 use axum::Json;
 use std::time::Duration;
 
@@ -36,7 +36,7 @@ fn agent_version_header(headers: &HeaderMap) -> Result<AgentVersion, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("{} header: {e}", wire::AGENT_VERSION_HEADER)))
 }
 
-fn check_id(id: &str) -> Result<(), ApiError> {
+pub(super) fn check_id(id: &str) -> Result<(), ApiError> {
     if id.trim().is_empty() || id.len() > 128 {
         return Err(ApiError::bad_request("id must be 1 to 128 characters"));
     }
@@ -54,11 +54,39 @@ fn check_hello(hello: &AgentHello) -> Result<(), ApiError> {
     Ok(())
 }
 
+fn check_config_hash(hash: &str) -> Result<(), ApiError> {
+    if hash.len() > 64 {
+        return Err(ApiError::bad_request(
+            "config_hash is longer than 64 characters",
+        ));
+    }
+    Ok(())
+}
+
+/// An agent's words about its workload are kept, within reason.
+fn bounded_health(
+    mut health: agent_protocol::wire::AgentHealth,
+) -> agent_protocol::wire::AgentHealth {
+    const MAX_ERROR: usize = 4096;
+    if let Some(e) = health.last_error.as_mut()
+        && e.len() > MAX_ERROR
+    {
+        let mut cut = MAX_ERROR;
+        while !e.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        e.truncate(cut);
+    }
+    health
+}
+
 /// What register and connect answer: the directive, with credentials the first time.
 enum Greeting {
     Accepted {
         expected: AgentVersion,
         token: Option<String>,
+        /// The configuration set the agent should run, when it runs another.
+        config: Option<wire::ConfigPayload>,
     },
     Refused(NotSupported),
     /// Not a directive (no bundle to serve yet): answered as it is, never held.
@@ -71,7 +99,9 @@ impl Greeting {
     /// news; anything else is answered at once.
     fn is_news(&self, known: Option<&str>) -> bool {
         match self {
-            Greeting::Accepted { token, .. } => token.is_some() || known.is_some(),
+            Greeting::Accepted { token, config, .. } => {
+                token.is_some() || config.is_some() || known.is_some()
+            }
             Greeting::Refused(ns) => ns.token.is_some() || ns.sha256.as_deref() != known,
             Greeting::Other(_) => true,
         }
@@ -79,11 +109,18 @@ impl Greeting {
 
     fn into_response(self) -> Response {
         match self {
-            Greeting::Accepted { expected, token } => {
+            Greeting::Accepted {
+                expected,
+                token,
+                config,
+            } => {
                 let mut body =
                     serde_json::json!({ "status": "accepted", "expected": expected.to_string() });
                 if let Some(token) = token {
                     body["token"] = serde_json::Value::String(token);
+                }
+                if let Some(set) = config {
+                    body["config"] = serde_json::to_value(set).unwrap_or_default();
                 }
                 Json(body).into_response()
             }
@@ -97,23 +134,30 @@ impl Greeting {
 struct Hello {
     hello: AgentHello,
     version: AgentVersion,
+    /// The configuration set the agent runs (empty: none).
+    config_hash: String,
 }
 
 fn hello_of(
     headers: &HeaderMap,
-    body: Result<Json<AgentHello>, JsonRejection>,
+    body: Result<Json<ConnectBody>, JsonRejection>,
 ) -> Result<Hello, ApiError> {
-    let hello = json_body(body)?;
+    let ConnectBody { hello, config_hash } = json_body(body)?;
     check_hello(&hello)?;
+    check_config_hash(&config_hash)?;
     let version = agent_version_header(headers)?;
-    Ok(Hello { hello, version })
+    Ok(Hello {
+        hello,
+        version,
+        config_hash,
+    })
 }
 
 /// `POST /agent/register`: the version directive.
 pub(super) async fn register(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Result<Json<AgentHello>, JsonRejection>,
+    body: Result<Json<ConnectBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let hello = hello_of(&headers, body)?;
     Ok(greet(&state.inner, &hello, &headers).await?.into_response())
@@ -134,7 +178,7 @@ pub(super) async fn connect(
     State(state): State<AppState>,
     Query(hold): Query<Hold>,
     headers: HeaderMap,
-    body: Result<Json<AgentHello>, JsonRejection>,
+    body: Result<Json<ConnectBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     let hello = hello_of(&headers, body)?;
@@ -188,7 +232,9 @@ async fn greet(s: &Shared, hello: &Hello, headers: &HeaderMap) -> Result<Greetin
             platform: hello.hello.platform.clone(),
             version: hello.version.to_string(),
             group: hello.hello.group.clone(),
+            config_hash: Some(hello.config_hash.clone()),
             at: now_secs(),
+            health: hello.hello.health.clone().map(bounded_health),
         })
         .await?;
     // Credentials are issued once, in the database; while it is away, the agent gets
@@ -231,7 +277,15 @@ async fn decide(
         if count {
             inc(&s.metrics.registrations_accepted);
         }
-        return Ok(Greeting::Accepted { expected, token });
+        let config = config_directive(s, &hello.hello, &hello.config_hash).await?;
+        if config.is_some() {
+            inc(&s.metrics.configs_sent);
+        }
+        return Ok(Greeting::Accepted {
+            expected,
+            token,
+            config,
+        });
     }
     if count {
         inc(&s.metrics.registrations_refused);
@@ -272,6 +326,28 @@ async fn directive(
     Ok(answer)
 }
 
+/// The configuration set this agent should run, if it runs another. While the database
+/// is away no set is sent: an agent keeps the set it has until the fleet's record of
+/// who was sent what can be written.
+async fn config_directive(
+    s: &Shared,
+    hello: &AgentHello,
+    running: &str,
+) -> Result<Option<wire::ConfigPayload>, ApiError> {
+    if s.fleet.outage.is_down() {
+        return Ok(None);
+    }
+    let group = hello.group.as_deref().unwrap_or("");
+    match s.fleet.configs.answer(&hello.id, group, running).await {
+        Ok(set) => Ok(set),
+        Err(e) if e.is_unavailable() => {
+            s.fleet.outage.went_down(&e);
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// What the fleet knows of the id's credentials: from the database, or, while it is
 /// away, as this server last read them. An id this server never checked cannot be
 /// checked then: `503`, and the agent tries again (or another server).
@@ -305,7 +381,11 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Whether this request may speak for the id (see [`agent_fleet::credentials`]).
-async fn authenticate(s: &Shared, id: &str, headers: &HeaderMap) -> Result<Verdict, ApiError> {
+pub(super) async fn authenticate(
+    s: &Shared,
+    id: &str,
+    headers: &HeaderMap,
+) -> Result<Verdict, ApiError> {
     let known = known_credentials(s, id).await?;
     let enrollment = headers
         .get(wire::ENROLLMENT_HEADER)
@@ -318,7 +398,7 @@ async fn authenticate(s: &Shared, id: &str, headers: &HeaderMap) -> Result<Verdi
     ))
 }
 
-fn unauthorized(id: &str, why: &'static str) -> ApiError {
+pub(super) fn unauthorized(id: &str, why: &'static str) -> ApiError {
     tracing::warn!(agent = %id, "refused a call without the agent's credentials: {why}");
     ApiError::new(StatusCode::UNAUTHORIZED, why)
 }

@@ -1,9 +1,12 @@
 //! The HTTP interface of DESIGN.md, as an axum `Router` that tests drive without a socket.
 //! By area: [`download`] (version, bundle, signature), [`agents`] (register, connect,
-//! report: the version directive) and [`admin`] (settings, agents, rollout, metrics).
+//! report: the version directive, and the configuration set to run), [`config`]
+//! (configuration sets, `/agent/config-status`) and [`admin`] (settings, agents,
+//! rollout, metrics).
 
 mod admin;
 mod agents;
+mod config;
 mod download;
 
 use std::sync::Arc;
@@ -91,6 +94,15 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route(wire::REGISTER_PATH, post(agents::register))
         .route(wire::REPORT_PATH, post(agents::report))
+        .route(wire::CONFIG_STATUS_PATH, post(config::status))
+        .route("/admin/config", get(config::list))
+        .route(
+            "/admin/config/{group}",
+            axum::routing::put(config::put)
+                .layer(DefaultBodyLimit::max(config::MAX_CONFIG_BODY))
+                .delete(config::delete),
+        )
+        .route("/admin/config/{group}/{action}", post(config::steer))
         .route(
             "/admin/settings",
             get(admin::settings)

@@ -1,0 +1,204 @@
+//! The workload's process group on Linux: who is in it (read from `/proc`), signals to
+//! all of it, and the record in `run/` that lets the next agent find a workload its
+//! predecessor left behind without mistaking a recycled pid for it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agent_protocol::layout::AgentHome;
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+
+/// Fields of `/proc/<pid>/stat` after the command name (which may hold spaces).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// The process's start time in clock ticks since boot (field 22): with the pid, it
+/// names one process for the whole uptime.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    stat_fields(pid)?.get(19)?.parse().ok()
+}
+
+/// Live (not zombie) processes whose process group is `pgid`, with their start times.
+pub fn members(pgid: u32) -> Vec<(u32, u64)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Some(fields) = stat_fields(pid) else {
+            continue;
+        };
+        let state = fields.first().map(String::as_str);
+        let group = fields.get(2).and_then(|g| g.parse::<u32>().ok());
+        let ticks = fields.get(19).and_then(|t| t.parse::<u64>().ok());
+        if state != Some("Z")
+            && group == Some(pgid)
+            && let Some(ticks) = ticks
+        {
+            found.push((pid, ticks));
+        }
+    }
+    found
+}
+
+pub fn signal_group(pgid: u32, sig: Signal) {
+    if let Ok(raw) = i32::try_from(pgid) {
+        let _ = signal::killpg(Pid::from_raw(raw), sig);
+    }
+}
+
+/// How a group was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// Nothing of it ran any more.
+    Gone,
+    /// Every member ended after TERM within the timeout.
+    Terminated,
+    /// Some ignored TERM and were killed.
+    Killed,
+}
+
+/// TERM to the whole group, up to `timeout` for all of it to end, then KILL.
+pub async fn stop(pgid: u32, timeout: Duration) -> Stopped {
+    if members(pgid).is_empty() {
+        return Stopped::Gone;
+    }
+    signal_group(pgid, Signal::SIGTERM);
+    // A stopped process only sees TERM once it runs again.
+    signal_group(pgid, Signal::SIGCONT);
+    if wait_empty(pgid, timeout).await {
+        return Stopped::Terminated;
+    }
+    signal_group(pgid, Signal::SIGKILL);
+    wait_empty(pgid, Duration::from_secs(5)).await;
+    Stopped::Killed
+}
+
+async fn wait_empty(pgid: u32, timeout: Duration) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if members(pgid).is_empty() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `run/workload.pid`: the workload's pid (its process group), one number.
+pub fn pid_file(home: &AgentHome) -> PathBuf {
+    home.run().join("workload.pid")
+}
+
+/// `run/workload.starttime`: the start time (clock ticks) of the process the pid file
+/// names, so that a pid recycled by another program is never taken for the workload.
+pub fn start_file(home: &AgentHome) -> PathBuf {
+    home.run().join("workload.starttime")
+}
+
+/// Records the running workload (the start time first: a pid file without its start
+/// time is never acted on).
+pub fn record(home: &AgentHome, pid: u32, ticks: u64) -> std::io::Result<()> {
+    std::fs::create_dir_all(home.run())?;
+    write(&start_file(home), &format!("{pid} {ticks}\n"))?;
+    write(&pid_file(home), &format!("{pid}\n"))
+}
+
+fn write(path: &Path, text: &str) -> std::io::Result<()> {
+    agent_extract::atomic::write(path, text.as_bytes())
+        .map_err(|e| std::io::Error::other(e.to_string()))
+}
+
+pub fn forget(home: &AgentHome) {
+    let _ = std::fs::remove_file(pid_file(home));
+    let _ = std::fs::remove_file(start_file(home));
+}
+
+/// A workload recorded in `run/` whose processes still run: `(pgid, live members)`.
+/// Members count only if they started no earlier than the recorded leader (a group id
+/// is not reused while any member lives, and a new group under a recycled pid starts
+/// later than the record).
+pub fn leftover(home: &AgentHome) -> Option<(u32, Vec<u32>)> {
+    let pid: u32 = std::fs::read_to_string(pid_file(home))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let record = std::fs::read_to_string(start_file(home)).ok()?;
+    let mut fields = record.split_whitespace();
+    let recorded_pid: u32 = fields.next()?.parse().ok()?;
+    let ticks: u64 = fields.next()?.parse().ok()?;
+    if recorded_pid != pid {
+        return None;
+    }
+    leftover_of(pid, ticks, &members(pid), start_ticks(pid))
+}
+
+/// The pure part of [`leftover`]: given the group's members and the leader's current
+/// start time (if a process has that pid), which processes are the recorded workload.
+pub fn leftover_of(
+    pid: u32,
+    ticks: u64,
+    members: &[(u32, u64)],
+    leader_now: Option<u64>,
+) -> Option<(u32, Vec<u32>)> {
+    // The pid now names a process that started after the record: recycled.
+    if leader_now.is_some_and(|now| now != ticks) {
+        return None;
+    }
+    let ours: Vec<u32> = members
+        .iter()
+        .filter(|&&(_, started)| started >= ticks)
+        .map(|&(p, _)| p)
+        .collect();
+    (!ours.is_empty()).then_some((pid, ours))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_leader_with_its_start_time_is_the_workload() {
+        assert_eq!(
+            leftover_of(100, 5000, &[(100, 5000), (101, 5003)], Some(5000)),
+            Some((100, vec![100, 101]))
+        );
+    }
+
+    #[test]
+    fn a_recycled_pid_is_not_the_workload() {
+        assert_eq!(leftover_of(100, 5000, &[(100, 9000)], Some(9000)), None);
+        assert_eq!(leftover_of(100, 5000, &[], Some(9000)), None);
+    }
+
+    #[test]
+    fn children_of_a_leader_that_died_are_still_the_workload() {
+        assert_eq!(
+            leftover_of(100, 5000, &[(130, 5100)], None),
+            Some((100, vec![130]))
+        );
+        assert_eq!(leftover_of(100, 5000, &[], None), None);
+    }
+
+    #[test]
+    fn this_process_has_a_start_time_and_a_group() {
+        let me = std::process::id();
+        let ticks = start_ticks(me).unwrap();
+        let pgid = nix::unistd::getpgrp().as_raw() as u32;
+        assert!(members(pgid).iter().any(|&(p, t)| p == me && t == ticks));
+    }
+}

@@ -1,0 +1,438 @@
+//! The workload: the operator's program that the agent exists to run. The supervisor
+//! starts it in its own process group at once (whatever any server says), sends its
+//! output to `logs/workload.log`, restarts it with backoff when it exits, checks its
+//! health, records it in `run/workload.pid`, and stops the whole group (TERM,
+//! `stop-timeout`, KILL) before the agent exits. A workload left by an agent that died
+//! is found by that record and stopped before a new one starts: never two, never an
+//! orphan.
+//!
+//! [`policy`] decides (pure); this module and [`group`], [`check`] and [`logfile`] act.
+
+pub mod check;
+pub mod group;
+pub mod logfile;
+pub mod policy;
+pub mod spec;
+
+use std::future::Future;
+use std::os::unix::process::ExitStatusExt;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use agent_protocol::journal::WorkloadReport;
+use agent_protocol::layout::AgentHome;
+use agent_updater::state::now_secs;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::watch;
+
+use crate::health::HealthBoard;
+use logfile::LogFile;
+use policy::{Action, Exit, Supervision};
+use spec::{Check, Spec};
+
+/// `logs/workload.log`.
+pub fn log_path(home: &AgentHome) -> std::path::PathBuf {
+    home.logs().join("workload.log")
+}
+
+/// The running supervisor; [`Supervisor::stop`] stops the workload and waits for it.
+pub struct Supervisor {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Supervisor {
+    pub fn start(spec: Spec, home: AgentHome, board: Arc<HealthBoard>) -> Self {
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(supervise(spec, home, board, stop_rx));
+        Self { stop, task }
+    }
+
+    /// Stops the workload (TERM to its group, `stop-timeout`, KILL) and returns once it
+    /// is gone.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        if let Err(e) = self.task.await {
+            tracing::error!("the workload supervisor failed: {e}");
+        }
+    }
+}
+
+type Shared = Arc<Mutex<LogFile>>;
+
+/// The workload process of this run.
+struct Running {
+    child: tokio::process::Child,
+    pid: u32,
+    since_unix: u64,
+    /// The tasks copying its stdout and stderr into the log.
+    pumps: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Lets the output it wrote before it exited reach the log before its exit line
+    /// (bounded: a child of it may hold the pipes open).
+    async fn drain(&mut self) {
+        for pump in self.pumps.drain(..) {
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(500), pump).await;
+        }
+    }
+}
+
+type CheckFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+fn note(log: &Shared, text: &str) {
+    let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+    if let Err(e) = log.note(text) {
+        tracing::warn!("cannot write logs/workload.log: {e}");
+    }
+}
+
+async fn supervise(
+    spec: Spec,
+    home: AgentHome,
+    board: Arc<HealthBoard>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let log: Shared = Arc::new(Mutex::new(LogFile::new(
+        log_path(&home),
+        logfile::MAX_BYTES,
+    )));
+    stop_leftover(&home, &spec, &log).await;
+    let mut sup = Supervision::new(
+        spec.enabled(),
+        spec.start_timeout,
+        spec.health != Check::None,
+    );
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(check::CHECK_TIMEOUT)
+        .build()
+        .unwrap_or_default();
+    let mut running: Option<Running> = None;
+    let mut check_due: Option<Instant> = None;
+    let mut check_run: Option<CheckFuture> = None;
+    loop {
+        let now = Instant::now();
+        let mut wake = match sup.tick(now) {
+            Action::Start => {
+                start(&spec, &home, &log, &mut sup, &mut running);
+                check_due = Some(Instant::now());
+                check_run = None;
+                continue;
+            }
+            Action::StopFailedStart(why) => {
+                check_run = None;
+                if let Some(r) = &running {
+                    tracing::error!("{why}; stopping it (pid {})", r.pid);
+                    note(&log, &format!("{why}; stopping it (pid {})", r.pid));
+                    group::stop(r.pid, spec.stop_timeout).await;
+                }
+                continue;
+            }
+            Action::Wait(until) => until,
+        };
+        publish(&board, &sup, running.as_ref(), &spec);
+        if check_run.is_none()
+            && sup.check_interval().is_some()
+            && let Some(due) = check_due
+        {
+            if due <= Instant::now() {
+                let (check, http, dir) = (spec.health.clone(), http.clone(), spec.home.clone());
+                check_run = Some(Box::pin(
+                    async move { check::run(&check, &http, &dir).await },
+                ));
+            } else {
+                wake = Some(wake.map_or(due, |w| w.min(due)));
+            }
+        }
+        let sleep = async {
+            match wake {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = stop.changed() => break,
+            status = wait_child(&mut running) => {
+                check_run = None;
+                check_due = None;
+                if let Some(mut r) = running.take() {
+                    r.drain().await;
+                    let exit = match (status.code(), status.signal()) {
+                        (Some(code), _) => Exit::Code(code),
+                        (None, Some(sig)) => Exit::Signal(sig),
+                        (None, None) => Exit::Code(-1),
+                    };
+                    let delay = sup.exited(exit, Instant::now());
+                    let text = format!(
+                        "workload (pid {}) {}; restarting in {:.0}s (restart {})",
+                        r.pid,
+                        sup.last_exit().unwrap_or_default(),
+                        delay.as_secs_f64(),
+                        sup.health().restarts + 1
+                    );
+                    tracing::warn!("{text}");
+                    note(&log, &text);
+                    // Its children may live on in the group; a new run starts clean.
+                    group::stop(r.pid, spec.stop_timeout).await;
+                    group::forget(&home);
+                }
+            }
+            result = poll_check(&mut check_run) => {
+                check_run = None;
+                let was_healthy = sup.health().healthy;
+                if let Err(e) = &result
+                    && sup.state() == agent_protocol::wire::WorkloadState::Running
+                    && was_healthy
+                {
+                    tracing::warn!("workload health check failing: {e}");
+                    note(&log, &format!("health check failing: {e}"));
+                }
+                sup.checked(result, Instant::now());
+                if !was_healthy && sup.health().healthy {
+                    tracing::info!("workload healthy");
+                }
+                check_due = sup.check_interval().map(|i| Instant::now() + i);
+            }
+            _ = sleep => {}
+        }
+    }
+    sup.stopped();
+    if let Some(mut r) = running.take() {
+        let how = group::stop(r.pid, spec.stop_timeout).await;
+        let status = r.child.wait().await.ok();
+        r.drain().await;
+        let ended = status
+            .map(|s| match (s.code(), s.signal()) {
+                (Some(code), _) => Exit::Code(code).to_string(),
+                (None, Some(sig)) => Exit::Signal(sig).to_string(),
+                (None, None) => "ended".to_owned(),
+            })
+            .unwrap_or_else(|| "ended".into());
+        let text = match how {
+            group::Stopped::Killed => format!(
+                "workload (pid {}) ignored TERM for {:?} (workload.stop-timeout); killed its process group ({ended})",
+                r.pid, spec.stop_timeout
+            ),
+            _ => format!("workload (pid {}) stopped: {ended}", r.pid),
+        };
+        tracing::info!("{text}");
+        note(&log, &text);
+    }
+    group::forget(&home);
+    publish(&board, &sup, None, &spec);
+}
+
+/// Stops a workload that an agent before this one left running (it died without
+/// stopping it), so that no two run.
+async fn stop_leftover(home: &AgentHome, spec: &Spec, log: &Shared) {
+    if let Some((pgid, members)) = group::leftover(home) {
+        let text = format!(
+            "found the workload (pid {pgid}, {} process(es)) left running by an agent that did not stop it; stopping its process group first",
+            members.len()
+        );
+        tracing::warn!("{text}");
+        note(log, &text);
+        let how = group::stop(pgid, spec.stop_timeout).await;
+        note(log, &format!("left-over workload (pid {pgid}) {how:?}"));
+    }
+    group::forget(home);
+}
+
+fn start(
+    spec: &Spec,
+    home: &AgentHome,
+    log: &Shared,
+    sup: &mut Supervision,
+    running: &mut Option<Running>,
+) {
+    let program = match spec.program() {
+        Ok(p) => p,
+        Err(e) => {
+            let delay = sup.spawn_failed(e.clone(), Instant::now());
+            tracing::error!("cannot start the workload: {e}; trying again in {delay:?}");
+            note(log, &format!("cannot start the workload: {e}"));
+            return;
+        }
+    };
+    let mut cmd = tokio::process::Command::new(&program);
+    cmd.args(spec.argv.iter().skip(1))
+        .envs(&spec.env)
+        .env_remove("AGENT_UPDATER_ACTIVE")
+        .current_dir(&spec.home)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(false);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let why = format!(
+                "workload.command: cannot run {}: {e}; check that it is a program for this machine",
+                program.display()
+            );
+            let delay = sup.spawn_failed(why.clone(), Instant::now());
+            tracing::error!("{why}; trying again in {delay:?}");
+            note(log, &why);
+            return;
+        }
+    };
+    let Some(pid) = child.id() else {
+        return;
+    };
+    match group::start_ticks(pid) {
+        Some(ticks) => {
+            if let Err(e) = group::record(home, pid, ticks) {
+                tracing::warn!("cannot record the workload in run/workload.pid: {e}");
+            }
+        }
+        None => tracing::warn!("workload (pid {pid}) ended before it could be recorded"),
+    }
+    let mut pumps = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        pumps.push(tokio::spawn(pump(out, Arc::clone(log))));
+    }
+    if let Some(err) = child.stderr.take() {
+        pumps.push(tokio::spawn(pump(err, Arc::clone(log))));
+    }
+    sup.started(Instant::now());
+    let text = format!(
+        "started the workload (pid {pid}): {} {}",
+        program.display(),
+        spec.argv[1..].join(" ")
+    );
+    tracing::info!("{}", text.trim_end());
+    note(log, text.trim_end());
+    *running = Some(Running {
+        child,
+        pid,
+        since_unix: now_secs(),
+        pumps,
+    });
+}
+
+/// Copies the workload's output into its log until the pipe closes.
+async fn pump(mut from: impl AsyncRead + Unpin, log: Shared) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut said = false;
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let result = log
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .append(&buf[..n]);
+                if let Err(e) = result
+                    && !said
+                {
+                    said = true;
+                    tracing::warn!("cannot write logs/workload.log: {e}");
+                }
+            }
+        }
+    }
+}
+
+async fn wait_child(running: &mut Option<Running>) -> std::process::ExitStatus {
+    match running {
+        Some(r) => match r.child.wait().await {
+            Ok(status) => status,
+            Err(_) => std::process::ExitStatus::from_raw(-1),
+        },
+        None => std::future::pending().await,
+    }
+}
+
+async fn poll_check(run: &mut Option<CheckFuture>) -> Result<(), String> {
+    match run {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The workload as reported before the supervisor has started it: the first
+/// `run/health.json` already says there is one, and that it is not healthy yet.
+pub fn initial_report(spec: &Spec) -> WorkloadReport {
+    let sup = Supervision::new(
+        spec.enabled(),
+        spec.start_timeout,
+        spec.health != Check::None,
+    );
+    report(&sup, None, spec)
+}
+
+fn publish(board: &HealthBoard, sup: &Supervision, running: Option<&Running>, spec: &Spec) {
+    let report = report(sup, running, spec);
+    board.update(|h| h.workload = Some(report));
+}
+
+fn report(sup: &Supervision, running: Option<&Running>, spec: &Spec) -> WorkloadReport {
+    WorkloadReport {
+        health: sup.health(),
+        pid: running.map(|r| r.pid),
+        since: running.map(|r| r.since_unix),
+        last_exit: sup.last_exit().map(str::to_owned),
+        start_timeout_ms: u64::try_from(spec.start_timeout.as_millis()).unwrap_or(u64::MAX),
+    }
+}
+
+/// The workload's lines of `agent status`; `agent_alive` says whether the report is
+/// current (a dead agent's last report is shown as such).
+pub fn describe(report: Option<&WorkloadReport>, agent_alive: bool) -> String {
+    use agent_protocol::wire::WorkloadState;
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let Some(w) = report else {
+        return "workload: not reported (an agent from before workloads?)\n".into();
+    };
+    let stale = if agent_alive {
+        ""
+    } else {
+        " (as last reported; the agent is not running)"
+    };
+    let _ = match (w.health.workload, w.pid) {
+        (WorkloadState::None, _) => {
+            writeln!(out, "workload: none configured (workload.command){stale}")
+        }
+        (state, Some(pid)) => {
+            let up = w
+                .since
+                .map(|t| {
+                    format!(
+                        ", up since {} ({}s)",
+                        logfile::utc(t),
+                        now_secs().saturating_sub(t)
+                    )
+                })
+                .unwrap_or_default();
+            writeln!(
+                out,
+                "workload: {} (pid {pid}{up}), {}{stale}",
+                state.as_str(),
+                if w.health.healthy {
+                    "healthy"
+                } else {
+                    "not healthy"
+                }
+            )
+        }
+        (state, None) => writeln!(out, "workload: {}, not healthy{stale}", state.as_str()),
+    };
+    if w.health.workload != WorkloadState::None {
+        let _ = writeln!(
+            out,
+            "          restarts {}; last exit: {}",
+            w.health.restarts,
+            w.last_exit.as_deref().unwrap_or("none")
+        );
+    }
+    if let Some(e) = &w.health.last_error {
+        let _ = writeln!(out, "          last error: {e}");
+    }
+    out
+}

@@ -1,0 +1,184 @@
+//! Remote configuration at the edge: `/admin/config...` (bearer token) to push, list,
+//! delete and steer sets, and `POST /agent/config-status` for agents' answers. The
+//! fleet model ([`agent_fleet::config`]) decides; this translates.
+
+use std::collections::BTreeMap;
+
+use agent_fleet::config::directive;
+use agent_fleet::db::now_ms;
+use agent_fleet::outage::Deferred;
+use agent_fleet::rollout::Refusal;
+use agent_protocol::config_set;
+use agent_protocol::wire::ConfigStatus;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::agents::{authenticate, check_id, unauthorized};
+use super::{AppState, Shared, authorize, json_body};
+use crate::error::ApiError;
+use crate::metrics::inc;
+
+/// Largest `PUT /admin/config/<group>` body: a full set, JSON-escaped (every byte of
+/// text may take six), and room for the names.
+pub(super) const MAX_CONFIG_BODY: usize = 6 * config_set::MAX_BYTES + 64 * 1024;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PutSet {
+    files: BTreeMap<String, String>,
+}
+
+fn check_group(group: &str) -> Result<(), ApiError> {
+    directive::check_group(group).map_err(ApiError::bad_request)
+}
+
+/// `PUT /admin/config/<group>`.
+pub(super) async fn put(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(group): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    authorize(s, &headers)?;
+    check_group(&group)?;
+    // Parsed here, not by an extractor, so that text that is not UTF-8 or a set that is
+    // not `{"files": {name: text}}` gets a 400 that says so.
+    let put: PutSet = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "body must be {{\"files\": {{\"<name>\": \"<UTF-8 text>\", ...}}}}: {e}"
+        ))
+    })?;
+    match s.fleet.configs.push(&group, put.files).await? {
+        Ok(pushed) => {
+            if pushed.new {
+                tracing::info!(group = %pushed.group, hash = %pushed.hash, "configuration set stored");
+            }
+            Ok(Json(serde_json::json!({
+                "group": pushed.group,
+                "hash": pushed.hash,
+                "created_at": pushed.created_at as f64 / 1000.0,
+            }))
+            .into_response())
+        }
+        Err(e) => Err(ApiError::bad_request(format!(
+            "configuration set refused: {e}"
+        ))),
+    }
+}
+
+/// `GET /admin/config`.
+pub(super) async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&state.inner, &headers)?;
+    Ok(Json(state.inner.fleet.configs.status().await?).into_response())
+}
+
+/// `DELETE /admin/config/<group>`.
+pub(super) async fn delete(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(group): Path<String>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    authorize(s, &headers)?;
+    check_group(&group)?;
+    if !s.fleet.configs.delete(&group).await? {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("group {group} has no configuration set"),
+        ));
+    }
+    Ok(Json(serde_json::json!({ "group": group, "deleted": true })).into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct HaltBody {
+    reason: Option<String>,
+}
+
+/// `POST /admin/config/<group>/halt|resume|advance`.
+pub(super) async fn steer(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((group, action)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    authorize(s, &headers)?;
+    check_group(&group)?;
+    let configs = &s.fleet.configs;
+    let result = match action.as_str() {
+        "halt" => {
+            let halt: HaltBody = if body.iter().all(u8::is_ascii_whitespace) {
+                HaltBody::default()
+            } else {
+                serde_json::from_slice(&body)
+                    .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?
+            };
+            if halt.reason.as_ref().is_some_and(|r| r.len() > 1024) {
+                return Err(ApiError::bad_request("reason is longer than 1024 bytes"));
+            }
+            configs.halt(&group, halt.reason.as_deref()).await?
+        }
+        "resume" => configs.resume(&group).await?,
+        "advance" => configs.advance(&group).await?,
+        other => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no action {other:?}: use halt, resume or advance"),
+            ));
+        }
+    };
+    match result {
+        Ok(()) => Ok(Json(configs.status().await?).into_response()),
+        Err(Refusal(why)) => Err(ApiError::new(StatusCode::CONFLICT, why)),
+    }
+}
+
+/// `POST /agent/config-status`: what an agent made of a set (its bearer token, as for
+/// reports: a forged `FAILED` could halt a config rollout).
+pub(super) async fn status(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<ConfigStatus>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let s: &Shared = &state.inner;
+    let status = json_body(body)?;
+    check_id(&status.id)?;
+    if let agent_fleet::credentials::Verdict::Deny(why) =
+        authenticate(s, &status.id, &headers).await?
+    {
+        return Err(unauthorized(&status.id, why));
+    }
+    if status.hash.len() != 64 || !status.hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::bad_request("hash must be 64 hex digits"));
+    }
+    if status.error.as_ref().is_some_and(|e| e.len() > 4096) {
+        return Err(ApiError::bad_request(
+            "error text is longer than 4096 bytes",
+        ));
+    }
+    inc(&s.metrics.config_statuses);
+    tracing::info!(agent = %status.id, hash = %status.hash, status = status.status.as_str(), error = ?status.error, "configuration status");
+    s.fleet
+        .save(Deferred::ConfigStatus {
+            status,
+            at_ms: now_ms(),
+        })
+        .await?;
+    let answer = if s.fleet.outage.is_down() {
+        "queued"
+    } else {
+        "recorded"
+    };
+    Ok(Json(serde_json::json!({ "status": answer })).into_response())
+}
