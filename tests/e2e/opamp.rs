@@ -121,6 +121,52 @@ fn both_registry_clients_appear_as_opamp_agents() {
             "{r}"
         );
     }
+    // The group's configuration set reaches both, and both report it APPLIED.
+    let files = serde_json::json!({"files": {"collector.yaml": "receivers: {}\n", "app.json": "{\"sampling\": 0.5}"}});
+    let auth = format!("Bearer {ADMIN}");
+    let a = e2e::http_with_body(
+        server.port,
+        "PUT",
+        "/admin/config/canary",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        files.to_string().as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(a.status, 200, "{}", a.text());
+    let hash = serde_json::from_slice::<Value>(&a.body).unwrap()["hash"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for out in [&py_out, &node_out] {
+        wait_until(LONG, "the client to receive the set", || {
+            serde_json::from_str::<Value>(&read_file(&out.join("config.json")))
+                .is_ok_and(|c| c["config_hash"] == hash.as_str())
+        });
+        let got: Value = serde_json::from_str(&read_file(&out.join("config.json"))).unwrap();
+        assert_eq!(got["files"]["collector.yaml"]["body"], "receivers: {}\n");
+        assert_eq!(got["files"]["app.json"]["content_type"], "application/json");
+    }
+    wait_until(LONG, "both clients APPLIED with the set's hash", || {
+        let rows = admin_agents(server.port, ADMIN);
+        [&py_id, &node_id].iter().all(|id| {
+            row(&rows, id).is_some_and(|r| {
+                r["remote_config_status"] == "APPLIED" && r["remote_config_hash"] == hash.as_str()
+            })
+        })
+    });
+    let a = e2e::http(
+        server.port,
+        "GET",
+        "/admin/config",
+        &[("Authorization", &auth)],
+    )
+    .unwrap();
+    let listed = a.text();
+    assert!(listed.contains(&hash), "{listed}");
+
     // The Python client says goodbye (AgentDisconnect) when stopped: offline at once.
     signal(py, "TERM");
     wait_until(LONG, "the stopped client to show offline", || {

@@ -4,7 +4,7 @@
 //! kept beside them in `agent_opamp`: the server's view of the agent as JSON (the
 //! edge's `agent_opamp::view::AgentView`; this crate stores it without reading it),
 //! the last `sequence_num`, whether it is connected, and whether it accepts packages
-//! (only those take part in bundle rollouts).
+//! and remote configuration (only those take part in bundle, resp. config, rollouts).
 
 use std::collections::HashMap;
 
@@ -39,6 +39,8 @@ pub struct OpampAgent {
     pub sequence_num: Option<u64>,
     pub online: bool,
     pub accepts_packages: bool,
+    /// Only those take part in config rollouts.
+    pub accepts_remote_config: bool,
     /// When the message was received, unix milliseconds.
     pub at_ms: i64,
 }
@@ -104,11 +106,12 @@ impl Db {
         .execute(&mut *tx)
         .await?;
         sqlx::query(
-            "INSERT INTO agent_opamp (agent_id, view, sequence_num, online, accepts_packages, seen_at)
-             VALUES ($1, $2, $3, $4, $5, $6)
+            "INSERT INTO agent_opamp (agent_id, view, sequence_num, online, accepts_packages, seen_at, accepts_remote_config)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
              ON CONFLICT (agent_id) DO UPDATE SET view = excluded.view,
                sequence_num = excluded.sequence_num, online = excluded.online,
-               accepts_packages = excluded.accepts_packages, seen_at = excluded.seen_at",
+               accepts_packages = excluded.accepts_packages, seen_at = excluded.seen_at,
+               accepts_remote_config = excluded.accepts_remote_config",
         )
         .bind(&a.id)
         .bind(&a.view)
@@ -116,6 +119,7 @@ impl Db {
         .bind(i64::from(a.online))
         .bind(i64::from(a.accepts_packages))
         .bind(a.at_ms)
+        .bind(i64::from(a.accepts_remote_config))
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -170,6 +174,7 @@ mod tests {
             sequence_num: Some(u64::MAX),
             online: true,
             accepts_packages: false,
+            accepts_remote_config: true,
             at_ms,
         }
     }

@@ -10,5 +10,6 @@ CREATE TABLE agent_opamp (
     sequence_num     BIGINT,
     online           BIGINT NOT NULL DEFAULT 1,
     accepts_packages BIGINT NOT NULL DEFAULT 0,
+    accepts_remote_config BIGINT NOT NULL DEFAULT 0,
     seen_at          BIGINT NOT NULL
 );

@@ -10,5 +10,6 @@ CREATE TABLE agent_opamp (
     sequence_num     INTEGER,
     online           INTEGER NOT NULL DEFAULT 1,
     accepts_packages INTEGER NOT NULL DEFAULT 0,
+    accepts_remote_config INTEGER NOT NULL DEFAULT 0,
     seen_at          INTEGER NOT NULL
 );

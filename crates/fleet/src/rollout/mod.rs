@@ -565,6 +565,7 @@ impl Rollouts {
             if !member.done {
                 store::set_outcome(
                     self.db.pool(),
+                    BUNDLES,
                     current.id,
                     agent,
                     store::INSTALLED,
@@ -582,7 +583,7 @@ impl Rollouts {
             return Ok(None);
         }
         if !member.told {
-            store::mark_told(self.db.pool(), current.id, agent, now).await?;
+            store::mark_told(self.db.pool(), BUNDLES, current.id, agent, now).await?;
             self.remember(current.id, agent, |m| m.told = true);
         }
         Ok(Some(current.version.clone()))

@@ -149,6 +149,7 @@ pub async fn exchange(
             sequence_num: view.sequence_num,
             online: view.online,
             accepts_packages: view.has(AgentCapabilities::AcceptsPackages),
+            accepts_remote_config: view.has(AgentCapabilities::AcceptsRemoteConfig),
             at_ms,
         };
         s.fleet
@@ -156,6 +157,12 @@ pub async fn exchange(
             .save_opamp(&record)
             .await
             .map_err(|e| fleet_error(&e, s))?;
+        if obs.changes.remote_config {
+            count_config_status(s, &id, view).await?;
+        }
+        if !obs.disconnected && view.has(AgentCapabilities::AcceptsRemoteConfig) {
+            offers.remote_config = offer_config(s, &id, view).await?;
+        }
         if let Some(pkg) = &package
             && view.has(AgentCapabilities::AcceptsPackages)
         {
@@ -242,6 +249,63 @@ async fn count_package_report(
     s.fleet
         .save(Deferred::Report {
             report,
+            at_ms: now_ms(),
+        })
+        .await
+        .map_err(|e| fleet_error(&e, s))
+}
+
+/// The group's configuration set as `AgentRemoteConfig`, when the agent's wave of its
+/// config rollout is open and it does not run the set yet.
+async fn offer_config(
+    s: &Shared,
+    id: &str,
+    view: &AgentView,
+) -> Result<Option<agent_opamp::proto::AgentRemoteConfig>, Refused> {
+    let running = view
+        .remote_config
+        .as_ref()
+        .filter(|r| r.status == Some(agent_opamp::view::ConfigStatus::Applied))
+        .map(|r| r.hash.as_str())
+        .unwrap_or_default();
+    let set = s
+        .fleet
+        .configs
+        .answer(id, view.group(), running)
+        .await
+        .map_err(|e| fleet_error(&e, s))?;
+    Ok(set.and_then(|set| {
+        answer::remote_config(
+            set.files.iter().map(|(n, b)| (n.as_str(), b.as_bytes())),
+            &set.hash,
+        )
+        .map_err(|e| tracing::error!("OpAMP: configuration set {}: {e}", set.hash))
+        .ok()
+    }))
+}
+
+/// `RemoteConfigStatus` `APPLIED` / `FAILED` counts in the config rollout like a
+/// native agent's `/agent/config-status`.
+async fn count_config_status(s: &Shared, id: &str, view: &AgentView) -> Result<(), Refused> {
+    use agent_opamp::view::ConfigStatus as Opamp;
+    use agent_protocol::wire::{ConfigOutcome, ConfigStatus};
+    let Some(rc) = view.remote_config.as_ref().filter(|r| !r.hash.is_empty()) else {
+        return Ok(());
+    };
+    let outcome = match rc.status {
+        Some(Opamp::Applied) => ConfigOutcome::Applied,
+        Some(Opamp::Failed) => ConfigOutcome::Failed,
+        Some(Opamp::Applying) | None => return Ok(()),
+    };
+    let status = ConfigStatus {
+        id: id.to_owned(),
+        hash: rc.hash.clone(),
+        status: outcome,
+        error: (!rc.error.is_empty()).then(|| rc.error.chars().take(4096).collect()),
+    };
+    s.fleet
+        .save(Deferred::ConfigStatus {
+            status,
             at_ms: now_ms(),
         })
         .await
