@@ -196,9 +196,17 @@ mod tests {
     async fn opamp_agents_are_agents_with_a_view_beside_them() {
         let home = tempfile::tempdir().unwrap();
         let db = Db::open("", home.path(), 1).await.unwrap();
-        db.touch_agent("native-1", "n", "p", "2.0.0+1", None, 10)
-            .await
-            .unwrap();
+        db.touch_agent(&crate::db::Contact {
+            id: "native-1",
+            name: "n",
+            platform: "p",
+            version: "2.0.0+1",
+            group: None,
+            config_hash: None,
+            at: 10,
+        })
+        .await
+        .unwrap();
         db.save_opamp(&agent("op-1", 20_000)).await.unwrap();
         db.save_opamp(&OpampAgent {
             view: "{\"online\":false}".into(),
