@@ -369,12 +369,39 @@ fn websocket_clients_are_answered_and_closed_with_1009_over_the_limit() {
             let rows = admin_agents(server.port, ADMIN);
             row(&rows, "09090909-0909-0909-0909-090909090909").is_some_and(|r| r["online"] == false)
         });
-        // The server still serves others.
+        // The server still serves others; a set pushed for the agent's group reaches it
+        // at once, without a message of its own.
         let mut ws = connect().await;
-        ws.send(Message::Binary(message([10; 16], 1).encode_to_vec().into()))
+        let mut m = message([10; 16], 1);
+        m.capabilities |= AgentCapabilities::AcceptsRemoteConfig as u64
+            | AgentCapabilities::ReportsRemoteConfig as u64;
+        ws.send(Message::Binary(m.encode_to_vec().into()))
             .await
             .unwrap();
-        assert_eq!(next_answer(&mut ws).await.instance_uid, vec![10; 16]);
+        let first = next_answer(&mut ws).await;
+        assert_eq!(first.instance_uid, vec![10; 16]);
+        assert!(first.remote_config.is_none(), "no set yet");
+        let auth = format!("Bearer {ADMIN}");
+        let a = e2e::http_with_body(
+            server.port,
+            "PUT",
+            "/admin/config/edge",
+            &[
+                ("Authorization", &auth),
+                ("Content-Type", "application/json"),
+            ],
+            br#"{"files": {"edge.yaml": "x: 1"}}"#,
+        )
+        .unwrap();
+        assert_eq!(a.status, 200, "{}", a.text());
+        let hash = serde_json::from_slice::<Value>(&a.body).unwrap()["hash"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let pushed = next_answer(&mut ws).await;
+        let rc = pushed.remote_config.expect("the set is pushed");
+        assert_eq!(hex(&rc.config_hash), hash);
+        assert_eq!(rc.config.unwrap().config_map["edge.yaml"].body, b"x: 1");
         ws.close(None).await.unwrap();
     });
 }

@@ -182,6 +182,40 @@ pub async fn exchange(
     })
 }
 
+/// What the fleet has for a connected agent now, without a message from it (a
+/// WebSocket push after news: a wave opened, a set pushed): the answer carrying the
+/// offers it does not have yet, or `None`. `sent_uid` is the uid as the agent writes it.
+pub async fn push(s: &Shared, uid: InstanceUid, sent_uid: &[u8]) -> Option<ServerToAgent> {
+    if s.fleet.outage.is_down() {
+        return None;
+    }
+    let id = uid.to_string();
+    let stored = s.fleet.db.opamp_agent(&id).await.ok()??;
+    let view: AgentView = serde_json::from_str(&stored.view).ok()?;
+    let mut offers = Offers::default();
+    if view.has(AgentCapabilities::AcceptsRemoteConfig) {
+        offers.remote_config = offer_config(s, &id, &view).await.ok()?;
+    }
+    if view.has(AgentCapabilities::AcceptsPackages)
+        && let Some(pkg) = agent_package(s)
+    {
+        offers.packages = offer_package(s, &id, &view, &pkg).await.ok()?;
+    }
+    let obs = agent_opamp::session::Observation {
+        uid,
+        uid_form: InstanceUid::from_wire(sent_uid).ok()?.1,
+        view,
+        changes: Default::default(),
+        report_full_state: false,
+        send_capabilities: false,
+        new_instance_uid: None,
+        duplicate: false,
+        disconnected: false,
+    };
+    let out = answer::answer(sent_uid, &obs, offers);
+    (out.remote_config.is_some() || out.packages_available.is_some()).then_some(out)
+}
+
 /// The served bundle as the `agent` package, when there is one to offer.
 fn agent_package(s: &Shared) -> Option<AgentPackage> {
     let Current::Ready(bundle) = s.store.current() else {

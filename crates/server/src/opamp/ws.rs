@@ -1,5 +1,6 @@
 //! OpAMP over WebSocket on the same path: each binary message one `AgentToServer`
-//! (the one-byte `0x00` header, or none), each answered at once. Messages over the
+//! (the one-byte `0x00` header, or none), each answered at once; news for the agent (its
+//! wave opened, its group's set pushed) is pushed at once. Messages over the
 //! limit close the socket with `1009`, throttling answers `UNAVAILABLE` with
 //! `RetryInfo` and closes, the server pings every [`PING_INTERVAL`] and closes a
 //! socket silent for three of them, and a socket that says nothing within
@@ -23,7 +24,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
 
-use super::{MAX_MESSAGE, Refused, authorized, exchange, retry_after};
+use super::{MAX_MESSAGE, Refused, authorized, exchange, push, retry_after};
 use crate::conn::ConnHold;
 use crate::error::ApiError;
 use crate::routes::{AppState, Shared};
@@ -130,6 +131,9 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
     let mut last_heard = Instant::now();
     let mut ping = tokio::time::interval_at(Instant::now() + PING_INTERVAL, PING_INTERVAL);
     let mut closing = s.fleet.rollouts.news().closing();
+    // News (a wave opened, a set pushed) is pushed at once, not at the next message.
+    let mut news = s.fleet.rollouts.news().subscribe();
+    let mut sent_uid: Vec<u8> = Vec::new();
     let first_deadline = opened + s.request_timeout;
     loop {
         let message = tokio::select! {
@@ -147,6 +151,21 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
                     s.fleet.outage.went_down(&e);
                 }
                 if socket.send(Message::Ping(Default::default())).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            changed = news.changed(), if uid.is_some() => {
+                if changed.is_err() {
+                    continue;
+                }
+                if let Some(u) = uid
+                    && let Some(answer) = push(s, u, &sent_uid).await
+                    && socket
+                        .send(Message::Binary(codec::encode_ws_message(&answer).into()))
+                        .await
+                        .is_err()
+                {
                     break;
                 }
                 continue;
@@ -212,6 +231,9 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
                     }
                     s.opamp_sockets.add(done.uid);
                     uid = Some(done.uid);
+                }
+                if !done.duplicate {
+                    sent_uid.clone_from(&msg.instance_uid);
                 }
                 said_goodbye = done.disconnected;
                 done.answer
