@@ -679,3 +679,86 @@ fn uuid_text(uid: [u8; 16]) -> String {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// While the fleet database is away OpAMP agents are asked to come back later: `503`
+/// with `Retry-After` over HTTP, `UNAVAILABLE` with `RetryInfo` (then close 1013) over
+/// a WebSocket; once it is back they are answered again.
+#[test]
+fn agents_are_throttled_while_the_database_is_away() {
+    let ctx = TestContext::new();
+    let pg = e2e::Postgres::start();
+    let url = pg.url();
+    let server = ctx.server(
+        "home",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", ADMIN),
+            ("UPDATE_SERVER_AGENTS_ENROLLMENT_TOKEN", ENROLL),
+            ("UPDATE_SERVER_DATABASE_URL", &url),
+        ],
+    );
+    let body = message([11; 16], 1).encode_to_vec();
+    assert_eq!(post(&server, &[], &body).status, 200);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut ws = rt.block_on(async {
+        let mut req = format!("ws://127.0.0.1:{}/v1/opamp", server.port)
+            .into_client_request()
+            .unwrap();
+        req.headers_mut()
+            .insert("Authorization", format!("Bearer {ENROLL}").parse().unwrap());
+        let mut ws = tokio_tungstenite::connect_async(req).await.unwrap().0;
+        ws.send(Message::Binary(message([12; 16], 1).encode_to_vec().into()))
+            .await
+            .unwrap();
+        assert_eq!(next_answer(&mut ws).await.instance_uid, vec![12; 16]);
+        ws
+    });
+
+    pg.stop();
+    let mut seq = 2;
+    let mut last = None;
+    wait_until(LONG, "a 503 while the database is away", || {
+        seq += 1;
+        let a = post(&server, &[], &message([11; 16], seq).encode_to_vec());
+        let done = a.status == 503;
+        last = Some(a);
+        done
+    });
+    let a = last.unwrap();
+    let retry: u64 = a.header("Retry-After").unwrap().parse().unwrap();
+    assert!(retry > 0);
+
+    rt.block_on(async {
+        ws.send(Message::Binary(message([12; 16], 2).encode_to_vec().into()))
+            .await
+            .unwrap();
+        let answer = next_answer(&mut ws).await;
+        let err = answer.error_response.expect("an error response");
+        assert_eq!(
+            err.r#type,
+            agent_opamp::proto::ServerErrorResponseType::Unavailable as i32
+        );
+        match err.details {
+            Some(agent_opamp::proto::server_error_response::Details::RetryInfo(r)) => {
+                assert!(r.retry_after_nanoseconds > 0);
+            }
+            other => panic!("no RetryInfo: {other:?}"),
+        }
+        let code = loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(Some(frame)))) => break u16::from(frame.code),
+                Some(Ok(_)) => continue,
+                other => panic!("expected a close frame, got {other:?}"),
+            }
+        };
+        assert_eq!(code, 1013);
+    });
+
+    pg.start_server();
+    wait_until(LONG, "answers again once the database is back", || {
+        seq += 1;
+        post(&server, &[], &message([11; 16], seq).encode_to_vec()).status == 200
+    });
+}
