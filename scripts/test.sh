@@ -9,8 +9,9 @@ if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
 fi
 cd "$(dirname "$0")/.."
 
-# The end-to-end tests use the real tools the interface promises, and a real PostgreSQL
-# server (the tests make throw-away clusters with its initdb).
+# The end-to-end tests use the real tools the interface promises, a real PostgreSQL
+# server (the tests make throw-away clusters with its initdb), and a real headless
+# Chromium driven through chromedriver (the fleet page).
 have_postgres() { compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && command -v psql >/dev/null 2>&1; }
 missing=()
 # prometheus-node-exporter is the real workload the workload tests pack into bundles.
@@ -18,6 +19,8 @@ for tool in minisign unzip wget curl openssl prometheus-node-exporter; do
     command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 have_postgres || missing+=(postgresql)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 # The OpAMP tests: node and npm for the npm client, python3 -m venv for the PyPI one.
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)

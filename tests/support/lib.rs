@@ -7,6 +7,7 @@
 )]
 
 pub mod fake;
+pub mod webdriver;
 
 use std::fs;
 use std::net::TcpListener;

@@ -18,6 +18,7 @@ pub mod credentials;
 pub mod db;
 pub mod error;
 pub mod fleet;
+pub mod history;
 pub mod news;
 pub mod opamp;
 pub mod outage;

@@ -37,6 +37,7 @@ pub const KEYS: &[Key] = &[
     key("agents", "accept", Kind::Str),
     key("agents", "enrollment-token", Kind::Str),
     key("agents", "max-wait", Kind::Int),
+    key("agents", "heartbeat", Kind::Int),
     key("admin", "token", Kind::Str),
     key("database", "url", Kind::Str),
     key("database", "pool-size", Kind::Int),
@@ -117,6 +118,9 @@ pub struct AgentsSection {
     pub enrollment_token: String,
     /// Seconds a long-polling `connect?wait=` may be held.
     pub max_wait: u64,
+    /// Seconds between the agents' heartbeats (their `agent.heartbeat`): the fleet page
+    /// calls an agent stale after three without a word.
+    pub heartbeat: u64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -216,6 +220,7 @@ impl Default for AgentsSection {
             accept: "exact".into(),
             enrollment_token: String::new(),
             max_wait: 60,
+            heartbeat: 30,
         }
     }
 }
@@ -271,6 +276,7 @@ impl Config {
             ("server.header-timeout", self.server.header_timeout),
             ("server.idle-timeout", self.server.idle_timeout),
             ("downloads.stall-timeout", self.downloads.stall_timeout),
+            ("agents.heartbeat", self.agents.heartbeat),
         ] {
             if value == 0 {
                 return Err(format!("{name} must be at least 1 second"));

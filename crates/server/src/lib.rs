@@ -20,6 +20,7 @@ pub mod opamp;
 pub mod routes;
 pub mod store;
 pub mod tls;
+pub mod web;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -256,7 +257,11 @@ pub async fn serve(
         }
     });
 
-    let router = app(state).layer(
+    let mut router = app(state.clone());
+    if !config.admin.token.is_empty() {
+        router = router.merge(web::router(state, page_options(&config)));
+    }
+    let router = router.layer(
         // 503 (limit) and 409 (directive) are answers the server means to give; a
         // fleet produces thousands, so they are not logged as errors.
         tower_http::trace::TraceLayer::new_for_http()
@@ -280,6 +285,15 @@ pub async fn serve(
     };
     conn::serve(listener, router, metrics, announced, grace).await;
     Ok(())
+}
+
+/// What the fleet page takes from the configuration.
+pub fn page_options(config: &Config) -> web::Options {
+    web::Options {
+        admin_token: config.admin.token.clone(),
+        heartbeat: Duration::from_secs(config.agents.heartbeat),
+        secure: config.tls_files().is_some(),
+    }
 }
 
 /// The kernel's queue of connections not yet accepted. Large, so that a burst of

@@ -1,0 +1,488 @@
+//! The fleet page: `GET /` and its few addresses, for people, in a browser (DESIGN.md,
+//! "The fleet page"). Server-rendered HTML from templates compiled into the binary, one
+//! stylesheet served from here, no script at all.
+//!
+//! It owns the sessions of signed-in people and the checks on them (sign-in with the
+//! admin token, a session cookie, a CSRF token on every form). It never decides anything
+//! about the fleet: it reads the rows the admin API lists ([`source`]) and its buttons
+//! call the functions the admin API calls. Every string an agent sent is untrusted text;
+//! the templates escape it and the Content-Security-Policy forbids any script.
+//!
+//! Pure parts: [`model`] (the row, staleness), [`overview`] (counts), [`query`]
+//! (filters, paging), [`session`] (sessions, CSRF, origins), [`views`] (templates).
+
+pub mod model;
+pub mod overview;
+pub mod query;
+pub mod session;
+pub mod source;
+pub mod views;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use askama::Template;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Form, Router};
+
+use agent_fleet::FleetError;
+use agent_fleet::db::now_secs;
+
+use crate::error::ApiError;
+use crate::routes::AppState;
+use session::{COOKIE, CSRF_FIELD, SIGNIN_COOKIE, Sessions};
+use views::Frame;
+
+/// What the page needs from the server's configuration.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `admin.token`: the one secret that signs a person in.
+    pub admin_token: String,
+    /// `agents.heartbeat`: staleness is counted in these.
+    pub heartbeat: Duration,
+    /// The server speaks HTTPS: cookies get `Secure`.
+    pub secure: bool,
+}
+
+/// How long a wrong token waits for its answer; wrong tries are answered one at a time.
+pub const WRONG_TOKEN_DELAY: Duration = Duration::from_secs(1);
+
+/// Largest form accepted (a sign-in or a button).
+const MAX_FORM: usize = 16 * 1024;
+
+/// Forbids every script, inline or fetched, and everything not from this server.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
+     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+const STYLESHEET: &str = include_str!("../../static/fleet.css");
+
+#[derive(Clone)]
+struct Page {
+    app: AppState,
+    sessions: Arc<Sessions>,
+    /// Held while a wrong token waits, so that guesses are answered one at a time.
+    wrong_tries: Arc<tokio::sync::Mutex<()>>,
+    options: Arc<Options>,
+}
+
+/// The page's routes, to merge into the server's router when `admin.token` is set.
+pub fn router(app: AppState, options: Options) -> Router {
+    let timeout = tower_http::timeout::TimeoutLayer::with_status_code(
+        StatusCode::REQUEST_TIMEOUT,
+        app.inner.request_timeout,
+    );
+    let page = Page {
+        app,
+        sessions: Arc::default(),
+        wrong_tries: Arc::default(),
+        options: Arc::new(options),
+    };
+    Router::new()
+        .route("/", get(home))
+        .route("/signin", get(to_home).post(sign_in))
+        .route("/signout", get(to_home).post(sign_out))
+        .route("/agents", get(agents))
+        .route("/agents/{id}", get(agent))
+        .route("/rollouts", get(rollouts))
+        .route("/rollouts/{action}", post(act_bundle))
+        .route("/rollouts/config/{group}/{action}", post(act_config))
+        .route("/static/fleet.css", get(stylesheet))
+        .layer(axum::middleware::map_response(protect))
+        .layer(DefaultBodyLimit::max(MAX_FORM))
+        .layer(timeout)
+        .with_state(page)
+}
+
+/// Headers on every answer of the page: no script, no framing, no caching of what a
+/// signed-in person saw.
+async fn protect(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    let set = |h: &mut HeaderMap, name: header::HeaderName, value: &'static str| {
+        h.insert(name, HeaderValue::from_static(value));
+    };
+    set(
+        headers,
+        header::CONTENT_SECURITY_POLICY,
+        CONTENT_SECURITY_POLICY,
+    );
+    set(headers, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
+    set(headers, header::X_FRAME_OPTIONS, "DENY");
+    // Not `no-referrer`: under it a browser sends `Origin: null` with the page's own
+    // forms, and the origin check could not tell them from a forged one.
+    set(headers, header::REFERRER_POLICY, "same-origin");
+    if !headers.contains_key(header::CACHE_CONTROL) {
+        set(headers, header::CACHE_CONTROL, "no-store");
+    }
+    response
+}
+
+async fn stylesheet() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        STYLESHEET,
+    )
+        .into_response()
+}
+
+async fn to_home() -> Redirect {
+    Redirect::to("/")
+}
+
+fn render(status: StatusCode, page: &impl Template) -> Response {
+    match page.render() {
+        Ok(html) => (status, Html(html)).into_response(),
+        Err(e) => {
+            tracing::error!("fleet page template: {e}");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error; see the server log",
+            )
+                .into_response()
+        }
+    }
+}
+
+/// A page that could not be made: the admin API's status and words, as HTML.
+struct Trouble(ApiError);
+
+impl From<FleetError> for Trouble {
+    fn from(e: FleetError) -> Self {
+        Self(ApiError::from(e))
+    }
+}
+
+impl IntoResponse for Trouble {
+    fn into_response(self) -> Response {
+        let message = if self.0.status.is_server_error() && self.0.retry_after.is_none() {
+            "internal error; see the server log".to_owned()
+        } else {
+            self.0.message
+        };
+        let mut response = render(
+            self.0.status,
+            &views::Message::new(Frame::new("Trouble", "", now_secs()), &message),
+        );
+        if let Some(secs) = self.0.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+/// The CSRF token of the request's live session, if it has one.
+fn signed_in(page: &Page, headers: &HeaderMap) -> Option<(String, String)> {
+    let cookies = headers.get(header::COOKIE)?.to_str().ok()?;
+    let id = session::cookie(cookies, COOKIE)?;
+    let csrf = page.sessions.check(id, Instant::now())?;
+    Some((id.to_owned(), csrf))
+}
+
+fn same_origin(headers: &HeaderMap, request_host: Option<&str>) -> bool {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let host = get("host").or(request_host);
+    session::same_origin(get("origin"), host, get("sec-fetch-site"))
+}
+
+fn refused(status: StatusCode, message: &str) -> Response {
+    render(
+        status,
+        &views::Message::new(Frame::new("Refused", "", now_secs()), message),
+    )
+}
+
+/// The sign-in form, with a fresh CSRF pair (cookie and field).
+fn sign_in_form(page: &Page, status: StatusCode, message: &str) -> Response {
+    let nonce = session::random_token();
+    let mut response = render(
+        status,
+        &views::SignIn::new(
+            Frame::new("Sign in", "", now_secs()),
+            nonce.clone(),
+            message,
+        ),
+    );
+    let cookie = session::set_cookie(SIGNIN_COOKIE, &nonce, session::IDLE, page.options.secure);
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().append(header::SET_COOKIE, v);
+    }
+    response
+}
+
+async fn home(State(page): State<Page>, headers: HeaderMap) -> Result<Response, Trouble> {
+    let Some((_, csrf)) = signed_in(&page, &headers) else {
+        return Ok(sign_in_form(&page, StatusCode::OK, ""));
+    };
+    let s = &page.app.inner;
+    let now = now_secs();
+    let heartbeat = page.options.heartbeat;
+    let agents = source::agents(s).await?;
+    let rollout = source::rollout(s).await?;
+    let configs = source::config_sets(s).await?;
+    let o = overview::overview(&agents, heartbeat, now);
+    let failed = agents.iter().filter(|a| a.failed()).count();
+    Ok(render(
+        StatusCode::OK,
+        &views::OverviewPage::new(
+            Frame::new("Overview", &csrf, now),
+            &o,
+            failed,
+            heartbeat * model::STALE_HEARTBEATS,
+            rollout.as_ref().map(|r| views::RolloutView::new(r, now)),
+            views::ConfigView::all(&configs, now),
+            now,
+        ),
+    ))
+}
+
+async fn sign_in(State(page): State<Page>, headers: HeaderMap, request: Request) -> Response {
+    let (host, form) = read_form(request).await;
+    if !same_origin(&headers, host.as_deref()) {
+        return refused(
+            StatusCode::FORBIDDEN,
+            "refused: this form was not sent from this server's own page",
+        );
+    }
+    let field = form.get(CSRF_FIELD).map_or("", String::as_str);
+    let nonce = headers
+        .get(header::COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|c| session::cookie(c, SIGNIN_COOKIE))
+        .unwrap_or("");
+    if !session::secret_matches(field, nonce) {
+        return refused(
+            StatusCode::FORBIDDEN,
+            "refused: the form's CSRF token is missing or stale; open the sign-in page again and sign in from there",
+        );
+    }
+    let token = form.get("token").map_or("", String::as_str);
+    if !session::secret_matches(token, &page.options.admin_token) {
+        let _one_at_a_time = page.wrong_tries.lock().await;
+        tokio::time::sleep(WRONG_TOKEN_DELAY).await;
+        tracing::warn!("fleet page: a sign-in with a wrong token was refused");
+        return sign_in_form(
+            &page,
+            StatusCode::UNAUTHORIZED,
+            "That is not the admin token. Try again.",
+        );
+    }
+    let (id, _) = page.sessions.start(Instant::now());
+    tracing::info!("fleet page: signed in");
+    let mut response = Redirect::to("/").into_response();
+    for cookie in [
+        session::set_cookie(COOKIE, &id, session::MAX_AGE, page.options.secure),
+        session::set_cookie(SIGNIN_COOKIE, "", Duration::ZERO, page.options.secure),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(&cookie) {
+            response.headers_mut().append(header::SET_COOKIE, v);
+        }
+    }
+    response
+}
+
+/// The checks every button's POST passes: a live session, its CSRF token in the form,
+/// sent from this server's own page. `Err` says why it is refused (`403`).
+fn check_post(
+    page: &Page,
+    headers: &HeaderMap,
+    host: Option<&str>,
+    form: &HashMap<String, String>,
+) -> Result<(String, String), &'static str> {
+    if !same_origin(headers, host) {
+        return Err("refused: this form was not sent from this server's own page");
+    }
+    let Some((id, csrf)) = signed_in(page, headers) else {
+        return Err("refused: you are not signed in (or your session ended); sign in again");
+    };
+    let field = form.get(CSRF_FIELD).map_or("", String::as_str);
+    if !session::secret_matches(field, &csrf) {
+        return Err(
+            "refused: the form's CSRF token is missing or wrong; reload the page and try again",
+        );
+    }
+    Ok((id, csrf))
+}
+
+/// The form of a POST, and the request's authority (HTTP/2 has no `Host`). A body that
+/// is not a form reads as an empty one: the CSRF check then refuses it with `403`.
+async fn read_form(request: Request) -> (Option<String>, HashMap<String, String>) {
+    let host = request.uri().authority().map(|a| a.as_str().to_owned());
+    let form = <Form<HashMap<String, String>> as axum::extract::FromRequest<()>>::from_request(
+        request,
+        &(),
+    )
+    .await
+    .map(|Form(form)| form)
+    .unwrap_or_default();
+    (host, form)
+}
+
+async fn sign_out(State(page): State<Page>, headers: HeaderMap, request: Request) -> Response {
+    let (host, form) = read_form(request).await;
+    let (id, _) = match check_post(&page, &headers, host.as_deref(), &form) {
+        Ok(v) => v,
+        Err(why) => return refused(StatusCode::FORBIDDEN, why),
+    };
+    page.sessions.end(&id);
+    tracing::info!("fleet page: signed out");
+    let mut response = Redirect::to("/").into_response();
+    if let Ok(v) = HeaderValue::from_str(&session::set_cookie(
+        COOKIE,
+        "",
+        Duration::ZERO,
+        page.options.secure,
+    )) {
+        response.headers_mut().append(header::SET_COOKIE, v);
+    }
+    response
+}
+
+async fn agents(
+    State(page): State<Page>,
+    headers: HeaderMap,
+    Query(pairs): Query<HashMap<String, String>>,
+) -> Result<Response, Trouble> {
+    let Some((_, csrf)) = signed_in(&page, &headers) else {
+        return Ok(Redirect::to("/").into_response());
+    };
+    let now = now_secs();
+    let heartbeat = page.options.heartbeat;
+    let all = source::agents(&page.app.inner).await?;
+    let q = query::AgentQuery::from_pairs(&pairs);
+    let p = query::page(&all, &q, heartbeat, now);
+    let mut rows: Vec<model::Agent> = p.rows.iter().map(|a| (*a).clone()).collect();
+    source::add_waves(&page.app.inner, &mut rows).await?;
+    Ok(render(
+        StatusCode::OK,
+        &views::AgentsPage::new(
+            Frame::new("Agents", &csrf, now),
+            q.clone(),
+            views::Choices::of(&all),
+            &p,
+            &rows,
+            heartbeat,
+            now,
+        ),
+    ))
+}
+
+async fn agent(
+    State(page): State<Page>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, Trouble> {
+    let Some((_, csrf)) = signed_in(&page, &headers) else {
+        return Ok(Redirect::to("/").into_response());
+    };
+    let now = now_secs();
+    let s = &page.app.inner;
+    let Some(a) = source::agent(s, &id).await? else {
+        return Ok(render(
+            StatusCode::NOT_FOUND,
+            &views::Message::new(
+                Frame::new("No such agent", &csrf, now),
+                &format!("No agent {id:?} is known to the fleet."),
+            ),
+        ));
+    };
+    let history = source::history(s, &id).await?;
+    Ok(render(
+        StatusCode::OK,
+        &views::AgentPage::new(
+            Frame::new("Agent", &csrf, now),
+            views::AgentView::new(&a, page.options.heartbeat, now),
+            &history,
+            now,
+        ),
+    ))
+}
+
+async fn rollouts_page(
+    page: &Page,
+    csrf: &str,
+    status: StatusCode,
+    message: &str,
+) -> Result<Response, Trouble> {
+    let now = now_secs();
+    let s = &page.app.inner;
+    let rollout = source::rollout(s).await?;
+    let configs = source::config_sets(s).await?;
+    Ok(render(
+        status,
+        &views::RolloutsPage::new(
+            Frame::new("Rollouts", csrf, now),
+            rollout.as_ref().map(|r| views::RolloutView::new(r, now)),
+            views::ConfigView::all(&configs, now),
+            message,
+        ),
+    ))
+}
+
+async fn rollouts(State(page): State<Page>, headers: HeaderMap) -> Result<Response, Trouble> {
+    let Some((_, csrf)) = signed_in(&page, &headers) else {
+        return Ok(Redirect::to("/").into_response());
+    };
+    rollouts_page(&page, &csrf, StatusCode::OK, "").await
+}
+
+async fn act_bundle(
+    State(page): State<Page>,
+    Path(action): Path<String>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    act(page, source::Target::Bundle, &action, headers, request).await
+}
+
+async fn act_config(
+    State(page): State<Page>,
+    Path((group, action)): Path<(String, String)>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    act(
+        page,
+        source::Target::Config(group),
+        &action,
+        headers,
+        request,
+    )
+    .await
+}
+
+/// A button: checked like every POST, then the very call the admin API makes; the
+/// rollouts page then shows the new state (or why nothing changed).
+async fn act(
+    page: Page,
+    target: source::Target,
+    action: &str,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    let (host, form) = read_form(request).await;
+    let (_, csrf) = match check_post(&page, &headers, host.as_deref(), &form) {
+        Ok(v) => v,
+        Err(why) => return Ok(refused(StatusCode::FORBIDDEN, why)),
+    };
+    let Some(action) = source::Action::parse(action) else {
+        return Ok(refused(
+            StatusCode::NOT_FOUND,
+            "no such action: the buttons are Halt, Resume and Advance",
+        ));
+    };
+    match source::act(&page.app.inner, &target, action).await? {
+        Ok(()) => {
+            tracing::info!("fleet page: an operator pressed {action:?} on {target:?}");
+            Ok(Redirect::to("/rollouts").into_response())
+        }
+        Err(why) => rollouts_page(&page, &csrf, StatusCode::CONFLICT, &why).await,
+    }
+}

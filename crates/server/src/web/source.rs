@@ -1,0 +1,273 @@
+//! The page's reads from the fleet model (`agent-fleet`), and the operator's actions on
+//! it: the one file that knows where the fleet's rows come from. The actions call the
+//! very functions `/admin/rollout/...` and `/admin/config/<group>/...` call.
+
+use agent_fleet::FleetError;
+use agent_fleet::db::AgentRow;
+pub use agent_fleet::history::HistoryLine;
+use serde::Deserialize;
+
+use super::model::{Agent, health_of};
+use crate::routes::Shared;
+
+fn agent_of(a: AgentRow) -> Agent {
+    let nonempty = |s: String| if s.is_empty() { None } else { Some(s) };
+    // The "health" the agent last reported, as the connect body carried it.
+    let (health, health_detail) = a
+        .health
+        .as_deref()
+        .and_then(|h| serde_json::from_str::<agent_protocol::wire::AgentHealth>(h).ok())
+        .map(|h| {
+            let (label, detail) = health_of(
+                h.healthy,
+                h.workload.as_str(),
+                h.restarts,
+                h.last_error.as_deref(),
+            );
+            (Some(label), Some(detail))
+        })
+        .unwrap_or_default();
+    Agent {
+        health,
+        health_detail,
+        id: a.id,
+        name: a.name,
+        platform: a.platform,
+        version: a.version,
+        group: a.group,
+        last_contact: a.last_contact,
+        update_status: a.update_status,
+        update_error: a.update_error,
+        config_hash: nonempty(a.config_hash),
+        config_status: a.config_status,
+        config_error: a.config_error,
+        ..Agent::default()
+    }
+}
+
+/// Every agent of the fleet, by id, as `/admin/agents` lists them but for their wave
+/// (a second read of every agent; [`add_waves`] adds it to the few shown).
+pub async fn agents(s: &Shared) -> Result<Vec<Agent>, FleetError> {
+    Ok(s.fleet
+        .db
+        .agents(None, None)
+        .await?
+        .into_iter()
+        .map(agent_of)
+        .collect())
+}
+
+/// Fills in each agent's wave and `told_at` in the fleet's rollout.
+pub async fn add_waves(s: &Shared, agents: &mut [Agent]) -> Result<(), FleetError> {
+    let Some(rollout) = s.fleet.rollouts.current() else {
+        return Ok(());
+    };
+    let ids: Vec<&str> = agents.iter().map(|a| a.id.as_str()).collect();
+    let found = agent_fleet::history::waves(&s.fleet.db, rollout.id, &ids).await?;
+    for a in agents.iter_mut() {
+        if let Some((wave, told)) = found.get(&a.id) {
+            a.wave = Some(*wave);
+            a.told_at = told.map(|ms| ms as f64 / 1000.0);
+        }
+    }
+    Ok(())
+}
+
+/// One agent, if the fleet knows it.
+pub async fn agent(s: &Shared, id: &str) -> Result<Option<Agent>, FleetError> {
+    let Some(a) = s.fleet.db.agent(id).await? else {
+        return Ok(None);
+    };
+    let mut one = [agent_of(a)];
+    add_waves(s, &mut one).await?;
+    let [agent] = one;
+    Ok(Some(agent))
+}
+
+/// The agent's part in every rollout, bundle and configuration, the latest first.
+pub async fn history(s: &Shared, id: &str) -> Result<Vec<HistoryLine>, FleetError> {
+    agent_fleet::history::history(&s.fleet.db, id).await
+}
+
+/// The fleet's bundle rollout as `GET /admin/rollout` answers it.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Rollout {
+    pub version: String,
+    pub previous: Option<String>,
+    pub state: String,
+    pub reason: Option<String>,
+    pub wave: u32,
+    pub started_at: f64,
+    pub completed_at: Option<f64>,
+    pub waves: Vec<Wave>,
+    #[serde(default)]
+    pub events: Vec<Event>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Wave {
+    pub size: String,
+    pub agents: u64,
+    pub installed: u64,
+    pub failed: u64,
+    pub timed_out: u64,
+    pub pending: u64,
+    pub opened_at: Option<f64>,
+    pub completed_at: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Event {
+    pub kind: String,
+    pub wave: i64,
+    pub at: f64,
+    pub detail: Option<String>,
+    #[serde(default)]
+    pub server: String,
+}
+
+/// The fleet's latest bundle rollout, if a bundle was ever served.
+pub async fn rollout(s: &Shared) -> Result<Option<Rollout>, FleetError> {
+    let Some(status) = s.fleet.rollouts.status().await? else {
+        return Ok(None);
+    };
+    // The admin API's own document: a field it lacks is a bug there, not here.
+    Ok(serde_json::from_value(status)
+        .map_err(|e| tracing::error!("the rollout status did not read back: {e}"))
+        .ok())
+}
+
+/// `GET /admin/config`: the configuration sets, each with its config rollout.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ConfigSets {
+    #[serde(default)]
+    pub sets: Vec<ConfigSet>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ConfigSet {
+    pub group: String,
+    pub hash: String,
+    pub created_at: f64,
+    #[serde(default)]
+    pub files: Vec<String>,
+    #[serde(default)]
+    pub applied: u64,
+    #[serde(default)]
+    pub applying: u64,
+    #[serde(default)]
+    pub failed: u64,
+    #[serde(default)]
+    pub timed_out: u64,
+    /// `None` before the set's rollout starts.
+    pub rollout: Option<ConfigRollout>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ConfigRollout {
+    pub state: String,
+    pub reason: Option<String>,
+    pub wave: u32,
+    pub started_at: f64,
+    pub completed_at: Option<f64>,
+    pub waves: Vec<ConfigWave>,
+    #[serde(default)]
+    pub events: Vec<Event>,
+}
+
+/// A config rollout's wave: `applied` where a bundle's says `installed`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ConfigWave {
+    pub size: String,
+    pub agents: u64,
+    pub applied: u64,
+    pub failed: u64,
+    pub timed_out: u64,
+    pub pending: u64,
+    pub opened_at: Option<f64>,
+    pub completed_at: Option<f64>,
+}
+
+impl ConfigRollout {
+    /// The same shape as a bundle's, for the same table and buttons.
+    pub fn as_rollout(&self, set: &ConfigSet) -> Rollout {
+        Rollout {
+            version: format!("{} {}", set.group, agent_fleet::config::short(&set.hash)),
+            previous: None,
+            state: self.state.clone(),
+            reason: self.reason.clone(),
+            wave: self.wave,
+            started_at: self.started_at,
+            completed_at: self.completed_at,
+            waves: self
+                .waves
+                .iter()
+                .map(|w| Wave {
+                    size: w.size.clone(),
+                    agents: w.agents,
+                    installed: w.applied,
+                    failed: w.failed,
+                    timed_out: w.timed_out,
+                    pending: w.pending,
+                    opened_at: w.opened_at,
+                    completed_at: w.completed_at,
+                })
+                .collect(),
+            events: self.events.clone(),
+        }
+    }
+}
+
+/// Every configuration set with its config rollout, by group.
+pub async fn config_sets(s: &Shared) -> Result<ConfigSets, FleetError> {
+    let status = s.fleet.configs.status().await?;
+    Ok(serde_json::from_value(status)
+        .map_err(|e| tracing::error!("the configuration status did not read back: {e}"))
+        .unwrap_or_default())
+}
+
+/// An operator's button.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Halt,
+    Resume,
+    Advance,
+}
+
+impl Action {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "halt" => Some(Self::Halt),
+            "resume" => Some(Self::Resume),
+            "advance" => Some(Self::Advance),
+            _ => None,
+        }
+    }
+}
+
+/// What a button acts on: the bundle rollout, or one group's config rollout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Bundle,
+    Config(String),
+}
+
+/// Does what the button says; `Err` is the rollout's refusal, in words for the page.
+pub async fn act(
+    s: &Shared,
+    target: &Target,
+    action: Action,
+) -> Result<Result<(), String>, FleetError> {
+    const WHY: &str = "from the fleet page";
+    let rollouts = &s.fleet.rollouts;
+    let configs = &s.fleet.configs;
+    let result = match (target, action) {
+        (Target::Bundle, Action::Halt) => rollouts.halt(Some(WHY)).await?,
+        (Target::Bundle, Action::Resume) => rollouts.resume().await?,
+        (Target::Bundle, Action::Advance) => rollouts.advance().await?,
+        (Target::Config(group), Action::Halt) => configs.halt(group, Some(WHY)).await?,
+        (Target::Config(group), Action::Resume) => configs.resume(group).await?,
+        (Target::Config(group), Action::Advance) => configs.advance(group).await?,
+    };
+    Ok(result.map_err(|refusal| refusal.0))
+}

@@ -1,0 +1,714 @@
+//! The pages' templates (`crates/server/templates/`, compiled in, HTML-escaped) and the
+//! view rows they show: every value already a string, every link already encoded.
+
+use askama::Template;
+
+use super::model::{Agent, ago, is_stale, utc};
+use super::overview::{Count, Failure, Overview};
+use super::query::{AgentQuery, Page, encode};
+use super::source::{ConfigSets, HistoryLine, Rollout};
+
+/// What every page's frame needs: its title, and the CSRF token of the signed-in
+/// person's session (empty when signed out: no navigation then).
+#[derive(Debug, Clone, Default)]
+pub struct Frame {
+    pub title: &'static str,
+    pub csrf: String,
+    pub server_version: &'static str,
+    pub now_utc: String,
+}
+
+impl Frame {
+    pub fn new(title: &'static str, csrf: &str, now: i64) -> Self {
+        Self {
+            title,
+            csrf: csrf.to_owned(),
+            server_version: env!("CARGO_PKG_VERSION"),
+            now_utc: utc(now as f64),
+        }
+    }
+}
+
+/// `/agents/<id>`: the id encoded as one path segment.
+pub fn agent_href(id: &str) -> String {
+    format!("/agents/{}", encode(id))
+}
+
+#[derive(Template)]
+#[template(path = "signin.html")]
+pub struct SignIn {
+    pub title: &'static str,
+    pub csrf: String,
+    pub server_version: &'static str,
+    pub now_utc: String,
+    pub signin_csrf: String,
+    pub message: String,
+}
+
+impl SignIn {
+    pub fn new(frame: Frame, signin_csrf: String, message: &str) -> Self {
+        Self {
+            title: frame.title,
+            csrf: String::new(),
+            server_version: frame.server_version,
+            now_utc: frame.now_utc,
+            signin_csrf,
+            message: message.to_owned(),
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "message.html")]
+pub struct Message {
+    pub title: &'static str,
+    pub csrf: String,
+    pub server_version: &'static str,
+    pub now_utc: String,
+    pub message: String,
+}
+
+impl Message {
+    pub fn new(frame: Frame, message: &str) -> Self {
+        Self {
+            title: frame.title,
+            csrf: frame.csrf,
+            server_version: frame.server_version,
+            now_utc: frame.now_utc,
+            message: message.to_owned(),
+        }
+    }
+}
+
+/// One count with the link to the agents it counts.
+#[derive(Debug, Clone)]
+pub struct CountRow {
+    pub label: String,
+    pub agents: usize,
+    pub href: String,
+}
+
+fn count_rows(counts: &[Count], key: &str) -> Vec<CountRow> {
+    counts
+        .iter()
+        .map(|c| CountRow {
+            label: c.label.clone(),
+            agents: c.agents,
+            href: format!("/agents?{key}={}", encode(&c.label)),
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+pub struct FailureRow {
+    pub name: String,
+    pub href: String,
+    pub kind: &'static str,
+    pub status: String,
+    pub reason: String,
+    pub when: String,
+    pub when_utc: String,
+}
+
+/// The rollout as the pages show it.
+#[derive(Debug, Clone, Default)]
+pub struct RolloutView {
+    pub version: String,
+    pub previous: String,
+    pub state: String,
+    pub reason: String,
+    pub wave: u32,
+    pub started: String,
+    pub completed: String,
+    pub can_halt: bool,
+    pub can_resume: bool,
+    pub can_advance: bool,
+    /// Where its buttons post: `<actions>/halt`, `/resume`, `/advance`.
+    pub actions: String,
+    pub waves: Vec<WaveView>,
+    pub events: Vec<EventView>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct WaveView {
+    pub number: usize,
+    pub size: String,
+    pub agents: u64,
+    pub installed: u64,
+    pub failed: u64,
+    pub timed_out: u64,
+    pub pending: u64,
+    pub opened: String,
+    pub completed: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct EventView {
+    pub at: String,
+    pub kind: String,
+    pub wave: String,
+    pub detail: String,
+    pub server: String,
+}
+
+fn ms_to_secs(ms: i64) -> f64 {
+    ms as f64 / 1000.0
+}
+
+fn when(at: Option<f64>, now: i64) -> String {
+    match at {
+        Some(t) if t.is_finite() => format!("{} ({})", ago(t as i64, now), utc(t)),
+        _ => String::new(),
+    }
+}
+
+impl RolloutView {
+    pub fn new(r: &Rollout, now: i64) -> Self {
+        let live = matches!(r.state.as_str(), "running" | "soaking");
+        Self {
+            version: r.version.clone(),
+            previous: r.previous.clone().unwrap_or_default(),
+            state: r.state.clone(),
+            reason: r.reason.clone().unwrap_or_default(),
+            wave: r.wave,
+            started: when(Some(r.started_at), now),
+            completed: when(r.completed_at, now),
+            can_halt: live,
+            can_resume: r.state == "halted",
+            can_advance: live,
+            actions: "/rollouts".to_owned(),
+            waves: r
+                .waves
+                .iter()
+                .enumerate()
+                .map(|(i, w)| WaveView {
+                    number: i + 1,
+                    size: w.size.clone(),
+                    agents: w.agents,
+                    installed: w.installed,
+                    failed: w.failed,
+                    timed_out: w.timed_out,
+                    pending: w.pending,
+                    opened: when(w.opened_at, now),
+                    completed: when(w.completed_at, now),
+                })
+                .collect(),
+            events: r
+                .events
+                .iter()
+                .rev()
+                .map(|e| EventView {
+                    at: when(Some(e.at), now),
+                    kind: e.kind.clone(),
+                    wave: if e.wave > 0 {
+                        e.wave.to_string()
+                    } else {
+                        String::new()
+                    },
+                    detail: e.detail.clone().unwrap_or_default(),
+                    server: e.server.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A configuration set and its config rollout.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigView {
+    pub group: String,
+    pub hash: String,
+    pub created: String,
+    pub files: String,
+    pub applied: u64,
+    pub applying: u64,
+    pub failed: u64,
+    pub rollout: Option<RolloutView>,
+}
+
+impl ConfigView {
+    pub fn all(sets: &ConfigSets, now: i64) -> Vec<Self> {
+        sets.sets
+            .iter()
+            .map(|set| Self {
+                group: set.group.clone(),
+                hash: agent_fleet::config::short(&set.hash).to_owned(),
+                created: when(Some(set.created_at), now),
+                files: set.files.join(", "),
+                applied: set.applied,
+                applying: set.applying,
+                failed: set.failed + set.timed_out,
+                rollout: set.rollout.as_ref().map(|r| {
+                    let mut view = RolloutView::new(&r.as_rollout(set), now);
+                    view.actions = format!("/rollouts/config/{}", encode(&set.group));
+                    view
+                }),
+            })
+            .collect()
+    }
+
+    /// A config rollout still going (or halted), for the overview.
+    pub fn live(&self) -> bool {
+        self.rollout
+            .as_ref()
+            .is_some_and(|r| r.state != "completed")
+    }
+}
+
+#[derive(Template)]
+#[template(path = "overview.html")]
+pub struct OverviewPage {
+    pub title: &'static str,
+    pub csrf: String,
+    pub server_version: &'static str,
+    pub now_utc: String,
+    pub total: usize,
+    pub stale: usize,
+    pub stale_after: String,
+    pub failed: usize,
+    pub rollout: Option<RolloutView>,
+    pub configs: Vec<ConfigView>,
+    pub by_version: Vec<CountRow>,
+    pub by_status: Vec<CountRow>,
+    pub by_health: Vec<CountRow>,
+    pub by_config: Vec<CountRow>,
+    pub by_protocol: Vec<CountRow>,
+    pub failures: Vec<FailureRow>,
+}
+
+impl OverviewPage {
+    pub fn new(
+        frame: Frame,
+        o: &Overview,
+        failed: usize,
+        stale_after: std::time::Duration,
+        rollout: Option<RolloutView>,
+        configs: Vec<ConfigView>,
+        now: i64,
+    ) -> Self {
+        Self {
+            title: frame.title,
+            csrf: frame.csrf,
+            server_version: frame.server_version,
+            now_utc: frame.now_utc,
+            configs: configs.into_iter().filter(ConfigView::live).collect(),
+            total: o.total,
+            stale: o.stale,
+            stale_after: format!("{} s", stale_after.as_secs()),
+            failed,
+            rollout,
+            by_version: count_rows(&o.by_version, "version"),
+            by_status: count_rows(&o.by_status, "status"),
+            by_health: count_rows(&o.by_health, "health"),
+            by_config: count_rows(&o.by_config, "config"),
+            by_protocol: count_rows(&o.by_protocol, "protocol"),
+            failures: o
+                .failures
+                .iter()
+                .map(|f: &Failure| FailureRow {
+                    name: if f.name.is_empty() {
+                        f.id.clone()
+                    } else {
+                        f.name.clone()
+                    },
+                    href: agent_href(&f.id),
+                    kind: f.kind,
+                    status: f.status.clone(),
+                    reason: f.reason.clone(),
+                    when: ago(f.last_contact, now),
+                    when_utc: utc(f.last_contact as f64),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One agent as a row of the list or the facts of its page.
+#[derive(Debug, Clone, Default)]
+pub struct AgentView {
+    pub id: String,
+    pub name: String,
+    pub href: String,
+    pub version: String,
+    pub platform: String,
+    pub group: String,
+    pub protocol: String,
+    pub last_ago: String,
+    pub last_utc: String,
+    pub stale: bool,
+    pub update: String,
+    pub update_error: String,
+    pub wave: String,
+    pub told: String,
+    pub health: String,
+    pub health_detail: String,
+    pub config: String,
+    pub config_hash: String,
+    pub config_error: String,
+}
+
+impl AgentView {
+    pub fn new(a: &Agent, heartbeat: std::time::Duration, now: i64) -> Self {
+        Self {
+            id: a.id.clone(),
+            name: if a.name.is_empty() {
+                a.id.clone()
+            } else {
+                a.name.clone()
+            },
+            href: agent_href(&a.id),
+            version: a.version.clone(),
+            platform: a.platform.clone(),
+            group: a.group.clone(),
+            protocol: a.protocol_label().to_owned(),
+            last_ago: ago(a.last_contact, now),
+            last_utc: utc(a.last_contact as f64),
+            stale: is_stale(a.last_contact, heartbeat, now),
+            update: a.update_label().to_owned(),
+            update_error: a.update_error.clone().unwrap_or_default(),
+            wave: a.wave.map(|w| w.to_string()).unwrap_or_default(),
+            told: when(a.told_at, now),
+            health: a.health_label().to_owned(),
+            health_detail: a.health_detail.clone().unwrap_or_default(),
+            config: a.config_label().to_owned(),
+            config_hash: a.config_hash.clone().unwrap_or_default(),
+            config_error: a.config_error.clone().unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "agents.html")]
+pub struct AgentsPage {
+    pub title: &'static str,
+    pub csrf: String,
+    pub server_version: &'static str,
+    pub now_utc: String,
+    pub query: AgentQuery,
+    pub filtered: bool,
+    pub versions: Vec<String>,
+    pub statuses: Vec<String>,
+    pub healths: Vec<String>,
+    pub configs: Vec<String>,
+    pub groups: Vec<String>,
+    pub protocols: Vec<String>,
+    pub total: usize,
+    pub matching: usize,
+    pub page: usize,
+    pub pages: usize,
+    pub rows: Vec<AgentView>,
+    pub prev: String,
+    pub next: String,
+}
+
+/// The choices of each filter: the labels the fleet has, sorted; and its size.
+#[derive(Debug, Clone, Default)]
+pub struct Choices {
+    pub total: usize,
+    pub versions: Vec<String>,
+    pub statuses: Vec<String>,
+    pub healths: Vec<String>,
+    pub configs: Vec<String>,
+    pub groups: Vec<String>,
+    pub protocols: Vec<String>,
+}
+
+impl Choices {
+    pub fn of(agents: &[Agent]) -> Self {
+        fn sorted<'a>(labels: impl Iterator<Item = &'a str>) -> Vec<String> {
+            let set: std::collections::BTreeSet<&str> = labels.collect();
+            set.into_iter().map(str::to_owned).collect()
+        }
+        Self {
+            total: agents.len(),
+            versions: sorted(agents.iter().map(|a| a.version.as_str())),
+            statuses: sorted(agents.iter().map(Agent::update_label)),
+            healths: sorted(agents.iter().map(Agent::health_label)),
+            configs: sorted(agents.iter().map(Agent::config_label)),
+            groups: sorted(
+                agents
+                    .iter()
+                    .map(|a| a.group.as_str())
+                    .filter(|g| !g.is_empty()),
+            ),
+            protocols: sorted(agents.iter().map(Agent::protocol_label)),
+        }
+    }
+}
+
+impl AgentsPage {
+    pub fn new(
+        frame: Frame,
+        query: AgentQuery,
+        choices: Choices,
+        page: &Page<'_>,
+        rows: &[Agent],
+        heartbeat: std::time::Duration,
+        now: i64,
+    ) -> Self {
+        let link = |n: usize| {
+            let q = query.to_query(n);
+            if q.is_empty() {
+                "/agents".to_owned()
+            } else {
+                format!("/agents?{q}")
+            }
+        };
+        Self {
+            title: frame.title,
+            csrf: frame.csrf,
+            server_version: frame.server_version,
+            now_utc: frame.now_utc,
+            filtered: query.filtered(),
+            versions: choices.versions,
+            statuses: choices.statuses,
+            healths: choices.healths,
+            configs: choices.configs,
+            groups: choices.groups,
+            protocols: choices.protocols,
+            total: choices.total,
+            matching: page.matching,
+            page: page.page,
+            pages: page.pages,
+            rows: rows
+                .iter()
+                .map(|a| AgentView::new(a, heartbeat, now))
+                .collect(),
+            prev: if page.page > 1 {
+                link(page.page - 1)
+            } else {
+                String::new()
+            },
+            next: if page.page < page.pages {
+                link(page.page + 1)
+            } else {
+                String::new()
+            },
+            query,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct HistoryView {
+    pub kind: &'static str,
+    pub version: String,
+    pub wave: u32,
+    pub told: String,
+    pub outcome: String,
+    pub when: String,
+    pub error: String,
+}
+
+#[derive(Template)]
+#[template(path = "agent.html")]
+pub struct AgentPage {
+    pub title: &'static str,
+    pub csrf: String,
+    pub server_version: &'static str,
+    pub now_utc: String,
+    pub a: AgentView,
+    pub history: Vec<HistoryView>,
+}
+
+impl AgentPage {
+    pub fn new(frame: Frame, a: AgentView, history: &[HistoryLine], now: i64) -> Self {
+        Self {
+            title: frame.title,
+            csrf: frame.csrf,
+            server_version: frame.server_version,
+            now_utc: frame.now_utc,
+            a,
+            history: history
+                .iter()
+                .map(|h| HistoryView {
+                    kind: h.kind,
+                    version: h.target.clone(),
+                    wave: h.wave,
+                    told: when(h.told_at.map(ms_to_secs), now),
+                    outcome: h.outcome.clone().unwrap_or_else(|| "PENDING".to_owned()),
+                    when: when(h.outcome_at.map(ms_to_secs), now),
+                    error: h.error.clone().unwrap_or_default(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "rollouts.html")]
+pub struct RolloutsPage {
+    pub title: &'static str,
+    pub csrf: String,
+    pub server_version: &'static str,
+    pub now_utc: String,
+    pub message: String,
+    pub rollout: Option<RolloutView>,
+    pub configs: Vec<ConfigView>,
+}
+
+impl RolloutsPage {
+    pub fn new(
+        frame: Frame,
+        rollout: Option<RolloutView>,
+        configs: Vec<ConfigView>,
+        message: &str,
+    ) -> Self {
+        Self {
+            title: frame.title,
+            csrf: frame.csrf,
+            server_version: frame.server_version,
+            now_utc: frame.now_utc,
+            message: message.to_owned(),
+            rollout,
+            configs,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn frame() -> Frame {
+        Frame::new("Agents", "the-csrf", 1_000)
+    }
+
+    fn hostile() -> Agent {
+        Agent {
+            id: "id/<b>".into(),
+            name: "<script>alert(1)</script>".into(),
+            version: "1.0.0\"><img src=x onerror=alert(1)>".into(),
+            update_status: Some("INSTALL_FAILED".into()),
+            update_error: Some("<script>document.cookie</script>".into()),
+            last_contact: 1_000,
+            ..Agent::default()
+        }
+    }
+
+    #[test]
+    fn everything_an_agent_said_is_escaped() {
+        let agents = vec![hostile()];
+        let query = AgentQuery {
+            page: 1,
+            ..AgentQuery::default()
+        };
+        let p = super::super::query::page(&agents, &query, Duration::from_secs(30), 1_000);
+        let html = AgentsPage::new(
+            frame(),
+            query.clone(),
+            Choices::of(&agents),
+            &p,
+            &agents,
+            Duration::from_secs(30),
+            1_000,
+        )
+        .render()
+        .unwrap();
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(!html.contains("<img"), "{html}");
+        assert!(
+            html.contains("&#60;script&#62;alert(1)&#60;/script&#62;")
+                || html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{html}"
+        );
+        assert!(html.contains("href=\"/agents/id%2F%3Cb%3E\""), "{html}");
+    }
+
+    #[test]
+    fn forms_carry_the_sessions_csrf_token() {
+        let r = Rollout {
+            version: "2.0.0".into(),
+            state: "running".into(),
+            wave: 1,
+            ..Rollout::default()
+        };
+        let html = RolloutsPage::new(frame(), Some(RolloutView::new(&r, 1_000)), Vec::new(), "")
+            .render()
+            .unwrap();
+        assert_eq!(
+            html.matches("name=\"csrf\" value=\"the-csrf\"").count(),
+            3,
+            "{html}"
+        );
+        assert!(html.contains(">Halt</button>") && html.contains(">Advance</button>"));
+        assert!(!html.contains(">Resume</button>"));
+    }
+
+    #[test]
+    fn a_config_rollouts_buttons_post_to_its_group() {
+        let sets: ConfigSets = serde_json::from_value(serde_json::json!({"sets": [{
+            "group": "a b/c", "hash": "0123456789abcdef", "created_at": 1.0,
+            "files": ["x.conf"], "applied": 1, "applying": 0, "failed": 0, "timed_out": 0,
+            "rollout": {"state": "running", "reason": null, "wave": 1, "started_at": 1.0,
+                "completed_at": null, "events": [],
+                "waves": [{"size": "100%", "agents": 2, "applied": 1, "failed": 0,
+                    "timed_out": 0, "pending": 1, "opened_at": 1.0, "completed_at": null}]}
+        }]}))
+        .unwrap();
+        let configs = ConfigView::all(&sets, 1_000);
+        assert_eq!(configs[0].hash, "0123456789ab");
+        let html = RolloutsPage::new(frame(), None, configs, "")
+            .render()
+            .unwrap();
+        assert!(
+            html.contains("action=\"/rollouts/config/a%20b%2Fc/halt\""),
+            "{html}"
+        );
+        assert!(html.contains(">Advance</button>"));
+    }
+
+    #[test]
+    fn a_halted_rollout_offers_resume_only() {
+        let r = Rollout {
+            state: "halted".into(),
+            ..Rollout::default()
+        };
+        let html = RolloutsPage::new(frame(), Some(RolloutView::new(&r, 1_000)), Vec::new(), "")
+            .render()
+            .unwrap();
+        assert!(html.contains(">Resume</button>"));
+        assert!(!html.contains(">Halt</button>") && !html.contains(">Advance</button>"));
+    }
+
+    #[test]
+    fn signed_out_pages_have_no_navigation_and_a_password_field() {
+        let html = SignIn::new(Frame::new("Sign in", "", 0), "nonce".into(), "")
+            .render()
+            .unwrap();
+        assert!(html.contains("<form method=\"post\" action=\"/signin\">"));
+        assert!(html.contains("type=\"password\" id=\"token\" name=\"token\""));
+        assert!(html.contains("name=\"csrf\" value=\"nonce\""));
+        assert!(!html.contains("/signout"));
+    }
+
+    #[test]
+    fn paging_links_keep_the_filters() {
+        let agents: Vec<Agent> = (0..120)
+            .map(|i| Agent {
+                id: format!("{i:03}"),
+                version: "1 2".into(),
+                last_contact: 1_000,
+                ..Agent::default()
+            })
+            .collect();
+        let query = AgentQuery {
+            version: "1 2".into(),
+            page: 2,
+            ..AgentQuery::default()
+        };
+        let p = super::super::query::page(&agents, &query, Duration::from_secs(30), 1_000);
+        let page = AgentsPage::new(
+            frame(),
+            query,
+            Choices::of(&agents),
+            &p,
+            &[],
+            Duration::from_secs(30),
+            1_000,
+        );
+        assert_eq!(page.prev, "/agents?version=1%202");
+        assert_eq!(page.next, "/agents?version=1%202&page=3");
+    }
+}
