@@ -21,6 +21,10 @@ done
 have_postgres || missing+=(postgresql)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+# The OpAMP tests: node and npm for the npm client, python3 -m venv for the PyPI one.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 if ((${#missing[@]})); then
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
         echo "test.sh: installing ${missing[*]}" >&2
@@ -36,6 +40,12 @@ if ((${#missing[@]})); then
         exit 1
     fi
 fi
+
+# The OpAMP tests run the two registry OpAMP clients (crates/opamp/tests/clients): a
+# Python virtual environment and an npm directory, made once under target/ and reused.
+scripts/opamp-clients.sh target/opamp-clients
+export OPAMP_PYTHON="$PWD/target/opamp-clients/venv/bin/python"
+export OPAMP_NODE_MODULES="$PWD/target/opamp-clients/npm/node_modules"
 
 # The end-to-end tests spawn the built binaries; the crash tests also need a stub with
 # the updater's fault points compiled in (kept apart so no other binary has them).

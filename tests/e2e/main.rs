@@ -16,6 +16,7 @@ mod handlers;
 mod hostile_archives;
 mod hostile_clients;
 mod long_poll;
+mod opamp;
 mod page;
 mod quickstart;
 mod remote_config;

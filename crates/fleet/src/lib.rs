@@ -20,6 +20,7 @@ pub mod error;
 pub mod fleet;
 pub mod history;
 pub mod news;
+pub mod opamp;
 pub mod outage;
 pub mod rollout;
 pub mod settings;

@@ -28,6 +28,7 @@ pub const KEYS: &[Key] = &[
     key("server", "name", Kind::Str),
     key("server", "header-timeout", Kind::Int),
     key("server", "idle-timeout", Kind::Int),
+    key("server", "public-url", Kind::Str),
     key("downloads", "dir", Kind::Str),
     key("downloads", "limit", Kind::Int),
     key("downloads", "retry-after", Kind::Int),
@@ -86,6 +87,9 @@ pub struct ServerSection {
     pub header_timeout: u64,
     /// Seconds a keep-alive connection may wait between requests.
     pub idle_timeout: u64,
+    /// How agents reach this server, for URLs it hands out (the OpAMP package's
+    /// `download_url`); empty: `http(s)://<listen address>`.
+    pub public_url: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -194,6 +198,7 @@ impl Default for ServerSection {
             name: String::new(),
             header_timeout: 30,
             idle_timeout: 60,
+            public_url: String::new(),
         }
     }
 }
@@ -320,6 +325,16 @@ impl Config {
             Ok(addr) => format!("{scheme}://{addr}"),
             Err(_) => format!("{scheme}://{}", self.server.listen),
         }
+    }
+
+    /// `server.public-url` without a trailing `/`, or this server's own address.
+    pub fn public_url(&self) -> String {
+        let url = if self.server.public_url.trim().is_empty() {
+            self.admin_url()
+        } else {
+            self.server.public_url.trim().to_owned()
+        };
+        url.trim_end_matches('/').to_owned()
     }
 
     /// `server.name`, or the host name and port.

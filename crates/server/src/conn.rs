@@ -295,6 +295,7 @@ impl<T> Guarded<T> {
 
 /// Ends a request's share of the connection when the response body is done with
 /// (written, or dropped because the client went away).
+#[derive(Debug)]
 struct RequestGuard(Arc<ConnState>);
 
 impl Drop for RequestGuard {
@@ -330,7 +331,7 @@ impl http_body::Body for GuardedBody {
 }
 
 /// `400` for an HTTP/1.1 request with no `Host`, or with several (RFC 9112 §3.2).
-fn host_problem(req: &Request<Incoming>) -> Option<&'static str> {
+fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
     if req.version() != Version::HTTP_11 {
         return None;
     }
@@ -357,6 +358,22 @@ fn bad_request(message: &'static str) -> Response<Body> {
     r
 }
 
+/// Lets a handler that takes its connection over (a WebSocket) keep it counted as
+/// busy for as long as it lives: no idle or head timeout, never evicted for room.
+#[derive(Debug, Clone)]
+pub struct ConnHold(Arc<ConnState>);
+
+/// The connection is busy until this is dropped.
+#[derive(Debug)]
+pub struct Held(#[allow(dead_code, reason = "held for its Drop")] RequestGuard);
+
+impl ConnHold {
+    pub fn hold(&self) -> Held {
+        self.0.request_started();
+        Held(RequestGuard(Arc::clone(&self.0)))
+    }
+}
+
 /// Serves one request of a connection through the router, counting it as active.
 async fn handle(
     router: Router,
@@ -365,9 +382,11 @@ async fn handle(
 ) -> Result<Response<GuardedBody>, Infallible> {
     state.request_started();
     let guard = RequestGuard(Arc::clone(&state));
+    let mut req = req.map(Body::new);
+    req.extensions_mut().insert(ConnHold(Arc::clone(&state)));
     let response = match host_problem(&req) {
         Some(problem) => bad_request(problem),
-        None => match router.oneshot(req.map(Body::new)).await {
+        None => match router.oneshot(req).await {
             Ok(r) => r,
             Err(never) => match never {},
         },
@@ -462,7 +481,7 @@ async fn serve_io<I>(
     let service =
         hyper::service::service_fn(move |req| handle(router.clone(), Arc::clone(&state), req));
     let conn = builder
-        .serve_connection(TokioIo::new(io), service)
+        .serve_connection_with_upgrades(TokioIo::new(io), service)
         .into_owned();
     let _ = watcher.watch(conn).await;
 }

@@ -16,6 +16,7 @@ pub mod conn;
 pub mod error;
 pub mod limiter;
 pub mod metrics;
+pub mod opamp;
 pub mod routes;
 pub mod store;
 pub mod tls;
@@ -110,6 +111,8 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             request_timeout: Duration::from_secs(config.server.header_timeout),
             stall_timeout: Duration::from_secs(config.downloads.stall_timeout),
             max_wait: Duration::from_secs(config.agents.max_wait),
+            public_url: config.public_url(),
+            opamp_sockets: Default::default(),
         }),
     })
 }
@@ -219,6 +222,13 @@ pub async fn serve(
         .local_addr()
         .map_err(|e| ServerError::Io(e.to_string()))?;
     home_lock.describe(&format!("pid {} listening on {local}", std::process::id()));
+    // URLs handed to agents name the port really bound (`:0` in tests).
+    let mut config = config;
+    if config.server.public_url.trim().is_empty() {
+        let mut bound = config.clone();
+        bound.server.listen = local.to_string();
+        config.server.public_url = bound.admin_url();
+    }
     let state = build_state(&config).await?;
     let metrics = Arc::clone(&state.inner.metrics);
     let news = Arc::clone(state.inner.fleet.rollouts.news());

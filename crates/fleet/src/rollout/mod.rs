@@ -541,6 +541,54 @@ impl Rollouts {
         }))
     }
 
+    /// For agents that are offered the bundle instead of being refused (OpAMP's
+    /// `AcceptsPackages` agents): the rollout's target when the agent's wave is open
+    /// and it does not run the target yet (`version`, if it says one). Places the agent
+    /// in a wave the first time, like [`Rollouts::answer`]; an offer counts as telling
+    /// it (its deadline starts), and running the target counts as installed.
+    pub async fn offer(
+        &self,
+        agent: &str,
+        group: &str,
+        version: Option<&AgentVersion>,
+    ) -> Result<Option<AgentVersion>, FleetError> {
+        let (Some(current), true) = (self.current(), lock(&self.served).is_some()) else {
+            return Ok(None);
+        };
+        if self.mismatch().is_some() {
+            return Ok(None);
+        }
+        let on_target = version.is_some_and(|v| self.policy.accepts(&current.version, v));
+        let member = self.membership(&current, agent, group, on_target).await?;
+        let now = now_ms();
+        if on_target {
+            if !member.done {
+                store::set_outcome(
+                    self.db.pool(),
+                    BUNDLES,
+                    current.id,
+                    agent,
+                    store::INSTALLED,
+                    None,
+                    now,
+                )
+                .await?;
+                self.remember(current.id, agent, |m| m.done = true);
+                self.wake.notify_one();
+            }
+            return Ok(None);
+        }
+        let open = current.state != State::Halted && member.wave <= current.opened;
+        if !open {
+            return Ok(None);
+        }
+        if !member.told {
+            store::mark_told(self.db.pool(), BUNDLES, current.id, agent, now).await?;
+            self.remember(current.id, agent, |m| m.told = true);
+        }
+        Ok(Some(current.version.clone()))
+    }
+
     /// Not this server's rollout: refuse no one on a version of the fleet, and send the
     /// others to what this server can serve.
     fn not_ours(&self, current: &RolloutRow, served: Served, version: &AgentVersion) -> Answer {

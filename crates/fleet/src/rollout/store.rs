@@ -302,7 +302,10 @@ pub async fn live_agents<'e>(
     since_secs: i64,
 ) -> Result<Vec<(String, String, String)>, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT id, agent_group, version FROM agents WHERE last_contact >= $1 ORDER BY id",
+        // OpAMP agents that do not accept packages are never told to update.
+        "SELECT id, agent_group, version FROM agents WHERE last_contact >= $1
+           AND (protocol <> 'opamp' OR id IN (SELECT agent_id FROM agent_opamp WHERE accepts_packages = 1))
+         ORDER BY id",
     )
     .bind(since_secs)
     .fetch_all(e)

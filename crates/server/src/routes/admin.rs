@@ -89,6 +89,7 @@ pub(super) async fn agents(
         .agents(filter.version.as_deref(), filter.status.as_deref())
         .await?;
     let members = s.fleet.rollouts.members().await?;
+    let opamp = s.fleet.db.opamp_agents().await?;
     let records: Vec<AgentRecord> = rows
         .into_iter()
         .map(|a| {
@@ -114,7 +115,17 @@ pub(super) async fn agents(
             }
         })
         .collect();
-    Ok(Json(records).into_response())
+    let now = agent_fleet::db::now_ms();
+    let rows: Vec<serde_json::Value> = records
+        .into_iter()
+        .map(|r| {
+            let stored = opamp.get(&r.id);
+            let mut row = serde_json::to_value(r).unwrap_or_default();
+            crate::opamp::admin::add_fields(&mut row, stored, now);
+            row
+        })
+        .collect();
+    Ok(Json(rows).into_response())
 }
 
 /// `DELETE /admin/agents/{id}/token`: the agent lost its credentials (its `data/` was

@@ -61,6 +61,10 @@ pub struct Shared {
     pub stall_timeout: std::time::Duration,
     /// `agents.max-wait`: the longest a long-polling connect is held.
     pub max_wait: std::time::Duration,
+    /// `server.public-url` (or `http(s)://<listen address>`), without a trailing `/`.
+    pub public_url: String,
+    /// The OpAMP WebSockets open now, by agent.
+    pub opamp_sockets: crate::opamp::ws::Sockets,
 }
 
 pub fn app(state: AppState) -> Router {
@@ -77,6 +81,9 @@ pub fn app(state: AppState) -> Router {
             state.inner.request_timeout + state.inner.max_wait,
         )),
     );
+    // OpAMP bodies have their own (larger) limit, checked again after gzip.
+    let opamp = crate::opamp::router()
+        .route_layer(DefaultBodyLimit::max(crate::opamp::http::MAX_WIRE_BODY));
     let downloads = Router::new()
         .route(wire::VERSION_PATH, get(download::version))
         .route(
@@ -116,6 +123,7 @@ pub fn app(state: AppState) -> Router {
         .route_layer(request_timeout)
         .merge(held)
         .merge(downloads)
+        .merge(opamp)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }

@@ -1,0 +1,448 @@
+//! The OpAMP edge: `POST /v1/opamp` ([`http`]) and a WebSocket on the same path
+//! ([`ws`]), around one exchange ([`exchange`]): a message in, the answer out, as
+//! opamp-go's server shapes it. The per-message decision is `agent_opamp::session`;
+//! the fleet (storage, waves, reports) is `agent_fleet`; this module reads what they
+//! need from the fleet, stores what they decided and builds the offers.
+//!
+//! It must not decide rollouts or parse bodies itself: transports translate, the
+//! exchange connects the protocol crate with the fleet model.
+
+pub mod admin;
+pub mod http;
+pub mod ws;
+
+use std::time::Duration;
+
+use agent_fleet::db::now_ms;
+use agent_fleet::opamp::OpampAgent;
+use agent_fleet::outage::Deferred;
+use agent_opamp::answer::{self, AgentPackage, Offers};
+use agent_opamp::proto::{AgentCapabilities, AgentToServer, ServerToAgent};
+use agent_opamp::session::{Contact, observe};
+use agent_opamp::uid::InstanceUid;
+use agent_opamp::view::AgentView;
+use agent_protocol::AgentVersion;
+use agent_protocol::wire::{self, Report};
+use axum::Router;
+use axum::routing::post;
+
+use crate::routes::{AppState, Shared};
+use crate::store::Current;
+
+/// Largest OpAMP message accepted, after decompression: status reports and effective
+/// configurations are kilobytes; a collector's whole configuration fits many times.
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+/// Seconds an OpAMP client is asked to wait while the fleet database is away.
+pub const RETRY_AFTER: u64 = 5;
+
+/// `GET` (WebSocket upgrade) and `POST` on [`agent_opamp::OPAMP_PATH`].
+pub fn router() -> Router<AppState> {
+    Router::new().route(agent_opamp::OPAMP_PATH, post(http::post).get(ws::upgrade))
+}
+
+/// Why a message got no answer of its own.
+#[derive(Debug)]
+pub enum Refused {
+    /// It decoded but cannot be taken (no usable instance uid): the answer to send.
+    BadRequest(Box<ServerToAgent>, String),
+    /// The fleet database is away: come back after [`RETRY_AFTER`].
+    Unavailable,
+    /// The server's fault, logged.
+    Internal,
+}
+
+/// What an exchange settled, beyond the answer.
+pub struct Exchanged {
+    pub answer: ServerToAgent,
+    pub uid: InstanceUid,
+    /// The message collided with another agent's uid.
+    pub duplicate: bool,
+    pub disconnected: bool,
+}
+
+/// Whether the request carries the enrollment token as its bearer (always, without
+/// one configured).
+pub fn authorized(s: &Shared, authorization: Option<&str>) -> bool {
+    use subtle::ConstantTimeEq;
+    if s.enrollment_token.is_empty() {
+        return true;
+    }
+    let given = authorization
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .unwrap_or("");
+    given.as_bytes().ct_eq(s.enrollment_token.as_bytes()).into()
+}
+
+fn fleet_error(e: &agent_fleet::FleetError, s: &Shared) -> Refused {
+    if e.is_unavailable() {
+        s.fleet.outage.went_down(e);
+        Refused::Unavailable
+    } else {
+        tracing::error!("OpAMP: fleet model: {e}");
+        Refused::Internal
+    }
+}
+
+/// One message in, its answer out. `first` is the first message on its connection
+/// (every HTTP request), `in_use_elsewhere` another live WebSocket holds its uid.
+pub async fn exchange(
+    s: &Shared,
+    msg: &AgentToServer,
+    first: bool,
+    in_use_elsewhere: bool,
+) -> Result<Exchanged, Refused> {
+    if s.fleet.outage.is_down() {
+        return Err(Refused::Unavailable);
+    }
+    let (uid, _) = InstanceUid::from_wire(&msg.instance_uid).map_err(|e| {
+        Refused::BadRequest(
+            Box::new(answer::bad_request(&msg.instance_uid, e.to_string())),
+            e.to_string(),
+        )
+    })?;
+    let id = uid.to_string();
+    let stored = s
+        .fleet
+        .db
+        .opamp_agent(&id)
+        .await
+        .map_err(|e| fleet_error(&e, s))?;
+    let stored_view: Option<AgentView> = stored
+        .as_ref()
+        .and_then(|st| serde_json::from_str::<AgentView>(&st.view).ok())
+        .map(|mut v| {
+            // Fallen silent counts as gone: a uid coming back is not a duplicate.
+            v.online = stored.as_ref().is_some_and(|st| st.shows_online(now_ms()));
+            v
+        });
+    let obs = observe(
+        stored_view.as_ref(),
+        Contact {
+            message: msg,
+            first_on_connection: first,
+            uid_in_use_elsewhere: in_use_elsewhere,
+        },
+    )
+    .map_err(|e| {
+        Refused::BadRequest(
+            Box::new(answer::bad_request(&msg.instance_uid, e.to_string())),
+            e.to_string(),
+        )
+    })?;
+    let view = &obs.view;
+    let package = agent_package(s);
+    let mut offers = Offers::default();
+    if !obs.duplicate {
+        let at_ms = now_ms();
+        let record = OpampAgent {
+            id: id.clone(),
+            name: name_of(view),
+            platform: platform_of(view),
+            version: version_of(view),
+            group: view.group().to_owned(),
+            view: serde_json::to_string(view).map_err(|e| {
+                tracing::error!("OpAMP: storing the view of {id}: {e}");
+                Refused::Internal
+            })?,
+            sequence_num: view.sequence_num,
+            online: view.online,
+            accepts_packages: view.has(AgentCapabilities::AcceptsPackages),
+            accepts_remote_config: view.has(AgentCapabilities::AcceptsRemoteConfig),
+            at_ms,
+        };
+        s.fleet
+            .db
+            .save_opamp(&record)
+            .await
+            .map_err(|e| fleet_error(&e, s))?;
+        if obs.changes.remote_config {
+            count_config_status(s, &id, view).await?;
+        }
+        if !obs.disconnected && view.has(AgentCapabilities::AcceptsRemoteConfig) {
+            offers.remote_config = offer_config(s, &id, view).await?;
+        }
+        if let Some(pkg) = &package
+            && view.has(AgentCapabilities::AcceptsPackages)
+        {
+            if obs.changes.packages {
+                count_package_report(s, &id, view, pkg).await?;
+            }
+            if !obs.disconnected {
+                offers.packages = offer_package(s, &id, view, pkg).await?;
+            }
+        }
+    }
+    Ok(Exchanged {
+        answer: answer::answer(&msg.instance_uid, &obs, offers),
+        uid,
+        duplicate: obs.duplicate,
+        disconnected: obs.disconnected,
+    })
+}
+
+/// What the fleet has for a connected agent now, without a message from it (a
+/// WebSocket push after news: a wave opened, a set pushed): the answer carrying the
+/// offers it does not have yet, or `None`. `sent_uid` is the uid as the agent writes it.
+pub async fn push(s: &Shared, uid: InstanceUid, sent_uid: &[u8]) -> Option<ServerToAgent> {
+    if s.fleet.outage.is_down() {
+        return None;
+    }
+    let id = uid.to_string();
+    let stored = s.fleet.db.opamp_agent(&id).await.ok()??;
+    let view: AgentView = serde_json::from_str(&stored.view).ok()?;
+    let mut offers = Offers::default();
+    if view.has(AgentCapabilities::AcceptsRemoteConfig) {
+        offers.remote_config = offer_config(s, &id, &view).await.ok()?;
+    }
+    if view.has(AgentCapabilities::AcceptsPackages)
+        && let Some(pkg) = agent_package(s)
+    {
+        offers.packages = offer_package(s, &id, &view, &pkg).await.ok()?;
+    }
+    let obs = agent_opamp::session::Observation {
+        uid,
+        uid_form: InstanceUid::from_wire(sent_uid).ok()?.1,
+        view,
+        changes: Default::default(),
+        report_full_state: false,
+        send_capabilities: false,
+        new_instance_uid: None,
+        duplicate: false,
+        disconnected: false,
+    };
+    let out = answer::answer(sent_uid, &obs, offers);
+    (out.remote_config.is_some() || out.packages_available.is_some()).then_some(out)
+}
+
+/// The served bundle as the `agent` package, when there is one to offer.
+fn agent_package(s: &Shared) -> Option<AgentPackage> {
+    let Current::Ready(bundle) = s.store.current() else {
+        return None;
+    };
+    Some(AgentPackage {
+        version: bundle.version().to_string(),
+        download_url: format!("{}{}", s.public_url, wire::DOWNLOAD_PATH),
+        sha256: bundle.info.sha256.clone(),
+        signature: bundle.signature.clone().unwrap_or_default().into_bytes(),
+        headers: Vec::new(),
+    })
+}
+
+/// The package offer when the agent's wave is open, the fleet may update and the
+/// agent does not run the target yet.
+async fn offer_package(
+    s: &Shared,
+    id: &str,
+    view: &AgentView,
+    pkg: &AgentPackage,
+) -> Result<Option<agent_opamp::proto::PackagesAvailable>, Refused> {
+    if !s.fleet.auto_update() {
+        return Ok(None);
+    }
+    let running = running_agent_version(view);
+    let target = s
+        .fleet
+        .rollouts
+        .offer(id, view.group(), running.as_ref())
+        .await
+        .map_err(|e| fleet_error(&e, s))?;
+    match target {
+        Some(v) if v.to_string() == pkg.version => Ok(answer::agent_package_offer(pkg).ok()),
+        _ => Ok(None),
+    }
+}
+
+/// `PackageStatuses` about the offered bundle count like a native agent's report.
+async fn count_package_report(
+    s: &Shared,
+    id: &str,
+    view: &AgentView,
+    pkg: &AgentPackage,
+) -> Result<(), Refused> {
+    let (Some(report), Ok(offered)) = (view.packages.as_ref(), pkg.offered()) else {
+        return Ok(());
+    };
+    let Some(status) = report.outcome(&offered) else {
+        return Ok(());
+    };
+    let p = report.packages.get(answer::AGENT_PACKAGE);
+    let error = p
+        .map(|p| p.error.clone())
+        .filter(|e| !e.is_empty())
+        .or_else(|| (!report.error.is_empty()).then(|| report.error.clone()));
+    let report = Report {
+        id: id.to_owned(),
+        from: p.map(|p| p.agent_has_version.clone()).unwrap_or_default(),
+        to: pkg.version.clone(),
+        status,
+        error: error.map(|e| e.chars().take(4096).collect()),
+    };
+    tracing::info!(agent = %id, to = %report.to, status = report.status.as_str(), "OpAMP package status");
+    s.fleet
+        .save(Deferred::Report {
+            report,
+            at_ms: now_ms(),
+        })
+        .await
+        .map_err(|e| fleet_error(&e, s))
+}
+
+/// The group's configuration set as `AgentRemoteConfig`, when the agent's wave of its
+/// config rollout is open and it does not run the set yet.
+async fn offer_config(
+    s: &Shared,
+    id: &str,
+    view: &AgentView,
+) -> Result<Option<agent_opamp::proto::AgentRemoteConfig>, Refused> {
+    let running = view
+        .remote_config
+        .as_ref()
+        .filter(|r| r.status == Some(agent_opamp::view::ConfigStatus::Applied))
+        .map(|r| r.hash.as_str())
+        .unwrap_or_default();
+    let set = s
+        .fleet
+        .configs
+        .answer(id, view.group(), running)
+        .await
+        .map_err(|e| fleet_error(&e, s))?;
+    Ok(set.and_then(|set| {
+        answer::remote_config(
+            set.files.iter().map(|(n, b)| (n.as_str(), b.as_bytes())),
+            &set.hash,
+        )
+        .map_err(|e| tracing::error!("OpAMP: configuration set {}: {e}", set.hash))
+        .ok()
+    }))
+}
+
+/// `RemoteConfigStatus` `APPLIED` / `FAILED` counts in the config rollout like a
+/// native agent's `/agent/config-status`.
+async fn count_config_status(s: &Shared, id: &str, view: &AgentView) -> Result<(), Refused> {
+    use agent_opamp::view::ConfigStatus as Opamp;
+    use agent_protocol::wire::{ConfigOutcome, ConfigStatus};
+    let Some(rc) = view.remote_config.as_ref().filter(|r| !r.hash.is_empty()) else {
+        return Ok(());
+    };
+    let outcome = match rc.status {
+        Some(Opamp::Applied) => ConfigOutcome::Applied,
+        Some(Opamp::Failed) => ConfigOutcome::Failed,
+        Some(Opamp::Applying) | None => return Ok(()),
+    };
+    let status = ConfigStatus {
+        id: id.to_owned(),
+        hash: rc.hash.clone(),
+        status: outcome,
+        error: (!rc.error.is_empty()).then(|| rc.error.chars().take(4096).collect()),
+    };
+    s.fleet
+        .save(Deferred::ConfigStatus {
+            status,
+            at_ms: now_ms(),
+        })
+        .await
+        .map_err(|e| fleet_error(&e, s))
+}
+
+/// The version of the `agent` package the agent says it runs.
+fn running_agent_version(view: &AgentView) -> Option<AgentVersion> {
+    view.packages
+        .as_ref()?
+        .packages
+        .get(answer::AGENT_PACKAGE)?
+        .agent_has_version
+        .parse()
+        .ok()
+}
+
+fn attribute<'a>(view: &'a AgentView, key: &str) -> Option<&'a str> {
+    view.description.as_ref()?.get(key)
+}
+
+fn name_of(view: &AgentView) -> String {
+    attribute(view, "service.name")
+        .or_else(|| attribute(view, "host.name"))
+        .unwrap_or_default()
+        .chars()
+        .take(256)
+        .collect()
+}
+
+fn platform_of(view: &AgentView) -> String {
+    let os = attribute(view, "os.type").unwrap_or_default();
+    let arch = attribute(view, "host.arch").unwrap_or_default();
+    let platform = match (os.is_empty(), arch.is_empty()) {
+        (false, false) => format!("{arch}-{os}"),
+        (false, true) => os.to_owned(),
+        (true, false) => arch.to_owned(),
+        (true, true) => String::new(),
+    };
+    platform.chars().take(128).collect()
+}
+
+/// The `agent` package's version for agents that take packages (the rollout compares
+/// it), else `service.version`.
+fn version_of(view: &AgentView) -> String {
+    if view.has(AgentCapabilities::AcceptsPackages) {
+        return running_agent_version(view)
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+    }
+    attribute(view, "service.version")
+        .unwrap_or_default()
+        .chars()
+        .take(128)
+        .collect()
+}
+
+/// `Retry-After` as a duration, for `RetryInfo`.
+pub fn retry_after() -> Duration {
+    Duration::from_secs(RETRY_AFTER)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_opamp::view::Description;
+
+    fn view(pairs: &[(&str, &str)], caps: u64) -> AgentView {
+        AgentView {
+            capabilities: caps,
+            description: Some(Description {
+                identifying: pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                non_identifying: Default::default(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rows_are_named_from_the_description() {
+        let v = view(
+            &[
+                ("service.name", "checkout"),
+                ("service.version", "1.4.2"),
+                ("os.type", "linux"),
+                ("host.arch", "amd64"),
+                ("host.name", "vm"),
+            ],
+            1,
+        );
+        assert_eq!(name_of(&v), "checkout");
+        assert_eq!(platform_of(&v), "amd64-linux");
+        assert_eq!(version_of(&v), "1.4.2");
+        // An agent that takes packages is known by its agent package, not its service.
+        let v = view(
+            &[("service.version", "1.4.2")],
+            1 | AgentCapabilities::AcceptsPackages as u64,
+        );
+        assert_eq!(version_of(&v), "");
+        let v = view(&[("host.name", "vm")], 1);
+        assert_eq!((name_of(&v).as_str(), platform_of(&v).as_str()), ("vm", ""));
+    }
+}

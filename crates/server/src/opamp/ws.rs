@@ -1,0 +1,284 @@
+//! OpAMP over WebSocket on the same path: each binary message one `AgentToServer`
+//! (the one-byte `0x00` header, or none), each answered at once; news for the agent (its
+//! wave opened, its group's set pushed) is pushed at once. Messages over the
+//! limit close the socket with `1009`, throttling answers `UNAVAILABLE` with
+//! `RetryInfo` and closes, the server pings every [`PING_INTERVAL`] and closes a
+//! socket silent for three of them, and a socket that says nothing within
+//! `server.header-timeout` of opening is closed (a thousand idle sockets hold nothing
+//! for long). The socket counts as a busy connection while it lives (no idle timeout,
+//! never evicted for room), within `server.max-connections`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use agent_fleet::db::now_ms;
+use agent_opamp::answer;
+use agent_opamp::codec;
+use agent_opamp::uid::InstanceUid;
+use axum::Extension;
+use axum::extract::State;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use tokio::time::Instant;
+
+use super::{MAX_MESSAGE, Refused, authorized, exchange, push, retry_after};
+use crate::conn::ConnHold;
+use crate::error::ApiError;
+use crate::routes::{AppState, Shared};
+
+/// How often the server pings an OpAMP socket.
+pub const PING_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Close codes (RFC 6455 §7.4.1).
+const NORMAL: u16 = 1000;
+const GOING_AWAY: u16 = 1001;
+const PROTOCOL_ERROR: u16 = 1002;
+const UNSUPPORTED: u16 = 1003;
+const POLICY: u16 = 1008;
+const TOO_BIG: u16 = 1009;
+const INTERNAL: u16 = 1011;
+const TRY_AGAIN_LATER: u16 = 1013;
+
+/// The live sockets by agent: how many hold each uid now.
+#[derive(Debug, Default)]
+pub struct Sockets {
+    open: Mutex<HashMap<InstanceUid, usize>>,
+}
+
+impl Sockets {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<InstanceUid, usize>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn held_elsewhere(&self, uid: &InstanceUid, mine: Option<&InstanceUid>) -> bool {
+        let n = self.lock().get(uid).copied().unwrap_or(0);
+        if mine == Some(uid) { n > 1 } else { n > 0 }
+    }
+
+    fn add(&self, uid: InstanceUid) {
+        *self.lock().entry(uid).or_default() += 1;
+    }
+
+    /// True when this was the uid's last socket.
+    fn remove(&self, uid: &InstanceUid) -> bool {
+        let mut open = self.lock();
+        match open.get_mut(uid) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => {
+                open.remove(uid);
+                true
+            }
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.lock().values().sum()
+    }
+}
+
+/// `GET /v1/opamp` with `Upgrade: websocket`.
+pub async fn upgrade(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    hold: Option<Extension<ConnHold>>,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if !authorized(&state.inner, auth) {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "OpAMP connections need Authorization: Bearer <agents.enrollment-token>",
+        )
+        .into_response();
+    }
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(e) => return e.into_response(),
+    };
+    // The library refuses (and we close 1009) before buffering more than this.
+    ws.max_message_size(MAX_MESSAGE + 1)
+        .max_frame_size(MAX_MESSAGE + 1)
+        .on_upgrade(move |socket| async move {
+            let _held = hold.map(|Extension(h)| h.hold());
+            serve(&state.inner, socket).await;
+        })
+}
+
+fn close(code: u16, reason: &'static str) -> Message {
+    Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    }))
+}
+
+fn is_too_long(e: &axum::Error) -> bool {
+    let text = e.to_string();
+    text.contains("too long") || text.contains("limit exceeded") || text.contains("too big")
+}
+
+async fn serve(s: &Shared, mut socket: WebSocket) {
+    let opened = Instant::now();
+    let mut uid: Option<InstanceUid> = None;
+    let mut said_goodbye = false;
+    let mut last_heard = Instant::now();
+    let mut ping = tokio::time::interval_at(Instant::now() + PING_INTERVAL, PING_INTERVAL);
+    let mut closing = s.fleet.rollouts.news().closing();
+    // News (a wave opened, a set pushed) is pushed at once, not at the next message.
+    let mut news = s.fleet.rollouts.news().subscribe();
+    let mut sent_uid: Vec<u8> = Vec::new();
+    let first_deadline = opened + s.request_timeout;
+    loop {
+        let message = tokio::select! {
+            m = socket.recv() => m,
+            _ = ping.tick() => {
+                if last_heard.elapsed() >= 3 * PING_INTERVAL {
+                    let _ = socket.send(close(GOING_AWAY, "silent for three pings")).await;
+                    break;
+                }
+                if let Some(u) = &uid
+                    && !s.fleet.outage.is_down()
+                    && let Err(e) = s.fleet.db.opamp_seen(&u.to_string(), now_ms()).await
+                    && e.is_unavailable()
+                {
+                    s.fleet.outage.went_down(&e);
+                }
+                if socket.send(Message::Ping(Default::default())).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            changed = news.changed(), if uid.is_some() => {
+                if changed.is_err() {
+                    continue;
+                }
+                if let Some(u) = uid
+                    && let Some(answer) = push(s, u, &sent_uid).await
+                    && socket
+                        .send(Message::Binary(codec::encode_ws_message(&answer).into()))
+                        .await
+                        .is_err()
+                {
+                    break;
+                }
+                continue;
+            }
+            () = tokio::time::sleep_until(first_deadline), if uid.is_none() => {
+                let _ = socket.send(close(POLICY, "no OpAMP message within server.header-timeout")).await;
+                break;
+            }
+            () = async { drop(closing.wait_for(|c| *c).await) } => {
+                let _ = socket.send(close(GOING_AWAY, "the server is stopping")).await;
+                break;
+            }
+        };
+        let bytes = match message {
+            None => break,
+            Some(Err(e)) => {
+                if is_too_long(&e) {
+                    let _ = socket
+                        .send(close(TOO_BIG, "message over the size limit"))
+                        .await;
+                } else {
+                    tracing::debug!("OpAMP socket: {e}");
+                }
+                break;
+            }
+            Some(Ok(Message::Binary(bytes))) => bytes,
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
+                last_heard = Instant::now();
+                continue;
+            }
+            Some(Ok(Message::Text(_))) => {
+                let _ = socket
+                    .send(close(UNSUPPORTED, "OpAMP messages are binary"))
+                    .await;
+                break;
+            }
+            Some(Ok(Message::Close(_))) => break,
+        };
+        last_heard = Instant::now();
+        let msg = match codec::decode_ws_message(&bytes, MAX_MESSAGE) {
+            Ok(m) => m,
+            Err(e) if e.is_too_large() => {
+                let _ = socket
+                    .send(close(TOO_BIG, "message over the size limit"))
+                    .await;
+                break;
+            }
+            Err(e) => {
+                tracing::info!("OpAMP socket: {e}");
+                let _ = socket
+                    .send(close(PROTOCOL_ERROR, "not an AgentToServer message"))
+                    .await;
+                break;
+            }
+        };
+        let in_use = InstanceUid::from_wire(&msg.instance_uid)
+            .is_ok_and(|(u, _)| s.opamp_sockets.held_elsewhere(&u, uid.as_ref()));
+        let answer = match exchange(s, &msg, uid.is_none(), in_use).await {
+            Ok(done) => {
+                if !done.duplicate && uid != Some(done.uid) {
+                    if let Some(old) = uid.take() {
+                        s.opamp_sockets.remove(&old);
+                    }
+                    s.opamp_sockets.add(done.uid);
+                    uid = Some(done.uid);
+                }
+                if !done.duplicate {
+                    sent_uid.clone_from(&msg.instance_uid);
+                }
+                said_goodbye = done.disconnected;
+                done.answer
+            }
+            Err(Refused::BadRequest(answer, why)) => {
+                tracing::info!("OpAMP socket: refused a message: {why}");
+                *answer
+            }
+            Err(Refused::Unavailable) => {
+                let answer = answer::unavailable(
+                    &msg.instance_uid,
+                    "the fleet database is unreachable; try again shortly",
+                    retry_after(),
+                );
+                let _ = socket
+                    .send(Message::Binary(codec::encode_ws_message(&answer).into()))
+                    .await;
+                let _ = socket
+                    .send(close(TRY_AGAIN_LATER, "try again after RetryInfo"))
+                    .await;
+                break;
+            }
+            Err(Refused::Internal) => {
+                let _ = socket.send(close(INTERNAL, "internal error")).await;
+                break;
+            }
+        };
+        if socket
+            .send(Message::Binary(codec::encode_ws_message(&answer).into()))
+            .await
+            .is_err()
+        {
+            break;
+        }
+        if said_goodbye {
+            let _ = socket.send(close(NORMAL, "goodbye")).await;
+            break;
+        }
+    }
+    if let Some(u) = uid
+        && s.opamp_sockets.remove(&u)
+        && !said_goodbye
+        && !s.fleet.outage.is_down()
+        && let Err(e) = s.fleet.db.opamp_offline(&u.to_string()).await
+    {
+        tracing::debug!("OpAMP socket: marking {u} offline: {e}");
+    }
+}
