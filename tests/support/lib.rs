@@ -492,8 +492,10 @@ impl TestContext {
     /// Like [`TestContext::server`], on `port` (to restart a server where it was).
     pub fn server_on(&self, home: &str, port: u16, env: &[(&str, &str)]) -> ServerProc {
         let server = self.spawn_server(home, port, env);
+        // Generous: a loaded machine (a whole suite in parallel) can take a while to
+        // bring a server up after a SIGKILL; the tests time behaviour, not startup.
         wait_until(
-            Duration::from_secs(20),
+            Duration::from_secs(60),
             "update-server to answer /healthz",
             || {
                 http(port, "GET", "/healthz", &[])
