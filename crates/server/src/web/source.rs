@@ -48,14 +48,24 @@ fn agent_of(a: AgentRow) -> Agent {
 /// Every agent of the fleet, by id, as `/admin/agents` lists them but for their wave
 /// (a second read of every agent; [`add_waves`] adds it to the few shown).
 pub async fn agents(s: &Shared) -> Result<Vec<Agent>, FleetError> {
+    let opamp = s.fleet.db.opamp_agents().await?;
     Ok(s.fleet
         .db
         .agents(None, None)
         .await?
         .into_iter()
-        .map(agent_of)
+        .map(|a| {
+            let mut agent = agent_of(a);
+            if opamp.contains_key(&agent.id) {
+                agent.protocol = OPAMP.to_owned();
+            }
+            agent
+        })
         .collect())
 }
+
+/// The protocol label of agents that speak OpAMP (the others are "native").
+const OPAMP: &str = "opamp";
 
 /// Fills in each agent's wave and `told_at` in the fleet's rollout.
 pub async fn add_waves(s: &Shared, agents: &mut [Agent]) -> Result<(), FleetError> {
@@ -78,7 +88,11 @@ pub async fn agent(s: &Shared, id: &str) -> Result<Option<Agent>, FleetError> {
     let Some(a) = s.fleet.db.agent(id).await? else {
         return Ok(None);
     };
-    let mut one = [agent_of(a)];
+    let mut agent = agent_of(a);
+    if s.fleet.db.opamp_agent(id).await?.is_some() {
+        agent.protocol = OPAMP.to_owned();
+    }
+    let mut one = [agent];
     add_waves(s, &mut one).await?;
     let [agent] = one;
     Ok(Some(agent))
