@@ -737,7 +737,7 @@ bench_longpoll() {
     # The same rollout, both ways, alternating: heartbeats (how agents ran before) and long
     # polls (how they run now); time from the rollout's start to its end as recorded.
     local round mode port
-    for round in 1 2 3; do
+    for round in $(seq "${LONGPOLL_ROUNDS:-3}"); do
         for mode in heartbeat longpoll; do
             port=$(free_port)
             sim_server "$work/ls" "$port" "$b1" "${plan[@]}"
@@ -760,7 +760,7 @@ bench_longpoll() {
     # bundle: how long after the wave opened each of its agents was told (the server's
     # told_at minus the wave's opened_at). Installs take longer than the measurement.
     local rss=() cpu=() lag=()
-    for round in 1 2; do
+    for round in $(seq "${LONGPOLL_HELD_ROUNDS:-2}"); do
         port=$(free_port)
         sim_server "$work/lh" "$port" "$b1" "UPDATE_SERVER_ROLLOUT_WAVES=10%,100%" \
             UPDATE_SERVER_ROLLOUT_AGENT_DEADLINE=3600
@@ -800,7 +800,7 @@ head\`), 2.0.0 dropped in 45 s after the start and rolled out in waves \`["1%", 
 rollout's start to its end as the server recorded it. Three rounds, alternating
 heartbeats (fleet-sim without \`--long-poll\`: an agent learns its wave opened at its next
 heartbeat) and long polls (\`--long-poll\`: held connects answered when the wave opens).
-Median (min–max).
+${LONGPOLL_ROUNDS:-3} rounds of each; median (min–max).
 
 | agents | heartbeats | long polls | ratio |
 |---|---|---|---|
@@ -813,7 +813,7 @@ connect every 30 s and writes its contact), started over 60 s; CPU of the server
 over 60 s once all are held (100 % is one core); peak RSS (VmHWM) after a wave; then a
 bundle whose first wave is 10 % of the fleet: for each agent of that wave, the time from
 the wave's opening to the server telling it (\`told_at\` in \`/admin/agents\` minus the
-wave's \`opened_at\`), p99 over the wave. Two rounds; each figure median (min–max).
+wave's \`opened_at\`), p99 over the wave. ${LONGPOLL_HELD_ROUNDS:-2} round(s); each figure median (min–max).
 
 | held agents | peak RSS | CPU at rest | wave opened → agent told, p99 |
 |---|---|---|---|
