@@ -797,7 +797,7 @@ update-server on SQLite, everything on the machine's two cores.
 **A staged rollout both ways.** $n agents (heartbeat 30 s, started over 30 s, \`--download
 head\`), 2.0.0 dropped in 45 s after the start and rolled out in waves \`["1%", "10%", "100%"]\`
 (\`max-failures = "5%"\`, no soak), installs of 10 s of which 2 % fail; time from the
-rollout's start to its end as the server recorded it. Three rounds, alternating
+rollout's start to its end as the server recorded it. Rounds alternate
 heartbeats (fleet-sim without \`--long-poll\`: an agent learns its wave opened at its next
 heartbeat) and long polls (\`--long-poll\`: held connects answered when the wave opens).
 ${LONGPOLL_ROUNDS:-3} rounds of each; median (min–max).
