@@ -544,6 +544,12 @@ fn an_agent_that_exits_0_is_restarted_unless_an_updater_holds_the_lock() {
         .unwrap();
     writeln!(lock, "{}", std::process::id()).unwrap();
     let second = agent_pid().unwrap();
+    // TERM before its signal handling is up would be a crash, which the wrapper restarts
+    // whatever the lock says: wait until this agent reports itself.
+    e2e::wait_until(NO_AGENT_LIMIT, "the new agent to be up", || {
+        serde_json::from_str::<serde_json::Value>(&read_file(&home.join("run/health.json")))
+            .is_ok_and(|h| h["pid"].as_u64() == Some(u64::from(second)))
+    });
     signal(second, "TERM");
     e2e::wait_until(NO_AGENT_LIMIT, "the agent to exit", || {
         e2e::pid_gone(second)
