@@ -292,10 +292,19 @@ fn a_sigkilled_agent_leaves_exactly_one_workload() {
 /// Agent 1.0.0 running the exporter, and 2.0.0 whose distribution `dist2` changes,
 /// published by a server.
 fn update_setup(dist2: impl FnOnce(&Path)) -> (TestContext, PathBuf, e2e::ServerProc, u16) {
+    update_setup_with(|_| {}, dist2)
+}
+
+/// [`update_setup`], with 1.0.0's distribution changed by `dist1` too.
+fn update_setup_with(
+    dist1: impl FnOnce(&Path),
+    dist2: impl FnOnce(&Path),
+) -> (TestContext, PathBuf, e2e::ServerProc, u16) {
     let ctx = TestContext::new();
     let (key, _) = ctx.keygen("keys");
     let port = free_port();
     let d1 = exporter_dist(&ctx, "d1", port);
+    dist1(&d1);
     let home = ctx.install(&ctx.pack(&d1, "1.0.0", "1", &key, "b1"), "p");
     fs::write(
         home.join("conf/agent-env.sh"),
@@ -421,6 +430,91 @@ fn an_update_whose_workload_is_healthy_runs_it_from_the_new_version() {
             })
         },
     );
+}
+
+/// Processes whose stdout is `home`'s `logs/workload.log` (the drainers a hand-over
+/// starts; they end with the workload whose output they copy).
+fn log_writers(home: &Path) -> Vec<u32> {
+    let log = home.join("logs/workload.log");
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if fs::read_link(entry.path().join("fd/1")).is_ok_and(|l| l == log) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[test]
+fn an_update_leaves_the_old_workload_serving_until_the_new_agent_replaces_it() {
+    // 1.0.0's workload writes a line every 100 ms, and its last words on TERM: a
+    // workload whose output pipe lost its reader with the old agent would die of it
+    // before it could say them.
+    let (_ctx, home, server, port) = update_setup_with(
+        |d1| {
+            script(
+                d1,
+                "bin/node_exporter",
+                "trap 'echo \"old workload: TERM after $n lines\"; exit 0' TERM\nn=0\nwhile :; do n=$((n+1)); echo \"old workload line $n\"; sleep 0.1; done",
+            )
+        },
+        |_| {},
+    );
+    start(&home);
+    wait_server_status(&server, "2.0.0+2", "INSTALLED", &home);
+    let pid = wait_healthy(&home, port);
+    assert!(
+        exe_of(pid).contains("versions/2.0.0+2/bin/node_exporter"),
+        "{}",
+        exe_of(pid)
+    );
+    let log = read_file(&home.join("logs/workload.log"));
+    let left = log.find("left the workload (pid ").unwrap_or_else(|| {
+        panic!(
+            "the old agent did not leave its workload serving\n{}",
+            logs(&home)
+        )
+    });
+    let old_pid: String = log[left + "left the workload (pid ".len()..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let found = log
+        .find(&format!("found the workload (pid {old_pid}, "))
+        .unwrap_or_else(|| {
+            panic!(
+                "the new agent did not stop the old workload\n{}",
+                logs(&home)
+            )
+        });
+    let last_words = log.find("old workload: TERM after ").unwrap_or_else(|| {
+        panic!(
+            "the old workload's last words are not in its log\n{}",
+            logs(&home)
+        )
+    });
+    assert!(
+        left < found && found < last_words,
+        "the old workload must be stopped by the new agent, after the old one left\n{}",
+        logs(&home)
+    );
+    assert!(
+        !log[last_words..].contains("old workload line"),
+        "the old workload wrote on after TERM\n{}",
+        logs(&home)
+    );
+    assert_eq!(exporters(&home), vec![pid]);
+    wait_until(WAIT, "the old workload's output drainers to end", || {
+        log_writers(&home).is_empty()
+    });
+    // Stopping the agent still stops its workload.
+    wrapper(&home, "stop");
+    wait_until(WAIT, "the workload to stop with the agent", || {
+        exporters(&home).is_empty()
+    });
 }
 
 #[test]

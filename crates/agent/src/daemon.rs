@@ -73,7 +73,8 @@ pub async fn flush_outbox(home: &AgentHome, client: &Client) {
 }
 
 /// Runs the agent: its workload first (whatever any server says), then the conversation
-/// with the servers; the workload is stopped before this returns, however it ends.
+/// with the servers; the workload is stopped before this returns, unless the agent hands
+/// over to the updater, which leaves it serving until the next agent replaces it.
 pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd> {
     let home = install.home.clone();
     let spec = Spec::new(&config.workload, home.root(), &install.version_dir);
@@ -101,7 +102,12 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
         config.workload.check_command.clone(),
     );
     let end = serve(&install, &config, &board, &dirs, &mut workload).await;
-    workload.stop().await;
+    match end {
+        // The workload serves on through the switch: the new version's agent stops it
+        // just before it starts its own (or this version's again, after a rollback).
+        Ok(RunEnd::HandedOff { .. }) => workload.leave().await,
+        _ => workload.stop().await,
+    }
     end
 }
 

@@ -59,6 +59,13 @@ impl LiveWorkload {
         }
     }
 
+    /// Leaves the workload serving for the next agent (a hand-off to the updater).
+    pub async fn leave(&mut self) {
+        if let Some(s) = self.supervisor.take() {
+            s.leave().await;
+        }
+    }
+
     fn current_pid(&self) -> Option<u32> {
         self.board.snapshot().workload.and_then(|w| w.pid)
     }

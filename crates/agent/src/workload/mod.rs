@@ -6,6 +6,11 @@
 //! is found by that record and stopped before a new one starts: never two, never an
 //! orphan.
 //!
+//! An agent handing over to the updater leaves its workload serving instead
+//! ([`Supervisor::leave`]): the next agent to start (the new version's, or this one again
+//! after a rollback) finds it by the same record and stops it just before starting its
+//! own, so an update costs the workload no more downtime than a restart.
+//!
 //! [`policy`] decides (pure); this module and [`group`], [`check`] and [`logfile`] act.
 
 pub mod check;
@@ -15,7 +20,9 @@ pub mod policy;
 pub mod spec;
 
 use std::future::Future;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -39,13 +46,21 @@ pub fn log_path(home: &AgentHome) -> std::path::PathBuf {
 
 /// The running supervisor; [`Supervisor::stop`] stops the workload and waits for it.
 pub struct Supervisor {
-    stop: watch::Sender<bool>,
+    stop: watch::Sender<Ending>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// How the supervisor is asked to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Not,
+    Stop,
+    Leave,
 }
 
 impl Supervisor {
     pub fn start(spec: Spec, home: AgentHome, board: Arc<HealthBoard>) -> Self {
-        let (stop, stop_rx) = watch::channel(false);
+        let (stop, stop_rx) = watch::channel(Ending::Not);
         let task = tokio::spawn(supervise(spec, home, board, stop_rx));
         Self { stop, task }
     }
@@ -53,7 +68,20 @@ impl Supervisor {
     /// Stops the workload (TERM to its group, `stop-timeout`, KILL) and returns once it
     /// is gone.
     pub async fn stop(self) {
-        let _ = self.stop.send(true);
+        self.end(Ending::Stop).await;
+    }
+
+    /// Ends supervision but leaves a running workload serving, recorded in
+    /// `run/workload.pid`, for the next agent to stop just before it starts its own (a
+    /// hand-off to the updater). Its output keeps reaching `logs/workload.log` after
+    /// this process exits. Where that cannot be arranged it is stopped as by
+    /// [`Supervisor::stop`].
+    pub async fn leave(self) {
+        self.end(Ending::Leave).await;
+    }
+
+    async fn end(self, how: Ending) {
+        let _ = self.stop.send(how);
         if let Err(e) = self.task.await {
             tracing::error!("the workload supervisor failed: {e}");
         }
@@ -69,6 +97,9 @@ struct Running {
     since_unix: u64,
     /// The tasks copying its stdout and stderr into the log.
     pumps: Vec<tokio::task::JoinHandle<()>>,
+    /// A second read end of each output pipe, for whoever drains them after a
+    /// hand-over (a pipe without a reader would kill the workload at its next line).
+    outputs: Vec<OwnedFd>,
 }
 
 impl Running {
@@ -94,7 +125,7 @@ async fn supervise(
     spec: Spec,
     home: AgentHome,
     board: Arc<HealthBoard>,
-    mut stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<Ending>,
 ) {
     let log: Shared = Arc::new(Mutex::new(LogFile::new(
         log_path(&home),
@@ -201,6 +232,25 @@ async fn supervise(
         }
     }
     sup.stopped();
+    if *stop.borrow() == Ending::Leave
+        && let Some(r) = running.take()
+    {
+        match hand_over(r, &home).await {
+            Ok(pid) => {
+                let text = format!(
+                    "left the workload (pid {pid}) serving for the next agent, which stops it just before it starts its own"
+                );
+                tracing::info!("{text}");
+                note(&log, &text);
+                publish(&board, &sup, None, &spec);
+                return;
+            }
+            Err((r, why)) => {
+                tracing::warn!("cannot leave the workload serving ({why}); stopping it");
+                running = Some(r);
+            }
+        }
+    }
     if let Some(mut r) = running.take() {
         let how = group::stop(r.pid, spec.stop_timeout).await;
         let status = r.child.wait().await.ok();
@@ -226,12 +276,57 @@ async fn supervise(
     publish(&board, &sup, None, &spec);
 }
 
-/// Stops a workload that an agent before this one left running (it died without
-/// stopping it), so that no two run.
+/// Hands the workload's output to a `cat` per pipe appending to the log, which ends
+/// when the workload's last process closes the pipe, and leaves the workload running.
+/// Gives it back, with why, when a drainer cannot be started.
+async fn hand_over(mut r: Running, home: &AgentHome) -> Result<u32, (Running, String)> {
+    for pump in r.pumps.drain(..) {
+        pump.abort();
+        let _ = pump.await;
+    }
+    let mut failed = None;
+    for fd in std::mem::take(&mut r.outputs) {
+        if let Err(e) = drain_with_cat(fd, &log_path(home)) {
+            failed.get_or_insert(e);
+        }
+    }
+    match failed {
+        None => Ok(r.pid),
+        Some(e) => Err((r, e)),
+    }
+}
+
+/// Starts `cat` reading one of the workload's output pipes into the log. tokio put the
+/// pipe in non-blocking mode (a flag of the open pipe, shared by every duplicate), which
+/// `cat` does not expect.
+fn drain_with_cat(fd: OwnedFd, log: &Path) -> Result<(), String> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let flags = fcntl(&fd, FcntlArg::F_GETFL).map_err(|e| format!("fcntl: {e}"))?;
+    let blocking = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
+    fcntl(&fd, FcntlArg::F_SETFL(blocking)).map_err(|e| format!("fcntl: {e}"))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    let mut cat = std::process::Command::new("cat");
+    // Not the workload's group (its stop must not take the reader first), nor the
+    // agent's (the wrapper's).
+    std::os::unix::process::CommandExt::process_group(&mut cat, 0)
+        .stdin(Stdio::from(fd))
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::null())
+        .spawn()
+        .map(drop)
+        .map_err(|e| format!("cannot start cat: {e}"))
+}
+
+/// Stops a workload that an agent before this one left running (it handed over to the
+/// updater, or died without stopping it), so that no two run.
 async fn stop_leftover(home: &AgentHome, spec: &Spec, log: &Shared) {
     if let Some((pgid, members)) = group::leftover(home) {
         let text = format!(
-            "found the workload (pid {pgid}, {} process(es)) left running by an agent that did not stop it; stopping its process group first",
+            "found the workload (pid {pgid}, {} process(es)) of the agent before this one still running; stopping its process group before starting this one's",
             members.len()
         );
         tracing::warn!("{text}");
@@ -293,10 +388,13 @@ fn start(
         None => tracing::warn!("workload (pid {pid}) ended before it could be recorded"),
     }
     let mut pumps = Vec::new();
+    let mut outputs = Vec::new();
     if let Some(out) = child.stdout.take() {
+        outputs.extend(out.as_fd().try_clone_to_owned().ok());
         pumps.push(tokio::spawn(pump(out, Arc::clone(log))));
     }
     if let Some(err) = child.stderr.take() {
+        outputs.extend(err.as_fd().try_clone_to_owned().ok());
         pumps.push(tokio::spawn(pump(err, Arc::clone(log))));
     }
     sup.started(Instant::now());
@@ -312,6 +410,7 @@ fn start(
         pid,
         since_unix: now_secs(),
         pumps,
+        outputs,
     });
 }
 
