@@ -88,17 +88,22 @@ pub async fn stop(pgid: u32, timeout: Duration) -> Stopped {
 async fn wait_empty(pgid: u32, timeout: Duration) -> bool {
     let end = Instant::now() + timeout;
     // Most programs are gone within milliseconds of TERM, and a restart's downtime is
-    // this wait: look often at first, then every 20 ms.
-    let mut pause = Duration::from_millis(1);
+    // this wait: look every millisecond for the first 100 ms, then every 20 ms.
+    let start = Instant::now();
     loop {
         if members(pgid).is_empty() {
             return true;
         }
-        if Instant::now() >= end {
+        let now = Instant::now();
+        if now >= end {
             return false;
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(20));
+        let pause = if now - start < Duration::from_millis(100) {
+            1
+        } else {
+            20
+        };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }
 

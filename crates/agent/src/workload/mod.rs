@@ -131,17 +131,19 @@ async fn supervise(
         log_path(&home),
         logfile::MAX_BYTES,
     )));
-    stop_leftover(&home, &spec, &log).await;
     let mut sup = Supervision::new(
         spec.enabled(),
         spec.start_timeout,
         spec.health != Check::None,
     );
+    // Built before a predecessor's workload is stopped: between that stop and the start
+    // below, the workload is down.
     let http = reqwest::Client::builder()
         .no_proxy()
         .timeout(check::CHECK_TIMEOUT)
         .build()
         .unwrap_or_default();
+    stop_leftover(&home, &spec, &log).await;
     let mut running: Option<Running> = None;
     let mut check_due: Option<Instant> = None;
     let mut check_run: Option<CheckFuture> = None;
