@@ -1308,7 +1308,7 @@ EOF
     until [[ -f $d/ready ]]; do sleep 0.01; done
     "$p/agent/current/bin/agent-wrapper.sh" restart >/dev/null
     until jq -e '.workload.healthy' "$p/agent/run/health.json" >/dev/null 2>&1 &&
-        curl -fsS -o /dev/null "http://127.0.0.1:$eport/"; do sleep 0.01; done
+        curl -fs -o /dev/null "http://127.0.0.1:$eport/"; do sleep 0.01; done
     sleep 0.2
     gap_of "$d" >>"$out.agent"
     stop_server
@@ -1333,7 +1333,7 @@ workload_restart_round() {
     wait "$epid" 2>/dev/null || true
     prometheus-node-exporter "${args[@]}" >/dev/null 2>&1 &
     epid=$!
-    until curl -fsS -o /dev/null "http://127.0.0.1:$eport/"; do sleep 0.01; done
+    until curl -fs -o /dev/null "http://127.0.0.1:$eport/"; do sleep 0.01; done
     sleep 0.2
     gap_of "$d" >>"$out"
     kill -TERM "$epid"
@@ -1401,7 +1401,7 @@ after the update, a health check of \`/metrics\` every 5 s, its server gone):
 
 | | \`agent run\` | target |
 |---|---|---|
-| CPU (utime + stime from \`/proc/<pid>/stat\`) | $cpu % of a core | < 1 % |
+| CPU (utime + stime from \`/proc/<pid>/stat\`, in 10 ms ticks) | $cpu % of a core | < 1 % |
 | RSS (\`VmRSS\`) | $rss MiB | < 16 MiB |
 EOF
 }
