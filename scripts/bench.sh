@@ -1300,7 +1300,12 @@ EOF
     until [[ -f $d/ready ]]; do sleep 0.01; done
     serve_bundle "$home" "$port" "$work/wl2/agent-bundle-2.0.0"
     wait_file 120 "$p/agent/logs/update.log" "committed"
-    gap_of "$d" >>"$out"
+    local gap found started
+    gap=$(gap_of "$d")
+    echo "$gap" >>"$out"
+    found=$(log_secs "$(grep -m1 'found the workload' "$p/agent/logs/agent.log")")
+    started=$(log_secs "$(grep 'started the workload' "$p/agent/logs/agent.log" | tail -n 1)")
+    note "update: workload silent $gap ms; the new agent took $(awk -v a="$started" -v b="$found" 'BEGIN { printf "%.1f", (a - b) * 1000 }') ms from finding the old workload to starting its own"
     # The same agent restarted by its operator: the workload stops with it.
     d=$work/gap-$RANDOM
     mkdir -p "$d"
@@ -1310,7 +1315,9 @@ EOF
     until jq -e '.workload.healthy' "$p/agent/run/health.json" >/dev/null 2>&1 &&
         curl -fs -o /dev/null "http://127.0.0.1:$eport/"; do sleep 0.01; done
     sleep 0.2
-    gap_of "$d" >>"$out.agent"
+    gap=$(gap_of "$d")
+    echo "$gap" >>"$out.agent"
+    note "agent restart: workload silent $gap ms"
     stop_server
     [[ -n ${wl_last:-} ]] && stop_home "$wl_last"
     wl_last=$p/agent
@@ -1319,7 +1326,7 @@ EOF
 # A plain restart of the same program on its own (what a process manager does): TERM,
 # wait for it to end, start it again. Appends its longest silence (ms) to $1.
 workload_restart_round() {
-    local out=$1 eport d epid
+    local out=$1 eport d epid gap
     eport=$(free_port)
     d=$work/gap-$RANDOM
     mkdir -p "$d"
@@ -1335,7 +1342,9 @@ workload_restart_round() {
     epid=$!
     until curl -fs -o /dev/null "http://127.0.0.1:$eport/"; do sleep 0.01; done
     sleep 0.2
-    gap_of "$d" >>"$out"
+    gap=$(gap_of "$d")
+    echo "$gap" >>"$out"
+    note "plain restart: workload silent $gap ms"
     kill -TERM "$epid"
     wait "$epid" 2>/dev/null || true
 }
