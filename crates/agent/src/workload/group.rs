@@ -88,7 +88,9 @@ pub async fn stop(pgid: u32, timeout: Duration) -> Stopped {
 async fn wait_empty(pgid: u32, timeout: Duration) -> bool {
     let end = Instant::now() + timeout;
     // Most programs are gone within milliseconds of TERM, and a restart's downtime is
-    // this wait: look every millisecond for the first 100 ms, then every 20 ms.
+    // this wait: learn of the leader's end at once, then look for the rest of its group
+    // every millisecond for the first 100 ms, then every 20 ms.
+    leader_end(pgid, timeout).await;
     let start = Instant::now();
     loop {
         if members(pgid).is_empty() {
@@ -105,6 +107,28 @@ async fn wait_empty(pgid: u32, timeout: Duration) -> bool {
         };
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
+}
+
+/// Returns when the process `pid` has ended (or at `timeout`, or at once when the kernel
+/// offers no pidfd for it: the caller looks at the group itself anyway).
+async fn leader_end(pid: u32, timeout: Duration) {
+    use rustix::process::{Pid, PidfdFlags, pidfd_open};
+    let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return;
+    };
+    let Ok(fd) = pidfd_open(pid, PidfdFlags::empty()) else {
+        return;
+    };
+    // A pidfd turns readable when its process ends; one blocking poll on a spare thread.
+    let _ = tokio::task::spawn_blocking(move || {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let limit = Timespec {
+            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        poll(&mut [PollFd::new(&fd, PollFlags::IN)], Some(&limit))
+    })
+    .await;
 }
 
 /// `run/workload.pid`: the workload's pid (its process group), one number.
@@ -209,5 +233,34 @@ mod tests {
         let ticks = start_ticks(me).unwrap();
         let pgid = nix::unistd::getpgrp().as_raw() as u32;
         assert!(members(pgid).iter().any(|&(p, t)| p == me && t == ticks));
+    }
+
+    /// A group whose leader is not our child (as a predecessor's workload is not): its
+    /// end is seen, the leader's children go with it, and nothing is left.
+    #[tokio::test]
+    async fn a_group_is_stopped_whole_and_seen_gone() {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "sleep 60 & sleep 60; wait"])
+            .process_group(0);
+        let mut child = cmd.spawn().unwrap();
+        let pgid = child.id();
+        // Reaped by a thread of its own, as init would reap an orphan.
+        let reaper = std::thread::spawn(move || child.wait());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while members(pgid).len() < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "the group never had its three processes"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            stop(pgid, Duration::from_secs(10)).await,
+            Stopped::Terminated
+        );
+        assert!(members(pgid).is_empty());
+        assert_eq!(stop(pgid, Duration::from_secs(10)).await, Stopped::Gone);
+        reaper.join().unwrap().unwrap();
     }
 }
