@@ -29,6 +29,9 @@ use crate::conn::ConnHold;
 use crate::error::ApiError;
 use crate::routes::{AppState, Shared};
 
+/// Read and write buffer of one OpAMP socket.
+const WS_BUFFER: usize = 4 * 1024;
+
 /// How often the server pings an OpAMP socket.
 pub const PING_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -103,9 +106,14 @@ pub async fn upgrade(
         Ok(ws) => ws,
         Err(e) => return e.into_response(),
     };
-    // The library refuses (and we close 1009) before buffering more than this.
+    // The library refuses (and we close 1009) before buffering more than this. Its
+    // default buffers (128 KiB each way, allocated per socket) would make a thousand
+    // quiet sockets cost a quarter of a gigabyte; OpAMP messages are small, and a
+    // buffer grows for the rare large one.
     ws.max_message_size(MAX_MESSAGE + 1)
         .max_frame_size(MAX_MESSAGE + 1)
+        .read_buffer_size(WS_BUFFER)
+        .write_buffer_size(WS_BUFFER)
         .on_upgrade(move |socket| async move {
             let _held = hold.map(|Extension(h)| h.hold());
             serve(&state.inner, socket).await;
