@@ -762,3 +762,76 @@ fn agents_are_throttled_while_the_database_is_away() {
         post(&server, &[], &message([11; 16], seq).encode_to_vec()).status == 200
     });
 }
+
+/// The client's `events.jsonl` (node_client.js), one JSON object a line.
+fn events(out: &Path) -> Vec<Value> {
+    read_file(&out.join("events.jsonl"))
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The Node client honours a real `503` + `Retry-After` from the server (the fleet
+/// database away): after the refused send it says nothing for the time it was told (at
+/// least its own 30 s floor), though its heartbeat is 1 s; then it is answered again.
+#[test]
+fn the_node_client_honours_a_503_and_its_retry_after() {
+    let ctx = TestContext::new();
+    let pg = e2e::Postgres::start();
+    let url = pg.url();
+    let server = ctx.server(
+        "home",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", ADMIN),
+            ("UPDATE_SERVER_AGENTS_ENROLLMENT_TOKEN", ENROLL),
+            ("UPDATE_SERVER_DATABASE_URL", &url),
+        ],
+    );
+    let out = ctx.path("node");
+    start_client(&ctx, &server, "node", &out);
+    wait_until(LONG, "the Node client's first answered send", || {
+        events(&out).iter().any(|e| e["event"] == "send_success")
+    });
+    pg.stop();
+    let mut refused = Value::Null;
+    wait_until(LONG, "a send refused with a Retry-After", || {
+        refused = events(&out)
+            .into_iter()
+            .find(|e| e["event"] == "send_fail" && e["retry_after_ms"].is_number())
+            .unwrap_or(Value::Null);
+        !refused.is_null()
+    });
+    let log = read_file(&out.join("events.jsonl"));
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("503"),
+        "{log}"
+    );
+    let wait_s = refused["retry_after_ms"].as_f64().unwrap() / 1000.0;
+    assert!(wait_s >= 30.0, "{log}");
+    let at = refused["time"].as_f64().unwrap();
+    pg.start_server();
+    wait_until(
+        Duration::from_secs(wait_s as u64 + 60),
+        "the Node client answered again",
+        || {
+            events(&out)
+                .iter()
+                .any(|e| e["event"] == "send_success" && e["time"].as_f64() > Some(at))
+        },
+    );
+    let log = read_file(&out.join("events.jsonl"));
+    let next = events(&out)
+        .iter()
+        .filter(|e| e["event"] == "send_success" || e["event"] == "send_fail")
+        .filter_map(|e| e["time"].as_f64())
+        .find(|&t| t > at)
+        .unwrap();
+    assert!(
+        next - at >= wait_s - 0.5,
+        "the client sent again {:.1}s after being told to wait {wait_s}s\n{log}",
+        next - at
+    );
+}
