@@ -39,20 +39,8 @@ fn closed_by_server(s: &mut TcpStream) -> bool {
     }
 }
 
-/// Raises this test process's file limit, for the clients of a flood.
-fn raise_fd_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
-    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
-}
-
 fn anon_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
+    e2e::status_kib(pid, "RssAnon")
 }
 
 #[test]
@@ -175,7 +163,7 @@ fn huge_heads_sent_slowly_get_431_and_leave_memory_flat() {
 
 #[test]
 fn a_flood_of_idle_connections_never_takes_the_bundle_offline() {
-    raise_fd_limit();
+    e2e::raise_fd_limit();
     let ctx = TestContext::new();
     let (server, bundle) = serving(
         &ctx,

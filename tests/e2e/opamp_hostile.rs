@@ -6,15 +6,15 @@
 use std::time::{Duration, Instant};
 
 use agent_opamp::proto::{
-    AgentCapabilities, AgentDescription, AgentToServer, AnyValue, ComponentHealth, KeyValue,
-    ServerToAgent, ServerToAgentFlags, any_value,
+    AgentCapabilities, AgentToServer, ComponentHealth, ServerToAgent, ServerToAgentFlags,
 };
+
+use crate::opamp::{WsStream, described as message, ws_connect as connect};
 use e2e::{ServerProc, TestContext, admin_agents, http_with_body, wait_until};
 use futures_util::{SinkExt, StreamExt};
 use prost::Message as _;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 const ADMIN: &str = "opamp-admin";
 const ENROLL: &str = "opamp-enroll";
@@ -27,39 +27,6 @@ fn server(ctx: &TestContext, env: &[(&str, &str)]) -> ServerProc {
     ];
     all.extend_from_slice(env);
     ctx.server("home", &all)
-}
-
-fn kv(k: &str, v: &str) -> KeyValue {
-    KeyValue {
-        key: k.into(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::StringValue(v.into())),
-        }),
-    }
-}
-
-/// A full-state message of an agent naming itself `service`.
-fn message(uid: [u8; 16], seq: u64, service: &str) -> AgentToServer {
-    AgentToServer {
-        instance_uid: uid.to_vec(),
-        sequence_num: seq,
-        capabilities: AgentCapabilities::ReportsStatus as u64
-            | AgentCapabilities::ReportsHealth as u64,
-        agent_description: Some(AgentDescription {
-            identifying_attributes: vec![kv("service.name", service)],
-            non_identifying_attributes: vec![
-                kv("agent.group", "edge"),
-                kv("host.name", service),
-                kv("os.type", "linux"),
-            ],
-        }),
-        health: Some(ComponentHealth {
-            healthy: true,
-            status: "running".into(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 /// The same agent with nothing new to say: every sub-message omitted.
@@ -140,18 +107,6 @@ fn a_sequence_gap_is_answered_with_report_full_state_and_a_retry_is_not() {
     assert_eq!(r["health"]["status"], "degraded after the gap", "{r}");
 }
 
-async fn connect(server: &ServerProc) -> WsStream {
-    let mut req = format!("ws://127.0.0.1:{}/v1/opamp", server.port)
-        .into_client_request()
-        .unwrap();
-    req.headers_mut()
-        .insert("Authorization", format!("Bearer {ENROLL}").parse().unwrap());
-    tokio_tungstenite::connect_async(req).await.unwrap().0
-}
-
-type WsStream =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
 async fn exchange(ws: &mut WsStream, m: &AgentToServer) -> ServerToAgent {
     let mut framed = vec![0u8];
     framed.extend(m.encode_to_vec());
@@ -213,25 +168,9 @@ fn a_second_agent_claiming_a_live_instance_uid_is_given_a_new_one() {
     });
 }
 
-/// Raises this test process's file limit, for the sockets of a flood.
-fn raise_fd_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
-    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_thousand_silent_websockets_are_closed_and_others_served_meanwhile() {
-    raise_fd_limit();
+    e2e::raise_fd_limit();
     let ctx = TestContext::new();
     // Silent sockets are closed after server.header-timeout (3 s here, 30 by default).
     let server = server(&ctx, &[("UPDATE_SERVER_SERVER_HEADER_TIMEOUT", "3")]);
@@ -241,13 +180,13 @@ fn a_thousand_silent_websockets_are_closed_and_others_served_meanwhile() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let before = rss_kib(server.pid);
+        let before = e2e::status_kib(server.pid, "VmRSS");
         let mut silent = Vec::new();
         for _ in 0..1000 {
             silent.push(connect(&server).await);
         }
         let opened = Instant::now();
-        let peak = rss_kib(server.pid);
+        let peak = e2e::status_kib(server.pid, "VmRSS");
 
         // Meanwhile a real agent over each transport is answered.
         let mut ws = connect(&server).await;

@@ -1033,3 +1033,21 @@ impl Drop for Postgres {
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Raises this test process's file limit to its hard limit, for the sockets of a flood.
+pub fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+}
+
+/// A KiB figure of `/proc/<pid>/status` (`VmRSS`, `RssAnon`, …); 0 when unreadable.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let prefix = format!("{field}:");
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
