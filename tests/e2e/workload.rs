@@ -16,7 +16,7 @@ use crate::update::{
     QUICK, WAIT, agent_record, agents_running, current, health, serve_to, start, wait_server_status,
 };
 
-const NODE_EXPORTER: &str = "/usr/bin/prometheus-node-exporter";
+pub(crate) const NODE_EXPORTER: &str = "/usr/bin/prometheus-node-exporter";
 /// A line of the textfile collector's file in conf.default/workload/, so `/metrics`
 /// proves the configuration directory was seeded and `{config_dir}` filled in.
 const MARKER: &str = "agent_workload_test_marker 1";
@@ -70,7 +70,7 @@ fn workload_pid(home: &Path) -> Option<u32> {
 }
 
 /// Live node exporters of this installation.
-fn exporters(home: &Path) -> Vec<u32> {
+pub(crate) fn exporters(home: &Path) -> Vec<u32> {
     let needle = home.join("versions").display().to_string();
     e2e::pids_mentioning(&home.join("versions"))
         .into_iter()
