@@ -17,6 +17,7 @@ mod hostile_archives;
 mod hostile_clients;
 mod long_poll;
 mod opamp;
+mod opamp_sim;
 mod page;
 mod quickstart;
 mod remote_config;
