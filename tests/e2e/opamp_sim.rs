@@ -236,3 +236,78 @@ fn opamp_sim_over_websocket_a_bad_signature_halts_the_rollout() {
         "{failed:#?}"
     );
 }
+
+/// A configuration set pushed to a group reaches fleet-sim's OpAMP agents on both
+/// transports (pushed at once over WebSocket, at the next poll over HTTP), and each
+/// reports it `APPLIED` with its hash and runs it as its effective configuration.
+#[test]
+fn opamp_sim_applies_a_pushed_configuration_over_both_transports() {
+    let ctx = TestContext::new();
+    let server = ctx.server(
+        "srv",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", ADMIN),
+            ("UPDATE_SERVER_AGENTS_ENROLLMENT_TOKEN", ENROLL),
+        ],
+    );
+    for transport in ["http", "ws"] {
+        let mut sim = ctx.cmd("fleet-sim");
+        sim.args(["--server", &server.url(""), "--protocol", "opamp"])
+            .args([
+                "--transport",
+                transport,
+                "--agents",
+                "10",
+                "--group",
+                "edge=1",
+            ])
+            .args(["--heartbeat", "500ms", "--ramp", "1s", "--duration", "120s"])
+            .args(["--enrollment-token", ENROLL])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        ctx.spawn(sim);
+    }
+    wait_until(LONG, "20 OpAMP agents in group edge", || {
+        let rows = opamp_rows(&server);
+        rows.len() == 20 && count(&rows, "group", "edge") == 20
+    });
+    let auth = format!("Bearer {ADMIN}");
+    let files = serde_json::json!({"files": {"app.json": "{\"sampling\": 0.25}"}});
+    let put = http_with_body(
+        server.port,
+        "PUT",
+        "/admin/config/edge",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        files.to_string().as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(put.status, 200, "{}", put.text());
+    let hash = serde_json::from_slice::<Value>(&put.body).unwrap()["hash"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_until(LONG, "every agent to report the set APPLIED", || {
+        let rows = opamp_rows(&server);
+        rows.iter().all(|r| {
+            r["remote_config_status"] == "APPLIED" && r["remote_config_hash"] == hash.as_str()
+        })
+    });
+    let rows = opamp_rows(&server);
+    // They all run the same files now: one effective configuration hash, not the empty one.
+    let effective = rows[0]["effective_config_hash"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        rows.iter()
+            .all(|r| r["effective_config_hash"] == effective.as_str()),
+        "{rows:#?}"
+    );
+    assert_ne!(
+        effective,
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    );
+}
