@@ -134,6 +134,8 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
     // News (a wave opened, a set pushed) is pushed at once, not at the next message.
     let mut news = s.fleet.rollouts.news().subscribe();
     let mut sent_uid: Vec<u8> = Vec::new();
+    // What the last exchange stored of the agent: news is answered from it.
+    let mut view: Option<agent_opamp::view::AgentView> = None;
     let first_deadline = opened + s.request_timeout;
     loop {
         let message = tokio::select! {
@@ -159,8 +161,8 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
                 if changed.is_err() {
                     continue;
                 }
-                if let Some(u) = uid
-                    && let Some(answer) = push(s, u, &sent_uid).await
+                if let (Some(u), Some(v)) = (uid, view.as_ref())
+                    && let Some(answer) = push(s, u, &sent_uid, v).await
                     && socket
                         .send(Message::Binary(codec::encode_ws_message(&answer).into()))
                         .await
@@ -234,6 +236,7 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
                 }
                 if !done.duplicate {
                     sent_uid.clone_from(&msg.instance_uid);
+                    view = Some(done.view);
                 }
                 said_goodbye = done.disconnected;
                 done.answer
