@@ -826,7 +826,7 @@ EOF2
 }
 
 bench_opamp() {
-    local n=${OPAMP_AGENTS:-10000} rounds=${OPAMP_ROUNDS:-2}
+    local n=${OPAMP_AGENTS:-10000} rounds=${OPAMP_ROUNDS:-3}
     echo "opamp: $n agents over OpAMP (HTTP, WebSocket) vs native; a config push to $n WebSocket agents" >&2
     # fleet-sim and the server each need a descriptor per WebSocket agent.
     ulimit -Hn $((n * 2 + 4096)) 2>/dev/null || true
@@ -863,9 +863,9 @@ bench_opamp() {
             hwm_mib "$server_pid" >>"$work/op-rss-$mode"
             stop_server
             awk -v a="$c0" -v b="$c1" 'BEGIN { printf "%.1f\n", (b - a) / 60 * 100 }' >>"$work/op-cpu-$mode"
-            local f=$work/op-$mode-$round.json ep
+            local json=$work/op-$mode-$round.json ep
             ep=$(endpoint_of "$mode")
-            note "round $round, $mode: $(jq '[.endpoints[].per_second] | add | round' "$f") calls/s, p50 $(jq --arg e "$ep" '.endpoints[$e].p50_ms' "$f") ms p99 $(jq --arg e "$ep" '.endpoints[$e].p99_ms' "$f") ms, errors $(jq '[.errors[]] | add // 0' "$f"), server CPU $(tail -1 "$work/op-cpu-$mode") %, peak RSS $(tail -1 "$work/op-rss-$mode") MiB"
+            note "round $round, $mode: $(jq '[.endpoints[].per_second] | add | round' "$json") calls/s, p50 $(jq --arg e "$ep" '.endpoints[$e].p50_ms' "$json") ms p99 $(jq --arg e "$ep" '.endpoints[$e].p99_ms' "$json") ms, errors $(jq '[.errors[]] | add // 0' "$json"), server CPU $(tail -1 "$work/op-cpu-$mode") %, peak RSS $(tail -1 "$work/op-rss-$mode") MiB"
         done
     done
 
