@@ -860,7 +860,7 @@ bench_opamp() {
             sleep 60
             c1=$(cpu_secs "$server_pid")
             wait "$sim_pid" || true
-            hwm_mib "$server_pid" >>"$work/op-rss-$mode"
+            { hwm_mib "$server_pid"; echo; } >>"$work/op-rss-$mode"
             stop_server
             awk -v a="$c0" -v b="$c1" 'BEGIN { printf "%.1f\n", (b - a) / 60 * 100 }' >>"$work/op-cpu-$mode"
             local json=$work/op-$mode-$round.json ep

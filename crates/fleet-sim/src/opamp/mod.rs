@@ -28,6 +28,7 @@ use reqwest::StatusCode;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use crate::Shared;
 use package::Fetched;
@@ -304,7 +305,7 @@ impl OpampAgent {
         }
         let started = Instant::now();
         let connected = tokio::select! {
-            c = tokio_tungstenite::connect_async(request) => c,
+            c = tokio_tungstenite::connect_async_with_config(request, Some(ws_config()), true) => c,
             true = shared.sleep(Duration::MAX) => return Session::Stopped,
         };
         let socket = match connected {
@@ -388,6 +389,14 @@ impl OpampAgent {
             }
         }
     }
+}
+
+/// Small buffers: the library's default is 128 KiB each way per socket, over a GiB for a
+/// fleet of 10,000 on one machine; OpAMP status messages are a few hundred bytes.
+fn ws_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .read_buffer_size(4 * 1024)
+        .write_buffer_size(0)
 }
 
 /// How one `POST` went.

@@ -32,6 +32,10 @@ use crate::routes::{AppState, Shared};
 /// How often the server pings an OpAMP socket.
 pub const PING_INTERVAL: Duration = Duration::from_secs(30);
 
+/// Bytes read off a socket at a time (larger messages are still assembled whole, up to
+/// the limit).
+const READ_BUFFER: usize = 4 * 1024;
+
 /// Close codes (RFC 6455 §7.4.1).
 const NORMAL: u16 = 1000;
 const GOING_AWAY: u16 = 1001;
@@ -106,6 +110,12 @@ pub async fn upgrade(
     // The library refuses (and we close 1009) before buffering more than this.
     ws.max_message_size(MAX_MESSAGE + 1)
         .max_frame_size(MAX_MESSAGE + 1)
+        // Its default buffers (128 KiB each way, per socket) were 1.5 GiB at 10,000
+        // sockets; status messages are a few hundred bytes, and every answer is flushed
+        // as it is sent. A client that stops reading can hold at most two answers.
+        .read_buffer_size(READ_BUFFER)
+        .write_buffer_size(0)
+        .max_write_buffer_size(2 * MAX_MESSAGE)
         .on_upgrade(move |socket| async move {
             let _held = hold.map(|Extension(h)| h.hold());
             serve(&state.inner, socket).await;
