@@ -139,6 +139,8 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
     let mut uid: Option<InstanceUid> = None;
     let mut said_goodbye = false;
     let mut last_heard = Instant::now();
+    // When an exchange last stored the agent (and with it its contact time).
+    let mut last_saved: Option<Instant> = None;
     let mut ping = tokio::time::interval_at(Instant::now() + PING_INTERVAL, PING_INTERVAL);
     let mut closing = s.fleet.rollouts.news().closing();
     // News (a wave opened, a set pushed) is pushed at once, not at the next message.
@@ -155,7 +157,11 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
                     let _ = socket.send(close(GOING_AWAY, "silent for three pings")).await;
                     break;
                 }
+                // An agent that sent a message since the last ping was stored then; only a
+                // quiet one needs its contact time written (a heartbeating fleet would
+                // otherwise write twice per agent per interval).
                 if let Some(u) = &uid
+                    && last_saved.is_none_or(|t| t.elapsed() >= PING_INTERVAL)
                     && !s.fleet.outage.is_down()
                     && let Err(e) = s.fleet.db.opamp_seen(&u.to_string(), now_ms()).await
                     && e.is_unavailable()
@@ -245,6 +251,7 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
                     uid = Some(done.uid);
                 }
                 if !done.duplicate {
+                    last_saved = Some(Instant::now());
                     sent_uid.clone_from(&msg.instance_uid);
                     view = Some(done.view);
                 }
