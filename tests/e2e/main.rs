@@ -19,6 +19,7 @@ mod hostile_clients;
 mod long_poll;
 mod opamp;
 mod opamp_hostile;
+mod opamp_sim;
 mod page;
 mod quickstart;
 mod remote_config;

@@ -10,6 +10,7 @@
 //! It never writes a file except the `--json` summary it is asked for.
 
 pub mod agent;
+pub mod opamp;
 pub mod stats;
 
 use std::collections::BTreeMap;
@@ -22,6 +23,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::agent::SimAgent;
+use crate::opamp::{OpampAgent, Transport};
 use crate::stats::{Stats, Summary};
 
 /// How much of the bundle an agent fetches.
@@ -32,6 +34,15 @@ pub enum DownloadMode {
     /// `HEAD` and the first 64 KiB: the download slot and the request path are exercised
     /// without moving gigabytes across loopback.
     Head,
+}
+
+/// What the simulated agents speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// This project's own protocol (`/agent/register`, `/agent/connect`, …).
+    Native,
+    /// OpAMP on `/v1/opamp` ([`opamp`]).
+    Opamp,
 }
 
 #[derive(Debug, Clone)]
@@ -59,6 +70,13 @@ pub struct Options {
     /// Connect as agents do by default: a long poll (`connect?wait=`), held by the
     /// server until something changes for the agent.
     pub long_poll: bool,
+    pub protocol: Protocol,
+    /// How OpAMP agents reach the server.
+    pub transport: Transport,
+    /// OpAMP agents check an offered package's signature with this key.
+    pub trust_key: Option<agent_protocol::minisign::PublicKey>,
+    /// OpAMP agents send it as their bearer (`agents.enrollment-token`).
+    pub enrollment_token: Option<String>,
 }
 
 /// What every simulated agent shares.
@@ -200,6 +218,14 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
     if options.servers.is_empty() {
         anyhow::bail!("name at least one server (--server URL)");
     }
+    if options.protocol == Protocol::Opamp
+        && options.transport == Transport::WebSocket
+        && options.servers.iter().any(|s| s.starts_with("https://"))
+    {
+        anyhow::bail!(
+            "--transport ws speaks ws:// only; use --transport http against an https server"
+        );
+    }
     if options.until_rollout_end && options.admin_token.is_none() {
         anyhow::bail!("--until-rollout-end watches /admin/rollout: pass --token");
     }
@@ -233,11 +259,18 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
     let mut tasks = Vec::with_capacity(options.agents);
     for index in 0..options.agents {
         let group = group_of(index, options.agents, &options.groups);
-        let agent = SimAgent::new(index, options.version.clone(), group);
         let delay = options
             .ramp
             .mul_f64(index as f64 / options.agents.max(1) as f64);
-        tasks.push(tokio::spawn(agent.run(Arc::clone(&shared), delay)));
+        let shared = Arc::clone(&shared);
+        tasks.push(match options.protocol {
+            Protocol::Native => tokio::spawn(
+                SimAgent::new(index, options.version.clone(), group).run(shared, delay),
+            ),
+            Protocol::Opamp => tokio::spawn(
+                OpampAgent::new(index, options.version.clone(), group).run(shared, delay),
+            ),
+        });
     }
 
     let mut rollout: Option<RolloutSeen> = None;

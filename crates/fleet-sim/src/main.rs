@@ -62,6 +62,35 @@ struct Cli {
     /// each connect until something changes for the agent. Without it, agents heartbeat.
     #[arg(long)]
     long_poll: bool,
+    /// What the agents speak: this project's protocol, or OpAMP on /v1/opamp.
+    #[arg(long, value_enum, default_value_t = Protocol::Native)]
+    protocol: Protocol,
+    /// How OpAMP agents reach the server: a POST per heartbeat, or one WebSocket each.
+    #[arg(long, value_enum, default_value_t = Transport::Http)]
+    transport: Transport,
+    /// OpAMP agents verify an offered package's signature with this public key file
+    /// (without it, only that the signature vouches for the offered version and hash).
+    #[arg(long, value_name = "FILE")]
+    trust_key: Option<PathBuf>,
+    /// OpAMP agents send this as their bearer (the server's agents.enrollment-token).
+    #[arg(
+        long,
+        env = "UPDATE_SERVER_AGENTS_ENROLLMENT_TOKEN",
+        hide_env_values = true
+    )]
+    enrollment_token: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Protocol {
+    Native,
+    Opamp,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Transport {
+    Http,
+    Ws,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -95,6 +124,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if !(0.0..=1.0).contains(&cli.fail_rate) {
         anyhow::bail!("--fail-rate is a probability between 0 and 1");
     }
+    let trust_key = match &cli.trust_key {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("--trust-key {}: {e}", path.display()))?;
+            Some(
+                agent_protocol::minisign::PublicKey::parse(&text).map_err(|e| {
+                    anyhow::anyhow!(
+                        "--trust-key {}: not a minisign public key: {e}",
+                        path.display()
+                    )
+                })?,
+            )
+        }
+        None => None,
+    };
     let options = Options {
         servers: cli.servers,
         agents: cli.agents,
@@ -115,6 +159,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         progress: cli.progress.max(Duration::from_millis(100)),
         warmup: cli.warmup,
         long_poll: cli.long_poll,
+        protocol: match cli.protocol {
+            Protocol::Native => fleet_sim::Protocol::Native,
+            Protocol::Opamp => fleet_sim::Protocol::Opamp,
+        },
+        transport: match cli.transport {
+            Transport::Http => fleet_sim::opamp::Transport::Http,
+            Transport::Ws => fleet_sim::opamp::Transport::WebSocket,
+        },
+        trust_key,
+        enrollment_token: cli.enrollment_token,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let report = runtime.block_on(fleet_sim::run(options))?;

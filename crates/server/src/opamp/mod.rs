@@ -59,6 +59,9 @@ pub struct Exchanged {
     /// The message collided with another agent's uid.
     pub duplicate: bool,
     pub disconnected: bool,
+    /// What the server now knows of the agent (as stored, unless `duplicate`): a
+    /// WebSocket keeps it to answer news without reading it back.
+    pub view: AgentView,
 }
 
 /// Whether the request carries the enrollment token as its bearer (always, without
@@ -179,19 +182,28 @@ pub async fn exchange(
         uid,
         duplicate: obs.duplicate,
         disconnected: obs.disconnected,
+        view: obs.view,
     })
 }
 
 /// What the fleet has for a connected agent now, without a message from it (a
 /// WebSocket push after news: a wave opened, a set pushed): the answer carrying the
-/// offers it does not have yet, or `None`. `sent_uid` is the uid as the agent writes it.
-pub async fn push(s: &Shared, uid: InstanceUid, sent_uid: &[u8]) -> Option<ServerToAgent> {
+/// offers it does not have yet, or `None`. `sent_uid` is the uid as the agent writes it;
+/// `view` what its socket last stored of it (only its socket writes it, so it is not
+/// read back: news wakes every socket at once, and ten thousand reads of the fleet
+/// database for one pushed set were most of a push's cost). The offers themselves
+/// come from the rollouts' memory, which checks the database only before sending.
+pub async fn push(
+    s: &Shared,
+    uid: InstanceUid,
+    sent_uid: &[u8],
+    view: &AgentView,
+) -> Option<ServerToAgent> {
     if s.fleet.outage.is_down() {
         return None;
     }
     let id = uid.to_string();
-    let stored = s.fleet.db.opamp_agent(&id).await.ok()??;
-    let view: AgentView = serde_json::from_str(&stored.view).ok()?;
+    let view = view.clone();
     let mut offers = Offers::default();
     if view.has(AgentCapabilities::AcceptsRemoteConfig) {
         offers.remote_config = offer_config(s, &id, &view).await.ok()?;

@@ -29,11 +29,12 @@ use crate::conn::ConnHold;
 use crate::error::ApiError;
 use crate::routes::{AppState, Shared};
 
-/// Read and write buffer of one OpAMP socket.
-const WS_BUFFER: usize = 4 * 1024;
-
 /// How often the server pings an OpAMP socket.
 pub const PING_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Bytes read off a socket at a time (larger messages are still assembled whole, up to
+/// the limit).
+const READ_BUFFER: usize = 4 * 1024;
 
 /// Close codes (RFC 6455 §7.4.1).
 const NORMAL: u16 = 1000;
@@ -106,14 +107,15 @@ pub async fn upgrade(
         Ok(ws) => ws,
         Err(e) => return e.into_response(),
     };
-    // The library refuses (and we close 1009) before buffering more than this. Its
-    // default buffers (128 KiB each way, allocated per socket) would make a thousand
-    // quiet sockets cost a quarter of a gigabyte; OpAMP messages are small, and a
-    // buffer grows for the rare large one.
+    // The library refuses (and we close 1009) before buffering more than this.
     ws.max_message_size(MAX_MESSAGE + 1)
         .max_frame_size(MAX_MESSAGE + 1)
-        .read_buffer_size(WS_BUFFER)
-        .write_buffer_size(WS_BUFFER)
+        // Its default buffers (128 KiB each way, per socket) were 1.5 GiB at 10,000
+        // sockets; status messages are a few hundred bytes, and every answer is flushed
+        // as it is sent. A client that stops reading can hold at most two answers.
+        .read_buffer_size(READ_BUFFER)
+        .write_buffer_size(0)
+        .max_write_buffer_size(2 * MAX_MESSAGE)
         .on_upgrade(move |socket| async move {
             let _held = hold.map(|Extension(h)| h.hold());
             serve(&state.inner, socket).await;
@@ -137,11 +139,15 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
     let mut uid: Option<InstanceUid> = None;
     let mut said_goodbye = false;
     let mut last_heard = Instant::now();
+    // When an exchange last stored the agent (and with it its contact time).
+    let mut last_saved: Option<Instant> = None;
     let mut ping = tokio::time::interval_at(Instant::now() + PING_INTERVAL, PING_INTERVAL);
     let mut closing = s.fleet.rollouts.news().closing();
     // News (a wave opened, a set pushed) is pushed at once, not at the next message.
     let mut news = s.fleet.rollouts.news().subscribe();
     let mut sent_uid: Vec<u8> = Vec::new();
+    // What the last exchange stored of the agent: news is answered from it.
+    let mut view: Option<agent_opamp::view::AgentView> = None;
     let first_deadline = opened + s.request_timeout;
     loop {
         let message = tokio::select! {
@@ -151,7 +157,11 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
                     let _ = socket.send(close(GOING_AWAY, "silent for three pings")).await;
                     break;
                 }
+                // An agent that sent a message since the last ping was stored then; only a
+                // quiet one needs its contact time written (a heartbeating fleet would
+                // otherwise write twice per agent per interval).
                 if let Some(u) = &uid
+                    && last_saved.is_none_or(|t| t.elapsed() >= PING_INTERVAL)
                     && !s.fleet.outage.is_down()
                     && let Err(e) = s.fleet.db.opamp_seen(&u.to_string(), now_ms()).await
                     && e.is_unavailable()
@@ -167,8 +177,8 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
                 if changed.is_err() {
                     continue;
                 }
-                if let Some(u) = uid
-                    && let Some(answer) = push(s, u, &sent_uid).await
+                if let (Some(u), Some(v)) = (uid, view.as_ref())
+                    && let Some(answer) = push(s, u, &sent_uid, v).await
                     && socket
                         .send(Message::Binary(codec::encode_ws_message(&answer).into()))
                         .await
@@ -241,7 +251,9 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
                     uid = Some(done.uid);
                 }
                 if !done.duplicate {
+                    last_saved = Some(Instant::now());
                     sent_uid.clone_from(&msg.instance_uid);
+                    view = Some(done.view);
                 }
                 said_goodbye = done.disconnected;
                 done.answer
