@@ -16,8 +16,6 @@
 #            one server holding 20,000 long-polling agents (RSS, CPU, wave to told)
 #   workload the node exporter as a workload: its downtime in an update vs a plain restart
 #            of the same program; the agent's CPU and RSS while it supervises
-#   config   fleet-sim: a configuration set to 1,000 and 10,000 agents APPLIED, long polls vs
-#            heartbeats; the cost of a config rollout on connect (p50, p99) vs none
 #   opamp    fleet-sim --protocol opamp at 10,000 agents over HTTP and WebSocket vs the
 #            native protocol; a configuration push to APPLIED on 10,000 WebSocket agents
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
@@ -27,15 +25,15 @@
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 sections=()
 for arg in "$@"; do
     case "$arg" in
-    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | config | opamp) sections+=("$arg") ;;
-    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload config opamp) ;;
+    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp) sections+=("$arg") ;;
+    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp) ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown section $arg" >&2; usage >&2; exit 2 ;;
     esac
@@ -1546,122 +1544,6 @@ after the update, a health check of \`/metrics\` every 5 s, its server gone):
 | CPU (utime + stime from \`/proc/<pid>/stat\`, in 10 ms ticks) | $cpu % of a core | < 1 % |
 | RSS (\`VmRSS\`) | $rss MiB | < 16 MiB |
 EOF
-}
-
-# push_set PORT GROUP TEXT: pushes a one-file configuration set; prints its hash.
-push_set() {
-    curl -fsS -X PUT -H "Authorization: Bearer bench" -H "Content-Type: application/json" \
-        -d "$(jq -cn --arg t "$3" '{files: {"app.conf": $t}}')" \
-        "http://127.0.0.1:$1/admin/config/$2" | jq -r .hash
-}
-
-# set_field PORT GROUP JQ: a field of the group's set in /admin/config.
-set_field() {
-    curl -fsS -H "Authorization: Bearer bench" "http://127.0.0.1:$1/admin/config" |
-        jq -r --arg g "$2" ".sets[] | select(.group == \$g) | $3"
-}
-
-bench_config() {
-    local sizes rounds=${CONFIG_ROUNDS:-2}
-    read -r -a sizes <<<"${CONFIG_SIZES:-1000 10000}"
-    echo "config: a set to ${sizes[*]} agents APPLIED, long polls vs heartbeats; connect cost" >&2
-    ulimit -Hn 65536 2>/dev/null || true
-    ulimit -n "$(ulimit -Hn)"
-    keys
-    make_dist "$work/cd" 0
-    local b1
-    b1=$(pack 1.0.0 "$work/cd" "$work/cb1")
-    # Time to APPLIED: the fleet started (30 s ramp) and settled, then a set pushed for
-    # group default, all at once (waves ["100%"]); from the push to the server counting
-    # every agent APPLIED (its own clock: the config rollout's started_at and
-    # completed_at).
-    local n round mode port
-    for n in "${sizes[@]}"; do
-        for round in $(seq "$rounds"); do
-            for mode in heartbeat longpoll; do
-                port=$(free_port)
-                sim_server "$work/cs" "$port" "$b1"
-                local flag=()
-                [[ $mode == longpoll ]] && flag=(--long-poll)
-                "$bin/fleet-sim" --agents "$n" --agent-version 1.0.0+1 --heartbeat 30s --ramp 30s \
-                    --progress 60s "${flag[@]}" --server "http://127.0.0.1:$port" --duration 400s \
-                    >/dev/null 2>"$work/cs-$n-$mode-$round.err" &
-                local sim_pid=$!
-                sleep 40
-                push_set "$port" default "round $round, $mode" >/dev/null
-                local end=$((SECONDS + 300)) state=""
-                while ((SECONDS < end)); do
-                    state=$(set_field "$port" default '.rollout.state // "none"')
-                    [[ $state == completed || $state == halted ]] && break
-                    sleep 0.5
-                done
-                local took applied
-                took=$(set_field "$port" default '(.rollout.completed_at // 0) - .rollout.started_at')
-                applied=$(set_field "$port" default '.applied')
-                kill "$sim_pid" 2>/dev/null || true
-                wait "$sim_pid" 2>/dev/null || true
-                stop_server
-                note "$n agents, round $round, $mode: $state, $applied APPLIED after $took s"
-                [[ $state == completed ]] && echo "$took" >>"$work/cs-$n-$mode"
-            done
-        done
-    done
-
-    # The cost on connect: 1,000 agents heartbeating every 2 s for 60 s (the first 20 s
-    # not counted), at rest (no set) against a config rollout under way (waves
-    # ["1%", "100%"], the first applied and the second soaking for an hour, so every
-    # connect is answered from the agent's place in it).
-    local i
-    for i in $(seq 3); do
-        for mode in idle busy; do
-            port=$(free_port)
-            sim_server "$work/cc" "$port" "$b1" "UPDATE_SERVER_ROLLOUT_WAVES=1%,100%" \
-                UPDATE_SERVER_ROLLOUT_WAVE_WAIT=3600
-            [[ $mode == busy ]] && push_set "$port" default "busy $i" >/dev/null
-            "$bin/fleet-sim" --agents 1000 --agent-version 1.0.0+1 --heartbeat 2s --ramp 10s \
-                --warmup 20s --duration 60s --progress 60s --server "http://127.0.0.1:$port" \
-                --json "$work/cc-$mode-$i.json" >/dev/null 2>"$work/cc-$mode-$i.err"
-            stop_server
-            note "round $i, $mode: connect p50 $(jq .endpoints.connect.p50_ms "$work/cc-$mode-$i.json") ms, p99 $(jq .endpoints.connect.p99_ms "$work/cc-$mode-$i.json") ms"
-        done
-    done
-    local q
-    declare -A lat med
-    for mode in idle busy; do
-        for q in p50 p99; do
-            lat[$mode$q]=$(for i in 1 2 3; do jq ".endpoints.connect.${q}_ms" "$work/cc-$mode-$i.json"; done | spread_ms)
-            med[$mode$q]=$(for i in 1 2 3; do jq ".endpoints.connect.${q}_ms" "$work/cc-$mode-$i.json"; done | median_of)
-        done
-    done
-    local rows=""
-    for n in "${sizes[@]}"; do
-        rows+="| $n | $(spread <"$work/cs-$n-heartbeat" 2>/dev/null || echo n/a) | $(spread <"$work/cs-$n-longpoll" 2>/dev/null || echo n/a) |"$'\n'
-    done
-    write_section config <<EOF2
-## Configuration sets: time to APPLIED, and the cost on connect
-
-\`scripts/bench.sh config\` on $(machine). \`fleet-sim\` (it applies the sets it is sent at
-once and reports \`APPLIED\`) on loopback against one release update-server on SQLite.
-
-**A set to every agent.** The fleet started over 30 s at the default 30 s heartbeat, then
-a one-file set pushed for group \`default\` (\`waves = ["100%"]\`); the time from the push
-to the server counting every agent \`APPLIED\` (the config rollout's \`started_at\` to
-\`completed_at\`). Rounds alternate heartbeats and long polls (\`--long-poll\`, as real
-agents run by default); $rounds rounds each; median (min–max).
-
-| agents | heartbeats | long polls |
-|---|---|---|
-${rows}
-**The cost on connect.** 1,000 agents heartbeating every 2 s, latency of
-\`POST /agent/connect\` as fleet-sim sees it over 40 s, at rest (no set) against a config
-rollout under way (\`waves = ["1%", "100%"]\`, the second wave soaking: every connect is
-answered from the agent's place in it). 3 rounds each, alternating; median (min–max).
-
-| | no set | config rollout under way | added (medians) |
-|---|---|---|---|
-| connect p50 | ${lat[idlep50]} | ${lat[busyp50]} | $(awk -v a="${med[busyp50]}" -v b="${med[idlep50]}" 'BEGIN { printf "%+.0f %%", (a / b - 1) * 100 }') |
-| connect p99 | ${lat[idlep99]} | ${lat[busyp99]} | $(awk -v a="${med[busyp99]}" -v b="${med[idlep99]}" 'BEGIN { printf "%+.0f %%", (a / b - 1) * 100 }') |
-EOF2
 }
 
 # The command line that made a section, as it was run.

@@ -11,7 +11,6 @@ mod cloud;
 mod config;
 mod first_day;
 mod fleet;
-mod fleet_config;
 mod full_disk;
 mod handlers;
 mod hostile_archives;
