@@ -158,6 +158,29 @@ impl Dirs {
     /// while the previous set exists gets it back, and a set swapped in whose outcome was
     /// never known is swapped out again (the server offers it again).
     pub fn recover(&self, home: &AgentHome) {
+        let applying = read_hash(&applying_file(home));
+        let swapped_in = |hash: &str| {
+            read_set(&self.config_dir).is_some_and(|files| config_set::hash(&files) == hash)
+        };
+        let prev = self.prev();
+        // Died between the exchange and keeping the set before: the staging directory,
+        // named after the new set, holds the set before, complete (it was `config-dir`).
+        if let Some(hash) = applying.as_deref()
+            && swapped_in(hash)
+            && std::fs::symlink_metadata(&prev).is_err()
+            && self.staging(hash).is_dir()
+        {
+            match std::fs::rename(self.staging(hash), &prev) {
+                Ok(()) => tracing::warn!(
+                    "kept the set before {hash} as {}, where the agent left it",
+                    prev.display()
+                ),
+                Err(e) => tracing::error!(
+                    "cannot keep the set before {hash} as {}: {e}",
+                    prev.display()
+                ),
+            }
+        }
         if let Ok(entries) = std::fs::read_dir(&self.parent) {
             for entry in entries.flatten() {
                 if entry
@@ -173,7 +196,6 @@ impl Dirs {
                 }
             }
         }
-        let prev = self.prev();
         if std::fs::symlink_metadata(&self.config_dir).is_err() && prev.is_dir() {
             match std::fs::rename(&prev, &self.config_dir) {
                 Ok(()) => tracing::warn!(
@@ -188,10 +210,8 @@ impl Dirs {
                 ),
             }
         }
-        if let Some(applying) = read_hash(&applying_file(home)) {
-            if read_set(&self.config_dir).is_some_and(|files| config_set::hash(&files) == applying)
-                && prev.is_dir()
-            {
+        if let Some(applying) = applying {
+            if swapped_in(&applying) && prev.is_dir() {
                 match swap_back(self, true) {
                     Ok(()) => tracing::warn!(
                         "configuration set {applying} was being applied when the agent stopped; put the set before it back"
@@ -396,16 +416,26 @@ fn exchange(a: &Path, b: &Path) -> Result<(), String> {
 fn swap_in(dirs: &Dirs, staging: &Path) -> Result<bool, String> {
     let had_set = std::fs::symlink_metadata(&dirs.config_dir).is_ok();
     if had_set {
+        // The set before the previous one goes first, renamed to a name that recovery
+        // removes: `prev` is never half deleted, and never older than the set before
+        // when the agent dies after the exchange (recovery keeps `staging` as `prev`).
+        let prev = dirs.prev();
+        if std::fs::symlink_metadata(&prev).is_ok() {
+            let old = dirs.parent.join(format!("{}old", dirs.new_prefix()));
+            if std::fs::symlink_metadata(&old).is_ok() {
+                let _ = std::fs::remove_dir_all(&old);
+            }
+            std::fs::rename(&prev, &old)
+                .map_err(|e| format!("cannot move {} aside: {e}", prev.display()))?;
+            if let Err(e) = std::fs::remove_dir_all(&old) {
+                tracing::warn!("cannot remove {}: {e}", old.display());
+            }
+        }
         if let Err(e) = exchange(staging, &dirs.config_dir) {
             let _ = std::fs::remove_dir_all(staging);
             return Err(e);
         }
         // `staging` now holds the set of before.
-        let prev = dirs.prev();
-        if std::fs::symlink_metadata(&prev).is_ok() {
-            std::fs::remove_dir_all(&prev)
-                .map_err(|e| format!("cannot remove {}: {e}", prev.display()))?;
-        }
         std::fs::rename(staging, &prev)
             .map_err(|e| format!("cannot keep the previous set as {}: {e}", prev.display()))?;
     } else {
