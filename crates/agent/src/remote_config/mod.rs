@@ -158,7 +158,8 @@ impl Dirs {
     /// while the previous set exists gets it back, and a set swapped in whose outcome was
     /// never known is swapped out again (the server offers it again).
     pub fn recover(&self, home: &AgentHome) {
-        let applying = read_hash(&applying_file(home));
+        // A marker left beside a recorded verdict: the set was applied, nothing to undo.
+        let applying = read_hash(&applying_file(home)).filter(|h| *h != running_hash(home));
         let swapped_in = |hash: &str| {
             read_set(&self.config_dir).is_some_and(|files| config_set::hash(&files) == hash)
         };
@@ -219,8 +220,8 @@ impl Dirs {
                     Err(e) => tracing::error!("{e}"),
                 }
             }
-            let _ = std::fs::remove_file(applying_file(home));
         }
+        let _ = std::fs::remove_file(applying_file(home));
     }
 }
 
@@ -268,12 +269,15 @@ pub async fn apply(
     };
     let applying = applying_file(home);
     let outcome = apply_inner(dirs, set, workload, &applying).await;
-    let _ = std::fs::remove_file(&applying);
+    // The verdict is recorded before the marker goes: an agent that dies between the
+    // two must not find a set it runs unrecorded (it would apply it again, over its own
+    // `prev`) nor a recorded one marked unfinished (it would swap it out).
     match outcome {
         Ok(()) => {
             if let Err(e) = write_small(&running_hash_file(home), set.hash.as_bytes()) {
                 tracing::error!("cannot record the configuration set in use: {e}");
             }
+            let _ = std::fs::remove_file(&applying);
             let _ = std::fs::remove_file(failed_hash_file(home));
             tracing::info!(
                 "applied configuration set {} ({} file(s))",
@@ -286,6 +290,7 @@ pub async fn apply(
             if let Err(e) = write_small(&failed_hash_file(home), set.hash.as_bytes()) {
                 tracing::error!("cannot remember the failed configuration set: {e}");
             }
+            let _ = std::fs::remove_file(&applying);
             tracing::error!(
                 "configuration set {} not applied: {why}; the workload stays on the set it had",
                 set.hash

@@ -213,6 +213,25 @@ async fn an_agent_killed_between_the_exchange_and_keeping_prev_comes_back_on_the
     assert!(!applying_file(&home).exists());
 }
 
+/// Regression: the agent died after the workload took the set, between removing the
+/// marker and recording the set: at its next start it ran an unrecorded set, was offered
+/// it again and applied it over itself, its `prev` lost.
+#[tokio::test]
+async fn an_agent_killed_as_it_records_the_verdict_keeps_the_set_and_its_prev() {
+    let (_tmp, home, dirs, mut fake) = setup();
+    let good = set(&[("app.conf", "good\n")]);
+    let new = set(&[("app.conf", "new\n")]);
+    apply(&home, Ok(&dirs), "a", &good, &mut fake).await;
+    apply(&home, Ok(&dirs), "a", &new, &mut fake).await;
+    // Recorded, the marker not yet removed.
+    std::fs::write(applying_file(&home), &new.hash).unwrap();
+    dirs.recover(&home);
+    assert_eq!(read(&dirs.config_dir, "app.conf"), "new\n");
+    assert_eq!(read(&dirs.prev(), "app.conf"), "good\n");
+    assert_eq!(running_hash(&home), new.hash);
+    assert!(!applying_file(&home).exists());
+}
+
 #[tokio::test]
 async fn the_set_before_the_previous_one_leaves_before_the_swap() {
     let (_tmp, home, dirs, mut fake) = setup();
