@@ -9,6 +9,7 @@ mod agent;
 mod bundle;
 mod cloud;
 mod config;
+mod config_exporter;
 mod first_day;
 mod fleet;
 mod full_disk;

@@ -158,6 +158,30 @@ impl Dirs {
     /// while the previous set exists gets it back, and a set swapped in whose outcome was
     /// never known is swapped out again (the server offers it again).
     pub fn recover(&self, home: &AgentHome) {
+        // A marker left beside a recorded verdict: the set was applied, nothing to undo.
+        let applying = read_hash(&applying_file(home)).filter(|h| *h != running_hash(home));
+        let swapped_in = |hash: &str| {
+            read_set(&self.config_dir).is_some_and(|files| config_set::hash(&files) == hash)
+        };
+        let prev = self.prev();
+        // Died between the exchange and keeping the set before: the staging directory,
+        // named after the new set, holds the set before, complete (it was `config-dir`).
+        if let Some(hash) = applying.as_deref()
+            && swapped_in(hash)
+            && std::fs::symlink_metadata(&prev).is_err()
+            && self.staging(hash).is_dir()
+        {
+            match std::fs::rename(self.staging(hash), &prev) {
+                Ok(()) => tracing::warn!(
+                    "kept the set before {hash} as {}, where the agent left it",
+                    prev.display()
+                ),
+                Err(e) => tracing::error!(
+                    "cannot keep the set before {hash} as {}: {e}",
+                    prev.display()
+                ),
+            }
+        }
         if let Ok(entries) = std::fs::read_dir(&self.parent) {
             for entry in entries.flatten() {
                 if entry
@@ -173,7 +197,6 @@ impl Dirs {
                 }
             }
         }
-        let prev = self.prev();
         if std::fs::symlink_metadata(&self.config_dir).is_err() && prev.is_dir() {
             match std::fs::rename(&prev, &self.config_dir) {
                 Ok(()) => tracing::warn!(
@@ -188,10 +211,8 @@ impl Dirs {
                 ),
             }
         }
-        if let Some(applying) = read_hash(&applying_file(home)) {
-            if read_set(&self.config_dir).is_some_and(|files| config_set::hash(&files) == applying)
-                && prev.is_dir()
-            {
+        if let Some(applying) = applying {
+            if swapped_in(&applying) && prev.is_dir() {
                 match swap_back(self, true) {
                     Ok(()) => tracing::warn!(
                         "configuration set {applying} was being applied when the agent stopped; put the set before it back"
@@ -199,8 +220,8 @@ impl Dirs {
                     Err(e) => tracing::error!("{e}"),
                 }
             }
-            let _ = std::fs::remove_file(applying_file(home));
         }
+        let _ = std::fs::remove_file(applying_file(home));
     }
 }
 
@@ -248,12 +269,15 @@ pub async fn apply(
     };
     let applying = applying_file(home);
     let outcome = apply_inner(dirs, set, workload, &applying).await;
-    let _ = std::fs::remove_file(&applying);
+    // The verdict is recorded before the marker goes: an agent that dies between the
+    // two must not find a set it runs unrecorded (it would apply it again, over its own
+    // `prev`) nor a recorded one marked unfinished (it would swap it out).
     match outcome {
         Ok(()) => {
             if let Err(e) = write_small(&running_hash_file(home), set.hash.as_bytes()) {
                 tracing::error!("cannot record the configuration set in use: {e}");
             }
+            let _ = std::fs::remove_file(&applying);
             let _ = std::fs::remove_file(failed_hash_file(home));
             tracing::info!(
                 "applied configuration set {} ({} file(s))",
@@ -266,6 +290,7 @@ pub async fn apply(
             if let Err(e) = write_small(&failed_hash_file(home), set.hash.as_bytes()) {
                 tracing::error!("cannot remember the failed configuration set: {e}");
             }
+            let _ = std::fs::remove_file(&applying);
             tracing::error!(
                 "configuration set {} not applied: {why}; the workload stays on the set it had",
                 set.hash
@@ -396,16 +421,26 @@ fn exchange(a: &Path, b: &Path) -> Result<(), String> {
 fn swap_in(dirs: &Dirs, staging: &Path) -> Result<bool, String> {
     let had_set = std::fs::symlink_metadata(&dirs.config_dir).is_ok();
     if had_set {
+        // The set before the previous one goes first, renamed to a name that recovery
+        // removes: `prev` is never half deleted, and never older than the set before
+        // when the agent dies after the exchange (recovery keeps `staging` as `prev`).
+        let prev = dirs.prev();
+        if std::fs::symlink_metadata(&prev).is_ok() {
+            let old = dirs.parent.join(format!("{}old", dirs.new_prefix()));
+            if std::fs::symlink_metadata(&old).is_ok() {
+                let _ = std::fs::remove_dir_all(&old);
+            }
+            std::fs::rename(&prev, &old)
+                .map_err(|e| format!("cannot move {} aside: {e}", prev.display()))?;
+            if let Err(e) = std::fs::remove_dir_all(&old) {
+                tracing::warn!("cannot remove {}: {e}", old.display());
+            }
+        }
         if let Err(e) = exchange(staging, &dirs.config_dir) {
             let _ = std::fs::remove_dir_all(staging);
             return Err(e);
         }
         // `staging` now holds the set of before.
-        let prev = dirs.prev();
-        if std::fs::symlink_metadata(&prev).is_ok() {
-            std::fs::remove_dir_all(&prev)
-                .map_err(|e| format!("cannot remove {}: {e}", prev.display()))?;
-        }
         std::fs::rename(staging, &prev)
             .map_err(|e| format!("cannot keep the previous set as {}: {e}", prev.display()))?;
     } else {

@@ -189,6 +189,67 @@ async fn a_set_swapped_in_when_the_agent_died_is_swapped_out_at_start() {
     assert_eq!(running_hash(&home), good.hash);
 }
 
+/// Regression: the agent died after the exchange, before the set of before was kept as
+/// `prev`. Recovery used to remove the staging directory (holding the set of before) as
+/// half made and swap in whatever `prev` held: the set before that, or half of it.
+#[tokio::test]
+async fn an_agent_killed_between_the_exchange_and_keeping_prev_comes_back_on_the_set_before() {
+    let (_tmp, home, dirs, mut fake) = setup();
+    let older = set(&[("app.conf", "older\n")]);
+    let good = set(&[("app.conf", "good\n"), ("extra.conf", "x\n")]);
+    apply(&home, Ok(&dirs), "a", &older, &mut fake).await;
+    apply(&home, Ok(&dirs), "a", &good, &mut fake).await;
+    assert_eq!(read(&dirs.prev(), "app.conf"), "older\n");
+    // swap_in's steps, stopped after the exchange.
+    let new = set(&[("app.conf", "new\n")]);
+    std::fs::write(applying_file(&home), &new.hash).unwrap();
+    let staging = dirs.staging(&new.hash);
+    write_set(&staging, &new.files).unwrap();
+    std::fs::remove_dir_all(dirs.prev()).unwrap();
+    exchange(&staging, &dirs.config_dir).unwrap();
+    dirs.recover(&home);
+    assert_eq!(read_set(&dirs.config_dir), Some(good.files.clone()));
+    assert!(!staging.exists());
+    assert!(!applying_file(&home).exists());
+}
+
+/// Regression: the agent died after the workload took the set, between removing the
+/// marker and recording the set: at its next start it ran an unrecorded set, was offered
+/// it again and applied it over itself, its `prev` lost.
+#[tokio::test]
+async fn an_agent_killed_as_it_records_the_verdict_keeps_the_set_and_its_prev() {
+    let (_tmp, home, dirs, mut fake) = setup();
+    let good = set(&[("app.conf", "good\n")]);
+    let new = set(&[("app.conf", "new\n")]);
+    apply(&home, Ok(&dirs), "a", &good, &mut fake).await;
+    apply(&home, Ok(&dirs), "a", &new, &mut fake).await;
+    // Recorded, the marker not yet removed.
+    std::fs::write(applying_file(&home), &new.hash).unwrap();
+    dirs.recover(&home);
+    assert_eq!(read(&dirs.config_dir, "app.conf"), "new\n");
+    assert_eq!(read(&dirs.prev(), "app.conf"), "good\n");
+    assert_eq!(running_hash(&home), new.hash);
+    assert!(!applying_file(&home).exists());
+}
+
+#[tokio::test]
+async fn the_set_before_the_previous_one_leaves_before_the_swap() {
+    let (_tmp, home, dirs, mut fake) = setup();
+    for n in 0..3 {
+        let s = set(&[("app.conf", &format!("level={n}\n"))]);
+        apply(&home, Ok(&dirs), "a", &s, &mut fake).await;
+    }
+    assert_eq!(read(&dirs.config_dir, "app.conf"), "level=2\n");
+    assert_eq!(read(&dirs.prev(), "app.conf"), "level=1\n");
+    let leftovers: Vec<_> = std::fs::read_dir(home.conf())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
 #[test]
 fn an_outcome_waits_until_sent() {
     let (_tmp, home, _dirs, _fake) = setup();
