@@ -13,7 +13,9 @@
 #   cloud    fleet-sim at 10,000 agents: one server on SQLite vs two on PostgreSQL, then
 #            staged rollouts (1%, 10%, 100%) with 2 % and 10 % simulated failures
 #   longpoll fleet-sim at 10,000 agents: a staged rollout with long polls vs heartbeats;
-#            one server holding 20,000 long-polling agents (RSS, CPU, wave to told)
+#            one server holding 20,000 long-polling agents (RSS, CPU, wave to told);
+#            LONGPOLL_ONLY=rollout|held runs one part and prints it, BENCHMARKS.md untouched
+#            (LONGPOLL_MODES="longpoll" then skips the heartbeat rounds)
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
 # BENCH_BASELINE=DIR: a checkout of an earlier commit with target/release built; update and
 # fleet then measure it too, alternating with this tree, round by round.
@@ -736,9 +738,12 @@ bench_longpoll() {
 
     # The same rollout, both ways, alternating: heartbeats (how agents ran before) and long
     # polls (how they run now); time from the rollout's start to its end as recorded.
-    local round mode port
-    for round in $(seq "${LONGPOLL_ROUNDS:-3}"); do
-        for mode in heartbeat longpoll; do
+    local round mode port only=${LONGPOLL_ONLY:-}
+    local rounds=${LONGPOLL_ROUNDS:-3} held_rounds=${LONGPOLL_HELD_ROUNDS:-2}
+    [[ $only == held ]] && rounds=0
+    [[ $only == rollout ]] && held_rounds=0
+    for round in $(seq "$rounds"); do
+        for mode in ${LONGPOLL_MODES:-heartbeat longpoll}; do
             port=$(free_port)
             sim_server "$work/ls" "$port" "$b1" "${plan[@]}"
             local flag=()
@@ -760,7 +765,7 @@ bench_longpoll() {
     # bundle: how long after the wave opened each of its agents was told (the server's
     # told_at minus the wave's opened_at). Installs take longer than the measurement.
     local rss=() cpu=() lag=()
-    for round in $(seq "${LONGPOLL_HELD_ROUNDS:-2}"); do
+    for round in $(seq "$held_rounds"); do
         port=$(free_port)
         sim_server "$work/lh" "$port" "$b1" "UPDATE_SERVER_ROLLOUT_WAVES=10%,100%" \
             UPDATE_SERVER_ROLLOUT_AGENT_DEADLINE=3600
@@ -787,6 +792,10 @@ bench_longpoll() {
             "$work/lh-agents-$round.json")")
         note "round $round: RSS ${rss[-1]} MiB, CPU at rest ${cpu[-1]} %, wave 1 told p99 ${lag[-1]} ms after it opened"
     done
+    if [[ -n $only ]]; then
+        echo "longpoll: LONGPOLL_ONLY=$only, BENCHMARKS.md left as it was" >&2
+        return
+    fi
 
     write_section longpoll <<EOF2
 ## Long polls: a rollout at the speed of installs, and 20,000 held agents

@@ -232,6 +232,7 @@ pub async fn serve(
     let state = build_state(&config).await?;
     let metrics = Arc::clone(&state.inner.metrics);
     let news = Arc::clone(state.inner.fleet.rollouts.news());
+    let fleet = Arc::clone(&state.inner.fleet);
     tracing::info!(
         "update-server listening on {}://{local} (home {})",
         if config.tls_files().is_some() {
@@ -246,6 +247,7 @@ pub async fn serve(
 
     spawn_rollout_loop(&state);
     state.inner.fleet.spawn_drain();
+    state.inner.fleet.spawn_contact_flush();
     state.inner.fleet.spawn_settings_poll();
     let store = Arc::clone(&state.inner.store);
     tokio::spawn(async move {
@@ -284,6 +286,8 @@ pub async fn serve(
         tls,
     };
     conn::serve(listener, router, metrics, announced, grace).await;
+    // The last contacts heard are written before the server goes.
+    fleet.flush_contacts().await;
     Ok(())
 }
 

@@ -83,6 +83,8 @@ pub(super) async fn agents(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     authorize(s, &headers)?;
+    // What people read is as fresh as what the server heard.
+    s.fleet.flush_contacts().await;
     let rows = s
         .fleet
         .db
@@ -230,6 +232,7 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
     let (by_version, by_status, waves, health) = if s.fleet.outage.is_down() {
         Default::default()
     } else {
+        s.fleet.flush_contacts().await;
         let (by_version, by_status) = s.fleet.db.fleet_counts().await?;
         let health = Some(s.fleet.db.health_counts().await?);
         (

@@ -225,18 +225,24 @@ async fn greet(s: &Shared, hello: &Hello, headers: &HeaderMap) -> Result<Greetin
         Verdict::Allow { issue } => issue,
         Verdict::Deny(why) => return Err(unauthorized(&hello.hello.id, why)),
     };
-    s.fleet
-        .save(Deferred::Contact {
-            id: hello.hello.id.clone(),
-            name: hello.hello.name.clone(),
-            platform: hello.hello.platform.clone(),
-            version: hello.version.to_string(),
-            group: hello.hello.group.clone(),
-            config_hash: Some(hello.config_hash.clone()),
-            at: now_secs(),
-            health: hello.hello.health.clone().map(bounded_health),
-        })
-        .await?;
+    let contact = Deferred::Contact {
+        id: hello.hello.id.clone(),
+        name: hello.hello.name.clone(),
+        platform: hello.hello.platform.clone(),
+        version: hello.version.to_string(),
+        group: hello.hello.group.clone(),
+        config_hash: Some(hello.config_hash.clone()),
+        at: now_secs(),
+        health: hello.hello.health.clone().map(bounded_health),
+    };
+    if issue {
+        // Its row must exist before its token is written into it.
+        s.fleet.save(contact).await?;
+    } else {
+        // A known agent's contact goes with the next batch: a held connect a heartbeat
+        // costs no write of its own.
+        s.fleet.contact(contact).await?;
+    }
     // Credentials are issued once, in the database; while it is away, the agent gets
     // its token at a later register.
     let token = if issue && !s.fleet.outage.is_down() {
