@@ -426,11 +426,23 @@ impl Db {
     }
 
     /// An operator's reset: the id's next register gets a new token. False if unknown.
+    /// The credentials revision moves with it, so no server of the fleet keeps trusting
+    /// the old token from memory.
     pub async fn forget_token(&self, id: &str) -> Result<bool, FleetError> {
+        let mut tx = self.begin_write().await?;
         let done = sqlx::query("UPDATE agents SET token_hash = NULL WHERE id = $1")
             .bind(id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        sqlx::query(
+            "INSERT INTO settings (key, value) VALUES ($1, $2)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        )
+        .bind(crate::settings::CREDENTIALS_REVISION)
+        .bind(format!("{}-{id}", now_ms()))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         Ok(done.rows_affected() == 1)
     }
 }

@@ -8,8 +8,12 @@
 //! and heartbeat) is kept in memory and written with the others once a
 //! [`CONTACT_FLUSH_INTERVAL`], in one transaction, so a fleet of long-polling agents costs
 //! a commit a second, not one per connect. Whatever reads the agents' rows for people
-//! (the admin API, the page) flushes first; a server that stops flushes last. It never
-//! answers a request.
+//! (the admin API, the page) flushes first; a server that stops flushes last.
+//!
+//! It also remembers the tokens it verified (an agent's re-held connect is checked
+//! against memory, not the database) until an operator forgets a token anywhere in the
+//! fleet: the credentials revision in the settings moves, and the settings poll drops
+//! them all. It never answers a request.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,6 +52,10 @@ pub struct Fleet {
     /// of one of them (a report) waits for it and never lands before its earlier contact.
     flushing: tokio::sync::Mutex<()>,
     in_flush: Mutex<std::collections::HashSet<String>>,
+    /// The token hash each agent last proved it holds, as the database had it.
+    verified: Mutex<HashMap<String, String>>,
+    /// The credentials revision as last read (see [`settings::CREDENTIALS_REVISION`]).
+    credentials_revision: Mutex<Option<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -63,6 +71,7 @@ impl Fleet {
         configs: Arc<Configs>,
     ) -> Result<Self, FleetError> {
         let on = settings::auto_update_on(db.setting(settings::AUTO_UPDATE).await?.as_deref());
+        let revision = db.setting(settings::CREDENTIALS_REVISION).await?;
         Ok(Self {
             db,
             outage,
@@ -72,12 +81,49 @@ impl Fleet {
             contacts: Mutex::default(),
             flushing: tokio::sync::Mutex::new(()),
             in_flush: Mutex::default(),
+            verified: Mutex::default(),
+            credentials_revision: Mutex::new(revision),
         })
     }
 
     /// The fleet-wide switch as last read or set.
     pub fn auto_update(&self) -> bool {
         self.auto_update.load(Ordering::Relaxed)
+    }
+
+    /// Whether `agent` proved it holds the token whose hash is `hash` since the fleet's
+    /// credentials last changed: then the database need not be asked again.
+    pub fn verified(&self, agent: &str, hash: &str) -> bool {
+        lock(&self.verified)
+            .get(agent)
+            .is_some_and(|h| crate::credentials::same(h, hash))
+    }
+
+    /// `agent` proved it holds the token whose hash the database has as `hash`.
+    pub fn remember_verified(&self, agent: &str, hash: &str) {
+        lock(&self.verified).insert(agent.to_owned(), hash.to_owned());
+    }
+
+    /// An operator forgets `agent`'s token (its next register gets a new one): false if
+    /// the fleet does not know it. Every server of the fleet stops trusting its old
+    /// token from memory within a [`SETTINGS_INTERVAL`]; this one at once.
+    pub async fn forget_token(&self, agent: &str) -> Result<bool, FleetError> {
+        let known = self.db.forget_token(agent).await?;
+        lock(&self.verified).remove(agent);
+        Ok(known)
+    }
+
+    /// Drops every remembered token if the fleet's credentials changed since last read.
+    fn credentials_changed(&self, revision: Option<String>) {
+        let mut last = lock(&self.credentials_revision);
+        if *last != revision {
+            *last = revision;
+            let forgotten = std::mem::take(&mut *lock(&self.verified));
+            tracing::debug!(
+                "credentials changed in the fleet: {} remembered tokens dropped",
+                forgotten.len()
+            );
+        }
     }
 
     /// Turns the fleet-wide switch, for every server of the fleet.
@@ -262,6 +308,11 @@ impl Fleet {
                             fleet.rollouts.news().publish("the fleet switch flipped");
                         }
                     }
+                    Err(e) if e.is_unavailable() => fleet.outage.went_down(&e),
+                    Err(e) => tracing::warn!("reading the fleet's settings: {e}"),
+                }
+                match fleet.db.setting(settings::CREDENTIALS_REVISION).await {
+                    Ok(revision) => fleet.credentials_changed(revision),
                     Err(e) if e.is_unavailable() => fleet.outage.went_down(&e),
                     Err(e) => tracing::warn!("reading the fleet's settings: {e}"),
                 }
@@ -472,5 +523,33 @@ mod tests {
         assert_eq!((fleet.contacts_pending(), fleet.outage.queued()), (0, 1));
         fleet.drain().await;
         assert_eq!(fleet.db.agent("a").await.unwrap().unwrap().last_contact, 20);
+    }
+
+    #[tokio::test]
+    async fn a_token_forgotten_on_another_server_is_no_longer_trusted_from_memory() {
+        let home = tempfile::tempdir().unwrap();
+        let here = fleet(home.path()).await;
+        let there = fleet(home.path()).await;
+        here.save(contact("a", "1.0.0+1", 10)).await.unwrap();
+        here.remember_verified("a", "hash-a");
+        here.remember_verified("b", "hash-b");
+        assert!(here.verified("a", "hash-a") && !here.verified("a", "hash-b"));
+        // Nothing changed in the fleet: what was verified stays.
+        let revision = here
+            .db
+            .setting(settings::CREDENTIALS_REVISION)
+            .await
+            .unwrap();
+        here.credentials_changed(revision);
+        assert!(here.verified("b", "hash-b"));
+        assert!(there.forget_token("a").await.unwrap());
+        assert!(!there.forget_token("nobody").await.unwrap());
+        let revision = here
+            .db
+            .setting(settings::CREDENTIALS_REVISION)
+            .await
+            .unwrap();
+        here.credentials_changed(revision);
+        assert!(!here.verified("a", "hash-a") && !here.verified("b", "hash-b"));
     }
 }

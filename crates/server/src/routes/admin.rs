@@ -139,7 +139,7 @@ pub(super) async fn forget_token(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     authorize(s, &headers)?;
-    if !s.fleet.db.forget_token(&id).await? {
+    if !s.fleet.forget_token(&id).await? {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("no agent {id:?} is known"),

@@ -392,16 +392,24 @@ pub(super) async fn authenticate(
     id: &str,
     headers: &HeaderMap,
 ) -> Result<Verdict, ApiError> {
+    let presented = bearer(headers);
+    // An agent re-holding its connect proves the token it proved a moment ago: memory
+    // answers, until an operator forgets a token somewhere in the fleet.
+    let hash = presented.map(credentials::hash_token);
+    if let Some(hash) = &hash
+        && s.fleet.verified(id, hash)
+    {
+        return Ok(Verdict::Allow { issue: false });
+    }
     let known = known_credentials(s, id).await?;
     let enrollment = headers
         .get(wire::ENROLLMENT_HEADER)
         .and_then(|v| v.to_str().ok());
-    Ok(credentials::decide(
-        &known,
-        bearer(headers),
-        &s.enrollment_token,
-        enrollment,
-    ))
+    let verdict = credentials::decide(&known, presented, &s.enrollment_token, enrollment);
+    if let (Verdict::Allow { issue: false }, Some(hash)) = (&verdict, &hash) {
+        s.fleet.remember_verified(id, hash);
+    }
+    Ok(verdict)
 }
 
 pub(super) fn unauthorized(id: &str, why: &'static str) -> ApiError {
