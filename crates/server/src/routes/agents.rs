@@ -202,6 +202,19 @@ pub(super) async fn connect(
             () = tokio::time::sleep_until(deadline) => break,
             _ = closing.wait_for(|c| *c) => break,
         }
+        // Its wave opened: it waits for its turn to be told (see `crate::pacer`), so
+        // that a wave of thousands starts downloads the server can serve.
+        if matches!(greeting, Greeting::Accepted { .. })
+            && s.fleet
+                .rollouts
+                .would_refuse(&hello.hello.id, &hello.version)
+        {
+            tokio::select! {
+                () = s.pacer.turn() => {}
+                () = tokio::time::sleep_until(deadline) => {}
+                _ = closing.wait_for(|c| *c) => {}
+            }
+        }
         greeting = reconsider(s, &hello).await?;
         if s.fleet.auto_update() != switch {
             break;
