@@ -5,8 +5,9 @@
 //! only after it (30 s by default), so a wave of thousands waits out a Retry-After that
 //! heartbeats used to spread. Instead, a held agent about to be told that its wave
 //! opened takes a turn here first. Turns are handed out in order, every [`TICK`], as
-//! many as there are free download slots then: the agents told start downloads the
-//! server can serve, and the others stay held a moment longer instead of being refused.
+//! many as there are free download slots then (a tick is shorter than a download, so a
+//! slot freed is soon handed on): the agents told start downloads the server can
+//! serve, and the others stay held a moment longer instead of being refused.
 //! An agent alone (a small wave, a degraded agent) goes at once; a wave of thousands
 //! spreads over a few seconds. Plain connects (heartbeats) are never paced, and nothing
 //! here changes what an agent is told, only when.
@@ -18,7 +19,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 
 /// How often turns are handed out while agents wait.
-pub const TICK: Duration = Duration::from_millis(20);
+pub const TICK: Duration = Duration::from_millis(5);
 
 #[derive(Debug, Default)]
 pub struct Pacer {
