@@ -360,6 +360,10 @@ fn two_thousand_held_agents_come_back_after_a_restart_without_a_herd() {
     wait_until(LONG, "2,000 simulated agents to hold a connect", || {
         metric(&server, "agentupdate_connects_held") >= (AGENTS - 20) as f64
     });
+    // Agents hold right after they register: the last may still be registering.
+    wait_until(LONG, "the fleet to know all 2,000 agents", || {
+        admin_agents(server.port, TOKEN).len() == AGENTS
+    });
     let port = server.port;
     signal(server.pid, "TERM");
     wait_until(LONG, "the server to stop", || e2e::pid_gone(server.pid));
