@@ -173,7 +173,10 @@ pub(super) struct Hold {
 /// `POST /agent/connect`: the directive, like register; with `wait`, a long poll held
 /// until the answer is news to the agent, `wait` (at most `agents.max-wait`) runs out,
 /// or the server stops. While it waits it costs a task and a watch receiver: it is
-/// woken by [`agent_fleet::news`], never by reading the database.
+/// woken by [`agent_fleet::news`], never by reading the database. An agent whose wave
+/// opened is told when [`crate::pacer`] gives it its turn; its re-held connects are
+/// checked against the token it proved before and its contact goes with the next
+/// batch, so holding a fleet costs the database a commit a second.
 pub(super) async fn connect(
     State(state): State<AppState>,
     Query(hold): Query<Hold>,
