@@ -1,7 +1,8 @@
 //! Prompt delivery: agents at the default 30 s heartbeat hold a long-polling connect and
 //! learn within two seconds that their wave opened or that a fixed bundle is served; a
-//! held connect works over HTTPS and HTTP/2; two thousand held agents come back after
-//! a server restart without arriving all at once.
+//! configuration set pushed on one server of two (PostgreSQL) reaches an agent held on
+//! the other within five; a held connect works over HTTPS and HTTP/2; two thousand held
+//! agents come back after a server restart without arriving all at once.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -9,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e::{
-    Pki, ServerProc, TestContext, admin_agents, configure_agent, http, http_with_body, log_time,
-    metric, read_file, run_ok, signal, wait_until,
+    Pki, Postgres, ServerProc, TestContext, admin_agents, configure_agent, http, http_with_body,
+    log_time, metric, read_file, run_ok, signal, wait_until,
 };
 use serde_json::Value;
 
@@ -157,6 +158,60 @@ fn a_degraded_agent_takes_a_fixed_bundle_within_two_seconds() {
 }
 
 /// Registers `id` (version 1.0.0+1) with curl `base` args and returns its token.
+#[test]
+fn a_set_pushed_on_one_server_reaches_an_agent_held_on_the_other_within_five_seconds() {
+    let pg = Postgres::start();
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let url = pg.url();
+    let env = |name| {
+        [
+            ("UPDATE_SERVER_DATABASE_URL", url.as_str()),
+            ("UPDATE_SERVER_SERVER_NAME", name),
+            ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN),
+        ]
+    };
+    let a = ctx.server("srv-a", &env("a"));
+    let b = ctx.server("srv-b", &env("b"));
+    ctx.publish_served(&a, &b1);
+    ctx.publish_served(&b, &b1);
+    // The agent knows only b, and holds its connect there.
+    let home = held_agents(&ctx, &b, &b1, 1).remove(0);
+    let auth = format!("Bearer {TOKEN}");
+    let body = serde_json::json!({ "files": { "web.yml": "pushed on a\n" } }).to_string();
+    let pushed = Instant::now();
+    let answer = http_with_body(
+        a.port,
+        "PUT",
+        "/admin/config/default",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        body.as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let file = home.join("conf/workload/web.yml");
+    wait_until(
+        Duration::from_secs(5),
+        "the agent held on b to apply the set pushed on a",
+        || fs::read_to_string(&file).is_ok_and(|text| text == "pushed on a\n"),
+    );
+    let took = pushed.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the set reached the agent {took:?} after it was pushed (heartbeat 30 s)"
+    );
+    // What it applied is what the fleet counts, on either server.
+    wait_until(LONG, "a to count the agent's APPLIED", || {
+        admin_agents(a.port, TOKEN)
+            .first()
+            .is_some_and(|row| row["config_status"] == "APPLIED")
+    });
+}
+
 fn register(curl: impl Fn() -> Command, url: &str, id: &str) -> String {
     let out = run_ok(
         curl()
@@ -304,6 +359,10 @@ fn two_thousand_held_agents_come_back_after_a_restart_without_a_herd() {
     let sim_pid = ctx.spawn(sim);
     wait_until(LONG, "2,000 simulated agents to hold a connect", || {
         metric(&server, "agentupdate_connects_held") >= (AGENTS - 20) as f64
+    });
+    // Agents hold right after they register: the last may still be registering.
+    wait_until(LONG, "the fleet to know all 2,000 agents", || {
+        admin_agents(server.port, TOKEN).len() == AGENTS
     });
     let port = server.port;
     signal(server.pid, "TERM");

@@ -188,6 +188,7 @@ async fn serve(
                 if first {
                     tracing::info!("registered with {}", client.base());
                 }
+                let registered = first;
                 first = false;
                 let contact = state::now_secs();
                 flush_outbox(&home, &client).await;
@@ -199,6 +200,7 @@ async fn serve(
                     asked.elapsed(),
                     heartbeat,
                     client.base(),
+                    registered && config.agent.long_poll,
                 );
                 // Learnt the moment it happened: no need to spread the fleet over a
                 // heartbeat's worth of jitter before acting.
@@ -345,6 +347,7 @@ impl Pace {
         took: Duration,
         heartbeat: Duration,
         server: &str,
+        registered_to_hold: bool,
     ) -> Duration {
         let (accepted, expected, sha) = answer.directive.key();
         let key = (
@@ -367,6 +370,7 @@ impl Pace {
             took,
             wait: hold.map_or(heartbeat, |h| h.wait),
             changed,
+            registered_to_hold,
         };
         pacing::next_contact(heartbeat, &last, &mut rand::rng())
     }

@@ -1,6 +1,9 @@
 //! When to contact the server next: at once, after a held connect (a long poll), or
 //! after a heartbeat against a server that answers at once.
 //!
+//! An agent that long-polls holds its first connect right after its register: an
+//! agent just started learns at once too, not a heartbeat later.
+//!
 //! A held connect that runs its course, or that ends because something changed for
 //! this agent, is followed by the next one straight away: the server, not a timer,
 //! decides when the agent hears news. A server that lets go early with nothing new
@@ -32,10 +35,17 @@ pub struct LastContact {
     pub wait: Duration,
     /// The answer differs from the one before (a new directive, a new offer).
     pub changed: bool,
+    /// It was the register of an agent that long-polls: its first held connect follows
+    /// at once (a server that does not hold answers that one at once, and is asked once
+    /// per heartbeat from then on).
+    pub registered_to_hold: bool,
 }
 
 /// How long to wait before the next contact.
 pub fn next_contact(heartbeat: Duration, last: &LastContact, rng: &mut impl Rng) -> Duration {
+    if last.registered_to_hold {
+        return Duration::ZERO;
+    }
     if !last.asked_to_hold || !last.server_holds {
         return heartbeat;
     }
@@ -68,6 +78,7 @@ mod tests {
             took: Duration::from_secs(took),
             wait: HEARTBEAT,
             changed,
+            registered_to_hold: false,
         }
     }
 
@@ -120,6 +131,22 @@ mod tests {
             ..held(0, true)
         };
         assert_eq!(next_contact(HEARTBEAT, &not_asked, &mut rng), HEARTBEAT);
+    }
+
+    #[test]
+    fn a_register_of_an_agent_that_long_polls_is_followed_by_a_held_connect_at_once() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let register = LastContact {
+            asked_to_hold: false,
+            server_holds: false,
+            ..held(0, true)
+        };
+        assert_eq!(next_contact(HEARTBEAT, &register, &mut rng), HEARTBEAT);
+        let to_hold = LastContact {
+            registered_to_hold: true,
+            ..register
+        };
+        assert_eq!(next_contact(HEARTBEAT, &to_hold, &mut rng), Duration::ZERO);
     }
 
     #[test]

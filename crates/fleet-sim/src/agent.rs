@@ -469,16 +469,21 @@ impl SimAgent {
         let heartbeat = shared.options.heartbeat;
         loop {
             let asked = Instant::now();
+            let was_registered = self.registered;
             let hello = tokio::select! {
                 hello = self.hello_held(&shared) => hello,
                 // A held connect ends with the simulation.
                 true = shared.sleep(Duration::MAX) => return,
             };
             let took = asked.elapsed();
+            let registered = !was_registered && self.registered;
             if let Some(Err(ns)) = hello.directive {
                 self.update(&shared, ns).await;
             }
-            let wait = if hello.held {
+            let wait = if registered && shared.options.long_poll {
+                // As real agents do: the first held connect follows the register at once.
+                Duration::ZERO
+            } else if hello.held {
                 // Straight back after news or a hold that ran its course; a server
                 // letting go early with nothing new (a restart) gets a random pause.
                 if hello.changed || took.as_secs_f64() >= heartbeat.as_secs_f64() * 0.9 {

@@ -32,7 +32,8 @@ pub fn new_token() -> Result<String, getrandom::Error> {
     Ok(hex::encode(bytes))
 }
 
-fn same(a: &str, b: &str) -> bool {
+/// Equal, compared in constant time (no timing tells how much of a hash matched).
+pub fn same(a: &str, b: &str) -> bool {
     a.as_bytes().ct_eq(b.as_bytes()).into()
 }
 

@@ -266,35 +266,7 @@ impl Db {
     /// Records a contact. A contact older than the one recorded changes nothing (it was
     /// queued during an outage that another server did not have).
     pub async fn touch_agent(&self, c: &Contact<'_>) -> Result<(), FleetError> {
-        let Contact {
-            id,
-            name,
-            platform,
-            version,
-            group,
-            config_hash,
-            at,
-        } = *c;
-        sqlx::query(
-            "INSERT INTO agents (id, name, platform, version, last_contact, agent_group, config_hash)
-             VALUES ($1, $2, $3, $4, $5, $6, $8)
-             ON CONFLICT (id) DO UPDATE SET name = excluded.name, platform = excluded.platform,
-               version = excluded.version, last_contact = excluded.last_contact,
-               agent_group = COALESCE($7, agents.agent_group),
-               config_hash = COALESCE($9, agents.config_hash)
-             WHERE agents.last_contact <= excluded.last_contact",
-        )
-        .bind(id)
-        .bind(name)
-        .bind(platform)
-        .bind(version)
-        .bind(at)
-        .bind(group.unwrap_or(""))
-        .bind(group)
-        .bind(config_hash.unwrap_or(""))
-        .bind(config_hash)
-        .execute(&self.pool)
-        .await?;
+        touch_query(c).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -307,17 +279,30 @@ impl Db {
         at: i64,
     ) -> Result<(), FleetError> {
         let json = serde_json::to_string(health).unwrap_or_default();
-        sqlx::query(
-            "UPDATE agents SET health = $2, healthy = $3, workload_restarts = $4
-             WHERE id = $1 AND last_contact <= $5",
-        )
-        .bind(id)
-        .bind(json)
-        .bind(i64::from(health.healthy))
-        .bind(i64::try_from(health.restarts).unwrap_or(i64::MAX))
-        .bind(at)
-        .execute(&self.pool)
-        .await?;
+        health_query(id, &json, health, at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Records many contacts (with the health each reported, if any) in one transaction:
+    /// a fleet of long-polling agents costs the database one commit per batch, not one
+    /// per held connect.
+    pub async fn touch_agents(
+        &self,
+        contacts: &[(Contact<'_>, Option<&agent_protocol::wire::AgentHealth>)],
+    ) -> Result<(), FleetError> {
+        let mut tx = self.begin_write().await?;
+        for (c, health) in contacts {
+            touch_query(c).execute(&mut *tx).await?;
+            if let Some(health) = health {
+                let json = serde_json::to_string(health).unwrap_or_default();
+                health_query(c.id, &json, health, c.at)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -441,13 +426,74 @@ impl Db {
     }
 
     /// An operator's reset: the id's next register gets a new token. False if unknown.
+    /// The credentials revision moves with it, so no server of the fleet keeps trusting
+    /// the old token from memory.
     pub async fn forget_token(&self, id: &str) -> Result<bool, FleetError> {
+        let mut tx = self.begin_write().await?;
         let done = sqlx::query("UPDATE agents SET token_hash = NULL WHERE id = $1")
             .bind(id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        sqlx::query(
+            "INSERT INTO settings (key, value) VALUES ($1, $2)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        )
+        .bind(crate::settings::CREDENTIALS_REVISION)
+        .bind(format!("{}-{id}", now_ms()))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         Ok(done.rows_affected() == 1)
     }
+}
+
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
+
+fn touch_query<'q>(c: &Contact<'q>) -> AnyQuery<'q> {
+    let Contact {
+        id,
+        name,
+        platform,
+        version,
+        group,
+        config_hash,
+        at,
+    } = *c;
+    sqlx::query(
+        "INSERT INTO agents (id, name, platform, version, last_contact, agent_group, config_hash)
+         VALUES ($1, $2, $3, $4, $5, $6, $8)
+         ON CONFLICT (id) DO UPDATE SET name = excluded.name, platform = excluded.platform,
+           version = excluded.version, last_contact = excluded.last_contact,
+           agent_group = COALESCE($7, agents.agent_group),
+           config_hash = COALESCE($9, agents.config_hash)
+         WHERE agents.last_contact <= excluded.last_contact",
+    )
+    .bind(id)
+    .bind(name)
+    .bind(platform)
+    .bind(version)
+    .bind(at)
+    .bind(group.unwrap_or(""))
+    .bind(group)
+    .bind(config_hash.unwrap_or(""))
+    .bind(config_hash)
+}
+
+fn health_query<'q>(
+    id: &'q str,
+    json: &str,
+    health: &agent_protocol::wire::AgentHealth,
+    at: i64,
+) -> AnyQuery<'q> {
+    sqlx::query(
+        "UPDATE agents SET health = $2, healthy = $3, workload_restarts = $4
+         WHERE id = $1 AND last_contact <= $5",
+    )
+    .bind(id)
+    .bind(json.to_owned())
+    .bind(i64::from(health.healthy))
+    .bind(i64::try_from(health.restarts).unwrap_or(i64::MAX))
+    .bind(at)
 }
 
 const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error, config_hash, config_status, config_error, health FROM agents";

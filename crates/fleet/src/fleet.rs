@@ -3,11 +3,21 @@
 //! the one place that knows how each queued write is applied, used by the edges and by
 //! the drain alike.
 //!
-//! It owns the drain task and the settings poll (the fleet-wide switch another server
-//! may have turned). It never answers a request.
+//! It owns the drain task, the settings poll (the fleet-wide switch another server
+//! may have turned) and the contact batch: a known agent's contact (every held connect
+//! and heartbeat) is kept in memory and written with the others once a
+//! [`CONTACT_FLUSH_INTERVAL`], in one transaction, so a fleet of long-polling agents costs
+//! a commit a second, not one per connect. Whatever reads the agents' rows for people
+//! (the admin API, the page) flushes first; a server that stops flushes last.
+//!
+//! It also remembers the tokens it verified (an agent's re-held connect is checked
+//! against memory, not the database) until an operator forgets a token anywhere in the
+//! fleet: the credentials revision in the settings moves, and the settings poll drops
+//! them all. It never answers a request.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::Configs;
@@ -22,6 +32,9 @@ pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the fleet-wide settings are read again: a change made on another server
 /// is in force here within this (DESIGN.md asks for 5 s).
 pub const SETTINGS_INTERVAL: Duration = Duration::from_secs(2);
+/// How long a known agent's contact may wait in memory before it is written: the
+/// `last_contact` another server (or the database itself) sees is at most this late.
+pub const CONTACT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The fleet as one server sees it: its database, what waits for the database, the
 /// rollouts and the fleet-wide switch as last read.
@@ -33,6 +46,20 @@ pub struct Fleet {
     /// Configuration sets and their config rollouts.
     pub configs: Arc<Configs>,
     auto_update: AtomicBool,
+    /// Contacts not written yet: the latest of each agent (only `Deferred::Contact`).
+    contacts: Mutex<HashMap<String, Deferred>>,
+    /// Held while a batch is written; with the ids of that batch, so that a later write
+    /// of one of them (a report) waits for it and never lands before its earlier contact.
+    flushing: tokio::sync::Mutex<()>,
+    in_flush: Mutex<std::collections::HashSet<String>>,
+    /// The token hash each agent last proved it holds, as the database had it.
+    verified: Mutex<HashMap<String, String>>,
+    /// The credentials revision as last read (see [`settings::CREDENTIALS_REVISION`]).
+    credentials_revision: Mutex<Option<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Fleet {
@@ -44,18 +71,59 @@ impl Fleet {
         configs: Arc<Configs>,
     ) -> Result<Self, FleetError> {
         let on = settings::auto_update_on(db.setting(settings::AUTO_UPDATE).await?.as_deref());
+        let revision = db.setting(settings::CREDENTIALS_REVISION).await?;
         Ok(Self {
             db,
             outage,
             rollouts,
             configs,
             auto_update: AtomicBool::new(on),
+            contacts: Mutex::default(),
+            flushing: tokio::sync::Mutex::new(()),
+            in_flush: Mutex::default(),
+            verified: Mutex::default(),
+            credentials_revision: Mutex::new(revision),
         })
     }
 
     /// The fleet-wide switch as last read or set.
     pub fn auto_update(&self) -> bool {
         self.auto_update.load(Ordering::Relaxed)
+    }
+
+    /// Whether `agent` proved it holds the token whose hash is `hash` since the fleet's
+    /// credentials last changed: then the database need not be asked again.
+    pub fn verified(&self, agent: &str, hash: &str) -> bool {
+        lock(&self.verified)
+            .get(agent)
+            .is_some_and(|h| crate::credentials::same(h, hash))
+    }
+
+    /// `agent` proved it holds the token whose hash the database has as `hash`.
+    pub fn remember_verified(&self, agent: &str, hash: &str) {
+        lock(&self.verified).insert(agent.to_owned(), hash.to_owned());
+    }
+
+    /// An operator forgets `agent`'s token (its next register gets a new one): false if
+    /// the fleet does not know it. Every server of the fleet stops trusting its old
+    /// token from memory within a [`SETTINGS_INTERVAL`]; this one at once.
+    pub async fn forget_token(&self, agent: &str) -> Result<bool, FleetError> {
+        let known = self.db.forget_token(agent).await?;
+        lock(&self.verified).remove(agent);
+        Ok(known)
+    }
+
+    /// Drops every remembered token if the fleet's credentials changed since last read.
+    fn credentials_changed(&self, revision: Option<String>) {
+        let mut last = lock(&self.credentials_revision);
+        if *last != revision {
+            *last = revision;
+            let forgotten = std::mem::take(&mut *lock(&self.verified));
+            tracing::debug!(
+                "credentials changed in the fleet: {} remembered tokens dropped",
+                forgotten.len()
+            );
+        }
     }
 
     /// Turns the fleet-wide switch, for every server of the fleet.
@@ -91,8 +159,24 @@ impl Fleet {
     }
 
     /// Writes `w` now, or queues it when the database is away (or goes away now). An
-    /// error only for a fault that is not the database's absence.
+    /// error only for a fault that is not the database's absence. A contact of the same
+    /// agent waiting for its batch is written first, so the agent's writes keep their
+    /// order.
     pub async fn save(&self, w: Deferred) -> Result<(), FleetError> {
+        let (earlier, in_flush) = {
+            let mut contacts = lock(&self.contacts);
+            let in_flush = lock(&self.in_flush).contains(w.agent());
+            (contacts.remove(w.agent()), in_flush)
+        };
+        if let Some(contact) = earlier {
+            self.save_now(contact).await?;
+        } else if in_flush {
+            drop(self.flushing.lock().await);
+        }
+        self.save_now(w).await
+    }
+
+    async fn save_now(&self, w: Deferred) -> Result<(), FleetError> {
         if self.outage.is_down() {
             self.outage.defer(w);
             return Ok(());
@@ -106,6 +190,77 @@ impl Fleet {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Records the contact of an agent the database already knows with the next batch
+    /// (see [`CONTACT_FLUSH_INTERVAL`]); it replaces the agent's contact waiting there.
+    /// Anything else is written as [`Fleet::save`] does.
+    pub async fn contact(&self, w: Deferred) -> Result<(), FleetError> {
+        if !matches!(w, Deferred::Contact { .. }) {
+            return self.save(w).await;
+        }
+        lock(&self.contacts).insert(w.agent().to_owned(), w);
+        Ok(())
+    }
+
+    /// Contacts waiting for their batch.
+    pub fn contacts_pending(&self) -> usize {
+        lock(&self.contacts).len()
+    }
+
+    /// Writes the contacts waiting for their batch, in one transaction; while the
+    /// database is away they join the spool. Called every [`CONTACT_FLUSH_INTERVAL`],
+    /// before the agents' rows are read for people, and when the server stops.
+    pub async fn flush_contacts(&self) {
+        let _flushing = self.flushing.lock().await;
+        let batch: Vec<Deferred> = {
+            let mut contacts = lock(&self.contacts);
+            *lock(&self.in_flush) = contacts.keys().cloned().collect();
+            contacts.drain().map(|(_, w)| w).collect()
+        };
+        if batch.is_empty() {
+            return;
+        }
+        if self.outage.is_down() {
+            batch.into_iter().for_each(|w| self.outage.defer(w));
+            lock(&self.in_flush).clear();
+            return;
+        }
+        let rows: Vec<_> = batch.iter().filter_map(contact_row).collect();
+        let written = self.db.touch_agents(&rows).await;
+        match written {
+            Ok(()) => {}
+            Err(e) if e.is_unavailable() => {
+                self.outage.went_down(&e);
+                batch.into_iter().for_each(|w| self.outage.defer(w));
+            }
+            Err(e) => {
+                // One row the database refuses must not cost the others their contact.
+                tracing::warn!(
+                    "writing {} contacts in one transaction failed ({e}); writing them one by one",
+                    batch.len()
+                );
+                for w in batch {
+                    if let Err(e) = self.save_now(w).await {
+                        tracing::error!("a contact is refused by the database: {e}");
+                    }
+                }
+            }
+        }
+        lock(&self.in_flush).clear();
+    }
+
+    /// Flushes the contact batch every [`CONTACT_FLUSH_INTERVAL`].
+    pub fn spawn_contact_flush(self: &Arc<Self>) {
+        let fleet = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(CONTACT_FLUSH_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                fleet.flush_contacts().await;
+            }
+        });
     }
 
     /// Writes the spool back, oldest first, while the database answers; then lets calls
@@ -156,8 +311,41 @@ impl Fleet {
                     Err(e) if e.is_unavailable() => fleet.outage.went_down(&e),
                     Err(e) => tracing::warn!("reading the fleet's settings: {e}"),
                 }
+                match fleet.db.setting(settings::CREDENTIALS_REVISION).await {
+                    Ok(revision) => fleet.credentials_changed(revision),
+                    Err(e) if e.is_unavailable() => fleet.outage.went_down(&e),
+                    Err(e) => tracing::warn!("reading the fleet's settings: {e}"),
+                }
             }
         });
+    }
+}
+
+/// The row a queued contact writes, with the health it reported.
+fn contact_row(w: &Deferred) -> Option<(Contact<'_>, Option<&agent_protocol::wire::AgentHealth>)> {
+    match w {
+        Deferred::Contact {
+            id,
+            name,
+            platform,
+            version,
+            group,
+            config_hash,
+            at,
+            health,
+        } => Some((
+            Contact {
+                id,
+                name,
+                platform,
+                version,
+                group: group.as_deref(),
+                config_hash: config_hash.as_deref(),
+                at: *at,
+            },
+            health.as_ref(),
+        )),
+        _ => None,
     }
 }
 
@@ -235,4 +423,133 @@ pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Out
         }
     }
     outage.came_back();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::plan::Plan;
+    use agent_protocol::AcceptPolicy;
+    use agent_protocol::wire::{Report, UpdateStatus};
+
+    async fn fleet(home: &std::path::Path) -> Fleet {
+        let db = Db::open("", home, 1).await.unwrap();
+        let rollouts = Arc::new(Rollouts::new(
+            db.clone(),
+            Plan::default(),
+            AcceptPolicy::default(),
+            "s".into(),
+        ));
+        let configs = Arc::new(Configs::new(
+            db.clone(),
+            Plan::default(),
+            "s".into(),
+            Arc::clone(rollouts.news()),
+        ));
+        Fleet::new(db, Arc::new(Outage::new(None)), rollouts, configs)
+            .await
+            .unwrap()
+    }
+
+    fn contact(id: &str, version: &str, at: i64) -> Deferred {
+        Deferred::Contact {
+            id: id.into(),
+            name: format!("host-{id}"),
+            platform: "p".into(),
+            version: version.into(),
+            group: None,
+            config_hash: Some(String::new()),
+            at,
+            health: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn contacts_wait_for_their_batch_and_only_the_latest_is_written() {
+        let home = tempfile::tempdir().unwrap();
+        let fleet = fleet(home.path()).await;
+        fleet.save(contact("a", "1.0.0+1", 10)).await.unwrap();
+        fleet.contact(contact("a", "1.0.0+1", 20)).await.unwrap();
+        fleet.contact(contact("a", "1.0.0+1", 30)).await.unwrap();
+        fleet.contact(contact("b", "1.0.0+1", 30)).await.unwrap();
+        assert_eq!(fleet.contacts_pending(), 2);
+        assert_eq!(fleet.db.agent("a").await.unwrap().unwrap().last_contact, 10);
+        assert!(fleet.db.agent("b").await.unwrap().is_none());
+        fleet.flush_contacts().await;
+        assert_eq!(fleet.contacts_pending(), 0);
+        assert_eq!(fleet.db.agent("a").await.unwrap().unwrap().last_contact, 30);
+        assert_eq!(fleet.db.agent("b").await.unwrap().unwrap().name, "host-b");
+    }
+
+    #[tokio::test]
+    async fn a_report_is_written_after_the_contact_that_came_before_it() {
+        let home = tempfile::tempdir().unwrap();
+        let fleet = fleet(home.path()).await;
+        fleet.save(contact("a", "1.0.0+1", 10)).await.unwrap();
+        // The old version's last connect, then, within the same second, the new one's
+        // report: the batch must not write the old version over the report's.
+        fleet.contact(contact("a", "1.0.0+1", 50)).await.unwrap();
+        let report = Report {
+            id: "a".into(),
+            from: "1.0.0+1".into(),
+            to: "2.0.0+1".into(),
+            status: UpdateStatus::Installed,
+            error: None,
+        };
+        fleet
+            .save(Deferred::Report {
+                report,
+                at_ms: 50_000,
+            })
+            .await
+            .unwrap();
+        assert_eq!(fleet.contacts_pending(), 0);
+        fleet.flush_contacts().await;
+        let a = fleet.db.agent("a").await.unwrap().unwrap();
+        assert_eq!((a.version.as_str(), a.last_contact), ("2.0.0+1", 50));
+        assert_eq!(a.update_status.as_deref(), Some("INSTALLED"));
+    }
+
+    #[tokio::test]
+    async fn contacts_join_the_spool_while_the_database_is_away() {
+        let home = tempfile::tempdir().unwrap();
+        let fleet = fleet(home.path()).await;
+        fleet.save(contact("a", "1.0.0+1", 10)).await.unwrap();
+        fleet.contact(contact("a", "1.0.0+1", 20)).await.unwrap();
+        fleet
+            .outage
+            .went_down(&FleetError::Config("test: the database went away".into()));
+        fleet.flush_contacts().await;
+        assert_eq!((fleet.contacts_pending(), fleet.outage.queued()), (0, 1));
+        fleet.drain().await;
+        assert_eq!(fleet.db.agent("a").await.unwrap().unwrap().last_contact, 20);
+    }
+
+    #[tokio::test]
+    async fn a_token_forgotten_on_another_server_is_no_longer_trusted_from_memory() {
+        let home = tempfile::tempdir().unwrap();
+        let here = fleet(home.path()).await;
+        let there = fleet(home.path()).await;
+        here.save(contact("a", "1.0.0+1", 10)).await.unwrap();
+        here.remember_verified("a", "hash-a");
+        here.remember_verified("b", "hash-b");
+        assert!(here.verified("a", "hash-a") && !here.verified("a", "hash-b"));
+        // Nothing changed in the fleet: what was verified stays.
+        let revision = here
+            .db
+            .setting(settings::CREDENTIALS_REVISION)
+            .await
+            .unwrap();
+        here.credentials_changed(revision);
+        assert!(here.verified("b", "hash-b"));
+        assert!(there.forget_token("a").await.unwrap());
+        assert!(!there.forget_token("nobody").await.unwrap());
+        let revision = here
+            .db
+            .setting(settings::CREDENTIALS_REVISION)
+            .await
+            .unwrap();
+        here.credentials_changed(revision);
+        assert!(!here.verified("a", "hash-a") && !here.verified("b", "hash-b"));
+    }
 }

@@ -67,7 +67,8 @@ pub enum Deferred {
 }
 
 impl Deferred {
-    fn agent(&self) -> &str {
+    /// The agent this write is about.
+    pub fn agent(&self) -> &str {
         match self {
             Deferred::Contact { id, .. } => id,
             Deferred::Report { report, .. } => &report.id,

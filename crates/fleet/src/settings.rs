@@ -6,6 +6,10 @@ pub const AUTO_UPDATE: &str = "auto-update";
 /// Where a single server kept its download limit before limits were per server.
 pub const DOWNLOAD_LIMIT: &str = "downloads.limit";
 
+/// Moved whenever an operator forgets an agent's token, so every server of the fleet
+/// drops the tokens it verified lately (see `Fleet::verified`) within a settings poll.
+pub const CREDENTIALS_REVISION: &str = "credentials.revision";
+
 /// Each server's own download limit, keyed by its `server.name`.
 pub fn download_limit_key(server: &str) -> String {
     format!("{DOWNLOAD_LIMIT}@{server}")

@@ -17,6 +17,7 @@ pub mod error;
 pub mod limiter;
 pub mod metrics;
 pub mod opamp;
+pub mod pacer;
 pub mod routes;
 pub mod store;
 pub mod tls;
@@ -113,6 +114,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             max_wait: Duration::from_secs(config.agents.max_wait),
             public_url: config.public_url(),
             opamp_sockets: Default::default(),
+            pacer: Arc::default(),
         }),
     })
 }
@@ -140,6 +142,22 @@ pub const ROLLOUT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Keeps the fleet's rollouts moving (the bundle's and each configuration set's):
 /// follows the served bundle, times out agents, opens and completes waves.
+/// Hands held agents their turns to be told, as download slots free up (see [`pacer`]).
+fn spawn_pacer(state: &AppState) {
+    let s = Arc::clone(&state.inner);
+    tokio::spawn(async move {
+        s.pacer
+            .run(|| {
+                pacer::free_slots(
+                    s.download_limit.load(std::sync::atomic::Ordering::Relaxed),
+                    s.limiter.in_flight(),
+                    s.fleet.auto_update(),
+                )
+            })
+            .await;
+    });
+}
+
 fn spawn_rollout_loop(state: &AppState) {
     let store = Arc::clone(&state.inner.store);
     let rollouts = Arc::clone(&state.inner.fleet.rollouts);
@@ -232,6 +250,7 @@ pub async fn serve(
     let state = build_state(&config).await?;
     let metrics = Arc::clone(&state.inner.metrics);
     let news = Arc::clone(state.inner.fleet.rollouts.news());
+    let fleet = Arc::clone(&state.inner.fleet);
     tracing::info!(
         "update-server listening on {}://{local} (home {})",
         if config.tls_files().is_some() {
@@ -245,7 +264,9 @@ pub async fn serve(
     println!("listening on {local}");
 
     spawn_rollout_loop(&state);
+    spawn_pacer(&state);
     state.inner.fleet.spawn_drain();
+    state.inner.fleet.spawn_contact_flush();
     state.inner.fleet.spawn_settings_poll();
     let store = Arc::clone(&state.inner.store);
     tokio::spawn(async move {
@@ -284,6 +305,8 @@ pub async fn serve(
         tls,
     };
     conn::serve(listener, router, metrics, announced, grace).await;
+    // The last contacts heard are written before the server goes.
+    fleet.flush_contacts().await;
     Ok(())
 }
 

@@ -541,6 +541,25 @@ impl Rollouts {
         }))
     }
 
+    /// Whether the directive for `agent`, as this server last read the rollout and the
+    /// agent's wave, refuses `version`: no query, nothing recorded. False when this
+    /// server does not know the agent's wave (or the rollout is not its own).
+    pub fn would_refuse(&self, agent: &str, version: &AgentVersion) -> bool {
+        let (Some(current), true) = (self.current(), lock(&self.served).is_some()) else {
+            return false;
+        };
+        if self.mismatch().is_some() {
+            return false;
+        }
+        let wave = {
+            let members = lock(&self.members);
+            (members.0 == current.id)
+                .then(|| members.1.get(agent).map(|m| m.wave))
+                .flatten()
+        };
+        wave.is_some_and(|wave| !self.accepts(&current, version, wave))
+    }
+
     /// For agents that are offered the bundle instead of being refused (OpAMP's
     /// `AcceptsPackages` agents): the rollout's target when the agent's wave is open
     /// and it does not run the target yet (`version`, if it says one). Places the agent

@@ -83,6 +83,8 @@ pub(super) async fn agents(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     authorize(s, &headers)?;
+    // What people read is as fresh as what the server heard.
+    s.fleet.flush_contacts().await;
     let rows = s
         .fleet
         .db
@@ -137,7 +139,7 @@ pub(super) async fn forget_token(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     authorize(s, &headers)?;
-    if !s.fleet.db.forget_token(&id).await? {
+    if !s.fleet.forget_token(&id).await? {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("no agent {id:?} is known"),
@@ -230,6 +232,7 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
     let (by_version, by_status, waves, health) = if s.fleet.outage.is_down() {
         Default::default()
     } else {
+        s.fleet.flush_contacts().await;
         let (by_version, by_status) = s.fleet.db.fleet_counts().await?;
         let health = Some(s.fleet.db.health_counts().await?);
         (

@@ -173,7 +173,10 @@ pub(super) struct Hold {
 /// `POST /agent/connect`: the directive, like register; with `wait`, a long poll held
 /// until the answer is news to the agent, `wait` (at most `agents.max-wait`) runs out,
 /// or the server stops. While it waits it costs a task and a watch receiver: it is
-/// woken by [`agent_fleet::news`], never by reading the database.
+/// woken by [`agent_fleet::news`], never by reading the database. An agent whose wave
+/// opened is told when [`crate::pacer`] gives it its turn; its re-held connects are
+/// checked against the token it proved before and its contact goes with the next
+/// batch, so holding a fleet costs the database a commit a second.
 pub(super) async fn connect(
     State(state): State<AppState>,
     Query(hold): Query<Hold>,
@@ -202,6 +205,19 @@ pub(super) async fn connect(
             () = tokio::time::sleep_until(deadline) => break,
             _ = closing.wait_for(|c| *c) => break,
         }
+        // Its wave opened: it waits for its turn to be told (see `crate::pacer`), so
+        // that a wave of thousands starts downloads the server can serve.
+        if matches!(greeting, Greeting::Accepted { .. })
+            && s.fleet
+                .rollouts
+                .would_refuse(&hello.hello.id, &hello.version)
+        {
+            tokio::select! {
+                () = s.pacer.turn() => {}
+                () = tokio::time::sleep_until(deadline) => {}
+                _ = closing.wait_for(|c| *c) => {}
+            }
+        }
         greeting = reconsider(s, &hello).await?;
         if s.fleet.auto_update() != switch {
             break;
@@ -225,18 +241,24 @@ async fn greet(s: &Shared, hello: &Hello, headers: &HeaderMap) -> Result<Greetin
         Verdict::Allow { issue } => issue,
         Verdict::Deny(why) => return Err(unauthorized(&hello.hello.id, why)),
     };
-    s.fleet
-        .save(Deferred::Contact {
-            id: hello.hello.id.clone(),
-            name: hello.hello.name.clone(),
-            platform: hello.hello.platform.clone(),
-            version: hello.version.to_string(),
-            group: hello.hello.group.clone(),
-            config_hash: Some(hello.config_hash.clone()),
-            at: now_secs(),
-            health: hello.hello.health.clone().map(bounded_health),
-        })
-        .await?;
+    let contact = Deferred::Contact {
+        id: hello.hello.id.clone(),
+        name: hello.hello.name.clone(),
+        platform: hello.hello.platform.clone(),
+        version: hello.version.to_string(),
+        group: hello.hello.group.clone(),
+        config_hash: Some(hello.config_hash.clone()),
+        at: now_secs(),
+        health: hello.hello.health.clone().map(bounded_health),
+    };
+    if issue {
+        // Its row must exist before its token is written into it.
+        s.fleet.save(contact).await?;
+    } else {
+        // A known agent's contact goes with the next batch: a held connect a heartbeat
+        // costs no write of its own.
+        s.fleet.contact(contact).await?;
+    }
     // Credentials are issued once, in the database; while it is away, the agent gets
     // its token at a later register.
     let token = if issue && !s.fleet.outage.is_down() {
@@ -386,16 +408,24 @@ pub(super) async fn authenticate(
     id: &str,
     headers: &HeaderMap,
 ) -> Result<Verdict, ApiError> {
+    let presented = bearer(headers);
+    // An agent re-holding its connect proves the token it proved a moment ago: memory
+    // answers, until an operator forgets a token somewhere in the fleet.
+    let hash = presented.map(credentials::hash_token);
+    if let Some(hash) = &hash
+        && s.fleet.verified(id, hash)
+    {
+        return Ok(Verdict::Allow { issue: false });
+    }
     let known = known_credentials(s, id).await?;
     let enrollment = headers
         .get(wire::ENROLLMENT_HEADER)
         .and_then(|v| v.to_str().ok());
-    Ok(credentials::decide(
-        &known,
-        bearer(headers),
-        &s.enrollment_token,
-        enrollment,
-    ))
+    let verdict = credentials::decide(&known, presented, &s.enrollment_token, enrollment);
+    if let (Verdict::Allow { issue: false }, Some(hash)) = (&verdict, &hash) {
+        s.fleet.remember_verified(id, hash);
+    }
+    Ok(verdict)
 }
 
 pub(super) fn unauthorized(id: &str, why: &'static str) -> ApiError {

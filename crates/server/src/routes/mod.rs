@@ -65,6 +65,8 @@ pub struct Shared {
     pub public_url: String,
     /// The OpAMP WebSockets open now, by agent.
     pub opamp_sockets: crate::opamp::ws::Sockets,
+    /// Turns for held agents about to be told that their wave opened.
+    pub pacer: Arc<crate::pacer::Pacer>,
 }
 
 pub fn app(state: AppState) -> Router {

@@ -48,6 +48,8 @@ fn agent_of(a: AgentRow) -> Agent {
 /// Every agent of the fleet, by id, as `/admin/agents` lists them but for their wave
 /// (a second read of every agent; [`add_waves`] adds it to the few shown).
 pub async fn agents(s: &Shared) -> Result<Vec<Agent>, FleetError> {
+    // What people read is as fresh as what the server heard.
+    s.fleet.flush_contacts().await;
     let opamp = s.fleet.db.opamp_agents().await?;
     Ok(s.fleet
         .db
@@ -85,6 +87,7 @@ pub async fn add_waves(s: &Shared, agents: &mut [Agent]) -> Result<(), FleetErro
 
 /// One agent, if the fleet knows it.
 pub async fn agent(s: &Shared, id: &str) -> Result<Option<Agent>, FleetError> {
+    s.fleet.flush_contacts().await;
     let Some(a) = s.fleet.db.agent(id).await? else {
         return Ok(None);
     };
