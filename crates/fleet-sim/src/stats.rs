@@ -68,6 +68,29 @@ impl Stats {
         s.window.push(micros);
     }
 
+    /// Sends `request`; when no answer comes, counts an error of `endpoint` by its kind
+    /// (timeout, connect, request) and gives `None`.
+    pub async fn send(
+        &self,
+        endpoint: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Option<reqwest::Response> {
+        match request.send().await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                let kind = if e.is_timeout() {
+                    "timeout"
+                } else if e.is_connect() {
+                    "connect"
+                } else {
+                    "request"
+                };
+                self.error(format!("{endpoint}: {kind}"));
+                None
+            }
+        }
+    }
+
     pub fn error(&self, kind: String) {
         *self
             .errors

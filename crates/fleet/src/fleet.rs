@@ -357,26 +357,11 @@ pub async fn write(
     w: &Deferred,
 ) -> Result<(), FleetError> {
     match w {
-        Deferred::Contact {
-            id,
-            name,
-            platform,
-            version,
-            group,
-            config_hash,
-            at,
-            health,
-        } => {
-            db.touch_agent(&Contact {
-                id,
-                name,
-                platform,
-                version,
-                group: group.as_deref(),
-                config_hash: config_hash.as_deref(),
-                at: *at,
-            })
-            .await?;
+        Deferred::Contact { id, at, .. } => {
+            let Some((contact, health)) = contact_row(w) else {
+                return Ok(());
+            };
+            db.touch_agent(&contact).await?;
             match health {
                 Some(health) => db.record_health(id, health, *at).await,
                 None => Ok(()),

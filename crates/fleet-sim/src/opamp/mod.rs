@@ -171,19 +171,8 @@ impl OpampAgent {
         }
         let endpoint = "opamp (http)";
         let started = Instant::now();
-        let response = match request.send().await {
-            Ok(r) => r,
-            Err(e) => {
-                let kind = if e.is_timeout() {
-                    "timeout"
-                } else if e.is_connect() {
-                    "connect"
-                } else {
-                    "request"
-                };
-                shared.stats.error(format!("{endpoint}: {kind}"));
-                return Posted::Failed;
-            }
+        let Some(response) = shared.stats.send(endpoint, request).await else {
+            return Posted::Failed;
         };
         let status = response.status();
         let retry_after = response

@@ -105,20 +105,7 @@ async fn get(
         request = request.header(reqwest::header::RANGE, range);
     }
     let started = Instant::now();
-    let response = match request.send().await {
-        Ok(r) => r,
-        Err(e) => {
-            let kind = if e.is_timeout() {
-                "timeout"
-            } else if e.is_connect() {
-                "connect"
-            } else {
-                "request"
-            };
-            shared.stats.error(format!("{endpoint}: {kind}"));
-            return None;
-        }
-    };
+    let response = shared.stats.send(endpoint, request).await?;
     let status = response.status();
     let headers = response.headers().clone();
     let mut hasher = hasher.filter(|_| status.is_success());
