@@ -488,18 +488,7 @@ fn a_set_pushed_on_one_server_is_delivered_by_another_on_postgresql() {
     let ctx = TestContext::new();
     let (key, _) = ctx.keygen("keys");
     let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
-    let url = pg.url();
-    let env = |name| {
-        [
-            ("UPDATE_SERVER_DATABASE_URL", url.as_str()),
-            ("UPDATE_SERVER_SERVER_NAME", name),
-            ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN),
-        ]
-    };
-    let a = ctx.server("srv-a", &env("a"));
-    let b = ctx.server("srv-b", &env("b"));
-    ctx.publish_served(&a, &b1);
-    ctx.publish_served(&b, &b1);
+    let (a, b) = e2e::two_servers_on(&ctx, &pg, TOKEN, &b1);
     let mut agent = SimAgent::new("agent-pg", "1.0.0+1", "");
     assert_eq!(agent.connect(&b).0, 200);
     let (status, body) = put_set(&a, "default", &files(&[("web.yml", "on postgres\n")]));

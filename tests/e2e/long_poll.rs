@@ -157,25 +157,13 @@ fn a_degraded_agent_takes_a_fixed_bundle_within_two_seconds() {
     });
 }
 
-/// Registers `id` (version 1.0.0+1) with curl `base` args and returns its token.
 #[test]
 fn a_set_pushed_on_one_server_reaches_an_agent_held_on_the_other_within_five_seconds() {
     let pg = Postgres::start();
     let ctx = TestContext::new();
     let (key, _) = ctx.keygen("keys");
     let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
-    let url = pg.url();
-    let env = |name| {
-        [
-            ("UPDATE_SERVER_DATABASE_URL", url.as_str()),
-            ("UPDATE_SERVER_SERVER_NAME", name),
-            ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN),
-        ]
-    };
-    let a = ctx.server("srv-a", &env("a"));
-    let b = ctx.server("srv-b", &env("b"));
-    ctx.publish_served(&a, &b1);
-    ctx.publish_served(&b, &b1);
+    let (a, b) = e2e::two_servers_on(&ctx, &pg, TOKEN, &b1);
     // The agent knows only b, and holds its connect there.
     let home = held_agents(&ctx, &b, &b1, 1).remove(0);
     let auth = format!("Bearer {TOKEN}");

@@ -1051,3 +1051,26 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
+
+/// Two servers, `a` and `b`, sharing the fleet database `pg`, both with admin token
+/// `token` and both publishing `bundle`.
+pub fn two_servers_on(
+    ctx: &TestContext,
+    pg: &Postgres,
+    token: &str,
+    bundle: &Path,
+) -> (ServerProc, ServerProc) {
+    let url = pg.url();
+    let env = |name| {
+        [
+            ("UPDATE_SERVER_DATABASE_URL", url.as_str()),
+            ("UPDATE_SERVER_SERVER_NAME", name),
+            ("UPDATE_SERVER_ADMIN_TOKEN", token),
+        ]
+    };
+    let a = ctx.server("srv-a", &env("a"));
+    let b = ctx.server("srv-b", &env("b"));
+    ctx.publish_served(&a, bundle);
+    ctx.publish_served(&b, bundle);
+    (a, b)
+}
