@@ -517,23 +517,10 @@ impl Rollouts {
         let accepted = self.accepts(&current, version, member.wave);
         let now = now_ms();
         if on_target && !member.done {
-            // Running the target proves the install, even if its report got lost.
-            store::set_outcome(
-                self.db.pool(),
-                BUNDLES,
-                current.id,
-                agent,
-                store::INSTALLED,
-                None,
-                now,
-            )
-            .await?;
-            self.remember(current.id, agent, |m| m.done = true);
-            self.wake.notify_one();
+            self.installed_by_running(&current, agent, now).await?;
         }
         if !accepted && !member.told {
-            store::mark_told(self.db.pool(), BUNDLES, current.id, agent, now).await?;
-            self.remember(current.id, agent, |m| m.told = true);
+            self.mark_told(&current, agent, now).await?;
         }
         Ok(Some(Answer {
             accepted,
@@ -582,18 +569,7 @@ impl Rollouts {
         let now = now_ms();
         if on_target {
             if !member.done {
-                store::set_outcome(
-                    self.db.pool(),
-                    BUNDLES,
-                    current.id,
-                    agent,
-                    store::INSTALLED,
-                    None,
-                    now,
-                )
-                .await?;
-                self.remember(current.id, agent, |m| m.done = true);
-                self.wake.notify_one();
+                self.installed_by_running(&current, agent, now).await?;
             }
             return Ok(None);
         }
@@ -602,10 +578,44 @@ impl Rollouts {
             return Ok(None);
         }
         if !member.told {
-            store::mark_told(self.db.pool(), BUNDLES, current.id, agent, now).await?;
-            self.remember(current.id, agent, |m| m.told = true);
+            self.mark_told(&current, agent, now).await?;
         }
         Ok(Some(current.version.clone()))
+    }
+
+    /// Records `agent` installed: running the target proves the install, even if its
+    /// report got lost.
+    async fn installed_by_running(
+        &self,
+        current: &RolloutRow,
+        agent: &str,
+        now: i64,
+    ) -> Result<(), FleetError> {
+        store::set_outcome(
+            self.db.pool(),
+            BUNDLES,
+            current.id,
+            agent,
+            store::INSTALLED,
+            None,
+            now,
+        )
+        .await?;
+        self.remember(current.id, agent, |m| m.done = true);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Records that `agent` was told to update (its deadline starts).
+    async fn mark_told(
+        &self,
+        current: &RolloutRow,
+        agent: &str,
+        now: i64,
+    ) -> Result<(), FleetError> {
+        store::mark_told(self.db.pool(), BUNDLES, current.id, agent, now).await?;
+        self.remember(current.id, agent, |m| m.told = true);
+        Ok(())
     }
 
     /// Not this server's rollout: refuse no one on a version of the fleet, and send the
