@@ -212,14 +212,20 @@ fn node_exporter_from_the_bundle_runs_answers_and_stops_with_the_wrapper() {
     );
 }
 
-#[test]
-fn a_killed_workload_is_restarted_with_growing_delays_and_its_exits_logged() {
+/// Agent 1.0.0 carrying the exporter, installed and pointed at no server.
+fn installed_without_server() -> (TestContext, PathBuf, u16) {
     let ctx = TestContext::new();
     let (key, _) = ctx.keygen("keys");
     let port = free_port();
     let dist = exporter_dist(&ctx, "d1", port);
     let home = ctx.install(&ctx.pack(&dist, "1.0.0", "1", &key, "b1"), "p");
     no_server(&home);
+    (ctx, home, port)
+}
+
+#[test]
+fn a_killed_workload_is_restarted_with_growing_delays_and_its_exits_logged() {
+    let (_ctx, home, port) = installed_without_server();
     start(&home);
     let mut pid = wait_healthy(&home, port);
     let mut gaps = Vec::new();
@@ -259,12 +265,7 @@ fn a_killed_workload_is_restarted_with_growing_delays_and_its_exits_logged() {
 
 #[test]
 fn a_sigkilled_agent_leaves_exactly_one_workload() {
-    let ctx = TestContext::new();
-    let (key, _) = ctx.keygen("keys");
-    let port = free_port();
-    let dist = exporter_dist(&ctx, "d1", port);
-    let home = ctx.install(&ctx.pack(&dist, "1.0.0", "1", &key, "b1"), "p");
-    no_server(&home);
+    let (_ctx, home, port) = installed_without_server();
     fs::write(home.join("conf/agent-env.sh"), QUICK).unwrap();
     start(&home);
     let old = wait_healthy(&home, port);
