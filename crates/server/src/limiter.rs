@@ -56,11 +56,19 @@ pub struct Slot {
 impl Slot {
     /// Gives the place back now; true if this call did (not an earlier one).
     pub fn release(&self) -> bool {
-        let first = !self.released.swap(true, Ordering::AcqRel);
-        if first {
+        self.release_after(|| ())
+    }
+
+    /// Gives the place back now, running `first` before the place is seen free, only if
+    /// this call is the one that gives it back: a count of why slots were freed is then
+    /// never behind the number in flight.
+    pub fn release_after(&self, first: impl FnOnce()) -> bool {
+        let mine = !self.released.swap(true, Ordering::AcqRel);
+        if mine {
+            first();
             self.limiter.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
-        first
+        mine
     }
 
     /// A handle that can release this slot from elsewhere (a watchdog task).

@@ -349,21 +349,24 @@ impl Progress {
     }
 }
 
+/// How often a download's stall is looked for.
+fn stall_step(stall: Duration) -> Duration {
+    (stall / 4).clamp(Duration::from_millis(50), Duration::from_secs(1))
+}
+
 /// Frees the slot of a download that hands no bytes to its connection for `stall`. Over
 /// HTTP/1.1 the connection's own clock ends it too; over HTTP/2 a client that stops
 /// reading stops the body being asked for at all, and only this notices.
 fn watch_for_stall(slot: Slot, progress: Arc<Progress>, stall: Duration, metrics: Arc<Metrics>) {
     tokio::spawn(async move {
-        let step = (stall / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let step = stall_step(stall);
         loop {
             tokio::time::sleep(step).await;
             if progress.done.load(Ordering::Relaxed) {
                 return;
             }
             if progress.idle_for() >= stall {
-                if slot.release() {
-                    inc(&metrics.stalled);
-                }
+                slot.release_after(|| inc(&metrics.stalled));
                 return;
             }
         }
@@ -373,11 +376,17 @@ fn watch_for_stall(slot: Slot, progress: Arc<Progress>, stall: Duration, metrics
 impl Drop for SlotBody {
     fn drop(&mut self) {
         self.progress.done.store(true, Ordering::Relaxed);
-        // Ended for stalling (its connection's clock fired): counted here, once.
-        let stalled = self.sent < self.data.len() && self.progress.idle_for() >= self.stall;
-        if self.slot.release() && stalled {
-            inc(&self.metrics.stalled);
-        }
+        // Ended for stalling (its connection's clock fired): counted here, once. That clock
+        // starts at the last byte written, and hyper may ask for one more chunk after it,
+        // so the body's own clock can be short of `stall` by a moment: a watcher's step
+        // of slack, since a client that just goes away leaves far sooner than that.
+        let slack = stall_step(self.stall);
+        let stalled = self.sent < self.data.len() && self.progress.idle_for() + slack >= self.stall;
+        self.slot.release_after(|| {
+            if stalled {
+                inc(&self.metrics.stalled);
+            }
+        });
     }
 }
 
