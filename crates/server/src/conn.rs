@@ -29,10 +29,11 @@ use http_body::Frame;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
+use crate::held;
 use crate::metrics::{Metrics, inc};
 
 /// Largest request head (request line and headers) a client may send.
@@ -375,11 +376,15 @@ impl ConnHold {
 }
 
 /// Serves one request of a connection through the router, counting it as active.
-async fn handle(
+async fn handle<B>(
     router: Router,
     state: Arc<ConnState>,
-    req: Request<Incoming>,
-) -> Result<Response<GuardedBody>, Infallible> {
+    req: Request<B>,
+) -> Result<Response<GuardedBody>, Infallible>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
     state.request_started();
     let guard = RequestGuard(Arc::clone(&state));
     let mut req = req.map(Body::new);
@@ -478,12 +483,109 @@ async fn serve_io<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service =
-        hyper::service::service_fn(move |req| handle(router.clone(), Arc::clone(&state), req));
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        handle(router.clone(), Arc::clone(&state), req)
+    });
     let conn = builder
         .serve_connection_with_upgrades(TokioIo::new(io), service)
         .into_owned();
     let _ = watcher.watch(conn).await;
+}
+
+/// Serves a plain connection: agents' API requests here (see `crate::held`: a held connect
+/// keeps no buffers), and from its first other request on, everything through hyper.
+async fn serve_plain(
+    builder: auto::Builder<TokioExecutor>,
+    mut io: Guarded<tokio::net::TcpStream>,
+    router: Router,
+    state: Arc<ConnState>,
+    watcher: hyper_util::server::graceful::Watcher,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut buf = Vec::new();
+    loop {
+        let next = tokio::select! {
+            next = held::next_request(&mut io, &mut buf, MAX_HEAD) => next,
+            // Between requests a stopping server just closes, as hyper does.
+            _ = stopping.wait_for(|s| *s), if buf.is_empty() => return,
+        };
+        let (request, asked_close) = match next {
+            Ok(held::Next::Agent { request, close }) => (request, close),
+            Ok(held::Next::Hyper) => {
+                let io = held::Prefixed::new(buf, io);
+                // Boxed: hyper's connection is kilobytes, and a connection served here
+                // should not carry room for it.
+                return Box::pin(serve_io(builder, io, router, state, watcher)).await;
+            }
+            Ok(held::Next::Closed) | Err(_) => return,
+        };
+        let call = std::pin::pin!(handle(router.clone(), Arc::clone(&state), *request));
+        let Some(response) = answer_unless_gone(call, &mut io, &mut buf).await else {
+            return;
+        };
+        let (parts, mut body) = response.into_parts();
+        let mut bytes = Vec::new();
+        while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+            match frame {
+                Ok(frame) => {
+                    if let Ok(data) = frame.into_data() {
+                        bytes.extend_from_slice(&data);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!("an agent's answer failed: {e}");
+                    return;
+                }
+            }
+        }
+        let close = asked_close || held::closes(&parts) || *stopping.borrow();
+        let written = io.write_all(&held::encode(&parts, &bytes, close)).await;
+        // The request is done once its answer is written (the body holds its guard).
+        drop(body);
+        if written.is_err() || close {
+            let _ = io.shutdown().await;
+            return;
+        }
+    }
+}
+
+/// Runs a held request to its answer, or ends it when its client goes away meanwhile (as
+/// hyper does when it reads the end of a connection under a running request). Bytes the
+/// client sends ahead are kept in `buf` for the next request.
+async fn answer_unless_gone<F, R>(
+    mut call: Pin<&mut F>,
+    io: &mut Guarded<tokio::net::TcpStream>,
+    buf: &mut Vec<u8>,
+) -> Option<R>
+where
+    F: Future<Output = Result<R, Infallible>>,
+{
+    loop {
+        tokio::select! {
+            answer = &mut call => return match answer {
+                Ok(r) => Some(r),
+                Err(never) => match never {},
+            },
+            read = read_ahead(io, buf) => if !read { return None },
+        }
+    }
+}
+
+/// Reads what a client sends while its request runs; false once it has closed. A client
+/// that pipelines more than a head's worth is not read further until it is answered.
+async fn read_ahead(io: &mut Guarded<tokio::net::TcpStream>, buf: &mut Vec<u8>) -> bool {
+    if buf.len() >= MAX_HEAD {
+        return std::future::pending().await;
+    }
+    // Small: it is part of every held connect, and a client rarely sends ahead.
+    let mut chunk = [0u8; 64];
+    match io.read(&mut chunk).await {
+        Ok(0) | Err(_) => false,
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            true
+        }
+    }
 }
 
 /// What a server needs to accept connections.
@@ -523,6 +625,8 @@ pub async fn serve(
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());
     let registry = Arc::new(Registry::default());
+    let stopping = tokio::sync::watch::Sender::new(false);
+    let (live, mut until_done) = tokio::sync::mpsc::channel::<()>(1);
     let mut next_id = 0u64;
     let mut last_accept_error = String::new();
     tokio::pin!(shutdown);
@@ -574,18 +678,25 @@ pub async fn serve(
         let watcher = graceful.watcher();
         let acceptor = acceptor.clone();
         let metrics = Arc::clone(&metrics);
+        let stopping = stopping.subscribe();
+        let live = live.clone();
         metrics.connections_open.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
             let serve = async {
                 match acceptor {
-                    None => serve_io(builder, io, router, state, watcher).await,
+                    None => serve_plain(builder, io, router, state, watcher, stopping).await,
                     // The handshake is part of the head: it gets the header clock.
+                    // Boxed: a TLS session is kilobytes, and a plain connection should not
+                    // carry room for one.
                     Some(acceptor) => {
-                        match tokio::time::timeout(timeouts.header, acceptor.accept(io)).await {
-                            Ok(Ok(tls)) => serve_io(builder, tls, router, state, watcher).await,
-                            Ok(Err(e)) => tracing::debug!("TLS handshake failed: {e}"),
-                            Err(_) => inc(&metrics.header_timeouts),
-                        }
+                        Box::pin(async {
+                            match tokio::time::timeout(timeouts.header, acceptor.accept(io)).await {
+                                Ok(Ok(tls)) => serve_io(builder, tls, router, state, watcher).await,
+                                Ok(Err(e)) => tracing::debug!("TLS handshake failed: {e}"),
+                                Err(_) => inc(&metrics.header_timeouts),
+                            }
+                        })
+                        .await
                     }
                 }
             };
@@ -596,11 +707,20 @@ pub async fn serve(
             registered.lock().remove(&watched.id);
             metrics.connections_open.fetch_sub(1, Ordering::Relaxed);
             drop(slot);
+            drop(live);
         });
     }
     drop(listener);
+    stopping.send_replace(true);
+    // Hyper's connections are watched by `graceful`; connects served beside it hold a
+    // sender each, and the channel closes when the last one is done.
+    drop(live);
+    let all_done = async {
+        graceful.shutdown().await;
+        let _ = until_done.recv().await;
+    };
     tokio::select! {
-        () = graceful.shutdown() => {}
+        () = all_done => {}
         () = tokio::time::sleep(grace) => {
             tracing::warn!("grace period over; closing the remaining downloads");
         }
@@ -659,5 +779,219 @@ mod tests {
         tokio::time::advance(Duration::from_secs(10)).await;
         io.state.bytes_read();
         assert_eq!(io.read_deadline(), Some((45_000, Expired::Header)));
+    }
+}
+#[cfg(test)]
+mod served_beside_hyper {
+    //! The agents' requests taken off hyper (`crate::held`), over real sockets.
+
+    use std::sync::atomic::AtomicBool;
+
+    use axum::routing::{get, post};
+    use tokio::net::TcpStream;
+
+    use super::*;
+
+    /// Drops set a flag: a handler's future was ended.
+    struct Dropped(Arc<AtomicBool>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    struct Server {
+        port: u16,
+        started: Arc<AtomicBool>,
+        ended: Arc<AtomicBool>,
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        done: tokio::task::JoinHandle<()>,
+    }
+
+    async fn server() -> Server {
+        let started = Arc::new(AtomicBool::new(false));
+        let ended = Arc::new(AtomicBool::new(false));
+        let (s, e) = (Arc::clone(&started), Arc::clone(&ended));
+        let router = Router::new()
+            .route(
+                "/agent/echo",
+                post(|body: String| async move { ([("x-seen", "yes")], format!("echo {body}")) }),
+            )
+            .route(
+                "/agent/hold",
+                post(move || async move {
+                    let _dropped = Dropped(e);
+                    s.store(true, Ordering::SeqCst);
+                    std::future::pending::<()>().await;
+                }),
+            )
+            .route("/other", get(|| async { "from hyper" }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let done = tokio::spawn(serve(
+            Listener {
+                listener,
+                max_connections: 64,
+                timeouts: Timeouts {
+                    header: Duration::from_secs(5),
+                    idle: Duration::from_secs(5),
+                    stall: Duration::from_secs(5),
+                },
+                tls: None,
+            },
+            router,
+            Arc::new(Metrics::default()),
+            async {
+                let _ = stopped.await;
+            },
+            Duration::from_secs(5),
+        ));
+        Server {
+            port,
+            started,
+            ended,
+            stop: Some(stop),
+            done,
+        }
+    }
+
+    /// Reads one response: its head (lower-cased) and its body, by its content-length.
+    async fn response(stream: &mut TcpStream, pending: &mut Vec<u8>) -> (String, String) {
+        loop {
+            if let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8(pending[..end].to_vec())
+                    .unwrap()
+                    .to_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                let start = end + 4;
+                while pending.len() < start + length {
+                    assert!(stream.read_buf(pending).await.unwrap() > 0, "cut short");
+                }
+                let body = String::from_utf8(pending[start..start + length].to_vec()).unwrap();
+                pending.drain(..start + length);
+                return (head, body);
+            }
+            assert!(
+                stream.read_buf(pending).await.unwrap() > 0,
+                "closed before a head"
+            );
+        }
+    }
+
+    fn request(path: &str, body: &str, extra: &str) -> String {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: t\r\n{extra}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    async fn wait_for(flag: &AtomicBool, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !flag.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn agents_requests_are_answered_in_order_then_hyper_takes_the_connection_on() {
+        let server = server().await;
+        let mut c = TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .unwrap();
+        // Two pipelined in one write, then a request that is hyper's.
+        let two = format!(
+            "{}{}",
+            request("/agent/echo", "one", ""),
+            request("/agent/echo", "two", "")
+        );
+        c.write_all(two.as_bytes()).await.unwrap();
+        let mut pending = Vec::new();
+        let (head, body) = response(&mut c, &mut pending).await;
+        assert!(head.starts_with("http/1.1 200 ok\r\n"), "{head}");
+        assert!(head.contains("\r\nx-seen: yes"), "{head}");
+        assert!(head.contains("\r\ndate: "), "{head}");
+        assert_eq!(body, "echo one");
+        assert_eq!(response(&mut c, &mut pending).await.1, "echo two");
+        // The router still refuses what it refuses, here as it would through hyper.
+        c.write_all(b"POST /agent/echo HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        let (head, _) = response(&mut c, &mut pending).await;
+        assert!(head.starts_with("http/1.1 400 "), "no Host: {head}");
+        assert!(head.contains("connection: close"), "{head}");
+        let mut c = TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .unwrap();
+        c.write_all(request("/agent/echo", "three", "").as_bytes())
+            .await
+            .unwrap();
+        assert_eq!(response(&mut c, &mut pending).await.1, "echo three");
+        c.write_all(b"GET /other HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        let (head, body) = response(&mut c, &mut pending).await;
+        assert!(head.starts_with("http/1.1 200 ok"), "{head}");
+        assert_eq!(body, "from hyper");
+        // And from then on, hyper answers the agents' requests too, the same way.
+        c.write_all(request("/agent/echo", "four", "").as_bytes())
+            .await
+            .unwrap();
+        assert_eq!(response(&mut c, &mut pending).await.1, "echo four");
+    }
+
+    #[tokio::test]
+    async fn connection_close_is_answered_and_honoured() {
+        let server = server().await;
+        let mut c = TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .unwrap();
+        c.write_all(request("/agent/echo", "x", "Connection: close\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut pending = Vec::new();
+        let (head, body) = response(&mut c, &mut pending).await;
+        assert!(head.contains("\r\nconnection: close"), "{head}");
+        assert_eq!(body, "echo x");
+        assert_eq!(c.read_buf(&mut pending).await.unwrap(), 0, "closed after");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_goes_away_ends_its_held_request() {
+        let server = server().await;
+        let mut c = TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .unwrap();
+        c.write_all(request("/agent/hold", "", "").as_bytes())
+            .await
+            .unwrap();
+        wait_for(&server.started, "the request to be held").await;
+        assert!(!server.ended.load(Ordering::SeqCst));
+        drop(c);
+        wait_for(&server.ended, "the held request to be ended").await;
+    }
+
+    #[tokio::test]
+    async fn a_stopping_server_closes_its_idle_agents_connections() {
+        let mut server = server().await;
+        let mut c = TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .unwrap();
+        c.write_all(request("/agent/echo", "x", "").as_bytes())
+            .await
+            .unwrap();
+        let mut pending = Vec::new();
+        assert_eq!(response(&mut c, &mut pending).await.1, "echo x");
+        let _ = server.stop.take().unwrap().send(());
+        assert_eq!(c.read_buf(&mut pending).await.unwrap(), 0, "closed");
+        tokio::time::timeout(Duration::from_secs(10), server.done)
+            .await
+            .expect("the server stops once its connections are done")
+            .unwrap();
     }
 }

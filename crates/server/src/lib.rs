@@ -14,6 +14,7 @@ pub mod cli;
 pub mod config;
 pub mod conn;
 pub mod error;
+pub mod held;
 pub mod limiter;
 pub mod metrics;
 pub mod opamp;

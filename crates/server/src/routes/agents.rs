@@ -196,7 +196,10 @@ pub(super) async fn connect(
     let deadline = tokio::time::Instant::now() + wait;
     // The switch decides what a refused agent may download: every agent hears it flip.
     let switch = s.fleet.auto_update();
-    let mut greeting = greet(s, &hello, &headers).await?;
+    // Boxed, like `reconsider` below: what a held connect keeps while it waits is its
+    // own few fields, not room for the database futures of its first answer.
+    let mut greeting = Box::pin(greet(s, &hello, &headers)).await?;
+    drop(headers);
     inc(&s.metrics.held_connects);
     let _holding = Holding::new(&s.metrics.connects_held);
     while !greeting.is_news(known) {
@@ -218,7 +221,7 @@ pub(super) async fn connect(
                 _ = closing.wait_for(|c| *c) => {}
             }
         }
-        greeting = reconsider(s, &hello).await?;
+        greeting = Box::pin(reconsider(s, &hello)).await?;
         if s.fleet.auto_update() != switch {
             break;
         }
