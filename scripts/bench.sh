@@ -23,13 +23,13 @@
 #   config   fleet-sim: a configuration set to 1,000 and 10,000 agents (APPLIED at the
 #            server), heartbeats vs long polls; connect latency with a config rollout vs none
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
-# BENCH_BASELINE=DIR: a checkout of an earlier commit with target/release built; update and
-# fleet then measure it too, alternating with this tree, round by round.
+# BENCH_BASELINE=DIR: a checkout of an earlier commit with target/release built; update,
+# fleet and longpoll's held agents then measure it too, alternating with this tree.
 # Needs: hyperfine, wrk, nginx, jq, minisign, python3, GNU time (installed with apt-get when
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
@@ -774,34 +774,45 @@ bench_longpoll() {
     # 30 s): peak RSS, CPU over 60 s at rest, then a first wave of 10 % opened by a new
     # bundle: how long after the wave opened each of its agents was told (the server's
     # told_at minus the wave's opened_at). Installs take longer than the measurement.
-    local rss=() cpu=() lag=()
+    # With BENCH_BASELINE, the same rounds alternate with that checkout's server (the old way).
+    local rss=() cpu=() lag=() brss=() bcpu=() blag=() variant variants=(ours)
+    [[ -n $baseline ]] && variants+=(baseline)
     for round in $(seq "$held_rounds"); do
-        port=$(free_port)
-        sim_server "$work/lh" "$port" "$b1" "UPDATE_SERVER_ROLLOUT_WAVES=10%,100%" \
-            UPDATE_SERVER_ROLLOUT_AGENT_DEADLINE=3600
-        "$bin/fleet-sim" --agents "$held" --agent-version 1.0.0+1 --heartbeat 30s --ramp 60s \
-            --download head --install-time 600s --long-poll --progress 30s \
-            --server "http://127.0.0.1:$port" --duration 240s >/dev/null 2>"$work/lh-$round.err" &
-        local sim_pid=$!
-        sleep 100
-        local c0 c1
-        c0=$(cpu_secs "$server_pid")
-        sleep 60
-        c1=$(cpu_secs "$server_pid")
-        cpu+=("$(awk -v a="$c0" -v b="$c1" 'BEGIN { printf "%.1f", (b - a) / 60 * 100 }')")
-        serve_bundle "$work/lh" "$port" "$b2"
-        sleep 20
-        rss+=("$(hwm_mib "$server_pid")")
-        curl -fsS -H "Authorization: Bearer bench" "http://127.0.0.1:$port/admin/rollout" >"$work/lh-rollout-$round.json"
-        curl -fsS -H "Authorization: Bearer bench" "http://127.0.0.1:$port/admin/agents" >"$work/lh-agents-$round.json"
-        kill "$sim_pid" 2>/dev/null || true
-        wait "$sim_pid" 2>/dev/null || true
-        stop_server
-        lag+=("$(jq -r --slurpfile r "$work/lh-rollout-$round.json" \
-            '($r[0].waves[0].opened_at) as $o | [.[] | select(.wave == 1 and .told_at != null) | (.told_at - $o)] | sort | .[(length * 0.99 | floor)] * 1000' \
-            "$work/lh-agents-$round.json")")
-        note "round $round: RSS ${rss[-1]} MiB, CPU at rest ${cpu[-1]} %, wave 1 told p99 ${lag[-1]} ms after it opened"
+        for variant in "${variants[@]}"; do
+            server_bin=$bin
+            [[ $variant == baseline ]] && server_bin=$baseline/target/release
+            port=$(free_port)
+            sim_server "$work/lh" "$port" "$b1" "UPDATE_SERVER_ROLLOUT_WAVES=10%,100%" \
+                UPDATE_SERVER_ROLLOUT_AGENT_DEADLINE=3600
+            "$bin/fleet-sim" --agents "$held" --agent-version 1.0.0+1 --heartbeat 30s --ramp 60s \
+                --download head --install-time 600s --long-poll --progress 30s \
+                --server "http://127.0.0.1:$port" --duration 240s >/dev/null 2>"$work/lh-$round.err" &
+            local sim_pid=$!
+            sleep 100
+            local c0 c1
+            c0=$(cpu_secs "$server_pid")
+            sleep 60
+            c1=$(cpu_secs "$server_pid")
+            cpu+=("$(awk -v a="$c0" -v b="$c1" 'BEGIN { printf "%.1f", (b - a) / 60 * 100 }')")
+            serve_bundle "$work/lh" "$port" "$b2"
+            sleep 20
+            rss+=("$(hwm_mib "$server_pid")")
+            curl -fsS -H "Authorization: Bearer bench" "http://127.0.0.1:$port/admin/rollout" >"$work/lh-rollout-$round.json"
+            curl -fsS -H "Authorization: Bearer bench" "http://127.0.0.1:$port/admin/agents" >"$work/lh-agents-$round.json"
+            kill "$sim_pid" 2>/dev/null || true
+            wait "$sim_pid" 2>/dev/null || true
+            stop_server
+            lag+=("$(jq -r --slurpfile r "$work/lh-rollout-$round.json" \
+                '($r[0].waves[0].opened_at) as $o | [.[] | select(.wave == 1 and .told_at != null) | (.told_at - $o)] | sort | .[(length * 0.99 | floor)] * 1000' \
+                "$work/lh-agents-$round.json")")
+            note "round $round, $variant: RSS ${rss[-1]} MiB, CPU at rest ${cpu[-1]} %, wave 1 told p99 ${lag[-1]} ms after it opened"
+            if [[ $variant == baseline ]]; then
+                brss+=("${rss[-1]}") bcpu+=("${cpu[-1]}") blag+=("${lag[-1]}")
+                unset 'rss[-1]' 'cpu[-1]' 'lag[-1]'
+            fi
+        done
     done
+    server_bin=$bin
     if [[ -n $only ]]; then
         echo "longpoll: LONGPOLL_ONLY=$only, BENCHMARKS.md left as it was" >&2
         return
@@ -832,11 +843,12 @@ connect every 30 s; its contact is written with the next batch, once a second), 
 over 60 s once all are held (100 % is one core); peak RSS (VmHWM) after a wave; then a
 bundle whose first wave is 10 % of the fleet: for each agent of that wave, the time from
 the wave's opening to the server telling it (\`told_at\` in \`/admin/agents\` minus the
-wave's \`opened_at\`), p99 over the wave. ${LONGPOLL_HELD_ROUNDS:-2} round(s); each figure median (min–max).
+wave's \`opened_at\`), p99 over the wave. ${LONGPOLL_HELD_ROUNDS:-2} round(s)$( [[ -n $baseline ]] && printf '%s' ", alternating with the baseline's server,"); each figure median (min–max).
 
-| held agents | peak RSS | CPU at rest | wave opened → agent told, p99 |
-|---|---|---|---|
-| $held | $(printf '%s\n' "${rss[@]}" | spread_as %s " MiB") | $(printf '%s\n' "${cpu[@]}" | spread_as %s " %%") | $(printf '%s\n' "${lag[@]}" | spread_as %.0f " ms") |
+| server | held agents | peak RSS | CPU at rest | wave opened → agent told, p99 |
+|---|---|---|---|---|
+| this tree | $held | $(printf '%s\n' "${rss[@]}" | spread_as %s " MiB") | $(printf '%s\n' "${cpu[@]}" | spread_as %s " %%") | $(printf '%s\n' "${lag[@]}" | spread_as %.0f " ms") |
+$( ((${#brss[@]})) && printf '| baseline %s (%s) | %s | %s | %s | %s |\n' "$(git -C "$baseline" rev-parse --short HEAD)" "every request through hyper" "$held" "$(printf '%s\n' "${brss[@]}" | spread_as %s " MiB")" "$(printf '%s\n' "${bcpu[@]}" | spread_as %s " %%")" "$(printf '%s\n' "${blag[@]}" | spread_as %.0f " ms")")
 
 Targets: under 256 MiB, under 5 % of a core, under 1 s.
 EOF2

@@ -142,6 +142,32 @@ pub fn start_file(home: &AgentHome) -> PathBuf {
     home.run().join("workload.starttime")
 }
 
+/// Put in each started workload's environment, with a value unique to that start: a
+/// workload whose agent was killed between starting it and recording its pid is found
+/// by it.
+pub const INSTANCE_ENV: &str = "AGENT_WORKLOAD_INSTANCE";
+
+/// `run/workload.starting`: the instance ([`INSTANCE_ENV`]) of the latest start, written
+/// before it.
+pub fn starting_file(home: &AgentHome) -> PathBuf {
+    home.run().join("workload.starting")
+}
+
+/// Notes the instance about to be started. Not synced: after a power loss no process of
+/// it runs to be found.
+pub fn about_to_start(home: &AgentHome, instance: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(home.run())?;
+    std::fs::write(starting_file(home), format!("{instance}\n"))
+}
+
+/// Whether a `/proc/<pid>/environ` (NUL-separated) names this instance.
+pub fn environ_names(environ: &[u8], instance: &str) -> bool {
+    let wanted = format!("{INSTANCE_ENV}={instance}");
+    environ
+        .split(|b| *b == 0)
+        .any(|var| var == wanted.as_bytes())
+}
+
 /// Records the running workload (the start time first: a pid file without its start
 /// time is never acted on).
 pub fn record(home: &AgentHome, pid: u32, ticks: u64) -> std::io::Result<()> {
@@ -158,13 +184,40 @@ fn write(path: &Path, text: &str) -> std::io::Result<()> {
 pub fn forget(home: &AgentHome) {
     let _ = std::fs::remove_file(pid_file(home));
     let _ = std::fs::remove_file(start_file(home));
+    let _ = std::fs::remove_file(starting_file(home));
 }
 
-/// A workload recorded in `run/` whose processes still run: `(pgid, live members)`.
-/// Members count only if they started no earlier than the recorded leader (a group id
-/// is not reused while any member lives, and a new group under a recycled pid starts
-/// later than the record).
+/// A workload an agent left running: the one recorded in `run/`, or else the latest
+/// one started, found by its instance in its environment. `(pgid, live members)`.
 pub fn leftover(home: &AgentHome) -> Option<(u32, Vec<u32>)> {
+    recorded(home).or_else(|| unrecorded(home))
+}
+
+/// The latest start's processes, when its agent died before recording it.
+fn unrecorded(home: &AgentHome) -> Option<(u32, Vec<u32>)> {
+    let instance = std::fs::read_to_string(starting_file(home)).ok()?;
+    let instance = instance.trim();
+    if instance.is_empty() {
+        return None;
+    }
+    let entries = std::fs::read_dir("/proc").ok()?;
+    // The workload leads its own group; any of its processes names it.
+    let pgid = entries.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        if !environ_names(&environ, instance) {
+            return None;
+        }
+        stat_fields(pid)?.get(2)?.parse::<u32>().ok()
+    })?;
+    let members: Vec<u32> = members(pgid).into_iter().map(|(p, _)| p).collect();
+    (!members.is_empty()).then_some((pgid, members))
+}
+
+/// The workload recorded in `run/` whose processes still run. Members count only if
+/// they started no earlier than the recorded leader (a group id is not reused while any
+/// member lives, and a new group under a recycled pid starts later than the record).
+fn recorded(home: &AgentHome) -> Option<(u32, Vec<u32>)> {
     let pid: u32 = std::fs::read_to_string(pid_file(home))
         .ok()?
         .trim()
@@ -210,6 +263,19 @@ mod tests {
             leftover_of(100, 5000, &[(100, 5000), (101, 5003)], Some(5000)),
             Some((100, vec![100, 101]))
         );
+    }
+
+    #[test]
+    fn an_instance_is_found_by_its_whole_variable_only() {
+        let environ = b"PATH=/bin\0AGENT_WORKLOAD_INSTANCE=abc-1\0HOME=/root\0";
+        assert!(environ_names(environ, "abc-1"));
+        assert!(!environ_names(environ, "abc"));
+        assert!(!environ_names(environ, "abc-12"));
+        assert!(!environ_names(
+            b"X_AGENT_WORKLOAD_INSTANCE=abc-1\0",
+            "abc-1"
+        ));
+        assert!(!environ_names(b"", "abc-1"));
     }
 
     #[test]
@@ -262,5 +328,44 @@ mod tests {
         assert!(members(pgid).is_empty());
         assert_eq!(stop(pgid, Duration::from_secs(10)).await, Stopped::Gone);
         reaper.join().unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_workload_started_but_never_recorded_is_found_by_its_instance() {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let home = AgentHome::new(dir.path());
+        let instance = uuid::Uuid::now_v7().simple().to_string();
+        about_to_start(&home, &instance).unwrap();
+        // As an agent killed right after the start: no pid file, no start time.
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "sleep 60 & sleep 60; wait"])
+            .env(INSTANCE_ENV, &instance)
+            .process_group(0);
+        let mut child = cmd.spawn().unwrap();
+        let pgid = child.id();
+        let reaper = std::thread::spawn(move || child.wait());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while members(pgid).len() < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "the group never had its three processes"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(!pid_file(&home).exists());
+        let (found, mut members_found) = leftover(&home).expect("found by its instance");
+        assert_eq!(found, pgid);
+        members_found.sort_unstable();
+        let mut all: Vec<u32> = members(pgid).into_iter().map(|(p, _)| p).collect();
+        all.sort_unstable();
+        assert_eq!(members_found, all);
+        // Another instance's note finds nothing of it.
+        about_to_start(&home, "someone-else").unwrap();
+        assert_eq!(leftover(&home), None);
+        stop(pgid, Duration::from_secs(10)).await;
+        reaper.join().unwrap().unwrap();
+        forget(&home);
+        assert!(!starting_file(&home).exists());
     }
 }

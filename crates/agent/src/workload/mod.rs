@@ -355,9 +355,16 @@ fn start(
             return;
         }
     };
+    // Noted before the start: a kill before the pid is recorded must not leave a
+    // workload the next agent cannot find (it would hold the port of the next one).
+    let instance = uuid::Uuid::now_v7().simple().to_string();
+    if let Err(e) = group::about_to_start(home, &instance) {
+        tracing::warn!("cannot note the workload's start in run/: {e}");
+    }
     let mut cmd = tokio::process::Command::new(&program);
     cmd.args(spec.argv.iter().skip(1))
         .envs(&spec.env)
+        .env(group::INSTANCE_ENV, &instance)
         .env_remove("AGENT_UPDATER_ACTIVE")
         .current_dir(&spec.home)
         .stdin(Stdio::null())
