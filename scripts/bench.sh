@@ -843,7 +843,7 @@ connect every 30 s; its contact is written with the next batch, once a second), 
 over 60 s once all are held (100 % is one core); peak RSS (VmHWM) after a wave; then a
 bundle whose first wave is 10 % of the fleet: for each agent of that wave, the time from
 the wave's opening to the server telling it (\`told_at\` in \`/admin/agents\` minus the
-wave's \`opened_at\`), p99 over the wave. ${LONGPOLL_HELD_ROUNDS:-2} round(s)$( [[ -n $baseline ]] && printf '%s' ", alternating with the baseline's server,"); each figure median (min–max).
+wave's \`opened_at\`), p99 over the wave. ${LONGPOLL_HELD_ROUNDS:-2} round(s)$( [[ -n $baseline ]] && printf '%s' ", alternating with the baseline's server"); each figure median (min–max).
 
 | server | held agents | peak RSS | CPU at rest | wave opened → agent told, p99 |
 |---|---|---|---|---|
