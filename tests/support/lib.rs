@@ -491,18 +491,40 @@ impl TestContext {
 
     /// Like [`TestContext::server`], on `port` (to restart a server where it was).
     pub fn server_on(&self, home: &str, port: u16, env: &[(&str, &str)]) -> ServerProc {
-        let server = self.spawn_server(home, port, env);
+        let mut server = self.spawn_server(home, port, env);
         // Generous: a loaded machine (a whole suite in parallel) can take a while to
         // bring a server up after a SIGKILL; the tests time behaviour, not startup.
-        wait_until(
-            Duration::from_secs(60),
-            "update-server to answer /healthz",
-            || {
-                http(port, "GET", "/healthz", &[])
-                    .map(|r| r.status == 200)
-                    .unwrap_or(false)
-            },
-        );
+        let start = Instant::now();
+        while !http(port, "GET", "/healthz", &[]).is_ok_and(|r| r.status == 200) {
+            let gone = pid_gone(server.pid);
+            let log = fs::read_to_string(server.home.join("server.log")).unwrap_or_default();
+            // A port given back (a server restarted on it) can be taken for a moment as
+            // the local port of another test's connection: try it again.
+            if gone
+                && start.elapsed() < Duration::from_secs(60)
+                && log
+                    .lines()
+                    .last()
+                    .is_some_and(|l| l.contains("cannot listen on"))
+            {
+                std::thread::sleep(Duration::from_millis(200));
+                server = self.spawn_server(home, port, env);
+                continue;
+            }
+            if gone || start.elapsed() > Duration::from_secs(60) {
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                panic!(
+                    "update-server on port {port} {} /healthz; the end of its log:\n{}",
+                    if gone {
+                        "exited without answering"
+                    } else {
+                        "did not answer within 60s on"
+                    },
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         server
     }
 
