@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use axum::http::{HeaderName, HeaderValue, Method, Request, Version, header, response};
+use axum::http::{HeaderName, HeaderValue, Method, Request, StatusCode, Version, header, response};
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
@@ -208,16 +208,24 @@ pub fn encode(parts: &response::Parts, body: &[u8], close: bool) -> Vec<u8> {
     if close {
         out.extend_from_slice(b"connection: close\r\n");
     }
-    out.extend_from_slice(b"content-length: ");
-    out.extend_from_slice(body.len().to_string().as_bytes());
-    out.extend_from_slice(b"\r\n");
+    // RFC 9110 §8.6: no length on an answer that cannot have a body.
+    let bodiless = parts.status.is_informational()
+        || parts.status == StatusCode::NO_CONTENT
+        || parts.status == StatusCode::NOT_MODIFIED;
+    if !bodiless {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(body.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     if !parts.headers.contains_key(header::DATE) {
         out.extend_from_slice(b"date: ");
         out.extend_from_slice(httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes());
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(body);
+    if !bodiless {
+        out.extend_from_slice(body);
+    }
     out
 }
 
@@ -401,7 +409,7 @@ mod tests {
     #[test]
     fn a_response_is_encoded_with_its_length_and_a_date() {
         let (mut parts, ()) = axum::http::Response::new(()).into_parts();
-        parts.status = axum::http::StatusCode::CONFLICT;
+        parts.status = StatusCode::CONFLICT;
         parts.headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -420,6 +428,11 @@ mod tests {
         assert!(!closes(&parts));
         let closing = String::from_utf8(encode(&parts, b"", true)).unwrap();
         assert!(closing.contains("\r\nconnection: close\r\n"));
+        parts.status = StatusCode::NO_CONTENT;
+        let empty = String::from_utf8(encode(&parts, b"", false)).unwrap();
+        assert!(empty.starts_with("HTTP/1.1 204 No Content\r\n"), "{empty}");
+        assert!(!empty.contains("content-length"), "{empty}");
+        assert!(empty.ends_with("\r\n\r\n"));
     }
 
     #[tokio::test]
