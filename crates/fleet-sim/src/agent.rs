@@ -377,16 +377,7 @@ impl SimAgent {
             match answer.map(|a| (a.status, a.headers)) {
                 Some((status, _)) if status.is_success() => return true,
                 Some((StatusCode::SERVICE_UNAVAILABLE, headers)) => {
-                    let told = headers
-                        .get(reqwest::header::RETRY_AFTER)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.trim().parse::<u64>().ok())
-                        .unwrap_or(30);
-                    shared.count_busy();
-                    // Never earlier than told, spread over half as long again.
-                    let wait = Duration::from_secs(told)
-                        + Duration::from_secs_f64(told as f64 / 2.0 * rand::rng().random::<f64>());
-                    if shared.sleep(wait).await {
+                    if shared.wait_out_busy(&headers).await {
                         return false;
                     }
                 }

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agent_protocol::AgentVersion;
+use rand::Rng;
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -106,6 +107,16 @@ impl Shared {
             () = tokio::time::sleep(wait) => false,
             _ = stop.changed() => true,
         }
+    }
+
+    /// A download refused as busy (`503`/`429`): counts it and waits out its
+    /// `Retry-After` (30 s when it names none), never earlier than told, spread over half
+    /// as long again. True if the simulation stopped meanwhile.
+    pub async fn wait_out_busy(&self, headers: &reqwest::header::HeaderMap) -> bool {
+        let told = retry_after(headers).unwrap_or(Duration::from_secs(30));
+        self.count_busy();
+        let spread = told.mul_f64(0.5 * rand::rng().random::<f64>());
+        self.sleep(told + spread).await
     }
 
     /// False during the warm-up: latencies are not counted then.
@@ -214,6 +225,15 @@ async fn fetch_rollout(
 }
 
 /// Runs the simulation to its end; prints progress to stderr.
+/// A `Retry-After` in whole seconds, as the server sends it.
+pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    headers
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
 pub async fn run(options: Options) -> anyhow::Result<Report> {
     if options.servers.is_empty() {
         anyhow::bail!("name at least one server (--server URL)");

@@ -883,6 +883,13 @@ mod served_beside_hyper {
         }
     }
 
+    /// A new connection that has sent `text`.
+    async fn sent(port: u16, text: &str) -> TcpStream {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        c.write_all(text.as_bytes()).await.unwrap();
+        c
+    }
+
     fn request(path: &str, body: &str, extra: &str) -> String {
         format!(
             "POST {path} HTTP/1.1\r\nHost: t\r\n{extra}Content-Length: {}\r\n\r\n{body}",
@@ -901,16 +908,13 @@ mod served_beside_hyper {
     #[tokio::test]
     async fn agents_requests_are_answered_in_order_then_hyper_takes_the_connection_on() {
         let server = server().await;
-        let mut c = TcpStream::connect(("127.0.0.1", server.port))
-            .await
-            .unwrap();
         // Two pipelined in one write, then a request that is hyper's.
         let two = format!(
             "{}{}",
             request("/agent/echo", "one", ""),
             request("/agent/echo", "two", "")
         );
-        c.write_all(two.as_bytes()).await.unwrap();
+        let mut c = sent(server.port, &two).await;
         let mut pending = Vec::new();
         let (head, body) = response(&mut c, &mut pending).await;
         assert!(head.starts_with("http/1.1 200 ok\r\n"), "{head}");
@@ -925,12 +929,7 @@ mod served_beside_hyper {
         let (head, _) = response(&mut c, &mut pending).await;
         assert!(head.starts_with("http/1.1 400 "), "no Host: {head}");
         assert!(head.contains("connection: close"), "{head}");
-        let mut c = TcpStream::connect(("127.0.0.1", server.port))
-            .await
-            .unwrap();
-        c.write_all(request("/agent/echo", "three", "").as_bytes())
-            .await
-            .unwrap();
+        let mut c = sent(server.port, &request("/agent/echo", "three", "")).await;
         assert_eq!(response(&mut c, &mut pending).await.1, "echo three");
         c.write_all(b"GET /other HTTP/1.1\r\nHost: t\r\n\r\n")
             .await
@@ -948,12 +947,11 @@ mod served_beside_hyper {
     #[tokio::test]
     async fn connection_close_is_answered_and_honoured() {
         let server = server().await;
-        let mut c = TcpStream::connect(("127.0.0.1", server.port))
-            .await
-            .unwrap();
-        c.write_all(request("/agent/echo", "x", "Connection: close\r\n").as_bytes())
-            .await
-            .unwrap();
+        let mut c = sent(
+            server.port,
+            &request("/agent/echo", "x", "Connection: close\r\n"),
+        )
+        .await;
         let mut pending = Vec::new();
         let (head, body) = response(&mut c, &mut pending).await;
         assert!(head.contains("\r\nconnection: close"), "{head}");
@@ -964,12 +962,7 @@ mod served_beside_hyper {
     #[tokio::test]
     async fn a_client_that_goes_away_ends_its_held_request() {
         let server = server().await;
-        let mut c = TcpStream::connect(("127.0.0.1", server.port))
-            .await
-            .unwrap();
-        c.write_all(request("/agent/hold", "", "").as_bytes())
-            .await
-            .unwrap();
+        let c = sent(server.port, &request("/agent/hold", "", "")).await;
         wait_for(&server.started, "the request to be held").await;
         assert!(!server.ended.load(Ordering::SeqCst));
         drop(c);
@@ -979,12 +972,7 @@ mod served_beside_hyper {
     #[tokio::test]
     async fn a_stopping_server_closes_its_idle_agents_connections() {
         let mut server = server().await;
-        let mut c = TcpStream::connect(("127.0.0.1", server.port))
-            .await
-            .unwrap();
-        c.write_all(request("/agent/echo", "x", "").as_bytes())
-            .await
-            .unwrap();
+        let mut c = sent(server.port, &request("/agent/echo", "x", "")).await;
         let mut pending = Vec::new();
         assert_eq!(response(&mut c, &mut pending).await.1, "echo x");
         let _ = server.stop.take().unwrap().send(());

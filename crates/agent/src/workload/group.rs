@@ -301,17 +301,21 @@ mod tests {
         assert!(members(pgid).iter().any(|&(p, t)| p == me && t == ticks));
     }
 
-    /// A group whose leader is not our child (as a predecessor's workload is not): its
-    /// end is seen, the leader's children go with it, and nothing is left.
-    #[tokio::test]
-    async fn a_group_is_stopped_whole_and_seen_gone() {
+    /// A process group of a shell and two sleeps, with `env`, once all three run. Its
+    /// leader is reaped by a thread of its own, as init would reap an orphan.
+    async fn a_group_of_three(
+        env: &[(&str, &str)],
+    ) -> (
+        u32,
+        std::thread::JoinHandle<std::io::Result<std::process::ExitStatus>>,
+    ) {
         use std::os::unix::process::CommandExt;
         let mut cmd = std::process::Command::new("sh");
         cmd.args(["-c", "sleep 60 & sleep 60; wait"])
+            .envs(env.iter().copied())
             .process_group(0);
         let mut child = cmd.spawn().unwrap();
         let pgid = child.id();
-        // Reaped by a thread of its own, as init would reap an orphan.
         let reaper = std::thread::spawn(move || child.wait());
         let deadline = Instant::now() + Duration::from_secs(10);
         while members(pgid).len() < 3 {
@@ -321,6 +325,14 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        (pgid, reaper)
+    }
+
+    /// A group whose leader is not our child (as a predecessor's workload is not): its
+    /// end is seen, the leader's children go with it, and nothing is left.
+    #[tokio::test]
+    async fn a_group_is_stopped_whole_and_seen_gone() {
+        let (pgid, reaper) = a_group_of_three(&[]).await;
         assert_eq!(
             stop(pgid, Duration::from_secs(10)).await,
             Stopped::Terminated
@@ -332,27 +344,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_workload_started_but_never_recorded_is_found_by_its_instance() {
-        use std::os::unix::process::CommandExt;
         let dir = tempfile::tempdir().unwrap();
         let home = AgentHome::new(dir.path());
         let instance = uuid::Uuid::now_v7().simple().to_string();
         about_to_start(&home, &instance).unwrap();
         // As an agent killed right after the start: no pid file, no start time.
-        let mut cmd = std::process::Command::new("sh");
-        cmd.args(["-c", "sleep 60 & sleep 60; wait"])
-            .env(INSTANCE_ENV, &instance)
-            .process_group(0);
-        let mut child = cmd.spawn().unwrap();
-        let pgid = child.id();
-        let reaper = std::thread::spawn(move || child.wait());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while members(pgid).len() < 3 {
-            assert!(
-                Instant::now() < deadline,
-                "the group never had its three processes"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let (pgid, reaper) = a_group_of_three(&[(INSTANCE_ENV, &instance)]).await;
         assert!(!pid_file(&home).exists());
         let (found, mut members_found) = leftover(&home).expect("found by its instance");
         assert_eq!(found, pgid);

@@ -175,12 +175,7 @@ impl OpampAgent {
             return Posted::Failed;
         };
         let status = response.status();
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let retry_after = crate::retry_after(response.headers());
         let body = match response.bytes().await {
             Ok(b) => b,
             Err(_) => {

@@ -4,12 +4,11 @@
 //! bundle claim in its trusted comment must name the offered version and hash, and
 //! with a trusted key (`--trust-key`) the signature must verify under it.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use agent_protocol::digest::{Digests, MultiHasher};
 use agent_protocol::minisign::{BundleClaim, PublicKey, Signature, Signed};
 use futures_util::StreamExt;
-use rand::Rng;
 use reqwest::{Method, StatusCode};
 
 use super::state::Offer;
@@ -182,16 +181,7 @@ pub async fn fetch(shared: &Shared, offer: &Offer) -> Fetched {
                 };
             }
             Some((StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS, headers)) => {
-                let told = headers
-                    .get(reqwest::header::RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .unwrap_or(30);
-                shared.count_busy();
-                // Never earlier than told, spread over half as long again.
-                let wait = Duration::from_secs(told)
-                    + Duration::from_secs_f64(told as f64 / 2.0 * rand::rng().random::<f64>());
-                if shared.sleep(wait).await {
+                if shared.wait_out_busy(&headers).await {
                     return Fetched::GaveUp;
                 }
             }
