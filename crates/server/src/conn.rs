@@ -524,20 +524,14 @@ async fn serve_plain(
             return;
         };
         let (parts, mut body) = response.into_parts();
-        let mut bytes = Vec::new();
-        while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
-            match frame {
-                Ok(frame) => {
-                    if let Ok(data) = frame.into_data() {
-                        bytes.extend_from_slice(&data);
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!("an agent's answer failed: {e}");
-                    return;
-                }
+        // Collected through a borrow: the body holds the request's guard until written.
+        let bytes = match http_body_util::BodyExt::collect(&mut body).await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) => {
+                tracing::debug!("an agent's answer failed: {e}");
+                return;
             }
-        }
+        };
         let close = asked_close || held::closes(&parts) || *stopping.borrow();
         let written = io.write_all(&held::encode(&parts, &bytes, close)).await;
         // The request is done once its answer is written (the body holds its guard).
