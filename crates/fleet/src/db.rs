@@ -4,7 +4,8 @@
 //! One set of queries for SQLite (the embedded default, one server) and PostgreSQL (a
 //! server cloud), through sqlx's `Any` driver: placeholders are `$1`, `$2`... (both
 //! engines read them), types are kept to integers and text, and the few statements that
-//! differ (taking the write lock) ask [`Db::backend`]. Each backend has its own
+//! differ (taking the write lock, the placeholders of a batch of contacts) ask
+//! [`Db::backend`]. Each backend has its own
 //! migrations, and the schema migrates itself on start.
 
 use std::path::Path;
@@ -266,41 +267,38 @@ impl Db {
     /// Records a contact. A contact older than the one recorded changes nothing (it was
     /// queued during an outage that another server did not have).
     pub async fn touch_agent(&self, c: &Contact<'_>) -> Result<(), FleetError> {
-        touch_query(c).execute(&self.pool).await?;
-        Ok(())
+        self.touch_agents(&[(*c, None)]).await
     }
 
-    /// Keeps the health an agent reported with its contact at `at` (unless a later
-    /// contact was already recorded).
-    pub async fn record_health(
-        &self,
-        id: &str,
-        health: &agent_protocol::wire::AgentHealth,
-        at: i64,
-    ) -> Result<(), FleetError> {
-        let json = serde_json::to_string(health).unwrap_or_default();
-        health_query(id, &json, health, at)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
-    /// Records many contacts (with the health each reported, if any) in one transaction:
-    /// a fleet of long-polling agents costs the database one commit per batch, not one
-    /// per held connect.
+    /// Records many contacts (with the health each reported, if any) in one transaction
+    /// of a few multi-row statements: a fleet of long-polling agents costs the database
+    /// one commit per batch, and the server a round trip to it per [`TOUCH_CHUNK`]
+    /// contacts, not one per held connect.
     pub async fn touch_agents(
         &self,
         contacts: &[(Contact<'_>, Option<&agent_protocol::wire::AgentHealth>)],
     ) -> Result<(), FleetError> {
+        if contacts.is_empty() {
+            return Ok(());
+        }
         let mut tx = self.begin_write().await?;
-        for (c, health) in contacts {
-            touch_query(c).execute(&mut *tx).await?;
-            if let Some(health) = health {
-                let json = serde_json::to_string(health).unwrap_or_default();
-                health_query(c.id, &json, health, c.at)
-                    .execute(&mut *tx)
-                    .await?;
+        for (shape, rows) in touch_batches(contacts) {
+            let sql = touch_sql(self.backend, shape, rows.len());
+            let mut query = sqlx::query(&sql).persistent(false);
+            for (c, health) in rows {
+                query = query
+                    .bind(c.id)
+                    .bind(c.name)
+                    .bind(c.platform)
+                    .bind(c.version)
+                    .bind(c.at)
+                    .bind(c.group.unwrap_or(""))
+                    .bind(c.config_hash.unwrap_or(""))
+                    .bind(health.map(|h| serde_json::to_string(h).unwrap_or_default()))
+                    .bind(health.map(|h| i64::from(h.healthy)))
+                    .bind(health.map(|h| i64::try_from(h.restarts).unwrap_or(i64::MAX)));
             }
+            query.execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -447,53 +445,105 @@ impl Db {
     }
 }
 
-type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
+/// Contacts per statement: 10 parameters each stays far below SQLite's 32,766 and
+/// PostgreSQL's 65,535.
+const TOUCH_CHUNK: usize = 500;
 
-fn touch_query<'q>(c: &Contact<'q>) -> AnyQuery<'q> {
-    let Contact {
-        id,
-        name,
-        platform,
-        version,
-        group,
-        config_hash,
-        at,
-    } = *c;
-    sqlx::query(
-        "INSERT INTO agents (id, name, platform, version, last_contact, agent_group, config_hash)
-         VALUES ($1, $2, $3, $4, $5, $6, $8)
-         ON CONFLICT (id) DO UPDATE SET name = excluded.name, platform = excluded.platform,
-           version = excluded.version, last_contact = excluded.last_contact,
-           agent_group = COALESCE($7, agents.agent_group),
-           config_hash = COALESCE($9, agents.config_hash)
-         WHERE agents.last_contact <= excluded.last_contact",
-    )
-    .bind(id)
-    .bind(name)
-    .bind(platform)
-    .bind(version)
-    .bind(at)
-    .bind(group.unwrap_or(""))
-    .bind(group)
-    .bind(config_hash.unwrap_or(""))
-    .bind(config_hash)
+/// Which of a contact's optional fields it gives: those it does not give keep what is
+/// recorded. Contacts of one shape share a statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct TouchShape {
+    group: bool,
+    config_hash: bool,
+    health: bool,
 }
 
-fn health_query<'q>(
-    id: &'q str,
-    json: &str,
-    health: &agent_protocol::wire::AgentHealth,
-    at: i64,
-) -> AnyQuery<'q> {
-    sqlx::query(
-        "UPDATE agents SET health = $2, healthy = $3, workload_restarts = $4
-         WHERE id = $1 AND last_contact <= $5",
-    )
-    .bind(id)
-    .bind(json.to_owned())
-    .bind(i64::from(health.healthy))
-    .bind(i64::try_from(health.restarts).unwrap_or(i64::MAX))
-    .bind(at)
+type TouchRow<'a, 'b> = &'b (Contact<'a>, Option<&'a agent_protocol::wire::AgentHealth>);
+
+/// The contacts by shape, in statements of at most [`TOUCH_CHUNK`], an agent at most once
+/// in each (PostgreSQL refuses a statement that updates a row twice): its latest contact.
+fn touch_batches<'a, 'b>(
+    contacts: &'b [(Contact<'a>, Option<&'a agent_protocol::wire::AgentHealth>)],
+) -> Vec<(TouchShape, Vec<TouchRow<'a, 'b>>)> {
+    let mut latest: std::collections::HashMap<&str, TouchRow<'a, 'b>> =
+        std::collections::HashMap::with_capacity(contacts.len());
+    for row in contacts {
+        let kept = latest.entry(row.0.id).or_insert(row);
+        if row.0.at >= kept.0.at {
+            *kept = row;
+        }
+    }
+    let mut by_shape: std::collections::BTreeMap<TouchShape, Vec<TouchRow<'a, 'b>>> =
+        std::collections::BTreeMap::new();
+    for row in contacts {
+        if !std::ptr::eq(latest[row.0.id], row) {
+            continue;
+        }
+        let shape = TouchShape {
+            group: row.0.group.is_some(),
+            config_hash: row.0.config_hash.is_some(),
+            health: row.1.is_some(),
+        };
+        by_shape.entry(shape).or_default().push(row);
+    }
+    by_shape
+        .into_iter()
+        .flat_map(|(shape, rows)| {
+            rows.chunks(TOUCH_CHUNK)
+                .map(|chunk| (shape, chunk.to_vec()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// An upsert of `rows` contacts of one shape. A contact older than the one recorded
+/// changes nothing (it was queued during an outage that another server did not have).
+/// SQLite gets anonymous `?` placeholders: it looks up each named one (`$7`) among
+/// those before it, which makes a statement of thousands quadratic.
+fn touch_sql(backend: Backend, shape: TouchShape, rows: usize) -> String {
+    const PER_ROW: usize = 10;
+    let mut sql = String::with_capacity(400 + rows * 48);
+    sql.push_str(
+        "INSERT INTO agents (id, name, platform, version, last_contact, agent_group, config_hash, \
+         health, healthy, workload_restarts) VALUES ",
+    );
+    for r in 0..rows {
+        sql.push_str(if r == 0 { "(" } else { ", (" });
+        for p in 0..PER_ROW {
+            if p > 0 {
+                sql.push_str(", ");
+            }
+            match backend {
+                Backend::Sqlite => sql.push('?'),
+                Backend::Postgres => {
+                    sql.push('$');
+                    sql.push_str(&(r * PER_ROW + p + 1).to_string());
+                }
+            }
+        }
+        sql.push(')');
+    }
+    let given = |yes: bool, column: &str| {
+        if yes {
+            format!("{column} = excluded.{column}")
+        } else {
+            format!("{column} = agents.{column}")
+        }
+    };
+    sql.push_str(
+        " ON CONFLICT (id) DO UPDATE SET name = excluded.name, platform = excluded.platform, \
+         version = excluded.version, last_contact = excluded.last_contact, ",
+    );
+    let updates = [
+        given(shape.group, "agent_group"),
+        given(shape.config_hash, "config_hash"),
+        given(shape.health, "health"),
+        given(shape.health, "healthy"),
+        given(shape.health, "workload_restarts"),
+    ];
+    sql.push_str(&updates.join(", "));
+    sql.push_str(" WHERE agents.last_contact <= excluded.last_contact");
+    sql
 }
 
 const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error, config_hash, config_status, config_error, health FROM agents";
@@ -540,6 +590,91 @@ mod tests {
         );
         assert!(!format!("{t:?}").contains("s3cret"));
         assert!(PgTarget::parse("postgres://x@host:port/db").is_err());
+    }
+
+    fn contact<'a>(id: &'a str, at: i64) -> Contact<'a> {
+        Contact {
+            id,
+            name: "host",
+            platform: "linux-x86_64",
+            version: "1.0.0+1",
+            group: None,
+            config_hash: None,
+            at,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_contacts_keeps_what_each_does_not_say_and_never_goes_back_in_time() {
+        let home = tempfile::tempdir().unwrap();
+        let db = Db::open("", home.path(), 1).await.unwrap();
+        let sick = agent_protocol::wire::AgentHealth {
+            healthy: false,
+            restarts: 3,
+            ..agent_protocol::wire::AgentHealth::no_workload()
+        };
+        db.touch_agents(&[
+            (
+                Contact {
+                    group: Some("canary"),
+                    config_hash: Some("abc"),
+                    ..contact("a", 10)
+                },
+                Some(&sick),
+            ),
+            (contact("b", 10), None),
+        ])
+        .await
+        .unwrap();
+        // Shapes mixed in one batch; a's group, set and health are not said again.
+        db.touch_agents(&[
+            (
+                Contact {
+                    name: "renamed",
+                    ..contact("a", 20)
+                },
+                None,
+            ),
+            (
+                Contact {
+                    group: Some(""),
+                    ..contact("b", 5)
+                },
+                Some(&sick),
+            ),
+        ])
+        .await
+        .unwrap();
+        let a = db.agent("a").await.unwrap().unwrap();
+        assert_eq!(
+            (a.name.as_str(), a.group.as_str(), a.config_hash.as_str()),
+            ("renamed", "canary", "abc")
+        );
+        assert_eq!(a.last_contact, 20);
+        assert!(a.health.unwrap().contains("\"restarts\":3"));
+        assert_eq!(db.health_counts().await.unwrap(), (1, 3));
+        // b's older contact (from a spool) changed nothing.
+        let b = db.agent("b").await.unwrap().unwrap();
+        assert_eq!((b.last_contact, b.health), (10, None));
+    }
+
+    #[tokio::test]
+    async fn a_batch_larger_than_a_statement_and_an_agent_twice_in_it() {
+        let home = tempfile::tempdir().unwrap();
+        let db = Db::open("", home.path(), 1).await.unwrap();
+        let ids: Vec<String> = (0..TOUCH_CHUNK * 2 + 7).map(|i| format!("agent-{i}")).collect();
+        let mut rows: Vec<_> = ids.iter().map(|id| (contact(id, 100), None)).collect();
+        // The later of two contacts of one agent wins, in whichever order they come.
+        rows.push((contact("agent-0", 300), None));
+        rows.push((contact("agent-0", 200), None));
+        db.touch_agents(&rows).await.unwrap();
+        let all = db.agents(None, None).await.unwrap();
+        assert_eq!(all.len(), ids.len());
+        let first = all.iter().find(|r| r.id == "agent-0").unwrap();
+        assert_eq!(first.last_contact, 300);
+        let statements = touch_batches(&rows);
+        assert_eq!(statements.len(), 3, "two full statements and the rest");
+        assert!(statements.iter().all(|(_, rows)| rows.len() <= TOUCH_CHUNK));
     }
 
     #[test]

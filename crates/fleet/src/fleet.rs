@@ -357,16 +357,10 @@ pub async fn write(
     w: &Deferred,
 ) -> Result<(), FleetError> {
     match w {
-        Deferred::Contact { id, at, .. } => {
-            let Some((contact, health)) = contact_row(w) else {
-                return Ok(());
-            };
-            db.touch_agent(&contact).await?;
-            match health {
-                Some(health) => db.record_health(id, health, *at).await,
-                None => Ok(()),
-            }
-        }
+        Deferred::Contact { .. } => match contact_row(w) {
+            Some(row) => db.touch_agents(&[row]).await,
+            None => Ok(()),
+        },
         Deferred::ConfigStatus { status, at_ms } => configs.report(status, *at_ms).await,
         Deferred::Report { report, at_ms } => {
             db.record_report(report, at_ms / 1000).await?;
