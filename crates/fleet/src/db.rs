@@ -662,7 +662,9 @@ mod tests {
     async fn a_batch_larger_than_a_statement_and_an_agent_twice_in_it() {
         let home = tempfile::tempdir().unwrap();
         let db = Db::open("", home.path(), 1).await.unwrap();
-        let ids: Vec<String> = (0..TOUCH_CHUNK * 2 + 7).map(|i| format!("agent-{i}")).collect();
+        let ids: Vec<String> = (0..TOUCH_CHUNK * 2 + 7)
+            .map(|i| format!("agent-{i}"))
+            .collect();
         let mut rows: Vec<_> = ids.iter().map(|id| (contact(id, 100), None)).collect();
         // The later of two contacts of one agent wins, in whichever order they come.
         rows.push((contact("agent-0", 300), None));

@@ -193,7 +193,7 @@ pub(super) async fn connect(
     // Taken before the first answer is worked out, so no change made meanwhile is missed.
     let mut news = s.fleet.rollouts.news().subscribe();
     let mut closing = s.fleet.rollouts.news().closing();
-    let deadline = tokio::time::Instant::now() + wait;
+    let deadline = coalesced(tokio::time::Instant::now(), wait, hold_epoch());
     // The switch decides what a refused agent may download: every agent hears it flip.
     let switch = s.fleet.auto_update();
     // Boxed, like `reconsider` below: what a held connect keeps while it waits is its
@@ -232,6 +232,33 @@ pub(super) async fn connect(
         HeaderValue::from(s.max_wait.as_secs()),
     );
     Ok(response)
+}
+
+/// Held connects that run out end on a common beat of [`HOLD_BEAT`], never later than
+/// asked: a fleet re-holding every heartbeat then costs its server a wake-up per beat
+/// for a batch of agents, not one per agent (the timers, the answers and the next
+/// connects, which follow them, each come in bursts).
+const HOLD_BEAT: Duration = Duration::from_millis(250);
+
+/// When a hold of `wait` from `now` runs out: the last beat (counted from `epoch`) at or
+/// before `now + wait`. A wait of under two beats is kept exact.
+fn coalesced(
+    now: tokio::time::Instant,
+    wait: Duration,
+    epoch: tokio::time::Instant,
+) -> tokio::time::Instant {
+    let end = now + wait;
+    if wait < HOLD_BEAT * 2 || end < epoch {
+        return end;
+    }
+    let beats = (end - epoch).as_nanos() / HOLD_BEAT.as_nanos();
+    epoch + HOLD_BEAT * u32::try_from(beats).unwrap_or(u32::MAX)
+}
+
+/// The beats' origin, the same for every held connect of this process.
+fn hold_epoch() -> tokio::time::Instant {
+    static EPOCH: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(tokio::time::Instant::now)
 }
 
 /// The answer to a register or connect, counting as the agent's contact.
@@ -494,4 +521,42 @@ pub(super) async fn report(
         "recorded"
     };
     Ok(Json(serde_json::json!({ "status": status })).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    #[test]
+    fn holds_end_on_a_common_beat_never_later_than_asked() {
+        let epoch = Instant::now();
+        let wait = Duration::from_secs(30);
+        let mut ends = std::collections::BTreeSet::new();
+        // A thousand agents connecting a millisecond apart over one second.
+        for ms in 0..1000 {
+            let now = epoch + Duration::from_millis(10_000 + ms);
+            let end = coalesced(now, wait, epoch);
+            assert!(end <= now + wait, "answered late at {ms} ms");
+            assert!(
+                end > now + wait - HOLD_BEAT,
+                "answered a beat early at {ms} ms"
+            );
+            assert_eq!((end - epoch).as_nanos() % HOLD_BEAT.as_nanos(), 0);
+            ends.insert(end);
+        }
+        assert_eq!(ends.len(), 4, "a second of connects ends on its four beats");
+    }
+
+    #[test]
+    fn a_short_hold_is_kept_exact() {
+        let epoch = Instant::now();
+        let now = epoch + Duration::from_millis(1234);
+        let wait = HOLD_BEAT * 2 - Duration::from_millis(1);
+        assert_eq!(coalesced(now, wait, epoch), now + wait);
+        assert_eq!(
+            coalesced(now, Duration::from_secs(1), epoch),
+            epoch + Duration::from_millis(2000),
+        );
+    }
 }
