@@ -733,7 +733,7 @@ bench_longpoll() {
     ulimit -n "$(ulimit -Hn)"
     # Where the file limit cannot be raised (a container), hold what fits beside each
     # process's own files: agents past the server's connection cap would only queue.
-    local fits=$(($(ulimit -n) - 1000)) asked=$held
+    local fits=$(($(ulimit -n) - 200)) asked=$held
     ((held > fits)) && held=$fits
     keys
     make_dist "$work/ld" 0

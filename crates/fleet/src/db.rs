@@ -278,29 +278,24 @@ impl Db {
         &self,
         contacts: &[(Contact<'_>, Option<&agent_protocol::wire::AgentHealth>)],
     ) -> Result<(), FleetError> {
-        if contacts.is_empty() {
-            return Ok(());
-        }
-        let mut tx = self.begin_write().await?;
-        for (shape, rows) in touch_batches(contacts) {
-            let sql = touch_sql(self.backend, shape, rows.len());
-            let mut query = sqlx::query(&sql).persistent(false);
-            for (c, health) in rows {
-                query = query
-                    .bind(c.id)
-                    .bind(c.name)
-                    .bind(c.platform)
-                    .bind(c.version)
-                    .bind(c.at)
-                    .bind(c.group.unwrap_or(""))
-                    .bind(c.config_hash.unwrap_or(""))
-                    .bind(health.map(|h| serde_json::to_string(h).unwrap_or_default()))
-                    .bind(health.map(|h| i64::from(h.healthy)))
-                    .bind(health.map(|h| i64::try_from(h.restarts).unwrap_or(i64::MAX)));
+        let statements: Vec<_> = touch_batches(contacts)
+            .into_iter()
+            .map(|(shape, rows)| (touch_sql(self.backend, shape, rows.len()), rows))
+            .collect();
+        match statements.as_slice() {
+            [] => {}
+            // One statement is a transaction of its own: no lock taken for a register.
+            [(sql, rows)] => {
+                touch_query(sql, rows).execute(&self.pool).await?;
             }
-            query.execute(&mut *tx).await?;
+            _ => {
+                let mut tx = self.begin_write().await?;
+                for (sql, rows) in &statements {
+                    touch_query(sql, rows).execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+            }
         }
-        tx.commit().await?;
         Ok(())
     }
 
@@ -445,9 +440,10 @@ impl Db {
     }
 }
 
-/// Contacts per statement: 10 parameters each stays far below SQLite's 32,766 and
-/// PostgreSQL's 65,535.
-const TOUCH_CHUNK: usize = 500;
+/// Contacts per statement: a flush of a second of 20,000 long-polling agents is a few
+/// statements, none large (10 parameters a contact, far below SQLite's 32,766 and
+/// PostgreSQL's 65,535).
+const TOUCH_CHUNK: usize = 100;
 
 /// Which of a contact's optional fields it gives: those it does not give keep what is
 /// recorded. Contacts of one shape share a statement.
@@ -494,6 +490,28 @@ fn touch_batches<'a, 'b>(
                 .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// The statement of [`touch_sql`] with its contacts bound.
+fn touch_query<'q>(
+    sql: &'q str,
+    rows: &[TouchRow<'q, '_>],
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
+    let mut query = sqlx::query(sql).persistent(false);
+    for (c, health) in rows {
+        query = query
+            .bind(c.id)
+            .bind(c.name)
+            .bind(c.platform)
+            .bind(c.version)
+            .bind(c.at)
+            .bind(c.group.unwrap_or(""))
+            .bind(c.config_hash.unwrap_or(""))
+            .bind(health.map(|h| serde_json::to_string(h).unwrap_or_default()))
+            .bind(health.map(|h| i64::from(h.healthy)))
+            .bind(health.map(|h| i64::try_from(h.restarts).unwrap_or(i64::MAX)));
+    }
+    query
 }
 
 /// An upsert of `rows` contacts of one shape. A contact older than the one recorded

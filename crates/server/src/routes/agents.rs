@@ -240,15 +240,21 @@ pub(super) async fn connect(
 /// connects, which follow them, each come in bursts).
 const HOLD_BEAT: Duration = Duration::from_millis(250);
 
+/// Holds shorter than this are kept exact. An agent (and fleet-sim) takes a hold that
+/// ends before 90 % of its wait with nothing new for a server letting go, and pauses at
+/// random before it connects again; a beat is at most 5 % of the holds coalesced.
+const COALESCED_FROM: Duration = Duration::from_secs(5);
+const _: () = assert!(HOLD_BEAT.as_millis() * 20 <= COALESCED_FROM.as_millis());
+
 /// When a hold of `wait` from `now` runs out: the last beat (counted from `epoch`) at or
-/// before `now + wait`. A wait of under two beats is kept exact.
+/// before `now + wait`.
 fn coalesced(
     now: tokio::time::Instant,
     wait: Duration,
     epoch: tokio::time::Instant,
 ) -> tokio::time::Instant {
     let end = now + wait;
-    if wait < HOLD_BEAT * 2 || end < epoch {
+    if wait < COALESCED_FROM || end < epoch {
         return end;
     }
     let beats = (end - epoch).as_nanos() / HOLD_BEAT.as_nanos();
@@ -552,11 +558,14 @@ mod tests {
     fn a_short_hold_is_kept_exact() {
         let epoch = Instant::now();
         let now = epoch + Duration::from_millis(1234);
-        let wait = HOLD_BEAT * 2 - Duration::from_millis(1);
-        assert_eq!(coalesced(now, wait, epoch), now + wait);
+        for wait in [1, 2, 4] {
+            let wait = Duration::from_secs(wait);
+            assert_eq!(coalesced(now, wait, epoch), now + wait);
+        }
+        let wait = COALESCED_FROM;
         assert_eq!(
-            coalesced(now, Duration::from_secs(1), epoch),
-            epoch + Duration::from_millis(2000),
+            coalesced(now, wait, epoch),
+            epoch + Duration::from_millis(6000),
         );
     }
 }
