@@ -568,6 +568,8 @@ pg_cpu_secs() {
 
 # hwm_mib PID: peak resident memory.
 hwm_mib() { awk '/VmHWM/ { printf "%.0f", $2 / 1024 }' "/proc/$1/status"; }
+# rss_mib PID: resident memory now.
+rss_mib() { awk '/VmRSS/ { printf "%.0f", $2 / 1024 }' "/proc/$1/status"; }
 
 bench_cloud() {
     local n=${CLOUD_AGENTS:-10000}
@@ -775,7 +777,7 @@ bench_longpoll() {
     # bundle: how long after the wave opened each of its agents was told (the server's
     # told_at minus the wave's opened_at). Installs take longer than the measurement.
     # With BENCH_BASELINE, the same rounds alternate with that checkout's server (the old way).
-    local rss=() cpu=() lag=() brss=() bcpu=() blag=() variant variants=(ours)
+    local rest=() rss=() cpu=() lag=() brest=() brss=() bcpu=() blag=() variant variants=(ours)
     [[ -n $baseline ]] && variants+=(baseline)
     for round in $(seq "$held_rounds"); do
         for variant in "${variants[@]}"; do
@@ -794,6 +796,7 @@ bench_longpoll() {
             sleep 60
             c1=$(cpu_secs "$server_pid")
             cpu+=("$(awk -v a="$c0" -v b="$c1" 'BEGIN { printf "%.1f", (b - a) / 60 * 100 }')")
+            rest+=("$(rss_mib "$server_pid")")
             serve_bundle "$work/lh" "$port" "$b2"
             sleep 20
             rss+=("$(hwm_mib "$server_pid")")
@@ -805,10 +808,10 @@ bench_longpoll() {
             lag+=("$(jq -r --slurpfile r "$work/lh-rollout-$round.json" \
                 '($r[0].waves[0].opened_at) as $o | [.[] | select(.wave == 1 and .told_at != null) | (.told_at - $o)] | sort | .[(length * 0.99 | floor)] * 1000' \
                 "$work/lh-agents-$round.json")")
-            note "round $round, $variant: RSS ${rss[-1]} MiB, CPU at rest ${cpu[-1]} %, wave 1 told p99 ${lag[-1]} ms after it opened"
+            note "round $round, $variant: RSS ${rest[-1]} MiB holding, ${rss[-1]} MiB peak after the wave, CPU at rest ${cpu[-1]} %, wave 1 told p99 ${lag[-1]} ms after it opened"
             if [[ $variant == baseline ]]; then
-                brss+=("${rss[-1]}") bcpu+=("${cpu[-1]}") blag+=("${lag[-1]}")
-                unset 'rss[-1]' 'cpu[-1]' 'lag[-1]'
+                brest+=("${rest[-1]}") brss+=("${rss[-1]}") bcpu+=("${cpu[-1]}") blag+=("${lag[-1]}")
+                unset 'rest[-1]' 'rss[-1]' 'cpu[-1]' 'lag[-1]'
             fi
         done
     done
@@ -840,15 +843,17 @@ Target: under 40 s with long polls (from about 134 s).
 
 **One server holding $held agents.** $( ((held < asked)) && printf '%s' "(Not $asked: this machine's file limit, $(ulimit -n), cannot be raised here, and one process holds one descriptor per connection.) ")Long-polling agents, heartbeat 30 s (each re-holds its
 connect every 30 s; its contact is written with the next batch, once a second), started over 60 s; CPU of the server process
-over 60 s once all are held (100 % is one core); peak RSS (VmHWM) after a wave; then a
-bundle whose first wave is 10 % of the fleet: for each agent of that wave, the time from
+over 60 s once all are held (100 % is one core) and its RSS then (holding); then a
+bundle whose first wave is 10 % of the fleet, and the peak RSS (VmHWM) 20 s after it
+opened (the wave's agents keep their connections, now also used for a download, which
+hyper then serves with its own buffers); for each agent of that wave, the time from
 the wave's opening to the server telling it (\`told_at\` in \`/admin/agents\` minus the
 wave's \`opened_at\`), p99 over the wave. ${LONGPOLL_HELD_ROUNDS:-2} round(s)$( [[ -n $baseline ]] && printf '%s' ", alternating with the baseline's server"); each figure median (min–max).
 
-| server | held agents | peak RSS | CPU at rest | wave opened → agent told, p99 |
-|---|---|---|---|---|
-| this tree | $held | $(printf '%s\n' "${rss[@]}" | spread_as %s " MiB") | $(printf '%s\n' "${cpu[@]}" | spread_as %s " %%") | $(printf '%s\n' "${lag[@]}" | spread_as %.0f " ms") |
-$( ((${#brss[@]})) && printf '| baseline %s (%s) | %s | %s | %s | %s |\n' "$(git -C "$baseline" rev-parse --short HEAD)" "every request through hyper" "$held" "$(printf '%s\n' "${brss[@]}" | spread_as %s " MiB")" "$(printf '%s\n' "${bcpu[@]}" | spread_as %s " %%")" "$(printf '%s\n' "${blag[@]}" | spread_as %.0f " ms")")
+| server | held agents | RSS holding | peak RSS after the wave | CPU at rest | wave opened → agent told, p99 |
+|---|---|---|---|---|---|
+| this tree | $held | $(printf '%s\n' "${rest[@]}" | spread_as %s " MiB") | $(printf '%s\n' "${rss[@]}" | spread_as %s " MiB") | $(printf '%s\n' "${cpu[@]}" | spread_as %s " %%") | $(printf '%s\n' "${lag[@]}" | spread_as %.0f " ms") |
+$( ((${#brss[@]})) && printf '| baseline %s | %s | %s | %s | %s | %s |\n' "$(git -C "$baseline" rev-parse --short HEAD)" "$held" "$(printf '%s\n' "${brest[@]}" | spread_as %s " MiB")" "$(printf '%s\n' "${brss[@]}" | spread_as %s " MiB")" "$(printf '%s\n' "${bcpu[@]}" | spread_as %s " %%")" "$(printf '%s\n' "${blag[@]}" | spread_as %.0f " ms")")
 
 Targets: under 256 MiB, under 5 % of a core, under 1 s.
 EOF2
