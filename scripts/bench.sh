@@ -567,9 +567,11 @@ pg_cpu_secs() {
 }
 
 # hwm_mib PID: peak resident memory.
-hwm_mib() { awk '/VmHWM/ { printf "%.0f", $2 / 1024 }' "/proc/$1/status"; }
+hwm_mib() { status_mib VmHWM "$1"; }
 # rss_mib PID: resident memory now.
-rss_mib() { awk '/VmRSS/ { printf "%.0f", $2 / 1024 }' "/proc/$1/status"; }
+rss_mib() { status_mib VmRSS "$1"; }
+# status_mib FIELD PID: a /proc/PID/status field given in kB, in MiB.
+status_mib() { awk -v f="$1:" '$1 == f { printf "%.0f", $2 / 1024 }' "/proc/$2/status"; }
 
 bench_cloud() {
     local n=${CLOUD_AGENTS:-10000}

@@ -5,8 +5,8 @@
 //! server cloud), through sqlx's `Any` driver: placeholders are `$1`, `$2`... (both
 //! engines read them), types are kept to integers and text, and the few statements that
 //! differ (taking the write lock, the placeholders of a batch of contacts) ask
-//! [`Db::backend`]. Each backend has its own
-//! migrations, and the schema migrates itself on start.
+//! [`Db::backend`]. Each backend has its own migrations, and the schema migrates itself
+//! on start.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -461,20 +461,27 @@ type TouchRow<'a, 'b> = &'b (Contact<'a>, Option<&'a agent_protocol::wire::Agent
 fn touch_batches<'a, 'b>(
     contacts: &'b [(Contact<'a>, Option<&'a agent_protocol::wire::AgentHealth>)],
 ) -> Vec<(TouchShape, Vec<TouchRow<'a, 'b>>)> {
-    let mut latest: std::collections::HashMap<&str, TouchRow<'a, 'b>> =
+    use std::collections::hash_map::Entry;
+    let mut kept: Vec<TouchRow<'a, 'b>> = Vec::with_capacity(contacts.len());
+    let mut place: std::collections::HashMap<&str, usize> =
         std::collections::HashMap::with_capacity(contacts.len());
     for row in contacts {
-        let kept = latest.entry(row.0.id).or_insert(row);
-        if row.0.at >= kept.0.at {
-            *kept = row;
+        match place.entry(row.0.id) {
+            Entry::Occupied(at) => {
+                let earlier = &mut kept[*at.get()];
+                if row.0.at >= earlier.0.at {
+                    *earlier = row;
+                }
+            }
+            Entry::Vacant(at) => {
+                at.insert(kept.len());
+                kept.push(row);
+            }
         }
     }
     let mut by_shape: std::collections::BTreeMap<TouchShape, Vec<TouchRow<'a, 'b>>> =
         std::collections::BTreeMap::new();
-    for row in contacts {
-        if !std::ptr::eq(latest[row.0.id], row) {
-            continue;
-        }
+    for row in kept {
         let shape = TouchShape {
             group: row.0.group.is_some(),
             config_hash: row.0.config_hash.is_some(),
