@@ -73,12 +73,12 @@ impl Moment {
 }
 
 /// A tmpfs mounted for one run, unmounted (after its processes are ended) on drop.
-struct Tmpfs {
+pub(crate) struct Tmpfs {
     dir: PathBuf,
 }
 
 impl Tmpfs {
-    fn mount(dir: &Path, bytes: u64) -> Self {
+    pub(crate) fn mount(dir: &Path, bytes: u64) -> Self {
         let uid = String::from_utf8_lossy(&run(Command::new("id").arg("-u")).stdout)
             .trim()
             .to_owned();
@@ -125,12 +125,12 @@ impl Drop for Tmpfs {
 }
 
 /// "Something else on the machine": files that take every free byte of the filesystem.
-struct Filler {
-    dir: PathBuf,
+pub(crate) struct Filler {
+    pub(crate) dir: PathBuf,
 }
 
 impl Filler {
-    fn fill(&self) -> u64 {
+    pub(crate) fn fill(&self) -> u64 {
         let path = self.dir.join("filler");
         let mut file = fs::OpenOptions::new()
             .create(true)
@@ -147,7 +147,7 @@ impl Filler {
         total
     }
 
-    fn free(&self) {
+    pub(crate) fn free(&self) {
         fs::remove_file(self.dir.join("filler")).unwrap();
     }
 }

@@ -17,6 +17,7 @@ mod handlers;
 mod hostile_archives;
 mod hostile_clients;
 mod long_poll;
+mod no_waiting;
 mod opamp;
 mod opamp_hostile;
 mod opamp_sim;

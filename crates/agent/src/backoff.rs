@@ -4,7 +4,7 @@
 //! `Retry-After`, and a fleet told the same number spreads over a window instead of
 //! returning in the same second.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use rand::Rng;
 
@@ -60,57 +60,6 @@ impl Backoff {
             .min(self.max);
         self.attempt = self.attempt.saturating_add(1);
         exp / 2 + (exp / 2).mul_f64(rng.random::<f64>())
-    }
-}
-
-/// What a `409` offered: the version it names and, from servers that say so, the sha256
-/// of the bundle behind it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Offer {
-    pub expected: String,
-    pub sha256: Option<String>,
-}
-
-/// Whether to start an update round now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gate {
-    /// No round failed, or its wait is over.
-    Go,
-    /// The last round failed and its wait is not over.
-    Wait,
-    /// The last round failed, but the server now offers something else: a fixed bundle
-    /// is tried at once (after a little jitter), not after the failure's backoff.
-    Changed,
-}
-
-/// Remembers the failed round's offer and its backoff.
-#[derive(Debug, Clone, Default)]
-pub struct RetryGate {
-    not_before: Option<Instant>,
-    failed_offer: Option<Offer>,
-}
-
-impl RetryGate {
-    pub fn decide(&self, offer: &Offer, now: Instant) -> Gate {
-        let Some(not_before) = self.not_before else {
-            return Gate::Go;
-        };
-        if self.failed_offer.as_ref() != Some(offer) {
-            Gate::Changed
-        } else if now >= not_before {
-            Gate::Go
-        } else {
-            Gate::Wait
-        }
-    }
-
-    pub fn failed(&mut self, offer: &Offer, not_before: Instant) {
-        self.not_before = Some(not_before);
-        self.failed_offer = Some(offer.clone());
-    }
-
-    pub fn reset(&mut self) {
-        *self = Self::default();
     }
 }
 
@@ -183,41 +132,6 @@ mod tests {
             "spread {min:?}..{max:?}"
         );
         assert!(seconds.len() >= 3, "all in {seconds:?}");
-    }
-
-    #[test]
-    fn a_changed_offer_opens_the_gate_before_the_backoff_ends() {
-        let now = Instant::now();
-        let broken = Offer {
-            expected: "2.0.0+2".into(),
-            sha256: Some("a".repeat(64)),
-        };
-        let mut gate = RetryGate::default();
-        assert_eq!(gate.decide(&broken, now), Gate::Go);
-        gate.failed(&broken, now + Duration::from_secs(197));
-        assert_eq!(
-            gate.decide(&broken, now + Duration::from_secs(60)),
-            Gate::Wait
-        );
-        assert_eq!(
-            gate.decide(&broken, now + Duration::from_secs(197)),
-            Gate::Go
-        );
-        let fixed_same_version = Offer {
-            sha256: Some("b".repeat(64)),
-            ..broken.clone()
-        };
-        assert_eq!(
-            gate.decide(&fixed_same_version, now + Duration::from_secs(1)),
-            Gate::Changed
-        );
-        let new_version = Offer {
-            expected: "2.0.1+3".into(),
-            sha256: None,
-        };
-        assert_eq!(gate.decide(&new_version, now), Gate::Changed);
-        gate.reset();
-        assert_eq!(gate.decide(&broken, now), Gate::Go);
     }
 
     #[test]

@@ -7,10 +7,10 @@ use agent_protocol::AgentVersion;
 use agent_protocol::journal::Health;
 use agent_protocol::layout::{self, AgentHome};
 use agent_protocol::wire::AgentHello;
-use agent_updater::state;
+use agent_updater::{lock, state};
 use tokio::sync::watch;
 
-use crate::backoff::{Backoff, Gate, Offer, RetryGate, change_jitter};
+use crate::backoff::change_jitter;
 use crate::client::{Answer, Client, Directive, Hold, Trust};
 use crate::config::{Config, Reload, parse_reload};
 use crate::health::HealthBoard;
@@ -19,6 +19,7 @@ use crate::identity;
 use crate::pacing::{self, LastContact};
 use crate::remote_config::live::LiveWorkload;
 use crate::remote_config::{self, Dirs, decide};
+use crate::retry::{self, Failure, Gate, Offer, Retry};
 use crate::update::{self, Outcome, UpdateContext};
 use crate::workload::spec::Spec;
 
@@ -65,7 +66,11 @@ pub async fn flush_outbox(home: &AgentHome, client: &Client) {
                 }
             }
             Err(e) => {
-                tracing::info!("report {} kept in the outbox: {e}", report.status.as_str());
+                tracing::info!(
+                    "report {} kept in the outbox, sent again within {}s: {e}",
+                    report.status.as_str(),
+                    UNSENT_RETRY.as_secs()
+                );
                 return;
             }
         }
@@ -144,7 +149,11 @@ async fn serve(
         let _ = stop_tx.send(true);
     });
 
-    tokio::spawn(crate::recovery::finish_interrupted(home.clone()));
+    let nudge = crate::recovery::Nudge::default();
+    tokio::spawn(crate::recovery::finish_interrupted(
+        home.clone(),
+        nudge.clone(),
+    ));
     let mut health_changed = board.subscribe();
     tracing::info!(
         "agent {} started (id {id}, home {}, servers {})",
@@ -154,24 +163,26 @@ async fn serve(
     );
 
     let heartbeat = config.agent.heartbeat.max(Duration::from_millis(100));
-    let mut retry = Retry {
-        gate: RetryGate::default(),
-        fast: Backoff::new(heartbeat, Duration::from_secs(15 * 60)),
-        slow: Backoff::new(heartbeat * 4, config.update.max_retry_after),
-        quiet_bad: None,
-    };
+    let mut retry = Retry::new(heartbeat, config.update.max_retry_after);
+    let mut unsent = Unsent::default();
     let mut first = true;
     let mut shutdown = stop_rx.clone();
     let mut pace = Pace::default();
     loop {
+        if !first && unsent.due(&home) {
+            unsent.flushed(flush_unsent(&home, &client).await);
+        }
         // Never held: the first contact (a register), and any contact with long polls off.
+        // A failed round that is due again ends the hold: the server has nothing new to
+        // say while a full disk empties.
         let hold = (config.agent.long_poll && !first).then(|| Hold {
-            wait: heartbeat,
+            wait: retry::bounded(heartbeat, retry.gate.due(), Instant::now()),
             known_offer: pace.known_offer.clone(),
         });
         let asked = Instant::now();
         client.set_health(board.agent_health());
         client.set_config_hash(remote_config::running_hash(&home));
+        let stays_away_from = retry.quiet_bad.clone();
         let contact = tokio::select! {
             answer = client.contact(first, hold.as_ref()) => answer,
             _ = shutdown.wait_for(|stop| *stop) => {
@@ -181,6 +192,17 @@ async fn serve(
             // A held connect carries the health of when it was sent: a change of the
             // workload's is told at once, with a new one.
             _ = health_changed.changed(), if hold.is_some() => continue,
+            // So does a report the updater wrote meanwhile: it is sent at once, not when
+            // the hold ends.
+            () = unsent.written(&home), if hold.is_some() => continue,
+            // `agent update --clear-bad` forgot the bundle this hold stays away from: the
+            // server is asked again at once, and says it is news.
+            () = bad_cleared(&home, stays_away_from.as_deref()), if hold.is_some() => {
+                tracing::info!("data/bad-versions no longer names the server's bundle; asking for it again");
+                retry.reset();
+                pace.known_offer = None;
+                continue;
+            }
         };
         let mut wait = heartbeat;
         match contact {
@@ -191,8 +213,7 @@ async fn serve(
                 let registered = first;
                 first = false;
                 let contact = state::now_secs();
-                flush_outbox(&home, &client).await;
-                flush_config_status(&home, &client).await;
+                unsent.flushed(flush_unsent(&home, &client).await);
                 let offered = answer.config.take();
                 wait = pace.answered(
                     &answer,
@@ -235,7 +256,10 @@ async fn serve(
                                 prompt,
                             },
                             &mut retry,
-                            &stop_rx,
+                            Signals {
+                                stop: &stop_rx,
+                                nudge: &nudge,
+                            },
                         )
                         .await
                         {
@@ -246,8 +270,9 @@ async fn serve(
             }
             Err(e) => tracing::warn!("{e}; trying again in {:?}", heartbeat),
         }
-        // The heartbeat is the longest silence: a change of the workload's health is
-        // told at once.
+        // The heartbeat is the longest silence: a change of the workload's health, a
+        // report written for the server and a retry that is due do not wait for it.
+        let wait = retry::bounded(wait, retry.gate.due(), Instant::now());
         tokio::select! {
             stop = update::sleep_or_shutdown(wait, &mut shutdown) => {
                 if stop {
@@ -256,12 +281,72 @@ async fn serve(
                 }
             }
             _ = health_changed.changed() => {}
+            // Sent with the register, once there is one.
+            () = unsent.written(&home), if !first => {}
         }
     }
 }
 
-/// Sends the configuration outcome no server has heard yet; kept for the next contact
-/// if this one cannot hear it either.
+/// How often the agent looks for what others wrote for the server (the updater's
+/// reports): a directory listing a quarter of a second costs nothing measurable, and no
+/// report waits for a held connect to end.
+const UNSENT_POLL: Duration = Duration::from_millis(250);
+/// After a send that failed, the next try is this much later (or at the next contact).
+const UNSENT_RETRY: Duration = Duration::from_secs(5);
+
+/// What the agent or the updater wrote for the server and no server heard yet: update
+/// reports (`data/outbox/`) and the configuration status.
+#[derive(Debug, Default)]
+struct Unsent {
+    /// The last send failed: looked at again from this instant, not in a loop.
+    not_before: Option<Instant>,
+}
+
+impl Unsent {
+    /// Whether something waits to be sent, and may be tried now.
+    fn due(&self, home: &AgentHome) -> bool {
+        self.not_before.is_none_or(|t| Instant::now() >= t) && has_unsent(home)
+    }
+
+    /// Resolves once something waits to be sent; never, while a failed send's pause lasts.
+    async fn written(&self, home: &AgentHome) {
+        if let Some(t) = self.not_before {
+            tokio::time::sleep_until(t.into()).await;
+        }
+        while !has_unsent(home) {
+            tokio::time::sleep(UNSENT_POLL).await;
+        }
+    }
+
+    fn flushed(&mut self, all_sent: bool) {
+        self.not_before = (!all_sent).then(|| Instant::now() + UNSENT_RETRY);
+    }
+}
+
+/// Resolves once `sha` (if any) is no longer in `data/bad-versions`.
+async fn bad_cleared(home: &AgentHome, sha: Option<&str>) {
+    let Some(sha) = sha else {
+        return std::future::pending().await;
+    };
+    while state::is_bad(home, sha).unwrap_or(true) {
+        tokio::time::sleep(UNSENT_POLL).await;
+    }
+}
+
+fn has_unsent(home: &AgentHome) -> bool {
+    state::has_pending_reports(home) || remote_config::pending_status_file(home).exists()
+}
+
+/// Sends the outbox and the configuration status; true when nothing is left unsent
+/// (read back, not assumed: a report that cannot be removed must not be sent in a loop).
+async fn flush_unsent(home: &AgentHome, client: &Client) -> bool {
+    flush_outbox(home, client).await;
+    flush_config_status(home, client).await;
+    !has_unsent(home)
+}
+
+/// Sends the configuration outcome no server has heard yet; kept and sent again if
+/// this server cannot hear it either.
 async fn flush_config_status(home: &AgentHome, client: &Client) {
     let Some(status) = remote_config::pending_status(home) else {
         return;
@@ -285,7 +370,12 @@ async fn flush_config_status(home: &AgentHome, client: &Client) {
             );
             remote_config::status_sent(home, &status);
         }
-        Err(e) => tracing::info!("configuration status kept for the next contact: {e}"),
+        Err(e) => {
+            tracing::info!(
+                "configuration status kept, sent again within {}s: {e}",
+                UNSENT_RETRY.as_secs()
+            );
+        }
     }
 }
 
@@ -382,40 +472,17 @@ struct Told<'a> {
     prompt: bool,
 }
 
+/// What an update round tells other tasks, and hears from them.
+struct Signals<'a> {
+    /// The agent is asked to stop.
+    stop: &'a watch::Receiver<bool>,
+    /// Asks the recovery task to close an update left open, now.
+    nudge: &'a crate::recovery::Nudge,
+}
+
 /// The longest random wait before acting on a changed offer learnt from a held connect.
 /// The download limit (`503` + `Retry-After`) spreads a fleet that learns at once.
 const PROMPT_SPREAD: Duration = Duration::from_secs(1);
-
-/// When the next update round may start.
-struct Retry {
-    gate: RetryGate,
-    /// After failures that may pass by themselves (network, a download cut).
-    fast: Backoff,
-    /// After failures that need the server to change (a bundle that failed here before,
-    /// downloads refused): such rounds are not hurried.
-    slow: Backoff,
-    /// The bad bundle last said to be skipped, so that it is said once, not every heartbeat.
-    quiet_bad: Option<String>,
-}
-
-impl Retry {
-    fn reset(&mut self) {
-        self.gate.reset();
-        self.fast.reset();
-        self.slow.reset();
-        self.quiet_bad = None;
-    }
-
-    fn failed(&mut self, offer: &Offer, slow: bool) -> Duration {
-        let wait = if slow {
-            self.slow.next_wait(&mut rand::rng())
-        } else {
-            self.fast.next_wait(&mut rand::rng())
-        };
-        self.gate.failed(offer, Instant::now() + wait);
-        wait
-    }
-}
 
 async fn on_refused(
     install: &Installation,
@@ -424,18 +491,35 @@ async fn on_refused(
     id: &str,
     told: Told<'_>,
     retry: &mut Retry,
-    stop: &watch::Receiver<bool>,
+    signals: Signals<'_>,
 ) -> Option<RunEnd> {
     let Told { offer, prompt } = told;
+    let Signals { stop, nudge } = signals;
     let expected = offer.expected.as_str();
     match state::open_transaction(&install.home) {
         Ok(Some(j)) => {
-            tracing::warn!(
-                "the server refuses {} and expects {expected}, while the update {} -> {} is being judged; the updater decides",
-                install.version,
-                j.from,
-                j.to
-            );
+            let now = Instant::now();
+            // An update left open by an updater that could not close it (a full disk):
+            // when the retry is due, the updater is asked to close it now, not when
+            // the recovery's own backoff ends; the round after that starts at once.
+            if retry.recover_due(now) && lock::holder(&install.home.update_lock()).is_none() {
+                let next = retry.recovering(now, &mut rand::rng());
+                tracing::warn!(
+                    "the update {} -> {} was left open (phase {:?}) and no updater runs; asking the updater to close it, and again in {:.0}s while it stays open",
+                    j.from,
+                    j.to,
+                    j.phase,
+                    next.saturating_duration_since(now).as_secs_f64().max(1.0)
+                );
+                nudge.now();
+            } else {
+                tracing::warn!(
+                    "the server refuses {} and expects {expected}, while the update {} -> {} is being judged; the updater decides",
+                    install.version,
+                    j.from,
+                    j.to
+                );
+            }
             return None;
         }
         Ok(None) => {}
@@ -505,11 +589,12 @@ async fn on_refused(
     let ready = match update::fetch_verified(&mut ctx, expected_version.as_ref()).await {
         Ok(r) => r,
         Err(Outcome::ShuttingDown) => return Some(RunEnd::Stopped),
-        Err(Outcome::Degraded { reason, slow }) => {
-            let wait = retry.failed(offer, slow);
+        Err(Outcome::Degraded { reason, failure }) => {
+            let now = Instant::now();
+            let next = retry.failed(offer, failure, now, &mut rand::rng());
             tracing::warn!(
-                "running degraded: {reason}; checking again in {:.0}s, or as soon as the server offers another bundle",
-                wait.as_secs_f64()
+                "running degraded: {reason}; {}",
+                retry::when_again(next, now)
             );
             return None;
         }
@@ -532,21 +617,23 @@ async fn on_refused(
                     Some(RunEnd::HandedOff { to: to.clone() })
                 }
                 update::HandOff::Stay(why) => {
-                    let wait = retry.failed(offer, false);
+                    let now = Instant::now();
+                    let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
                     tracing::warn!(
-                        "the update to {to} stopped before the switch: {why}; {} keeps running and tries again in {:.0}s",
+                        "the update to {to} stopped before the switch: {why}; {} keeps running, {}",
                         install.version,
-                        wait.as_secs_f64()
+                        retry::when_again(next, now)
                     );
                     None
                 }
             }
         }
         Err(e) => {
-            let wait = retry.failed(offer, false);
+            let now = Instant::now();
+            let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
             tracing::error!(
-                "cannot hand over to the updater: {e}; trying again in {:.0}s",
-                wait.as_secs_f64()
+                "cannot hand over to the updater: {e}; {}",
+                retry::when_again(next, now)
             );
             None
         }

@@ -25,6 +25,7 @@ pub mod manual;
 pub mod pacing;
 pub mod recovery;
 pub mod remote_config;
+pub mod retry;
 pub mod status;
 pub mod update;
 pub mod workload;

@@ -5,10 +5,18 @@
 //! switch it abandons the update (this agent keeps running and tries again later), after
 //! it it judges the running version and commits or rolls back. The wrapper does the same
 //! at every start; this covers the agent that is already running.
+//!
+//! Its own backoff grows to minutes while the journal cannot be closed (a disk still
+//! full). The daemon does not wait that long when its retry of the update is due: it
+//! nudges this task ([`Nudge`]), which then looks at once, so an update abandoned on a
+//! full disk goes through within the retry's backoff of the space returning.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 use agent_protocol::journal::{Journal, Phase};
 use agent_protocol::layout::AgentHome;
@@ -40,20 +48,35 @@ pub fn look(journal: Option<&Journal>, updater_running: bool) -> Look {
     }
 }
 
+/// Asks [`finish_interrupted`] to look now, past its backoff: the daemon, which is not
+/// handing off (it would hold the lock), wants the open journal closed to try again.
+#[derive(Debug, Clone, Default)]
+pub struct Nudge(Arc<Notify>);
+
+impl Nudge {
+    pub fn now(&self) {
+        self.0.notify_one();
+    }
+}
+
 /// Runs for the life of the agent: finishes what no updater finishes, with backoff.
-pub async fn finish_interrupted(home: AgentHome) {
+pub async fn finish_interrupted(home: AgentHome, nudge: Nudge) {
     let mut last = Look::Settled;
     let mut backoff = Backoff::new(LOOK_EVERY, Duration::from_secs(300));
     let mut not_before = Instant::now();
     let mut said_no_updater = false;
     loop {
-        tokio::time::sleep(LOOK_EVERY).await;
+        let nudged = tokio::select! {
+            () = tokio::time::sleep(LOOK_EVERY) => false,
+            () = nudge.0.notified() => true,
+        };
         let journal = state::open_transaction(&home).ok().flatten();
         let now = look(
             journal.as_ref(),
             lock::holder(&home.update_lock()).is_some(),
         );
-        let seen_twice = now != Look::Settled && now == last;
+        // A nudge stands for the second look: the daemon knows it is not handing off.
+        let seen_twice = now != Look::Settled && (now == last || nudged);
         last = now;
         let Some(journal) = journal.filter(|_| seen_twice) else {
             if last == Look::Settled {
@@ -62,7 +85,7 @@ pub async fn finish_interrupted(home: AgentHome) {
             }
             continue;
         };
-        if Instant::now() < not_before {
+        if !nudged && Instant::now() < not_before {
             continue;
         }
         not_before = Instant::now() + backoff.next_wait(&mut rand::rng());

@@ -25,6 +25,7 @@ use crate::client::Client;
 use crate::config::Config;
 use crate::download::{self, DownloadError, Limits};
 use crate::home::Installation;
+use crate::retry::Failure;
 
 /// Failed downloads (not counting `503`s, which the server manages) before giving up
 /// for this round.
@@ -36,7 +37,7 @@ pub const UPDATER_LINK: &str = "updater";
 #[derive(Debug)]
 pub enum Outcome {
     /// The agent keeps running as it is and tries again later.
-    Degraded { reason: String, slow: bool },
+    Degraded { reason: String, failure: Failure },
     /// The agent was told to stop while it waited.
     ShuttingDown,
 }
@@ -67,7 +68,7 @@ pub struct Ready {
 fn degraded(reason: impl Into<String>) -> Outcome {
     Outcome::Degraded {
         reason: reason.into(),
-        slow: false,
+        failure: Failure::Transient,
     }
 }
 
@@ -113,7 +114,7 @@ pub async fn fetch_verified(
                     "bundle {} (sha256 {}) failed to come up here before and is in data/bad-versions; not retrying it until the server offers a different bundle (agent update --clear-bad forgets)",
                     info.agent, info.sha256
                 ),
-                slow: true,
+                failure: Failure::BadBundle,
             });
         }
         Ok(false) => {}
@@ -121,8 +122,10 @@ pub async fn fetch_verified(
     }
     // What can be checked before the download is: a bundle that cannot be verified, or
     // whose signed claim does not match what the server says, is not worth a byte.
-    let key = trusted_key(ctx.config, home.root())
-        .map_err(|reason| Outcome::Degraded { reason, slow: true })?;
+    let key = trusted_key(ctx.config, home.root()).map_err(|reason| Outcome::Degraded {
+        reason,
+        failure: Failure::NeedsChange,
+    })?;
     let retired = state::retired_keys(home)
         .map_err(|e| degraded(format!("cannot read data/retired-keys: {e}")))?;
     let signature = ctx
@@ -138,7 +141,7 @@ pub async fn fetch_verified(
     if let Err(retired) = trust.check_signer(signature.key_id()) {
         return Err(Outcome::Degraded {
             reason: format!("refusing the server's bundle: {retired}"),
-            slow: true,
+            failure: Failure::NeedsChange,
         });
     }
     check_claim(&key, &key_path, &signature, &info, &ctx.install.version_dir)
@@ -179,7 +182,7 @@ pub async fn fetch_verified(
             Err(DownloadError::Forbidden) => {
                 return Err(Outcome::Degraded {
                     reason: DownloadError::Forbidden.to_string(),
-                    slow: true,
+                    failure: Failure::NeedsChange,
                 });
             }
             Err(e @ (DownloadError::DiskSpace { .. } | DownloadError::HashMismatch { .. })) => {
@@ -217,7 +220,7 @@ pub async fn fetch_verified(
             // The same bytes will never verify: wait for the server to offer others.
             return Err(Outcome::Degraded {
                 reason: format!("refusing the downloaded bundle: {reason}"),
-                slow: true,
+                failure: Failure::NeedsChange,
             });
         }
     };

@@ -172,6 +172,16 @@ pub fn enqueue_report(home: &AgentHome, report: &Report) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Whether a report waits in the outbox: one directory listing, nothing parsed (the
+/// agent asks this a few times a second).
+pub fn has_pending_reports(home: &AgentHome) -> bool {
+    fs::read_dir(home.outbox()).is_ok_and(|entries| {
+        entries
+            .filter_map(|e| e.ok())
+            .any(|e| e.path().extension().is_some_and(|x| x == "json"))
+    })
+}
+
 /// Reports waiting in the outbox, oldest first. A file that does not parse is moved
 /// aside (`.bad`), so one damaged report never blocks the rest.
 pub fn pending_reports(home: &AgentHome) -> Result<Vec<(PathBuf, Report)>> {
@@ -253,7 +263,9 @@ mod tests {
             status,
             error: None,
         };
+        assert!(!has_pending_reports(&home));
         enqueue_report(&home, &report(UpdateStatus::Installing)).unwrap();
+        assert!(has_pending_reports(&home));
         enqueue_report(&home, &report(UpdateStatus::Installed)).unwrap();
         fs::write(home.outbox().join("0-x.json"), "{").unwrap();
         let pending = pending_reports(&home).unwrap();

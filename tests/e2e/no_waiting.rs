@@ -1,0 +1,360 @@
+//! Nothing an agent must do waits for its held connect (issue 30): a transient failure
+//! (a full disk) is retried on its backoff while the agent long-polls, and a report the
+//! updater writes after a rollback reaches the server at once, not a heartbeat later.
+//! Each test runs with long polls on (the default) and off (heartbeats).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use e2e::{
+    ServerProc, TestContext, admin_agents, configure_agent, failpoints_stub, http, log_time,
+    read_file, wait_until,
+};
+use serde_json::Value;
+
+use crate::full_disk::{Filler, Tmpfs};
+use crate::update::{QUICK, agents_running, current, script_agent};
+
+const TOKEN: &str = "no-waiting-token";
+const LONG: Duration = Duration::from_secs(60);
+/// Full-disk cycles per test: each is a new release the disk fills under.
+const CYCLES: usize = 3;
+/// Space returns: the update must go through by itself within this.
+const CONVERGE: Duration = Duration::from_secs(10);
+
+fn now_secs_f64() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Sets the agent's heartbeat and long polls in its conf/agent.toml.
+fn agent_conf(home: &Path, server: &ServerProc, heartbeat: &str, long_poll: bool) {
+    configure_agent(home, &[server.url("")], "");
+    let conf = read_file(&home.join("conf/agent.toml")).replace(
+        "heartbeat = \"1s\"",
+        &format!("heartbeat = \"{heartbeat}\"\nlong-poll = {long_poll}"),
+    );
+    fs::write(home.join("conf/agent.toml"), conf).unwrap();
+}
+
+fn rollout(server: &ServerProc) -> Option<Value> {
+    let auth = format!("Bearer {TOKEN}");
+    let answer = http(
+        server.port,
+        "GET",
+        "/admin/rollout",
+        &[("Authorization", &auth)],
+    )
+    .ok()?;
+    (answer.status == 200).then(|| serde_json::from_slice(&answer.body).ok())?
+}
+
+/// The version directory a process runs from (`/proc/<pid>/exe`, resolved at exec).
+fn version_of(pid: u32) -> Option<String> {
+    let exe = fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let dir = exe.parent()?.parent()?;
+    Some(dir.file_name()?.to_string_lossy().into_owned())
+}
+
+/// How many rounds ended without the switch so far (the agent's own words).
+fn failed_rounds(home: &Path) -> usize {
+    read_file(&home.join("logs/agent.log"))
+        .lines()
+        .filter(|l| {
+            l.contains("running degraded")
+                || l.contains("stopped before the switch")
+                || l.contains("asking the updater to close it")
+        })
+        .count()
+}
+
+fn logs(home: &Path) -> String {
+    let mut out = String::new();
+    for file in ["agent.log", "update.log", "wrapper.log"] {
+        let text = read_file(&home.join("logs").join(file));
+        let tail: Vec<&str> = text.lines().rev().take(40).collect();
+        out.push_str(&format!("--- {file} (last lines)\n"));
+        for line in tail.into_iter().rev() {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Polls `cond` for [`LONG`]; on timeout, fails showing the agent's logs.
+fn wait_logged(home: &Path, what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + LONG;
+    while !cond() {
+        assert!(
+            Instant::now() < end,
+            "timed out after {LONG:?} waiting for {what}\n{}",
+            logs(home)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A real server and agent at a 1 s heartbeat; the agent's home on a small tmpfs. In
+/// each cycle a new release is published, the disk fills the moment its download
+/// completes (the updater's unpack is held a second by a fault point, so the fill is
+/// never late), the agent keeps running its version, the space returns, and the update
+/// goes through by itself within [`CONVERGE`].
+fn full_disk_cycles(long_poll: bool) {
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let stub = failpoints_stub().display().to_string();
+    let versions: Vec<String> = (1..=CYCLES + 1).map(|v| format!("{v}.0.0")).collect();
+    let bundles: Vec<PathBuf> = versions
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let build = (i + 1).to_string();
+            let d = ctx.dist(&format!("d{build}"));
+            ctx.pack_with(
+                &d,
+                v,
+                &build,
+                &key,
+                &format!("b{build}"),
+                &["--stub", &stub],
+            )
+        })
+        .collect();
+    let server = ctx.server(
+        "srv",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN),
+            // One agent: its abandoned round (INSTALL_FAILED, the disk was full) must not
+            // halt the rollout, or nothing would be offered again.
+            ("UPDATE_SERVER_ROLLOUT_MAX_FAILURES", "100%"),
+        ],
+    );
+    ctx.publish_served(&server, &bundles[0]);
+
+    let dir = ctx.path("disk");
+    let agent_bytes = fs::metadata(e2e::bin_path("agent")).unwrap().len();
+    let bundle_bytes = fs::metadata(&bundles[1]).unwrap().len();
+    // Room for the installed version and an update (the agent wants four times the
+    // bundle free before it downloads), the versions kept for rollback, and little more.
+    let _disk = Tmpfs::mount(&dir, 2 * agent_bytes + 6 * bundle_bytes + (48 << 20));
+    let filler = Filler { dir: dir.clone() };
+    let home = ctx.install(&bundles[0], "disk");
+    agent_conf(&home, &server, "1s", long_poll);
+    fs::write(
+        home.join("conf/agent-env.sh"),
+        format!("{QUICK}export FAILPOINTS='updater-unpacking=sleep(1000)'\n"),
+    )
+    .unwrap();
+    crate::update::start(&home);
+    wait_until(LONG, "the agent to register", || {
+        admin_agents(server.port, TOKEN)
+            .iter()
+            .any(|a| a["version"] == "1.0.0+1")
+    });
+
+    for cycle in 1..=CYCLES {
+        let old = format!("{}+{cycle}", versions[cycle - 1]);
+        let new = format!("{}+{}", versions[cycle], cycle + 1);
+        let failed_before = failed_rounds(&home);
+        ctx.republish(&server, &bundles[cycle]);
+        let downloaded = home.join(format!("data/update/agent-bundle-{}", versions[cycle]));
+        let end = Instant::now() + LONG;
+        while !downloaded.exists() {
+            assert!(
+                Instant::now() < end,
+                "cycle {cycle}: {new} was never downloaded\n{}",
+                logs(&home)
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        filler.fill();
+        wait_logged(&home, "the round to fail on the full disk", || {
+            failed_rounds(&home) > failed_before
+        });
+        // While the disk stays full the agent keeps at it: it asks the updater to close
+        // the update it could not close, or tries again, on its own.
+        wait_logged(&home, "a retry while the disk is full", || {
+            failed_rounds(&home) > failed_before + 1
+        });
+        let running = agents_running(&home);
+        assert_eq!(
+            running.len(),
+            1,
+            "cycle {cycle}: agents {running:?}\n{}",
+            logs(&home)
+        );
+        assert_eq!(
+            version_of(running[0]).as_deref(),
+            Some(old.as_str()),
+            "cycle {cycle}: the agent does not run its old version\n{}",
+            logs(&home)
+        );
+
+        filler.free();
+        let freed = Instant::now();
+        let mut through = false;
+        while freed.elapsed() < LONG {
+            let agents = agents_running(&home);
+            through = current(&home) == format!("versions/{new}")
+                && agents.len() == 1
+                && version_of(agents[0]).as_deref() == Some(new.as_str())
+                && admin_agents(server.port, TOKEN)
+                    .iter()
+                    .any(|a| a["version"] == new.as_str() && a["update_status"] == "INSTALLED");
+            if through {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let took = freed.elapsed();
+        assert!(
+            through && took < CONVERGE,
+            "cycle {cycle} (long polls {long_poll}): {new} {} {:.1}s after the space returned (limit {CONVERGE:?})\n{}",
+            if through {
+                "went through"
+            } else {
+                "had not gone through"
+            },
+            took.as_secs_f64(),
+            logs(&home)
+        );
+        eprintln!(
+            "cycle {cycle} (long polls {long_poll}): {new} installed {:.1}s after the space returned",
+            took.as_secs_f64()
+        );
+    }
+}
+
+#[test]
+fn a_full_disk_is_retried_while_the_agent_long_polls() {
+    full_disk_cycles(true);
+}
+
+#[test]
+fn a_full_disk_is_retried_with_heartbeats() {
+    full_disk_cycles(false);
+}
+
+/// Three agents at the default 30 s heartbeat, waves `["1", "100%"]`, no failure allowed:
+/// a bundle whose agent exits at once rolls back on the first wave's agent; its
+/// `INSTALL_FAILED` reaches `/admin/agents` within 1 s of the rolled-back agent starting,
+/// and the rollout halts within 5 s of the rollback.
+fn failed_update_told_at_once(long_poll: bool) {
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let d2 = ctx.dist("d2");
+    script_agent(&d2, "exit 1");
+    let b2 = ctx.pack(&d2, "2.0.0", "2", &key, "b2");
+    let server = ctx.server(
+        "srv",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN),
+            ("UPDATE_SERVER_ROLLOUT_WAVES", "1,100%"),
+            ("UPDATE_SERVER_ROLLOUT_MAX_FAILURES", "0"),
+        ],
+    );
+    ctx.publish_served(&server, &b1);
+    let homes: Vec<PathBuf> = (0..3)
+        .map(|i| {
+            let home = ctx.install(&b1, &format!("fleet/{i}"));
+            agent_conf(&home, &server, "30s", long_poll);
+            fs::write(home.join("conf/agent-env.sh"), QUICK).unwrap();
+            home
+        })
+        .collect();
+    e2e::start_wrappers(&homes);
+    wait_until(LONG, "three agents to register", || {
+        admin_agents(server.port, TOKEN).len() == 3
+    });
+    if long_poll {
+        wait_until(LONG, "every agent to hold a connect", || {
+            e2e::metric(&server, "agentupdate_connects_held") >= 3.0
+        });
+    }
+
+    ctx.republish(&server, &b2);
+    // Watched as it happens: when the server first shows the failure, and the halt.
+    let mut reported_at = None;
+    let mut halted_at = None;
+    let end = Instant::now() + LONG;
+    while reported_at.is_none() || halted_at.is_none() {
+        assert!(
+            Instant::now() < end,
+            "no INSTALL_FAILED ({reported_at:?}) or no halt ({halted_at:?}) within {LONG:?}: {:?}",
+            rollout(&server)
+        );
+        if reported_at.is_none()
+            && admin_agents(server.port, TOKEN)
+                .iter()
+                .any(|a| a["update_status"] == "INSTALL_FAILED")
+        {
+            reported_at = Some(now_secs_f64());
+        }
+        if halted_at.is_none()
+            && rollout(&server).is_some_and(|r| r["version"] == "2.0.0+2" && r["state"] == "halted")
+        {
+            halted_at = Some(now_secs_f64());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (reported_at, halted_at) = (reported_at.unwrap(), halted_at.unwrap());
+
+    let failed = admin_agents(server.port, TOKEN)
+        .into_iter()
+        .find(|a| a["update_status"] == "INSTALL_FAILED")
+        .unwrap();
+    let home = homes
+        .iter()
+        .find(|h| read_file(&h.join("data/agent-id")).trim() == failed["id"])
+        .unwrap();
+    assert!(
+        read_file(&home.join("logs/update.log")).contains("rolled back to 1.0.0+1"),
+        "no rollback\n{}",
+        logs(home)
+    );
+    // The old version's agent, started again by the updater as the rollback's last step
+    // (update.log counts whole seconds; the agent's log has the instant).
+    let restarted = read_file(&home.join("logs/agent.log"))
+        .lines()
+        .filter(|l| l.contains("agent 1.0.0+1 started"))
+        .filter_map(log_time)
+        .next_back()
+        .unwrap_or_else(|| panic!("the old agent did not start again\n{}", logs(home)));
+    let rolled_back = restarted;
+    eprintln!(
+        "long polls {long_poll}: rolled back, the old agent started at {rolled_back:.3}; INSTALL_FAILED shown {:+.3}s, halted {:+.3}s",
+        reported_at - restarted,
+        halted_at - rolled_back
+    );
+    assert!(
+        reported_at - restarted < 1.0,
+        "INSTALL_FAILED reached /admin/agents {:.3}s after the rolled-back agent started (limit 1 s)\n{}",
+        reported_at - restarted,
+        logs(home)
+    );
+    assert!(
+        halted_at - rolled_back < 5.0,
+        "the rollout halted {:.3}s after the rollback (limit 5 s)\n{}",
+        halted_at - rolled_back,
+        logs(home)
+    );
+    // The other agents were never told: they stay on 1.0.0.
+    for a in admin_agents(server.port, TOKEN) {
+        assert_eq!(a["version"], "1.0.0+1", "{a}");
+    }
+}
+
+#[test]
+fn a_failed_update_halts_its_wave_at_once_while_agents_long_poll() {
+    failed_update_told_at_once(true);
+}
+
+#[test]
+fn a_failed_update_halts_its_wave_at_once_with_heartbeats() {
+    failed_update_told_at_once(false);
+}
