@@ -517,6 +517,12 @@ fn an_agent_that_exits_0_is_restarted_unless_an_updater_holds_the_lock() {
     let agent_pid =
         || -> Option<u32> { read_file(&home.join("run/agent.pid")).trim().parse().ok() };
     let first = agent_pid().unwrap();
+    // TERM before its signal handling is up would be a crash (143), which the wrapper
+    // restarts for another reason: wait until this agent reports itself.
+    e2e::wait_until(NO_AGENT_LIMIT, "the agent to be up", || {
+        serde_json::from_str::<serde_json::Value>(&read_file(&home.join("run/health.json")))
+            .is_ok_and(|h| h["pid"].as_u64() == Some(u64::from(first)))
+    });
     // TERM to the agent alone: it exits 0, and nobody else would start it.
     signal(first, "TERM");
     e2e::wait_until(

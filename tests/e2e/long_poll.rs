@@ -133,8 +133,13 @@ fn a_degraded_agent_takes_a_fixed_bundle_within_two_seconds() {
     let homes = held_agents(&ctx, &server, &b1, 1);
     let home = &homes[0];
     ctx.republish(&server, &b2);
-    e2e::wait_log(home, "agent.log", "running degraded", LONG);
-    // Degraded, and held again: the server knows the agent stays away from 2.0.0.
+    // Rolled back, and told at once (issue 30): the rollout of 2.0.0 halts on it.
+    wait_until(LONG, "the server to record the failed update", || {
+        admin_agents(server.port, TOKEN)
+            .iter()
+            .any(|a| a["update_status"] == "INSTALL_FAILED")
+    });
+    // Held again: on 1.0.0, accepted by the halted rollout or staying away from 2.0.0.
     wait_until(LONG, "the degraded agent to hold a connect", || {
         metric(&server, "agentupdate_connects_held") >= 1.0
     });

@@ -81,6 +81,14 @@ pub async fn flush_outbox(home: &AgentHome, client: &Client) {
 /// with the servers; the workload is stopped before this returns, unless the agent hands
 /// over to the updater, which leaves it serving until the next agent replaces it.
 pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd> {
+    // Before anything shows this agent as up (its health file, its pid): a TERM from
+    // then on is a request to stop, never a crash.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_signal = stop_signal();
+    tokio::spawn(async move {
+        stop_signal.await;
+        let _ = stop_tx.send(true);
+    });
     let home = install.home.clone();
     let spec = Spec::new(&config.workload, home.root(), &install.version_dir);
     let board = Arc::new(HealthBoard::new(
@@ -106,7 +114,7 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
         parse_reload(&config.workload.reload).unwrap_or(Reload::Restart),
         config.workload.check_command.clone(),
     );
-    let end = serve(&install, &config, &board, &dirs, &mut workload).await;
+    let end = serve(&install, &config, &board, &dirs, &mut workload, stop_rx).await;
     match end {
         // The workload serves on through the switch: the new version's agent stops it
         // just before it starts its own (or this version's again, after a rollback).
@@ -122,6 +130,7 @@ async fn serve(
     board: &HealthBoard,
     dirs: &Result<Dirs, String>,
     workload: &mut LiveWorkload,
+    stop_rx: watch::Receiver<bool>,
 ) -> anyhow::Result<RunEnd> {
     let home = install.home.clone();
     let id = identity::load_or_create(&home)?;
@@ -143,11 +152,6 @@ async fn serve(
         hello,
         Trust::of(config, &home),
     )?;
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        wait_for_stop_signal().await;
-        let _ = stop_tx.send(true);
-    });
 
     let nudge = crate::recovery::Nudge::default();
     tokio::spawn(crate::recovery::finish_interrupted(
@@ -640,10 +644,18 @@ async fn on_refused(
     }
 }
 
-async fn wait_for_stop_signal() {
+/// Registers TERM and INT now; the future resolves when one arrives.
+fn stop_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
+    wait_for_stop_signal(term, int)
+}
+
+async fn wait_for_stop_signal(
+    term: std::io::Result<tokio::signal::unix::Signal>,
+    int: std::io::Result<tokio::signal::unix::Signal>,
+) {
     match (term, int) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {

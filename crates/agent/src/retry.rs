@@ -8,7 +8,8 @@
 //! - **needs a change** (downloads refused, no trusted key, a signature that does not
 //!   verify): tried again on a slow backoff, because someone must change something;
 //! - **bad bundle** (it failed to come up healthy here: `data/bad-versions`): never tried
-//!   again; only a different bundle from the server is.
+//!   again; only a different bundle from the server is (a server whose `409` does not
+//!   name its bundle is asked what it serves on the slow backoff).
 //!
 //! A retry that is due must not wait for the server: a held connect (a long poll) is
 //! only answered when something changes for the agent, and nothing does while its disk
@@ -173,7 +174,10 @@ impl Retry {
         let next = match failure {
             Failure::Transient => NextRound::At(now + self.transient.next_wait(rng)),
             Failure::NeedsChange => NextRound::At(now + self.needs_change.next_wait(rng)),
-            Failure::BadBundle => NextRound::OnNewOffer,
+            // A server that names its bundle says when it changes; of one that does not,
+            // `/agentupdate/version` is asked again on the slow backoff.
+            Failure::BadBundle if offer.sha256.is_some() => NextRound::OnNewOffer,
+            Failure::BadBundle => NextRound::At(now + self.needs_change.next_wait(rng)),
         };
         self.gate.failed(offer, next);
         next
@@ -317,6 +321,15 @@ mod tests {
         assert_eq!(retry.gate.decide(&offer('b'), now), Gate::Changed);
         retry.reset();
         assert_eq!(retry.gate.decide(&offer('a'), now), Gate::Go);
+        // A server that does not name its bundle is asked again, slowly, what it serves.
+        let unnamed = Offer {
+            expected: "2.0.0+2".into(),
+            sha256: None,
+        };
+        let NextRound::At(when) = retry.failed(&unnamed, Failure::BadBundle, now, &mut rng) else {
+            panic!("an unnamed bad bundle is looked at again");
+        };
+        assert!(when - now >= HEARTBEAT * 2);
     }
 
     /// A held connect of a minute ends when the retry is due, not a minute later.
