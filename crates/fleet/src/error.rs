@@ -12,6 +12,12 @@ pub enum FleetError {
     Database(#[from] sqlx::Error),
     #[error("database migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A request the fleet cannot take as it is; the text says what to change.
+    #[error("{0}")]
+    Invalid(String),
+    /// It clashes with what the fleet holds (a name taken); the text says what to do.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 impl FleetError {

@@ -86,6 +86,16 @@ impl Fleet {
         })
     }
 
+    /// The operators' named tokens.
+    pub fn operators(&self) -> crate::operators::Operators {
+        crate::operators::Operators::new(self.db.clone())
+    }
+
+    /// The audit log.
+    pub fn audit(&self) -> crate::audit::Audit {
+        crate::audit::Audit::new(self.db.clone())
+    }
+
     /// The fleet-wide switch as last read or set.
     pub fn auto_update(&self) -> bool {
         self.auto_update.load(Ordering::Relaxed)

@@ -13,6 +13,7 @@
 //! ([`rollout::Served`]). Decisions (a rollout's next step, an agent's wave, the
 //! credentials verdict) stay pure functions, unit tested without a database.
 
+pub mod audit;
 pub mod config;
 pub mod credentials;
 pub mod db;
@@ -21,6 +22,7 @@ pub mod fleet;
 pub mod history;
 pub mod news;
 pub mod opamp;
+pub mod operators;
 pub mod outage;
 pub mod rollout;
 pub mod settings;

@@ -69,7 +69,14 @@ struct ConnState {
     head_since: AtomicU64,
     /// When the last response finished.
     idle_since: AtomicU64,
+    /// The client's address, for the audit log (`None` in tests without a socket).
+    peer: Option<std::net::IpAddr>,
 }
+
+/// The address a request came from, as the connection's peer: handlers read it as an
+/// extension (the audit log says from where a change was made).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub std::net::IpAddr);
 
 const NONE: u64 = u64::MAX;
 
@@ -86,7 +93,13 @@ impl ConnState {
             // A new connection owes a request head from the start.
             head_since: AtomicU64::new(0),
             idle_since: AtomicU64::new(0),
+            peer: None,
         }
+    }
+
+    fn with_peer(mut self, peer: std::net::IpAddr) -> Self {
+        self.peer = Some(peer);
+        self
     }
 
     fn now(&self) -> u64 {
@@ -389,6 +402,9 @@ where
     let guard = RequestGuard(Arc::clone(&state));
     let mut req = req.map(Body::new);
     req.extensions_mut().insert(ConnHold(Arc::clone(&state)));
+    if let Some(peer) = state.peer {
+        req.extensions_mut().insert(ClientAddr(peer));
+    }
     let response = match host_problem(&req) {
         Some(problem) => bad_request(problem),
         None => match router.oneshot(req).await {
@@ -625,10 +641,10 @@ pub async fn serve(
     let mut last_accept_error = String::new();
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok((stream, peer)) => (stream, peer.ip()),
                 Err(e) => {
                     // Out of file descriptors, most likely: wait rather than spin.
                     let e = e.to_string();
@@ -662,7 +678,7 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         inc(&metrics.connections_total);
         next_id += 1;
-        let state = Arc::new(ConnState::new(next_id));
+        let state = Arc::new(ConnState::new(next_id).with_peer(peer));
         registry.lock().insert(state.id, Arc::clone(&state));
         let watched = Arc::clone(&state);
         let registered = Arc::clone(&registry);

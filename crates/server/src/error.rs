@@ -53,6 +53,11 @@ const DATABASE_RETRY_AFTER: u64 = 5;
 /// the server's (`500`, detail in the log).
 impl From<FleetError> for ApiError {
     fn from(e: FleetError) -> Self {
+        match e {
+            FleetError::Invalid(message) => return Self::bad_request(message),
+            FleetError::Conflict(message) => return Self::new(StatusCode::CONFLICT, message),
+            _ => {}
+        }
         if e.is_unavailable() {
             tracing::warn!("the fleet database is unreachable: {e}");
             return Self::unavailable(

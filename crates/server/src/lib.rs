@@ -279,10 +279,9 @@ pub async fn serve(
         }
     });
 
-    let mut router = app(state.clone());
-    if !config.admin.token.is_empty() {
-        router = router.merge(web::router(state, page_options(&config)));
-    }
+    // The page signs people in with admin.token or a named operator token: with
+    // neither, its sign-in refuses every token.
+    let router = app(state.clone()).merge(web::router(state, page_options(&config)));
     let router = router.layer(
         // 503 (limit) and 409 (directive) are answers the server means to give; a
         // fleet produces thousands, so they are not logged as errors.

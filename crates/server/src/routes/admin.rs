@@ -7,7 +7,7 @@ use agent_protocol::wire::AgentRecord;
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
@@ -15,9 +15,11 @@ use agent_fleet::db::Credentials;
 use agent_fleet::rollout::Refusal;
 use agent_fleet::rollout::step::HaltCause;
 
-use super::{AppState, Shared, authorize, json_body};
+use super::operators::Auth;
+use super::{AppState, Shared, json_body};
 use crate::error::ApiError;
 use crate::metrics::RolloutGauges;
+use agent_fleet::operators::Action;
 
 fn settings_json(s: &Shared) -> serde_json::Value {
     serde_json::json!({
@@ -31,9 +33,10 @@ fn settings_json(s: &Shared) -> serde_json::Value {
 
 pub(super) async fn settings(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    auth: Auth,
 ) -> Result<Response, ApiError> {
-    authorize(&state.inner, &headers)?;
+    auth.require(&state.inner, Action::Read, "settings.read")
+        .await?;
     Ok(Json(settings_json(&state.inner)).into_response())
 }
 
@@ -46,11 +49,11 @@ pub(super) struct SettingsChange {
 
 pub(super) async fn update_settings(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    auth: Auth,
     body: Result<Json<SettingsChange>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    authorize(s, &headers)?;
+    let caller = auth.require(s, Action::Change, "settings.change").await?;
     let change = json_body(body)?;
     if let Some(limit) = change.downloads_limit {
         if limit > s.max_connections {
@@ -60,12 +63,27 @@ pub(super) async fn update_settings(
             )));
         }
         s.fleet.set_download_limit(&s.server_name, limit).await?;
-        s.download_limit.store(limit, Ordering::Relaxed);
-        tracing::info!(limit, "download limit changed");
+        let old = s.download_limit.swap(limit, Ordering::Relaxed);
+        tracing::info!(limit, by = %caller.name, "download limit changed");
+        caller
+            .record(
+                s,
+                "settings.downloads_limit",
+                serde_json::json!({ "server": s.server_name, "old": old, "new": limit }),
+            )
+            .await;
     }
     if let Some(enabled) = change.auto_update {
+        let old = s.fleet.auto_update();
         s.fleet.set_auto_update(enabled).await?;
-        tracing::info!(enabled, "fleet-wide auto-update changed");
+        tracing::info!(enabled, by = %caller.name, "fleet-wide auto-update changed");
+        caller
+            .record(
+                s,
+                "settings.auto_update",
+                serde_json::json!({ "old": old, "new": enabled }),
+            )
+            .await;
     }
     Ok(Json(settings_json(s)).into_response())
 }
@@ -78,11 +96,11 @@ pub(super) struct AgentFilter {
 
 pub(super) async fn agents(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    auth: Auth,
     Query(filter): Query<AgentFilter>,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    authorize(s, &headers)?;
+    auth.require(s, Action::Read, "agents.read").await?;
     // What people read is as fresh as what the server heard.
     s.fleet.flush_contacts().await;
     let rows = s
@@ -134,11 +152,13 @@ pub(super) async fn agents(
 /// wiped); its next register gets new ones.
 pub(super) async fn forget_token(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    auth: Auth,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    authorize(s, &headers)?;
+    let caller = auth
+        .require(s, Action::Change, "agent.forget_token")
+        .await?;
     if !s.fleet.forget_token(&id).await? {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -146,15 +166,19 @@ pub(super) async fn forget_token(
         ));
     }
     s.fleet.outage.remember_credentials(&id, &Credentials::None);
-    tracing::warn!(agent = %id, "an operator reset the agent's credentials; its next register gets new ones");
+    tracing::warn!(agent = %id, by = %caller.name, "an operator reset the agent's credentials; its next register gets new ones");
+    caller
+        .record(s, "agent.forget_token", serde_json::json!({ "agent": id }))
+        .await;
     Ok(Json(serde_json::json!({ "id": id, "token": "forgotten" })).into_response())
 }
 
 pub(super) async fn rollout(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    auth: Auth,
 ) -> Result<Response, ApiError> {
-    authorize(&state.inner, &headers)?;
+    auth.require(&state.inner, Action::Read, "rollout.read")
+        .await?;
     rollout_json(&state.inner).await
 }
 
@@ -182,11 +206,11 @@ pub(super) struct HaltBody {
 
 pub(super) async fn rollout_halt(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    auth: Auth,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    authorize(s, &headers)?;
+    let caller = auth.require(s, Action::Change, "rollout.halt").await?;
     let halt: HaltBody = if body.iter().all(u8::is_ascii_whitespace) {
         HaltBody::default()
     } else {
@@ -196,31 +220,48 @@ pub(super) async fn rollout_halt(
     if halt.reason.as_ref().is_some_and(|r| r.len() > 1024) {
         return Err(ApiError::bad_request("reason is longer than 1024 bytes"));
     }
-    operator_answer(s, s.fleet.rollouts.halt(halt.reason.as_deref()).await?).await
+    let done = s.fleet.rollouts.halt(halt.reason.as_deref()).await?;
+    let details = serde_json::json!({ "reason": halt.reason });
+    operator_answer(s, &caller, "rollout.halt", details, done).await
 }
 
 pub(super) async fn rollout_resume(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    auth: Auth,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    authorize(s, &headers)?;
-    operator_answer(s, s.fleet.rollouts.resume().await?).await
+    let caller = auth.require(s, Action::Change, "rollout.resume").await?;
+    let done = s.fleet.rollouts.resume().await?;
+    operator_answer(s, &caller, "rollout.resume", serde_json::json!({}), done).await
 }
 
 pub(super) async fn rollout_advance(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    auth: Auth,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    authorize(s, &headers)?;
-    operator_answer(s, s.fleet.rollouts.advance().await?).await
+    let caller = auth.require(s, Action::Change, "rollout.advance").await?;
+    let done = s.fleet.rollouts.advance().await?;
+    operator_answer(s, &caller, "rollout.advance", serde_json::json!({}), done).await
 }
 
-/// The rollout after an operator's request, or `409` saying why it could not be done.
-async fn operator_answer(s: &Shared, result: Result<(), Refusal>) -> Result<Response, ApiError> {
+/// The rollout after an operator's request (recorded), or `409` saying why it could
+/// not be done.
+async fn operator_answer(
+    s: &Shared,
+    caller: &super::operators::Caller,
+    what: &str,
+    mut details: serde_json::Value,
+    result: Result<(), Refusal>,
+) -> Result<Response, ApiError> {
     match result {
-        Ok(()) => rollout_json(s).await,
+        Ok(()) => {
+            if let Some(version) = s.fleet.rollouts.current().map(|r| r.version.to_string()) {
+                details["version"] = serde_json::Value::String(version);
+            }
+            caller.record(s, what, details).await;
+            rollout_json(s).await
+        }
         Err(Refusal(why)) => Err(ApiError::new(StatusCode::CONFLICT, why)),
     }
 }

@@ -19,9 +19,11 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::agents::{authenticate, check_id, unauthorized};
-use super::{AppState, Shared, authorize, json_body};
+use super::operators::Auth;
+use super::{AppState, Shared, json_body};
 use crate::error::ApiError;
 use crate::metrics::inc;
+use agent_fleet::operators::Action;
 
 /// Largest `PUT /admin/config/<group>` body: a full set, JSON-escaped (every byte of
 /// text may take six), and room for the names.
@@ -40,12 +42,12 @@ fn check_group(group: &str) -> Result<(), ApiError> {
 /// `PUT /admin/config/<group>`.
 pub(super) async fn put(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    auth: Auth,
     Path(group): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    authorize(s, &headers)?;
+    let caller = auth.require(s, Action::Change, "config.push").await?;
     check_group(&group)?;
     // Parsed here, not by an extractor, so that text that is not UTF-8 or a set that is
     // not `{"files": {name: text}}` gets a 400 that says so.
@@ -54,11 +56,19 @@ pub(super) async fn put(
             "body must be {{\"files\": {{\"<name>\": \"<UTF-8 text>\", ...}}}}: {e}"
         ))
     })?;
+    let names: Vec<String> = put.files.keys().cloned().collect();
     match s.fleet.configs.push(&group, put.files).await? {
         Ok(pushed) => {
             if pushed.new {
                 tracing::info!(group = %pushed.group, hash = %pushed.hash, "configuration set stored");
             }
+            caller
+                .record(
+                    s,
+                    "config.push",
+                    serde_json::json!({ "group": pushed.group, "hash": pushed.hash, "files": names, "new": pushed.new }),
+                )
+                .await;
             Ok(Json(serde_json::json!({
                 "group": pushed.group,
                 "hash": pushed.hash,
@@ -73,22 +83,20 @@ pub(super) async fn put(
 }
 
 /// `GET /admin/config`.
-pub(super) async fn list(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    authorize(&state.inner, &headers)?;
+pub(super) async fn list(State(state): State<AppState>, auth: Auth) -> Result<Response, ApiError> {
+    auth.require(&state.inner, Action::Read, "config.list")
+        .await?;
     Ok(Json(state.inner.fleet.configs.status().await?).into_response())
 }
 
 /// `DELETE /admin/config/<group>`.
 pub(super) async fn delete(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    auth: Auth,
     Path(group): Path<String>,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    authorize(s, &headers)?;
+    let caller = auth.require(s, Action::Change, "config.delete").await?;
     check_group(&group)?;
     if !s.fleet.configs.delete(&group).await? {
         return Err(ApiError::new(
@@ -96,6 +104,9 @@ pub(super) async fn delete(
             format!("group {group} has no configuration set"),
         ));
     }
+    caller
+        .record(s, "config.delete", serde_json::json!({ "group": group }))
+        .await;
     Ok(Json(serde_json::json!({ "group": group, "deleted": true })).into_response())
 }
 
@@ -108,12 +119,21 @@ pub(super) struct HaltBody {
 /// `POST /admin/config/<group>/halt|resume|advance`.
 pub(super) async fn steer(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    auth: Auth,
     Path((group, action)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    authorize(s, &headers)?;
+    let what = format!(
+        "config.{}",
+        if matches!(action.as_str(), "halt" | "resume" | "advance") {
+            action.as_str()
+        } else {
+            "steer"
+        }
+    );
+    let caller = auth.require(s, Action::Change, &what).await?;
+    let mut reason = None;
     check_group(&group)?;
     let configs = &s.fleet.configs;
     let result = match action.as_str() {
@@ -127,6 +147,7 @@ pub(super) async fn steer(
             if halt.reason.as_ref().is_some_and(|r| r.len() > 1024) {
                 return Err(ApiError::bad_request("reason is longer than 1024 bytes"));
             }
+            reason.clone_from(&halt.reason);
             configs.halt(&group, halt.reason.as_deref()).await?
         }
         "resume" => configs.resume(&group).await?,
@@ -139,7 +160,16 @@ pub(super) async fn steer(
         }
     };
     match result {
-        Ok(()) => Ok(Json(configs.status().await?).into_response()),
+        Ok(()) => {
+            caller
+                .record(
+                    s,
+                    &what,
+                    serde_json::json!({ "group": group, "reason": reason }),
+                )
+                .await;
+            Ok(Json(configs.status().await?).into_response())
+        }
         Err(Refusal(why)) => Err(ApiError::new(StatusCode::CONFLICT, why)),
     }
 }

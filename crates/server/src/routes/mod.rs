@@ -8,6 +8,7 @@ mod admin;
 mod agents;
 mod config;
 mod download;
+pub mod operators;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -17,11 +18,10 @@ use agent_protocol::wire;
 use axum::body::Body;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::JsonRejection;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use subtle::ConstantTimeEq;
 use tower_http::timeout::TimeoutLayer;
 
 use agent_fleet::Fleet;
@@ -116,6 +116,15 @@ pub fn app(state: AppState) -> Router {
             "/admin/agents/{id}/token",
             axum::routing::delete(admin::forget_token),
         )
+        .route(
+            "/admin/tokens",
+            get(operators::list).post(operators::create),
+        )
+        .route(
+            "/admin/tokens/{name}",
+            axum::routing::delete(operators::revoke),
+        )
+        .route("/admin/audit", get(operators::audit))
         .route("/admin/rollout", get(admin::rollout))
         .route("/admin/rollout/halt", post(admin::rollout_halt))
         .route("/admin/rollout/resume", post(admin::rollout_resume))
@@ -160,27 +169,5 @@ fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
             "malformed JSON body: {}",
             e.body_text()
         ))),
-    }
-}
-
-fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
-    if state.admin_token.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "the admin API is off: set admin.token (or UPDATE_SERVER_ADMIN_TOKEN) to turn it on",
-        ));
-    }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if given.as_bytes().ct_eq(state.admin_token.as_bytes()).into() {
-        Ok(())
-    } else {
-        Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong bearer token",
-        ))
     }
 }

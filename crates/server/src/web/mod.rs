@@ -34,7 +34,9 @@ use agent_fleet::db::now_secs;
 
 use crate::error::ApiError;
 use crate::routes::AppState;
-use session::{COOKIE, CSRF_FIELD, SIGNIN_COOKIE, Sessions};
+use agent_fleet::audit::{Change, Outcome};
+use agent_fleet::operators::{self as ops, Role};
+use session::{COOKIE, CSRF_FIELD, SIGNIN_COOKIE, Sessions, SignedIn};
 use views::Frame;
 
 /// What the page needs from the server's configuration.
@@ -90,6 +92,7 @@ pub fn router(app: AppState, options: Options) -> Router {
         .route("/rollouts", get(rollouts))
         .route("/rollouts/{action}", post(act_bundle))
         .route("/rollouts/config/{group}/{action}", post(act_config))
+        .route("/audit", get(audit))
         .route("/static/fleet.css", get(stylesheet))
         .layer(axum::middleware::map_response(protect))
         .layer(DefaultBodyLimit::max(MAX_FORM))
@@ -178,12 +181,46 @@ impl IntoResponse for Trouble {
     }
 }
 
-/// The CSRF token of the request's live session, if it has one.
-fn signed_in(page: &Page, headers: &HeaderMap) -> Option<(String, String)> {
-    let cookies = headers.get(header::COOKIE)?.to_str().ok()?;
-    let id = session::cookie(cookies, COOKIE)?;
-    let csrf = page.sessions.check(id, Instant::now())?;
-    Some((id.to_owned(), csrf))
+/// A live session: its id, its CSRF token, and who signed in.
+struct Signed {
+    id: String,
+    csrf: String,
+    who: SignedIn,
+}
+
+/// The request's live session, if it has one. A session of a named token ends the
+/// moment the token is revoked (on any server of the fleet): it is looked up again on
+/// every request.
+async fn signed_in(page: &Page, headers: &HeaderMap) -> Result<Option<Signed>, Trouble> {
+    let Some(id) = headers
+        .get(header::COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|c| session::cookie(c, COOKIE))
+    else {
+        return Ok(None);
+    };
+    let Some((csrf, who)) = page.sessions.check(id, Instant::now()) else {
+        return Ok(None);
+    };
+    if let Some(hash) = &who.token_hash
+        && page
+            .app
+            .inner
+            .fleet
+            .operators()
+            .by_hash(hash)
+            .await?
+            .is_none()
+    {
+        page.sessions.end(id);
+        tracing::info!(name = %who.name, "fleet page: a session of a revoked token ended");
+        return Ok(None);
+    }
+    Ok(Some(Signed {
+        id: id.to_owned(),
+        csrf,
+        who,
+    }))
 }
 
 fn same_origin(headers: &HeaderMap, request_host: Option<&str>) -> bool {
@@ -218,7 +255,7 @@ fn sign_in_form(page: &Page, status: StatusCode, message: &str) -> Response {
 }
 
 async fn home(State(page): State<Page>, headers: HeaderMap) -> Result<Response, Trouble> {
-    let Some((_, csrf)) = signed_in(&page, &headers) else {
+    let Some(Signed { csrf, .. }) = signed_in(&page, &headers).await? else {
         return Ok(sign_in_form(&page, StatusCode::OK, ""));
     };
     let s = &page.app.inner;
@@ -264,18 +301,36 @@ async fn sign_in(State(page): State<Page>, headers: HeaderMap, request: Request)
         );
     }
     let token = form.get("token").map_or("", String::as_str);
-    if !session::secret_matches(token, &page.options.admin_token) {
+    let who = if session::secret_matches(token, &page.options.admin_token) {
+        Some(SignedIn {
+            name: ops::BOOTSTRAP.to_owned(),
+            role: Role::Admin,
+            token_hash: None,
+        })
+    } else if token.is_empty() {
+        None
+    } else {
+        match page.app.inner.fleet.operators().authenticate(token).await {
+            Ok(found) => found.map(|op| SignedIn {
+                name: op.name,
+                role: op.role,
+                token_hash: Some(agent_fleet::credentials::hash_token(token)),
+            }),
+            Err(e) => return Trouble::from(e).into_response(),
+        }
+    };
+    let Some(who) = who else {
         let _one_at_a_time = page.wrong_tries.lock().await;
         tokio::time::sleep(WRONG_TOKEN_DELAY).await;
         tracing::warn!("fleet page: a sign-in with a wrong token was refused");
         return sign_in_form(
             &page,
             StatusCode::UNAUTHORIZED,
-            "That is not the admin token. Try again.",
+            "That is not a valid token (the admin token or an operator's). Try again.",
         );
-    }
-    let (id, _) = page.sessions.start(Instant::now());
-    tracing::info!("fleet page: signed in");
+    };
+    tracing::info!(name = %who.name, role = %who.role, "fleet page: signed in");
+    let (id, _) = page.sessions.start(Instant::now(), who);
     let mut response = Redirect::to("/").into_response();
     for cookie in [
         session::set_cookie(COOKIE, &id, session::MAX_AGE, page.options.secure),
@@ -289,26 +344,30 @@ async fn sign_in(State(page): State<Page>, headers: HeaderMap, request: Request)
 }
 
 /// The checks every button's POST passes: a live session, its CSRF token in the form,
-/// sent from this server's own page. `Err` says why it is refused (`403`).
-fn check_post(
+/// sent from this server's own page. The inner `Err` says why it is refused (`403`).
+async fn check_post(
     page: &Page,
     headers: &HeaderMap,
     host: Option<&str>,
     form: &HashMap<String, String>,
-) -> Result<(String, String), &'static str> {
+) -> Result<Result<Signed, &'static str>, Trouble> {
     if !same_origin(headers, host) {
-        return Err("refused: this form was not sent from this server's own page");
+        return Ok(Err(
+            "refused: this form was not sent from this server's own page",
+        ));
     }
-    let Some((id, csrf)) = signed_in(page, headers) else {
-        return Err("refused: you are not signed in (or your session ended); sign in again");
+    let Some(signed) = signed_in(page, headers).await? else {
+        return Ok(Err(
+            "refused: you are not signed in (or your session ended); sign in again",
+        ));
     };
     let field = form.get(CSRF_FIELD).map_or("", String::as_str);
-    if !session::secret_matches(field, &csrf) {
-        return Err(
+    if !session::secret_matches(field, &signed.csrf) {
+        return Ok(Err(
             "refused: the form's CSRF token is missing or wrong; reload the page and try again",
-        );
+        ));
     }
-    Ok((id, csrf))
+    Ok(Ok(signed))
 }
 
 /// The form of a POST, and the request's authority (HTTP/2 has no `Host`). A body that
@@ -327,9 +386,10 @@ async fn read_form(request: Request) -> (Option<String>, HashMap<String, String>
 
 async fn sign_out(State(page): State<Page>, headers: HeaderMap, request: Request) -> Response {
     let (host, form) = read_form(request).await;
-    let (id, _) = match check_post(&page, &headers, host.as_deref(), &form) {
-        Ok(v) => v,
-        Err(why) => return refused(StatusCode::FORBIDDEN, why),
+    let id = match check_post(&page, &headers, host.as_deref(), &form).await {
+        Ok(Ok(signed)) => signed.id,
+        Ok(Err(why)) => return refused(StatusCode::FORBIDDEN, why),
+        Err(trouble) => return trouble.into_response(),
     };
     page.sessions.end(&id);
     tracing::info!("fleet page: signed out");
@@ -350,7 +410,7 @@ async fn agents(
     headers: HeaderMap,
     Query(pairs): Query<HashMap<String, String>>,
 ) -> Result<Response, Trouble> {
-    let Some((_, csrf)) = signed_in(&page, &headers) else {
+    let Some(Signed { csrf, .. }) = signed_in(&page, &headers).await? else {
         return Ok(Redirect::to("/").into_response());
     };
     let now = now_secs();
@@ -379,7 +439,7 @@ async fn agent(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, Trouble> {
-    let Some((_, csrf)) = signed_in(&page, &headers) else {
+    let Some(Signed { csrf, .. }) = signed_in(&page, &headers).await? else {
         return Ok(Redirect::to("/").into_response());
     };
     let now = now_secs();
@@ -407,7 +467,7 @@ async fn agent(
 
 async fn rollouts_page(
     page: &Page,
-    csrf: &str,
+    signed: &Signed,
     status: StatusCode,
     message: &str,
 ) -> Result<Response, Trouble> {
@@ -415,22 +475,35 @@ async fn rollouts_page(
     let s = &page.app.inner;
     let rollout = source::rollout(s).await?;
     let configs = source::config_sets(s).await?;
+    let mut rollout = rollout.as_ref().map(|r| views::RolloutView::new(r, now));
+    let mut configs = views::ConfigView::all(&configs, now);
+    // The buttons a role may not use are not shown (and refused if forged).
+    if !signed.who.role.may(ops::Action::Change) {
+        let views = rollout
+            .iter_mut()
+            .chain(configs.iter_mut().filter_map(|c| c.rollout.as_mut()));
+        for r in views {
+            r.can_halt = false;
+            r.can_resume = false;
+            r.can_advance = false;
+        }
+    }
     Ok(render(
         status,
         &views::RolloutsPage::new(
-            Frame::new("Rollouts", csrf, now),
-            rollout.as_ref().map(|r| views::RolloutView::new(r, now)),
-            views::ConfigView::all(&configs, now),
+            Frame::new("Rollouts", &signed.csrf, now),
+            rollout,
+            configs,
             message,
         ),
     ))
 }
 
 async fn rollouts(State(page): State<Page>, headers: HeaderMap) -> Result<Response, Trouble> {
-    let Some((_, csrf)) = signed_in(&page, &headers) else {
+    let Some(signed) = signed_in(&page, &headers).await? else {
         return Ok(Redirect::to("/").into_response());
     };
-    rollouts_page(&page, &csrf, StatusCode::OK, "").await
+    rollouts_page(&page, &signed, StatusCode::OK, "").await
 }
 
 async fn act_bundle(
@@ -467,8 +540,13 @@ async fn act(
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, Trouble> {
+    let address = request
+        .extensions()
+        .get::<crate::conn::ClientAddr>()
+        .map(|a| a.0.to_string())
+        .unwrap_or_default();
     let (host, form) = read_form(request).await;
-    let (_, csrf) = match check_post(&page, &headers, host.as_deref(), &form) {
+    let signed = match check_post(&page, &headers, host.as_deref(), &form).await? {
         Ok(v) => v,
         Err(why) => return Ok(refused(StatusCode::FORBIDDEN, why)),
     };
@@ -478,11 +556,80 @@ async fn act(
             "no such action: the buttons are Halt, Resume and Advance",
         ));
     };
-    match source::act(&page.app.inner, &target, action).await? {
+    let what = action.audit_name(&target);
+    let s = &page.app.inner;
+    let mut details = match &target {
+        source::Target::Bundle => serde_json::json!({ "via": "page" }),
+        source::Target::Config(group) => serde_json::json!({ "via": "page", "group": group }),
+    };
+    if !signed.who.role.may(ops::Action::Change) {
+        details["role"] = serde_json::Value::String(signed.who.role.to_string());
+        crate::routes::operators::record(
+            s,
+            Change {
+                who: &signed.who.name,
+                address: &address,
+                action: what,
+                outcome: Outcome::Refused,
+                details,
+            },
+        )
+        .await;
+        tracing::warn!(name = %signed.who.name, "fleet page: {what} refused to the role {}", signed.who.role);
+        return Ok(refused(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "refused: you are signed in as {} with the role {}, which may not halt, resume or advance; ask an operator",
+                signed.who.name, signed.who.role
+            ),
+        ));
+    }
+    match source::act(s, &target, action).await? {
         Ok(()) => {
-            tracing::info!("fleet page: an operator pressed {action:?} on {target:?}");
+            tracing::info!(name = %signed.who.name, "fleet page: {action:?} on {target:?}");
+            crate::routes::operators::record(
+                s,
+                Change {
+                    who: &signed.who.name,
+                    address: &address,
+                    action: what,
+                    outcome: Outcome::Done,
+                    details,
+                },
+            )
+            .await;
             Ok(Redirect::to("/rollouts").into_response())
         }
-        Err(why) => rollouts_page(&page, &csrf, StatusCode::CONFLICT, &why).await,
+        Err(why) => rollouts_page(&page, &signed, StatusCode::CONFLICT, &why).await,
     }
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct AuditQuery {
+    who: Option<String>,
+    action: Option<String>,
+    page: Option<i64>,
+}
+
+/// `/audit`: the audit log, newest first, filterable by who and what.
+async fn audit(
+    State(page): State<Page>,
+    headers: HeaderMap,
+    Query(q): Query<AuditQuery>,
+) -> Result<Response, Trouble> {
+    let Some(Signed { csrf, .. }) = signed_in(&page, &headers).await? else {
+        return Ok(Redirect::to("/").into_response());
+    };
+    let filter = agent_fleet::audit::Filter {
+        who: q.who.clone().filter(|w| !w.is_empty()),
+        action: q.action.clone().filter(|a| !a.is_empty()),
+        page: q.page.unwrap_or(1).max(1),
+        per_page: views::AUDIT_PER_PAGE,
+    };
+    let (entries, total) = page.app.inner.fleet.audit().list(&filter).await?;
+    let now = now_secs();
+    Ok(render(
+        StatusCode::OK,
+        &views::AuditPage::new(Frame::new("Audit", &csrf, now), &filter, &entries, total),
+    ))
 }

@@ -43,6 +43,17 @@ struct Session {
     csrf: String,
     started: Instant,
     seen: Instant,
+    who: SignedIn,
+}
+
+/// Who a session is: the operator's name and role, and for a named token its hash, so
+/// every request can ask the fleet database whether it was revoked meanwhile (the
+/// token itself is never kept).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedIn {
+    pub name: String,
+    pub role: agent_fleet::operators::Role,
+    pub token_hash: Option<String>,
 }
 
 impl Session {
@@ -66,8 +77,8 @@ impl Sessions {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A new session: its id (the cookie) and its CSRF token.
-    pub fn start(&self, now: Instant) -> (String, String) {
+    /// A new session for `who`: its id (the cookie) and its CSRF token.
+    pub fn start(&self, now: Instant, who: SignedIn) -> (String, String) {
         let id = random_token();
         let csrf = random_token();
         let mut map = self.lock();
@@ -87,14 +98,15 @@ impl Sessions {
                 csrf: csrf.clone(),
                 started: now,
                 seen: now,
+                who,
             },
         );
         (id, csrf)
     }
 
-    /// The CSRF token of the live session `id`, marking it used; `None` for an unknown,
-    /// ended or expired one.
-    pub fn check(&self, id: &str, now: Instant) -> Option<String> {
+    /// The CSRF token of the live session `id` and who it is, marking it used; `None`
+    /// for an unknown, ended or expired one.
+    pub fn check(&self, id: &str, now: Instant) -> Option<(String, SignedIn)> {
         let mut map = self.lock();
         let session = map.get_mut(id)?;
         if !session.live(now) {
@@ -102,7 +114,7 @@ impl Sessions {
             return None;
         }
         session.seen = now;
-        Some(session.csrf.clone())
+        Some((session.csrf.clone(), session.who.clone()))
     }
 
     /// Signs out: the cookie is worth nothing from now on, even replayed.
@@ -180,13 +192,24 @@ mod tests {
         assert!(!secret_matches("", ""));
     }
 
+    fn admin() -> SignedIn {
+        SignedIn {
+            name: "admin.token".into(),
+            role: agent_fleet::operators::Role::Admin,
+            token_hash: None,
+        }
+    }
+
     #[test]
     fn a_session_is_known_until_it_ends() {
         let sessions = Sessions::default();
         let now = Instant::now();
-        let (id, csrf) = sessions.start(now);
+        let (id, csrf) = sessions.start(now, admin());
         assert_ne!(id, csrf);
-        assert_eq!(sessions.check(&id, now).as_deref(), Some(csrf.as_str()));
+        assert_eq!(
+            sessions.check(&id, now).map(|(c, who)| (c, who.name)),
+            Some((csrf.clone(), "admin.token".to_owned()))
+        );
         assert_eq!(sessions.check("nope", now), None);
         sessions.end(&id);
         assert_eq!(
@@ -200,8 +223,8 @@ mod tests {
     fn an_idle_session_expires_and_use_keeps_it_alive() {
         let sessions = Sessions::default();
         let t0 = Instant::now();
-        let (id, _) = sessions.start(t0);
-        let (idle, _) = sessions.start(t0);
+        let (id, _) = sessions.start(t0, admin());
+        let (idle, _) = sessions.start(t0, admin());
         let step = IDLE - Duration::from_secs(60);
         assert!(sessions.check(&id, t0 + step).is_some());
         assert!(sessions.check(&id, t0 + step * 2).is_some());
@@ -213,7 +236,7 @@ mod tests {
     fn a_session_ends_at_its_maximum_age_however_used() {
         let sessions = Sessions::default();
         let t0 = Instant::now();
-        let (id, _) = sessions.start(t0);
+        let (id, _) = sessions.start(t0, admin());
         let mut t = t0;
         while t < t0 + MAX_AGE - Duration::from_secs(3600) {
             t += Duration::from_secs(3600);
@@ -226,12 +249,12 @@ mod tests {
     fn sessions_are_capped_the_least_recently_used_goes() {
         let sessions = Sessions::default();
         let t0 = Instant::now();
-        let (first, _) = sessions.start(t0);
+        let (first, _) = sessions.start(t0, admin());
         for i in 1..MAX_SESSIONS {
-            sessions.start(t0 + Duration::from_millis(i as u64));
+            sessions.start(t0 + Duration::from_millis(i as u64), admin());
         }
         assert_eq!(sessions.len(), MAX_SESSIONS);
-        sessions.start(t0 + Duration::from_secs(5));
+        sessions.start(t0 + Duration::from_secs(5), admin());
         assert_eq!(sessions.len(), MAX_SESSIONS);
         assert!(
             sessions

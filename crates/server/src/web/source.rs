@@ -252,6 +252,18 @@ pub enum Action {
 }
 
 impl Action {
+    /// The name of this button's press in the audit log, as the admin API's.
+    pub fn audit_name(self, target: &Target) -> &'static str {
+        match (target, self) {
+            (Target::Bundle, Action::Halt) => "rollout.halt",
+            (Target::Bundle, Action::Resume) => "rollout.resume",
+            (Target::Bundle, Action::Advance) => "rollout.advance",
+            (Target::Config(_), Action::Halt) => "config.halt",
+            (Target::Config(_), Action::Resume) => "config.resume",
+            (Target::Config(_), Action::Advance) => "config.advance",
+        }
+    }
+
     pub fn parse(name: &str) -> Option<Self> {
         match name {
             "halt" => Some(Self::Halt),

@@ -566,6 +566,87 @@ impl RolloutsPage {
     }
 }
 
+/// Audit entries per page of `/audit`.
+pub const AUDIT_PER_PAGE: i64 = 100;
+
+/// One line of `/audit`; every field is text someone else chose (names, details).
+#[derive(Debug, Clone)]
+pub struct AuditLine {
+    pub at: String,
+    pub who: String,
+    pub address: String,
+    pub action: String,
+    pub outcome: String,
+    pub details: String,
+}
+
+#[derive(Template)]
+#[template(path = "audit.html")]
+pub struct AuditPage {
+    pub title: &'static str,
+    pub csrf: String,
+    pub server_version: &'static str,
+    pub now_utc: String,
+    pub who: String,
+    pub action: String,
+    pub total: i64,
+    pub page: i64,
+    pub prev: String,
+    pub next: String,
+    pub lines: Vec<AuditLine>,
+}
+
+impl AuditPage {
+    pub fn new(
+        frame: Frame,
+        filter: &agent_fleet::audit::Filter,
+        entries: &[agent_fleet::audit::Entry],
+        total: i64,
+    ) -> Self {
+        let who = filter.who.clone().unwrap_or_default();
+        let action = filter.action.clone().unwrap_or_default();
+        let href = |page: i64| {
+            format!(
+                "/audit?who={}&action={}&page={page}",
+                encode(&who),
+                encode(&action)
+            )
+        };
+        let last = (total + AUDIT_PER_PAGE - 1) / AUDIT_PER_PAGE;
+        Self {
+            title: frame.title,
+            csrf: frame.csrf,
+            server_version: frame.server_version,
+            now_utc: frame.now_utc,
+            prev: if filter.page > 1 {
+                href(filter.page - 1)
+            } else {
+                String::new()
+            },
+            next: if filter.page < last {
+                href(filter.page + 1)
+            } else {
+                String::new()
+            },
+            who,
+            action,
+            total,
+            page: filter.page,
+            lines: entries
+                .iter()
+                .map(|e| AuditLine {
+                    at: utc(e.at as f64 / 1000.0),
+                    who: e.who.clone(),
+                    address: e.address.clone(),
+                    action: e.action.clone(),
+                    outcome: e.outcome.clone(),
+                    details: e.details.to_string(),
+                })
+                .collect(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

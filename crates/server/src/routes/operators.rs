@@ -1,0 +1,270 @@
+//! Who calls the admin API, what their role lets them do, and the record of it:
+//! `/admin/tokens` (named tokens with roles) and `/admin/audit` (the audit log).
+//!
+//! Every admin handler takes an [`Auth`] (the bearer token resolved to an operator, and
+//! the client's address) and asks it for the [`Action`] it performs; a refusal is
+//! answered `401`/`403` and, for anything but a read, written to the audit log. A change
+//! that is made is recorded by the handler with [`Caller::record`], with its details.
+//! Tokens are never logged, recorded or echoed: only their names are.
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use agent_fleet::audit::{Change, Filter, Outcome};
+use agent_fleet::operators::{Action, BOOTSTRAP, Operator, Role};
+
+use super::{AppState, Shared, json_body};
+use crate::conn::ClientAddr;
+use crate::error::ApiError;
+
+/// The name refused calls without a valid token are recorded under.
+const NOBODY: &str = "-";
+
+/// The admin API is off: no `admin.token` and no named token.
+const API_OFF: &str =
+    "the admin API is off: set admin.token (or UPDATE_SERVER_ADMIN_TOKEN) to turn it on";
+
+/// A request's credentials, resolved; refusals are decided by [`Auth::require`].
+pub struct Auth {
+    who: Result<Operator, ApiError>,
+    address: String,
+}
+
+/// An operator allowed to do what they asked.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub name: String,
+    pub role: Role,
+    pub address: String,
+}
+
+fn bearer(parts: &Parts) -> Option<&str> {
+    parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .filter(|t| !t.is_empty())
+}
+
+/// The operator `token` stands for: the bootstrap admin, a named token, or why none.
+pub async fn identify(s: &Shared, token: Option<&str>) -> Result<Operator, ApiError> {
+    let unauthorized = || ApiError::new(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+    let Some(token) = token else {
+        if s.admin_token.is_empty() && !s.fleet.operators().any().await? {
+            return Err(ApiError::new(StatusCode::FORBIDDEN, API_OFF));
+        }
+        return Err(unauthorized());
+    };
+    if !s.admin_token.is_empty() && agent_fleet::credentials::same(token, &s.admin_token) {
+        return Ok(Operator {
+            name: BOOTSTRAP.to_owned(),
+            role: Role::Admin,
+        });
+    }
+    match s.fleet.operators().authenticate(token).await? {
+        Some(op) => Ok(op),
+        None if s.admin_token.is_empty() && !s.fleet.operators().any().await? => {
+            Err(ApiError::new(StatusCode::FORBIDDEN, API_OFF))
+        }
+        None => Err(unauthorized()),
+    }
+}
+
+impl FromRequestParts<AppState> for Auth {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let address = parts
+            .extensions
+            .get::<ClientAddr>()
+            .map(|a| a.0.to_string())
+            .unwrap_or_default();
+        let who = identify(&state.inner, bearer(parts)).await;
+        Ok(Auth { who, address })
+    }
+}
+
+impl Auth {
+    /// The caller, if their role may do `action`; `what` names it in the audit log
+    /// when it is refused (reads are not recorded).
+    pub async fn require(self, s: &Shared, action: Action, what: &str) -> Result<Caller, ApiError> {
+        let refusal = match self.who {
+            Ok(op) if op.role.may(action) => {
+                return Ok(Caller {
+                    name: op.name,
+                    role: op.role,
+                    address: self.address,
+                });
+            }
+            Ok(op) => {
+                let e = ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "the token {:?} has the role {} and may not do this ({what}); ask someone with the role {}",
+                        op.name,
+                        op.role,
+                        needed(action)
+                    ),
+                );
+                (op.name, e)
+            }
+            Err(e) => (NOBODY.to_owned(), e),
+        };
+        let (who, e) = refusal;
+        if action != Action::Read && e.status != StatusCode::SERVICE_UNAVAILABLE {
+            record(
+                s,
+                Change {
+                    who: &who,
+                    address: &self.address,
+                    action: what,
+                    outcome: Outcome::Refused,
+                    details: serde_json::json!({ "status": e.status.as_u16() }),
+                },
+            )
+            .await;
+        }
+        Err(e)
+    }
+}
+
+fn needed(action: Action) -> Role {
+    Role::ALL
+        .into_iter()
+        .find(|r| r.may(action))
+        .unwrap_or(Role::Admin)
+}
+
+impl Caller {
+    /// Records a change this caller made.
+    pub async fn record(&self, s: &Shared, action: &str, details: serde_json::Value) {
+        record(
+            s,
+            Change {
+                who: &self.name,
+                address: &self.address,
+                action,
+                outcome: Outcome::Done,
+                details,
+            },
+        )
+        .await;
+    }
+}
+
+/// Appends to the audit log. A change already made is not undone when its record
+/// cannot be written (the database went away in between): the log says so instead.
+pub async fn record(s: &Shared, change: Change<'_>) {
+    if let Err(e) = s.fleet.audit().record(&change).await {
+        tracing::error!(
+            who = change.who,
+            action = change.action,
+            "cannot write the audit log: {e}"
+        );
+    }
+}
+
+/// `GET /admin/tokens`: names, roles, when created and last used; never a token.
+pub(super) async fn list(State(state): State<AppState>, auth: Auth) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    auth.require(s, Action::ManageTokens, "token.list").await?;
+    Ok(Json(s.fleet.operators().list().await?).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NewToken {
+    name: String,
+    role: String,
+}
+
+/// `POST /admin/tokens` `{"name", "role"}`: the token, shown this once.
+pub(super) async fn create(
+    State(state): State<AppState>,
+    auth: Auth,
+    body: Result<Json<NewToken>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    let caller = auth
+        .require(s, Action::ManageTokens, "token.create")
+        .await?;
+    let new = json_body(body)?;
+    let role: Role = new.role.parse()?;
+    let token = s.fleet.operators().create(&new.name, role).await?;
+    tracing::info!(name = %new.name, %role, by = %caller.name, "operator token created");
+    caller
+        .record(
+            s,
+            "token.create",
+            serde_json::json!({ "name": new.name, "role": role.as_str() }),
+        )
+        .await;
+    Ok((
+        StatusCode::CREATED,
+        Json(serde_json::json!({ "name": new.name, "role": role.as_str(), "token": token })),
+    )
+        .into_response())
+}
+
+/// `DELETE /admin/tokens/{name}`: refused from the next request on, on every server.
+pub(super) async fn revoke(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    let caller = auth
+        .require(s, Action::ManageTokens, "token.revoke")
+        .await?;
+    if !s.fleet.operators().revoke(&name).await? {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no token is named {name:?}; `update-server token list` shows them"),
+        ));
+    }
+    tracing::warn!(%name, by = %caller.name, "operator token revoked");
+    caller
+        .record(s, "token.revoke", serde_json::json!({ "name": name }))
+        .await;
+    Ok(Json(serde_json::json!({ "name": name, "revoked": true })).into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct AuditQuery {
+    who: Option<String>,
+    action: Option<String>,
+    page: Option<i64>,
+    per_page: Option<i64>,
+}
+
+/// `GET /admin/audit?who=&action=&page=&per_page=`: newest first.
+pub(super) async fn audit(
+    State(state): State<AppState>,
+    auth: Auth,
+    Query(q): Query<AuditQuery>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    auth.require(s, Action::Read, "audit.read").await?;
+    let filter = Filter {
+        who: q.who.filter(|w| !w.is_empty()),
+        action: q.action.filter(|a| !a.is_empty()),
+        page: q.page.unwrap_or(1).max(1),
+        per_page: q.per_page.unwrap_or(100),
+    };
+    let (entries, total) = s.fleet.audit().list(&filter).await?;
+    Ok(Json(serde_json::json!({
+        "entries": entries,
+        "total": total,
+        "page": filter.page,
+    }))
+    .into_response())
+}
