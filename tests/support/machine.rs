@@ -93,11 +93,10 @@ impl Machine {
             init != 0
         });
         self.init = init;
-        let mut state = String::new();
         let started = Instant::now();
         loop {
             let out = self.sh_output("systemctl is-system-running");
-            state = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            let state = String::from_utf8_lossy(&out.stdout).trim().to_owned();
             // "degraded": some unit of the minimal system failed (none the agent needs).
             if state == "running" || state == "degraded" {
                 break;
