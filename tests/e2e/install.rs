@@ -296,6 +296,18 @@ fn machine_home(machine: &Machine) -> PathBuf {
     machine.root.join("opt/agent")
 }
 
+/// A workload for the agent to run: a process that is easy to find.
+fn with_workload(dist: &Path) {
+    let conf = dist.join("conf.default/agent.toml");
+    let text =
+        read_file(&conf).replacen("command = []", "command = [\"/bin/sleep\", \"86400\"]", 1);
+    fs::write(&conf, text).unwrap();
+}
+
+fn workloads(machine: &Machine) -> Vec<u32> {
+    machine.pids(|argv| argv.len() >= 2 && argv[0] == b"/bin/sleep" && argv[1] == b"86400")
+}
+
 fn wait_one_agent(machine: &Machine, what: &str) -> u32 {
     let mut pids = Vec::new();
     wait_until(WAIT, &format!("{what}: exactly one agent process"), || {
@@ -319,6 +331,7 @@ fn install_under_systemd_survives_restart_update_and_reboot() {
     let ctx = TestContext::new();
     let (key, _) = ctx.keygen("keys");
     let d1 = quick_dist(&ctx, "d1", None, "");
+    with_workload(&d1);
     let b1 = ctx.pack(&d1, "1.0.0", "1", &key, "b1");
     let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
     ctx.publish_served(&server, &b1);
@@ -355,6 +368,7 @@ fn install_under_systemd_survives_restart_update_and_reboot() {
 
     // An update from the server runs the new version under the unit.
     let d2 = quick_dist(&ctx, "d2", None, "agent 2.0.0");
+    with_workload(&d2);
     let b2 = ctx.pack(&d2, "2.0.0", "2", &key, "b2");
     ctx.republish(&server, &b2);
     let mut last = Vec::new();
@@ -382,15 +396,25 @@ fn install_under_systemd_survives_restart_update_and_reboot() {
         exe.ends_with(b"agent 2.0.0"),
         "the running agent is not 2.0.0"
     );
-    // And `systemctl stop` stops it even now that the updater started it.
+    wait_until(WAIT, "one workload under the updated agent", || {
+        workloads(&machine).len() == 1
+    });
+    // And `systemctl stop` stops it and its workload, even now that the updater started it.
     machine.sh("systemctl stop agent");
     wait_until(
         Duration::from_secs(30),
         "no agent after systemctl stop",
         || machine.agent_pids().is_empty(),
     );
+    assert!(
+        workloads(&machine).is_empty(),
+        "the workload outlived systemctl stop"
+    );
     machine.sh("systemctl start agent");
     wait_one_agent(&machine, "after systemctl start");
+    wait_until(WAIT, "the workload after systemctl start", || {
+        workloads(&machine).len() == 1
+    });
 
     // After a reboot the agent runs again, on the new version.
     machine.reboot();

@@ -144,6 +144,11 @@ impl Machine {
 
     /// The agent processes (`bin/agent run`) in this machine, seen from the host.
     pub fn agent_pids(&self) -> Vec<u32> {
+        self.pids(|argv| argv.len() >= 2 && argv[0].ends_with(b"/bin/agent") && argv[1] == b"run")
+    }
+
+    /// The processes of this machine whose argv `keep` accepts, seen from the host.
+    pub fn pids(&self, keep: impl Fn(&[&[u8]]) -> bool) -> Vec<u32> {
         let Ok(ns) = fs::read_link(format!("/proc/{}/ns/pid", self.init)) else {
             return Vec::new();
         };
@@ -156,8 +161,8 @@ impl Machine {
                 continue;
             }
             let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let words: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            if words.len() >= 2 && words[0].ends_with(b"/bin/agent") && words[1] == b"run" {
+            let argv: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            if keep(&argv) {
                 pids.push(pid);
             }
         }
