@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use e2e::machine::{Machine, busybox_command, busybox_root, musl_bin};
 use e2e::{
-    ServerProc, TestContext, admin_agents, bin_path, describe, read_file, require_tool, run,
+    Pki, ServerProc, TestContext, admin_agents, bin_path, describe, read_file, require_tool, run,
     run_ok, sha256_file, wait_until,
 };
 
@@ -478,4 +478,112 @@ fn install_in_a_busybox_root_runs_the_static_musl_agent() {
     let row = wait_registered(&server, "1.0.0+1", "the busybox agent");
     assert_eq!(row["platform"], "x86_64-unknown-linux-musl");
     assert!(root.join("opt/agent/current/bin/agent").exists());
+}
+
+#[test]
+fn install_takes_the_static_musl_bundle_on_glibc_and_refuses_another_architecture() {
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
+    let prefix = ctx.path("p");
+    let args = format!("--prefix {} --no-systemd", prefix.display());
+
+    // A release with nothing that runs on x86_64: refused, naming what it has.
+    let d0 = quick_dist(&ctx, "d0", None, "");
+    let b0 = ctx.pack_with(
+        &d0,
+        "0.9.0",
+        "1",
+        &key,
+        "b0",
+        &["--platform", "aarch64-unknown-linux-musl"],
+    );
+    ctx.publish_served(&server, &b0);
+    let out = one_liner_here(&server, &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        describe(&Command::new("sh"), &out)
+    );
+    assert!(
+        stderr.contains("x86_64-unknown-linux-gnu")
+            && stderr.contains("only for: aarch64-unknown-linux-musl"),
+        "{stderr}"
+    );
+    assert!(!prefix.join("agent").exists());
+
+    // The static x86_64 bundle runs on this glibc machine too.
+    let dist = quick_dist(&ctx, "d1", Some(&musl_bin("agent")), "");
+    let stub = musl_bin("agent-bundle").display().to_string();
+    let b1 = ctx.pack_with(
+        &dist,
+        "1.0.0",
+        "1",
+        &key,
+        "b1",
+        &["--stub", &stub, "--platform", "x86_64-unknown-linux-musl"],
+    );
+    ctx.republish(&server, &b1);
+    let out = one_liner_here(&server, &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        describe(&Command::new("sh"), &out)
+    );
+    let row = wait_registered(&server, "1.0.0+1", "the static agent on glibc");
+    assert_eq!(row["platform"], "x86_64-unknown-linux-musl");
+}
+
+#[test]
+fn install_over_https_pins_the_ca_the_server_names() {
+    let ctx = TestContext::new();
+    let pki = Pki::new(&ctx.path("pki"));
+    let (key, _) = ctx.keygen("keys");
+    let dist = quick_dist(&ctx, "d1", None, "");
+    let bundle = ctx.pack(&dist, "1.0.0", "1", &key, "b1");
+    let ca = pki.ca.display().to_string();
+    let server = ctx.server_tls(
+        "srv",
+        &pki,
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN),
+            ("UPDATE_SERVER_TLS_AGENT_CA", &ca),
+        ],
+    );
+    ctx.publish(&server, &bundle);
+    let sha = sha256_file(&bundle);
+    wait_until(Duration::from_secs(30), "the HTTPS server to serve", || {
+        pki.curl()
+            .arg(server.https_url("/agentupdate/version"))
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&sha))
+    });
+    let prefix = ctx.path("p");
+    let out = run(Command::new("sh").arg("-c").arg(format!(
+        "curl -fsSL --cacert {ca} {} | sh -s -- --prefix {} --no-systemd",
+        server.https_url("/install.sh"),
+        prefix.display()
+    )));
+    assert!(
+        out.status.success(),
+        "{}",
+        describe(&Command::new("sh"), &out)
+    );
+    let home = prefix.join("agent");
+    assert_eq!(
+        read_file(&home.join("conf/ca.pem")).trim(),
+        read_file(&pki.ca).trim()
+    );
+    let conf = read_file(&home.join("conf/agent.toml"));
+    assert!(conf.contains("ca-file = \"conf/ca.pem\""), "{conf}");
+    assert!(conf.contains(&server.https_url("")), "{conf}");
+    wait_until(WAIT, "the agent to register over HTTPS", || {
+        pki.curl()
+            .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
+            .arg(server.https_url("/admin/agents"))
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("1.0.0+1"))
+    });
 }
