@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
     --group=*) GROUP=${1#--group=}; shift ;;
     --no-systemd) NO_SYSTEMD=1; shift ;;
     -h | --help) usage; exit 0 ;;
-    *) usage >&2; exit 2 ;;
+    *) echo "install.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
     esac
 done
 
@@ -212,7 +212,8 @@ if ! "$BUNDLE" "$@" </dev/null >"$WORK/install.out" 2>&1; then
     fail "the bundle's installer failed (above); nothing was installed"
 fi
 INSTALLED=1
-sed 's/^/    /' "$WORK/install.out"
+# (Its "Start it with" line is what this script does next.)
+sed '/^Start it with:/d; s/^/    /' "$WORK/install.out"
 
 if [ -n "$USE_SYSTEMD" ]; then
     UNIT_WRITTEN=1
