@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Builds release binaries, assembles the reference agent distribution and packs it into
 # a signed bundle.
-# usage: scripts/build-dist.sh [--version V] [--build N] [--key FILE] [--out DIR]
+# usage: scripts/build-dist.sh [--version V] [--build N] [--key FILE] [--out DIR] [--target T]...
 #   --version  agent version (default: the workspace version)
 #   --build    build number (default: the number of commits, or 1)
 #   --key      secret signing key (default: a throw-away dev key in $AGENT_DEV_KEYS, default
 #              dev-keys/, made on first use)
 #   --out      where agent-bundle-V and its .minisig go (default: dist/bundle)
 #   --server-url URL  the server the packed agent talks to by default (server.urls)
+#   --target T  (repeatable) build, assemble and pack for the Rust target T, as
+#              agent-bundle-V-T (e.g. x86_64-unknown-linux-musl: static, any x86_64 Linux);
+#              without it, one agent-bundle-V for this machine
 # AGENT_BIN_DIR=DIR uses binaries already built there instead of a release build.
 set -euo pipefail
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
@@ -19,6 +22,7 @@ build=$(git rev-list --count HEAD 2>/dev/null || echo 1)
 key=""
 out="dist/bundle"
 server_url=""
+targets=()
 while (($#)); do
     case "$1" in
     --version) version=$2; shift 2 ;;
@@ -26,6 +30,7 @@ while (($#)); do
     --key) key=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --server-url) server_url=$2; shift 2 ;;
+    --target) targets+=("$2"); shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "build-dist.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -53,22 +58,59 @@ NOTE
     fi
 fi
 
-dist=dist/agent-$version
-rm -rf "$dist"
-mkdir -p "$dist/bin" "$dist/conf.default"
-cp "$bin/agent" "$dist/bin/agent"
-cp installer/agent-wrapper.sh "$dist/bin/agent-wrapper.sh"
-cp installer/agent.toml "$dist/conf.default/agent.toml"
-if [[ -n "$server_url" ]]; then
-    sed -i "s|^urls = .*|urls = [\"$server_url\"]|" "$dist/conf.default/agent.toml"
-fi
-# The public half of the signing key: what a fresh install trusts by default.
-pub="${key%.key}.pub"
-if [[ -f "$pub" ]]; then
-    cp "$pub" "$dist/conf.default/update.pub"
-fi
-cp installer/README.txt "$dist/README.txt"
-cp LICENSE "$dist/LICENSE"
+# assemble DIST AGENT_BINARY: the distribution directory of one platform.
+assemble() {
+    local dist=$1 agent=$2
+    rm -rf "$dist"
+    mkdir -p "$dist/bin" "$dist/conf.default"
+    cp "$agent" "$dist/bin/agent"
+    cp installer/agent-wrapper.sh "$dist/bin/agent-wrapper.sh"
+    cp installer/agent.toml "$dist/conf.default/agent.toml"
+    if [[ -n "$server_url" ]]; then
+        sed -i "s|^urls = .*|urls = [\"$server_url\"]|" "$dist/conf.default/agent.toml"
+    fi
+    # The public half of the signing key: what a fresh install trusts by default.
+    local pub="${key%.key}.pub"
+    if [[ -f "$pub" ]]; then
+        cp "$pub" "$dist/conf.default/update.pub"
+    fi
+    cp installer/README.txt "$dist/README.txt"
+    cp LICENSE "$dist/LICENSE"
+}
 
-"$bin/agent-bundle" pack --dist "$dist" --version "$version" --build "$build" --key "$key" --out "$out" >&2
-echo "$out/agent-bundle-$version"
+if ((${#targets[@]} == 0)); then
+    dist=dist/agent-$version
+    assemble "$dist" "$bin/agent"
+    "$bin/agent-bundle" pack --dist "$dist" --version "$version" --build "$build" --key "$key" --out "$out" >&2
+    echo "$out/agent-bundle-$version"
+    exit 0
+fi
+
+# Each target's bundle is its own platform's executable: its stub is agent-bundle built
+# for that target, and its properties and signature name the target. ring has C code,
+# so each target needs a C compiler for it (DESIGN.md, "Platforms").
+for target in "${targets[@]}"; do
+    case "$target" in
+    x86_64-unknown-linux-musl) export CC_x86_64_unknown_linux_musl=${CC_x86_64_unknown_linux_musl:-musl-gcc} ;;
+    aarch64-unknown-linux-musl)
+        export CC_aarch64_unknown_linux_musl=${CC_aarch64_unknown_linux_musl:-aarch64-linux-gnu-gcc}
+        export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER=${CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER:-aarch64-linux-gnu-gcc}
+        ;;
+    aarch64-unknown-linux-gnu)
+        export CC_aarch64_unknown_linux_gnu=${CC_aarch64_unknown_linux_gnu:-aarch64-linux-gnu-gcc}
+        export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=${CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER:-aarch64-linux-gnu-gcc}
+        ;;
+    esac
+    cargo build --release --locked --target "$target" -p agent -p agent-bundle >&2
+    tbin=target/$target/release
+    dist=dist/agent-$version-$target
+    assemble "$dist" "$tbin/agent"
+    staging=$out/.pack-$target
+    rm -rf "$staging"
+    "$bin/agent-bundle" pack --dist "$dist" --version "$version" --build "$build" --key "$key" \
+        --out "$staging" --stub "$tbin/agent-bundle" --platform "$target" >&2
+    mv "$staging/agent-bundle-$version" "$out/agent-bundle-$version-$target"
+    mv "$staging/agent-bundle-$version.minisig" "$out/agent-bundle-$version-$target.minisig"
+    rmdir "$staging"
+    echo "$out/agent-bundle-$version-$target"
+done

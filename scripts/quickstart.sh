@@ -48,10 +48,15 @@ cp "$bundle" "$bundle.minisig" "$downloads/"
 cat <<NEXT
 
 update-server is starting on $url serving $name.
-In another terminal, provision an agent as a new machine would:
+In another terminal, join a machine in one command (here: this one, under $prefix,
+started without systemd; on a real machine: curl -fsSL $url/install.sh | sudo sh):
+
+    curl -fsSL $url/install.sh | sh -s -- --prefix $prefix --no-systemd
+
+Or by hand, as the script does:
 
     wget --content-disposition $url/agentupdate/download
-    chmod +x $name && ./$name --install=$prefix
+    chmod +x $name && ./$name --install=$prefix --server-url $url
     $prefix/agent/current/bin/agent-wrapper.sh start
 
 The new agent trusts the update key shipped inside the bundle: the public half of the

@@ -25,6 +25,15 @@ command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+# The install tests: a Debian root booted with its own systemd, a busybox-only root, the
+# static musl agent (musl-gcc for ring's C code), and the script's own checks.
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+command -v systemd-nspawn >/dev/null 2>&1 || missing+=(systemd-container)
+# (ldd refuses a static executable: the busybox root has no libc to load.)
+if [[ ! -x /bin/busybox ]] || ldd /bin/busybox >/dev/null 2>&1; then missing+=(busybox-static); fi
+command -v dash >/dev/null 2>&1 || missing+=(dash)
+command -v musl-gcc >/dev/null 2>&1 || missing+=(musl-tools)
+command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 if ((${#missing[@]})); then
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
         echo "test.sh: installing ${missing[*]}" >&2
@@ -51,6 +60,11 @@ export OPAMP_NODE_MODULES="$PWD/target/opamp-clients/npm/node_modules"
 # the updater's fault points compiled in (kept apart so no other binary has them).
 cargo build --workspace --bins --locked
 cargo build -p agent-bundle --features failpoints --locked --target-dir target/failpoints
+# The install tests: the static agent a busybox machine runs, and the Debian they boot
+# (each made once; later runs find them).
+if command -v rustup >/dev/null 2>&1; then rustup target add x86_64-unknown-linux-musl >/dev/null; fi
+CC_x86_64_unknown_linux_musl=musl-gcc cargo build --target x86_64-unknown-linux-musl -p agent -p agent-bundle --locked
+scripts/debian-root.sh target/debian-systemd-root
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}" "$@"
 else

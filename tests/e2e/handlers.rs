@@ -290,3 +290,58 @@ fn admin_api_off_without_token() {
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert!(body.contains("admin API is off"), "{body}");
 }
+
+#[test]
+fn install_script_names_the_release_and_no_secret() {
+    let f = fixture(
+        &[
+            ("UPDATE_SERVER_AGENTS_ENROLLMENT_TOKEN", "s3cret-enroll"),
+            ("UPDATE_SERVER_ADMIN_TOKEN", "s3cret-admin"),
+        ],
+        true,
+    );
+    let (status, headers, body) = call(&f, get("/install.sh"));
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["cache-control"], "no-store");
+    assert!(body.starts_with("#!/bin/sh\n"), "{body}");
+    let platform = agent_protocol::layout::PLATFORM;
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with(&format!("BUNDLES='{platform} "))
+                && l.ends_with(
+                    " /agentupdate/download /agentupdate/download.minisig agent-bundle-2.2.0'"
+                )),
+        "{body}"
+    );
+    assert!(body.contains("\nENROLLMENT_REQUIRED=yes\n"));
+    assert!(!body.contains("s3cret"), "a secret in the script");
+
+    let check = |token: Option<&str>| {
+        let mut req = Request::get("/install/check-enrollment");
+        if let Some(token) = token {
+            req = req.header("Enrollment-Token", token);
+        }
+        call(&f, req.body(Body::empty()).unwrap())
+    };
+    let (status, _, body) = check(Some("s3cret-enroll"));
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ok\n"));
+    let (status, _, body) = check(Some("wrong"));
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        body.starts_with("refused\nthe enrollment token is wrong"),
+        "{body}"
+    );
+    let (_, _, body) = check(None);
+    assert!(body.starts_with("refused\n"), "{body}");
+}
+
+#[test]
+fn install_script_without_a_bundle_offers_nothing() {
+    let f = fixture(&[], false);
+    let (status, _, body) = call(&f, get("/install.sh"));
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("\nBUNDLES=''\n"), "{body}");
+    assert!(body.contains("\nENROLLMENT_REQUIRED=no\n"));
+    let (_, _, body) = call(&f, get("/install/check-enrollment"));
+    assert_eq!(body, "ok\n");
+}

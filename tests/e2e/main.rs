@@ -16,6 +16,7 @@ mod full_disk;
 mod handlers;
 mod hostile_archives;
 mod hostile_clients;
+mod install;
 mod long_poll;
 mod no_waiting;
 mod opamp;

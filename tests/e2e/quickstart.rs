@@ -1,5 +1,5 @@
-//! The README's run command, followed by the three commands it prints, typed as a new
-//! user would: ends with a running agent registered at the server.
+//! The README's run command, followed by the one-liner it prints, typed as a new user
+//! would: ends with a running agent registered at the server.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -8,7 +8,7 @@ use std::time::Duration;
 use e2e::{TestContext, bin_path, free_port, metric, repo_root, require_tool, wait_until};
 
 #[test]
-fn quickstart_then_the_three_printed_commands_give_a_registered_agent() {
+fn quickstart_then_the_printed_one_liner_gives_a_registered_agent() {
     require_tool("wget");
     let ctx = TestContext::new();
     let port = free_port();
@@ -37,11 +37,17 @@ fn quickstart_then_the_three_printed_commands_give_a_registered_agent() {
             }
         }
     });
-    let commands: Vec<String> = (0..3)
+    let commands: Vec<String> = (0..4)
         .filter_map(|_| rx.recv_timeout(Duration::from_secs(120)).ok())
         .collect();
-    assert_eq!(commands.len(), 3, "quickstart printed {commands:?}");
-    assert!(commands[0].starts_with("wget --content-disposition"));
+    assert_eq!(commands.len(), 4, "quickstart printed {commands:?}");
+    assert!(
+        commands[0].contains("/install.sh | sh -s --"),
+        "{commands:?}"
+    );
+    // The three by hand are the same install step by step; the one-liner is what to type.
+    assert!(commands[1].starts_with("wget --content-disposition"));
+    let commands = &commands[..1];
     let server = e2e::ServerProc {
         port,
         home: ctx.path("server-home"),
@@ -58,7 +64,7 @@ fn quickstart_then_the_three_printed_commands_give_a_registered_agent() {
     );
     let user_dir = ctx.path("user");
     std::fs::create_dir_all(&user_dir).unwrap();
-    for cmd in &commands {
+    for cmd in commands {
         let out = Command::new("sh")
             .arg("-c")
             .arg(cmd)

@@ -7,6 +7,7 @@
 )]
 
 pub mod fake;
+pub mod machine;
 pub mod webdriver;
 
 use std::fs;

@@ -51,6 +51,14 @@ pub struct Cli {
     #[arg(long, value_name = "TOKEN", requires = "install")]
     enroll_token: Option<String>,
 
+    /// With --install: the rollout group this machine joins (agent.group).
+    #[arg(long, value_name = "NAME", requires = "install")]
+    group: Option<String>,
+
+    /// With --install: the update server the agent talks to (server.urls).
+    #[arg(long, value_name = "URL", requires = "install")]
+    server_url: Option<String>,
+
     /// Update the agent installed at AGENT_HOME to the carried version.
     #[arg(long, value_name = "AGENT_HOME", num_args = 0..=1, default_missing_value = ".")]
     update: Option<PathBuf>,
@@ -233,6 +241,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             force: cli.force,
             ca_file: cli.ca_file.as_deref(),
             enroll_token: cli.enroll_token.as_deref(),
+            group: cli.group.as_deref(),
+            server_url: cli.server_url.as_deref(),
         });
     }
     if let Some(home) = &cli.update {
@@ -380,6 +390,12 @@ fn run_install(request: &InstallRequest<'_>) -> Result<ExitCode> {
             "HTTPS servers are verified against the CA in {home}/{} only.",
             install::CA_FILE
         );
+    }
+    if let Some(group) = request.group {
+        let _ = writeln!(out, "It joins the rollout group {group} (agent.group).");
+    }
+    if let Some(url) = request.server_url {
+        let _ = writeln!(out, "It talks to the update server {url} (server.urls).");
     }
     if request.enroll_token.is_some() {
         let _ = writeln!(

@@ -34,6 +34,10 @@ pub struct InstallRequest<'a> {
     pub ca_file: Option<&'a Path>,
     /// Presented when registering with a server that requires enrollment.
     pub enroll_token: Option<&'a str>,
+    /// `agent.group`: the rollout group and configuration set this machine joins.
+    pub group: Option<&'a str>,
+    /// `server.urls`: the one server the new agent talks to (the install script's own).
+    pub server_url: Option<&'a str>,
 }
 
 /// Where `--ca-file` is kept, relative to AGENT_HOME.
@@ -94,6 +98,21 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
     {
         return Err(BundleError::Invalid(
             "--enroll-token must be one line of text without quotes".into(),
+        ));
+    }
+    if let Some(group) = req.group
+        && !valid_group(group)
+    {
+        return Err(BundleError::Invalid(format!(
+            "--group {group:?}: a group name is letters, digits, '.', '_' and '-' (at most 64)"
+        )));
+    }
+    if let Some(url) = req.server_url
+        && (!(url.starts_with("http://") || url.starts_with("https://"))
+            || url.contains(|c: char| c.is_whitespace() || c == '"'))
+    {
+        return Err(BundleError::Invalid(
+            "--server-url must be one http:// or https:// URL".into(),
         ));
     }
     // Trust is decided before a byte of the payload is unpacked.
@@ -157,6 +176,8 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
     let server = ServerSettings {
         ca_pem: ca_pem.as_deref(),
         enroll_token: req.enroll_token,
+        group: req.group,
+        server_url: req.server_url,
     };
     if exists {
         let operator_key = match trust {
@@ -205,17 +226,35 @@ fn read_ca(path: &Path) -> Result<Vec<u8>> {
     Ok(pem)
 }
 
-/// What `--ca-file` and `--enroll-token` put in the new agent's `conf/`.
+/// A rollout group name: what `group:NAME` waves and configuration sets can name, and
+/// safe to write into TOML and to show.
+fn valid_group(group: &str) -> bool {
+    !group.is_empty()
+        && group.len() <= 64
+        && group
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// What `--ca-file`, `--enroll-token`, `--group` and `--server-url` put in the new
+/// agent's `conf/`.
 struct ServerSettings<'a> {
     ca_pem: Option<&'a [u8]>,
     enroll_token: Option<&'a str>,
+    group: Option<&'a str>,
+    server_url: Option<&'a str>,
 }
 
 impl ServerSettings<'_> {
-    /// Copies the CA to `conf/ca.pem` and sets `server.ca-file` and
-    /// `server.enrollment-token` in `conf/agent.toml`, keeping everything else in it.
+    /// Copies the CA to `conf/ca.pem` and sets `server.ca-file`,
+    /// `server.enrollment-token`, `server.urls` and `agent.group` in `conf/agent.toml`,
+    /// keeping everything else in it.
     fn apply(&self, home: &AgentHome) -> Result<()> {
-        if self.ca_pem.is_none() && self.enroll_token.is_none() {
+        if self.ca_pem.is_none()
+            && self.enroll_token.is_none()
+            && self.group.is_none()
+            && self.server_url.is_none()
+        {
             return Ok(());
         }
         let conf = home.agent_toml();
@@ -236,6 +275,17 @@ impl ServerSettings<'_> {
         }
         if let Some(token) = self.enroll_token {
             doc["server"]["enrollment-token"] = toml_edit::value(token.trim());
+        }
+        if let Some(url) = self.server_url {
+            let mut urls = toml_edit::Array::new();
+            urls.push(url.trim_end_matches('/'));
+            doc["server"]["urls"] = toml_edit::value(urls);
+        }
+        if let Some(group) = self.group {
+            if !doc.contains_table("agent") {
+                doc["agent"] = toml_edit::table();
+            }
+            doc["agent"]["group"] = toml_edit::value(group);
         }
         fs::create_dir_all(home.conf()).at(home.conf())?;
         atomic::write_with_mode(&conf, doc.to_string().as_bytes(), Some(0o600))?;

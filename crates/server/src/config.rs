@@ -43,6 +43,7 @@ pub const KEYS: &[Key] = &[
     key("database", "pool-size", Kind::Int),
     key("tls", "cert", Kind::Str),
     key("tls", "key", Kind::Str),
+    key("tls", "agent-ca", Kind::Str),
     key("rollout", "waves", Kind::List),
     key("rollout", "wave-wait", Kind::Int),
     key("rollout", "max-failures", Kind::Str),
@@ -70,6 +71,9 @@ pub struct TlsSection {
     pub cert: String,
     /// PEM: its private key.
     pub key: String,
+    /// PEM: the CA that agents pin to verify this server (`/install.sh` hands it to
+    /// `--install --ca-file`); empty: agents use the system's roots.
+    pub agent_ca: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]

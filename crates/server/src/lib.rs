@@ -116,8 +116,27 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             public_url: config.public_url(),
             opamp_sockets: Default::default(),
             pacer: Arc::default(),
+            agent_ca: read_agent_ca(config)?,
         }),
     })
+}
+
+/// `tls.agent-ca`: a PEM certificate, read once at start so that a wrong path stops the
+/// server rather than every `/install.sh`.
+fn read_agent_ca(config: &Config) -> Result<Option<String>, ServerError> {
+    if config.tls.agent_ca.is_empty() {
+        return Ok(None);
+    }
+    let path = std::path::Path::new(&config.tls.agent_ca);
+    let text = agent_extract::atomic::read_text(path, 1024 * 1024)
+        .map_err(|e| ServerError::Config(format!("tls.agent-ca {}: {e}", path.display())))?;
+    if !text.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(ServerError::Config(format!(
+            "tls.agent-ca {}: no PEM certificate in it (-----BEGIN CERTIFICATE-----)",
+            path.display()
+        )));
+    }
+    Ok(Some(text))
 }
 
 /// The served bundle as its rollout knows it: content and signing time.

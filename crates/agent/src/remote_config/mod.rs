@@ -410,9 +410,11 @@ async fn run_check(argv: &[String], dir: &Path) -> Result<(), String> {
     decide::check_outcome(output.status.code(), &tail)
 }
 
+/// renameat2(RENAME_EXCHANGE) through rustix: nix offers it only on glibc, and the
+/// agent is also built for musl (the static bundle that runs on any Linux).
 fn exchange(a: &Path, b: &Path) -> Result<(), String> {
-    use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
-    renameat2(AT_FDCWD, a, AT_FDCWD, b, RenameFlags::RENAME_EXCHANGE)
+    use rustix::fs::{CWD, RenameFlags, renameat_with};
+    renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE)
         .map_err(|e| format!("cannot swap {} and {}: {e}", a.display(), b.display()))
 }
 

@@ -8,6 +8,7 @@ mod admin;
 mod agents;
 mod config;
 mod download;
+mod install;
 pub mod operators;
 
 use std::sync::Arc;
@@ -67,6 +68,8 @@ pub struct Shared {
     pub opamp_sockets: crate::opamp::ws::Sockets,
     /// Turns for held agents about to be told that their wave opened.
     pub pacer: Arc<crate::pacer::Pacer>,
+    /// `tls.agent-ca`, read: the CA `/install.sh` has new agents pin.
+    pub agent_ca: Option<String>,
 }
 
 pub fn app(state: AppState) -> Router {
@@ -92,7 +95,9 @@ pub fn app(state: AppState) -> Router {
             wire::DOWNLOAD_PATH,
             get(download::download).head(download::download),
         )
-        .route(wire::SIGNATURE_PATH, get(download::signature));
+        .route(wire::SIGNATURE_PATH, get(download::signature))
+        .route(install::SCRIPT_PATH, get(install::script))
+        .route(install::CHECK_PATH, get(install::check_enrollment));
     Router::new()
         .route(wire::REGISTER_PATH, post(agents::register))
         .route(wire::REPORT_PATH, post(agents::report))
