@@ -22,6 +22,7 @@ mod no_waiting;
 mod opamp;
 mod opamp_hostile;
 mod opamp_sim;
+mod operators;
 mod page;
 mod quickstart;
 mod remote_config;

@@ -69,6 +69,27 @@ pub struct Filter {
     pub per_page: i64,
 }
 
+/// Appends `change` on `conn`: inside the transaction of the change it records, when
+/// the fleet model makes it (a rollout halting itself), so neither lands without the
+/// other.
+pub async fn record_in(
+    conn: &mut sqlx::AnyConnection,
+    change: &Change<'_>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO audit_log (at, who, address, action, outcome, details) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(now_ms())
+    .bind(change.who)
+    .bind(change.address)
+    .bind(change.action)
+    .bind(change.outcome.as_str())
+    .bind(change.details.to_string())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// The audit log of a fleet database.
 #[derive(Clone)]
 pub struct Audit {
@@ -82,17 +103,8 @@ impl Audit {
 
     /// Appends `change`.
     pub async fn record(&self, change: &Change<'_>) -> Result<(), FleetError> {
-        sqlx::query(
-            "INSERT INTO audit_log (at, who, address, action, outcome, details) VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(now_ms())
-        .bind(change.who)
-        .bind(change.address)
-        .bind(change.action)
-        .bind(change.outcome.as_str())
-        .bind(change.details.to_string())
-        .execute(self.db.pool())
-        .await?;
+        let mut conn = self.db.pool().acquire().await?;
+        record_in(&mut *conn, change).await?;
         Ok(())
     }
 

@@ -1,6 +1,7 @@
-//! `update-server rollout status|halt|resume|advance` and `update-server config
-//! push|status|delete|halt|resume|advance`: the admin API of a running server, from a
-//! shell. Prints a table of the waves (or the API's JSON with `--json`).
+//! `update-server rollout status|halt|resume|advance`, `update-server config
+//! push|status|delete|halt|resume|advance`, `update-server token create|list|revoke` and
+//! `update-server audit`: the admin API of a running server, from a shell. Prints tables
+//! (or the API's JSON with `--json`).
 
 use std::fmt::Write as _;
 use std::time::{Duration, UNIX_EPOCH};
@@ -382,5 +383,112 @@ pub fn render_config(status: &Value) -> String {
             }
         }
     }
+    out
+}
+
+/// What to ask of the operators' tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenAction {
+    Create { name: String, role: String },
+    List,
+    Revoke { name: String },
+}
+
+impl AdminClient {
+    /// `/admin/tokens...`: the answer's JSON, or an error that says what the server said.
+    pub async fn tokens(&self, action: &TokenAction) -> anyhow::Result<Value> {
+        let base = self.base()?;
+        let http = self.http()?;
+        let request = match action {
+            TokenAction::Create { name, role } => http
+                .post(format!("{base}/admin/tokens"))
+                .json(&serde_json::json!({ "name": name, "role": role })),
+            TokenAction::List => http.get(format!("{base}/admin/tokens")),
+            TokenAction::Revoke { name } => http.delete(format!("{base}/admin/tokens/{name}")),
+        };
+        self.send(base, request).await
+    }
+
+    /// `GET /admin/audit`, newest first.
+    pub async fn audit(
+        &self,
+        who: Option<&str>,
+        action: Option<&str>,
+        page: u32,
+    ) -> anyhow::Result<Value> {
+        let base = self.base()?;
+        let mut query = vec![("page", page.to_string())];
+        if let Some(who) = who {
+            query.push(("who", who.to_owned()));
+        }
+        if let Some(action) = action {
+            query.push(("action", action.to_owned()));
+        }
+        let request = self
+            .http()?
+            .get(format!("{base}/admin/audit"))
+            .query(&query);
+        self.send(base, request).await
+    }
+}
+
+fn millis_utc(v: &Value) -> String {
+    v.as_i64().map_or_else(
+        || "never".to_owned(),
+        |ms| httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)),
+    )
+}
+
+/// `GET /admin/tokens` as a person reads it: one line per token, never a token.
+pub fn render_tokens(list: &Value) -> String {
+    let mut out = String::new();
+    let rows = list.as_array().map(Vec::as_slice).unwrap_or_default();
+    if rows.is_empty() {
+        return "no named tokens (admin.token is the only one)\n".to_owned();
+    }
+    let _ = writeln!(
+        out,
+        "{:<24} {:<9} {:<30} last used",
+        "name", "role", "created"
+    );
+    for t in rows {
+        let _ = writeln!(
+            out,
+            "{:<24} {:<9} {:<30} {}",
+            t["name"].as_str().unwrap_or("?"),
+            t["role"].as_str().unwrap_or("?"),
+            millis_utc(&t["created_at"]),
+            millis_utc(&t["last_used_at"]),
+        );
+    }
+    out
+}
+
+/// `GET /admin/audit` as a person reads it: one line per entry, newest first.
+pub fn render_audit(answer: &Value) -> String {
+    let mut out = String::new();
+    let entries = answer["entries"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for e in entries {
+        let _ = writeln!(
+            out,
+            "{}  {:<20} {:<16} {:<22} {:<8} {}",
+            millis_utc(&e["at"]),
+            e["who"].as_str().unwrap_or("?"),
+            e["address"].as_str().unwrap_or(""),
+            e["action"].as_str().unwrap_or("?"),
+            e["outcome"].as_str().unwrap_or("?"),
+            e["details"],
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{} of {} entries (page {})",
+        entries.len(),
+        answer["total"],
+        answer["page"]
+    );
     out
 }

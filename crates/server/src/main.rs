@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use agent_protocol::settings::ProcessEnv;
 use clap::{Args, Parser, Subcommand};
-use update_server::cli::{AdminClient, ConfigAction, RolloutAction};
+use update_server::cli::{AdminClient, ConfigAction, RolloutAction, TokenAction};
 
 /// Serves one signed agent bundle and enforces the agent version directive; with a
 /// command, talks to a running server's admin API.
@@ -45,6 +45,47 @@ enum Command {
         action: Agents,
         #[command(flatten)]
         admin: AdminArgs,
+    },
+    /// Operators' named tokens with their roles (an admin's; through the admin API).
+    Token {
+        #[command(subcommand)]
+        action: Token,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// The audit log: every change, who made it and from where, newest first.
+    Audit {
+        /// Only entries by this token name (or server:NAME).
+        #[arg(long)]
+        who: Option<String>,
+        /// Only these actions (`rollout` matches rollout.halt, rollout.resume, …).
+        #[arg(long)]
+        action: Option<String>,
+        #[arg(long, default_value_t = 1)]
+        page: u32,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Token {
+    /// Make a token for a person; it is printed once and stored only as a hash.
+    Create {
+        /// Who it is for (letters, digits, - _ . @).
+        #[arg(long)]
+        name: String,
+        /// viewer (reads), operator (also halts, resumes, advances, pushes configuration,
+        /// changes auto-update and the download limit) or admin (also manages tokens).
+        #[arg(long, value_parser = ["viewer", "operator", "admin"])]
+        role: String,
+    },
+    /// Names, roles, when made and last used (never the tokens).
+    List,
+    /// Refuse a token from the next request on, on every server of the fleet.
+    Revoke {
+        /// The token's name.
+        name: String,
     },
 }
 
@@ -177,6 +218,50 @@ fn main() -> ExitCode {
                     println!(
                         "forgot the credentials of agent {id}; its next register gets new ones"
                     );
+                }
+            }
+            Some(Command::Token { action, admin }) => {
+                let client = admin.client(&config);
+                let action = match action {
+                    Token::Create { name, role } => TokenAction::Create { name, role },
+                    Token::List => TokenAction::List,
+                    Token::Revoke { name } => TokenAction::Revoke { name },
+                };
+                let answer = runtime.block_on(client.tokens(&action))?;
+                if admin.json {
+                    println!("{}", serde_json::to_string_pretty(&answer)?);
+                } else {
+                    match &action {
+                        TokenAction::Create { name, role } => {
+                            println!("{}", answer["token"].as_str().unwrap_or_default());
+                            eprintln!(
+                                "made the {role} token {name:?}: it is shown this once and kept only as a hash; pass it with --token or sign in to the page with it"
+                            );
+                        }
+                        TokenAction::List => {
+                            print!("{}", update_server::cli::render_tokens(&answer))
+                        }
+                        TokenAction::Revoke { name } => {
+                            println!(
+                                "revoked the token {name:?}; it is refused from now on, on every server"
+                            )
+                        }
+                    }
+                }
+            }
+            Some(Command::Audit {
+                who,
+                action,
+                page,
+                admin,
+            }) => {
+                let client = admin.client(&config);
+                let answer =
+                    runtime.block_on(client.audit(who.as_deref(), action.as_deref(), page))?;
+                if admin.json {
+                    println!("{}", serde_json::to_string_pretty(&answer)?);
+                } else {
+                    print!("{}", update_server::cli::render_audit(&answer));
                 }
             }
             Some(Command::Config { action, admin }) => {

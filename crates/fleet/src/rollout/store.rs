@@ -15,7 +15,7 @@ use sqlx::{Any, AnyConnection, Executor, Row};
 
 use crate::db::Backend;
 use crate::rollout::plan::Plan;
-use crate::rollout::step::{Decision, Progress, State, WaveStatus};
+use crate::rollout::step::{Decision, HaltCause, Progress, State, WaveStatus};
 
 pub const INSTALLED: &str = "INSTALLED";
 pub const INSTALL_FAILED: &str = "INSTALL_FAILED";
@@ -714,6 +714,31 @@ pub async fn apply(
         Decision::Halt { cause, reason } => {
             event(&mut **tx, t, id, "halted", row.opened, reason, now, server).await?;
             set_state(tx, t, id, State::Halted, Some(reason), Some(cause.as_str())).await?;
+            // The server's own decision, in the audit log with the halt itself (an
+            // operator's halt is recorded by the edge that took it, under their name).
+            if *cause != HaltCause::Operator {
+                let who = format!("server:{server}");
+                let action = if t.rollouts == BUNDLES.rollouts {
+                    "rollout.halt"
+                } else {
+                    "config.halt"
+                };
+                crate::audit::record_in(
+                    &mut **tx,
+                    &crate::audit::Change {
+                        who: &who,
+                        address: "",
+                        action,
+                        outcome: crate::audit::Outcome::Done,
+                        details: serde_json::json!({
+                            "rollout": id,
+                            "cause": cause.as_str(),
+                            "reason": reason,
+                        }),
+                    },
+                )
+                .await?;
+            }
         }
         Decision::Complete => {
             if !event(&mut **tx, t, id, "completed", 0, "", now, server).await? {

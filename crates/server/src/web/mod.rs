@@ -326,7 +326,7 @@ async fn sign_in(State(page): State<Page>, headers: HeaderMap, request: Request)
         return sign_in_form(
             &page,
             StatusCode::UNAUTHORIZED,
-            "That is not a valid token (the admin token or an operator's). Try again.",
+            "That is not the admin token, nor an operator's token. Try again.",
         );
     };
     tracing::info!(name = %who.name, role = %who.role, "fleet page: signed in");
