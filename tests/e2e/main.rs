@@ -29,4 +29,5 @@ mod sim;
 mod stamp;
 mod trust;
 mod update;
+mod upgrade;
 mod workload;
