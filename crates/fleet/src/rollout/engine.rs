@@ -205,7 +205,7 @@ impl<S: Subject> Engine<S> {
         Ok(due)
     }
 
-    pub(crate) fn log_decision(&self, row: &Rollout<S>, decision: &Decision, progress: &Progress) {
+    fn log_decision(&self, row: &Rollout<S>, decision: &Decision, progress: &Progress) {
         let what = row.subject.label();
         let kind = S::KIND.as_str();
         match decision {
@@ -351,17 +351,13 @@ impl<S: Subject> Engine<S> {
         Ok(())
     }
 
-    /// The agent's place in rollout `row` as this server last knew it, without a query.
+    /// The agent's place in rollout `rollout` as this server last knew it, without a
+    /// query.
     pub fn known(&self, rollout: i64, agent: &str) -> Option<Membership> {
         lock(&self.members)
             .get(&rollout)
             .and_then(|members| members.get(agent))
             .copied()
-    }
-
-    /// Whether this server holds the places of rollout `id`.
-    pub fn holds(&self, rollout: i64) -> bool {
-        lock(&self.members).contains_key(&rollout)
     }
 
     /// The agent's place in `row`, placing it in a wave (`join_wave` of its group) the

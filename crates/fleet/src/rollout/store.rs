@@ -878,3 +878,46 @@ pub async fn events<'e>(
     })
     .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_names_its_outcomes_and_its_rollouts() {
+        assert_eq!(
+            (Kind::Bundle.done(), Kind::Bundle.failed()),
+            (INSTALLED, INSTALL_FAILED)
+        );
+        assert_eq!(
+            (Kind::Config.done(), Kind::Config.failed()),
+            (APPLIED, FAILED)
+        );
+        // Only a bundle's missed deadline shows in the agent's own row.
+        assert_eq!(
+            Kind::Bundle.agent_status(),
+            Some(("update_status", "update_error"))
+        );
+        assert_eq!(Kind::Config.agent_status(), None);
+        let set = ConfigSet {
+            group: "edge".into(),
+            hash: "0123456789abcdef".into(),
+        };
+        assert_eq!(
+            set.label(),
+            "config rollout of set 0123456789ab (group edge)"
+        );
+        assert_eq!(
+            member(Kind::Config, 2, Some(1), Some(FAILED.into())),
+            Membership {
+                wave: 2,
+                told: true,
+                done: true,
+                failed: true
+            }
+        );
+        // A failure is the kind's own: FAILED is not a bundle's.
+        assert!(!member(Kind::Bundle, 1, None, Some(FAILED.into())).failed);
+        assert!(member(Kind::Bundle, 1, None, Some(INSTALL_FAILED.into())).failed);
+    }
+}
