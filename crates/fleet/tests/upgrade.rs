@@ -44,7 +44,7 @@ async fn a_sqlite_fleet_of_schema_0006_keeps_both_rollouts_under_way() {
 
     let sets = agent_fleet::config::store::sets(pool).await.unwrap();
     let set = sets.iter().find(|s| s.group == EDGE).unwrap();
-    let config = store::find_config(pool, EDGE, &set.hash, set.created_at)
+    let config = store::find::<ConfigSet>(pool, EDGE, &set.hash, set.created_at)
         .await
         .unwrap()
         .unwrap();
@@ -69,7 +69,7 @@ async fn a_sqlite_fleet_of_schema_0006_keeps_both_rollouts_under_way() {
     let kinds: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
     assert_eq!(kinds, ["started", "wave_opened"], "{events:?}");
     // The bundle rollout is still the fleet's latest of its kind.
-    let again = store::find_bundle(pool, &bundle.subject.sha256, bundle.subject.signed_at)
+    let again = store::find::<Bundle>(pool, "", &bundle.subject.sha256, bundle.subject.signed_at)
         .await
         .unwrap()
         .unwrap();

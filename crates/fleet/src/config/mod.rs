@@ -144,7 +144,7 @@ impl Configs {
         let mut groups = HashMap::new();
         for set in sets {
             let rollout =
-                rstore::find_config(self.db().pool(), &set.group, &set.hash, set.created_at)
+                rstore::find::<ConfigSet>(self.db().pool(), &set.group, &set.hash, set.created_at)
                     .await?
                     .map(Arc::new);
             groups.insert(set.group.clone(), GroupSet { set, rollout });
@@ -439,7 +439,8 @@ impl Configs {
         let mut conn = self.db().pool().acquire().await?;
         for set in sets {
             let rollout =
-                rstore::find_config(&mut *conn, &set.group, &set.hash, set.created_at).await?;
+                rstore::find::<ConfigSet>(&mut *conn, &set.group, &set.hash, set.created_at)
+                    .await?;
             let (counts, rollout_json) = match &rollout {
                 Some(row) => {
                     let (waves, status) = self.engine.status(&mut conn, row, "applied").await?;

@@ -183,7 +183,7 @@ impl Rollouts {
                 .execute(&mut *tx)
                 .await?;
         }
-        if store::find_bundle(&mut *tx, &bundle.sha256, bundle.signed_at)
+        if store::find::<Bundle>(&mut *tx, "", &bundle.sha256, bundle.signed_at)
             .await?
             .is_some()
         {

@@ -83,6 +83,8 @@ pub trait Subject: Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static {
     const KIND: Kind;
     /// What its log lines and refusals call a rollout of this kind.
     const NOUN: &'static str;
+    /// The column that, with its group and target, keys a rollout of this kind.
+    const KEYED_AT: &'static str;
     /// From the columns of [`COLUMNS`] (group, target, signed_at, version, previous).
     fn decode(r: &AnyRow) -> Result<Self, sqlx::Error>;
     /// How the log names this rollout: "rollout of 2.0.0+2".
@@ -103,6 +105,7 @@ pub struct Bundle {
 impl Subject for Bundle {
     const KIND: Kind = Kind::Bundle;
     const NOUN: &'static str = "rollout";
+    const KEYED_AT: &'static str = "signed_at";
 
     fn decode(r: &AnyRow) -> Result<Self, sqlx::Error> {
         let version: Option<String> = r.try_get(4)?;
@@ -137,6 +140,7 @@ pub struct ConfigSet {
 impl Subject for ConfigSet {
     const KIND: Kind = Kind::Config;
     const NOUN: &'static str = "config rollout";
+    const KEYED_AT: &'static str = "started_at";
 
     fn decode(r: &AnyRow) -> Result<Self, sqlx::Error> {
         Ok(ConfigSet {
@@ -268,33 +272,24 @@ pub async fn get<'e, S: Subject>(
     lock(e, Backend::Sqlite, id).await
 }
 
-/// The bundle rollout of `sha256` signed at `signed_at`.
-pub async fn find_bundle<'e>(
-    e: impl Executor<'e, Database = Any>,
-    sha256: &str,
-    signed_at: i64,
-) -> Result<Option<RolloutRow>, sqlx::Error> {
-    let sql = format!("{COLUMNS} AND target = $2 AND signed_at = $3");
-    let query = sqlx::query(&sql)
-        .bind(Kind::Bundle.as_str())
-        .bind(sha256)
-        .bind(signed_at);
-    first(e, query).await
-}
-
-/// The config rollout of `group`'s set `hash` created at `created_at`.
-pub async fn find_config<'e>(
+/// The rollout of kind `S` of `target` (a bundle's sha256, a set's hash) in `group`
+/// (empty for a bundle), keyed at `at` ([`Subject::KEYED_AT`]: a bundle signature's
+/// time, a set's creation).
+pub async fn find<'e, S: Subject>(
     e: impl Executor<'e, Database = Any>,
     group: &str,
-    hash: &str,
-    created_at: i64,
-) -> Result<Option<ConfigRolloutRow>, sqlx::Error> {
-    let sql = format!("{COLUMNS} AND agent_group = $2 AND target = $3 AND started_at = $4");
+    target: &str,
+    at: i64,
+) -> Result<Option<Rollout<S>>, sqlx::Error> {
+    let sql = format!(
+        "{COLUMNS} AND agent_group = $2 AND target = $3 AND {} = $4",
+        S::KEYED_AT
+    );
     let query = sqlx::query(&sql)
-        .bind(Kind::Config.as_str())
+        .bind(S::KIND.as_str())
         .bind(group)
-        .bind(hash)
-        .bind(created_at);
+        .bind(target)
+        .bind(at);
     first(e, query).await
 }
 
