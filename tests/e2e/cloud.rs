@@ -38,45 +38,7 @@ fn start(ctx: &TestContext, home: &str, port: u16, env: &[(String, String)]) -> 
 }
 
 fn admin(server: &ServerProc, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let auth = format!("Bearer {TOKEN}");
-    let answer = http_with_body(
-        server.port,
-        method,
-        path,
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/json"),
-        ],
-        body.as_bytes(),
-    )
-    .unwrap();
-    (
-        answer.status,
-        serde_json::from_slice(&answer.body).unwrap_or(Value::Null),
-    )
-}
-
-fn rollout(server: &ServerProc) -> Option<Value> {
-    let (status, body) = admin(server, "GET", "/admin/rollout", "");
-    (status == 200).then_some(body)
-}
-
-fn wait_rollout(server: &ServerProc, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
-    loop {
-        if let Some(r) = rollout(server)
-            && cond(&r)
-        {
-            return r;
-        }
-        assert!(
-            start.elapsed() < LONG,
-            "timed out waiting for {what}; rollout: {:?}\n--- server log:\n{}",
-            rollout(server),
-            read_file(&server.home.join("server.log"))
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    e2e::admin_call(server, TOKEN, method, path, body)
 }
 
 fn register(server: &ServerProc, id: &str) -> u16 {
@@ -267,7 +229,7 @@ fn a_rollout_outlives_the_server_that_started_it() {
     let b = start(&ctx, "srv-b", free_port(), &env_b);
     ctx.publish_served(&a, &b1);
     ctx.publish_served(&b, &b1);
-    wait_rollout(&b, "the rollout of 1.0.0 to complete", |r| {
+    e2e::wait_rollout(&b, TOKEN, LONG, "the rollout of 1.0.0 to complete", |r| {
         r["version"] == "1.0.0+1" && r["state"] == "completed"
     });
     let homes = agents(
@@ -283,7 +245,7 @@ fn a_rollout_outlives_the_server_that_started_it() {
 
     // a starts the rollout; b gets the same bundle and follows it.
     ctx.republish(&a, &b2);
-    let started = wait_rollout(&a, "a to start the rollout of 2.0.0", |r| {
+    let started = e2e::wait_rollout(&a, TOKEN, LONG, "a to start the rollout of 2.0.0", |r| {
         r["version"] == "2.0.0+2"
     });
     ctx.republish(&b, &b2);
@@ -297,7 +259,7 @@ fn a_rollout_outlives_the_server_that_started_it() {
     signal(a.pid, "KILL");
     wait_until(Duration::from_secs(10), "a to die", || e2e::pid_gone(a.pid));
 
-    let done = wait_rollout(&b, "the rollout to complete through b", |r| {
+    let done = e2e::wait_rollout(&b, TOKEN, LONG, "the rollout to complete through b", |r| {
         r["version"] == "2.0.0+2" && r["state"] == "completed"
     });
     wait_until(LONG, "every agent on 2.0.0", || {
@@ -305,7 +267,7 @@ fn a_rollout_outlives_the_server_that_started_it() {
         listed.len() == 6 && listed.iter().all(|x| x["version"] == "2.0.0+2")
     });
     let a = start(&ctx, "srv-a", a.port, &env_a);
-    let seen_by_a = rollout(&a).unwrap();
+    let seen_by_a = e2e::admin_rollout(&a, TOKEN).unwrap();
     assert_eq!(seen_by_a["state"], "completed");
     assert_eq!(seen_by_a["started_at"], started["started_at"]);
     assert_eq!(seen_by_a["waves"], done["waves"]);
@@ -358,12 +320,12 @@ fn a_server_with_another_bundle_starts_no_second_rollout() {
     let a = start(&ctx, "srv-a", free_port(), &env_for(&pg, "a", &plan));
     let b = start(&ctx, "srv-b", free_port(), &env_for(&pg, "b", &plan));
     ctx.publish_served(&a, &old);
-    wait_rollout(&a, "the rollout of 0.5.0 to complete", |r| {
+    e2e::wait_rollout(&a, TOKEN, LONG, "the rollout of 0.5.0 to complete", |r| {
         r["version"] == "0.5.0+1" && r["state"] == "completed"
     });
     assert_eq!(register_as(&a, "early", "0.5.0+1"), 200);
     ctx.republish(&a, &b1);
-    wait_rollout(&a, "a to start the rollout of 1.0.0", |r| {
+    e2e::wait_rollout(&a, TOKEN, LONG, "a to start the rollout of 1.0.0", |r| {
         r["version"] == "1.0.0+1" && r["state"] == "running"
     });
 
@@ -382,7 +344,7 @@ fn a_server_with_another_bundle_starts_no_second_rollout() {
     );
     assert_eq!(metric(&b, "agentupdate_bundle_mismatch"), 1.0);
     assert_eq!(metric(&a, "agentupdate_bundle_mismatch"), 0.0);
-    assert_eq!(rollout(&b).unwrap()["version"], "1.0.0+1");
+    assert_eq!(e2e::admin_rollout(&b, TOKEN).unwrap()["version"], "1.0.0+1");
     // b still refuses no agent of the fleet's rollout.
     assert_eq!(register(&b, "late"), 200);
 
@@ -412,7 +374,7 @@ fn a_server_with_another_bundle_starts_no_second_rollout() {
         r#"{"reason": "make way"}"#,
     );
     assert_eq!(status, 200, "{body}");
-    wait_rollout(&a, "the rollout of 2.0.0 to start", |r| {
+    e2e::wait_rollout(&a, TOKEN, LONG, "the rollout of 2.0.0 to start", |r| {
         r["version"] == "2.0.0+2"
     });
     wait_until(
@@ -455,9 +417,13 @@ fn twenty_seconds_without_the_database_refuse_no_one_and_lose_no_report() {
     );
     let server = start(&ctx, "srv", free_port(), &env);
     ctx.publish_served(&server, &b1);
-    wait_rollout(&server, "the rollout of 1.0.0 to complete", |r| {
-        r["state"] == "completed"
-    });
+    e2e::wait_rollout(
+        &server,
+        TOKEN,
+        LONG,
+        "the rollout of 1.0.0 to complete",
+        |r| r["state"] == "completed",
+    );
     let homes = agents(
         &ctx,
         &b1,

@@ -16,25 +16,8 @@ use serde_json::{Value, json};
 const TOKEN: &str = "config-token";
 const LONG: Duration = Duration::from_secs(60);
 
-fn auth() -> String {
-    format!("Bearer {TOKEN}")
-}
-
 fn admin(server: &ServerProc, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
-    let auth = auth();
-    let answer = http_with_body(
-        server.port,
-        method,
-        path,
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/json"),
-        ],
-        body,
-    )
-    .unwrap();
-    let json = serde_json::from_slice(&answer.body).unwrap_or(Value::String(answer.text()));
-    (answer.status, json)
+    e2e::admin_call(server, TOKEN, method, path, body)
 }
 
 fn put_set(server: &ServerProc, group: &str, files: &BTreeMap<String, String>) -> (u16, Value) {

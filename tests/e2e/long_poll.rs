@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e::{
-    Pki, Postgres, ServerProc, TestContext, admin_agents, configure_agent, http, http_with_body,
+    Pki, Postgres, ServerProc, TestContext, admin_agents, configure_agent, http_with_body,
     log_time, metric, read_file, run_ok, signal, wait_until,
 };
 use serde_json::Value;
@@ -45,27 +45,6 @@ fn held_agents(ctx: &TestContext, server: &ServerProc, bundle: &Path, n: usize) 
     homes
 }
 
-fn rollout(server: &ServerProc) -> Option<Value> {
-    let auth = format!("Bearer {TOKEN}");
-    let answer = http(
-        server.port,
-        "GET",
-        "/admin/rollout",
-        &[("Authorization", &auth)],
-    )
-    .ok()?;
-    (answer.status == 200).then(|| serde_json::from_slice(&answer.body).ok())?
-}
-
-fn wait_rollout(server: &ServerProc, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-    let mut last = None;
-    wait_until(LONG, what, || {
-        last = rollout(server);
-        last.as_ref().is_some_and(&cond)
-    });
-    last.unwrap()
-}
-
 /// When the agent's log says it was refused for `version` and started updating.
 fn started_update(home: &Path, version: &str) -> Option<f64> {
     read_file(&home.join("logs/agent.log"))
@@ -92,14 +71,22 @@ fn held_agents_start_their_download_within_two_seconds_of_their_wave_opening() {
         ],
     );
     ctx.publish_served(&server, &b1);
-    wait_rollout(&server, "the rollout of 1.0.0 to complete", |r| {
-        r["state"] == "completed"
-    });
+    e2e::wait_rollout(
+        &server,
+        TOKEN,
+        LONG,
+        "the rollout of 1.0.0 to complete",
+        |r| r["state"] == "completed",
+    );
     let homes = held_agents(&ctx, &server, &b1, 2);
     ctx.republish(&server, &b2);
-    let done = wait_rollout(&server, "the rollout of 2.0.0 to complete", |r| {
-        r["version"] == "2.0.0+2" && r["state"] == "completed"
-    });
+    let done = e2e::wait_rollout(
+        &server,
+        TOKEN,
+        LONG,
+        "the rollout of 2.0.0 to complete",
+        |r| r["version"] == "2.0.0+2" && r["state"] == "completed",
+    );
     let waves = done["waves"].as_array().unwrap();
     assert_eq!(waves.len(), 2, "{done}");
     for a in admin_agents(server.port, TOKEN) {
@@ -144,7 +131,7 @@ fn a_degraded_agent_takes_a_fixed_bundle_within_two_seconds() {
         metric(&server, "agentupdate_connects_held") >= 1.0
     });
     ctx.republish(&server, &b3);
-    let started3 = wait_rollout(&server, "the rollout of 3.0.0 to start", |r| {
+    let started3 = e2e::wait_rollout(&server, TOKEN, LONG, "the rollout of 3.0.0 to start", |r| {
         r["version"] == "3.0.0+3"
     });
     let started_at = secs(&started3["started_at"]);

@@ -32,4 +32,5 @@ mod sim;
 mod stamp;
 mod trust;
 mod update;
+mod upgrade;
 mod workload;

@@ -359,13 +359,14 @@ fn register(server: &ServerProc, id: &str, name: &str, group: &str, token: &str)
     v["token"].as_str().unwrap_or_default().to_owned()
 }
 
-fn report_failed(server: &ServerProc, id: &str, token: &str, error: &str) {
-    let body = json!({"id": id, "from": "1.0.0+1", "to": "2.0.0+2", "status": "INSTALL_FAILED", "error": error});
+/// Posts `body` to `path` as the agent of 1.0.0+1 whose credential is `token`; fails
+/// the test unless it is taken.
+fn agent_post(server: &ServerProc, path: &str, token: &str, body: &Value) {
     let auth = format!("Bearer {token}");
     let a = http_with_body(
         server.port,
         "POST",
-        "/agentupdate/report",
+        path,
         &[
             ("Agent-Version", "1.0.0+1"),
             ("Content-Type", "application/json"),
@@ -377,55 +378,38 @@ fn report_failed(server: &ServerProc, id: &str, token: &str, error: &str) {
     assert_eq!(a.status, 200, "{}", a.text());
 }
 
+/// An admin API call with the page's admin token.
+fn admin(server: &ServerProc, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let body = body.map(Value::to_string).unwrap_or_default();
+    e2e::admin_call(server, TOKEN, method, path, body)
+}
+
+fn report_failed(server: &ServerProc, id: &str, token: &str, error: &str) {
+    let body = json!({"id": id, "from": "1.0.0+1", "to": "2.0.0+2", "status": "INSTALL_FAILED", "error": error});
+    agent_post(server, "/agentupdate/report", token, &body);
+}
+
 /// Stores a one-file configuration set for `group`; its hash.
 fn push_config(server: &ServerProc, group: &str) -> String {
-    let auth = format!("Bearer {TOKEN}");
-    let body = json!({"files": {"app.conf": "answer = 42\n"}}).to_string();
-    let a = http_with_body(
-        server.port,
+    let body = json!({"files": {"app.conf": "answer = 42\n"}});
+    let (status, v) = admin(
+        server,
         "PUT",
         &format!("/admin/config/{group}"),
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/json"),
-        ],
-        body.as_bytes(),
-    )
-    .unwrap();
-    assert_eq!(a.status, 200, "{}", a.text());
-    let v: Value = serde_json::from_slice(&a.body).unwrap();
+        Some(&body),
+    );
+    assert_eq!(status, 200, "{v}");
     v["hash"].as_str().unwrap().to_owned()
 }
 
 fn config_failed(server: &ServerProc, id: &str, token: &str, hash: &str, error: &str) {
     let body = json!({"id": id, "hash": hash, "status": "FAILED", "error": error});
-    let auth = format!("Bearer {token}");
-    let a = http_with_body(
-        server.port,
-        "POST",
-        "/agent/config-status",
-        &[
-            ("Agent-Version", "1.0.0+1"),
-            ("Content-Type", "application/json"),
-            ("Authorization", &auth),
-        ],
-        body.to_string().as_bytes(),
-    )
-    .unwrap();
-    assert_eq!(a.status, 200, "{}", a.text());
+    agent_post(server, "/agent/config-status", token, &body);
 }
 
 /// The state of `group`'s config rollout, as `/admin/config` says it.
 fn config_state(server: &ServerProc, group: &str) -> String {
-    let auth = format!("Bearer {TOKEN}");
-    let a = http(
-        server.port,
-        "GET",
-        "/admin/config",
-        &[("Authorization", &auth)],
-    )
-    .unwrap();
-    let v: Value = serde_json::from_slice(&a.body).unwrap_or_default();
+    let (_, v) = admin(server, "GET", "/admin/config", None);
     v["sets"]
         .as_array()
         .into_iter()
@@ -437,15 +421,7 @@ fn config_state(server: &ServerProc, group: &str) -> String {
 }
 
 fn rollout_state(server: &ServerProc) -> String {
-    let auth = format!("Bearer {TOKEN}");
-    let a = http(
-        server.port,
-        "GET",
-        "/admin/rollout",
-        &[("Authorization", &auth)],
-    )
-    .unwrap();
-    let v: Value = serde_json::from_slice(&a.body).unwrap_or_default();
+    let (_, v) = admin(server, "GET", "/admin/rollout", None);
     v["state"].as_str().unwrap_or_default().to_owned()
 }
 

@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use e2e::{
     ServerProc, TestContext, admin_agents, configure_agent, http, http_with_body, log_time, metric,
@@ -48,9 +48,13 @@ fn fleet(
     );
     let server = start_server(&ctx, None, &env);
     ctx.publish_served(&server, &b1);
-    wait_rollout(&server, "the rollout of 1.0.0 to complete", |r| {
-        r["version"] == OLD && r["state"] == "completed"
-    });
+    e2e::wait_rollout(
+        &server,
+        TOKEN,
+        LONG,
+        "the rollout of 1.0.0 to complete",
+        |r| r["version"] == OLD && r["state"] == "completed",
+    );
     let homes: Vec<PathBuf> = (0..n)
         .map(|i| {
             let home = ctx.install(&b1, &format!("fleet/{i}"));
@@ -95,37 +99,6 @@ fn start_server(ctx: &TestContext, port: Option<u16>, env: &[(String, String)]) 
     }
 }
 
-fn rollout(server: &ServerProc) -> Option<Value> {
-    let auth = format!("Bearer {TOKEN}");
-    let answer = http(
-        server.port,
-        "GET",
-        "/admin/rollout",
-        &[("Authorization", &auth)],
-    )
-    .ok()?;
-    (answer.status == 200).then(|| serde_json::from_slice(&answer.body).ok())?
-}
-
-fn wait_rollout(server: &ServerProc, what: &str, mut cond: impl FnMut(&Value) -> bool) -> Value {
-    let start = Instant::now();
-    loop {
-        let r = rollout(server);
-        if let Some(r) = &r
-            && cond(r)
-        {
-            return r.clone();
-        }
-        assert!(
-            start.elapsed() < LONG,
-            "timed out waiting for {what}; rollout:\n{}",
-            r.map(|r| serde_json::to_string_pretty(&r).unwrap())
-                .unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 fn agent_home<'a>(f: &'a Fleet, id: &str) -> &'a Path {
     f.homes
         .iter()
@@ -158,9 +131,13 @@ fn a_good_bundle_goes_out_in_waves_in_order_and_completes() {
         |_| {},
     );
     f.ctx.republish(&f.server, &f.b2);
-    let done = wait_rollout(&f.server, "the rollout of 2.0.0 to complete", |r| {
-        r["version"] == NEW && r["state"] == "completed"
-    });
+    let done = e2e::wait_rollout(
+        &f.server,
+        TOKEN,
+        LONG,
+        "the rollout of 2.0.0 to complete",
+        |r| r["version"] == NEW && r["state"] == "completed",
+    );
     assert_eq!(done["previous"], OLD);
     let waves = done["waves"].as_array().unwrap();
     let sizes: Vec<u64> = waves
@@ -233,7 +210,7 @@ fn a_broken_bundle_halts_after_its_first_wave_and_the_rest_are_never_told() {
         |d| crate::update::script_agent(d, "exit 1"),
     );
     f.ctx.republish(&f.server, &f.b2);
-    let halted = wait_rollout(&f.server, "the rollout to halt", |r| {
+    let halted = e2e::wait_rollout(&f.server, TOKEN, LONG, "the rollout to halt", |r| {
         r["version"] == NEW && r["state"] == "halted"
     });
     let reason = halted["reason"].as_str().unwrap();
@@ -244,7 +221,7 @@ fn a_broken_bundle_halts_after_its_first_wave_and_the_rest_are_never_told() {
     assert_eq!(halted["wave"], 1, "{halted}");
     // Give the fleet time to misbehave, if it would.
     std::thread::sleep(Duration::from_secs(6));
-    let status = rollout(&f.server).unwrap();
+    let status = e2e::admin_rollout(&f.server, TOKEN).unwrap();
     assert_eq!(status["state"], "halted");
     assert_eq!(status["wave"], 1);
     let agents = admin_agents(f.server.port, TOKEN);
@@ -299,7 +276,7 @@ fn a_bundle_that_never_reports_times_out_and_that_counts_as_a_failure() {
         |d| crate::update::script_agent(d, "while :; do sleep 1; done"),
     );
     f.ctx.republish(&f.server, &f.b2);
-    let halted = wait_rollout(&f.server, "the rollout to halt", |r| {
+    let halted = e2e::wait_rollout(&f.server, TOKEN, LONG, "the rollout to halt", |r| {
         r["version"] == NEW && r["state"] == "halted"
     });
     assert_eq!(halted["waves"][0]["timed_out"], 1, "{halted}");
@@ -325,7 +302,7 @@ fn a_server_killed_mid_rollout_carries_on_from_its_wave_and_opens_no_wave_twice(
         |_| {},
     );
     f.ctx.republish(&f.server, &f.b2);
-    let before = wait_rollout(&f.server, "the second wave to open", |r| {
+    let before = e2e::wait_rollout(&f.server, TOKEN, LONG, "the second wave to open", |r| {
         r["version"] == NEW && r["wave"] == 2
     });
     signal(f.server.pid, "KILL");
@@ -333,9 +310,13 @@ fn a_server_killed_mid_rollout_carries_on_from_its_wave_and_opens_no_wave_twice(
         e2e::pid_gone(f.server.pid)
     });
     let server = start_server(&f.ctx, Some(f.server.port), &f.server_env);
-    let done = wait_rollout(&server, "the rollout to complete after the restart", |r| {
-        r["version"] == NEW && r["state"] == "completed"
-    });
+    let done = e2e::wait_rollout(
+        &server,
+        TOKEN,
+        LONG,
+        "the rollout to complete after the restart",
+        |r| r["version"] == NEW && r["state"] == "completed",
+    );
     for w in 0..2 {
         assert_eq!(
             done["waves"][w]["opened_at"],
@@ -361,7 +342,7 @@ fn a_server_killed_mid_rollout_carries_on_from_its_wave_and_opens_no_wave_twice(
 fn a_downgrade_starts_halted_and_the_rollout_command_resumes_it() {
     let f = fleet(2, &[], &[], |_| {});
     f.ctx.republish(&f.server, &f.b2);
-    wait_rollout(&f.server, "2.0.0 to complete", |r| {
+    e2e::wait_rollout(&f.server, TOKEN, LONG, "2.0.0 to complete", |r| {
         r["version"] == NEW && r["state"] == "completed"
     });
     // 1.0.0 signed again today: a deliberate downgrade.
@@ -373,9 +354,13 @@ fn a_downgrade_starts_halted_and_the_rollout_command_resumes_it() {
         .ctx
         .pack_signed_at(&f.ctx.dist("d1b"), "1.0.0", "1", &f.key, "b1b", now + 5);
     f.ctx.republish(&f.server, &again);
-    let halted = wait_rollout(&f.server, "the downgrade to start halted", |r| {
-        r["version"] == OLD && r["state"] == "halted"
-    });
+    let halted = e2e::wait_rollout(
+        &f.server,
+        TOKEN,
+        LONG,
+        "the downgrade to start halted",
+        |r| r["version"] == OLD && r["state"] == "halted",
+    );
     assert!(
         halted["reason"]
             .as_str()
@@ -404,7 +389,7 @@ fn a_downgrade_starts_halted_and_the_rollout_command_resumes_it() {
         "{table}"
     );
     run_ok(&mut cli(&["resume"]));
-    wait_rollout(&f.server, "the downgrade to complete", |r| {
+    e2e::wait_rollout(&f.server, TOKEN, LONG, "the downgrade to complete", |r| {
         r["version"] == OLD && r["state"] == "completed"
     });
     wait_until(LONG, "both agents on 1.0.0", || {
@@ -440,7 +425,7 @@ fn group_waves_take_the_canary_group_first() {
         |_| {},
     );
     f.ctx.republish(&f.server, &f.b2);
-    let done = wait_rollout(&f.server, "the rollout to complete", |r| {
+    let done = e2e::wait_rollout(&f.server, TOKEN, LONG, "the rollout to complete", |r| {
         r["version"] == NEW && r["state"] == "completed"
     });
     assert_eq!(done["waves"][0]["agents"], 1, "{done}");
@@ -481,7 +466,7 @@ fn halt_advance_and_resume_through_the_admin_api() {
     };
     f.ctx.republish(&f.server, &f.b2);
     // The first wave completes, then soaks for ten minutes: advance opens the next now.
-    wait_rollout(&f.server, "the soak", |r| {
+    e2e::wait_rollout(&f.server, TOKEN, LONG, "the soak", |r| {
         r["version"] == NEW && r["state"] == "soaking"
     });
     let halted = post(
@@ -496,7 +481,7 @@ fn halt_advance_and_resume_through_the_admin_api() {
     assert_eq!(post("/admin/rollout/resume", "").status, 200);
     let advanced = post("/admin/rollout/advance", "");
     assert_eq!(advanced.status, 200, "{}", advanced.text());
-    wait_rollout(&f.server, "the rollout to complete", |r| {
+    e2e::wait_rollout(&f.server, TOKEN, LONG, "the rollout to complete", |r| {
         r["version"] == NEW && r["state"] == "completed"
     });
     assert_eq!(post("/admin/rollout/halt", "").status, 409);

@@ -154,12 +154,7 @@ fn no_server(home: &Path) {
 
 #[test]
 fn node_exporter_from_the_bundle_runs_answers_and_stops_with_the_wrapper() {
-    let ctx = TestContext::new();
-    let (key, _) = ctx.keygen("keys");
-    let port = free_port();
-    let dist = exporter_dist(&ctx, "d1", port);
-    let bundle = ctx.pack(&dist, "1.0.0", "1", &key, "b1");
-    let home = ctx.install(&bundle, "p");
+    let (_ctx, _, home, port) = installed(|_| {});
     assert_eq!(
         read_file(&home.join("conf/workload/marker.prom")).trim(),
         MARKER,
@@ -212,13 +207,21 @@ fn node_exporter_from_the_bundle_runs_answers_and_stops_with_the_wrapper() {
     );
 }
 
-/// Agent 1.0.0 carrying the exporter, installed and pointed at no server.
-fn installed_without_server() -> (TestContext, PathBuf, u16) {
+/// Agent 1.0.0 carrying the exporter (its distribution changed by `dist1`), installed:
+/// the test's context, the signing key, AGENT_HOME and the exporter's port.
+fn installed(dist1: impl FnOnce(&Path)) -> (TestContext, PathBuf, PathBuf, u16) {
     let ctx = TestContext::new();
     let (key, _) = ctx.keygen("keys");
     let port = free_port();
-    let dist = exporter_dist(&ctx, "d1", port);
-    let home = ctx.install(&ctx.pack(&dist, "1.0.0", "1", &key, "b1"), "p");
+    let d1 = exporter_dist(&ctx, "d1", port);
+    dist1(&d1);
+    let home = ctx.install(&ctx.pack(&d1, "1.0.0", "1", &key, "b1"), "p");
+    (ctx, key, home, port)
+}
+
+/// Agent 1.0.0 carrying the exporter, installed and pointed at no server.
+fn installed_without_server() -> (TestContext, PathBuf, u16) {
+    let (ctx, _, home, port) = installed(|_| {});
     no_server(&home);
     (ctx, home, port)
 }
@@ -301,12 +304,7 @@ fn update_setup_with(
     dist1: impl FnOnce(&Path),
     dist2: impl FnOnce(&Path),
 ) -> (TestContext, PathBuf, e2e::ServerProc, u16) {
-    let ctx = TestContext::new();
-    let (key, _) = ctx.keygen("keys");
-    let port = free_port();
-    let d1 = exporter_dist(&ctx, "d1", port);
-    dist1(&d1);
-    let home = ctx.install(&ctx.pack(&d1, "1.0.0", "1", &key, "b1"), "p");
+    let (ctx, key, home, port) = installed(dist1);
     fs::write(
         home.join("conf/agent-env.sh"),
         format!("{QUICK}export AGENT_WORKLOAD_START_TIMEOUT=3s\n"),

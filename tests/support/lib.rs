@@ -1097,3 +1097,75 @@ pub fn two_servers_on(
     ctx.publish_served(&b, bundle);
     (a, b)
 }
+
+/// `GET /admin/rollout` with the admin `token`: the fleet's rollout, when the server
+/// answers one.
+pub fn admin_rollout(server: &ServerProc, token: &str) -> Option<serde_json::Value> {
+    let auth = format!("Bearer {token}");
+    let answer = http(
+        server.port,
+        "GET",
+        "/admin/rollout",
+        &[("Authorization", &auth)],
+    )
+    .ok()?;
+    (answer.status == 200).then(|| serde_json::from_slice(&answer.body).ok())?
+}
+
+/// Waits up to `timeout` until the fleet's rollout (as [`admin_rollout`] reads it)
+/// satisfies `cond`, and returns it; past the timeout, fails with the rollout last seen
+/// and the end of the server's log.
+pub fn wait_rollout(
+    server: &ServerProc,
+    token: &str,
+    timeout: Duration,
+    what: &str,
+    mut cond: impl FnMut(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let r = admin_rollout(server, token);
+        if let Some(r) = &r
+            && cond(r)
+        {
+            return r.clone();
+        }
+        if start.elapsed() > timeout {
+            let log = fs::read_to_string(server.home.join("server.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            panic!(
+                "timed out waiting for {what}; rollout:\n{}\n--- the end of the server log:\n{}",
+                r.map(|r| serde_json::to_string_pretty(&r).unwrap())
+                    .unwrap_or_default(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// An admin API call with the bearer `token`: the status and the JSON answered (its text
+/// as a JSON string when it is not JSON).
+pub fn admin_call(
+    server: &ServerProc,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: impl AsRef<[u8]>,
+) -> (u16, serde_json::Value) {
+    let auth = format!("Bearer {token}");
+    let answer = http_with_body(
+        server.port,
+        method,
+        path,
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        body.as_ref(),
+    )
+    .unwrap();
+    let json = serde_json::from_slice(&answer.body)
+        .unwrap_or_else(|_| serde_json::Value::String(answer.text()));
+    (answer.status, json)
+}

@@ -59,27 +59,19 @@ pub struct HistoryLine {
 /// The agent's part in its last 50 bundle and 50 configuration rollouts, the latest
 /// first.
 pub async fn history(db: &Db, id: &str) -> Result<Vec<HistoryLine>, FleetError> {
-    let mut lines = read(
-        db,
-        "bundle",
-        "SELECT r.version, ra.wave, ra.told_at, ra.outcome, ra.outcome_at, ra.error \
-         FROM rollout_agents ra JOIN rollouts r ON r.id = ra.rollout_id \
-         WHERE ra.agent_id = $1 ORDER BY r.id DESC LIMIT 50",
-        id,
-    )
-    .await?;
-    lines.extend(
-        read(
-            db,
-            "config",
-            "SELECT r.agent_group || ' ' || SUBSTR(r.hash, 1, 12), ra.wave, ra.told_at, \
-             ra.outcome, ra.outcome_at, ra.error \
-             FROM config_rollout_agents ra JOIN config_rollouts r ON r.id = ra.rollout_id \
-             WHERE ra.agent_id = $1 ORDER BY r.id DESC LIMIT 50",
-            id,
-        )
-        .await?,
-    );
+    let mut lines = Vec::new();
+    // What each kind's line names: the bundle's version, the set's group and short hash.
+    for (kind, target) in [
+        ("bundle", "r.version"),
+        ("config", "r.agent_group || ' ' || SUBSTR(r.target, 1, 12)"),
+    ] {
+        let sql = format!(
+            "SELECT {target}, ra.wave, ra.told_at, ra.outcome, ra.outcome_at, ra.error \
+             FROM rollout_agents ra JOIN rollouts r ON r.id = ra.rollout_id \
+             WHERE ra.agent_id = $1 AND r.rollout_kind = '{kind}' ORDER BY r.id DESC LIMIT 50"
+        );
+        lines.extend(read(db, kind, &sql, id).await?);
+    }
     let at = |h: &HistoryLine| h.outcome_at.or(h.told_at).unwrap_or(i64::MAX);
     lines.sort_by_key(|h| std::cmp::Reverse(at(h)));
     Ok(lines)

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod opamp;
 pub mod pacer;
 pub mod routes;
+pub mod state;
 pub mod store;
 pub mod tls;
 pub mod web;
@@ -37,13 +38,27 @@ use agent_protocol::minisign::PublicKey;
 
 pub use config::Config;
 pub use error::ServerError;
-pub use routes::{AppState, app};
+pub use state::AppState;
 
 /// Writes queued while the fleet database was away, under the server's home.
 pub const SPOOL_FILE: &str = "spool.jsonl";
 
 /// How often the download directory is looked at.
 pub const SCAN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The whole HTTP interface over one state: the native routes and OpAMP's, each edge
+/// built on its own (neither imports the other), a tower `Router` tests drive without a
+/// socket.
+pub fn app(state: AppState) -> axum::Router {
+    // OpAMP bodies have their own (larger) limit, checked again after gzip.
+    let opamp = opamp::router().route_layer(axum::extract::DefaultBodyLimit::max(
+        opamp::http::MAX_WIRE_BODY,
+    ));
+    routes::router(&state)
+        .merge(opamp)
+        .layer(axum::extract::DefaultBodyLimit::max(routes::MAX_BODY))
+        .with_state(state)
+}
 
 /// Opens the database, loads the live settings and scans the bundle store once.
 pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
@@ -98,7 +113,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         .await?
         .unwrap_or(config.downloads.limit);
     Ok(AppState {
-        inner: Arc::new(routes::Shared {
+        inner: Arc::new(state::Shared {
             store,
             fleet: Arc::new(fleet),
             server_name,

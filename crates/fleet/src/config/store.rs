@@ -1,19 +1,12 @@
-//! Configuration sets and config rollouts in the fleet database. A rollout's waves,
-//! members, outcomes and events are kept by [`crate::rollout::store`] in the
-//! [`CONFIGS`](crate::rollout::store::CONFIGS) tables; this module holds what is
-//! particular to sets: the `config_sets` rows, a config rollout's own row, and each
-//! agent's configuration columns.
+//! Configuration sets in the fleet database: the `config_sets` rows and each agent's
+//! configuration columns. A set's rollout is a row of [`crate::rollout::store`] like a
+//! bundle's (its kind `config`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sqlx::any::AnyRow;
 use sqlx::{Any, Executor, Row};
-
-use crate::db::Backend;
-use crate::rollout::plan::Plan;
-use crate::rollout::step::State;
-use crate::rollout::store::Head;
 
 /// A group's configuration set as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,34 +16,6 @@ pub struct SetRow {
     pub files: Arc<BTreeMap<String, String>>,
     /// Unix milliseconds.
     pub created_at: i64,
-}
-
-/// A config rollout as stored: one per set pushed (group, hash, creation).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigRolloutRow {
-    pub id: i64,
-    pub group: String,
-    pub hash: String,
-    pub state: State,
-    pub reason: Option<String>,
-    pub halt_cause: Option<String>,
-    pub plan: Plan,
-    pub opened: u32,
-    pub forgiven: u64,
-    pub started_at: i64,
-    pub completed_at: Option<i64>,
-}
-
-impl ConfigRolloutRow {
-    pub fn head(&self) -> Head<'_> {
-        Head {
-            id: self.id,
-            plan: &self.plan,
-            state: self.state,
-            opened: self.opened,
-            forgiven: self.forgiven,
-        }
-    }
 }
 
 fn decode(what: &str, e: impl std::fmt::Display) -> sqlx::Error {
@@ -138,91 +103,6 @@ pub async fn delete_set(
         .execute(&mut **tx)
         .await?;
     Ok(done.rows_affected() > 0)
-}
-
-const ROLLOUT_COLUMNS: &str = "SELECT id, agent_group, hash, state, reason, halt_cause, plan, opened, forgiven, started_at, completed_at FROM config_rollouts";
-
-fn rollout_row(r: &AnyRow) -> Result<ConfigRolloutRow, sqlx::Error> {
-    let state: String = r.try_get(3)?;
-    let plan: String = r.try_get(6)?;
-    Ok(ConfigRolloutRow {
-        id: r.try_get(0)?,
-        group: r.try_get(1)?,
-        hash: r.try_get(2)?,
-        state: state
-            .parse()
-            .map_err(|e| decode("config_rollouts.state", e))?,
-        reason: r.try_get(4)?,
-        halt_cause: r.try_get(5)?,
-        plan: serde_json::from_str(&plan).map_err(|e| decode("config_rollouts.plan", e))?,
-        opened: u32::try_from(r.try_get::<i64, _>(7)?).unwrap_or(0),
-        forgiven: u64::try_from(r.try_get::<i64, _>(8)?).unwrap_or(0),
-        started_at: r.try_get(9)?,
-        completed_at: r.try_get(10)?,
-    })
-}
-
-/// The config rollout of `group`'s set `hash` created at `created_at`.
-pub async fn rollout_of<'e>(
-    e: impl Executor<'e, Database = Any>,
-    group: &str,
-    hash: &str,
-    created_at: i64,
-) -> Result<Option<ConfigRolloutRow>, sqlx::Error> {
-    sqlx::query(&format!(
-        "{ROLLOUT_COLUMNS} WHERE agent_group = $1 AND hash = $2 AND started_at = $3"
-    ))
-    .bind(group)
-    .bind(hash)
-    .bind(created_at)
-    .fetch_optional(e)
-    .await?
-    .as_ref()
-    .map(rollout_row)
-    .transpose()
-}
-
-/// The config rollout `id`, its row locked until the transaction ends (PostgreSQL).
-pub async fn lock<'e>(
-    e: impl Executor<'e, Database = Any>,
-    backend: Backend,
-    id: i64,
-) -> Result<Option<ConfigRolloutRow>, sqlx::Error> {
-    let lock = match backend {
-        Backend::Postgres => " FOR UPDATE",
-        Backend::Sqlite => "",
-    };
-    sqlx::query(&format!("{ROLLOUT_COLUMNS} WHERE id = $1{lock}"))
-        .bind(id)
-        .fetch_optional(e)
-        .await?
-        .as_ref()
-        .map(rollout_row)
-        .transpose()
-}
-
-/// A new config rollout, running, started at the set's `created_at`.
-pub async fn insert_rollout(
-    tx: &mut sqlx::Transaction<'static, Any>,
-    group: &str,
-    hash: &str,
-    plan: &Plan,
-    created_at: i64,
-) -> Result<Option<i64>, sqlx::Error> {
-    let plan_text = serde_json::to_string(plan).map_err(|e| decode("plan", e))?;
-    let id: Option<i64> = sqlx::query(
-        "INSERT INTO config_rollouts (agent_group, hash, state, plan, opened, forgiven, started_at)
-         VALUES ($1, $2, 'running', $3, 0, 0, $4)
-         ON CONFLICT (agent_group, hash, started_at) DO NOTHING RETURNING id",
-    )
-    .bind(group)
-    .bind(hash)
-    .bind(plan_text)
-    .bind(created_at)
-    .fetch_optional(&mut **tx)
-    .await?
-    .map(|r| r.get(0));
-    Ok(id)
 }
 
 /// Agents heard from since `since_secs` that run `group`'s set: (id, group, config

@@ -30,11 +30,12 @@ pub fn claim(latest: Option<&RolloutRow>, served: &Served, shared: bool) -> Clai
     let Some(fleet) = latest else {
         return Claim::Start;
     };
-    if fleet.sha256 == served.sha256 && fleet.signed_at == served.signed_at {
+    let bundle = &fleet.subject;
+    if bundle.sha256 == served.sha256 && bundle.signed_at == served.signed_at {
         return Claim::Ours;
     }
     // 0 is "no signature": nothing to order by.
-    if served.signed_at != 0 && fleet.signed_at != 0 && served.signed_at < fleet.signed_at {
+    if served.signed_at != 0 && bundle.signed_at != 0 && served.signed_at < bundle.signed_at {
         return Claim::Stale;
     }
     if shared && !matches!(fleet.state, State::Halted | State::Completed) {
@@ -53,7 +54,7 @@ pub fn mismatch(latest: Option<&RolloutRow>, served: &Served, shared: bool) -> O
     );
     let theirs = format!(
         "the fleet's rollout of {} (sha256 {})",
-        fleet.version, fleet.sha256
+        fleet.subject.version, fleet.subject.sha256
     );
     match claim(latest, served, shared) {
         Claim::Ours => None,
@@ -74,14 +75,17 @@ pub fn mismatch(latest: Option<&RolloutRow>, served: &Served, shared: bool) -> O
 mod tests {
     use super::*;
     use crate::rollout::plan::Plan;
+    use crate::rollout::store::Bundle;
 
     fn fleet(sha: &str, signed_at: i64, state: State) -> RolloutRow {
         RolloutRow {
             id: 1,
-            sha256: sha.into(),
-            signed_at,
-            version: "2.0.0+1".parse().unwrap(),
-            previous: None,
+            subject: Bundle {
+                sha256: sha.into(),
+                signed_at,
+                version: "2.0.0+1".parse().unwrap(),
+                previous: None,
+            },
             state,
             reason: None,
             halt_cause: None,

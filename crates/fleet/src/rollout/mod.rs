@@ -6,22 +6,27 @@
 //! - [`order`]: which agent is in which wave, the same on every server;
 //! - [`step`]: what happens next and the directive for one agent, pure functions of what
 //!   was observed and the time;
-//! - [`store`]: the rows in the fleet database and the guarded writes;
-//! - [`Rollouts`] (here): feeds the step function from the database, applies its
-//!   decisions in one write transaction each, and answers the directive from what it
-//!   last read, so a heartbeat costs no query once an agent's wave is known.
+//! - [`store`]: the rows of every kind of rollout in the fleet database and the guarded
+//!   writes;
+//! - [`engine`]: one rollout engine for every kind (a bundle release here, a
+//!   configuration set in [`crate::config`]): starts, decisions in one write transaction
+//!   each, deadlines, an operator's halt, advance and resume, agents' places;
+//! - [`Rollouts`] (here): the bundle rollouts, an [`Engine`] of [`Bundle`]s: which bundle
+//!   may start one, and the version directive, answered from what it last read, so a
+//!   heartbeat costs no query once an agent's wave is known.
 //!
 //! It owns the `rollout*` tables. It never decides for a bundle it was not told about
 //! and never changes an agent's row except its update status on a missed deadline.
 
 pub mod claim;
+pub mod engine;
 pub mod order;
 pub mod plan;
 pub mod step;
 pub mod store;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use agent_protocol::wire::{Report, UpdateStatus};
@@ -32,10 +37,11 @@ use crate::db::{Backend, Db, now_ms};
 use crate::error::FleetError;
 use crate::news::News;
 use crate::rollout::claim::Claim;
-use crate::rollout::order::Member;
+use crate::rollout::engine::{Candidate, Engine, plan_json, secs};
 use crate::rollout::plan::Plan;
 use crate::rollout::step::{Decision, Directive, HaltCause, State};
-use crate::rollout::store::{BUNDLES, Membership, NewRollout, RolloutRow};
+pub use crate::rollout::store::{Bundle, Membership, RolloutRow};
+use crate::rollout::store::{Kind, NewRollout};
 
 /// The bundle this server serves, as a rollout knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,25 +64,16 @@ pub struct Answer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal(pub String);
 
+/// The bundle rollouts: the fleet's latest one is the one that counts.
 pub struct Rollouts {
-    db: Db,
+    engine: Engine<Bundle>,
     plan: Plan,
     policy: AcceptPolicy,
-    server: String,
     current: RwLock<Option<Arc<RolloutRow>>>,
-    /// Agents' places in the rollout whose id is the first field. A wave never changes
-    /// once given; `told` and `done` only become true.
-    members: Mutex<(i64, HashMap<String, Membership>)>,
     served: Mutex<Option<Served>>,
     /// The served bundle waits for the fleet's rollout to end before it starts its own.
     waiting: AtomicBool,
     mismatch: RwLock<Option<String>>,
-    /// One decision at a time from this process (the database orders the servers).
-    deciding: tokio::sync::Mutex<()>,
-    /// Halts this server decided, by cause.
-    halts: [AtomicU64; 3],
-    /// Woken by a report, so the decision that may follow is not a tick away.
-    wake: tokio::sync::Notify,
     /// Told whenever the rollout as this server sees it moves, so held connects look again.
     news: Arc<News>,
 }
@@ -84,31 +81,28 @@ pub struct Rollouts {
 /// The PostgreSQL advisory lock that orders rollout starts across servers ("rollout").
 const START_LOCK: i64 = 0x0072_6f6c_6c6f_7574;
 
+const NO_ROLLOUT: &str = "there is no rollout";
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn secs(ms: i64) -> f64 {
-    ms as f64 / 1000.0
 }
 
 impl Rollouts {
     pub fn new(db: Db, plan: Plan, policy: AcceptPolicy, server: String) -> Self {
         Self {
-            db,
+            engine: Engine::new(db, server),
             plan,
             policy,
-            server,
             current: RwLock::new(None),
-            members: Mutex::new((0, HashMap::new())),
             served: Mutex::new(None),
             waiting: AtomicBool::new(false),
             mismatch: RwLock::new(None),
-            deciding: tokio::sync::Mutex::new(()),
-            halts: Default::default(),
-            wake: tokio::sync::Notify::new(),
             news: Arc::default(),
         }
+    }
+
+    fn db(&self) -> &Db {
+        self.engine.db()
     }
 
     /// Where held connects learn that the rollout moved.
@@ -133,17 +127,17 @@ impl Rollouts {
     }
 
     pub fn halts(&self, cause: HaltCause) -> u64 {
-        self.halts[cause as usize].load(Ordering::Relaxed)
+        self.engine.halts(cause)
     }
 
     /// Resolves when a report may have changed what happens next.
     pub async fn woken(&self) {
-        self.wake.notified().await;
+        self.engine.woken().await;
     }
 
     /// Several servers share this fleet (and may serve different bundles).
     fn shared(&self) -> bool {
-        self.db.backend() == Backend::Postgres
+        self.db().backend() == Backend::Postgres
     }
 
     /// The served bundle is `bundle`: start its rollout unless one exists or
@@ -179,8 +173,8 @@ impl Rollouts {
     /// the agents heard from within the deadline are placed in waves (later ones join
     /// as they come). Returns the claim it acted on.
     async fn start(&self, bundle: &Served) -> Result<Claim, FleetError> {
-        let _one = self.deciding.lock().await;
-        let mut tx = self.db.begin_write().await?;
+        let _one = self.engine.deciding().await;
+        let mut tx = self.db().begin_write().await?;
         if self.shared() {
             // Two servers given two new bundles at once must not both see the fleet
             // idle and start one each; SQLite's BEGIN IMMEDIATE already orders them.
@@ -189,14 +183,14 @@ impl Rollouts {
                 .execute(&mut *tx)
                 .await?;
         }
-        if store::find(&mut *tx, &bundle.sha256, bundle.signed_at)
+        if store::find::<Bundle>(&mut *tx, "", &bundle.sha256, bundle.signed_at)
             .await?
             .is_some()
         {
             tx.commit().await?;
             return Ok(Claim::Ours);
         }
-        let latest = store::latest(&mut *tx).await?;
+        let latest = store::latest::<Bundle>(&mut *tx).await?;
         let claim = claim::claim(latest.as_ref(), bundle, self.shared());
         if claim != Claim::Start {
             tx.commit().await?;
@@ -206,9 +200,11 @@ impl Rollouts {
         let previous = store::last_completed_version(&mut *tx).await?;
         let (state, reason, cause) = initial_state(&bundle.version, previous.as_ref());
         let new = NewRollout {
-            sha256: &bundle.sha256,
+            kind: Kind::Bundle,
+            group: "",
+            target: &bundle.sha256,
             signed_at: bundle.signed_at,
-            version: &bundle.version,
+            version: Some(&bundle.version),
             previous: previous.as_ref(),
             state,
             reason: reason.as_deref(),
@@ -216,98 +212,58 @@ impl Rollouts {
             plan: &self.plan,
             now,
         };
-        let Some(id) = store::insert(&mut tx, &new).await? else {
+        let since = now / 1000 - i64::try_from(self.plan.agent_deadline).unwrap_or(i64::MAX);
+        let candidates: Vec<Candidate> = store::live_agents(&mut *tx, since)
+            .await?
+            .into_iter()
+            .map(|(id, group, version)| Candidate {
+                id,
+                group,
+                on_target: version
+                    .parse::<AgentVersion>()
+                    .is_ok_and(|v| self.policy.accepts(&bundle.version, &v)),
+            })
+            .collect();
+        let started = self
+            .engine
+            .start(&mut tx, &new, &bundle.sha256, &candidates, |placed| {
+                format!(
+                    "{} -> {}, {placed} agents placed in {} waves ({})",
+                    previous
+                        .as_ref()
+                        .map(ToString::to_string)
+                        .unwrap_or_else(|| "no previous version".into()),
+                    bundle.version,
+                    self.plan.wave_count(),
+                    self.plan
+                        .waves
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })
+            .await?;
+        let Some((id, detail)) = started else {
             tx.commit().await?;
             return Ok(Claim::Ours);
         };
-        let since = now / 1000 - i64::try_from(self.plan.agent_deadline).unwrap_or(i64::MAX);
-        let live = store::live_agents(&mut *tx, since).await?;
-        let members: Vec<Member> = live
-            .iter()
-            .map(|(id, group, _)| Member {
-                id: id.clone(),
-                group: group.clone(),
-            })
-            .collect();
-        let waves = order::assign(&self.plan, &bundle.sha256, &members);
-        let rows: Vec<(String, u32, bool)> = live
-            .iter()
-            .zip(&waves)
-            .map(|((id, _, version), wave)| {
-                let done = version
-                    .parse::<AgentVersion>()
-                    .is_ok_and(|v| self.policy.accepts(&bundle.version, &v));
-                (id.clone(), *wave, done)
-            })
-            .collect();
-        store::insert_members(&mut tx, BUNDLES, id, &rows, now).await?;
-        let detail = format!(
-            "{} -> {}, {} agents placed in {} waves ({})",
-            previous
-                .as_ref()
-                .map(ToString::to_string)
-                .unwrap_or_else(|| "no previous version".into()),
-            bundle.version,
-            rows.len(),
-            self.plan.wave_count(),
-            self.plan
-                .waves
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        store::event(
-            &mut *tx,
-            BUNDLES,
-            id,
-            "started",
-            0,
-            &detail,
-            now,
-            &self.server,
-        )
-        .await?;
         if state == State::Completed {
             // The previous version again: nothing to roll out.
-            let row = store::lock(&mut *tx, self.db.backend(), id).await?;
-            if let Some(row) = row {
+            if let Some(row) = store::lock::<Bundle>(&mut *tx, self.db().backend(), id).await? {
+                let server = self.engine.server();
                 for w in 1..=self.plan.wave_count() {
-                    store::apply(
-                        &mut tx,
-                        BUNDLES,
-                        &row.head(),
-                        &Decision::OpenWave(w),
-                        now,
-                        &self.server,
-                    )
-                    .await?;
-                    store::apply(
-                        &mut tx,
-                        BUNDLES,
-                        &row.head(),
-                        &Decision::CompleteWave(w),
-                        now,
-                        &self.server,
-                    )
-                    .await?;
+                    store::apply(&mut tx, &row, &Decision::OpenWave(w), now, server).await?;
+                    store::apply(&mut tx, &row, &Decision::CompleteWave(w), now, server).await?;
                 }
-                store::apply(
-                    &mut tx,
-                    BUNDLES,
-                    &row.head(),
-                    &Decision::Complete,
-                    now,
-                    &self.server,
-                )
-                .await?;
+                store::apply(&mut tx, &row, &Decision::Complete, now, server).await?;
             }
         }
         tx.commit().await?;
         match state {
             State::Halted => {
                 if let Some(cause) = cause {
-                    self.halts[cause as usize].fetch_add(1, Ordering::Relaxed);
+                    self.engine.count_halt(cause);
                 }
                 tracing::warn!(
                     rollout = id,
@@ -328,7 +284,7 @@ impl Rollouts {
 
     /// Reads the fleet's rollout again (another server may have moved it on).
     pub async fn refresh(&self) -> Result<(), FleetError> {
-        let latest = store::latest(self.db.pool()).await?;
+        let latest = store::latest::<Bundle>(self.db().pool()).await?;
         let served = lock(&self.served).clone();
         let mismatch = served
             .as_ref()
@@ -350,23 +306,16 @@ impl Rollouts {
         }
         let moved = {
             let before = self.current();
-            let shape = |r: &RolloutRow| (r.id, r.state, r.opened, r.version.clone());
+            let shape = |r: &RolloutRow| (r.id, r.state, r.opened, r.subject.version.clone());
             before.as_deref().map(shape) != latest.as_ref().map(shape)
         };
-        let latest = latest.map(Arc::new);
         // A new rollout: every agent placed at its start is read in once, so that its
         // heartbeats cost no read, and so that an outage of the database finds each
         // one's wave here. Agents that join later are read (and kept) one by one.
-        if let Some(row) = &latest
-            && lock(&self.members).0 != row.id
-        {
-            let placed = store::memberships(self.db.pool(), BUNDLES, row.id).await?;
-            let mut members = lock(&self.members);
-            if members.0 != row.id {
-                *members = (row.id, placed);
-            }
+        if let Some(row) = &latest {
+            self.engine.keep(&[row.id]).await?;
         }
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = latest;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = latest.map(Arc::new);
         if moved || mismatch_changed {
             self.news.publish("the rollout moved");
         }
@@ -382,118 +331,10 @@ impl Rollouts {
         if matches!(current.state, State::Halted | State::Completed) {
             return Ok(());
         }
-        let _one = self.deciding.lock().await;
-        if !self.due(current.id).await? {
-            return Ok(());
-        }
-        let mut tx = self.db.begin_write().await?;
-        let Some(mut row) = store::lock(&mut *tx, self.db.backend(), current.id).await? else {
-            tx.commit().await?;
-            return Ok(());
-        };
-        if matches!(row.state, State::Halted | State::Completed) {
-            tx.commit().await?;
-            return self.refresh().await;
-        }
-        let now = now_ms();
-        let timed_out = store::time_out(&mut tx, BUNDLES, row.id, &row.plan, now).await?;
-        let mut decided = Vec::new();
-        // Each wave opens and completes at most once, plus a soak, a halt, the end.
-        let most = 3 * row.plan.waves.len() + 3;
-        while decided.len() < most {
-            let progress = store::progress(&mut tx, BUNDLES, &row.head()).await?;
-            let Some(decision) = step::next(&row.plan, &progress, now) else {
-                break;
-            };
-            if !store::apply(&mut tx, BUNDLES, &row.head(), &decision, now, &self.server).await? {
-                break;
-            }
-            decided.push((decision, progress));
-            match store::lock(&mut *tx, self.db.backend(), row.id).await? {
-                Some(r) => row = r,
-                None => break,
-            }
-        }
-        tx.commit().await?;
-        for agent in &timed_out {
-            tracing::warn!(
-                rollout = row.id,
-                agent = %agent,
-                "agent missed its deadline ({} s after it was told): TIMED_OUT",
-                row.plan.agent_deadline
-            );
-        }
-        for (decision, progress) in &decided {
-            self.log_decision(&row, decision, progress);
-        }
-        if !decided.is_empty() || !timed_out.is_empty() {
+        if self.engine.decide(current.id).await? {
             self.refresh().await?;
         }
         Ok(())
-    }
-
-    /// Whether anything is due in rollout `id`: an agent past its deadline or a
-    /// transition. Most looks (one per report) find nothing; this one reads without the
-    /// write lock, so on SQLite the reports themselves are not held up behind it. What
-    /// it finds due is read again under the lock before anything is written.
-    async fn due(&self, id: i64) -> Result<bool, FleetError> {
-        let mut tx = self.db.pool().begin().await?;
-        let now = now_ms();
-        let due = match store::get(&mut *tx, id).await? {
-            None => false,
-            Some(row) if matches!(row.state, State::Halted | State::Completed) => false,
-            Some(row) => {
-                store::overdue(&mut tx, BUNDLES, row.id, &row.plan, now).await? || {
-                    let progress = store::progress(&mut tx, BUNDLES, &row.head()).await?;
-                    step::next(&row.plan, &progress, now).is_some()
-                }
-            }
-        };
-        tx.rollback().await?;
-        Ok(due)
-    }
-
-    fn log_decision(&self, row: &RolloutRow, decision: &Decision, progress: &step::Progress) {
-        let version = &row.version;
-        match decision {
-            Decision::OpenWave(w) => tracing::info!(
-                rollout = row.id,
-                "rollout of {version}: wave {w} of {} opened ({})",
-                row.plan.wave_count(),
-                row.plan
-                    .spec(*w)
-                    .map(ToString::to_string)
-                    .unwrap_or_default()
-            ),
-            Decision::CompleteWave(w) => {
-                let s = progress
-                    .waves
-                    .get(*w as usize - 1)
-                    .cloned()
-                    .unwrap_or_default();
-                tracing::info!(
-                    rollout = row.id,
-                    "rollout of {version}: wave {w} completed ({} agents: {} installed, {} failed, {} timed out)",
-                    s.agents,
-                    s.installed,
-                    s.failed,
-                    s.timed_out
-                );
-            }
-            Decision::Soak(w) => tracing::info!(
-                rollout = row.id,
-                "rollout of {version}: wave {w} soaks for {} s before the next opens",
-                row.plan.wave_wait
-            ),
-            Decision::Halt { cause, reason } => {
-                self.halts[*cause as usize].fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(rollout = row.id, "rollout of {version} halted: {reason}");
-            }
-            Decision::Complete => tracing::info!(
-                rollout = row.id,
-                "rollout of {version} completed: every wave is done"
-            ),
-        }
     }
 
     /// The directive for an agent of version `version`, placing it in a wave the first
@@ -512,19 +353,22 @@ impl Rollouts {
         if self.mismatch().is_some() {
             return Ok(Some(self.not_ours(&current, served, version)));
         }
-        let on_target = self.policy.accepts(&current.version, version);
-        let member = self.membership(&current, agent, group, on_target).await?;
+        let on_target = self.policy.accepts(&current.subject.version, version);
+        let member = self
+            .engine
+            .membership(&current, agent, group, on_target)
+            .await?;
         let accepted = self.accepts(&current, version, member.wave);
         let now = now_ms();
         if on_target && !member.done {
             self.installed_by_running(&current, agent, now).await?;
         }
         if !accepted && !member.told {
-            self.mark_told(&current, agent, now).await?;
+            self.engine.mark_told(current.id, agent, now).await?;
         }
         Ok(Some(Answer {
             accepted,
-            expected: current.version.clone(),
+            expected: current.subject.version.clone(),
         }))
     }
 
@@ -538,13 +382,9 @@ impl Rollouts {
         if self.mismatch().is_some() {
             return false;
         }
-        let wave = {
-            let members = lock(&self.members);
-            (members.0 == current.id)
-                .then(|| members.1.get(agent).map(|m| m.wave))
-                .flatten()
-        };
-        wave.is_some_and(|wave| !self.accepts(&current, version, wave))
+        self.engine
+            .known(current.id, agent)
+            .is_some_and(|m| !self.accepts(&current, version, m.wave))
     }
 
     /// For agents that are offered the bundle instead of being refused (OpAMP's
@@ -564,8 +404,11 @@ impl Rollouts {
         if self.mismatch().is_some() {
             return Ok(None);
         }
-        let on_target = version.is_some_and(|v| self.policy.accepts(&current.version, v));
-        let member = self.membership(&current, agent, group, on_target).await?;
+        let on_target = version.is_some_and(|v| self.policy.accepts(&current.subject.version, v));
+        let member = self
+            .engine
+            .membership(&current, agent, group, on_target)
+            .await?;
         let now = now_ms();
         if on_target {
             if !member.done {
@@ -578,9 +421,9 @@ impl Rollouts {
             return Ok(None);
         }
         if !member.told {
-            self.mark_told(&current, agent, now).await?;
+            self.engine.mark_told(current.id, agent, now).await?;
         }
-        Ok(Some(current.version.clone()))
+        Ok(Some(current.subject.version.clone()))
     }
 
     /// Records `agent` installed: running the target proves the install, even if its
@@ -591,37 +434,18 @@ impl Rollouts {
         agent: &str,
         now: i64,
     ) -> Result<(), FleetError> {
-        store::set_outcome(
-            self.db.pool(),
-            BUNDLES,
-            current.id,
-            agent,
-            store::INSTALLED,
-            None,
-            now,
-        )
-        .await?;
-        self.remember(current.id, agent, |m| m.done = true);
-        self.wake.notify_one();
-        Ok(())
-    }
-
-    /// Records that `agent` was told to update (its deadline starts).
-    async fn mark_told(
-        &self,
-        current: &RolloutRow,
-        agent: &str,
-        now: i64,
-    ) -> Result<(), FleetError> {
-        store::mark_told(self.db.pool(), BUNDLES, current.id, agent, now).await?;
-        self.remember(current.id, agent, |m| m.told = true);
-        Ok(())
+        self.engine
+            .outcome(current.id, agent, store::INSTALLED, None, now)
+            .await
     }
 
     /// Not this server's rollout: refuse no one on a version of the fleet, and send the
     /// others to what this server can serve.
     fn not_ours(&self, current: &RolloutRow, served: Served, version: &AgentVersion) -> Answer {
-        let fleet = [Some(&current.version), current.previous.as_ref()];
+        let fleet = [
+            Some(&current.subject.version),
+            current.subject.previous.as_ref(),
+        ];
         let accepted = self.policy.accepts(&served.version, version)
             || fleet
                 .into_iter()
@@ -635,8 +459,8 @@ impl Rollouts {
 
     fn accepts(&self, current: &RolloutRow, version: &AgentVersion, wave: u32) -> bool {
         Directive {
-            target: &current.version,
-            previous: current.previous.as_ref(),
+            target: &current.subject.version,
+            previous: current.subject.previous.as_ref(),
             state: current.state,
             opened: current.opened,
         }
@@ -660,73 +484,21 @@ impl Rollouts {
         if self.mismatch().is_some() {
             return (Some(self.not_ours(&current, served, version)), None);
         }
-        let known = {
-            let members = lock(&self.members);
-            (members.0 == current.id)
-                .then(|| members.1.get(agent).copied())
-                .flatten()
-        };
+        let known = self.engine.known(current.id, agent);
         let wave = known.map_or(current.opened.saturating_add(1), |m| m.wave);
         let accepted = self.accepts(&current, version, wave);
         let mut told = None;
         if !accepted && known.is_some_and(|m| !m.told) {
-            self.remember(current.id, agent, |m| m.told = true);
+            self.engine.remember(current.id, agent, |m| m.told = true);
             told = Some(current.id);
         }
         (
             Some(Answer {
                 accepted,
-                expected: current.version.clone(),
+                expected: current.subject.version.clone(),
             }),
             told,
         )
-    }
-
-    async fn membership(
-        &self,
-        current: &RolloutRow,
-        agent: &str,
-        group: &str,
-        on_target: bool,
-    ) -> Result<Membership, FleetError> {
-        {
-            let members = lock(&self.members);
-            if members.0 == current.id
-                && let Some(m) = members.1.get(agent)
-            {
-                return Ok(*m);
-            }
-        }
-        let member = match store::membership(self.db.pool(), BUNDLES, current.id, agent).await? {
-            Some(m) => m,
-            None => {
-                let wave = current.plan.join_wave(current.opened, group);
-                store::join(
-                    self.db.pool(),
-                    BUNDLES,
-                    current.id,
-                    agent,
-                    wave,
-                    on_target,
-                    now_ms(),
-                )
-                .await?
-            }
-        };
-        let mut members = lock(&self.members);
-        if members.0 == current.id {
-            members.1.insert(agent.to_owned(), member);
-        }
-        Ok(member)
-    }
-
-    fn remember(&self, rollout: i64, agent: &str, change: impl FnOnce(&mut Membership)) {
-        let mut members = lock(&self.members);
-        if members.0 == rollout
-            && let Some(m) = members.1.get_mut(agent)
-        {
-            change(m);
-        }
     }
 
     /// An `INSTALLED` or `INSTALL_FAILED` for the rollout's target counts in its wave;
@@ -740,53 +512,33 @@ impl Rollouts {
             UpdateStatus::InstallFailed => store::INSTALL_FAILED,
             UpdateStatus::Installing => return Ok(()),
         };
-        if report.to.parse::<AgentVersion>().ok().as_ref() != Some(&current.version) {
+        if report.to.parse::<AgentVersion>().ok().as_ref() != Some(&current.subject.version) {
             return Ok(());
         }
         let group = self
-            .db
+            .db()
             .agent(&report.id)
             .await?
             .map(|a| a.group)
             .unwrap_or_default();
         let on_target = outcome == store::INSTALLED;
-        self.membership(&current, &report.id, &group, on_target)
+        self.engine
+            .membership(&current, &report.id, &group, on_target)
             .await?;
-        store::set_outcome(
-            self.db.pool(),
-            BUNDLES,
-            current.id,
-            &report.id,
-            outcome,
-            report.error.as_deref(),
-            at,
-        )
-        .await?;
-        self.remember(current.id, &report.id, |m| m.done = true);
-        self.wake.notify_one();
-        Ok(())
+        self.engine
+            .outcome(current.id, &report.id, outcome, report.error.as_deref(), at)
+            .await
     }
 
     /// Records a `409` given while the database was away.
     pub async fn record_told(&self, rollout: i64, agent: &str, at: i64) -> Result<(), FleetError> {
-        Ok(store::mark_told(self.db.pool(), BUNDLES, rollout, agent, at).await?)
+        Ok(store::mark_told(self.db().pool(), rollout, agent, at).await?)
     }
 
     /// `POST /admin/rollout/halt`.
     pub async fn halt(&self, why: Option<&str>) -> Result<Result<(), Refusal>, FleetError> {
-        let reason = match why {
-            Some(w) if !w.trim().is_empty() => format!("halted by an operator: {}", w.trim()),
-            _ => "halted by an operator".to_owned(),
-        };
-        self.operator(|row, _| match row.state {
-            State::Running | State::Soaking => Ok(Decision::Halt {
-                cause: HaltCause::Operator,
-                reason: reason.clone(),
-            }),
-            State::Halted => Err(Refusal("the rollout is halted already".into())),
-            State::Completed => Err(Refusal("the rollout is completed; nothing to halt".into())),
-        })
-        .await
+        self.operator(|row, _| Engine::<Bundle>::halt_decision(row.state, why))
+            .await
     }
 
     /// `POST /admin/rollout/advance`: the next wave opens now.
@@ -799,43 +551,9 @@ impl Rollouts {
     /// are let go (only later ones count against `max-failures`).
     pub async fn resume(&self) -> Result<Result<(), Refusal>, FleetError> {
         let Some(current) = self.current() else {
-            return Ok(Err(Refusal("there is no rollout".into())));
+            return Ok(Err(Refusal(NO_ROLLOUT.into())));
         };
-        let result = {
-            let _one = self.deciding.lock().await;
-            let mut tx = self.db.begin_write().await?;
-            let row = store::lock(&mut *tx, self.db.backend(), current.id).await?;
-            let result = match row {
-                Some(row) if row.state == State::Halted => {
-                    let progress = store::progress(&mut tx, BUNDLES, &row.head()).await?;
-                    let now = now_ms();
-                    store::forgive(&mut tx, BUNDLES, row.id, progress.failures()).await?;
-                    store::set_state(&mut tx, BUNDLES, row.id, State::Running, None, None).await?;
-                    store::event(
-                        &mut *tx,
-                        BUNDLES,
-                        row.id,
-                        "resumed",
-                        row.opened,
-                        "",
-                        now,
-                        &self.server,
-                    )
-                    .await?;
-                    tracing::info!(
-                        rollout = row.id,
-                        "rollout of {} resumed by an operator ({} failures let go)",
-                        row.version,
-                        progress.failures()
-                    );
-                    Ok(())
-                }
-                Some(_) => Err(Refusal("the rollout is not halted".into())),
-                None => Err(Refusal("there is no rollout".into())),
-            };
-            tx.commit().await?;
-            result
-        };
+        let result = self.engine.resume(current.id, NO_ROLLOUT).await?;
         self.refresh().await?;
         self.decide().await?;
         Ok(result)
@@ -847,33 +565,9 @@ impl Rollouts {
         choose: impl FnOnce(&RolloutRow, &step::Progress) -> Result<Decision, Refusal>,
     ) -> Result<Result<(), Refusal>, FleetError> {
         let Some(current) = self.current() else {
-            return Ok(Err(Refusal("there is no rollout".into())));
+            return Ok(Err(Refusal(NO_ROLLOUT.into())));
         };
-        let result = {
-            let _one = self.deciding.lock().await;
-            let mut tx = self.db.begin_write().await?;
-            let Some(row) = store::lock(&mut *tx, self.db.backend(), current.id).await? else {
-                return Ok(Err(Refusal("there is no rollout".into())));
-            };
-            let progress = store::progress(&mut tx, BUNDLES, &row.head()).await?;
-            let result = match choose(&row, &progress) {
-                Ok(decision) => {
-                    store::apply(
-                        &mut tx,
-                        BUNDLES,
-                        &row.head(),
-                        &decision,
-                        now_ms(),
-                        &self.server,
-                    )
-                    .await?;
-                    Ok(decision)
-                }
-                Err(refusal) => Err(refusal),
-            };
-            tx.commit().await?;
-            result.map(|decision| self.log_decision(&row, &decision, &progress))
-        };
+        let result = self.engine.operator(current.id, NO_ROLLOUT, choose).await?;
         self.refresh().await?;
         self.decide().await?;
         Ok(result)
@@ -881,51 +575,26 @@ impl Rollouts {
 
     /// `GET /admin/rollout`: the fleet's rollout with each wave's counts.
     pub async fn status(&self) -> Result<Option<serde_json::Value>, FleetError> {
-        let Some(row) = store::latest(self.db.pool()).await? else {
+        let Some(row) = store::latest::<Bundle>(self.db().pool()).await? else {
             return Ok(None);
         };
-        let mut conn = self.db.pool().acquire().await?;
-        let waves = store::wave_status(&mut conn, BUNDLES, &row.head()).await?;
-        let events = store::events(&mut *conn, BUNDLES, row.id).await?;
-        let waves: Vec<serde_json::Value> = waves
-            .iter()
-            .zip(&row.plan.waves)
-            .map(|(w, spec)| {
-                json!({
-                    "size": spec.to_string(),
-                    "agents": w.agents,
-                    "installed": w.installed,
-                    "failed": w.failed,
-                    "timed_out": w.timed_out,
-                    "pending": w.pending(),
-                    "opened_at": w.opened_at.map(secs),
-                    "completed_at": w.completed_at.map(secs),
-                })
-            })
-            .collect();
-        Ok(Some(json!({
-            "version": row.version.to_string(),
-            "previous": row.previous.as_ref().map(ToString::to_string),
-            "sha256": row.sha256,
-            "state": row.state.as_str(),
-            "reason": row.reason,
-            "wave": row.opened,
-            "started_at": secs(row.started_at),
-            "waves": waves,
-            "completed_at": row.completed_at.map(secs),
-            "signed_at": row.signed_at,
-            "halt_cause": row.halt_cause,
-            "plan": {
-                "waves": row.plan.waves.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "wave_wait": row.plan.wave_wait,
-                "max_failures": row.plan.max_failures.to_string(),
-                "agent_deadline": row.plan.agent_deadline,
-            },
-            "mismatch": self.mismatch(),
-            "events": events.iter().map(|(kind, wave, at, detail, server)| json!({
-                "kind": kind, "wave": wave, "at": secs(*at), "detail": detail, "server": server,
-            })).collect::<Vec<_>>(),
-        })))
+        let mut conn = self.db().pool().acquire().await?;
+        let (_, mut status) = self.engine.status(&mut conn, &row, "installed").await?;
+        let b = &row.subject;
+        for (key, value) in [
+            ("version", json!(b.version.to_string())),
+            (
+                "previous",
+                json!(b.previous.as_ref().map(ToString::to_string)),
+            ),
+            ("sha256", json!(b.sha256)),
+            ("signed_at", json!(b.signed_at)),
+            ("plan", plan_json(&row.plan)),
+            ("mismatch", json!(self.mismatch())),
+        ] {
+            status.insert(key.to_owned(), value);
+        }
+        Ok(Some(serde_json::Value::Object(status)))
     }
 
     /// Every agent's wave and `told_at` (seconds) in the fleet's rollout.
@@ -933,7 +602,7 @@ impl Rollouts {
         let Some(current) = self.current() else {
             return Ok(HashMap::new());
         };
-        Ok(store::members(self.db.pool(), BUNDLES, current.id)
+        Ok(store::members(self.db().pool(), current.id)
             .await?
             .into_iter()
             .map(|(id, (wave, told))| (id, (wave, told.map(secs))))
@@ -945,8 +614,7 @@ impl Rollouts {
         let Some(current) = self.current() else {
             return Ok(Vec::new());
         };
-        let mut conn = self.db.pool().acquire().await?;
-        Ok(store::wave_status(&mut conn, BUNDLES, &current.head()).await?)
+        self.engine.waves(&current).await
     }
 }
 

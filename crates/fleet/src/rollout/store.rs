@@ -1,17 +1,20 @@
-//! Rollout state in the fleet database: the rows, the wave counts, and the writes that
-//! apply a decision. Every transition is guarded twice: by the write lock of the
-//! transaction it is decided in, and by a unique event row (`rollout_events_once`), so a
-//! wave is opened once even by two servers or across a restart.
+//! Rollouts in the fleet database, of every kind: one family of tables (`rollouts`,
+//! `rollout_waves`, `rollout_agents`, `rollout_events`), a rollout's kind in its row's
+//! `rollout_kind`. Here are the rows, the wave counts, and the writes that apply a
+//! decision. Every transition is guarded twice: by the write lock of the transaction it
+//! is decided in, and by a unique event row (`rollout_events_once`), so a wave is opened
+//! once even by two servers or across a restart.
 //!
-//! Bundle rollouts and configuration rollouts have tables of the same shape
-//! ([`Tables`]: [`BUNDLES`], [`CONFIGS`]); everything after a rollout's row is read
-//! (waves, members, outcomes, events, the writes of a decision) is shared by both.
+//! What differs between kinds is said once, by [`Kind`] (the outcomes its agents report,
+//! the agent columns a missed deadline is written to) and by a [`Subject`] (the columns
+//! that name what is rolled out: a bundle's sha256, signature time and versions, or a
+//! configuration set's group and hash).
 
 use std::collections::HashMap;
 
 use agent_protocol::AgentVersion;
 use sqlx::any::AnyRow;
-use sqlx::{Any, AnyConnection, Executor, Row};
+use sqlx::{Any, AnyConnection, Executor, Row as _};
 
 use crate::db::Backend;
 use crate::rollout::plan::Plan;
@@ -20,84 +23,151 @@ use crate::rollout::step::{Decision, HaltCause, Progress, State, WaveStatus};
 pub const INSTALLED: &str = "INSTALLED";
 pub const INSTALL_FAILED: &str = "INSTALL_FAILED";
 pub const TIMED_OUT: &str = "TIMED_OUT";
-
-/// The tables of one kind of rollout, and the outcomes its agents report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tables {
-    pub rollouts: &'static str,
-    pub waves: &'static str,
-    pub agents: &'static str,
-    pub events: &'static str,
-    /// The outcome of an agent that made it, and of one that failed.
-    pub done: &'static str,
-    pub failed: &'static str,
-    /// The columns of `agents` (status, error) a missed deadline is written to.
-    pub agent_status: Option<(&'static str, &'static str)>,
-    /// What an agent was to report, for the deadline's message.
-    pub awaited: &'static str,
-}
-
-/// A new bundle reaching the fleet.
-pub const BUNDLES: &Tables = &Tables {
-    rollouts: "rollouts",
-    waves: "rollout_waves",
-    agents: "rollout_agents",
-    events: "rollout_events",
-    done: INSTALLED,
-    failed: INSTALL_FAILED,
-    agent_status: Some(("update_status", "update_error")),
-    awaited: "INSTALLED or INSTALL_FAILED",
-};
-
-/// A new configuration set reaching a group.
-pub const CONFIGS: &Tables = &Tables {
-    rollouts: "config_rollouts",
-    waves: "config_rollout_waves",
-    agents: "config_rollout_agents",
-    events: "config_rollout_events",
-    done: APPLIED,
-    failed: FAILED,
-    agent_status: None,
-    awaited: "APPLIED or FAILED",
-};
-
 pub const APPLIED: &str = "APPLIED";
 pub const FAILED: &str = "FAILED";
 
-/// What the shared functions need of a rollout's row, whatever its kind.
-#[derive(Debug, Clone, Copy)]
-pub struct Head<'a> {
-    pub id: i64,
-    pub plan: &'a Plan,
-    pub state: State,
-    pub opened: u32,
-    pub forgiven: u64,
+/// What a rollout rolls out, as its row's `rollout_kind` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A new bundle reaching the fleet.
+    Bundle,
+    /// A new configuration set reaching a group.
+    Config,
 }
 
-impl RolloutRow {
-    pub fn head(&self) -> Head<'_> {
-        Head {
-            id: self.id,
-            plan: &self.plan,
-            state: self.state,
-            opened: self.opened,
-            forgiven: self.forgiven,
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Bundle => "bundle",
+            Kind::Config => "config",
+        }
+    }
+
+    /// The outcome of an agent that made it.
+    pub fn done(self) -> &'static str {
+        match self {
+            Kind::Bundle => INSTALLED,
+            Kind::Config => APPLIED,
+        }
+    }
+
+    /// The outcome of an agent that reported a failure.
+    pub fn failed(self) -> &'static str {
+        match self {
+            Kind::Bundle => INSTALL_FAILED,
+            Kind::Config => FAILED,
+        }
+    }
+
+    /// The columns of `agents` (status, error) a missed deadline is written to: a
+    /// bundle's agents show it as their update status; a set's keep the status they
+    /// reported (the set they run is theirs to say).
+    fn agent_status(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Kind::Bundle => Some(("update_status", "update_error")),
+            Kind::Config => None,
+        }
+    }
+
+    /// What an agent was to report, for the deadline's message.
+    pub fn awaited(self) -> &'static str {
+        match self {
+            Kind::Bundle => "INSTALLED or INSTALL_FAILED",
+            Kind::Config => "APPLIED or FAILED",
         }
     }
 }
 
-/// How many failed agents a halt reason names.
-const FAILURES_NAMED: i64 = 3;
+/// What one kind of rollout rolls out, read from its row's own columns.
+pub trait Subject: Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static {
+    const KIND: Kind;
+    /// What its log lines and refusals call a rollout of this kind.
+    const NOUN: &'static str;
+    /// The column that, with its group and target, keys a rollout of this kind.
+    const KEYED_AT: &'static str;
+    /// From the columns of [`COLUMNS`] (group, target, signed_at, version, previous).
+    fn decode(r: &AnyRow) -> Result<Self, sqlx::Error>;
+    /// How the log names this rollout: "rollout of 2.0.0+2".
+    fn label(&self) -> String;
+}
 
-/// A rollout as stored.
+/// A bundle rollout's subject: one per served bundle, keyed by its sha256 and the signing
+/// time of its signature (the same bytes signed again today are a new, deliberate rollout).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RolloutRow {
-    pub id: i64,
+pub struct Bundle {
     pub sha256: String,
     /// `signed-at` of the bundle's signature (0 when it had none).
     pub signed_at: i64,
     pub version: AgentVersion,
     pub previous: Option<AgentVersion>,
+}
+
+impl Subject for Bundle {
+    const KIND: Kind = Kind::Bundle;
+    const NOUN: &'static str = "rollout";
+    const KEYED_AT: &'static str = "signed_at";
+
+    fn decode(r: &AnyRow) -> Result<Self, sqlx::Error> {
+        let version: Option<String> = r.try_get(4)?;
+        let previous: Option<String> = r.try_get(5)?;
+        Ok(Bundle {
+            sha256: r.try_get(2)?,
+            signed_at: r.try_get(3)?,
+            version: version
+                .unwrap_or_default()
+                .parse()
+                .map_err(|e| decode("rollouts.version", e))?,
+            previous: previous
+                .map(|p| p.parse().map_err(|e| decode("rollouts.previous", e)))
+                .transpose()?,
+        })
+    }
+
+    fn label(&self) -> String {
+        format!("rollout of {}", self.version)
+    }
+}
+
+/// A config rollout's subject: one per set pushed, keyed by its group, its hash and the
+/// set's creation time (its rollout's `started_at`), so the same files pushed again
+/// later are a new rollout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigSet {
+    pub group: String,
+    pub hash: String,
+}
+
+impl Subject for ConfigSet {
+    const KIND: Kind = Kind::Config;
+    const NOUN: &'static str = "config rollout";
+    const KEYED_AT: &'static str = "started_at";
+
+    fn decode(r: &AnyRow) -> Result<Self, sqlx::Error> {
+        Ok(ConfigSet {
+            group: r.try_get(1)?,
+            hash: r.try_get(2)?,
+        })
+    }
+
+    fn label(&self) -> String {
+        format!(
+            "config rollout of set {} (group {})",
+            short(&self.hash),
+            self.group
+        )
+    }
+}
+
+/// The first 12 hex digits of a hash, for logs and the page.
+pub fn short(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
+}
+
+/// A rollout as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollout<S> {
+    pub id: i64,
+    pub subject: S,
     pub state: State,
     pub reason: Option<String>,
     pub halt_cause: Option<String>,
@@ -107,6 +177,9 @@ pub struct RolloutRow {
     pub started_at: i64,
     pub completed_at: Option<i64>,
 }
+
+pub type RolloutRow = Rollout<Bundle>;
+pub type ConfigRolloutRow = Rollout<ConfigSet>;
 
 /// An agent's place in a rollout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,124 +192,136 @@ pub struct Membership {
     pub failed: bool,
 }
 
-fn member(t: &Tables, wave: i64, told_at: Option<i64>, outcome: Option<String>) -> Membership {
+/// How many failed agents a halt reason names.
+const FAILURES_NAMED: i64 = 3;
+
+fn member(kind: Kind, wave: i64, told_at: Option<i64>, outcome: Option<String>) -> Membership {
     Membership {
         wave: u32::try_from(wave).unwrap_or(0),
         told: told_at.is_some(),
         done: outcome.is_some(),
-        failed: outcome.as_deref() == Some(t.failed),
+        failed: outcome.as_deref() == Some(kind.failed()),
     }
 }
 
-const ROLLOUT_COLUMNS: &str = "SELECT id, sha256, signed_at, version, previous, state, reason, halt_cause, plan, opened, forgiven, started_at, completed_at FROM rollouts";
+/// Every column of a rollout's row, the subject's first ([`Subject::decode`] reads 1-5).
+const COLUMNS: &str = "SELECT id, agent_group, target, signed_at, version, previous, state, reason, halt_cause, plan, opened, forgiven, started_at, completed_at FROM rollouts WHERE rollout_kind = $1";
 
 fn decode(what: &str, e: impl std::fmt::Display) -> sqlx::Error {
     sqlx::Error::Decode(format!("{what}: {e}").into())
 }
 
-fn rollout_row(r: &AnyRow) -> Result<RolloutRow, sqlx::Error> {
-    let version: String = r.try_get(3)?;
-    let previous: Option<String> = r.try_get(4)?;
-    let state: String = r.try_get(5)?;
-    let plan: String = r.try_get(8)?;
-    Ok(RolloutRow {
+fn rollout_row<S: Subject>(r: &AnyRow) -> Result<Rollout<S>, sqlx::Error> {
+    let state: String = r.try_get(6)?;
+    let plan: String = r.try_get(9)?;
+    Ok(Rollout {
         id: r.try_get(0)?,
-        sha256: r.try_get(1)?,
-        signed_at: r.try_get(2)?,
-        version: version.parse().map_err(|e| decode("rollouts.version", e))?,
-        previous: previous
-            .map(|p| p.parse().map_err(|e| decode("rollouts.previous", e)))
-            .transpose()?,
+        subject: S::decode(r)?,
         state: state.parse().map_err(|e| decode("rollouts.state", e))?,
-        reason: r.try_get(6)?,
-        halt_cause: r.try_get(7)?,
+        reason: r.try_get(7)?,
+        halt_cause: r.try_get(8)?,
         plan: serde_json::from_str(&plan).map_err(|e| decode("rollouts.plan", e))?,
-        opened: u32::try_from(r.try_get::<i64, _>(9)?).unwrap_or(0),
-        forgiven: u64::try_from(r.try_get::<i64, _>(10)?).unwrap_or(0),
-        started_at: r.try_get(11)?,
-        completed_at: r.try_get(12)?,
+        opened: u32::try_from(r.try_get::<i64, _>(10)?).unwrap_or(0),
+        forgiven: u64::try_from(r.try_get::<i64, _>(11)?).unwrap_or(0),
+        started_at: r.try_get(12)?,
+        completed_at: r.try_get(13)?,
     })
 }
 
-/// The fleet's rollout: the one started last.
-pub async fn latest<'e>(
-    e: impl Executor<'e, Database = Any>,
-) -> Result<Option<RolloutRow>, sqlx::Error> {
-    sqlx::query(&format!("{ROLLOUT_COLUMNS} ORDER BY id DESC LIMIT 1"))
+/// The first row `query` (a select of [`COLUMNS`]) finds, as a rollout of kind `S`.
+async fn first<'q, 'c, S: Subject>(
+    e: impl Executor<'c, Database = Any>,
+    query: sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>,
+) -> Result<Option<Rollout<S>>, sqlx::Error> {
+    query
         .fetch_optional(e)
         .await?
         .as_ref()
         .map(rollout_row)
         .transpose()
+}
+
+/// The fleet's rollout of kind `S`: the one started last.
+pub async fn latest<'e, S: Subject>(
+    e: impl Executor<'e, Database = Any>,
+) -> Result<Option<Rollout<S>>, sqlx::Error> {
+    let sql = format!("{COLUMNS} ORDER BY id DESC LIMIT 1");
+    first(e, sqlx::query(&sql).bind(S::KIND.as_str())).await
 }
 
 /// The rollout `id`, with its row locked until the transaction ends (PostgreSQL; SQLite's
 /// `BEGIN IMMEDIATE` already holds the whole database).
-pub async fn lock<'e>(
+pub async fn lock<'e, S: Subject>(
     e: impl Executor<'e, Database = Any>,
     backend: Backend,
     id: i64,
-) -> Result<Option<RolloutRow>, sqlx::Error> {
+) -> Result<Option<Rollout<S>>, sqlx::Error> {
     let lock = match backend {
         Backend::Postgres => " FOR UPDATE",
         Backend::Sqlite => "",
     };
-    sqlx::query(&format!("{ROLLOUT_COLUMNS} WHERE id = $1{lock}"))
-        .bind(id)
-        .fetch_optional(e)
-        .await?
-        .as_ref()
-        .map(rollout_row)
-        .transpose()
+    let sql = format!("{COLUMNS} AND id = $2{lock}");
+    first(e, sqlx::query(&sql).bind(S::KIND.as_str()).bind(id)).await
 }
 
 /// The rollout `id` as it stands, without a lock: for a look that decides nothing.
-pub async fn get<'e>(
+pub async fn get<'e, S: Subject>(
     e: impl Executor<'e, Database = Any>,
     id: i64,
-) -> Result<Option<RolloutRow>, sqlx::Error> {
+) -> Result<Option<Rollout<S>>, sqlx::Error> {
     lock(e, Backend::Sqlite, id).await
 }
 
-pub async fn find<'e>(
+/// The rollout of kind `S` of `target` (a bundle's sha256, a set's hash) in `group`
+/// (empty for a bundle), keyed at `at` ([`Subject::KEYED_AT`]: a bundle signature's
+/// time, a set's creation).
+pub async fn find<'e, S: Subject>(
     e: impl Executor<'e, Database = Any>,
-    sha256: &str,
-    signed_at: i64,
-) -> Result<Option<RolloutRow>, sqlx::Error> {
-    sqlx::query(&format!(
-        "{ROLLOUT_COLUMNS} WHERE sha256 = $1 AND signed_at = $2"
-    ))
-    .bind(sha256)
-    .bind(signed_at)
-    .fetch_optional(e)
-    .await?
-    .as_ref()
-    .map(rollout_row)
-    .transpose()
+    group: &str,
+    target: &str,
+    at: i64,
+) -> Result<Option<Rollout<S>>, sqlx::Error> {
+    let sql = format!(
+        "{COLUMNS} AND agent_group = $2 AND target = $3 AND {} = $4",
+        S::KEYED_AT
+    );
+    let query = sqlx::query(&sql)
+        .bind(S::KIND.as_str())
+        .bind(group)
+        .bind(target)
+        .bind(at);
+    first(e, query).await
 }
 
-/// The target of the last completed rollout: the version the fleet ran before.
+/// The target of the last completed bundle rollout: the version the fleet ran before.
 pub async fn last_completed_version<'e>(
     e: impl Executor<'e, Database = Any>,
 ) -> Result<Option<AgentVersion>, sqlx::Error> {
     let row = sqlx::query(
-        "SELECT version FROM rollouts WHERE state = 'completed' ORDER BY completed_at DESC, id DESC LIMIT 1",
+        "SELECT version FROM rollouts WHERE rollout_kind = 'bundle' AND state = 'completed'
+         ORDER BY completed_at DESC, id DESC LIMIT 1",
     )
     .fetch_optional(e)
     .await?;
     row.map(|r| {
-        r.get::<String, _>(0)
+        r.get::<Option<String>, _>(0)
+            .unwrap_or_default()
             .parse()
             .map_err(|e| decode("rollouts.version", e))
     })
     .transpose()
 }
 
-/// What a new rollout starts with.
+/// What a new rollout starts with: its subject's columns, then the engine's.
 pub struct NewRollout<'a> {
-    pub sha256: &'a str,
+    pub kind: Kind,
+    /// The set's group; empty for a bundle.
+    pub group: &'a str,
+    /// The bundle's sha256 or the set's hash.
+    pub target: &'a str,
+    /// The bundle signature's time; 0 for a set.
     pub signed_at: i64,
-    pub version: &'a AgentVersion,
+    pub version: Option<&'a AgentVersion>,
     pub previous: Option<&'a AgentVersion>,
     pub state: State,
     pub reason: Option<&'a str>,
@@ -245,20 +330,25 @@ pub struct NewRollout<'a> {
     pub now: i64,
 }
 
-/// Inserts the rollout and its waves; `None` if another server (or an earlier run) made it.
+/// Inserts the rollout and its waves; `None` if another server (or an earlier run) made
+/// it: the unique index of its kind (`rollouts_bundle_once`, `rollouts_config_once`)
+/// says so.
 pub async fn insert(
     tx: &mut sqlx::Transaction<'static, Any>,
     new: &NewRollout<'_>,
 ) -> Result<Option<i64>, sqlx::Error> {
     let plan = serde_json::to_string(new.plan).map_err(|e| decode("plan", e))?;
     let id: Option<i64> = sqlx::query(
-        "INSERT INTO rollouts (sha256, signed_at, version, previous, state, reason, halt_cause, plan, opened, forgiven, started_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, 0, $9)
-         ON CONFLICT (sha256, signed_at) DO NOTHING RETURNING id",
+        "INSERT INTO rollouts (rollout_kind, agent_group, target, signed_at, version, previous,
+           state, reason, halt_cause, plan, opened, forgiven, started_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 0, 0, $11)
+         ON CONFLICT DO NOTHING RETURNING id",
     )
-    .bind(new.sha256)
+    .bind(new.kind.as_str())
+    .bind(new.group)
+    .bind(new.target)
     .bind(new.signed_at)
-    .bind(new.version.to_string())
+    .bind(new.version.map(ToString::to_string))
     .bind(new.previous.map(ToString::to_string))
     .bind(new.state.as_str())
     .bind(new.reason)
@@ -271,32 +361,18 @@ pub async fn insert(
     let Some(id) = id else {
         return Ok(None);
     };
-    insert_waves(tx, BUNDLES, id, new.plan).await?;
+    for (i, spec) in new.plan.waves.iter().enumerate() {
+        sqlx::query("INSERT INTO rollout_waves (rollout_id, wave, spec) VALUES ($1, $2, $3)")
+            .bind(id)
+            .bind(i as i64 + 1)
+            .bind(spec.to_string())
+            .execute(&mut **tx)
+            .await?;
+    }
     Ok(Some(id))
 }
 
-/// The plan's waves of a new rollout, none opened.
-pub async fn insert_waves(
-    tx: &mut sqlx::Transaction<'static, Any>,
-    t: &Tables,
-    id: i64,
-    plan: &Plan,
-) -> Result<(), sqlx::Error> {
-    for (i, spec) in plan.waves.iter().enumerate() {
-        sqlx::query(&format!(
-            "INSERT INTO {} (rollout_id, wave, spec) VALUES ($1, $2, $3)",
-            t.waves
-        ))
-        .bind(id)
-        .bind(i as i64 + 1)
-        .bind(spec.to_string())
-        .execute(&mut **tx)
-        .await?;
-    }
-    Ok(())
-}
-
-/// Agents heard from since `since_secs`: (id, group, version).
+/// Agents heard from since `since_secs` a bundle rollout places: (id, group, version).
 pub async fn live_agents<'e>(
     e: impl Executor<'e, Database = Any>,
     since_secs: i64,
@@ -316,19 +392,18 @@ pub async fn live_agents<'e>(
         .collect())
 }
 
-/// Places agents in their waves; `done` ones (already on the target) count as installed.
+/// Places agents in their waves; `done` ones (already on the target) count as made it.
 pub async fn insert_members(
     tx: &mut sqlx::Transaction<'static, Any>,
-    t: &Tables,
+    kind: Kind,
     rollout: i64,
     members: &[(String, u32, bool)],
     now: i64,
 ) -> Result<(), sqlx::Error> {
     // Several rows per statement: a 10,000-agent fleet is placed in 50 round trips.
     for chunk in members.chunks(200) {
-        let mut sql = format!(
-            "INSERT INTO {} (rollout_id, agent_id, wave, outcome, outcome_at) VALUES ",
-            t.agents
+        let mut sql = String::from(
+            "INSERT INTO rollout_agents (rollout_id, agent_id, wave, outcome, outcome_at) VALUES ",
         );
         for i in 0..chunk.len() {
             let b = i * 5;
@@ -351,7 +426,7 @@ pub async fn insert_members(
                 .bind(rollout)
                 .bind(agent.as_str())
                 .bind(i64::from(*wave))
-                .bind(done.then_some(t.done))
+                .bind(done.then_some(kind.done()))
                 .bind(done.then_some(now));
         }
         q.execute(&mut **tx).await?;
@@ -361,44 +436,42 @@ pub async fn insert_members(
 
 pub async fn membership<'e>(
     e: impl Executor<'e, Database = Any>,
-    t: &Tables,
+    kind: Kind,
     rollout: i64,
     agent: &str,
 ) -> Result<Option<Membership>, sqlx::Error> {
-    let row = sqlx::query(&format!(
-        "SELECT wave, told_at, outcome FROM {} WHERE rollout_id = $1 AND agent_id = $2",
-        t.agents
-    ))
+    let row = sqlx::query(
+        "SELECT wave, told_at, outcome FROM rollout_agents WHERE rollout_id = $1 AND agent_id = $2",
+    )
     .bind(rollout)
     .bind(agent)
     .fetch_optional(e)
     .await?;
-    Ok(row.map(|r| member(t, r.get(0), r.get(1), r.get(2))))
+    Ok(row.map(|r| member(kind, r.get(0), r.get(1), r.get(2))))
 }
 
 /// Places an agent first seen during the rollout; the first server to do so wins.
 pub async fn join<'e>(
     e: impl Executor<'e, Database = Any> + Copy,
-    t: &Tables,
+    kind: Kind,
     rollout: i64,
     agent: &str,
     wave: u32,
     done: bool,
     now: i64,
 ) -> Result<Membership, sqlx::Error> {
-    sqlx::query(&format!(
-        "INSERT INTO {} (rollout_id, agent_id, wave, outcome, outcome_at) VALUES ($1, $2, $3, $4, $5)
+    sqlx::query(
+        "INSERT INTO rollout_agents (rollout_id, agent_id, wave, outcome, outcome_at) VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (rollout_id, agent_id) DO NOTHING",
-        t.agents
-    ))
+    )
     .bind(rollout)
     .bind(agent)
     .bind(i64::from(wave))
-    .bind(done.then_some(t.done))
+    .bind(done.then_some(kind.done()))
     .bind(done.then_some(now))
     .execute(e)
     .await?;
-    Ok(membership(e, t, rollout, agent)
+    Ok(membership(e, kind, rollout, agent)
         .await?
         .unwrap_or(Membership {
             wave,
@@ -408,18 +481,16 @@ pub async fn join<'e>(
         }))
 }
 
-/// The first `409` of this rollout to the agent.
+/// The first time this rollout told the agent (a `409`, an offer, a set sent).
 pub async fn mark_told<'e>(
     e: impl Executor<'e, Database = Any>,
-    t: &Tables,
     rollout: i64,
     agent: &str,
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(&format!(
-        "UPDATE {} SET told_at = $3 WHERE rollout_id = $1 AND agent_id = $2 AND told_at IS NULL",
-        t.agents
-    ))
+    sqlx::query(
+        "UPDATE rollout_agents SET told_at = $3 WHERE rollout_id = $1 AND agent_id = $2 AND told_at IS NULL",
+    )
     .bind(rollout)
     .bind(agent)
     .bind(now)
@@ -428,21 +499,19 @@ pub async fn mark_told<'e>(
     Ok(())
 }
 
-/// What the agent reported (or, for `INSTALLED`, showed by running the target).
+/// What the agent reported (or, for the kind's success, showed by running the target).
 pub async fn set_outcome<'e>(
     e: impl Executor<'e, Database = Any>,
-    t: &Tables,
     rollout: i64,
     agent: &str,
     outcome: &str,
     error: Option<&str>,
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(&format!(
-        "UPDATE {} SET outcome = $3, outcome_at = $4, error = $5
+    sqlx::query(
+        "UPDATE rollout_agents SET outcome = $3, outcome_at = $4, error = $5
          WHERE rollout_id = $1 AND agent_id = $2 AND (outcome IS NULL OR outcome <> $3)",
-        t.agents
-    ))
+    )
     .bind(rollout)
     .bind(agent)
     .bind(outcome)
@@ -455,15 +524,10 @@ pub async fn set_outcome<'e>(
 
 /// The agents of rollout `$1` told (or, never reached, whose wave opened) at `$2` or
 /// before, without an outcome: those past the agent deadline when `$2` is its cutoff.
-fn past_deadline(t: &Tables) -> String {
-    format!(
-        "rollout_id = $1 AND outcome IS NULL AND (
+const PAST_DEADLINE: &str = "rollout_id = $1 AND outcome IS NULL AND (
        (told_at IS NOT NULL AND told_at <= $2)
-       OR (told_at IS NULL AND wave IN (SELECT wave FROM {}
-            WHERE rollout_id = $1 AND opened_at IS NOT NULL AND opened_at <= $2)))",
-        t.waves
-    )
-}
+       OR (told_at IS NULL AND wave IN (SELECT wave FROM rollout_waves
+            WHERE rollout_id = $1 AND opened_at IS NOT NULL AND opened_at <= $2)))";
 
 fn deadline_cutoff(plan: &Plan, now: i64) -> i64 {
     now.saturating_sub(plan.agent_deadline.saturating_mul(1000) as i64)
@@ -472,15 +536,12 @@ fn deadline_cutoff(plan: &Plan, now: i64) -> i64 {
 /// Whether [`time_out`] would time any agent out now.
 pub async fn overdue(
     conn: &mut AnyConnection,
-    t: &Tables,
     rollout: i64,
     plan: &Plan,
     now: i64,
 ) -> Result<bool, sqlx::Error> {
     let row = sqlx::query(&format!(
-        "SELECT 1 FROM {} WHERE {} LIMIT 1",
-        t.agents,
-        past_deadline(t)
+        "SELECT 1 FROM rollout_agents WHERE {PAST_DEADLINE} LIMIT 1"
     ))
     .bind(rollout)
     .bind(deadline_cutoff(plan, now))
@@ -493,18 +554,16 @@ pub async fn overdue(
 /// wave opened) `agent-deadline` ago or more without an outcome; returns their ids.
 pub async fn time_out(
     tx: &mut sqlx::Transaction<'static, Any>,
-    t: &Tables,
+    kind: Kind,
     rollout: i64,
     plan: &Plan,
     now: i64,
 ) -> Result<Vec<String>, sqlx::Error> {
     let ids: Vec<String> = sqlx::query(&format!(
-        "UPDATE {} SET outcome = 'TIMED_OUT', outcome_at = $3,
+        "UPDATE rollout_agents SET outcome = 'TIMED_OUT', outcome_at = $3,
            error = 'no report within the agent deadline'
-         WHERE {}
-         RETURNING agent_id",
-        t.agents,
-        past_deadline(t)
+         WHERE {PAST_DEADLINE}
+         RETURNING agent_id"
     ))
     .bind(rollout)
     .bind(deadline_cutoff(plan, now))
@@ -514,12 +573,13 @@ pub async fn time_out(
     .into_iter()
     .map(|r| r.get(0))
     .collect();
-    let Some((status, error)) = t.agent_status else {
+    let Some((status, error)) = kind.agent_status() else {
         return Ok(ids);
     };
     let detail = format!(
         "no {} within the agent deadline ({} s)",
-        t.awaited, plan.agent_deadline
+        kind.awaited(),
+        plan.agent_deadline
     );
     for id in &ids {
         sqlx::query(&format!(
@@ -534,30 +594,27 @@ pub async fn time_out(
 }
 
 /// The rollout as the step function sees it.
-pub async fn progress(
+pub async fn progress<S: Subject>(
     tx: &mut sqlx::Transaction<'static, Any>,
-    t: &Tables,
-    row: &Head<'_>,
+    row: &Rollout<S>,
 ) -> Result<Progress, sqlx::Error> {
-    let waves = wave_status(tx, t, row).await?;
-    let told: i64 = sqlx::query(&format!(
-        "SELECT COUNT(*) FROM {} WHERE rollout_id = $1 AND told_at IS NOT NULL",
-        t.agents
-    ))
+    let waves = wave_status(tx, row).await?;
+    let told: i64 = sqlx::query(
+        "SELECT COUNT(*) FROM rollout_agents WHERE rollout_id = $1 AND told_at IS NOT NULL",
+    )
     .bind(row.id)
     .fetch_one(&mut **tx)
     .await?
     .get(0);
-    let failures_seen = sqlx::query(&format!(
+    let failures_seen = sqlx::query(
         "SELECT ra.agent_id, COALESCE(a.name, ''), ra.outcome, COALESCE(ra.error, '')
-         FROM {} ra LEFT JOIN agents a ON a.id = ra.agent_id
+         FROM rollout_agents ra LEFT JOIN agents a ON a.id = ra.agent_id
          WHERE ra.rollout_id = $1 AND ra.outcome IN ($3, 'TIMED_OUT')
          ORDER BY ra.outcome_at LIMIT $2",
-        t.agents
-    ))
+    )
     .bind(row.id)
     .bind(FAILURES_NAMED)
-    .bind(t.failed)
+    .bind(S::KIND.failed())
     .fetch_all(&mut **tx)
     .await?
     .into_iter()
@@ -587,30 +644,27 @@ pub async fn progress(
     })
 }
 
-/// Each wave's counts and times, in order.
-pub async fn wave_status(
+/// Each wave's counts and times, in order; `installed` counts the kind's success.
+pub async fn wave_status<S: Subject>(
     conn: &mut AnyConnection,
-    t: &Tables,
-    row: &Head<'_>,
+    row: &Rollout<S>,
 ) -> Result<Vec<WaveStatus>, sqlx::Error> {
+    let kind = S::KIND;
     let mut waves = vec![WaveStatus::default(); row.plan.waves.len()];
-    for r in sqlx::query(&format!(
-        "SELECT wave, opened_at, completed_at FROM {} WHERE rollout_id = $1",
-        t.waves
-    ))
-    .bind(row.id)
-    .fetch_all(&mut *conn)
-    .await?
+    for r in
+        sqlx::query("SELECT wave, opened_at, completed_at FROM rollout_waves WHERE rollout_id = $1")
+            .bind(row.id)
+            .fetch_all(&mut *conn)
+            .await?
     {
         if let Some(w) = slot(&mut waves, r.get(0)) {
             w.opened_at = r.get(1);
             w.completed_at = r.get(2);
         }
     }
-    for r in sqlx::query(&format!(
-        "SELECT wave, COALESCE(outcome, ''), COUNT(*) FROM {} WHERE rollout_id = $1 GROUP BY wave, COALESCE(outcome, '')",
-        t.agents
-    ))
+    for r in sqlx::query(
+        "SELECT wave, COALESCE(outcome, ''), COUNT(*) FROM rollout_agents WHERE rollout_id = $1 GROUP BY wave, COALESCE(outcome, '')",
+    )
     .bind(row.id)
     .fetch_all(&mut *conn)
     .await?
@@ -620,8 +674,8 @@ pub async fn wave_status(
         if let Some(w) = slot(&mut waves, r.get(0)) {
             w.agents += n;
             match outcome.as_str() {
-                o if o == t.done => w.installed += n,
-                o if o == t.failed => w.failed += n,
+                o if o == kind.done() => w.installed += n,
+                o if o == kind.failed() => w.failed += n,
                 TIMED_OUT => w.timed_out += n,
                 _ => {}
             }
@@ -635,13 +689,8 @@ fn slot(waves: &mut [WaveStatus], wave: i64) -> Option<&mut WaveStatus> {
 }
 
 /// Records an event; false if its unique key says it happened already.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "one row's columns, each named at the call"
-)]
 pub async fn event<'e>(
     e: impl Executor<'e, Database = Any>,
-    t: &Tables,
     rollout: i64,
     kind: &str,
     wave: u32,
@@ -649,11 +698,10 @@ pub async fn event<'e>(
     now: i64,
     server: &str,
 ) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(&format!(
-        "INSERT INTO {} (rollout_id, kind, wave, at, detail, server) VALUES ($1, $2, $3, $4, $5, $6)
+    let done = sqlx::query(
+        "INSERT INTO rollout_events (rollout_id, kind, wave, at, detail, server) VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT DO NOTHING",
-        t.events
-    ))
+    )
     .bind(rollout)
     .bind(kind)
     .bind(i64::from(wave))
@@ -666,10 +714,9 @@ pub async fn event<'e>(
 }
 
 /// Applies one decision to the locked rollout `row`; false if it was taken already.
-pub async fn apply(
+pub async fn apply<S: Subject>(
     tx: &mut sqlx::Transaction<'static, Any>,
-    t: &Tables,
-    row: &Head<'_>,
+    row: &Rollout<S>,
     decision: &Decision,
     now: i64,
     server: &str,
@@ -677,19 +724,18 @@ pub async fn apply(
     let id = row.id;
     match decision {
         Decision::OpenWave(w) => {
-            if !event(&mut **tx, t, id, "wave_opened", *w, "", now, server).await? {
+            if !event(&mut **tx, id, "wave_opened", *w, "", now, server).await? {
                 return Ok(false);
             }
-            sqlx::query(&format!(
-                "UPDATE {} SET opened = $2, state = 'running' WHERE id = $1 AND opened = $3",
-                t.rollouts
-            ))
+            sqlx::query(
+                "UPDATE rollouts SET opened = $2, state = 'running' WHERE id = $1 AND opened = $3",
+            )
             .bind(id)
             .bind(i64::from(*w))
             .bind(i64::from(w.saturating_sub(1)))
             .execute(&mut **tx)
             .await?;
-            sqlx::query(&format!("UPDATE {} SET opened_at = $3 WHERE rollout_id = $1 AND wave = $2 AND opened_at IS NULL", t.waves))
+            sqlx::query("UPDATE rollout_waves SET opened_at = $3 WHERE rollout_id = $1 AND wave = $2 AND opened_at IS NULL")
                 .bind(id)
                 .bind(i64::from(*w))
                 .bind(now)
@@ -697,10 +743,10 @@ pub async fn apply(
                 .await?;
         }
         Decision::CompleteWave(w) => {
-            if !event(&mut **tx, t, id, "wave_completed", *w, "", now, server).await? {
+            if !event(&mut **tx, id, "wave_completed", *w, "", now, server).await? {
                 return Ok(false);
             }
-            sqlx::query(&format!("UPDATE {} SET completed_at = $3 WHERE rollout_id = $1 AND wave = $2 AND completed_at IS NULL", t.waves))
+            sqlx::query("UPDATE rollout_waves SET completed_at = $3 WHERE rollout_id = $1 AND wave = $2 AND completed_at IS NULL")
                 .bind(id)
                 .bind(i64::from(*w))
                 .bind(now)
@@ -708,20 +754,19 @@ pub async fn apply(
                 .await?;
         }
         Decision::Soak(w) => {
-            event(&mut **tx, t, id, "soaking", *w, "", now, server).await?;
-            set_state(tx, t, id, State::Soaking, None, None).await?;
+            event(&mut **tx, id, "soaking", *w, "", now, server).await?;
+            set_state(tx, id, State::Soaking, None, None).await?;
         }
         Decision::Halt { cause, reason } => {
-            event(&mut **tx, t, id, "halted", row.opened, reason, now, server).await?;
-            set_state(tx, t, id, State::Halted, Some(reason), Some(cause.as_str())).await?;
+            event(&mut **tx, id, "halted", row.opened, reason, now, server).await?;
+            set_state(tx, id, State::Halted, Some(reason), Some(cause.as_str())).await?;
             // The server's own decision, in the audit log with the halt itself (an
             // operator's halt is recorded by the edge that took it, under their name).
             if *cause != HaltCause::Operator {
                 let who = format!("server:{server}");
-                let action = if t.rollouts == BUNDLES.rollouts {
-                    "rollout.halt"
-                } else {
-                    "config.halt"
+                let action = match S::KIND {
+                    Kind::Bundle => "rollout.halt",
+                    Kind::Config => "config.halt",
                 };
                 crate::audit::record_in(
                     &mut **tx,
@@ -732,6 +777,7 @@ pub async fn apply(
                         outcome: crate::audit::Outcome::Done,
                         details: serde_json::json!({
                             "rollout": id,
+                            "what": row.subject.label(),
                             "cause": cause.as_str(),
                             "reason": reason,
                         }),
@@ -741,18 +787,15 @@ pub async fn apply(
             }
         }
         Decision::Complete => {
-            if !event(&mut **tx, t, id, "completed", 0, "", now, server).await? {
+            if !event(&mut **tx, id, "completed", 0, "", now, server).await? {
                 return Ok(false);
             }
-            set_state(tx, t, id, State::Completed, None, None).await?;
-            sqlx::query(&format!(
-                "UPDATE {} SET completed_at = $2 WHERE id = $1",
-                t.rollouts
-            ))
-            .bind(id)
-            .bind(now)
-            .execute(&mut **tx)
-            .await?;
+            set_state(tx, id, State::Completed, None, None).await?;
+            sqlx::query("UPDATE rollouts SET completed_at = $2 WHERE id = $1")
+                .bind(id)
+                .bind(now)
+                .execute(&mut **tx)
+                .await?;
         }
     }
     Ok(true)
@@ -760,53 +803,44 @@ pub async fn apply(
 
 pub async fn set_state(
     tx: &mut sqlx::Transaction<'static, Any>,
-    t: &Tables,
     id: i64,
     state: State,
     reason: Option<&str>,
     cause: Option<&str>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(&format!(
-        "UPDATE {} SET state = $2, reason = $3, halt_cause = $4 WHERE id = $1",
-        t.rollouts
-    ))
-    .bind(id)
-    .bind(state.as_str())
-    .bind(reason)
-    .bind(cause)
-    .execute(&mut **tx)
-    .await?;
+    sqlx::query("UPDATE rollouts SET state = $2, reason = $3, halt_cause = $4 WHERE id = $1")
+        .bind(id)
+        .bind(state.as_str())
+        .bind(reason)
+        .bind(cause)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
 /// Lets the failures seen so far go (an operator's `resume`).
 pub async fn forgive(
     tx: &mut sqlx::Transaction<'static, Any>,
-    t: &Tables,
     id: i64,
     failures: u64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(&format!(
-        "UPDATE {} SET forgiven = $2 WHERE id = $1",
-        t.rollouts
-    ))
-    .bind(id)
-    .bind(i64::try_from(failures).unwrap_or(i64::MAX))
-    .execute(&mut **tx)
-    .await?;
+    sqlx::query("UPDATE rollouts SET forgiven = $2 WHERE id = $1")
+        .bind(id)
+        .bind(i64::try_from(failures).unwrap_or(i64::MAX))
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
 /// Every agent's place in a rollout, to answer from memory.
 pub async fn memberships<'e>(
     e: impl Executor<'e, Database = Any>,
-    t: &Tables,
+    kind: Kind,
     rollout: i64,
 ) -> Result<HashMap<String, Membership>, sqlx::Error> {
-    Ok(sqlx::query(&format!(
-        "SELECT agent_id, wave, told_at, outcome FROM {} WHERE rollout_id = $1",
-        t.agents
-    ))
+    Ok(sqlx::query(
+        "SELECT agent_id, wave, told_at, outcome FROM rollout_agents WHERE rollout_id = $1",
+    )
     .bind(rollout)
     .fetch_all(e)
     .await?
@@ -814,7 +848,7 @@ pub async fn memberships<'e>(
     .map(|r| {
         (
             r.get::<String, _>(0),
-            member(t, r.get(1), r.get(2), r.get(3)),
+            member(kind, r.get(1), r.get(2), r.get(3)),
         )
     })
     .collect())
@@ -823,36 +857,32 @@ pub async fn memberships<'e>(
 /// Every agent's wave and `told_at` in a rollout, for `/admin/agents`.
 pub async fn members<'e>(
     e: impl Executor<'e, Database = Any>,
-    t: &Tables,
     rollout: i64,
 ) -> Result<HashMap<String, (u32, Option<i64>)>, sqlx::Error> {
-    Ok(sqlx::query(&format!(
-        "SELECT agent_id, wave, told_at FROM {} WHERE rollout_id = $1",
-        t.agents
-    ))
-    .bind(rollout)
-    .fetch_all(e)
-    .await?
-    .into_iter()
-    .map(|r| {
-        (
-            r.get::<String, _>(0),
-            (u32::try_from(r.get::<i64, _>(1)).unwrap_or(0), r.get(2)),
-        )
-    })
-    .collect())
+    Ok(
+        sqlx::query("SELECT agent_id, wave, told_at FROM rollout_agents WHERE rollout_id = $1")
+            .bind(rollout)
+            .fetch_all(e)
+            .await?
+            .into_iter()
+            .map(|r| {
+                (
+                    r.get::<String, _>(0),
+                    (u32::try_from(r.get::<i64, _>(1)).unwrap_or(0), r.get(2)),
+                )
+            })
+            .collect(),
+    )
 }
 
 /// The transitions of a rollout, oldest first: (kind, wave, at, detail, server).
 pub async fn events<'e>(
     e: impl Executor<'e, Database = Any>,
-    t: &Tables,
     rollout: i64,
 ) -> Result<Vec<(String, u32, i64, String, String)>, sqlx::Error> {
-    Ok(sqlx::query(&format!(
-        "SELECT kind, wave, at, COALESCE(detail, ''), server FROM {} WHERE rollout_id = $1 ORDER BY id",
-        t.events
-    ))
+    Ok(sqlx::query(
+        "SELECT kind, wave, at, COALESCE(detail, ''), server FROM rollout_events WHERE rollout_id = $1 ORDER BY id",
+    )
     .bind(rollout)
     .fetch_all(e)
     .await?
@@ -867,4 +897,47 @@ pub async fn events<'e>(
         )
     })
     .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_names_its_outcomes_and_its_rollouts() {
+        assert_eq!(
+            (Kind::Bundle.done(), Kind::Bundle.failed()),
+            (INSTALLED, INSTALL_FAILED)
+        );
+        assert_eq!(
+            (Kind::Config.done(), Kind::Config.failed()),
+            (APPLIED, FAILED)
+        );
+        // Only a bundle's missed deadline shows in the agent's own row.
+        assert_eq!(
+            Kind::Bundle.agent_status(),
+            Some(("update_status", "update_error"))
+        );
+        assert_eq!(Kind::Config.agent_status(), None);
+        let set = ConfigSet {
+            group: "edge".into(),
+            hash: "0123456789abcdef".into(),
+        };
+        assert_eq!(
+            set.label(),
+            "config rollout of set 0123456789ab (group edge)"
+        );
+        assert_eq!(
+            member(Kind::Config, 2, Some(1), Some(FAILED.into())),
+            Membership {
+                wave: 2,
+                told: true,
+                done: true,
+                failed: true
+            }
+        );
+        // A failure is the kind's own: FAILED is not a bundle's.
+        assert!(!member(Kind::Bundle, 1, None, Some(FAILED.into())).failed);
+        assert!(member(Kind::Bundle, 1, None, Some(INSTALL_FAILED.into())).failed);
+    }
 }

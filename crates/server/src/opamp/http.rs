@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::{MAX_MESSAGE, RETRY_AFTER, Refused, authorized, exchange};
 use crate::error::ApiError;
-use crate::routes::AppState;
+use crate::state::AppState;
 
 /// Bytes read off the socket at most: the message limit plus room for gzip's framing
 /// of incompressible data.

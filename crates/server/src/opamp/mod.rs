@@ -26,7 +26,7 @@ use agent_protocol::wire::{self, Report};
 use axum::Router;
 use axum::routing::post;
 
-use crate::routes::{AppState, Shared};
+use crate::state::{AppState, Shared};
 use crate::store::Current;
 
 /// Largest OpAMP message accepted, after decompression: status reports and effective

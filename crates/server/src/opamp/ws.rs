@@ -8,8 +8,6 @@
 //! for long). The socket counts as a busy connection while it lives (no idle timeout,
 //! never evicted for room), within `server.max-connections`.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use agent_fleet::db::now_ms;
@@ -27,7 +25,7 @@ use tokio::time::Instant;
 use super::{MAX_MESSAGE, Refused, authorized, exchange, push, retry_after};
 use crate::conn::ConnHold;
 use crate::error::ApiError;
-use crate::routes::{AppState, Shared};
+use crate::state::{AppState, Shared};
 
 /// How often the server pings an OpAMP socket.
 pub const PING_INTERVAL: Duration = Duration::from_secs(30);
@@ -45,46 +43,6 @@ const POLICY: u16 = 1008;
 const TOO_BIG: u16 = 1009;
 const INTERNAL: u16 = 1011;
 const TRY_AGAIN_LATER: u16 = 1013;
-
-/// The live sockets by agent: how many hold each uid now.
-#[derive(Debug, Default)]
-pub struct Sockets {
-    open: Mutex<HashMap<InstanceUid, usize>>,
-}
-
-impl Sockets {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<InstanceUid, usize>> {
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn held_elsewhere(&self, uid: &InstanceUid, mine: Option<&InstanceUid>) -> bool {
-        let n = self.lock().get(uid).copied().unwrap_or(0);
-        if mine == Some(uid) { n > 1 } else { n > 0 }
-    }
-
-    fn add(&self, uid: InstanceUid) {
-        *self.lock().entry(uid).or_default() += 1;
-    }
-
-    /// True when this was the uid's last socket.
-    fn remove(&self, uid: &InstanceUid) -> bool {
-        let mut open = self.lock();
-        match open.get_mut(uid) {
-            Some(n) if *n > 1 => {
-                *n -= 1;
-                false
-            }
-            _ => {
-                open.remove(uid);
-                true
-            }
-        }
-    }
-
-    pub fn count(&self) -> usize {
-        self.lock().values().sum()
-    }
-}
 
 /// `GET /v1/opamp` with `Upgrade: websocket`.
 pub async fn upgrade(

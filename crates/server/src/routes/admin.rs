@@ -256,7 +256,12 @@ async fn operator_answer(
 ) -> Result<Response, ApiError> {
     match result {
         Ok(()) => {
-            if let Some(version) = s.fleet.rollouts.current().map(|r| r.version.to_string()) {
+            if let Some(version) = s
+                .fleet
+                .rollouts
+                .current()
+                .map(|r| r.subject.version.to_string())
+            {
                 details["version"] = serde_json::Value::String(version);
             }
             caller.record(s, what, details).await;

@@ -12,9 +12,7 @@ mod install;
 pub mod operators;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
 
-use agent_protocol::AcceptPolicy;
 use agent_protocol::wire;
 use axum::body::Body;
 use axum::extract::DefaultBodyLimit;
@@ -25,54 +23,16 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use tower_http::timeout::TimeoutLayer;
 
-use agent_fleet::Fleet;
-
 use crate::error::ApiError;
-use crate::limiter::DownloadLimiter;
-use crate::metrics::Metrics;
-use crate::store::{BundleStore, Current, ServedBundle};
+use crate::state::{AppState, Shared};
+use crate::store::{Current, ServedBundle};
 
 /// Largest JSON body accepted; larger ones get `413`.
 pub const MAX_BODY: usize = 64 * 1024;
 
-/// Everything the handlers share.
-#[derive(Clone)]
-pub struct AppState {
-    pub inner: Arc<Shared>,
-}
-
-pub struct Shared {
-    pub store: Arc<BundleStore>,
-    /// The fleet model: database, outage spool, rollouts, fleet-wide settings.
-    pub fleet: Arc<Fleet>,
-    /// `server.name`: keys this server's own settings in the fleet database.
-    pub server_name: String,
-    pub limiter: Arc<DownloadLimiter>,
-    pub metrics: Arc<Metrics>,
-    pub policy: AcceptPolicy,
-    pub admin_token: String,
-    /// `agents.enrollment-token`; empty: open enrollment.
-    pub enrollment_token: String,
-    pub download_limit: AtomicUsize,
-    pub max_connections: usize,
-    pub retry_after: u64,
-    /// How long a non-download request may take, its body included.
-    pub request_timeout: std::time::Duration,
-    /// How long a download may hand no bytes to its client before its slot is freed.
-    pub stall_timeout: std::time::Duration,
-    /// `agents.max-wait`: the longest a long-polling connect is held.
-    pub max_wait: std::time::Duration,
-    /// `server.public-url` (or `http(s)://<listen address>`), without a trailing `/`.
-    pub public_url: String,
-    /// The OpAMP WebSockets open now, by agent.
-    pub opamp_sockets: crate::opamp::ws::Sockets,
-    /// Turns for held agents about to be told that their wave opened.
-    pub pacer: Arc<crate::pacer::Pacer>,
-    /// `tls.agent-ca`, read: the CA `/install.sh` has new agents pin.
-    pub agent_ca: Option<String>,
-}
-
-pub fn app(state: AppState) -> Router {
+/// The native routes (with their timeouts); [`crate::app`] adds OpAMP's and the body
+/// limit, and gives them the state.
+pub fn router(state: &AppState) -> Router<AppState> {
     // A request with a body (or that waits on the database) is done within this, or
     // answered 408: a client trickling a body cannot hold its connection for ever.
     // Downloads are not bounded here; their clock is the stall timeout.
@@ -86,9 +46,6 @@ pub fn app(state: AppState) -> Router {
             state.inner.request_timeout + state.inner.max_wait,
         )),
     );
-    // OpAMP bodies have their own (larger) limit, checked again after gzip.
-    let opamp = crate::opamp::router()
-        .route_layer(DefaultBodyLimit::max(crate::opamp::http::MAX_WIRE_BODY));
     let downloads = Router::new()
         .route(wire::VERSION_PATH, get(download::version))
         .route(
@@ -139,9 +96,6 @@ pub fn app(state: AppState) -> Router {
         .route_layer(request_timeout)
         .merge(held)
         .merge(downloads)
-        .merge(opamp)
-        .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(state)
 }
 
 fn unavailable(problem: &str, retry_after: u64) -> Response {

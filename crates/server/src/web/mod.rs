@@ -33,7 +33,7 @@ use agent_fleet::FleetError;
 use agent_fleet::db::now_secs;
 
 use crate::error::ApiError;
-use crate::routes::AppState;
+use crate::state::AppState;
 use agent_fleet::audit::{Change, Outcome};
 use agent_fleet::operators::{self as ops, Role};
 use session::{COOKIE, CSRF_FIELD, SIGNIN_COOKIE, Sessions, SignedIn};

@@ -8,7 +8,7 @@ pub use agent_fleet::history::HistoryLine;
 use serde::Deserialize;
 
 use super::model::{Agent, health_of};
-use crate::routes::Shared;
+use crate::state::Shared;
 
 fn agent_of(a: AgentRow) -> Agent {
     let nonempty = |s: String| if s.is_empty() { None } else { Some(s) };
@@ -106,9 +106,12 @@ pub async fn history(s: &Shared, id: &str) -> Result<Vec<HistoryLine>, FleetErro
     agent_fleet::history::history(&s.fleet.db, id).await
 }
 
-/// The fleet's bundle rollout as `GET /admin/rollout` answers it.
+/// A rollout as the admin API answers it: the fleet's bundle rollout (`GET
+/// /admin/rollout`), or a set's config rollout (`GET /admin/config`), which names no
+/// version and counts `applied` where a bundle's counts `installed`.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Rollout {
+    #[serde(default)]
     pub version: String,
     pub previous: Option<String>,
     pub state: String,
@@ -125,6 +128,7 @@ pub struct Rollout {
 pub struct Wave {
     pub size: String,
     pub agents: u64,
+    #[serde(alias = "applied")]
     pub installed: u64,
     pub failed: u64,
     pub timed_out: u64,
@@ -177,62 +181,7 @@ pub struct ConfigSet {
     #[serde(default)]
     pub timed_out: u64,
     /// `None` before the set's rollout starts.
-    pub rollout: Option<ConfigRollout>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct ConfigRollout {
-    pub state: String,
-    pub reason: Option<String>,
-    pub wave: u32,
-    pub started_at: f64,
-    pub completed_at: Option<f64>,
-    pub waves: Vec<ConfigWave>,
-    #[serde(default)]
-    pub events: Vec<Event>,
-}
-
-/// A config rollout's wave: `applied` where a bundle's says `installed`.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct ConfigWave {
-    pub size: String,
-    pub agents: u64,
-    pub applied: u64,
-    pub failed: u64,
-    pub timed_out: u64,
-    pub pending: u64,
-    pub opened_at: Option<f64>,
-    pub completed_at: Option<f64>,
-}
-
-impl ConfigRollout {
-    /// The same shape as a bundle's, for the same table and buttons.
-    pub fn as_rollout(&self, set: &ConfigSet) -> Rollout {
-        Rollout {
-            version: format!("{} {}", set.group, agent_fleet::config::short(&set.hash)),
-            previous: None,
-            state: self.state.clone(),
-            reason: self.reason.clone(),
-            wave: self.wave,
-            started_at: self.started_at,
-            completed_at: self.completed_at,
-            waves: self
-                .waves
-                .iter()
-                .map(|w| Wave {
-                    size: w.size.clone(),
-                    agents: w.agents,
-                    installed: w.applied,
-                    failed: w.failed,
-                    timed_out: w.timed_out,
-                    pending: w.pending,
-                    opened_at: w.opened_at,
-                    completed_at: w.completed_at,
-                })
-                .collect(),
-            events: self.events.clone(),
-        }
-    }
+    pub rollout: Option<Rollout>,
 }
 
 /// Every configuration set with its config rollout, by group.

@@ -239,7 +239,9 @@ impl ConfigView {
                 applying: set.applying,
                 failed: set.failed + set.timed_out,
                 rollout: set.rollout.as_ref().map(|r| {
-                    let mut view = RolloutView::new(&r.as_rollout(set), now);
+                    let mut view = RolloutView::new(r, now);
+                    view.version =
+                        format!("{} {}", set.group, agent_fleet::config::short(&set.hash));
                     view.actions = format!("/rollouts/config/{}", encode(&set.group));
                     view
                 }),
