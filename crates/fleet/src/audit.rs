@@ -104,7 +104,7 @@ impl Audit {
     /// Appends `change`.
     pub async fn record(&self, change: &Change<'_>) -> Result<(), FleetError> {
         let mut conn = self.db.pool().acquire().await?;
-        record_in(&mut *conn, change).await?;
+        record_in(&mut conn, change).await?;
         Ok(())
     }
 

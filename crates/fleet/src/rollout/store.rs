@@ -769,7 +769,7 @@ pub async fn apply<S: Subject>(
                     Kind::Config => "config.halt",
                 };
                 crate::audit::record_in(
-                    &mut **tx,
+                    tx,
                     &crate::audit::Change {
                         who: &who,
                         address: "",
