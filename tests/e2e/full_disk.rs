@@ -237,7 +237,7 @@ fn bundles() -> Bundles {
 }
 
 /// The version directory a process runs from (`/proc/<pid>/exe`, resolved at exec).
-fn version_of(pid: u32) -> Option<String> {
+pub(crate) fn version_of(pid: u32) -> Option<String> {
     let exe = fs::read_link(format!("/proc/{pid}/exe")).ok()?;
     let dir = exe.parent()?.parent()?;
     Some(dir.file_name()?.to_string_lossy().into_owned())

@@ -8,12 +8,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use e2e::{
-    ServerProc, TestContext, admin_agents, configure_agent, failpoints_stub, http, log_time,
-    read_file, wait_until,
+    ServerProc, TestContext, admin_agents, configure_agent, failpoints_stub, log_time, read_file,
+    wait_until,
 };
-use serde_json::Value;
 
-use crate::full_disk::{Filler, Tmpfs};
+use crate::full_disk::{Filler, Tmpfs, version_of};
 use crate::update::{QUICK, agents_running, current, script_agent};
 
 const TOKEN: &str = "no-waiting-token";
@@ -38,25 +37,6 @@ fn agent_conf(home: &Path, server: &ServerProc, heartbeat: &str, long_poll: bool
         &format!("heartbeat = \"{heartbeat}\"\nlong-poll = {long_poll}"),
     );
     fs::write(home.join("conf/agent.toml"), conf).unwrap();
-}
-
-fn rollout(server: &ServerProc) -> Option<Value> {
-    let auth = format!("Bearer {TOKEN}");
-    let answer = http(
-        server.port,
-        "GET",
-        "/admin/rollout",
-        &[("Authorization", &auth)],
-    )
-    .ok()?;
-    (answer.status == 200).then(|| serde_json::from_slice(&answer.body).ok())?
-}
-
-/// The version directory a process runs from (`/proc/<pid>/exe`, resolved at exec).
-fn version_of(pid: u32) -> Option<String> {
-    let exe = fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-    let dir = exe.parent()?.parent()?;
-    Some(dir.file_name()?.to_string_lossy().into_owned())
 }
 
 /// How many rounds ended without the switch so far (the agent's own words).
@@ -286,7 +266,7 @@ fn failed_update_told_at_once(long_poll: bool) {
         assert!(
             Instant::now() < end,
             "no INSTALL_FAILED ({reported_at:?}) or no halt ({halted_at:?}) within {LONG:?}: {:?}",
-            rollout(&server)
+            e2e::admin_rollout(&server, TOKEN)
         );
         if reported_at.is_none()
             && admin_agents(server.port, TOKEN)
@@ -296,7 +276,8 @@ fn failed_update_told_at_once(long_poll: bool) {
             reported_at = Some(now_secs_f64());
         }
         if halted_at.is_none()
-            && rollout(&server).is_some_and(|r| r["version"] == "2.0.0+2" && r["state"] == "halted")
+            && e2e::admin_rollout(&server, TOKEN)
+                .is_some_and(|r| r["version"] == "2.0.0+2" && r["state"] == "halted")
         {
             halted_at = Some(now_secs_f64());
         }

@@ -20,24 +20,9 @@ fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 
-/// `METHOD path` with `token`; the status and the JSON body (`Null` if none).
+/// `METHOD path` with `token`: the status and the JSON answered.
 fn api(server: &ServerProc, method: &str, path: &str, token: &str, body: &str) -> (u16, Value) {
-    let auth = bearer(token);
-    let answer = http_with_body(
-        server.port,
-        method,
-        path,
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/json"),
-        ],
-        body.as_bytes(),
-    )
-    .unwrap();
-    (
-        answer.status,
-        serde_json::from_slice(&answer.body).unwrap_or(Value::Null),
-    )
+    e2e::admin_call(server, token, method, path, body)
 }
 
 fn rollout_state(server: &ServerProc) -> String {
@@ -354,11 +339,18 @@ fn roles_are_enforced_on_the_api_and_the_page_and_every_change_is_audited() {
     let revoked = find(&entries, "admin.token", "token.revoke", "done")
         .unwrap_or_else(|| panic!("no revocation:\n{shown}"));
     assert_eq!(revoked["details"]["name"], "vera", "{revoked}");
-    // Two refusals of the viewer: the API's and the page's forged form.
+    // Two refused halts of the viewer (the API's and the page's forged form), and her
+    // attempt to make a token.
+    assert!(
+        find(&entries, "vera", "token.create", "refused").is_some(),
+        "{shown}"
+    );
     assert_eq!(
         entries
             .iter()
-            .filter(|e| e["who"] == "vera" && e["outcome"] == "refused")
+            .filter(|e| e["who"] == "vera"
+                && e["action"] == "rollout.halt"
+                && e["outcome"] == "refused")
             .count(),
         2,
         "{shown}"

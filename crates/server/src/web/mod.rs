@@ -562,19 +562,22 @@ async fn act(
         source::Target::Bundle => serde_json::json!({ "via": "page" }),
         source::Target::Config(group) => serde_json::json!({ "via": "page", "group": group }),
     };
-    if !signed.who.role.may(ops::Action::Change) {
-        details["role"] = serde_json::Value::String(signed.who.role.to_string());
+    let record = |outcome, details| {
         crate::routes::operators::record(
             s,
             Change {
                 who: &signed.who.name,
                 address: &address,
                 action: what,
-                outcome: Outcome::Refused,
+                outcome,
                 details,
             },
         )
-        .await;
+    };
+    if !signed.who.role.may(ops::Action::Change) {
+        details["role"] = serde_json::Value::String(signed.who.role.to_string());
+        details["status"] = serde_json::Value::from(StatusCode::FORBIDDEN.as_u16());
+        record(Outcome::Refused, details).await;
         tracing::warn!(name = %signed.who.name, "fleet page: {what} refused to the role {}", signed.who.role);
         return Ok(refused(
             StatusCode::FORBIDDEN,
@@ -587,17 +590,7 @@ async fn act(
     match source::act(s, &target, action).await? {
         Ok(()) => {
             tracing::info!(name = %signed.who.name, "fleet page: {action:?} on {target:?}");
-            crate::routes::operators::record(
-                s,
-                Change {
-                    who: &signed.who.name,
-                    address: &address,
-                    action: what,
-                    outcome: Outcome::Done,
-                    details,
-                },
-            )
-            .await;
+            record(Outcome::Done, details).await;
             Ok(Redirect::to("/rollouts").into_response())
         }
         Err(why) => rollouts_page(&page, &signed, StatusCode::CONFLICT, &why).await,
