@@ -42,6 +42,10 @@ pub struct SimAgent {
     config_hash: String,
     /// The last directive: accepted, or refused with which bundle.
     last: Option<Option<String>>,
+    /// The platform it says it runs on (a Rust target triple).
+    pub platform: String,
+    /// Where its platform's bundle is downloaded.
+    download_path: String,
 }
 
 /// What a register or connect came back with.
@@ -112,7 +116,21 @@ impl SimAgent {
             registered: false,
             last: None,
             config_hash: String::new(),
+            platform: agent_protocol::layout::PLATFORM.to_owned(),
+            download_path: format!(
+                "{}?platform={}",
+                wire::DOWNLOAD_PATH,
+                agent_protocol::layout::PLATFORM
+            ),
         }
+    }
+
+    /// This agent says it runs on `platform` and asks for that platform's bundle (a
+    /// server that serves one bundle ignores the query).
+    pub fn on(mut self, platform: String) -> Self {
+        self.download_path = format!("{}?platform={platform}", wire::DOWNLOAD_PATH);
+        self.platform = platform;
+        self
     }
 
     fn base<'a>(&self, shared: &'a Shared) -> &'a str {
@@ -123,7 +141,7 @@ impl SimAgent {
         AgentHello {
             id: self.id.clone(),
             name: format!("sim-{:05}", self.index),
-            platform: agent_protocol::layout::PLATFORM.to_owned(),
+            platform: self.platform.clone(),
             group: self.group.clone(),
             health: None,
         }
@@ -344,7 +362,7 @@ impl SimAgent {
                 DownloadMode::Full => {
                     self.call(
                         shared,
-                        Call::new("download", Method::GET, wire::DOWNLOAD_PATH).drain(),
+                        Call::new("download", Method::GET, &self.download_path).drain(),
                     )
                     .await
                 }
@@ -352,7 +370,8 @@ impl SimAgent {
                     let head = self
                         .call(
                             shared,
-                            Call::new("download (HEAD)", Method::HEAD, wire::DOWNLOAD_PATH).drain(),
+                            Call::new("download (HEAD)", Method::HEAD, &self.download_path)
+                                .drain(),
                         )
                         .await;
                     match head {
@@ -363,7 +382,7 @@ impl SimAgent {
                                 Call::new(
                                     "download (first bytes)",
                                     Method::GET,
-                                    wire::DOWNLOAD_PATH,
+                                    &self.download_path,
                                 )
                                 .headers(&range)
                                 .drain(),

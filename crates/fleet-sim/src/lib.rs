@@ -61,6 +61,9 @@ pub struct Options {
     pub ramp: Duration,
     /// `(group, share 0–1)`: that share of the agents say they are in the group.
     pub groups: Vec<(String, f64)>,
+    /// `(target triple, share 0–1)`: that share of the agents run on that platform; the
+    /// rest on this machine's.
+    pub platforms: Vec<(String, f64)>,
     /// Stop after this long (unless the rollout ends first with `until_rollout_end`).
     pub duration: Option<Duration>,
     pub until_rollout_end: bool,
@@ -279,13 +282,16 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
     let mut tasks = Vec::with_capacity(options.agents);
     for index in 0..options.agents {
         let group = group_of(index, options.agents, &options.groups);
+        let platform = platform_of(index, &options.platforms);
         let delay = options
             .ramp
             .mul_f64(index as f64 / options.agents.max(1) as f64);
         let shared = Arc::clone(&shared);
         tasks.push(match options.protocol {
             Protocol::Native => tokio::spawn(
-                SimAgent::new(index, options.version.clone(), group).run(shared, delay),
+                SimAgent::new(index, options.version.clone(), group)
+                    .on(platform)
+                    .run(shared, delay),
             ),
             Protocol::Opamp => tokio::spawn(
                 OpampAgent::new(index, options.version.clone(), group).run(shared, delay),
@@ -367,6 +373,22 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         unavailable: shared.unavailable.load(Ordering::Relaxed),
         rollout,
     })
+}
+
+/// The platform of agent `index`. Unlike groups (the first shares of the fleet), the
+/// platforms are spread over the whole fleet by a low-discrepancy sequence, so that every
+/// wave holds each in its share, as a real mixed fleet's would.
+pub fn platform_of(index: usize, platforms: &[(String, f64)]) -> String {
+    const GOLDEN: f64 = 0.618_033_988_749_894_8;
+    let at = ((index as f64 + 0.5) * GOLDEN).fract();
+    let mut upto = 0.0;
+    for (target, share) in platforms {
+        upto += share;
+        if at < upto {
+            return target.clone();
+        }
+    }
+    agent_protocol::layout::PLATFORM.to_owned()
 }
 
 /// The group of agent `index`: the first shares of the fleet go to the groups in order.
@@ -485,6 +507,30 @@ pub fn render(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn platforms_take_their_share_of_every_part_of_the_fleet() {
+        let platforms = vec![
+            ("aarch64-unknown-linux-gnu".to_owned(), 0.3),
+            ("x86_64-unknown-linux-musl".to_owned(), 0.2),
+        ];
+        let count = |range: std::ops::Range<usize>, target: &str| {
+            range
+                .filter(|&i| platform_of(i, &platforms) == target)
+                .count()
+        };
+        // The whole fleet, and its first tenth (a first wave): each share within 2 %.
+        assert!((295..=305).contains(&count(0..1000, "aarch64-unknown-linux-gnu")));
+        assert!((195..=205).contains(&count(0..1000, "x86_64-unknown-linux-musl")));
+        assert!((28..=32).contains(&count(0..100, "aarch64-unknown-linux-gnu")));
+        assert!((18..=22).contains(&count(0..100, "x86_64-unknown-linux-musl")));
+        assert_eq!(
+            count(0..1000, agent_protocol::layout::PLATFORM),
+            1000 - count(0..1000, "aarch64-unknown-linux-gnu")
+                - count(0..1000, "x86_64-unknown-linux-musl")
+        );
+        assert_eq!(platform_of(7, &[]), agent_protocol::layout::PLATFORM);
+    }
 
     #[test]
     fn groups_take_the_first_shares_of_the_fleet() {

@@ -40,6 +40,11 @@ struct Cli {
     /// NAME=SHARE: that share (0–1) of the agents say they are in group NAME.
     #[arg(long = "group", value_name = "NAME=SHARE")]
     groups: Vec<String>,
+    /// TARGET=SHARE: that share (0–1) of the agents say they run on that platform (a
+    /// Rust target triple) and ask for its bundle; spread over the whole fleet, so every
+    /// wave mixes them. The rest run on this machine's platform.
+    #[arg(long = "platform", value_name = "TARGET=SHARE")]
+    platforms: Vec<String>,
     /// Stop after this long.
     #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
@@ -110,17 +115,35 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
-    let mut groups = Vec::new();
-    for g in &cli.groups {
-        let (name, share) = g
+/// `NAME=SHARE` arguments of `--flag`, checked.
+fn shares(flag: &str, example: &str, args: &[String]) -> anyhow::Result<Vec<(String, f64)>> {
+    let mut out = Vec::new();
+    for arg in args {
+        let (name, share) = arg
             .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--group {g:?}: write NAME=SHARE, e.g. canary=0.01"))?;
+            .ok_or_else(|| anyhow::anyhow!("--{flag} {arg:?}: write it as {example}"))?;
         let share: f64 = share
             .parse()
-            .map_err(|_| anyhow::anyhow!("--group {g:?}: the share is a number between 0 and 1"))?;
-        groups.push((name.to_owned(), share));
+            .ok()
+            .filter(|s| (0.0..=1.0).contains(s))
+            .ok_or_else(|| {
+                anyhow::anyhow!("--{flag} {arg:?}: the share is a number between 0 and 1")
+            })?;
+        out.push((name.to_owned(), share));
     }
+    if out.iter().map(|(_, s)| s).sum::<f64>() > 1.0 + 1e-9 {
+        anyhow::bail!("--{flag}: the shares add up to more than 1");
+    }
+    Ok(out)
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let groups = shares("group", "NAME=SHARE, e.g. canary=0.01", &cli.groups)?;
+    let platforms = shares(
+        "platform",
+        "TARGET=SHARE, e.g. aarch64-unknown-linux-gnu=0.3",
+        &cli.platforms,
+    )?;
     if !(0.0..=1.0).contains(&cli.fail_rate) {
         anyhow::bail!("--fail-rate is a probability between 0 and 1");
     }
@@ -153,6 +176,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         fail_rate: cli.fail_rate,
         ramp: cli.ramp,
         groups,
+        platforms,
         duration: cli.duration,
         until_rollout_end: cli.until_rollout_end,
         admin_token: cli.token,
