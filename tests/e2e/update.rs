@@ -163,14 +163,33 @@ pub(crate) fn health(home: &Path) -> serde_json::Value {
 
 /// Agent processes of this home (`bin/agent run`).
 pub(crate) fn agents_running(home: &Path) -> Vec<u32> {
-    pids_mentioning(home)
+    let agents: Vec<u32> = pids_mentioning(home)
         .into_iter()
         .filter(|pid| {
             fs::read(format!("/proc/{pid}/cmdline"))
                 .map(|c| String::from_utf8_lossy(&c).contains("bin/agent\0run"))
                 .unwrap_or(false)
         })
+        .collect();
+    // A child the agent is starting (the updater, a recovery) shows the agent's own
+    // command line between its fork and its exec: it is not a second agent.
+    agents
+        .iter()
+        .copied()
+        .filter(|pid| parent_of(*pid).is_none_or(|parent| !agents.contains(&parent)))
         .collect()
+}
+
+/// The parent of `pid`, from `/proc/<pid>/stat` (its fourth field, after the command
+/// name in parentheses, which may itself hold spaces).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 pub(crate) fn wait_running(home: &Path, version: &str) {

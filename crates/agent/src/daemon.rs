@@ -180,7 +180,7 @@ async fn serve(
         // A failed round that is due again ends the hold: the server has nothing new to
         // say while a full disk empties.
         let hold = (config.agent.long_poll && !first).then(|| Hold {
-            wait: retry::bounded(heartbeat, retry.gate.due(), Instant::now()),
+            wait: retry::bounded(heartbeat, retry.next_due(Instant::now()), Instant::now()),
             known_offer: pace.known_offer.clone(),
         });
         let asked = Instant::now();
@@ -276,7 +276,8 @@ async fn serve(
         }
         // The heartbeat is the longest silence: a change of the workload's health, a
         // report written for the server and a retry that is due do not wait for it.
-        let wait = retry::bounded(wait, retry.gate.due(), Instant::now());
+        let now = Instant::now();
+        let wait = retry::bounded(wait, retry.next_due(now), now);
         tokio::select! {
             stop = update::sleep_or_shutdown(wait, &mut shutdown) => {
                 if stop {

@@ -139,6 +139,18 @@ impl Retry {
         }
     }
 
+    /// The next instant the agent acts on its own, without news from the server: a
+    /// failed round due again, or another request to close an update left open. Only
+    /// what is still ahead counts: a retry that fell due and was not made (the update
+    /// is still open, an updater is at work) must not cut every wait to nothing.
+    pub fn next_due(&self, now: Instant) -> Option<Instant> {
+        [self.gate.due(), self.recover_not_before]
+            .into_iter()
+            .flatten()
+            .filter(|t| *t > now)
+            .min()
+    }
+
     /// Whether an update left open should be closed now: the failed round is due (or
     /// none failed), and the last request to close it was long enough ago.
     pub fn recover_due(&self, now: Instant) -> bool {
@@ -378,6 +390,29 @@ mod tests {
         }
         retry.reset();
         assert!(retry.recover_due(now));
+    }
+
+    /// Past its instant, a retry that was not made (the update is still open and an
+    /// updater is at work) no longer shortens the waits: the agent does not spin.
+    #[test]
+    fn only_what_is_ahead_cuts_a_wait_short() {
+        let mut rng = StdRng::seed_from_u64(6);
+        let now = Instant::now();
+        let mut retry = Retry::new(HEARTBEAT, Duration::from_secs(3600));
+        assert_eq!(retry.next_due(now), None);
+        let NextRound::At(due) = retry.failed(&offer('a'), Failure::Transient, now, &mut rng)
+        else {
+            panic!("transient");
+        };
+        assert_eq!(retry.next_due(now), Some(due));
+        let later = due + Duration::from_millis(1);
+        assert_eq!(retry.next_due(later), None);
+        let again = retry.recovering(later, &mut rng);
+        assert_eq!(retry.next_due(later), Some(again));
+        assert_eq!(
+            bounded(Duration::from_secs(30), retry.next_due(again), again),
+            Duration::from_secs(30)
+        );
     }
 
     #[test]

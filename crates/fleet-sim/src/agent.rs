@@ -370,8 +370,7 @@ impl SimAgent {
                     let head = self
                         .call(
                             shared,
-                            Call::new("download (HEAD)", Method::HEAD, &self.download_path)
-                                .drain(),
+                            Call::new("download (HEAD)", Method::HEAD, &self.download_path).drain(),
                         )
                         .await;
                     match head {
