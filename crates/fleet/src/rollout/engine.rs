@@ -435,7 +435,7 @@ impl<S: Subject> Engine<S> {
         at: i64,
     ) -> Result<(), FleetError> {
         store::set_outcome(self.db.pool(), rollout, agent, outcome, error, at).await?;
-        let failed = outcome != S::KIND.done();
+        let failed = outcome == S::KIND.failed();
         self.remember(rollout, agent, |m| {
             m.done = true;
             m.failed = failed;
@@ -470,6 +470,7 @@ impl<S: Subject> Engine<S> {
                     done_key: w.installed,
                     "failed": w.failed,
                     "timed_out": w.timed_out,
+                    "no_bundle": w.no_bundle,
                     "pending": w.pending(),
                     "opened_at": w.opened_at.map(secs),
                     "completed_at": w.completed_at.map(secs),

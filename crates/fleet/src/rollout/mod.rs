@@ -58,6 +58,9 @@ pub struct Answer {
     pub accepted: bool,
     /// The version a refused agent must run.
     pub expected: AgentVersion,
+    /// Accepted only because the release has no bundle for the agent's platform: it
+    /// keeps its version, recorded `NO_BUNDLE`.
+    pub no_bundle: bool,
 }
 
 /// An operator's request that cannot be done now, with the reason.
@@ -339,12 +342,16 @@ impl Rollouts {
 
     /// The directive for an agent of version `version`, placing it in a wave the first
     /// time this rollout sees it. Without a rollout (no bundle has been served yet),
-    /// `None`.
+    /// `None`. `servable`: whether the release has a bundle the agent's platform runs;
+    /// an agent it has none for is never refused (nothing could update it): when its
+    /// wave opens it is accepted as it is and recorded `NO_BUNDLE`, done in its wave
+    /// and no failure.
     pub async fn answer(
         &self,
         agent: &str,
         group: &str,
         version: &AgentVersion,
+        servable: bool,
     ) -> Result<Option<Answer>, FleetError> {
         let served = lock(&self.served).clone();
         let (Some(current), Some(served)) = (self.current(), served) else {
@@ -363,13 +370,43 @@ impl Rollouts {
         if on_target && !member.done {
             self.installed_by_running(&current, agent, now).await?;
         }
+        if !accepted && !servable {
+            if !member.done {
+                self.no_bundle(&current, agent, now).await?;
+            }
+            return Ok(Some(Answer {
+                accepted: true,
+                expected: current.subject.version.clone(),
+                no_bundle: true,
+            }));
+        }
         if !accepted && !member.told {
             self.engine.mark_told(current.id, agent, now).await?;
         }
         Ok(Some(Answer {
             accepted,
             expected: current.subject.version.clone(),
+            no_bundle: false,
         }))
+    }
+
+    /// Records `agent` as `NO_BUNDLE` in the rollout and in its own row.
+    async fn no_bundle(
+        &self,
+        current: &RolloutRow,
+        agent: &str,
+        now: i64,
+    ) -> Result<(), FleetError> {
+        let why = format!(
+            "the release of {} has no bundle for this agent's platform (nor a static musl one of its architecture); it keeps its version",
+            current.subject.version
+        );
+        store::set_agent_update_status(self.db().pool(), agent, store::NO_BUNDLE, &why).await?;
+        self.engine
+            .outcome(current.id, agent, store::NO_BUNDLE, Some(&why), now)
+            .await?;
+        tracing::info!(agent = %agent, rollout = current.id, "NO_BUNDLE: {why}");
+        Ok(())
     }
 
     /// Whether the directive for `agent`, as this server last read the rollout and the
@@ -454,6 +491,7 @@ impl Rollouts {
         Answer {
             accepted,
             expected: served.version,
+            no_bundle: false,
         }
     }
 
@@ -476,6 +514,7 @@ impl Rollouts {
         &self,
         agent: &str,
         version: &AgentVersion,
+        servable: bool,
     ) -> (Option<Answer>, Option<i64>) {
         let served = lock(&self.served).clone();
         let (Some(current), Some(served)) = (self.current(), served) else {
@@ -487,6 +526,17 @@ impl Rollouts {
         let known = self.engine.known(current.id, agent);
         let wave = known.map_or(current.opened.saturating_add(1), |m| m.wave);
         let accepted = self.accepts(&current, version, wave);
+        if !accepted && !servable {
+            // Recorded when the database is back and the agent comes again.
+            return (
+                Some(Answer {
+                    accepted: true,
+                    expected: current.subject.version.clone(),
+                    no_bundle: true,
+                }),
+                None,
+            );
+        }
         let mut told = None;
         if !accepted && known.is_some_and(|m| !m.told) {
             self.engine.remember(current.id, agent, |m| m.told = true);
@@ -496,6 +546,7 @@ impl Rollouts {
             Some(Answer {
                 accepted,
                 expected: current.subject.version.clone(),
+                no_bundle: false,
             }),
             told,
         )

@@ -228,14 +228,23 @@ pub async fn push(
     (out.remote_config.is_some() || out.packages_available.is_some()).then_some(out)
 }
 
-/// The served bundle as the `agent` package, when there is one to offer.
+/// The served release's primary bundle as the `agent` package, when there is one to
+/// offer. (Matching an OpAMP agent's `os.type` and `host.arch` to its platform's bundle
+/// is still to come; its URL names the bundle's platform, so that a release of several
+/// answers it rather than `300`.)
 fn agent_package(s: &Shared) -> Option<AgentPackage> {
-    let Current::Ready(bundle) = s.store.current() else {
+    let Current::Ready(release) = s.store.current() else {
         return None;
+    };
+    let bundle = release.primary();
+    let path = if release.is_single() {
+        wire::DOWNLOAD_PATH.to_owned()
+    } else {
+        wire::for_platform(wire::DOWNLOAD_PATH, &bundle.platform)
     };
     Some(AgentPackage {
         version: bundle.version().to_string(),
-        download_url: format!("{}{}", s.public_url, wire::DOWNLOAD_PATH),
+        download_url: format!("{}{path}", s.public_url),
         sha256: bundle.info.sha256.clone(),
         signature: bundle.signature.clone().unwrap_or_default().into_bytes(),
         headers: Vec::new(),
