@@ -135,7 +135,7 @@ pub async fn exchange(
         )
     })?;
     let view = &obs.view;
-    let package = agent_package(s);
+    let package = agent_package(s, view);
     let mut offers = Offers::default();
     if !obs.duplicate {
         let at_ms = now_ms();
@@ -209,7 +209,7 @@ pub async fn push(
         offers.remote_config = offer_config(s, &id, &view).await.ok()?;
     }
     if view.has(AgentCapabilities::AcceptsPackages)
-        && let Some(pkg) = agent_package(s)
+        && let Some(pkg) = agent_package(s, &view)
     {
         offers.packages = offer_package(s, &id, &view, &pkg).await.ok()?;
     }
@@ -228,15 +228,23 @@ pub async fn push(
     (out.remote_config.is_some() || out.packages_available.is_some()).then_some(out)
 }
 
-/// The served release's primary bundle as the `agent` package, when there is one to
-/// offer. (Matching an OpAMP agent's `os.type` and `host.arch` to its platform's bundle
-/// is still to come; its URL names the bundle's platform, so that a release of several
-/// answers it rather than `300`.)
-fn agent_package(s: &Shared) -> Option<AgentPackage> {
+/// The bundle of the served release for this agent as the `agent` package, when there
+/// is one to offer: a release of one bundle offers it to every agent, as before; a
+/// release of several offers the bundle that the agent's `os.type` and `host.arch` run
+/// ([`opamp_targets`]), and nothing to an agent it has none for.
+fn agent_package(s: &Shared, view: &AgentView) -> Option<AgentPackage> {
     let Current::Ready(release) = s.store.current() else {
         return None;
     };
-    let bundle = release.primary();
+    let bundle = if release.is_single() {
+        release.primary()
+    } else {
+        let os = attribute(view, "os.type").unwrap_or_default();
+        let arch = attribute(view, "host.arch").unwrap_or_default();
+        opamp_targets(os, arch)
+            .iter()
+            .find_map(|t| release.bundles().iter().find(|b| b.platform == *t))?
+    };
     let path = if release.is_single() {
         wire::DOWNLOAD_PATH.to_owned()
     } else {
@@ -391,6 +399,24 @@ fn name_of(view: &AgentView) -> String {
         .collect()
 }
 
+/// The target triples an OpAMP agent of `os.type` and `host.arch` (OpenTelemetry's
+/// values) runs, best first: the static musl one (OpAMP does not say the C library),
+/// then the glibc one. None off Linux or for an architecture not known here.
+fn opamp_targets(os: &str, arch: &str) -> Vec<String> {
+    let arch = match arch {
+        "amd64" | "x86_64" => "x86_64",
+        "arm64" | "aarch64" => "aarch64",
+        _ => return Vec::new(),
+    };
+    if os != "linux" {
+        return Vec::new();
+    }
+    vec![
+        format!("{arch}-unknown-linux-musl"),
+        format!("{arch}-unknown-linux-gnu"),
+    ]
+}
+
 fn platform_of(view: &AgentView) -> String {
     let os = attribute(view, "os.type").unwrap_or_default();
     let arch = attribute(view, "host.arch").unwrap_or_default();
@@ -456,6 +482,16 @@ mod tests {
         );
         assert_eq!(name_of(&v), "checkout");
         assert_eq!(platform_of(&v), "amd64-linux");
+        assert_eq!(
+            opamp_targets("linux", "amd64"),
+            ["x86_64-unknown-linux-musl", "x86_64-unknown-linux-gnu"]
+        );
+        assert_eq!(
+            opamp_targets("linux", "arm64")[1],
+            "aarch64-unknown-linux-gnu"
+        );
+        assert!(opamp_targets("windows", "amd64").is_empty());
+        assert!(opamp_targets("linux", "s390x").is_empty());
         assert_eq!(version_of(&v), "1.4.2");
         // An agent that takes packages is known by its agent package, not its service.
         let v = view(
