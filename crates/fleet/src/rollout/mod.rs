@@ -429,11 +429,15 @@ impl Rollouts {
     /// and it does not run the target yet (`version`, if it says one). Places the agent
     /// in a wave the first time, like [`Rollouts::answer`]; an offer counts as telling
     /// it (its deadline starts), and running the target counts as installed.
+    ///
+    /// `servable`: whether the release has a bundle the agent runs; one it has none for
+    /// is offered nothing and, once its wave opens, recorded `NO_BUNDLE`.
     pub async fn offer(
         &self,
         agent: &str,
         group: &str,
         version: Option<&AgentVersion>,
+        servable: bool,
     ) -> Result<Option<AgentVersion>, FleetError> {
         let (Some(current), true) = (self.current(), lock(&self.served).is_some()) else {
             return Ok(None);
@@ -455,6 +459,12 @@ impl Rollouts {
         }
         let open = current.state != State::Halted && member.wave <= current.opened;
         if !open {
+            return Ok(None);
+        }
+        if !servable {
+            if !member.done {
+                self.no_bundle(&current, agent, now).await?;
+            }
             return Ok(None);
         }
         if !member.told {

@@ -176,6 +176,19 @@ pub async fn exchange(
                 offers.packages = offer_package(s, &id, view, pkg).await?;
             }
         }
+        if package.is_none()
+            && view.has(AgentCapabilities::AcceptsPackages)
+            && !obs.disconnected
+            && lacks_bundle(s, view)
+            && s.fleet.auto_update()
+        {
+            let running = running_agent_version(view);
+            s.fleet
+                .rollouts
+                .offer(&id, view.group(), running.as_ref(), false)
+                .await
+                .map_err(|e| fleet_error(&e, s))?;
+        }
     }
     Ok(Exchanged {
         answer: answer::answer(&msg.instance_uid, &obs, offers),
@@ -259,6 +272,12 @@ fn agent_package(s: &Shared, view: &AgentView) -> Option<AgentPackage> {
     })
 }
 
+/// Whether the served release has bundles but none this agent runs.
+fn lacks_bundle(s: &Shared, view: &AgentView) -> bool {
+    matches!(s.store.current(), Current::Ready(release) if !release.is_single())
+        && agent_package(s, view).is_none()
+}
+
 /// The package offer when the agent's wave is open, the fleet may update and the
 /// agent does not run the target yet.
 async fn offer_package(
@@ -274,7 +293,7 @@ async fn offer_package(
     let target = s
         .fleet
         .rollouts
-        .offer(id, view.group(), running.as_ref())
+        .offer(id, view.group(), running.as_ref(), true)
         .await
         .map_err(|e| fleet_error(&e, s))?;
     match target {
