@@ -33,6 +33,8 @@ pub struct SimAgent {
     pub index: usize,
     pub id: String,
     pub group: Option<String>,
+    /// The platform (target triple) it says it runs, and asks its bundle for.
+    pub platform: String,
     pub version: AgentVersion,
     token: Option<String>,
     bad: HashSet<String>,
@@ -100,11 +102,17 @@ struct Answer {
 }
 
 impl SimAgent {
-    pub fn new(index: usize, version: AgentVersion, group: Option<String>) -> Self {
+    pub fn new(
+        index: usize,
+        version: AgentVersion,
+        group: Option<String>,
+        platform: String,
+    ) -> Self {
         Self {
             index,
             id: uuid::Uuid::now_v7().to_string(),
             group,
+            platform,
             version,
             token: None,
             bad: HashSet::new(),
@@ -123,7 +131,7 @@ impl SimAgent {
         AgentHello {
             id: self.id.clone(),
             name: format!("sim-{:05}", self.index),
-            platform: agent_protocol::layout::PLATFORM.to_owned(),
+            platform: self.platform.clone(),
             group: self.group.clone(),
             health: None,
         }
@@ -339,12 +347,13 @@ impl SimAgent {
 
     /// The bundle, as the download mode says; false if the server would not give it.
     async fn fetch(&self, shared: &Shared) -> bool {
+        let download = wire::for_platform(wire::DOWNLOAD_PATH, &self.platform);
         for _ in 0..DOWNLOAD_TRIES {
             let answer = match shared.options.download {
                 DownloadMode::Full => {
                     self.call(
                         shared,
-                        Call::new("download", Method::GET, wire::DOWNLOAD_PATH).drain(),
+                        Call::new("download", Method::GET, &download).drain(),
                     )
                     .await
                 }
@@ -352,7 +361,7 @@ impl SimAgent {
                     let head = self
                         .call(
                             shared,
-                            Call::new("download (HEAD)", Method::HEAD, wire::DOWNLOAD_PATH).drain(),
+                            Call::new("download (HEAD)", Method::HEAD, &download).drain(),
                         )
                         .await;
                     match head {
@@ -360,13 +369,9 @@ impl SimAgent {
                             let range = [("Range", format!("bytes=0-{}", FIRST_BYTES - 1))];
                             self.call(
                                 shared,
-                                Call::new(
-                                    "download (first bytes)",
-                                    Method::GET,
-                                    wire::DOWNLOAD_PATH,
-                                )
-                                .headers(&range)
-                                .drain(),
+                                Call::new("download (first bytes)", Method::GET, &download)
+                                    .headers(&range)
+                                    .drain(),
                             )
                             .await
                         }

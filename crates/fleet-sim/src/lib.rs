@@ -61,6 +61,9 @@ pub struct Options {
     pub ramp: Duration,
     /// `(group, share 0–1)`: that share of the agents say they are in the group.
     pub groups: Vec<(String, f64)>,
+    /// `(platform, share 0–1)`: that share of the (native) agents say they run the
+    /// platform and ask for its bundle; the rest run the simulator's own.
+    pub platforms: Vec<(String, f64)>,
     /// Stop after this long (unless the rollout ends first with `until_rollout_end`).
     pub duration: Option<Duration>,
     pub until_rollout_end: bool,
@@ -279,13 +282,15 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
     let mut tasks = Vec::with_capacity(options.agents);
     for index in 0..options.agents {
         let group = group_of(index, options.agents, &options.groups);
+        let platform = group_of(index, options.agents, &options.platforms)
+            .unwrap_or_else(|| agent_protocol::layout::PLATFORM.to_owned());
         let delay = options
             .ramp
             .mul_f64(index as f64 / options.agents.max(1) as f64);
         let shared = Arc::clone(&shared);
         tasks.push(match options.protocol {
             Protocol::Native => tokio::spawn(
-                SimAgent::new(index, options.version.clone(), group).run(shared, delay),
+                SimAgent::new(index, options.version.clone(), group, platform).run(shared, delay),
             ),
             Protocol::Opamp => tokio::spawn(
                 OpampAgent::new(index, options.version.clone(), group).run(shared, delay),
@@ -369,7 +374,8 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
     })
 }
 
-/// The group of agent `index`: the first shares of the fleet go to the groups in order.
+/// The group (or platform) of agent `index`: the first shares of the fleet go to the
+/// groups in order.
 pub fn group_of(index: usize, agents: usize, groups: &[(String, f64)]) -> Option<String> {
     let mut upto = 0.0;
     for (name, share) in groups {

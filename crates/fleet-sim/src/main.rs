@@ -40,6 +40,10 @@ struct Cli {
     /// NAME=SHARE: that share (0–1) of the agents say they are in group NAME.
     #[arg(long = "group", value_name = "NAME=SHARE")]
     groups: Vec<String>,
+    /// TARGET=SHARE: that share (0–1) of the agents say they run platform TARGET (a Rust
+    /// target triple) and ask for its bundle; the rest run this simulator's own.
+    #[arg(long = "platform", value_name = "TARGET=SHARE")]
+    platforms: Vec<String>,
     /// Stop after this long.
     #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
@@ -121,6 +125,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .map_err(|_| anyhow::anyhow!("--group {g:?}: the share is a number between 0 and 1"))?;
         groups.push((name.to_owned(), share));
     }
+    let mut platforms = Vec::new();
+    for p in &cli.platforms {
+        let (target, share) = p.split_once('=').ok_or_else(|| {
+            anyhow::anyhow!(
+                "--platform {p:?}: write TARGET=SHARE, e.g. aarch64-unknown-linux-gnu=0.3"
+            )
+        })?;
+        if !agent_protocol::platform::is_target(target) {
+            anyhow::bail!("--platform {p:?}: {target:?} is not a Rust target triple");
+        }
+        let share: f64 = share
+            .parse()
+            .ok()
+            .filter(|s| (0.0..=1.0).contains(s))
+            .ok_or_else(|| {
+                anyhow::anyhow!("--platform {p:?}: the share is a number between 0 and 1")
+            })?;
+        platforms.push((target.to_owned(), share));
+    }
     if !(0.0..=1.0).contains(&cli.fail_rate) {
         anyhow::bail!("--fail-rate is a probability between 0 and 1");
     }
@@ -153,6 +176,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         fail_rate: cli.fail_rate,
         ramp: cli.ramp,
         groups,
+        platforms,
         duration: cli.duration,
         until_rollout_end: cli.until_rollout_end,
         admin_token: cli.token,
