@@ -307,6 +307,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_a_plain_target_triple_goes_into_a_url() {
+        assert_eq!(
+            for_platform(DOWNLOAD_PATH, "x86_64-unknown-linux-musl"),
+            "/agentupdate/download?platform=x86_64-unknown-linux-musl"
+        );
+        assert_eq!(for_platform(DOWNLOAD_PATH, "linux&x=1"), DOWNLOAD_PATH);
+        assert_eq!(for_platform(VERSION_PATH, ""), VERSION_PATH);
+    }
+
+    #[test]
     fn a_connect_body_without_config_hash_still_parses() {
         let old: ConnectBody =
             serde_json::from_str(r#"{"id":"a","name":"n","platform":"p","group":"g"}"#).unwrap();
