@@ -178,6 +178,7 @@ pub fn served(release: &store::Release) -> rollout::Served {
         sha256: release.identity(),
         signed_at,
         version: release.version().clone(),
+        platforms: release.platforms().into_iter().map(str::to_owned).collect(),
     }
 }
 

@@ -50,6 +50,8 @@ pub struct Served {
     /// `signed-at` of its signature; 0 without one.
     pub signed_at: i64,
     pub version: AgentVersion,
+    /// The platforms (target triples) it has bundles for; empty: it does not say.
+    pub platforms: Vec<String>,
 }
 
 /// The directive for one agent.
@@ -79,6 +81,9 @@ pub struct Rollouts {
     mismatch: RwLock<Option<String>>,
     /// Told whenever the rollout as this server sees it moves, so held connects look again.
     news: Arc<News>,
+    /// The rollout and open waves last swept for agents with no bundle (see
+    /// [`Rollouts::sweep_no_bundle`]).
+    swept: Mutex<Option<(i64, u32)>>,
 }
 
 /// The PostgreSQL advisory lock that orders rollout starts across servers ("rollout").
@@ -101,6 +106,7 @@ impl Rollouts {
             waiting: AtomicBool::new(false),
             mismatch: RwLock::new(None),
             news: Arc::default(),
+            swept: Mutex::new(None),
         }
     }
 
@@ -337,6 +343,38 @@ impl Rollouts {
         if self.engine.decide(current.id).await? {
             self.refresh().await?;
         }
+        self.sweep_no_bundle().await
+    }
+
+    /// Once per wave that opens: the agents of the open waves whose platform (a target
+    /// triple) the served release has no bundle for, nor a static musl one of its
+    /// architecture, are recorded `NO_BUNDLE` without waiting for them to come (an agent
+    /// that comes is recorded so by [`Rollouts::answer`] as well).
+    async fn sweep_no_bundle(&self) -> Result<(), FleetError> {
+        let served = lock(&self.served).clone();
+        let (Some(current), Some(served)) = (self.current(), served) else {
+            return Ok(());
+        };
+        let key = (current.id, current.opened);
+        if served.platforms.is_empty()
+            || current.subject.sha256 != served.sha256
+            || current.opened == 0
+            || !matches!(current.state, State::Running | State::Soaking)
+            || *lock(&self.swept) == Some(key)
+        {
+            return Ok(());
+        }
+        let now = now_ms();
+        for (agent, platform) in
+            store::undecided_platforms(self.db().pool(), current.id, current.opened).await?
+        {
+            if agent_protocol::platform::is_target(&platform)
+                && agent_protocol::platform::choose(&served.platforms, &platform).is_none()
+            {
+                self.no_bundle(&current, &agent, now).await?;
+            }
+        }
+        *lock(&self.swept) = Some(key);
         Ok(())
     }
 

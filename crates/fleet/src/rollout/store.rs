@@ -879,6 +879,27 @@ pub async fn memberships<'e>(
     .collect())
 }
 
+/// The agents of the open waves (1 to `opened`) of a rollout that have no outcome yet,
+/// with the platform each last said.
+pub async fn undecided_platforms<'e>(
+    e: impl Executor<'e, Database = Any>,
+    rollout: i64,
+    opened: u32,
+) -> Result<Vec<(String, String)>, sqlx::Error> {
+    Ok(sqlx::query(
+        "SELECT ra.agent_id, COALESCE(a.platform, '') FROM rollout_agents ra
+         JOIN agents a ON a.id = ra.agent_id
+         WHERE ra.rollout_id = $1 AND ra.outcome IS NULL AND ra.wave <= $2",
+    )
+    .bind(rollout)
+    .bind(i64::from(opened))
+    .fetch_all(e)
+    .await?
+    .into_iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect())
+}
+
 /// Every agent's wave and `told_at` in a rollout, for `/admin/agents`.
 pub async fn members<'e>(
     e: impl Executor<'e, Database = Any>,
