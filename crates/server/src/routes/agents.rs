@@ -365,7 +365,13 @@ async fn decide(
     Ok(Greeting::Refused(NotSupported {
         error: wire::NOT_SUPPORTED.to_owned(),
         expected: expected.to_string(),
-        download: wire::for_platform(wire::DOWNLOAD_PATH, platform),
+        // A release of one bundle is downloaded as it always was; of several, the agent
+        // is pointed at its own platform's.
+        download: if release.is_single() {
+            wire::DOWNLOAD_PATH.to_owned()
+        } else {
+            wire::for_platform(wire::DOWNLOAD_PATH, platform)
+        },
         sha256: Some(bundle.info.sha256.clone()),
         token,
     }))
