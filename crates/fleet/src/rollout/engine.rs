@@ -464,17 +464,22 @@ impl<S: Subject> Engine<S> {
             .iter()
             .zip(&row.plan.waves)
             .map(|(w, spec)| {
-                json!({
+                let mut wave = json!({
                     "size": spec.to_string(),
                     "agents": w.agents,
                     done_key: w.installed,
                     "failed": w.failed,
                     "timed_out": w.timed_out,
-                    "no_bundle": w.no_bundle,
                     "pending": w.pending(),
                     "opened_at": w.opened_at.map(secs),
                     "completed_at": w.completed_at.map(secs),
-                })
+                });
+                // Only when there are any: a wave of agents that all have a bundle (and
+                // every configuration rollout's) reads as it always did.
+                if w.no_bundle > 0 {
+                    wave["no_bundle"] = json!(w.no_bundle);
+                }
+                wave
             })
             .collect();
         let mut map = serde_json::Map::new();
