@@ -24,6 +24,7 @@ mod opamp_hostile;
 mod opamp_sim;
 mod operators;
 mod page;
+mod platforms;
 mod quickstart;
 mod remote_config;
 mod rollout;

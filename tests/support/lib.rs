@@ -248,10 +248,22 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// `rel` under the target directory the tests were built in (which `CARGO_TARGET_DIR`
+/// may put anywhere), else under the repository's `target/`.
+pub fn in_target_dir(rel: &str) -> PathBuf {
+    let beside_tests = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.join(rel)));
+    match beside_tests {
+        Some(path) if path.exists() => path,
+        _ => repo_root().join("target").join(rel),
+    }
+}
+
 /// `target/<profile>/<name>`, built by `cargo build --bins` before the tests run.
 /// `agent-bundle` built with the updater's fault points (`scripts/test.sh` builds it).
 pub fn failpoints_stub() -> PathBuf {
-    let path = repo_root().join("target/failpoints/debug/agent-bundle");
+    let path = in_target_dir("failpoints/debug/agent-bundle");
     assert!(
         path.exists(),
         "{} is missing: run scripts/test.sh, or `cargo build -p agent-bundle --features failpoints --target-dir target/failpoints`",

@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{describe, repo_root, run, run_ok, wait_until};
+use crate::{describe, run, run_ok, wait_until};
 
 /// The cached Debian root, or a panic that says how to make it.
 pub fn debian_root() -> PathBuf {
-    let root = repo_root().join("target/debian-systemd-root");
+    let root = crate::in_target_dir("debian-systemd-root");
     assert!(
         root.join("usr/lib/systemd/systemd").exists() || root.join("lib/systemd/systemd").exists(),
         "{} is missing: run scripts/test.sh (it makes it with debootstrap)",
@@ -27,9 +27,7 @@ pub fn debian_root() -> PathBuf {
 
 /// `target/x86_64-unknown-linux-musl/debug/<name>`, or a panic that says how to build it.
 pub fn musl_bin(name: &str) -> PathBuf {
-    let path = repo_root()
-        .join("target/x86_64-unknown-linux-musl/debug")
-        .join(name);
+    let path = crate::in_target_dir(&format!("x86_64-unknown-linux-musl/debug/{name}"));
     assert!(
         path.exists(),
         "{} is missing: run scripts/test.sh, or CC_x86_64_unknown_linux_musl=musl-gcc cargo build --target x86_64-unknown-linux-musl -p agent -p agent-bundle",

@@ -10,12 +10,12 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use agent_protocol::AgentVersion;
 use agent_protocol::minisign::Signature;
 use agent_protocol::properties::Properties;
 use agent_protocol::wire::{
     self, AgentHello, ConfigPayload, ConfigStatus, ConnectBody, NotSupported, Report, VersionInfo,
 };
+use agent_protocol::{AgentVersion, layout};
 use futures_util::StreamExt;
 use reqwest::StatusCode;
 
@@ -122,6 +122,8 @@ pub struct Client {
     token: Mutex<Option<String>>,
     /// The last failure said of each server, so each is said once, not every heartbeat.
     last_failure: Mutex<HashMap<String, String>>,
+    /// What the server last said of a release without a bundle for this platform.
+    no_bundle: Mutex<Option<String>>,
 }
 
 impl Client {
@@ -182,6 +184,7 @@ impl Client {
             trust,
             token: Mutex::new(token),
             last_failure: Mutex::new(HashMap::new()),
+            no_bundle: Mutex::new(None),
         })
     }
 
@@ -190,6 +193,20 @@ impl Client {
     }
 
     /// Keeps credentials a server issued in an answer: in `data/agent-token` (0600).
+    /// Says once that the server's release has nothing this platform runs (the agent
+    /// keeps its version), and once that it has again.
+    fn note_no_bundle(&self, note: Option<&str>) {
+        let mut said = self.no_bundle.lock().unwrap_or_else(|p| p.into_inner());
+        if said.as_deref() == note {
+            return;
+        }
+        match note {
+            Some(note) => tracing::warn!("the server has no bundle for this agent: {note}"),
+            None => tracing::info!("the server's release has a bundle for this agent again"),
+        }
+        *said = note.map(str::to_owned);
+    }
+
     fn keep_token(&self, token: Option<&str>) {
         let Some(token) = token
             .map(str::trim)
@@ -361,6 +378,7 @@ impl Client {
                     && let Ok(mut json) = serde_json::from_slice::<serde_json::Value>(&body)
                 {
                     self.keep_token(json.get("token").and_then(|t| t.as_str()));
+                    self.note_no_bundle(json.get("no_bundle").and_then(|t| t.as_str()));
                     if let Some(config) = json.get_mut("config").map(serde_json::Value::take) {
                         match serde_json::from_value::<ConfigPayload>(config) {
                             Ok(set) => accepted.config = Some(set),
@@ -424,9 +442,11 @@ impl Client {
         }
     }
 
-    /// `GET /agentupdate/version`, parsed and checked.
+    /// `GET /agentupdate/version?platform=<this agent's platform>`, parsed and checked
+    /// (a server that knows no releases ignores the query).
     pub async fn version_info(&self) -> Result<VersionInfo, CommError> {
-        let (url, text) = self.get_text(wire::VERSION_PATH).await?;
+        let path = wire::for_platform(wire::VERSION_PATH, layout::PLATFORM);
+        let (url, text) = self.get_text(&path).await?;
         let garbage = |message: String| CommError::Garbage {
             url: url.clone(),
             message,
@@ -435,9 +455,10 @@ impl Client {
         VersionInfo::from_properties(&props).map_err(|e| garbage(e.to_string()))
     }
 
-    /// `GET /agentupdate/download.minisig`.
+    /// `GET /agentupdate/download.minisig?platform=<this agent's platform>`.
     pub async fn signature(&self) -> Result<Signature, CommError> {
-        let (url, text) = self.get_text(wire::SIGNATURE_PATH).await?;
+        let path = wire::for_platform(wire::SIGNATURE_PATH, layout::PLATFORM);
+        let (url, text) = self.get_text(&path).await?;
         Signature::parse(&text).map_err(|e| CommError::Garbage {
             url,
             message: e.to_string(),

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use agent_protocol::digest::{self, Digests, MultiHasher};
+use agent_protocol::layout;
 use agent_protocol::wire::{self, VersionInfo};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, IF_RANGE, RANGE, RETRY_AFTER};
@@ -160,7 +161,10 @@ pub async fn fetch(
 
     let mut fetched = 0;
     if have < info.size {
-        let url = format!("{base}{}", wire::DOWNLOAD_PATH);
+        let url = format!(
+            "{base}{}",
+            wire::for_platform(wire::DOWNLOAD_PATH, layout::PLATFORM)
+        );
         let mut req = http.get(&url);
         if have > 0 {
             req = req

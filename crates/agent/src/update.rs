@@ -12,11 +12,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_extract::verify::{self, Trust, Verified};
-use agent_protocol::AgentVersion;
 use agent_protocol::journal::{Journal, Phase};
 use agent_protocol::layout::{self, AgentHome};
 use agent_protocol::minisign::{BundleClaim, KeyId, PublicKey, Signature};
 use agent_protocol::wire::{Report, UpdateStatus, VersionInfo};
+use agent_protocol::{AgentVersion, platform};
 use agent_updater::state;
 use tokio::sync::watch;
 
@@ -297,9 +297,11 @@ fn check_claim(
             info.agent, info.sha256, claim.version, claim.sha256
         ));
     }
-    if claim.platform != layout::PLATFORM {
+    // Its own platform, or the static musl one of its architecture (which runs on
+    // any Linux of that architecture).
+    if !platform::runs_on(&claim.platform, layout::PLATFORM) {
         return Err(format!(
-            "the bundle is for {}, this agent runs on {}",
+            "a bundle for another platform: it is for {}, this agent runs on {}",
             claim.platform,
             layout::PLATFORM
         ));
@@ -538,6 +540,49 @@ pub async fn sleep_or_shutdown(wait: Duration, shutdown: &mut watch::Receiver<bo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bundle_for_another_platform_is_refused_and_static_musl_of_the_arch_taken() {
+        let secret = agent_protocol::minisign::SecretKey::generate().unwrap();
+        let key = secret.public_key();
+        let version: AgentVersion = "2.0.0+2".parse().unwrap();
+        let sha256 = "ab".repeat(32);
+        let info = VersionInfo {
+            server_version: String::new(),
+            server_build: String::new(),
+            agent: version.clone(),
+            md5: "0".repeat(32),
+            sha256: sha256.clone(),
+            size: 1,
+            filename: "agent-bundle-2.0.0".into(),
+        };
+        let running = tempfile::tempdir().unwrap();
+        let check = |platform: &str| {
+            let claim = BundleClaim {
+                version: version.clone(),
+                platform: platform.into(),
+                sha256: sha256.clone(),
+                signed_at: 1,
+            };
+            let signature = secret
+                .sign_prehashed(&[0; 64], &claim.to_comment())
+                .unwrap();
+            check_claim(
+                &key,
+                Path::new("update.pub"),
+                &signature,
+                &info,
+                running.path(),
+            )
+        };
+        assert!(check(layout::PLATFORM).is_ok());
+        if let Some(musl) = platform::static_musl(layout::PLATFORM) {
+            assert!(check(&musl).is_ok(), "the static musl bundle of its arch");
+        }
+        let e = check("riscv64gc-unknown-linux-gnu").unwrap_err();
+        assert!(e.starts_with("a bundle for another platform"), "{e}");
+        assert!(e.contains(layout::PLATFORM), "{e}");
+    }
 
     fn journal(phase: Phase, reason: Option<&str>) -> Result<Option<Journal>, String> {
         Ok(Some(Journal {

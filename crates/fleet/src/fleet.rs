@@ -418,8 +418,8 @@ pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Out
 mod tests {
     use super::*;
     use crate::rollout::plan::Plan;
-    use agent_protocol::AcceptPolicy;
     use agent_protocol::wire::{Report, UpdateStatus};
+    use agent_protocol::{AcceptPolicy, AgentVersion};
 
     async fn fleet(home: &std::path::Path) -> Fleet {
         let db = Db::open("", home, 1).await.unwrap();
@@ -451,6 +451,79 @@ mod tests {
             at,
             health: None,
         }
+    }
+
+    #[tokio::test]
+    async fn a_platform_the_release_lacks_is_no_bundle_and_its_wave_does_not_wait() {
+        let home = tempfile::tempdir().unwrap();
+        let fleet = fleet(home.path()).await;
+        let now = crate::db::now_secs();
+        for (id, platform) in [
+            ("gnu", "x86_64-unknown-linux-gnu"),
+            ("arm", "aarch64-unknown-linux-gnu"),
+            ("musl", "x86_64-unknown-linux-musl"),
+        ] {
+            fleet
+                .save(Deferred::Contact {
+                    id: id.into(),
+                    name: id.into(),
+                    platform: platform.into(),
+                    version: "1.0.0+1".into(),
+                    group: None,
+                    config_hash: Some(String::new()),
+                    at: now,
+                    health: None,
+                })
+                .await
+                .unwrap();
+        }
+        let target: AgentVersion = "2.0.0+2".parse().unwrap();
+        // A release for x86_64 glibc only: nothing runs on aarch64, nor on musl.
+        fleet
+            .rollouts
+            .serve(crate::rollout::Served {
+                sha256: "a".repeat(64),
+                signed_at: 1,
+                version: target.clone(),
+                platforms: vec!["x86_64-unknown-linux-gnu".into()],
+            })
+            .await
+            .unwrap();
+        fleet.rollouts.decide().await.unwrap();
+        for id in ["arm", "musl"] {
+            let a = fleet.db.agent(id).await.unwrap().unwrap();
+            assert_eq!(a.update_status.as_deref(), Some("NO_BUNDLE"), "{id}");
+        }
+        let waves = fleet.rollouts.wave_counts().await.unwrap();
+        assert_eq!((waves[0].no_bundle, waves[0].pending()), (2, 1));
+        // Its agents are not refused; the one with a bundle is.
+        let v1: AgentVersion = "1.0.0+1".parse().unwrap();
+        let arm = fleet
+            .rollouts
+            .answer("arm", "", &v1, false)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(arm.accepted && arm.no_bundle);
+        let gnu = fleet
+            .rollouts
+            .answer("gnu", "", &v1, true)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!gnu.accepted && !gnu.no_bundle);
+        let report = Report {
+            id: "gnu".into(),
+            from: "1.0.0+1".into(),
+            to: "2.0.0+2".into(),
+            status: UpdateStatus::Installed,
+            error: None,
+        };
+        fleet.rollouts.report(&report, now * 1000).await.unwrap();
+        fleet.rollouts.decide().await.unwrap();
+        fleet.rollouts.decide().await.unwrap();
+        let current = fleet.rollouts.current().unwrap();
+        assert_eq!(current.state, crate::rollout::step::State::Completed);
     }
 
     #[tokio::test]

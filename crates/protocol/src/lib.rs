@@ -14,6 +14,7 @@ pub mod error;
 pub mod journal;
 pub mod layout;
 pub mod minisign;
+pub mod platform;
 pub mod properties;
 pub mod rotation;
 pub mod settings;

@@ -10,6 +10,21 @@ use crate::version::AgentVersion;
 pub const VERSION_PATH: &str = "/agentupdate/version";
 pub const DOWNLOAD_PATH: &str = "/agentupdate/download";
 pub const SIGNATURE_PATH: &str = "/agentupdate/download.minisig";
+/// The query parameter that asks version, download and signature for one platform's
+/// bundle of the release: `?platform=<target triple>`.
+pub const PLATFORM_QUERY: &str = "platform";
+/// `/agentupdate/version` lists the release's platforms under this key.
+pub const PROP_LATEST_PLATFORMS: &str = "agent.latest.platforms";
+
+/// `path?platform=<platform>`, or `path` alone for a platform that is not a plain
+/// target triple (nothing else is ever put into a URL).
+pub fn for_platform(path: &str, platform: &str) -> String {
+    if crate::platform::is_target(platform) {
+        format!("{path}?{PLATFORM_QUERY}={platform}")
+    } else {
+        path.to_owned()
+    }
+}
 pub const REPORT_PATH: &str = "/agentupdate/report";
 pub const REGISTER_PATH: &str = "/agent/register";
 pub const CONNECT_PATH: &str = "/agent/connect";
@@ -290,6 +305,16 @@ pub struct AgentRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_plain_target_triple_goes_into_a_url() {
+        assert_eq!(
+            for_platform(DOWNLOAD_PATH, "x86_64-unknown-linux-musl"),
+            "/agentupdate/download?platform=x86_64-unknown-linux-musl"
+        );
+        assert_eq!(for_platform(DOWNLOAD_PATH, "linux&x=1"), DOWNLOAD_PATH);
+        assert_eq!(for_platform(VERSION_PATH, ""), VERSION_PATH);
+    }
 
     #[test]
     fn a_connect_body_without_config_hash_still_parses() {

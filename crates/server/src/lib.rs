@@ -95,8 +95,8 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         config.server_name(),
     ));
     rollouts.refresh().await?;
-    if let store::Current::Ready(bundle) = store.current() {
-        rollouts.serve(served(&bundle)).await?;
+    if let store::Current::Ready(release) = store.current() {
+        rollouts.serve(served(&release)).await?;
     }
     let outage = Arc::new(Outage::new(Some(home.join(SPOOL_FILE))));
     let configs = Arc::new(Configs::new(
@@ -154,20 +154,31 @@ fn read_agent_ca(config: &Config) -> Result<Option<String>, ServerError> {
     Ok(Some(text))
 }
 
-/// The served bundle as its rollout knows it: content and signing time.
-pub fn served(bundle: &store::ServedBundle) -> rollout::Served {
-    let signed_at = bundle
-        .signature
-        .as_deref()
-        .and_then(|text| agent_protocol::minisign::Signature::parse(text).ok())
-        .and_then(|sig| agent_protocol::minisign::BundleClaim::parse(sig.trusted_comment()).ok())
-        .map_or(0, |claim| {
-            i64::try_from(claim.signed_at).unwrap_or(i64::MAX)
-        });
+/// The served release as its rollout knows it: its identity ([`store::Release::identity`])
+/// and signing time (the latest of its bundles' signatures).
+pub fn served(release: &store::Release) -> rollout::Served {
+    let signed_at = release
+        .bundles()
+        .iter()
+        .map(|bundle| {
+            bundle
+                .signature
+                .as_deref()
+                .and_then(|text| agent_protocol::minisign::Signature::parse(text).ok())
+                .and_then(|sig| {
+                    agent_protocol::minisign::BundleClaim::parse(sig.trusted_comment()).ok()
+                })
+                .map_or(0, |claim| {
+                    i64::try_from(claim.signed_at).unwrap_or(i64::MAX)
+                })
+        })
+        .max()
+        .unwrap_or(0);
     rollout::Served {
-        sha256: bundle.info.sha256.clone(),
+        sha256: release.identity(),
         signed_at,
-        version: bundle.info.agent.clone(),
+        version: release.version().clone(),
+        platforms: release.platforms().into_iter().map(str::to_owned).collect(),
     }
 }
 
@@ -209,8 +220,8 @@ fn spawn_rollout_loop(state: &AppState) {
                 () = configs.woken() => {}
             }
             let result = async {
-                if let store::Current::Ready(bundle) = store.current() {
-                    rollouts.serve(served(&bundle)).await?;
+                if let store::Current::Ready(release) = store.current() {
+                    rollouts.serve(served(&release)).await?;
                 }
                 rollouts.refresh().await?;
                 rollouts.decide().await?;

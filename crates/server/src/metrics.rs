@@ -273,6 +273,7 @@ fn render_rollout(out: &mut String, r: &RolloutGauges) {
             ("installed", w.installed),
             ("failed", w.failed),
             ("timed_out", w.timed_out),
+            ("no_bundle", w.no_bundle),
         ] {
             let _ = writeln!(
                 out,

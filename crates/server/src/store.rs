@@ -1,9 +1,12 @@
-//! The bundle store: the one bundle this server serves.
+//! The bundle store: the one release this server serves.
 //!
-//! The operator drops `agent-bundle-V` (and `agent-bundle-V.minisig`) into the download
-//! directory. A scan, every second, notices the change and ingests the bundle into a
-//! private, read-only copy under `<home>/cache/`, hashed in the same pass; the copy is
-//! memory-mapped and served from there. An operator's later `cp` over the dropped file
+//! The operator drops a release into the download directory: `agent-bundle-V-<target>`
+//! (and its `.minisig`) per platform, or a lone `agent-bundle-V` (a release of the one
+//! platform its properties name). A scan, every second, notices a change and ingests
+//! each changed bundle into a private, read-only copy under `<home>/cache/`, hashed in
+//! the same pass; the copy is memory-mapped and served from there. The bundles' own
+//! properties say what they are: bundles of different versions or builds, or two for
+//! one platform, are no release, and nothing is served until the operator fixes it. An operator's later `cp` over the dropped file
 //! cannot change bytes under a running download: running downloads keep their map of
 //! the old copy until they end.
 
@@ -19,10 +22,10 @@ use agent_extract::payload::Payload;
 use agent_extract::verify::{self, Trust};
 use agent_protocol::AgentVersion;
 use agent_protocol::digest::MultiHasher;
-use agent_protocol::layout;
 use agent_protocol::minisign::{PublicKey, Signature};
 use agent_protocol::properties::Properties;
 use agent_protocol::wire::VersionInfo;
+use agent_protocol::{layout, platform};
 use bytes::Bytes;
 
 /// The version cache, beside the bundle in the download directory.
@@ -32,6 +35,8 @@ pub const VERSION_CACHE: &str = "server-agent-versions.properties";
 #[derive(Debug)]
 pub struct ServedBundle {
     pub info: VersionInfo,
+    /// The platform (target triple) its properties name.
+    pub platform: String,
     pub data: Bytes,
     pub signature: Option<String>,
     pub last_modified: SystemTime,
@@ -45,10 +50,102 @@ impl ServedBundle {
     }
 }
 
+/// One version and build for one or several platforms: what the server serves.
+#[derive(Debug)]
+pub struct Release {
+    /// Its primary bundle first (see [`Release::assemble`]), then by platform.
+    bundles: Vec<Arc<ServedBundle>>,
+}
+
+impl Release {
+    /// The bundles of one release: one version and build, one bundle per platform.
+    /// The primary bundle (whose facts a plain `/agentupdate/version` answers) is the
+    /// one for `own` (the server's own platform) if there is one, else the first by
+    /// platform.
+    pub fn assemble(mut bundles: Vec<Arc<ServedBundle>>, own: &str) -> Result<Self, String> {
+        bundles.sort_by(|a, b| {
+            (a.platform != own, &a.platform).cmp(&(b.platform != own, &b.platform))
+        });
+        let Some(first) = bundles.first() else {
+            return Err("no bundle".into());
+        };
+        let describe = |b: &ServedBundle| {
+            format!("{} is {} for {}", b.info.filename, b.info.agent, b.platform)
+        };
+        if let Some(other) = bundles.iter().find(|b| b.info.agent != first.info.agent) {
+            return Err(format!(
+                "bundles of different versions side by side ({}; {}): a release is one version and build; remove all but one release",
+                describe(first),
+                describe(other)
+            ));
+        }
+        if let Some(pair) = bundles.windows(2).find(|w| w[0].platform == w[1].platform) {
+            return Err(format!(
+                "two bundles for one platform ({}; {}): remove one of them",
+                describe(&pair[0]),
+                describe(&pair[1])
+            ));
+        }
+        Ok(Self { bundles })
+    }
+
+    /// The bundle a plain `/agentupdate/version` describes.
+    pub fn primary(&self) -> &Arc<ServedBundle> {
+        // `assemble` never makes an empty release.
+        &self.bundles[0]
+    }
+
+    pub fn bundles(&self) -> &[Arc<ServedBundle>] {
+        &self.bundles
+    }
+
+    pub fn version(&self) -> &AgentVersion {
+        self.primary().version()
+    }
+
+    /// Its platforms, sorted.
+    pub fn platforms(&self) -> Vec<&str> {
+        let mut all: Vec<&str> = self.bundles.iter().map(|b| b.platform.as_str()).collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// Whether it is a release of one bundle (served as a server always served one).
+    pub fn is_single(&self) -> bool {
+        self.bundles.len() == 1
+    }
+
+    /// The bundle a machine of `platform` runs: its own, else the static musl one of its
+    /// architecture, else none ([`platform::choose`]).
+    pub fn for_platform(&self, machine: &str) -> Option<&Arc<ServedBundle>> {
+        let platforms: Vec<&str> = self.bundles.iter().map(|b| b.platform.as_str()).collect();
+        let chosen = platform::choose(&platforms, machine)?;
+        self.bundles.iter().find(|b| b.platform == *chosen)
+    }
+
+    /// What the rollout engine knows the release by: the sha256 of its bundle when it
+    /// has one (as before releases had several), else the sha256 over each bundle's
+    /// `<platform> <sha256>` line, so that a change to any one of them is a new rollout.
+    pub fn identity(&self) -> String {
+        if let [one] = self.bundles.as_slice() {
+            return one.info.sha256.clone();
+        }
+        let mut lines: Vec<String> = self
+            .bundles
+            .iter()
+            .map(|b| format!("{} {}\n", b.platform, b.info.sha256))
+            .collect();
+        lines.sort();
+        let mut hasher = MultiHasher::new();
+        hasher.update(lines.concat().as_bytes());
+        hasher.finish().sha256_hex()
+    }
+}
+
 /// What the store can serve right now.
 #[derive(Debug, Clone)]
 pub enum Current {
-    Ready(Arc<ServedBundle>),
+    Ready(Arc<Release>),
     Unavailable(Problem),
 }
 
@@ -71,7 +168,8 @@ impl Problem {
 
 /// What a look at the download directory found.
 enum Look {
-    Found(SourceId),
+    /// The bundles of the directory, by name.
+    Found(Vec<SourceId>),
     /// The directory says there is nothing to serve (none, or several).
     Nothing(Problem),
     /// The directory could not be read just now (out of descriptors, say): this says
@@ -105,7 +203,10 @@ pub struct BundleStore {
     server_version: String,
     server_build: String,
     current: RwLock<Current>,
-    source: RwLock<Option<SourceId>>,
+    /// The files last looked at (served, or refused for their content).
+    source: RwLock<Option<Vec<SourceId>>>,
+    /// The bundles taken in, by their files, so an unchanged one is not read again.
+    ingested: RwLock<Vec<(SourceId, Arc<ServedBundle>)>>,
     last_problem: RwLock<Option<String>>,
 }
 
@@ -125,6 +226,7 @@ impl BundleStore {
                 "the bundle store has not been scanned yet".into(),
             ))),
             source: RwLock::new(None),
+            ingested: RwLock::new(Vec::new()),
             last_problem: RwLock::new(None),
         })
     }
@@ -140,11 +242,11 @@ impl BundleStore {
         &self.dir
     }
 
-    /// Looks at the download directory and takes in a new bundle if there is one.
+    /// Looks at the download directory and takes in a new release if there is one.
     /// Blocking: call from a blocking thread.
     pub fn scan(&self) {
-        let source = match self.look() {
-            Look::Found(source) => source,
+        let sources = match self.look() {
+            Look::Found(sources) => sources,
             Look::Nothing(problem) => {
                 self.set_source(None);
                 self.set(Current::Unavailable(problem));
@@ -152,8 +254,10 @@ impl BundleStore {
             }
             Look::Failed(detail) => {
                 match self.current() {
-                    Current::Ready(bundle) => self
-                        .log_problem(format!("{detail}; still serving {}", bundle.info.filename)),
+                    Current::Ready(release) => self.log_problem(format!(
+                        "{detail}; still serving {}",
+                        release.primary().info.filename
+                    )),
                     Current::Unavailable(_) => self.set(Current::Unavailable(Problem::new(
                         "the bundle cannot be read just now; retry later",
                         detail,
@@ -165,43 +269,73 @@ impl BundleStore {
         let unchanged = self
             .source
             .read()
-            .map(|s| s.as_ref() == Some(&source))
+            .map(|s| s.as_ref() == Some(&sources))
             .unwrap_or(false);
         if unchanged {
             return;
         }
-        match self.ingest(&source) {
-            Ok(bundle) => {
-                tracing::info!(
-                    version = %bundle.info.agent,
-                    sha256 = %bundle.info.sha256,
-                    size = bundle.info.size,
-                    "serving {}",
-                    bundle.info.filename
-                );
-                self.set_source(Some(source));
-                *self.last_problem.write().unwrap_or_else(|p| p.into_inner()) = None;
-                self.set(Current::Ready(Arc::new(bundle)));
+        let known = self.ingested.read().map(|i| i.clone()).unwrap_or_default();
+        let mut taken = Vec::with_capacity(sources.len());
+        for source in &sources {
+            if let Some((_, bundle)) = known.iter().find(|(s, _)| s == source) {
+                taken.push((source.clone(), Arc::clone(bundle)));
+                continue;
             }
-            Err(refused) => {
-                let detail = match refused {
-                    Refused::Content(detail) => {
-                        // Not read again until the file changes.
-                        self.set_source(Some(source));
-                        detail
+            match self.ingest(source) {
+                Ok(bundle) => taken.push((source.clone(), Arc::new(bundle))),
+                Err(refused) => {
+                    let detail = match refused {
+                        Refused::Content(detail) => {
+                            // Not read again until a file changes.
+                            self.set_source(Some(sources.clone()));
+                            detail
+                        }
+                        Refused::Io(detail) => detail,
+                    };
+                    // Keep serving what was good; say once what is wrong with the new file.
+                    if matches!(self.current(), Current::Unavailable(_)) {
+                        self.set(Current::Unavailable(Problem::new(
+                            "the bundle in the download directory cannot be served; the operator must fix it (the server's log says why)",
+                            detail.clone(),
+                        )));
                     }
-                    Refused::Io(detail) => detail,
-                };
-                // Keep serving what was good; say once what is wrong with the new file.
-                if matches!(self.current(), Current::Unavailable(_)) {
-                    self.set(Current::Unavailable(Problem::new(
-                        "the bundle in the download directory cannot be served; the operator must fix it (the server's log says why)",
-                        detail.clone(),
-                    )));
+                    self.log_problem(detail);
+                    return;
                 }
-                self.log_problem(detail);
             }
         }
+        *self.ingested.write().unwrap_or_else(|p| p.into_inner()) = taken.clone();
+        self.set_source(Some(sources));
+        let bundles = taken.into_iter().map(|(_, b)| b).collect();
+        let release = match Release::assemble(bundles, layout::PLATFORM) {
+            Ok(release) => release,
+            Err(why) => {
+                self.set(Current::Unavailable(Problem::new(
+                    "the download directory holds no single release: the operator must leave one version and build, one bundle per platform",
+                    format!("{why} (in {})", self.dir.display()),
+                )));
+                return;
+            }
+        };
+        for bundle in release.bundles() {
+            tracing::info!(
+                version = %bundle.info.agent,
+                platform = %bundle.platform,
+                sha256 = %bundle.info.sha256,
+                size = bundle.info.size,
+                "serving {}",
+                bundle.info.filename
+            );
+        }
+        let keep: Vec<PathBuf> = release
+            .bundles()
+            .iter()
+            .map(|b| self.cache_dir.join(format!("bundle-{}", b.info.sha256)))
+            .collect();
+        self.remove_stale_copies(&keep);
+        self.write_cache(&release);
+        *self.last_problem.write().unwrap_or_else(|p| p.into_inner()) = None;
+        self.set(Current::Ready(Arc::new(release)));
     }
 
     fn set(&self, current: Current) {
@@ -211,7 +345,7 @@ impl BundleStore {
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = current;
     }
 
-    fn set_source(&self, source: Option<SourceId>) {
+    fn set_source(&self, source: Option<Vec<SourceId>>) {
         *self.source.write().unwrap_or_else(|p| p.into_inner()) = source;
     }
 
@@ -261,33 +395,29 @@ impl BundleStore {
                     self.dir.display()
                 ),
             )),
-            [one] => {
-                let path = self.dir.join(one);
-                let meta = match fs::metadata(&path) {
-                    Ok(m) => m,
-                    Err(e) => return Look::Failed(format!("{}: {e}", path.display())),
-                };
-                let signature_mtime = fs::metadata(self.dir.join(layout::signature_file_name(one)))
-                    .ok()
-                    .map(|m| (m.mtime(), m.mtime_nsec()));
-                Look::Found(SourceId {
-                    path,
-                    size: meta.len(),
-                    mtime: meta.mtime(),
-                    mtime_nsec: meta.mtime_nsec(),
-                    ino: meta.ino(),
-                    signature_mtime,
-                })
+            names => {
+                let mut sources = Vec::with_capacity(names.len());
+                for name in names {
+                    let path = self.dir.join(name);
+                    let meta = match fs::metadata(&path) {
+                        Ok(m) => m,
+                        Err(e) => return Look::Failed(format!("{}: {e}", path.display())),
+                    };
+                    let signature_mtime =
+                        fs::metadata(self.dir.join(layout::signature_file_name(name)))
+                            .ok()
+                            .map(|m| (m.mtime(), m.mtime_nsec()));
+                    sources.push(SourceId {
+                        path,
+                        size: meta.len(),
+                        mtime: meta.mtime(),
+                        mtime_nsec: meta.mtime_nsec(),
+                        ino: meta.ino(),
+                        signature_mtime,
+                    });
+                }
+                Look::Found(sources)
             }
-            many => Look::Nothing(Problem::new(
-                "several bundles are in the download directory: the operator must leave only the one to serve",
-                format!(
-                    "{} bundles in {} ({}); remove all but the one to serve",
-                    many.len(),
-                    self.dir.display(),
-                    many.join(", ")
-                ),
-            )),
         }
     }
 
@@ -367,7 +497,6 @@ impl BundleStore {
         }
         tmp.persist(&private)
             .map_err(|e| Refused::Io(format!("{}: {}", private.display(), e.error)))?;
-        self.remove_stale_copies(&private);
         let file =
             File::open(&private).map_err(|e| Refused::Io(format!("{}: {e}", private.display())))?;
         let data = map(&file)
@@ -393,6 +522,7 @@ impl BundleStore {
                 size: digests.size,
                 filename,
             },
+            platform: facts.platform,
             data,
             signature: signature_text,
             last_modified: SystemTime::UNIX_EPOCH
@@ -405,38 +535,65 @@ impl BundleStore {
         let cache_path = self.dir.join(VERSION_CACHE);
         if let Ok(text) = atomic::read_text(&cache_path, 64 * 1024)
             && let Ok(props) = Properties::parse(&text)
-            && props.get("bundle.sha256") == Some(sha256)
-            && let Ok(version) = AgentVersion::new(
-                props.get(layout::PROP_LATEST_VERSION).unwrap_or_default(),
-                props.get(layout::PROP_LATEST_BUILD).unwrap_or_default(),
-            )
+            && let Some(facts) = cached_facts(&props, sha256)
         {
-            return Ok(Facts { version });
+            return Ok(facts);
         }
         let facts = Payload::open(bundle)
             .and_then(|mut p| p.facts())
             .map_err(|e| format!("{shown} is not a usable bundle: {e}"))?;
-        let mut props = Properties::new();
-        props.set("bundle.sha256", sha256);
-        props.set(layout::PROP_LATEST_VERSION, &facts.version.version_str());
-        props.set(layout::PROP_LATEST_BUILD, facts.version.build());
-        props.set(layout::PROP_LATEST_PLATFORM, &facts.platform);
-        if let Err(e) = atomic::write(&cache_path, props.to_text().as_bytes()) {
-            tracing::warn!("cannot write the version cache: {e}");
+        if !platform::is_target(&facts.platform) {
+            return Err(format!(
+                "{shown} names no plain platform ({}={:?}); it is not served",
+                layout::PROP_LATEST_PLATFORM,
+                facts.platform
+            ));
         }
         Ok(Facts {
             version: facts.version,
+            platform: facts.platform,
         })
     }
 
-    fn remove_stale_copies(&self, keep: &Path) {
+    /// Writes the version cache for the served release: each bundle's facts under its
+    /// sha256, and the primary one's also as a lone bundle's were written before.
+    fn write_cache(&self, release: &Release) {
+        let cache_path = self.dir.join(VERSION_CACHE);
+        let mut props = Properties::new();
+        let primary = release.primary();
+        props.set("bundle.sha256", &primary.info.sha256);
+        props.set(
+            layout::PROP_LATEST_VERSION,
+            &primary.info.agent.version_str(),
+        );
+        props.set(layout::PROP_LATEST_BUILD, primary.info.agent.build());
+        props.set(layout::PROP_LATEST_PLATFORM, &primary.platform);
+        for b in release.bundles() {
+            let key = |k: &str| format!("{}.{k}", b.info.sha256);
+            props.set(
+                &key(layout::PROP_LATEST_VERSION),
+                &b.info.agent.version_str(),
+            );
+            props.set(&key(layout::PROP_LATEST_BUILD), b.info.agent.build());
+            props.set(&key(layout::PROP_LATEST_PLATFORM), &b.platform);
+        }
+        let text = props.to_text();
+        if atomic::read_text(&cache_path, 64 * 1024).ok().as_deref() == Some(text.as_str()) {
+            return;
+        }
+        if let Err(e) = atomic::write(&cache_path, text.as_bytes()) {
+            tracing::warn!("cannot write the version cache: {e}");
+        }
+    }
+
+    fn remove_stale_copies(&self, keep: &[PathBuf]) {
         let Ok(entries) = fs::read_dir(&self.cache_dir) else {
             return;
         };
         for entry in entries.flatten() {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
-            if path != keep && name.starts_with("bundle-") {
+            if !keep.contains(&path) && name.starts_with("bundle-") {
                 // Running downloads keep their mapping; the name is all that goes.
                 let _ = fs::remove_file(&path);
             }
@@ -446,6 +603,33 @@ impl BundleStore {
 
 struct Facts {
     version: AgentVersion,
+    platform: String,
+}
+
+/// A bundle's facts from the version cache: under its sha256, or in the unprefixed keys
+/// a lone bundle's cache had before releases.
+fn cached_facts(props: &Properties, sha256: &str) -> Option<Facts> {
+    let keyed = |k: &str| props.get(&format!("{sha256}.{k}"));
+    let (version, build, platform) = match keyed(layout::PROP_LATEST_VERSION) {
+        Some(version) => (
+            version,
+            keyed(layout::PROP_LATEST_BUILD)?,
+            keyed(layout::PROP_LATEST_PLATFORM)?,
+        ),
+        None if props.get("bundle.sha256") == Some(sha256) => (
+            props.get(layout::PROP_LATEST_VERSION)?,
+            props.get(layout::PROP_LATEST_BUILD)?,
+            props.get(layout::PROP_LATEST_PLATFORM)?,
+        ),
+        None => return None,
+    };
+    if !platform::is_target(platform) {
+        return None;
+    }
+    Some(Facts {
+        version: AgentVersion::new(version, build).ok()?,
+        platform: platform.to_owned(),
+    })
 }
 
 /// Maps the private copy read-only.
@@ -459,4 +643,95 @@ fn map(file: &File) -> io::Result<Bytes> {
     // the mapping intact. So the mapped bytes cannot change while they are borrowed.
     let mmap = unsafe { memmap2::Mmap::map(file)? };
     Ok(Bytes::from_owner(mmap))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn bundle(version: &str, platform: &str) -> Arc<ServedBundle> {
+        let agent: AgentVersion = version.parse().unwrap();
+        let sha256 = format!("{:0>64}", format!("{}{}", agent.build(), platform.len()));
+        Arc::new(ServedBundle {
+            info: VersionInfo {
+                server_version: "1.0.0".into(),
+                server_build: "1".into(),
+                md5: "0".repeat(32),
+                sha256: sha256.clone(),
+                size: 0,
+                filename: format!("agent-bundle-{}-{platform}", agent.version_str()),
+                agent,
+            },
+            platform: platform.into(),
+            data: Bytes::new(),
+            signature: None,
+            last_modified: SystemTime::UNIX_EPOCH,
+            etag: format!("\"{sha256}\""),
+        })
+    }
+
+    const GNU: &str = "x86_64-unknown-linux-gnu";
+    const MUSL: &str = "x86_64-unknown-linux-musl";
+    const ARM: &str = "aarch64-unknown-linux-gnu";
+
+    #[test]
+    fn a_release_is_one_version_and_one_bundle_per_platform() {
+        let r =
+            Release::assemble(vec![bundle("2.0.0+7", MUSL), bundle("2.0.0+7", GNU)], GNU).unwrap();
+        assert_eq!(r.primary().platform, GNU, "the server's own platform first");
+        assert_eq!(r.platforms(), [GNU, MUSL]);
+        assert!(!r.is_single());
+        let r =
+            Release::assemble(vec![bundle("2.0.0+7", MUSL), bundle("2.0.0+7", ARM)], GNU).unwrap();
+        assert_eq!(r.primary().platform, ARM, "else the first by platform");
+
+        let e = Release::assemble(vec![bundle("2.0.0+7", GNU), bundle("2.0.0+8", MUSL)], GNU)
+            .unwrap_err();
+        assert!(e.contains("different versions"), "{e}");
+        let e = Release::assemble(vec![bundle("2.0.0+7", GNU), bundle("2.0.0+7", GNU)], GNU)
+            .unwrap_err();
+        assert!(e.contains("two bundles for one platform"), "{e}");
+        assert!(Release::assemble(Vec::new(), GNU).is_err());
+    }
+
+    #[test]
+    fn each_platform_gets_its_own_bundle_else_static_musl_of_its_arch_else_none() {
+        let r =
+            Release::assemble(vec![bundle("2.0.0+7", MUSL), bundle("2.0.0+7", GNU)], GNU).unwrap();
+        assert_eq!(r.for_platform(GNU).unwrap().platform, GNU);
+        assert_eq!(r.for_platform(MUSL).unwrap().platform, MUSL);
+        assert!(r.for_platform(ARM).is_none());
+        let r = Release::assemble(vec![bundle("2.0.0+7", MUSL)], GNU).unwrap();
+        assert_eq!(r.for_platform(GNU).unwrap().platform, MUSL);
+        let r = Release::assemble(vec![bundle("2.0.0+7", GNU)], GNU).unwrap();
+        assert!(r.for_platform(MUSL).is_none(), "glibc never runs on musl");
+    }
+
+    #[test]
+    fn a_release_of_one_bundle_is_known_by_its_sha256_and_of_several_by_all() {
+        let one = Release::assemble(vec![bundle("2.0.0+7", GNU)], GNU).unwrap();
+        assert_eq!(one.identity(), one.primary().info.sha256);
+        let two =
+            Release::assemble(vec![bundle("2.0.0+7", GNU), bundle("2.0.0+7", MUSL)], GNU).unwrap();
+        let again =
+            Release::assemble(vec![bundle("2.0.0+7", MUSL), bundle("2.0.0+7", GNU)], GNU).unwrap();
+        assert_eq!(two.identity(), again.identity());
+        assert_ne!(two.identity(), one.identity());
+        assert_eq!(two.identity().len(), 64);
+    }
+
+    #[test]
+    fn cached_facts_are_per_bundle_and_read_the_old_form() {
+        let mut p = Properties::new();
+        p.set("bundle.sha256", "aa");
+        p.set(layout::PROP_LATEST_VERSION, "1.0.0");
+        p.set(layout::PROP_LATEST_BUILD, "1");
+        p.set(layout::PROP_LATEST_PLATFORM, GNU);
+        p.set("bb.agent.latest.version", "1.0.0");
+        p.set("bb.agent.latest.build-number", "1");
+        p.set("bb.agent.latest.platform", MUSL);
+        assert_eq!(cached_facts(&p, "aa").unwrap().platform, GNU);
+        assert_eq!(cached_facts(&p, "bb").unwrap().platform, MUSL);
+        assert!(cached_facts(&p, "cc").is_none());
+    }
 }

@@ -102,6 +102,7 @@ mod tests {
             sha256: sha.into(),
             signed_at,
             version: "1.0.0+1".parse().unwrap(),
+            platforms: Vec::new(),
         }
     }
 

@@ -435,7 +435,7 @@ impl<S: Subject> Engine<S> {
         at: i64,
     ) -> Result<(), FleetError> {
         store::set_outcome(self.db.pool(), rollout, agent, outcome, error, at).await?;
-        let failed = outcome != S::KIND.done();
+        let failed = outcome == S::KIND.failed();
         self.remember(rollout, agent, |m| {
             m.done = true;
             m.failed = failed;
@@ -464,7 +464,7 @@ impl<S: Subject> Engine<S> {
             .iter()
             .zip(&row.plan.waves)
             .map(|(w, spec)| {
-                json!({
+                let mut wave = json!({
                     "size": spec.to_string(),
                     "agents": w.agents,
                     done_key: w.installed,
@@ -473,7 +473,13 @@ impl<S: Subject> Engine<S> {
                     "pending": w.pending(),
                     "opened_at": w.opened_at.map(secs),
                     "completed_at": w.completed_at.map(secs),
-                })
+                });
+                // Only when there are any: a wave of agents that all have a bundle (and
+                // every configuration rollout's) reads as it always did.
+                if w.no_bundle > 0 {
+                    wave["no_bundle"] = json!(w.no_bundle);
+                }
+                wave
             })
             .collect();
         let mut map = serde_json::Map::new();

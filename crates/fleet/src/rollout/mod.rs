@@ -50,6 +50,8 @@ pub struct Served {
     /// `signed-at` of its signature; 0 without one.
     pub signed_at: i64,
     pub version: AgentVersion,
+    /// The platforms (target triples) it has bundles for; empty: it does not say.
+    pub platforms: Vec<String>,
 }
 
 /// The directive for one agent.
@@ -58,6 +60,9 @@ pub struct Answer {
     pub accepted: bool,
     /// The version a refused agent must run.
     pub expected: AgentVersion,
+    /// Accepted only because the release has no bundle for the agent's platform: it
+    /// keeps its version, recorded `NO_BUNDLE`.
+    pub no_bundle: bool,
 }
 
 /// An operator's request that cannot be done now, with the reason.
@@ -76,6 +81,9 @@ pub struct Rollouts {
     mismatch: RwLock<Option<String>>,
     /// Told whenever the rollout as this server sees it moves, so held connects look again.
     news: Arc<News>,
+    /// The rollout and open waves last swept for agents with no bundle (see
+    /// [`Rollouts::sweep_no_bundle`]).
+    swept: Mutex<Option<(i64, u32)>>,
 }
 
 /// The PostgreSQL advisory lock that orders rollout starts across servers ("rollout").
@@ -98,6 +106,7 @@ impl Rollouts {
             waiting: AtomicBool::new(false),
             mismatch: RwLock::new(None),
             news: Arc::default(),
+            swept: Mutex::new(None),
         }
     }
 
@@ -334,17 +343,53 @@ impl Rollouts {
         if self.engine.decide(current.id).await? {
             self.refresh().await?;
         }
+        self.sweep_no_bundle().await
+    }
+
+    /// Once per wave that opens: the agents of the open waves whose platform (a target
+    /// triple) the served release has no bundle for, nor a static musl one of its
+    /// architecture, are recorded `NO_BUNDLE` without waiting for them to come (an agent
+    /// that comes is recorded so by [`Rollouts::answer`] as well).
+    async fn sweep_no_bundle(&self) -> Result<(), FleetError> {
+        let served = lock(&self.served).clone();
+        let (Some(current), Some(served)) = (self.current(), served) else {
+            return Ok(());
+        };
+        let key = (current.id, current.opened);
+        if served.platforms.is_empty()
+            || current.subject.sha256 != served.sha256
+            || current.opened == 0
+            || !matches!(current.state, State::Running | State::Soaking)
+            || *lock(&self.swept) == Some(key)
+        {
+            return Ok(());
+        }
+        let now = now_ms();
+        for (agent, platform) in
+            store::undecided_platforms(self.db().pool(), current.id, current.opened).await?
+        {
+            if agent_protocol::platform::is_target(&platform)
+                && agent_protocol::platform::choose(&served.platforms, &platform).is_none()
+            {
+                self.no_bundle(&current, &agent, now).await?;
+            }
+        }
+        *lock(&self.swept) = Some(key);
         Ok(())
     }
 
     /// The directive for an agent of version `version`, placing it in a wave the first
     /// time this rollout sees it. Without a rollout (no bundle has been served yet),
-    /// `None`.
+    /// `None`. `servable`: whether the release has a bundle the agent's platform runs;
+    /// an agent it has none for is never refused (nothing could update it): when its
+    /// wave opens it is accepted as it is and recorded `NO_BUNDLE`, done in its wave
+    /// and no failure.
     pub async fn answer(
         &self,
         agent: &str,
         group: &str,
         version: &AgentVersion,
+        servable: bool,
     ) -> Result<Option<Answer>, FleetError> {
         let served = lock(&self.served).clone();
         let (Some(current), Some(served)) = (self.current(), served) else {
@@ -363,13 +408,43 @@ impl Rollouts {
         if on_target && !member.done {
             self.installed_by_running(&current, agent, now).await?;
         }
+        if !accepted && !servable {
+            if !member.done {
+                self.no_bundle(&current, agent, now).await?;
+            }
+            return Ok(Some(Answer {
+                accepted: true,
+                expected: current.subject.version.clone(),
+                no_bundle: true,
+            }));
+        }
         if !accepted && !member.told {
             self.engine.mark_told(current.id, agent, now).await?;
         }
         Ok(Some(Answer {
             accepted,
             expected: current.subject.version.clone(),
+            no_bundle: false,
         }))
+    }
+
+    /// Records `agent` as `NO_BUNDLE` in the rollout and in its own row.
+    async fn no_bundle(
+        &self,
+        current: &RolloutRow,
+        agent: &str,
+        now: i64,
+    ) -> Result<(), FleetError> {
+        let why = format!(
+            "the release of {} has no bundle for this agent's platform (nor a static musl one of its architecture); it keeps its version",
+            current.subject.version
+        );
+        store::set_agent_update_status(self.db().pool(), agent, store::NO_BUNDLE, &why).await?;
+        self.engine
+            .outcome(current.id, agent, store::NO_BUNDLE, Some(&why), now)
+            .await?;
+        tracing::info!(agent = %agent, rollout = current.id, "NO_BUNDLE: {why}");
+        Ok(())
     }
 
     /// Whether the directive for `agent`, as this server last read the rollout and the
@@ -392,11 +467,15 @@ impl Rollouts {
     /// and it does not run the target yet (`version`, if it says one). Places the agent
     /// in a wave the first time, like [`Rollouts::answer`]; an offer counts as telling
     /// it (its deadline starts), and running the target counts as installed.
+    ///
+    /// `servable`: whether the release has a bundle the agent runs; one it has none for
+    /// is offered nothing and, once its wave opens, recorded `NO_BUNDLE`.
     pub async fn offer(
         &self,
         agent: &str,
         group: &str,
         version: Option<&AgentVersion>,
+        servable: bool,
     ) -> Result<Option<AgentVersion>, FleetError> {
         let (Some(current), true) = (self.current(), lock(&self.served).is_some()) else {
             return Ok(None);
@@ -418,6 +497,12 @@ impl Rollouts {
         }
         let open = current.state != State::Halted && member.wave <= current.opened;
         if !open {
+            return Ok(None);
+        }
+        if !servable {
+            if !member.done {
+                self.no_bundle(&current, agent, now).await?;
+            }
             return Ok(None);
         }
         if !member.told {
@@ -454,6 +539,7 @@ impl Rollouts {
         Answer {
             accepted,
             expected: served.version,
+            no_bundle: false,
         }
     }
 
@@ -476,6 +562,7 @@ impl Rollouts {
         &self,
         agent: &str,
         version: &AgentVersion,
+        servable: bool,
     ) -> (Option<Answer>, Option<i64>) {
         let served = lock(&self.served).clone();
         let (Some(current), Some(served)) = (self.current(), served) else {
@@ -487,6 +574,17 @@ impl Rollouts {
         let known = self.engine.known(current.id, agent);
         let wave = known.map_or(current.opened.saturating_add(1), |m| m.wave);
         let accepted = self.accepts(&current, version, wave);
+        if !accepted && !servable {
+            // Recorded when the database is back and the agent comes again.
+            return (
+                Some(Answer {
+                    accepted: true,
+                    expected: current.subject.version.clone(),
+                    no_bundle: true,
+                }),
+                None,
+            );
+        }
         let mut told = None;
         if !accepted && known.is_some_and(|m| !m.told) {
             self.engine.remember(current.id, agent, |m| m.told = true);
@@ -496,6 +594,7 @@ impl Rollouts {
             Some(Answer {
                 accepted,
                 expected: current.subject.version.clone(),
+                no_bundle: false,
             }),
             told,
         )

@@ -83,6 +83,8 @@ pub struct WaveStatus {
     pub installed: u64,
     pub failed: u64,
     pub timed_out: u64,
+    /// Agents whose platform the release has no bundle for: done, not failed.
+    pub no_bundle: u64,
     /// Unix milliseconds.
     pub opened_at: Option<i64>,
     pub completed_at: Option<i64>,
@@ -91,7 +93,7 @@ pub struct WaveStatus {
 impl WaveStatus {
     pub fn pending(&self) -> u64 {
         self.agents
-            .saturating_sub(self.installed + self.failed + self.timed_out)
+            .saturating_sub(self.installed + self.failed + self.timed_out + self.no_bundle)
     }
 }
 

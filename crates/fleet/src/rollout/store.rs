@@ -23,6 +23,10 @@ use crate::rollout::step::{Decision, HaltCause, Progress, State, WaveStatus};
 pub const INSTALLED: &str = "INSTALLED";
 pub const INSTALL_FAILED: &str = "INSTALL_FAILED";
 pub const TIMED_OUT: &str = "TIMED_OUT";
+/// A bundle rollout's outcome for an agent whose platform the release has no bundle
+/// for (nor a static musl one of its architecture): it keeps its version; neither a
+/// failure nor waited for.
+pub const NO_BUNDLE: &str = "NO_BUNDLE";
 pub const APPLIED: &str = "APPLIED";
 pub const FAILED: &str = "FAILED";
 
@@ -522,6 +526,26 @@ pub async fn set_outcome<'e>(
     Ok(())
 }
 
+/// Records in the agent's own row the update status the server decided for it
+/// ([`NO_BUNDLE`]), unless it says so already.
+pub async fn set_agent_update_status<'e>(
+    e: impl Executor<'e, Database = Any>,
+    agent: &str,
+    status: &str,
+    error: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE agents SET update_status = $2, update_error = $3
+         WHERE id = $1 AND (update_status IS NULL OR update_status <> $2)",
+    )
+    .bind(agent)
+    .bind(status)
+    .bind(error)
+    .execute(e)
+    .await?;
+    Ok(())
+}
+
 /// The agents of rollout `$1` told (or, never reached, whose wave opened) at `$2` or
 /// before, without an outcome: those past the agent deadline when `$2` is its cutoff.
 const PAST_DEADLINE: &str = "rollout_id = $1 AND outcome IS NULL AND (
@@ -677,6 +701,7 @@ pub async fn wave_status<S: Subject>(
                 o if o == kind.done() => w.installed += n,
                 o if o == kind.failed() => w.failed += n,
                 TIMED_OUT => w.timed_out += n,
+                NO_BUNDLE => w.no_bundle += n,
                 _ => {}
             }
         }
@@ -851,6 +876,27 @@ pub async fn memberships<'e>(
             member(kind, r.get(1), r.get(2), r.get(3)),
         )
     })
+    .collect())
+}
+
+/// The agents of the open waves (1 to `opened`) of a rollout that have no outcome yet,
+/// with the platform each last said.
+pub async fn undecided_platforms<'e>(
+    e: impl Executor<'e, Database = Any>,
+    rollout: i64,
+    opened: u32,
+) -> Result<Vec<(String, String)>, sqlx::Error> {
+    Ok(sqlx::query(
+        "SELECT ra.agent_id, COALESCE(a.platform, '') FROM rollout_agents ra
+         JOIN agents a ON a.id = ra.agent_id
+         WHERE ra.rollout_id = $1 AND ra.outcome IS NULL AND ra.wave <= $2",
+    )
+    .bind(rollout)
+    .bind(i64::from(opened))
+    .fetch_all(e)
+    .await?
+    .into_iter()
+    .map(|r| (r.get(0), r.get(1)))
     .collect())
 }
 

@@ -135,7 +135,7 @@ pub async fn exchange(
         )
     })?;
     let view = &obs.view;
-    let package = agent_package(s);
+    let package = agent_package(s, view);
     let mut offers = Offers::default();
     if !obs.duplicate {
         let at_ms = now_ms();
@@ -176,6 +176,19 @@ pub async fn exchange(
                 offers.packages = offer_package(s, &id, view, pkg).await?;
             }
         }
+        if package.is_none()
+            && view.has(AgentCapabilities::AcceptsPackages)
+            && !obs.disconnected
+            && lacks_bundle(s, view)
+            && s.fleet.auto_update()
+        {
+            let running = running_agent_version(view);
+            s.fleet
+                .rollouts
+                .offer(&id, view.group(), running.as_ref(), false)
+                .await
+                .map_err(|e| fleet_error(&e, s))?;
+        }
     }
     Ok(Exchanged {
         answer: answer::answer(&msg.instance_uid, &obs, offers),
@@ -209,7 +222,7 @@ pub async fn push(
         offers.remote_config = offer_config(s, &id, &view).await.ok()?;
     }
     if view.has(AgentCapabilities::AcceptsPackages)
-        && let Some(pkg) = agent_package(s)
+        && let Some(pkg) = agent_package(s, &view)
     {
         offers.packages = offer_package(s, &id, &view, &pkg).await.ok()?;
     }
@@ -228,18 +241,41 @@ pub async fn push(
     (out.remote_config.is_some() || out.packages_available.is_some()).then_some(out)
 }
 
-/// The served bundle as the `agent` package, when there is one to offer.
-fn agent_package(s: &Shared) -> Option<AgentPackage> {
-    let Current::Ready(bundle) = s.store.current() else {
+/// The bundle of the served release for this agent as the `agent` package, when there
+/// is one to offer: a release of one bundle offers it to every agent, as before; a
+/// release of several offers the bundle that the agent's `os.type` and `host.arch` run
+/// ([`opamp_targets`]), and nothing to an agent it has none for.
+fn agent_package(s: &Shared, view: &AgentView) -> Option<AgentPackage> {
+    let Current::Ready(release) = s.store.current() else {
         return None;
+    };
+    let bundle = if release.is_single() {
+        release.primary()
+    } else {
+        let os = attribute(view, "os.type").unwrap_or_default();
+        let arch = attribute(view, "host.arch").unwrap_or_default();
+        opamp_targets(os, arch)
+            .iter()
+            .find_map(|t| release.bundles().iter().find(|b| b.platform == *t))?
+    };
+    let path = if release.is_single() {
+        wire::DOWNLOAD_PATH.to_owned()
+    } else {
+        wire::for_platform(wire::DOWNLOAD_PATH, &bundle.platform)
     };
     Some(AgentPackage {
         version: bundle.version().to_string(),
-        download_url: format!("{}{}", s.public_url, wire::DOWNLOAD_PATH),
+        download_url: format!("{}{path}", s.public_url),
         sha256: bundle.info.sha256.clone(),
         signature: bundle.signature.clone().unwrap_or_default().into_bytes(),
         headers: Vec::new(),
     })
+}
+
+/// Whether the served release has bundles but none this agent runs.
+fn lacks_bundle(s: &Shared, view: &AgentView) -> bool {
+    matches!(s.store.current(), Current::Ready(release) if !release.is_single())
+        && agent_package(s, view).is_none()
 }
 
 /// The package offer when the agent's wave is open, the fleet may update and the
@@ -257,7 +293,7 @@ async fn offer_package(
     let target = s
         .fleet
         .rollouts
-        .offer(id, view.group(), running.as_ref())
+        .offer(id, view.group(), running.as_ref(), true)
         .await
         .map_err(|e| fleet_error(&e, s))?;
     match target {
@@ -382,6 +418,24 @@ fn name_of(view: &AgentView) -> String {
         .collect()
 }
 
+/// The target triples an OpAMP agent of `os.type` and `host.arch` (OpenTelemetry's
+/// values) runs, best first: the static musl one (OpAMP does not say the C library),
+/// then the glibc one. None off Linux or for an architecture not known here.
+fn opamp_targets(os: &str, arch: &str) -> Vec<String> {
+    let arch = match arch {
+        "amd64" | "x86_64" => "x86_64",
+        "arm64" | "aarch64" => "aarch64",
+        _ => return Vec::new(),
+    };
+    if os != "linux" {
+        return Vec::new();
+    }
+    vec![
+        format!("{arch}-unknown-linux-musl"),
+        format!("{arch}-unknown-linux-gnu"),
+    ]
+}
+
 fn platform_of(view: &AgentView) -> String {
     let os = attribute(view, "os.type").unwrap_or_default();
     let arch = attribute(view, "host.arch").unwrap_or_default();
@@ -447,6 +501,16 @@ mod tests {
         );
         assert_eq!(name_of(&v), "checkout");
         assert_eq!(platform_of(&v), "amd64-linux");
+        assert_eq!(
+            opamp_targets("linux", "amd64"),
+            ["x86_64-unknown-linux-musl", "x86_64-unknown-linux-gnu"]
+        );
+        assert_eq!(
+            opamp_targets("linux", "arm64")[1],
+            "aarch64-unknown-linux-gnu"
+        );
+        assert!(opamp_targets("windows", "amd64").is_empty());
+        assert!(opamp_targets("linux", "s390x").is_empty());
         assert_eq!(version_of(&v), "1.4.2");
         // An agent that takes packages is known by its agent package, not its service.
         let v = view(

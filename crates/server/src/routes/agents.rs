@@ -19,7 +19,7 @@ use agent_fleet::rollout::Answer;
 use super::{AppState, Shared, json_body, ready};
 use crate::error::ApiError;
 use crate::metrics::{Holding, inc};
-use crate::store::ServedBundle;
+use crate::store::Release;
 use serde::Deserialize;
 
 fn agent_version_header(headers: &HeaderMap) -> Result<AgentVersion, ApiError> {
@@ -84,6 +84,9 @@ fn bounded_health(
 enum Greeting {
     Accepted {
         expected: AgentVersion,
+        /// Why it is accepted on a version other than the release's: the release has no
+        /// bundle its platform runs.
+        no_bundle: Option<String>,
         token: Option<String>,
         /// The configuration set the agent should run, when it runs another.
         config: Option<wire::ConfigPayload>,
@@ -111,11 +114,15 @@ impl Greeting {
         match self {
             Greeting::Accepted {
                 expected,
+                no_bundle,
                 token,
                 config,
             } => {
                 let mut body =
                     serde_json::json!({ "status": "accepted", "expected": expected.to_string() });
+                if let Some(why) = no_bundle {
+                    body["no_bundle"] = serde_json::Value::String(why);
+                }
                 if let Some(token) = token {
                     body["token"] = serde_json::Value::String(token);
                 }
@@ -269,8 +276,8 @@ fn hold_epoch() -> tokio::time::Instant {
 
 /// The answer to a register or connect, counting as the agent's contact.
 async fn greet(s: &Shared, hello: &Hello, headers: &HeaderMap) -> Result<Greeting, ApiError> {
-    let bundle = match ready(s) {
-        Ok(b) => b,
+    let release = match ready(s) {
+        Ok(r) => r,
         Err(r) => return Ok(Greeting::Other(*r)),
     };
     let issue = match authenticate(s, &hello.hello.id, headers).await? {
@@ -302,48 +309,54 @@ async fn greet(s: &Shared, hello: &Hello, headers: &HeaderMap) -> Result<Greetin
     } else {
         None
     };
-    decide(s, hello, &bundle, token, true).await
+    decide(s, hello, &release, token, true).await
 }
 
 /// The answer again, after news, for a connect that is held: the agent's credentials
 /// were checked and its contact recorded when the hold began.
 async fn reconsider(s: &Shared, hello: &Hello) -> Result<Greeting, ApiError> {
-    let bundle = match ready(s) {
-        Ok(b) => b,
+    let release = match ready(s) {
+        Ok(r) => r,
         Err(r) => return Ok(Greeting::Other(*r)),
     };
-    decide(s, hello, &bundle, None, false).await
+    decide(s, hello, &release, None, false).await
 }
 
 async fn decide(
     s: &Shared,
     hello: &Hello,
-    bundle: &ServedBundle,
+    release: &Release,
     token: Option<String>,
     count: bool,
 ) -> Result<Greeting, ApiError> {
-    let answer = directive(s, &hello.hello, &hello.version).await?;
-    // Before the first rollout is read (a bundle just dropped), the bundle speaks alone.
-    let (accepted, expected) = match answer {
-        Some(a) => (a.accepted, a.expected),
+    let platform = hello.hello.platform.as_str();
+    // An agent that names no target triple (an old or a made-up one) is pointed at the
+    // primary bundle, as before releases: the agent checks the platform it is handed.
+    let bundle = if agent_protocol::platform::is_target(platform) {
+        release.for_platform(platform)
+    } else {
+        Some(release.primary())
+    };
+    let answer = directive(s, &hello.hello, &hello.version, bundle.is_some()).await?;
+    // Before the first rollout is read (a bundle just dropped), the release speaks alone.
+    let (accepted, expected, no_bundle) = match answer {
+        Some(a) => (a.accepted, a.expected, a.no_bundle),
         None => (
-            s.policy.accepts(bundle.version(), &hello.version),
-            bundle.version().clone(),
+            s.policy.accepts(release.version(), &hello.version),
+            release.version().clone(),
+            false,
         ),
     };
+    let bundle = match bundle {
+        Some(b) if !no_bundle => b,
+        // Nothing it could run: it keeps its version, and is told why.
+        _ => {
+            let note = (!accepted || no_bundle).then(|| no_bundle_note(release, platform));
+            return accept(s, hello, expected, note, token, count).await;
+        }
+    };
     if accepted {
-        if count {
-            inc(&s.metrics.registrations_accepted);
-        }
-        let config = config_directive(s, &hello.hello, &hello.config_hash).await?;
-        if config.is_some() {
-            inc(&s.metrics.configs_sent);
-        }
-        return Ok(Greeting::Accepted {
-            expected,
-            token,
-            config,
-        });
+        return accept(s, hello, expected, None, token, count).await;
     }
     if count {
         inc(&s.metrics.registrations_refused);
@@ -352,10 +365,48 @@ async fn decide(
     Ok(Greeting::Refused(NotSupported {
         error: wire::NOT_SUPPORTED.to_owned(),
         expected: expected.to_string(),
-        download: wire::DOWNLOAD_PATH.to_owned(),
+        // A release of one bundle is downloaded as it always was; of several, the agent
+        // is pointed at its own platform's.
+        download: if release.is_single() {
+            wire::DOWNLOAD_PATH.to_owned()
+        } else {
+            wire::for_platform(wire::DOWNLOAD_PATH, platform)
+        },
         sha256: Some(bundle.info.sha256.clone()),
         token,
     }))
+}
+
+/// What an agent accepted because the release has nothing for it is told.
+fn no_bundle_note(release: &Release, platform: &str) -> String {
+    format!(
+        "the release of {} has no bundle for {platform} nor a static musl one of its architecture (it has {}); this agent keeps its version",
+        release.version(),
+        release.platforms().join(", ")
+    )
+}
+
+async fn accept(
+    s: &Shared,
+    hello: &Hello,
+    expected: AgentVersion,
+    no_bundle: Option<String>,
+    token: Option<String>,
+    count: bool,
+) -> Result<Greeting, ApiError> {
+    if count {
+        inc(&s.metrics.registrations_accepted);
+    }
+    let config = config_directive(s, &hello.hello, &hello.config_hash).await?;
+    if config.is_some() {
+        inc(&s.metrics.configs_sent);
+    }
+    Ok(Greeting::Accepted {
+        expected,
+        no_bundle,
+        token,
+        config,
+    })
 }
 
 /// The directive for this agent, from the database, or from what this server last read
@@ -364,16 +415,25 @@ async fn directive(
     s: &Shared,
     hello: &AgentHello,
     version: &AgentVersion,
+    servable: bool,
 ) -> Result<Option<Answer>, ApiError> {
     if !s.fleet.outage.is_down() {
         let group = hello.group.as_deref().unwrap_or("");
-        match s.fleet.rollouts.answer(&hello.id, group, version).await {
+        match s
+            .fleet
+            .rollouts
+            .answer(&hello.id, group, version, servable)
+            .await
+        {
             Ok(answer) => return Ok(answer),
             Err(e) if e.is_unavailable() => s.fleet.outage.went_down(&e),
             Err(e) => return Err(e.into()),
         }
     }
-    let (answer, told) = s.fleet.rollouts.answer_offline(&hello.id, version);
+    let (answer, told) = s
+        .fleet
+        .rollouts
+        .answer_offline(&hello.id, version, servable);
     if let Some(rollout) = told {
         s.fleet.outage.defer(Deferred::Told {
             rollout,

@@ -1,5 +1,10 @@
 //! `/agentupdate/version`, `/agentupdate/download` (ranges, conditional requests, the
-//! download limit) and `/agentupdate/download.minisig`.
+//! download limit) and `/agentupdate/download.minisig`, each for the bundle of the
+//! platform asked with `?platform=<target>` (or the static musl one of its architecture).
+//! Without `platform`, a release of one bundle answers for it, as a server always did; a
+//! release of several answers `/version` for its primary bundle, and the download and
+//! signature with `300 Multiple Choices`: which platforms exist and how to ask, never a
+//! bundle a machine might not run.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -7,8 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use agent_protocol::{layout, platform, wire};
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -18,28 +24,131 @@ use super::{AppState, ready, unavailable};
 use crate::error::ApiError;
 use crate::limiter::Slot;
 use crate::metrics::{Metrics, inc};
-use crate::store::ServedBundle;
+use crate::store::{Release, ServedBundle};
+use serde::Deserialize;
 
 /// Size of the pieces a bundle body is sent in (slices of the mapped file, not copies).
 const BODY_CHUNK: usize = 512 * 1024;
 
-pub(super) async fn version(State(state): State<AppState>) -> Response {
-    let bundle = match ready(&state.inner) {
+/// `?platform=<target triple>`.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Ask {
+    platform: Option<String>,
+}
+
+/// Which bundle of a release answers a request.
+#[derive(Debug)]
+enum Pick<'a> {
+    Bundle(&'a Arc<ServedBundle>),
+    /// Several platforms and none asked: the client must choose.
+    Choose,
+    /// The platform asked for is no plain target triple.
+    BadPlatform,
+    /// The release has no bundle the platform runs.
+    NoBundle,
+}
+
+/// The bundle for `asked`: its own, else the static musl one of its architecture; with
+/// nothing asked, the one bundle of a one-bundle release, or `primary_ok` the primary
+/// one (what `/version` describes), else [`Pick::Choose`].
+fn pick<'a>(release: &'a Release, asked: Option<&str>, primary_ok: bool) -> Pick<'a> {
+    match asked {
+        None | Some("") if release.is_single() || primary_ok => Pick::Bundle(release.primary()),
+        None | Some("") => Pick::Choose,
+        Some(p) if !platform::is_target(p) => Pick::BadPlatform,
+        Some(p) => release.for_platform(p).map_or(Pick::NoBundle, Pick::Bundle),
+    }
+}
+
+/// The bundle to serve for `ask`, or the answer that says why there is none.
+fn choose<'a>(
+    s: &crate::state::Shared,
+    release: &'a Release,
+    ask: &Ask,
+    path: &str,
+    primary_ok: bool,
+) -> Result<&'a Arc<ServedBundle>, Box<Response>> {
+    let platforms = release.platforms().join(", ");
+    let asked = ask.platform.as_deref();
+    match pick(release, asked, primary_ok) {
+        Pick::Bundle(b) => Ok(b),
+        Pick::Choose => Err(Box::new(multiple_choices(&s.public_url, release, path))),
+        Pick::BadPlatform => Err(Box::new(
+            ApiError::bad_request(format!(
+            "platform must be a Rust target triple such as {}; this release has {platforms}",
+            layout::PLATFORM
+        ))
+            .into_response(),
+        )),
+        Pick::NoBundle => Err(Box::new(
+            ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "this release ({}) has no bundle for {} nor a static musl one of its architecture; it has {platforms}",
+                release.version(),
+                asked.unwrap_or_default()
+            ),
+        )
+            .into_response(),
+        )),
+    }
+}
+
+/// `300 Multiple Choices`: the platforms of the release and the URL of each.
+fn multiple_choices(public_url: &str, release: &Release, path: &str) -> Response {
+    let base = public_url.trim_end_matches('/');
+    let mut text = format!(
+        "this release ({}) has bundles for several platforms: {}\nask for the one your machine runs with ?{}=<target triple>:\n",
+        release.version(),
+        release.platforms().join(", "),
+        wire::PLATFORM_QUERY
+    );
+    for p in release.platforms() {
+        text.push_str(&format!("  {base}{}\n", wire::for_platform(path, p)));
+    }
+    text.push_str(&format!(
+        "for example: wget --content-disposition '{base}{}'\n",
+        wire::for_platform(path, release.primary().platform.as_str())
+    ));
+    (
+        StatusCode::MULTIPLE_CHOICES,
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        text,
+    )
+        .into_response()
+}
+
+pub(super) async fn version(State(state): State<AppState>, Query(ask): Query<Ask>) -> Response {
+    let release = match ready(&state.inner) {
+        Ok(r) => r,
+        Err(r) => return *r,
+    };
+    let bundle = match choose(&state.inner, &release, &ask, wire::VERSION_PATH, true) {
         Ok(b) => b,
         Err(r) => return *r,
     };
+    let mut props = bundle.info.to_properties();
+    props.set(layout::PROP_LATEST_PLATFORM, &bundle.platform);
+    props.set(wire::PROP_LATEST_PLATFORMS, &release.platforms().join(","));
     (
         [
             (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
             (header::CACHE_CONTROL, "no-store"),
         ],
-        bundle.info.to_properties().to_text(),
+        props.to_text(),
     )
         .into_response()
 }
 
-pub(super) async fn signature(State(state): State<AppState>) -> Response {
-    let bundle = match ready(&state.inner) {
+pub(super) async fn signature(State(state): State<AppState>, Query(ask): Query<Ask>) -> Response {
+    let release = match ready(&state.inner) {
+        Ok(r) => r,
+        Err(r) => return *r,
+    };
+    let bundle = match choose(&state.inner, &release, &ask, wire::SIGNATURE_PATH, false) {
         Ok(b) => b,
         Err(r) => return *r,
     };
@@ -181,6 +290,7 @@ fn parse_range(value: &str, size: u64) -> RangeAsk {
 
 pub(super) async fn download(
     State(state): State<AppState>,
+    Query(ask): Query<Ask>,
     method: Method,
     headers: HeaderMap,
 ) -> Response {
@@ -195,8 +305,12 @@ pub(super) async fn download(
         };
         return ApiError::new(StatusCode::FORBIDDEN, why).into_response();
     }
-    let bundle = match ready(s) {
-        Ok(b) => b,
+    let release = match ready(s) {
+        Ok(r) => r,
+        Err(r) => return *r,
+    };
+    let bundle = match choose(s, &release, &ask, wire::DOWNLOAD_PATH, false) {
+        Ok(b) => Arc::clone(b),
         Err(r) => return *r,
     };
     let size = bundle.data.len() as u64;
@@ -420,6 +534,37 @@ impl Stream for SlotBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::tests::bundle;
+
+    #[test]
+    fn a_plain_ask_of_several_platforms_must_choose() {
+        let gnu = "x86_64-unknown-linux-gnu";
+        let musl = "x86_64-unknown-linux-musl";
+        let one = Release::assemble(vec![bundle("2.0.0+7", gnu)], gnu).unwrap();
+        assert!(matches!(pick(&one, None, false), Pick::Bundle(b) if b.platform == gnu));
+        assert!(matches!(pick(&one, Some(gnu), false), Pick::Bundle(_)));
+        assert!(matches!(pick(&one, Some(musl), false), Pick::NoBundle));
+        let two =
+            Release::assemble(vec![bundle("2.0.0+7", gnu), bundle("2.0.0+7", musl)], gnu).unwrap();
+        assert!(matches!(pick(&two, None, false), Pick::Choose));
+        assert!(matches!(pick(&two, Some(""), false), Pick::Choose));
+        assert!(matches!(pick(&two, None, true), Pick::Bundle(b) if b.platform == gnu));
+        assert!(matches!(pick(&two, Some(musl), false), Pick::Bundle(b) if b.platform == musl));
+        assert!(matches!(
+            pick(&two, Some("x86_64-unknown-linux-gnu\n"), false),
+            Pick::BadPlatform
+        ));
+        assert!(matches!(
+            pick(&two, Some("aarch64-unknown-linux-gnu"), false),
+            Pick::NoBundle
+        ));
+        let text = {
+            let r = multiple_choices("http://h:1", &two, wire::DOWNLOAD_PATH);
+            assert_eq!(r.status(), StatusCode::MULTIPLE_CHOICES);
+            r
+        };
+        drop(text);
+    }
 
     #[test]
     fn ranges() {

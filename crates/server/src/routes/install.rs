@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
 use super::{AppState, Shared};
-use crate::store::{Current, ServedBundle};
+use crate::store::{Current, Release, ServedBundle};
 
 pub(super) const SCRIPT_PATH: &str = "/install.sh";
 pub(super) const CHECK_PATH: &str = "/install/check-enrollment";
@@ -93,7 +93,7 @@ struct Offer {
 
 fn render(state: &Shared) -> String {
     let offers = match state.store.current() {
-        Current::Ready(bundle) => offer(&bundle).into_iter().collect(),
+        Current::Ready(release) => offers(&release),
         // The script then says that there is nothing to install, and why to ask.
         Current::Unavailable(_) => Vec::new(),
     };
@@ -142,19 +142,36 @@ fn render(state: &Shared) -> String {
     out
 }
 
-/// The served bundle as an offer, its platform read from the properties inside it (the
+/// Each bundle of the served release as an offer.
+fn offers(release: &Release) -> Vec<Offer> {
+    release
+        .bundles()
+        .iter()
+        .filter_map(|b| offer(b, release.is_single()))
+        .collect()
+}
+
+/// A served bundle as an offer, its platform read from the properties inside it (the
 /// content is the authority, as for its version). `None` for a bundle without them,
-/// which the store would not serve anyway.
-fn offer(bundle: &ServedBundle) -> Option<Offer> {
+/// which the store would not serve anyway. The paths of a release of several name the
+/// bundle's platform.
+fn offer(bundle: &ServedBundle, single: bool) -> Option<Offer> {
     let platform = bundle_platform(&bundle.data)?;
+    let path = |p: &str| {
+        if single {
+            p.to_owned()
+        } else {
+            wire::for_platform(p, &platform)
+        }
+    };
     Some(Offer {
-        platform,
         sha256: bundle.info.sha256.clone(),
-        path: wire::DOWNLOAD_PATH.to_owned(),
+        path: path(wire::DOWNLOAD_PATH),
         signature_path: bundle
             .signature
             .as_ref()
-            .map(|_| wire::SIGNATURE_PATH.to_owned()),
+            .map(|_| path(wire::SIGNATURE_PATH)),
+        platform,
         filename: script_word(&bundle.info.filename).unwrap_or_else(|| "agent-bundle".into()),
     })
 }

@@ -25,7 +25,7 @@ use tower_http::timeout::TimeoutLayer;
 
 use crate::error::ApiError;
 use crate::state::{AppState, Shared};
-use crate::store::{Current, ServedBundle};
+use crate::store::{Current, Release};
 
 /// Largest JSON body accepted; larger ones get `413`.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -107,8 +107,8 @@ fn unavailable(problem: &str, retry_after: u64) -> Response {
     r
 }
 
-/// The bundle to serve, or the `503` that says why there is none.
-fn ready(state: &Shared) -> Result<Arc<ServedBundle>, Box<Response>> {
+/// The release to serve, or the `503` that says why there is none.
+fn ready(state: &Shared) -> Result<Arc<Release>, Box<Response>> {
     match state.store.current() {
         Current::Ready(b) => Ok(b),
         Current::Unavailable(problem) => {

@@ -60,6 +60,15 @@ impl Agent {
         }
     }
 
+    /// The platform (target triple) the agent said, `unknown` when it said none.
+    pub fn platform_label(&self) -> &str {
+        if self.platform.is_empty() {
+            "unknown"
+        } else {
+            &self.platform
+        }
+    }
+
     /// A failed update or configuration, as the agent reported it.
     pub fn failed(&self) -> bool {
         matches!(self.update_label(), "INSTALL_FAILED" | "TIMED_OUT")

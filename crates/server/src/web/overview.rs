@@ -1,5 +1,5 @@
 //! The overview's numbers: agents by version, update status, health, configuration
-//! status and protocol; the stale ones; the last failures. Pure: computed from the rows.
+//! status, protocol and platform; the stale ones; the last failures. Pure: computed from the rows.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -37,6 +37,8 @@ pub struct Overview {
     pub by_health: Vec<Count>,
     pub by_config: Vec<Count>,
     pub by_protocol: Vec<Count>,
+    /// By the platform (target triple) each agent said; `unknown` when it said none.
+    pub by_platform: Vec<Count>,
     /// The most recently heard from first.
     pub failures: Vec<Failure>,
 }
@@ -99,6 +101,7 @@ pub fn overview(agents: &[Agent], heartbeat: Duration, now: i64) -> Overview {
         by_health: counts(agents.iter().map(Agent::health_label)),
         by_config: counts(agents.iter().map(Agent::config_label)),
         by_protocol: counts(agents.iter().map(Agent::protocol_label)),
+        by_platform: counts(agents.iter().map(Agent::platform_label)),
         failures,
     }
 }
@@ -139,6 +142,9 @@ mod tests {
         fleet[0].protocol = "opamp".into();
         fleet[0].health = Some("healthy".into());
         fleet[1].config_status = Some("APPLIED".into());
+        fleet[1].platform = "x86_64-unknown-linux-musl".into();
+        fleet[2].platform = "x86_64-unknown-linux-gnu".into();
+        fleet[3].platform = "x86_64-unknown-linux-gnu".into();
         let o = overview(&fleet, HB, NOW);
         assert_eq!(o.total, 4);
         assert_eq!(o.stale, 2);
@@ -162,6 +168,14 @@ mod tests {
         assert_eq!(
             pairs(&o.by_protocol),
             [("native".to_owned(), 3), ("opamp".to_owned(), 1)]
+        );
+        assert_eq!(
+            pairs(&o.by_platform),
+            [
+                ("x86_64-unknown-linux-gnu".to_owned(), 2),
+                ("unknown".to_owned(), 1),
+                ("x86_64-unknown-linux-musl".to_owned(), 1)
+            ]
         );
         assert_eq!(
             pairs(&o.by_health),

@@ -1,4 +1,4 @@
-//! `/agents?q=&version=&status=&health=&config=&group=&protocol=&stale=1&page=N`: the
+//! `/agents?q=&version=&status=&health=&config=&group=&protocol=&platform=&stale=1&page=N`: the
 //! parsed query, which agents it matches, the page of them to show, and the links to
 //! the other pages. Pure: rows in, rows out.
 
@@ -26,6 +26,8 @@ pub struct AgentQuery {
     pub config: String,
     pub group: String,
     pub protocol: String,
+    /// The platform (target triple) the agent said.
+    pub platform: String,
     pub stale: bool,
     /// 1-based.
     pub page: usize,
@@ -51,6 +53,7 @@ impl AgentQuery {
             config: field("config"),
             group: field("group"),
             protocol: field("protocol"),
+            platform: field("platform"),
             stale: matches!(field("stale").as_str(), "1" | "true" | "on" | "yes"),
             page: field("page").parse().ok().filter(|p| *p >= 1).unwrap_or(1),
         }
@@ -65,6 +68,7 @@ impl AgentQuery {
             && exact(&self.config, agent.config_label())
             && exact(&self.group, &agent.group)
             && exact(&self.protocol, agent.protocol_label())
+            && exact(&self.platform, agent.platform_label())
             && (!self.stale || is_stale(agent.last_contact, heartbeat, now))
             && (self.q.is_empty()
                 || contains_ignoring_case(&agent.id, &self.q)
@@ -92,6 +96,7 @@ impl AgentQuery {
             ("config", &self.config),
             ("group", &self.group),
             ("protocol", &self.protocol),
+            ("platform", &self.platform),
         ] {
             if !v.is_empty() {
                 parts.push(format!("{k}={}", encode(v)));

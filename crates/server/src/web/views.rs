@@ -275,6 +275,7 @@ pub struct OverviewPage {
     pub by_health: Vec<CountRow>,
     pub by_config: Vec<CountRow>,
     pub by_protocol: Vec<CountRow>,
+    pub by_platform: Vec<CountRow>,
     pub failures: Vec<FailureRow>,
 }
 
@@ -304,6 +305,7 @@ impl OverviewPage {
             by_health: count_rows(&o.by_health, "health"),
             by_config: count_rows(&o.by_config, "config"),
             by_protocol: count_rows(&o.by_protocol, "protocol"),
+            by_platform: count_rows(&o.by_platform, "platform"),
             failures: o
                 .failures
                 .iter()
