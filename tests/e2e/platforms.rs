@@ -342,15 +342,7 @@ fn platform_missing_from_a_release_is_no_bundle_and_the_rollout_completes() {
     // 2.0.0 for glibc only: no aarch64 bundle, and no static musl one to fall back to.
     let d2 = dist_for(&ctx, "d2", GNU, "agent 2.0.0 glibc");
     let b2 = pack_for(&ctx, &d2, "2.0.0", "2", &key, "b2", GNU);
-    for entry in fs::read_dir(server.download_dir()).unwrap().flatten() {
-        if entry
-            .file_name()
-            .to_string_lossy()
-            .starts_with("agent-bundle-")
-        {
-            fs::remove_file(entry.path()).unwrap();
-        }
-    }
+    server.clear_bundles();
     drop_as(&server, &b2, GNU);
     server.wait_serving(&sha256_file(&b2));
     wait_rollout(&server, TOKEN, WAIT, "2.0.0's rollout to start", |r| {

@@ -597,15 +597,7 @@ impl TestContext {
     /// Replaces whatever the server serves with `bundle`, as an operator would (remove
     /// the old files, copy the new ones), and waits until it is served.
     pub fn republish(&self, server: &ServerProc, bundle: &Path) {
-        for entry in fs::read_dir(server.download_dir()).unwrap().flatten() {
-            if entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with("agent-bundle-")
-            {
-                fs::remove_file(entry.path()).unwrap();
-            }
-        }
+        server.clear_bundles();
         self.publish_served(server, bundle);
     }
 
@@ -617,6 +609,19 @@ impl TestContext {
 }
 
 impl ServerProc {
+    /// Removes every bundle and signature from the download directory.
+    pub fn clear_bundles(&self) {
+        for entry in fs::read_dir(self.download_dir()).unwrap().flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("agent-bundle-")
+            {
+                fs::remove_file(entry.path()).unwrap();
+            }
+        }
+    }
+
     /// Waits until `/agentupdate/version` describes the bundle with this sha256.
     pub fn wait_serving(&self, sha256: &str) {
         let start = Instant::now();
