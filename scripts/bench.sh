@@ -22,6 +22,7 @@
 #            native protocol; a configuration push to APPLIED on 10,000 WebSocket agents
 #   config   fleet-sim: a configuration set to 1,000 and 10,000 agents (APPLIED at the
 #            server), heartbeats vs long polls; connect latency with a config rollout vs none
+#   platforms the glibc and the static musl bundle: size, and the agent's RSS once up
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
 # BENCH_BASELINE=DIR: a checkout of an earlier commit with target/release built; update,
 # fleet and longpoll's held agents then measure it too, alternating with this tree.
@@ -29,15 +30,15 @@
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 sections=()
 for arg in "$@"; do
     case "$arg" in
-    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config) sections+=("$arg") ;;
-    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config) ;;
+    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config | platforms) sections+=("$arg") ;;
+    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config platforms) ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown section $arg" >&2; usage >&2; exit 2 ;;
     esac
