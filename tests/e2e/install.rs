@@ -237,11 +237,13 @@ fn install_with_a_wrong_enrollment_token_fails_with_the_servers_words() {
     assert!(agents(&server).is_empty());
 
     // The right token installs, and the agent registers with it.
-    let out = run(Command::new("sh").arg("-c").arg(format!(
-        "curl -fsSL {} | sh -s -- --prefix {} --no-systemd --enroll-token the-right-one",
-        server.url("/install.sh"),
-        prefix.display()
-    )));
+    let out = one_liner_here(
+        &server,
+        &format!(
+            "--prefix {} --no-systemd --enroll-token the-right-one",
+            prefix.display()
+        ),
+    );
     assert!(
         out.status.success(),
         "{}",

@@ -179,11 +179,11 @@ async fn serve(
         // Never held: the first contact (a register), and any contact with long polls off.
         // A failed round that is due again ends the hold: the server has nothing new to
         // say while a full disk empties.
+        let asked = Instant::now();
         let hold = (config.agent.long_poll && !first).then(|| Hold {
-            wait: retry::bounded(heartbeat, retry.next_due(Instant::now()), Instant::now()),
+            wait: retry::bounded(heartbeat, retry.next_due(asked), asked),
             known_offer: pace.known_offer.clone(),
         });
-        let asked = Instant::now();
         client.set_health(board.agent_health());
         client.set_config_hash(remote_config::running_hash(&home));
         let stays_away_from = retry.quiet_bad.clone();

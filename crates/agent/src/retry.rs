@@ -105,6 +105,14 @@ const TRANSIENT_CAP: Duration = Duration::from_secs(15 * 60);
 /// The slow backoff starts at this many heartbeats.
 const NEEDS_CHANGE_FIRST_HEARTBEATS: u32 = 4;
 
+/// The pace of what may pass by itself: from a heartbeat, doubling, capped.
+fn transient_backoff(heartbeat: Duration) -> Backoff {
+    Backoff::new(
+        heartbeat,
+        (heartbeat * TRANSIENT_CAP_HEARTBEATS).min(TRANSIENT_CAP),
+    )
+}
+
 /// The rounds' memory: the gate, and a backoff per kind of failure that has one.
 #[derive(Debug, Clone)]
 pub struct Retry {
@@ -125,16 +133,10 @@ impl Retry {
     pub fn new(heartbeat: Duration, max_retry_after: Duration) -> Self {
         Self {
             gate: RetryGate::default(),
-            transient: Backoff::new(
-                heartbeat,
-                (heartbeat * TRANSIENT_CAP_HEARTBEATS).min(TRANSIENT_CAP),
-            ),
+            transient: transient_backoff(heartbeat),
             needs_change: Backoff::new(heartbeat * NEEDS_CHANGE_FIRST_HEARTBEATS, max_retry_after),
             quiet_bad: None,
-            recover: Backoff::new(
-                heartbeat,
-                (heartbeat * TRANSIENT_CAP_HEARTBEATS).min(TRANSIENT_CAP),
-            ),
+            recover: transient_backoff(heartbeat),
             recover_not_before: None,
         }
     }

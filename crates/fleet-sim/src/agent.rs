@@ -44,8 +44,6 @@ pub struct SimAgent {
     last: Option<Option<String>>,
     /// The platform it says it runs on (a Rust target triple).
     pub platform: String,
-    /// Where its platform's bundle is downloaded.
-    download_path: String,
 }
 
 /// What a register or connect came back with.
@@ -117,18 +115,12 @@ impl SimAgent {
             last: None,
             config_hash: String::new(),
             platform: agent_protocol::layout::PLATFORM.to_owned(),
-            download_path: format!(
-                "{}?platform={}",
-                wire::DOWNLOAD_PATH,
-                agent_protocol::layout::PLATFORM
-            ),
         }
     }
 
     /// This agent says it runs on `platform` and asks for that platform's bundle (a
     /// server that serves one bundle ignores the query).
     pub fn on(mut self, platform: String) -> Self {
-        self.download_path = format!("{}?platform={platform}", wire::DOWNLOAD_PATH);
         self.platform = platform;
         self
     }
@@ -357,20 +349,18 @@ impl SimAgent {
 
     /// The bundle, as the download mode says; false if the server would not give it.
     async fn fetch(&self, shared: &Shared) -> bool {
+        let path = format!("{}?platform={}", wire::DOWNLOAD_PATH, self.platform);
         for _ in 0..DOWNLOAD_TRIES {
             let answer = match shared.options.download {
                 DownloadMode::Full => {
-                    self.call(
-                        shared,
-                        Call::new("download", Method::GET, &self.download_path).drain(),
-                    )
-                    .await
+                    self.call(shared, Call::new("download", Method::GET, &path).drain())
+                        .await
                 }
                 DownloadMode::Head => {
                     let head = self
                         .call(
                             shared,
-                            Call::new("download (HEAD)", Method::HEAD, &self.download_path).drain(),
+                            Call::new("download (HEAD)", Method::HEAD, &path).drain(),
                         )
                         .await;
                     match head {
@@ -378,13 +368,9 @@ impl SimAgent {
                             let range = [("Range", format!("bytes=0-{}", FIRST_BYTES - 1))];
                             self.call(
                                 shared,
-                                Call::new(
-                                    "download (first bytes)",
-                                    Method::GET,
-                                    &self.download_path,
-                                )
-                                .headers(&range)
-                                .drain(),
+                                Call::new("download (first bytes)", Method::GET, &path)
+                                    .headers(&range)
+                                    .drain(),
                             )
                             .await
                         }

@@ -43,6 +43,14 @@ pub struct Caller {
     pub address: String,
 }
 
+/// The address a request came from, for the audit log (empty when unknown).
+pub fn client_address(extensions: &axum::http::Extensions) -> String {
+    extensions
+        .get::<ClientAddr>()
+        .map(|a| a.0.to_string())
+        .unwrap_or_default()
+}
+
 fn bearer(parts: &Parts) -> Option<&str> {
     parts
         .headers
@@ -83,11 +91,7 @@ impl FromRequestParts<AppState> for Auth {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let address = parts
-            .extensions
-            .get::<ClientAddr>()
-            .map(|a| a.0.to_string())
-            .unwrap_or_default();
+        let address = client_address(&parts.extensions);
         let who = identify(&state.inner, bearer(parts)).await;
         Ok(Auth { who, address })
     }

@@ -540,11 +540,7 @@ async fn act(
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, Trouble> {
-    let address = request
-        .extensions()
-        .get::<crate::conn::ClientAddr>()
-        .map(|a| a.0.to_string())
-        .unwrap_or_default();
+    let address = crate::routes::operators::client_address(request.extensions());
     let (host, form) = read_form(request).await;
     let signed = match check_post(&page, &headers, host.as_deref(), &form).await? {
         Ok(v) => v,
