@@ -10,6 +10,7 @@ mod bundle;
 mod cloud;
 mod config;
 mod config_exporter;
+mod delta;
 mod first_day;
 mod fleet;
 mod full_disk;

@@ -16,6 +16,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod delta;
 pub mod download;
 pub mod error;
 pub mod health;
