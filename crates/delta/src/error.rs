@@ -5,12 +5,12 @@ use std::path::PathBuf;
 pub enum DeltaError {
     /// The delta is damaged or was made for other bytes: the caller falls back to the
     /// whole bundle.
-    #[error("unusable delta: {0}; download the whole bundle instead")]
+    #[error("unusable delta: {0}")]
     Corrupt(String),
 
     /// The bundle given as the base is not the one the delta was made from.
     #[error(
-        "the delta was made from bundle sha256 {expected}, this one is {actual}; download the whole bundle instead"
+        "the delta was made from bundle sha256 {expected}, this one is {actual}"
     )]
     WrongBase { expected: String, actual: String },
 
