@@ -291,3 +291,56 @@ fn delta_downloads_share_the_download_limit() {
         2.0
     );
 }
+
+#[test]
+fn fleet_sim_agents_take_deltas_and_count_their_bytes() {
+    let ctx = TestContext::new();
+    let (old, new) = two_releases(&ctx, 0);
+    let server = ctx.server(
+        "srv",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", "t"),
+            ("UPDATE_SERVER_ROLLOUT_WAVES", "100%"),
+        ],
+    );
+    ctx.publish_served(&server, &old);
+    let summary = ctx.path("sim.json");
+    let mut sim = ctx.cmd("fleet-sim");
+    sim.args(["--server", &server.url(""), "--agents", "10"])
+        .args(["--heartbeat", "300ms", "--ramp", "500ms"])
+        .args(["--install-time", "100ms", "--deltas"])
+        .args(["--until-rollout-end", "--token", "t", "--duration", "120s"])
+        .arg("--json")
+        .arg(&summary)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let pid = ctx.spawn(sim);
+    // Each simulated agent reads the sha256 of the bundle it starts on, then registers.
+    wait_until(
+        Duration::from_secs(30),
+        "the simulated agents to register",
+        || e2e::admin_agents(server.port, "t").len() == 10,
+    );
+    ctx.republish(&server, &new);
+    wait_until(Duration::from_secs(120), "fleet-sim to finish", || {
+        e2e::pid_gone(pid)
+    });
+    let report: serde_json::Value = serde_json::from_str(&e2e::read_file(&summary)).unwrap();
+    assert_eq!(report["rollout"]["state"], "completed", "{report}");
+    assert_eq!(report["versions"]["1.0.1+2"], 10, "{report}");
+    assert_eq!(report["deltas_taken"], 10, "{report}");
+    assert_eq!(report["delta_fallbacks"], 0, "{report}");
+    assert_eq!(report["bundle_bytes"], 0, "{report}");
+    let delta_bytes = report["delta_bytes"].as_u64().unwrap();
+    assert!(delta_bytes > 0, "{report}");
+    assert!(
+        delta_bytes * 100 < 10 * fs::metadata(&new).unwrap().len(),
+        "{report}"
+    );
+    assert_eq!(
+        metric(&server, "agentupdate_bytes_sent_total{kind=\"delta\"}"),
+        delta_bytes as f64,
+        "what the server sent is what the agents counted"
+    );
+    assert_eq!(report["errors"], serde_json::json!({}), "{report}");
+}
