@@ -222,13 +222,18 @@ impl Deltas {
         let bases_dir = root.join("bases");
         fs::create_dir_all(&bases_dir)
             .map_err(|e| ServerError::Io(format!("{}: {e}", bases_dir.display())))?;
-        Ok(Self {
+        let me = Self {
             root,
             bases_dir,
             state: Mutex::new(State::default()),
             wake: tokio::sync::Notify::new(),
             metrics,
-        })
+        };
+        // Known from the first request on, so an agent asking before the worker's first
+        // look is told to wait for its delta, not sent to the bundle.
+        let bases = me.read_bases();
+        me.lock().bases = bases;
+        Ok(me)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -275,14 +280,20 @@ impl Deltas {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(crate::SCAN_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_error = String::new();
             loop {
                 if let Current::Ready(release) = store.current()
                     && me.lock().planned.as_deref() != Some(release.identity().as_str())
                 {
                     let worker = Arc::clone(&me);
                     let done = tokio::task::spawn_blocking(move || worker.refresh(&release)).await;
-                    if let Ok(Err(e)) = done {
-                        tracing::error!("deltas: {e}; trying again in a moment");
+                    match done {
+                        Ok(Err(e)) if e.to_string() != last_error => {
+                            tracing::error!("deltas: {e}; trying again each second");
+                            last_error = e.to_string();
+                        }
+                        Ok(Ok(())) => last_error.clear(),
+                        _ => {}
                     }
                 }
                 if let Some(pair) = me.next_job() {
