@@ -400,13 +400,7 @@ impl SimAgent {
     /// the bundle is to be downloaded instead.
     async fn fetch_delta(&self, shared: &Shared) -> Option<bool> {
         let from = self.running.as_ref()?;
-        let path = format!(
-            "{}?{}={from}&{}={}",
-            wire::DELTA_PATH,
-            wire::FROM_QUERY,
-            wire::PLATFORM_QUERY,
-            self.platform
-        );
+        let path = wire::delta_path(from, &self.platform);
         for _ in 0..DOWNLOAD_TRIES {
             let answer = self
                 .call(shared, Call::new("delta", Method::GET, &path).drain_delta())

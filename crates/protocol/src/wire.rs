@@ -10,12 +10,6 @@ use crate::version::AgentVersion;
 pub const VERSION_PATH: &str = "/agentupdate/version";
 pub const DOWNLOAD_PATH: &str = "/agentupdate/download";
 pub const SIGNATURE_PATH: &str = "/agentupdate/download.minisig";
-/// `GET|HEAD`: a delta from the bundle an agent runs to the one served for its platform,
-/// `?from=<sha256 of the bundle it runs>&platform=<target triple>`; `404` when the server
-/// has none worth sending (then the agent downloads the bundle).
-pub const DELTA_PATH: &str = "/agentupdate/delta";
-/// The query parameter of [`DELTA_PATH`] naming the bundle the agent runs.
-pub const FROM_QUERY: &str = "from";
 /// The query parameter that asks version, download and signature for one platform's
 /// bundle of the release: `?platform=<target triple>`.
 pub const PLATFORM_QUERY: &str = "platform";

@@ -58,7 +58,7 @@ fn answer(s: &Shared, ask: DeltaAsk, method: &Method, headers: &HeaderMap) -> Re
     if !deltas::is_sha256(&from) {
         return ApiError::bad_request(format!(
             "{} must be the sha256 (64 hex digits) of the bundle the agent runs",
-            wire::FROM_QUERY
+            wire::DELTA_FROM_QUERY
         ))
         .into_response();
     }
