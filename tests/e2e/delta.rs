@@ -110,6 +110,7 @@ fn delta_of_a_one_file_release_crosses_the_wire_in_under_one_percent_of_the_bund
     let sent = update_through(&r, &server, &proxy);
 
     let bundle = size(&r.b2);
+    eprintln!("one file changed: {sent} bytes on the wire for a {bundle}-byte bundle");
     assert!(bundle > PROGRAM as u64);
     assert!(
         sent * 100 < bundle,
@@ -142,6 +143,7 @@ fn delta_of_a_rebuilt_agent_is_under_five_percent_and_installs_that_build() {
     let sent = update_through(&r, &server, &proxy);
 
     let bundle = size(&r.b2);
+    eprintln!("agent rebuilt: {sent} bytes on the wire for a {bundle}-byte bundle");
     assert!(
         sent * 20 < bundle,
         "{sent} bytes crossed the wire for a {bundle}-byte bundle\n--- agent.log:\n{}",

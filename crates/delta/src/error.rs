@@ -9,9 +9,7 @@ pub enum DeltaError {
     Corrupt(String),
 
     /// The bundle given as the base is not the one the delta was made from.
-    #[error(
-        "the delta was made from bundle sha256 {expected}, this one is {actual}"
-    )]
+    #[error("the delta was made from bundle sha256 {expected}, this one is {actual}")]
     WrongBase { expected: String, actual: String },
 
     /// A bundle that cannot be taken apart into the parts a delta names.
