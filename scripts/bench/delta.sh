@@ -32,6 +32,32 @@ delta_measure() {
     tail -1 "$t"
 }
 
+# delta_fleet MODE OLD NEW JSON: a fleet-sim rollout of NEW to DELTA_AGENTS agents running
+# OLD, with deltas (MODE=deltas) or whole bundles (MODE=whole); writes the sim's JSON and
+# appends "bundle-bytes delta-bytes" sent (the server's /metrics) to JSON.bytes.
+delta_fleet() {
+    local mode=$1 old=$2 new=$3 json=$4 port
+    port=$(free_port)
+    sim_server "$work/delta-srv" "$port" "$old" UPDATE_SERVER_ROLLOUT_WAVES=1%,10%,100% \
+        UPDATE_SERVER_ROLLOUT_WAVE_WAIT=0 UPDATE_SERVER_ROLLOUT_AGENT_DEADLINE=600
+    local extra=()
+    [[ $mode == deltas ]] && extra=(--deltas)
+    "$bin/fleet-sim" --server "http://127.0.0.1:$port" --agents "${DELTA_AGENTS:-10000}" \
+        --agent-version 1.0.0+1 --heartbeat 30s --long-poll --ramp 20s --install-time 2s \
+        --download full --until-rollout-end --duration 600s --token bench --progress 30s \
+        --json "$json" "${extra[@]}" >/dev/null 2>"$json.err" &
+    local sim_pid=$!
+    # Every agent has registered on OLD (and, with deltas, learned its sha256) first.
+    sleep 25
+    serve_bundle "$work/delta-srv" "$port" "$new"
+    wait "$sim_pid"
+    curl -fsS "http://127.0.0.1:$port/metrics" | awk '
+        /^agentupdate_bytes_sent_total\{kind="bundle"\}/ { b = $2 }
+        /^agentupdate_bytes_sent_total\{kind="delta"\}/ { d = $2 }
+        END { printf "%.0f %.0f\n", b, d }' >"$json.bytes"
+    stop_server
+}
+
 bench_delta() {
     echo "delta: deltas between bundles of this tree vs bsdiff, zstd --patch-from, xdelta3" >&2
     local need=()
@@ -94,6 +120,31 @@ bench_delta() {
         done
     done
 
+    # The rollout of the rebuilt agent to a simulated fleet, with deltas and without,
+    # alternating.
+    local sim_rounds=${DELTA_SIM_ROUNDS:-2} agents=${DELTA_AGENTS:-10000} mode
+    for ((r = 1; r <= sim_rounds; r++)); do
+        for mode in deltas whole; do
+            delta_fleet "$mode" "$old" "$d/out-agent/agent-bundle-1.0.1" "$d/fleet-$mode-$r.json"
+            note "fleet round $r, $mode: $(jq -r '.rollout | "\(.state) in \(.seconds // "?") s"' "$d/fleet-$mode-$r.json"), sent (bundle delta) $(cat "$d/fleet-$mode-$r.json.bytes")"
+        done
+    done
+    fleet_row() { # fleet_row MODE LABEL
+        local f=("$d"/fleet-"$1"-*.json) x
+        printf '| %s | %s | %s | %s | %s |\n' "$2" \
+            "$(for x in "${f[@]}"; do jq -r '.rollout.seconds // empty' "$x"; done | spread_as %.1f " s")" \
+            "$(for x in "${f[@]}"; do awk '{ print ($1 + $2) / 1048576 }' "$x.bytes"; done | spread_as %.0f " MiB")" \
+            "$(for x in "${f[@]}"; do awk -v n="$agents" '{ print ($1 + $2) / n / 1024 }' "$x.bytes"; done | spread_as %.1f " KiB")" \
+            "$(for x in "${f[@]}"; do jq -r '"\(.deltas_taken) / \(.delta_fallbacks)"' "$x"; done | sort | uniq -c | awk '{ printf "%s%s×%s", sep, $1, $2 " " $3 " " $4; sep = ", " }')"
+    }
+    local fleet_rows
+    fleet_rows="$(fleet_row deltas "deltas (\`--deltas\`)")"$'\n'"$(fleet_row whole "whole bundles")"
+    local dsec wsec dbytes wbytes
+    dsec=$(for x in "$d"/fleet-deltas-*.json; do jq -r '.rollout.seconds // empty' "$x"; done | median_of)
+    wsec=$(for x in "$d"/fleet-whole-*.json; do jq -r '.rollout.seconds // empty' "$x"; done | median_of)
+    dbytes=$(cat "$d"/fleet-deltas-*.json.bytes | awk '{ print $1 + $2 }' | median_of)
+    wbytes=$(cat "$d"/fleet-whole-*.json.bytes | awk '{ print $1 + $2 }' | median_of)
+
     local bundle share
     bundle=$(stat -c %s "$d/out-agent/agent-bundle-1.0.1")
     # The new workload's share of its bundle, compressed as the packer compresses it.
@@ -140,6 +191,18 @@ Time and peak memory (GNU time's maximum RSS), median (min–max) over the round
 | release | ours: make | ours: make, memory | ours: apply | ours: apply, memory | bsdiff: make | zstd: make | xdelta3: make |
 |---|---|---|---|---|---|---|---|
 ${trows}
+A rollout of the rebuilt agent (waves 1 %, 10 %, 100 %, no soak, installs of 2 s) to
+$agents \`fleet-sim\` agents long-polling one server on loopback, with deltas and with whole
+bundles, alternating (\`DELTA_SIM_ROUNDS=${sim_rounds}\`). Bytes are what the server's \`/metrics\`
+counts as sent (\`agentupdate_bytes_sent_total\`, bundles and deltas); the time is the
+rollout's, from its start to its end; median (min–max):
+
+| | rollout time | bytes sent | per agent | updates by delta / fell back (per run) |
+|---|---|---|---|---|
+${fleet_rows}
+
+Deltas against whole bundles: $(ratio "$dbytes" "$wbytes") of the bytes, $(ratio "$dsec" "$wsec") of the time.
+
 Ours diffs each changed file's uncompressed bytes (bsdiff's suffix sort, one core, files
 up to 64 MiB) and names every unchanged file's compressed bytes in the old bundle, so its
 cost follows what changed, not the bundle's size. Applying holds one changed file (old and
