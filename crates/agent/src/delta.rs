@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use crate::backoff::{parse_retry_after, retry_after_wait};
 use crate::client::error_chain;
 use crate::download::{self, Downloaded, Limits};
-use crate::update::sleep_or_shutdown;
+use crate::sleep::sleep_or_shutdown;
 
 /// Busy answers (`503`) a delta request waits out before the whole bundle is asked for.
 const MAX_BUSY: u32 = 5;

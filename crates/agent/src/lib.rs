@@ -27,6 +27,7 @@ pub mod pacing;
 pub mod recovery;
 pub mod remote_config;
 pub mod retry;
+pub mod sleep;
 pub mod status;
 pub mod update;
 pub mod workload;

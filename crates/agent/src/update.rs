@@ -27,6 +27,7 @@ use crate::delta::{self, NoDelta};
 use crate::download::{self, DownloadError, Limits};
 use crate::home::Installation;
 use crate::retry::Failure;
+use crate::sleep::sleep_or_shutdown;
 
 /// Failed downloads (not counting `503`s, which the server manages) before giving up
 /// for this round.
@@ -555,17 +556,6 @@ pub fn spawn_updater(home: &AgentHome, bundle: &Path, wait_pid: u32) -> Result<u
 /// ended (an abandoned update) must not keep it as a zombie.
 pub fn reap(mut child: std::process::Child) {
     std::thread::spawn(move || child.wait());
-}
-
-/// Sleeps, or returns true at once when shutdown is asked for.
-pub async fn sleep_or_shutdown(wait: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
-    if *shutdown.borrow() {
-        return true;
-    }
-    tokio::select! {
-        _ = tokio::time::sleep(wait) => false,
-        _ = shutdown.changed() => true,
-    }
 }
 
 #[cfg(test)]
