@@ -25,7 +25,7 @@ delta_measure() {
     case $tool in
     ours) /usr/bin/time -f '%e %M' -o "$t" "$bin/agent-bundle" delta "$old" "$new" --out "$out" >/dev/null ;;
     bsdiff) /usr/bin/time -f '%e %M' -o "$t" bsdiff "$old" "$new" "$out" ;;
-    zstd) /usr/bin/time -f '%e %M' -o "$t" zstd -q -19 --long=27 --patch-from="$old" "$new" -o "$out" ;;
+    zstd) /usr/bin/time -f '%e %M' -o "$t" zstd -q -19 --long=27 --patch-from="$old" "$new" -o "$out" 2>/dev/null ;;
     xdelta3) /usr/bin/time -f '%e %M' -o "$t" xdelta3 -e -9 -f -s "$old" "$new" "$out" ;;
     apply) /usr/bin/time -f '%e %M' -o "$t" "$bin/agent-bundle" apply-delta "$old" "$new" --out "$out" >/dev/null ;;
     esac
