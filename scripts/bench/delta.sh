@@ -135,7 +135,7 @@ bench_delta() {
             "$(for x in "${f[@]}"; do jq -r '.rollout.seconds // empty' "$x"; done | spread_as %.1f " s")" \
             "$(for x in "${f[@]}"; do awk '{ print ($1 + $2) / 1048576 }' "$x.bytes"; done | spread_as %.0f " MiB")" \
             "$(for x in "${f[@]}"; do awk -v n="$agents" '{ print ($1 + $2) / n / 1024 }' "$x.bytes"; done | spread_as %.1f " KiB")" \
-            "$(for x in "${f[@]}"; do jq -r '"\(.deltas_taken) / \(.delta_fallbacks)"' "$x"; done | sort | uniq -c | awk '{ printf "%s%s×%s", sep, $1, $2 " " $3 " " $4; sep = ", " }')"
+            "$(for x in "${f[@]}"; do jq -r '"\(.deltas_taken) / \(.delta_fallbacks)"' "$x"; done | paste -sd, - | sed 's/,/, /g')"
     }
     local fleet_rows
     fleet_rows="$(fleet_row deltas "deltas (\`--deltas\`)")"$'\n'"$(fleet_row whole "whole bundles")"
@@ -201,7 +201,7 @@ rollout's, from its start to its end; median (min–max):
 |---|---|---|---|---|
 ${fleet_rows}
 
-Deltas against whole bundles: $(ratio "$dbytes" "$wbytes") of the bytes, $(ratio "$dsec" "$wsec") of the time.
+Deltas against whole bundles: $(awk -v a="$dbytes" -v b="$wbytes" 'BEGIN { printf "%.1f %%", a * 100 / b }') of the bytes, $(awk -v a="$dsec" -v b="$wsec" 'BEGIN { printf "%.0f %%", a * 100 / b }') of the time. With two runs a side, the median shown is the lower one.
 
 Ours diffs each changed file's uncompressed bytes (bsdiff's suffix sort, one core, files
 up to 64 MiB) and names every unchanged file's compressed bytes in the old bundle, so its
