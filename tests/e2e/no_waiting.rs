@@ -79,9 +79,9 @@ fn wait_logged(home: &Path, what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 /// A real server and agent at a 1 s heartbeat; the agent's home on a small tmpfs. In
-/// each cycle a new release is published, the disk fills the moment its download
-/// completes (the updater's unpack is held a second by a fault point, so the fill is
-/// never late), the agent keeps running its version, the space returns, and the update
+/// each cycle a new release is published, the disk fills the moment the agent hands
+/// the bundle to the updater (whose unpack is held a second by a fault point, so the
+/// fill is never late), the agent keeps running its version, the space returns, and the update
 /// goes through by itself within [`CONVERGE`].
 fn full_disk_cycles(long_poll: bool) {
     let ctx = TestContext::new();
@@ -119,8 +119,9 @@ fn full_disk_cycles(long_poll: bool) {
     let agent_bytes = fs::metadata(e2e::bin_path("agent")).unwrap().len();
     let bundle_bytes = fs::metadata(&bundles[1]).unwrap().len();
     // Room for the installed version and an update (the agent wants four times the
-    // bundle free before it downloads), the versions kept for rollback, and little more.
-    let _disk = Tmpfs::mount(&dir, 2 * agent_bytes + 6 * bundle_bytes + (48 << 20));
+    // bundle free before it downloads), the versions kept for rollback with the bundle
+    // each came from (the base of a delta), and little more.
+    let _disk = Tmpfs::mount(&dir, 2 * agent_bytes + 8 * bundle_bytes + (48 << 20));
     let filler = Filler { dir: dir.clone() };
     let home = ctx.install(&bundles[0], "disk");
     agent_conf(&home, &server, "1s", long_poll);
@@ -141,12 +142,16 @@ fn full_disk_cycles(long_poll: bool) {
         let new = format!("{}+{}", versions[cycle], cycle + 1);
         let failed_before = failed_rounds(&home);
         ctx.republish(&server, &bundles[cycle]);
-        let downloaded = home.join(format!("data/update/agent-bundle-{}", versions[cycle]));
+        // The agent has its bundle (downloaded, or rebuilt from a delta) and has written
+        // the journal that hands it to the updater: the disk fills while the updater's
+        // unpack is held, not in the instant the agent writes the journal.
+        let journal = home.join("data/update-journal.json");
+        let to = format!("\"{new}\"");
         let end = Instant::now() + LONG;
-        while !downloaded.exists() {
+        while !read_file(&journal).contains(&to) {
             assert!(
                 Instant::now() < end,
-                "cycle {cycle}: {new} was never downloaded\n{}",
+                "cycle {cycle}: the hand-off to {new} was never written\n{}",
                 logs(&home)
             );
             std::thread::sleep(Duration::from_millis(2));
