@@ -272,7 +272,9 @@ fn opamp_sim_agents_describe_their_platform_and_each_takes_its_releases_bundle()
                 "--install-time",
                 "200ms",
             ])
-            .args(["--download", "full", "--trust-key"])
+            // The first bytes and the signature: what is offered is the point here, and
+            // twenty whole debug bundles at once would only load the machine.
+            .args(["--download", "head", "--trust-key"])
             .arg(&s.public_key)
             .args(["--platform", &format!("{arm}=0.5")])
             .args(["--enrollment-token", ENROLL, "--token", ADMIN])
@@ -298,7 +300,12 @@ fn opamp_sim_agents_describe_their_platform_and_each_takes_its_releases_bundle()
     );
 
     // 2.0.0 for x86_64 glibc and static aarch64: each half is offered its own.
+    // Both copied in under hidden names first, then renamed: a server that saw one of
+    // them alone would serve a release of one bundle for a moment (offered at the plain
+    // download path, which answers 300 once the second arrives).
     s.server.clear_bundles();
+    let dir = s.server.download_dir();
+    let mut names = Vec::new();
     for platform in ["x86_64-unknown-linux-gnu", arm] {
         let bundle = s.ctx.pack_with(
             &s.ctx.dist(&format!("d2-{platform}")),
@@ -309,14 +316,16 @@ fn opamp_sim_agents_describe_their_platform_and_each_takes_its_releases_bundle()
             &["--platform", platform],
         );
         let name = format!("agent-bundle-2.0.0-{platform}");
-        let dir = s.server.download_dir();
         std::fs::copy(
             format!("{}.minisig", bundle.display()),
             dir.join(format!("{name}.minisig")),
         )
         .unwrap();
         std::fs::copy(&bundle, dir.join(format!(".{name}"))).unwrap();
-        std::fs::rename(dir.join(format!(".{name}")), dir.join(&name)).unwrap();
+        names.push(name);
+    }
+    for name in &names {
+        std::fs::rename(dir.join(format!(".{name}")), dir.join(name)).unwrap();
     }
     let report = read_summary(&summary, pid);
     assert_eq!(report["rollout"]["version"], NEW, "{report:#}");
