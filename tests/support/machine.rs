@@ -5,7 +5,8 @@
 //! The Debian root is made once (`scripts/test.sh`, by `debootstrap`) and cached as
 //! `target/debian-systemd-root`; each machine boots a copy of its own, so tests do not
 //! leak into each other. The static musl agent is built by `scripts/test.sh` too, under
-//! `target/x86_64-unknown-linux-musl/debug`.
+//! `target/x86_64-unknown-linux-musl/debug`, and so is the aarch64 one the platform tests
+//! run under qemu, under `target/aarch64-unknown-linux-gnu/debug`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
