@@ -62,11 +62,12 @@ platform_rss() {
 # until_true SECONDS WHAT COMMAND...: polls COMMAND every 50 ms; fails saying WHAT after
 # SECONDS.
 until_true() {
-    local end=$((SECONDS + $1)) what=$2
+    local secs=$1 what=$2
+    local end=$((SECONDS + secs))
     shift 2
     until "$@"; do
         if ((SECONDS > end)); then
-            echo "bench.sh platforms: timed out after $1 s waiting for $what" >&2
+            echo "bench.sh platforms: timed out after $secs s waiting for $what" >&2
             return 1
         fi
         sleep 0.05
@@ -91,13 +92,13 @@ drop_bundle() {
     mv "$dir/.part" "$dir/$name"
 }
 
-# platform_update TARGET: seconds from 2.0.0's bundle for TARGET appearing in the download
+# platform_update TARGET ROUND: seconds from 2.0.0's bundle for TARGET appearing in the download
 # directory of a server that serves 1.0.0 to the agent (installed from 1.0.0's bundle for
 # TARGET, long-polling as agents do by default) reporting 2.0.0+2 to that server: the
 # server's scan, the answer to the held connect, download, verification, swap, start of
 # the new agent and its first report.
 platform_update() {
-    local target=$1 port home=$work/pu-server prefix=$work/pu-agent t0 t1
+    local target=$1 port home=$work/pu-server-$1-$2 prefix=$work/pu-agent-$1-$2 t0 t1
     local b1=$work/platforms/1.0.0/agent-bundle-1.0.0-$target b2=$work/platforms/2.0.0/agent-bundle-2.0.0-$target
     port=$(free_port)
     sim_server "$home" "$port" "$b1"
@@ -110,7 +111,13 @@ platform_update() {
     until_true 30 "the $target agent to report 1.0.0+1" agent_at "$port" 1.0.0+1
     t0=$(date +%s.%N)
     drop_bundle "$home/downloads/agent" "$b2"
-    until_true 120 "the $target agent to report 2.0.0+2" agent_at "$port" 2.0.0+2
+    if ! until_true 120 "the $target agent to report 2.0.0+2" agent_at "$port" 2.0.0+2; then
+        # No number for an update that did not happen: what the agent says, then stop.
+        tail -n 20 "$prefix/agent/logs/update.log" "$prefix/agent/logs/wrapper.log" >&2 || true
+        stop_home "$prefix/agent"
+        stop_server
+        return 1
+    fi
     t1=$(date +%s.%N)
     stop_home "$prefix/agent"
     stop_server
@@ -214,8 +221,10 @@ bench_platforms() {
                 note "round $r: RSS glibc ${gnu_rss[-1]} MiB, musl ${musl_rss[-1]} MiB"
             fi
             if [[ $only != size ]]; then
-                gnu_up+=("$(platform_update "$PLATFORM_GNU")")
-                musl_up+=("$(platform_update "$PLATFORM_MUSL")")
+                t=$(platform_update "$PLATFORM_GNU" "$r") || exit 1
+                gnu_up+=("$t")
+                t=$(platform_update "$PLATFORM_MUSL" "$r") || exit 1
+                musl_up+=("$t")
                 note "round $r: update glibc ${gnu_up[-1]} s, musl ${musl_up[-1]} s"
             fi
         done
@@ -225,8 +234,10 @@ bench_platforms() {
     local one=() three=()
     if [[ -z $only || $only == fleet ]]; then
         for ((r = 1; r <= fleet_rounds; r++)); do
-            one+=("$(platform_rollout one "$r")")
-            three+=("$(platform_rollout three "$r")")
+            t=$(platform_rollout one "$r") || exit 1
+            one+=("$t")
+            t=$(platform_rollout three "$r") || exit 1
+            three+=("$t")
         done
     fi
 
