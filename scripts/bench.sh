@@ -26,6 +26,8 @@
 #            glibc agent's RSS and update time; a 10,000-agent fleet-sim rollout of a
 #            release of three platforms vs one (PLATFORMS_ONLY=size|update|fleet: one part,
 #            printed, BENCHMARKS.md untouched)
+#   delta    bytes of a delta vs the whole bundle for three kinds of release, beside bsdiff,
+#            zstd --patch-from and xdelta3; time and memory to make and apply one
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
 # BENCH_BASELINE=DIR: a checkout of an earlier commit with target/release built; update,
 # fleet and longpoll's held agents then measure it too, alternating with this tree.
@@ -33,15 +35,15 @@
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 sections=()
 for arg in "$@"; do
     case "$arg" in
-    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config | platforms) sections+=("$arg") ;;
-    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config platforms) ;;
+    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config | platforms | delta) sections+=("$arg") ;;
+    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config platforms delta) ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown section $arg" >&2; usage >&2; exit 2 ;;
     esac

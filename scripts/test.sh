@@ -64,6 +64,13 @@ export OPAMP_NODE_MODULES="$PWD/target/opamp-clients/npm/node_modules"
 
 # The end-to-end tests spawn the built binaries; the crash tests also need a stub with
 # the updater's fault points compiled in (kept apart so no other binary has them).
+# The delta tests pack a second build of the agent, one small change apart, as the next
+# release: the same source with AGENT_BUILD_NOTE compiled in (`agent --version` shows it).
+# Built first, as the whole workspace (the same features as below), so the build below
+# puts the plain agent back and the two differ by that note alone.
+target_dir=${CARGO_TARGET_DIR:-target}
+AGENT_BUILD_NOTE=rebuilt cargo build --workspace --bins --locked
+mkdir -p "$target_dir/rebuilt" && cp "$target_dir/debug/agent" "$target_dir/rebuilt/agent"
 cargo build --workspace --bins --locked
 cargo build -p agent-bundle --features failpoints --locked --target-dir target/failpoints
 # The install tests: the static agent a busybox machine runs, and the Debian they boot

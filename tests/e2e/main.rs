@@ -10,6 +10,8 @@ mod bundle;
 mod cloud;
 mod config;
 mod config_exporter;
+mod delta;
+mod delta_server;
 mod first_day;
 mod fleet;
 mod full_disk;

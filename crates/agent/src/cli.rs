@@ -88,7 +88,12 @@ fn load_config(home: &AgentHome) -> anyhow::Result<Config> {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let install = Installation::discover(cli.home.as_deref())?;
     if cli.version {
-        println!("agent {} ({})", install.version, layout::PLATFORM);
+        // AGENT_BUILD_NOTE, set when the agent is compiled, tells two builds of one
+        // version apart (the delta tests pack a second build as the next release).
+        match option_env!("AGENT_BUILD_NOTE").filter(|note| !note.is_empty()) {
+            Some(note) => println!("agent {} ({}, {note})", install.version, layout::PLATFORM),
+            None => println!("agent {} ({})", install.version, layout::PLATFORM),
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let config = load_config(&install.home)?;

@@ -74,6 +74,9 @@ pub struct UpdateSection {
     /// A download that delivers no byte for this long is abandoned and resumed later.
     #[serde(with = "humantime_str")]
     pub read_timeout: Duration,
+    /// Ask the server for a delta from the bundle this version was installed from before
+    /// downloading a whole bundle.
+    pub deltas: bool,
 }
 
 /// The operator's program the agent runs and supervises (DESIGN.md, "The workload").
@@ -231,6 +234,7 @@ impl Default for UpdateSection {
             max_retry_after: Duration::from_secs(3600),
             download_timeout: Duration::from_secs(30 * 60),
             read_timeout: Duration::from_secs(30),
+            deltas: true,
         }
     }
 }
@@ -251,6 +255,7 @@ pub const KEYS: &[Key] = &[
     key("update", "max-retry-after", Kind::Str),
     key("update", "download-timeout", Kind::Str),
     key("update", "read-timeout", Kind::Str),
+    key("update", "deltas", Kind::Bool),
     key("workload", "command", Kind::List),
     key("workload", "env", Kind::Map),
     key("workload", "health-url", Kind::Str),

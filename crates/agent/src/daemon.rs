@@ -20,6 +20,7 @@ use crate::pacing::{self, LastContact};
 use crate::remote_config::live::LiveWorkload;
 use crate::remote_config::{self, Dirs, decide};
 use crate::retry::{self, Failure, Gate, Offer, Retry};
+use crate::sleep;
 use crate::update::{self, Outcome, UpdateContext};
 use crate::workload::spec::Spec;
 
@@ -279,7 +280,7 @@ async fn serve(
         let now = Instant::now();
         let wait = retry::bounded(wait, retry.next_due(now), now);
         tokio::select! {
-            stop = update::sleep_or_shutdown(wait, &mut shutdown) => {
+            stop = sleep::sleep_or_shutdown(wait, &mut shutdown) => {
                 if stop {
                     tracing::info!("stopping on request");
                     return Ok(RunEnd::Stopped);
@@ -574,7 +575,7 @@ async fn on_refused(
                     .unwrap_or_default(),
                 jitter.as_secs_f64()
             );
-            if update::sleep_or_shutdown(jitter, &mut shutdown).await {
+            if sleep::sleep_or_shutdown(jitter, &mut shutdown).await {
                 return Some(RunEnd::Stopped);
             }
         }

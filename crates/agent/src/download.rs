@@ -388,7 +388,11 @@ fn remove_stale(dir: &Path, keep: &Path) -> Result<(), DownloadError> {
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        if path != keep && name.starts_with("bundle-") && name.ends_with(".part") {
+        // Deltas and bundles rebuilt from them that a crash left behind go too.
+        let partial = ["bundle-", "delta-", "rebuilt-"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix));
+        if path != keep && partial && name.ends_with(".part") {
             remove(&path)?;
         }
     }

@@ -23,9 +23,11 @@ use tokio::sync::watch;
 use crate::backoff::{Backoff, retry_after_wait};
 use crate::client::Client;
 use crate::config::Config;
+use crate::delta::{self, NoDelta};
 use crate::download::{self, DownloadError, Limits};
 use crate::home::Installation;
 use crate::retry::Failure;
+use crate::sleep::sleep_or_shutdown;
 
 /// Failed downloads (not counting `503`s, which the server manages) before giving up
 /// for this round.
@@ -160,47 +162,77 @@ pub async fn fetch_verified(
         read_timeout: ctx.config.update.read_timeout,
         deadline: ctx.config.update.download_timeout,
     };
+    let via_delta = if ctx.config.update.deltas && !download::bundle_path(&dir, &info).exists() {
+        let claim = running_claim(&ctx.install.version_dir);
+        let request = delta::Request {
+            http: ctx.client.http(),
+            base_url: ctx.client.base(),
+            info: &info,
+            dir: &dir,
+            limits: &limits,
+            max_retry_after: ctx.config.update.max_retry_after,
+        };
+        let base = delta::Base {
+            kept: ctx.install.version_dir.join(layout::KEPT_BUNDLE_FILE),
+            claimed_sha256: claim.as_ref().map(|c| c.sha256.as_str()),
+        };
+        match delta::fetch(&request, &base, &mut ctx.shutdown).await {
+            Ok(rebuilt) => Some(rebuilt),
+            Err(NoDelta::ShuttingDown) => return Err(Outcome::ShuttingDown),
+            Err(NoDelta::Fallback(reason)) => {
+                tracing::info!("no delta: {reason}; downloading the whole bundle");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
     let mut attempt = 0u32;
-    let downloaded = loop {
-        attempt += 1;
-        tracing::info!("requesting the bundle (attempt {attempt})");
-        match download::fetch(ctx.client.http(), ctx.client.base(), &info, &dir, &limits).await {
-            Ok(d) => break d,
-            Err(DownloadError::RetryAfter(told)) => {
-                let wait =
-                    retry_after_wait(told, ctx.config.update.max_retry_after, &mut rand::rng());
-                tracing::info!(
-                    "server busy (503, Retry-After {}s); trying again in {:.1}s",
-                    told.as_secs(),
-                    wait.as_secs_f64()
-                );
-                if sleep_or_shutdown(wait, &mut ctx.shutdown).await {
-                    return Err(Outcome::ShuttingDown);
+    let downloaded = if let Some(rebuilt) = via_delta {
+        rebuilt
+    } else {
+        loop {
+            attempt += 1;
+            tracing::info!("requesting the bundle (attempt {attempt})");
+            match download::fetch(ctx.client.http(), ctx.client.base(), &info, &dir, &limits).await
+            {
+                Ok(d) => break d,
+                Err(DownloadError::RetryAfter(told)) => {
+                    let wait =
+                        retry_after_wait(told, ctx.config.update.max_retry_after, &mut rand::rng());
+                    tracing::info!(
+                        "server busy (503, Retry-After {}s); trying again in {:.1}s",
+                        told.as_secs(),
+                        wait.as_secs_f64()
+                    );
+                    if sleep_or_shutdown(wait, &mut ctx.shutdown).await {
+                        return Err(Outcome::ShuttingDown);
+                    }
                 }
-            }
-            Err(DownloadError::Forbidden) => {
-                return Err(Outcome::Degraded {
-                    reason: DownloadError::Forbidden.to_string(),
-                    failure: Failure::NeedsChange,
-                });
-            }
-            Err(e @ (DownloadError::DiskSpace { .. } | DownloadError::HashMismatch { .. })) => {
-                return Err(degraded(e.to_string()));
-            }
-            Err(e) => {
-                if backoff.attempts() + 1 >= MAX_DOWNLOAD_FAILURES {
-                    return Err(degraded(format!(
-                        "download failed {MAX_DOWNLOAD_FAILURES} times, last: {e}"
-                    )));
+                Err(DownloadError::Forbidden) => {
+                    return Err(Outcome::Degraded {
+                        reason: DownloadError::Forbidden.to_string(),
+                        failure: Failure::NeedsChange,
+                    });
                 }
-                let wait = backoff.next_wait(&mut rand::rng());
-                tracing::warn!(
-                    "download failed: {e}; retrying in {:.1}s",
-                    wait.as_secs_f64()
-                );
-                if sleep_or_shutdown(wait, &mut ctx.shutdown).await {
-                    return Err(Outcome::ShuttingDown);
+                Err(e @ (DownloadError::DiskSpace { .. } | DownloadError::HashMismatch { .. })) => {
+                    return Err(degraded(e.to_string()));
+                }
+                Err(e) => {
+                    if backoff.attempts() + 1 >= MAX_DOWNLOAD_FAILURES {
+                        return Err(degraded(format!(
+                            "download failed {MAX_DOWNLOAD_FAILURES} times, last: {e}"
+                        )));
+                    }
+                    let wait = backoff.next_wait(&mut rand::rng());
+                    tracing::warn!(
+                        "download failed: {e}; retrying in {:.1}s",
+                        wait.as_secs_f64()
+                    );
+                    if sleep_or_shutdown(wait, &mut ctx.shutdown).await {
+                        return Err(Outcome::ShuttingDown);
+                    }
                 }
             }
         }
@@ -524,17 +556,6 @@ pub fn spawn_updater(home: &AgentHome, bundle: &Path, wait_pid: u32) -> Result<u
 /// ended (an abandoned update) must not keep it as a zombie.
 pub fn reap(mut child: std::process::Child) {
     std::thread::spawn(move || child.wait());
-}
-
-/// Sleeps, or returns true at once when shutdown is asked for.
-pub async fn sleep_or_shutdown(wait: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
-    if *shutdown.borrow() {
-        return true;
-    }
-    tokio::select! {
-        _ = tokio::time::sleep(wait) => false,
-        _ = shutdown.changed() => true,
-    }
 }
 
 #[cfg(test)]

@@ -137,6 +137,28 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
+    /// Make the delta that rebuilds bundle NEW from bundle OLD (what the server serves at
+    /// /agentupdate/delta; this is the same maker, for a look at what a release costs).
+    Delta {
+        /// The bundle agents run now.
+        old: PathBuf,
+        /// The bundle they update to.
+        new: PathBuf,
+        /// Where to write the delta.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+    /// Rebuild a bundle from the bundle a delta starts from and the delta (what an agent
+    /// does). Check the result as any downloaded bundle: `agent-bundle verify`.
+    ApplyDelta {
+        /// The bundle the delta starts from.
+        old: PathBuf,
+        /// The delta.
+        delta: PathBuf,
+        /// Where to write the rebuilt bundle.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
     /// Verify a bundle's signature, trusted comment and contents.
     Verify {
         /// The bundle file.
@@ -310,6 +332,76 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     key.key_id()
                 );
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Delta { old, new, out }) => {
+            let started = std::time::Instant::now();
+            let mut file =
+                std::io::BufWriter::new(std::fs::File::create(&out).map_err(|source| {
+                    BundleError::Io {
+                        path: out.clone(),
+                        source,
+                    }
+                })?);
+            let made = agent_delta::make::make(&old, &new, &mut file, Default::default())?;
+            file.flush().map_err(|source| BundleError::Io {
+                path: out.clone(),
+                source,
+            })?;
+            println!(
+                "Wrote {} ({} bytes, {:.2} % of the {}-byte bundle) in {:.2}s: {} bytes named in the old bundle, {} sent as they are, {} in {} patch(es).",
+                out.display(),
+                made.size,
+                made.size as f64 * 100.0 / made.bundle_size.max(1) as f64,
+                made.bundle_size,
+                started.elapsed().as_secs_f64(),
+                made.copied,
+                made.literal,
+                made.patch_bytes,
+                made.patched
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::ApplyDelta { old, delta, out }) => {
+            let started = std::time::Instant::now();
+            let mut file =
+                std::io::BufWriter::new(std::fs::File::create(&out).map_err(|source| {
+                    BundleError::Io {
+                        path: out.clone(),
+                        source,
+                    }
+                })?);
+            let header = agent_delta::apply::apply(&old, &delta, &mut file, &out)?;
+            file.flush().map_err(|source| BundleError::Io {
+                path: out.clone(),
+                source,
+            })?;
+            drop(file);
+            let digests = agent_protocol::digest::Digests::of_reader(
+                std::fs::File::open(&out).map_err(|source| BundleError::Io {
+                    path: out.clone(),
+                    source,
+                })?,
+            )
+            .map_err(|source| BundleError::Io {
+                path: out.clone(),
+                source,
+            })?;
+            if digests.sha256 != header.to {
+                let _ = std::fs::remove_file(&out);
+                return Err(BundleError::Invalid(format!(
+                    "the delta rebuilt {} bytes with sha256 {}, not the bundle it names; nothing kept",
+                    digests.size,
+                    digests.sha256_hex()
+                )));
+            }
+            println!(
+                "Rebuilt {} ({} bytes, sha256 {}) in {:.2}s; check it with agent-bundle verify.",
+                out.display(),
+                digests.size,
+                digests.sha256_hex(),
+                started.elapsed().as_secs_f64()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::RotateKey { old, new, out }) => {

@@ -32,6 +32,8 @@ pub enum BundleError {
     Format(#[from] agent_protocol::Error),
     #[error(transparent)]
     Update(#[from] agent_updater::UpdateError),
+    #[error(transparent)]
+    Delta(#[from] agent_delta::DeltaError),
 }
 
 pub type Result<T, E = BundleError> = std::result::Result<T, E>;

@@ -168,6 +168,14 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
             &version_stage.join(layout::VERSION_SIGNATURE_FILE),
         )?;
     }
+    // The bundle stays with its version: the base of the next update's delta. Only a
+    // saving, so an install without it (a full disk) goes on.
+    if let Err(e) = atomic::link_or_copy(req.bundle, &version_stage.join(layout::KEPT_BUNDLE_FILE))
+    {
+        tracing::warn!(
+            "not keeping the bundle for deltas ({e}); the first update downloads the whole bundle"
+        );
+    }
     atomic::write(
         &version_stage.join(layout::COMPLETE_MARKER),
         facts.version.to_string().as_bytes(),

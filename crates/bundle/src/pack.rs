@@ -7,7 +7,7 @@
 //! the signing time.
 
 use std::fs::{self, File};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -18,8 +18,6 @@ use agent_protocol::minisign::{BundleClaim, SecretKey};
 use agent_protocol::properties::Properties;
 use agent_protocol::rotation::{self, Statement};
 use agent_protocol::version::AgentVersion;
-use flate2::Compression;
-use flate2::write::GzEncoder;
 use zip::write::SimpleFileOptions;
 
 use crate::error::{BundleError, IoContext, Result};
@@ -122,12 +120,32 @@ pub fn now_secs() -> u64 {
 /// The distribution rooted at `agent/`, with `agent-version.properties` written from the
 /// requested version (whatever the directory held) and the signing key's public half as
 /// `conf.default/update.pub` when the directory has none.
+///
+/// The tarball is written plain to a scratch file first, then compressed entry by entry
+/// (`agent_delta::segmented`) so that a file unchanged between two releases keeps its
+/// compressed bytes, and a delta can name them instead of sending them.
 fn write_tarball(req: &PackRequest<'_>, out: &File) -> Result<()> {
-    let gz = GzEncoder::new(
-        BufWriter::with_capacity(1 << 20, out),
-        Compression::default(),
-    );
-    let mut tar = tar::Builder::new(gz);
+    let mut plain = tempfile::Builder::new()
+        .prefix(".dist-tar-")
+        .tempfile_in(req.out_dir)
+        .at(req.out_dir)?;
+    write_plain_tarball(req, BufWriter::with_capacity(1 << 20, plain.as_file_mut()))?;
+    plain
+        .as_file_mut()
+        .seek(io::SeekFrom::Start(0))
+        .at(plain.path().to_path_buf())?;
+    let mut gz = BufWriter::with_capacity(1 << 20, out);
+    agent_delta::segmented::write_gzip(
+        io::BufReader::with_capacity(1 << 20, plain.as_file()),
+        &mut gz,
+    )
+    .at(req.dist)?;
+    gz.flush().at(req.dist)?;
+    Ok(())
+}
+
+fn write_plain_tarball(req: &PackRequest<'_>, out: impl Write) -> Result<()> {
+    let mut tar = tar::Builder::new(out);
     // Sparse entries would be refused by the safe unpacker: store holes as zeros.
     tar.sparse(false);
     tar.mode(tar::HeaderMode::Deterministic);
@@ -162,8 +180,7 @@ fn write_tarball(req: &PackRequest<'_>, out: &File) -> Result<()> {
             public.as_bytes(),
         )?;
     }
-    let gz = tar.into_inner().at(req.dist)?;
-    let mut writer = gz.finish().at(req.dist)?;
+    let mut writer = tar.into_inner().at(req.dist)?;
     writer.flush().at(req.dist)?;
     Ok(())
 }

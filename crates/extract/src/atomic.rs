@@ -149,6 +149,16 @@ pub fn copy_file(src: &Path, dest: &Path) -> Result<u64> {
     Ok(n)
 }
 
+/// Makes `dest` a second name of `src` when both lie on one filesystem (no bytes copied),
+/// and a copy otherwise. For files nobody writes in place again.
+pub fn link_or_copy(src: &Path, dest: &Path) -> Result<()> {
+    match fs::hard_link(src, dest) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(e).at(dest),
+        Err(_) => copy_file(src, dest).map(drop),
+    }
+}
+
 fn parent(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),

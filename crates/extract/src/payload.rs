@@ -230,6 +230,22 @@ impl Payload {
         })
     }
 
+    /// Where the distribution tarball's bytes lie in the bundle file. The entry is stored
+    /// (the tarball is compressed already), so these are the tarball's own bytes.
+    pub fn dist_range(&mut self, version: &AgentVersion) -> Result<std::ops::Range<u64>> {
+        let name = layout::dist_entry(version);
+        let path = self.path.clone();
+        let entry = self.entry(&name)?;
+        if entry.compression() != zip::CompressionMethod::Stored {
+            return Err(Error::NotABundle {
+                path,
+                reason: format!("entry {name} is compressed again inside the zip"),
+            });
+        }
+        let start = entry.data_start();
+        Ok(start..start + entry.compressed_size())
+    }
+
     /// The distribution's unpacked size from its gzip trailer (modulo 4 GiB), for progress.
     pub fn dist_unpacked_size_hint(&mut self, version: &AgentVersion) -> Option<u64> {
         use std::io::{Seek, SeekFrom};

@@ -3,7 +3,8 @@
 //! `INSTALLING`, waits out a simulated install, then reports `INSTALLED` (and runs the
 //! new version) or, with the chosen probability, `INSTALL_FAILED` (and never retries that
 //! bundle, as a real agent would not). It runs the configuration set the server sends
-//! it: it says `APPLIED` at once and sends the set's hash from then on.
+//! it: it says `APPLIED` at once and sends the set's hash from then on. With `--deltas` it
+//! asks for a delta from the bundle it runs before the bundle itself, as real agents do.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -44,6 +45,8 @@ pub struct SimAgent {
     last: Option<Option<String>>,
     /// The platform it says it runs on (a Rust target triple).
     pub platform: String,
+    /// The sha256 of the bundle it runs, when known: what it asks a delta from.
+    running: Option<String>,
 }
 
 /// What a register or connect came back with.
@@ -62,8 +65,15 @@ struct Call<'a> {
     path: &'a str,
     json: Option<serde_json::Value>,
     headers: &'a [(&'a str, String)],
-    /// Count the body's bytes instead of keeping it (a bundle).
-    drain: bool,
+    /// Count the body's bytes instead of keeping it (a bundle or a delta).
+    drain: Option<Drain>,
+}
+
+/// Which byte count a drained body adds to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    Bundle,
+    Delta,
 }
 
 impl<'a> Call<'a> {
@@ -74,7 +84,7 @@ impl<'a> Call<'a> {
             path,
             json: None,
             headers: &[],
-            drain: false,
+            drain: None,
         }
     }
 
@@ -88,7 +98,14 @@ impl<'a> Call<'a> {
 
     fn drain(self) -> Self {
         Self {
-            drain: true,
+            drain: Some(Drain::Bundle),
+            ..self
+        }
+    }
+
+    fn drain_delta(self) -> Self {
+        Self {
+            drain: Some(Drain::Delta),
             ..self
         }
     }
@@ -115,6 +132,7 @@ impl SimAgent {
             last: None,
             config_hash: String::new(),
             platform: agent_protocol::layout::PLATFORM.to_owned(),
+            running: None,
         }
     }
 
@@ -168,11 +186,15 @@ impl SimAgent {
         let status = response.status();
         let headers = response.headers().clone();
         let mut body = Vec::new();
+        // Only what was asked for is counted as received: a 503's or 404's few words are
+        // not bundle or delta bytes.
+        let drain = drain.filter(|_| status.is_success());
         let mut stream = response.bytes_stream();
         while let Some(chunk) = stream.next().await {
             match chunk {
-                // A whole bundle is counted, not kept.
-                Ok(c) if drain => shared.add_bytes(c.len() as u64),
+                // A whole bundle (or a delta) is counted, not kept.
+                Ok(c) if drain == Some(Drain::Bundle) => shared.add_bytes(c.len() as u64),
+                Ok(c) if drain == Some(Drain::Delta) => shared.add_delta_bytes(c.len() as u64),
                 Ok(c) => body.extend_from_slice(&c),
                 Err(_) => {
                     shared.stats.error(format!("{endpoint}: body cut off"));
@@ -184,10 +206,11 @@ impl SimAgent {
             shared.stats.record(endpoint, started.elapsed());
         }
         // 409 (the directive), 403 (downloads off) and 503 (busy) are answers, not errors.
+        // A delta's 404 (none worth sending) sends the agent to the bundle: an answer too.
         let expected = matches!(
             status,
             StatusCode::CONFLICT | StatusCode::FORBIDDEN | StatusCode::SERVICE_UNAVAILABLE
-        );
+        ) || (status == StatusCode::NOT_FOUND && endpoint == "delta");
         if (status.is_server_error() || status.is_client_error()) && !expected {
             shared.stats.error(format!("{endpoint}: {status}"));
         }
@@ -347,8 +370,69 @@ impl SimAgent {
         .await;
     }
 
+    /// What a real agent that keeps its bundle does first (`--deltas`): learns the sha256
+    /// of the bundle it runs, from `/agentupdate/version` while it is the one served.
+    async fn learn_running(&mut self, shared: &Shared) {
+        let path = wire::for_platform(wire::VERSION_PATH, &self.platform);
+        let Some(answer) = self
+            .call(shared, Call::new("version", Method::GET, &path))
+            .await
+        else {
+            return;
+        };
+        let info = std::str::from_utf8(&answer.body)
+            .ok()
+            .and_then(|text| agent_protocol::properties::Properties::parse(text).ok())
+            .and_then(|props| wire::VersionInfo::from_properties(&props).ok());
+        match info {
+            // Only the bundle of its own version is the one it runs.
+            Some(info) if answer.status.is_success() && info.agent == self.version => {
+                self.running = Some(info.sha256);
+            }
+            _ => shared
+                .stats
+                .error("version: the served bundle is not the one the agents start on (no deltas for them)".into()),
+        }
+    }
+
+    /// The delta from the bundle it runs to `to`, when it knows that bundle and the server
+    /// has one: `Some(true)` taken, `Some(false)` refused for good (downloads off), `None`
+    /// the bundle is to be downloaded instead.
+    async fn fetch_delta(&self, shared: &Shared) -> Option<bool> {
+        let from = self.running.as_ref()?;
+        let path = wire::delta_path(from, &self.platform);
+        for _ in 0..DOWNLOAD_TRIES {
+            let answer = self
+                .call(shared, Call::new("delta", Method::GET, &path).drain_delta())
+                .await?;
+            match answer.status {
+                s if s.is_success() => {
+                    shared.count_delta_taken();
+                    return Some(true);
+                }
+                // Being made, or the download limit: as the server says.
+                StatusCode::SERVICE_UNAVAILABLE => {
+                    if shared.wait_out_busy(&answer.headers).await {
+                        return Some(false);
+                    }
+                }
+                StatusCode::FORBIDDEN => return Some(false),
+                _ => {
+                    shared.count_delta_fallback();
+                    return None;
+                }
+            }
+        }
+        Some(false)
+    }
+
     /// The bundle, as the download mode says; false if the server would not give it.
     async fn fetch(&self, shared: &Shared) -> bool {
+        if shared.options.deltas
+            && let Some(taken) = self.fetch_delta(shared).await
+        {
+            return taken;
+        }
         let path = format!("{}?platform={}", wire::DOWNLOAD_PATH, self.platform);
         for _ in 0..DOWNLOAD_TRIES {
             let answer = match shared.options.download {
@@ -397,6 +481,7 @@ impl SimAgent {
             shared.stats.error("connect: 409 names no version".into());
             return;
         };
+        let sha256 = ns.sha256.clone();
         let bundle = ns.sha256.unwrap_or_else(|| expected.to_string());
         if self.bad.contains(&bundle) {
             return;
@@ -423,6 +508,7 @@ impl SimAgent {
             let from = self.version.clone();
             // The new version starts and registers; its INSTALLED waits in its outbox.
             self.version = expected.clone();
+            self.running = sha256;
             self.registered = false;
             let report = Report {
                 id: self.id.clone(),
@@ -448,6 +534,9 @@ impl SimAgent {
             return;
         }
         shared.joined(&self.version);
+        if shared.options.deltas {
+            self.learn_running(&shared).await;
+        }
         let heartbeat = shared.options.heartbeat;
         loop {
             let asked = Instant::now();

@@ -5,7 +5,8 @@
 //! with `Agent-Version`, the `409` directive, `Retry-After`, reports, credentials), but
 //! installs nothing: the install is a wait, and its outcome a coin with the chosen odds.
 //! It prints a progress line while it runs and a summary at the end: calls per second,
-//! latency percentiles per endpoint, errors by kind, and the time to the rollout's end.
+//! latency percentiles per endpoint, errors by kind, bytes received as bundles and as
+//! deltas (`--deltas`), and the time to the rollout's end.
 //!
 //! It never writes a file except the `--json` summary it is asked for.
 
@@ -81,6 +82,9 @@ pub struct Options {
     pub trust_key: Option<agent_protocol::minisign::PublicKey>,
     /// OpAMP agents send it as their bearer (`agents.enrollment-token`).
     pub enrollment_token: Option<String>,
+    /// Native agents ask `/agentupdate/delta` from the bundle they run first, and download
+    /// the bundle only when the server has no delta (`404`).
+    pub deltas: bool,
 }
 
 /// What every simulated agent shares.
@@ -93,6 +97,10 @@ pub struct Shared {
     measuring: std::sync::atomic::AtomicBool,
     versions: Mutex<BTreeMap<String, usize>>,
     bytes: AtomicU64,
+    delta_bytes: AtomicU64,
+    /// Updates that came as a delta, and delta requests answered `404` (the bundle then).
+    deltas_taken: AtomicU64,
+    delta_fallbacks: AtomicU64,
     busy: AtomicU64,
     failed: AtomicU64,
     refused: AtomicU64,
@@ -129,6 +137,19 @@ impl Shared {
 
     pub fn add_bytes(&self, n: u64) {
         self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Bytes of deltas received.
+    pub fn add_delta_bytes(&self, n: u64) {
+        self.delta_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn count_delta_taken(&self) {
+        self.deltas_taken.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count_delta_fallback(&self) {
+        self.delta_fallbacks.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A `409` to a register or connect: the server refused the agent's version.
@@ -199,7 +220,14 @@ pub struct Report {
     pub endpoints: BTreeMap<&'static str, Summary>,
     pub errors: BTreeMap<String, u64>,
     pub versions: BTreeMap<String, usize>,
+    /// Bytes received as whole bundles (`/agentupdate/download`).
     pub bundle_bytes: u64,
+    /// Bytes received as deltas (`/agentupdate/delta`, with `--deltas`).
+    pub delta_bytes: u64,
+    /// Updates that came as a delta.
+    pub deltas_taken: u64,
+    /// Delta requests answered `404`: those agents downloaded the bundle.
+    pub delta_fallbacks: u64,
     pub busy_503: u64,
     pub simulated_failures: u64,
     /// `409`s to registers and connects.
@@ -273,6 +301,9 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         measuring: std::sync::atomic::AtomicBool::new(options.warmup.is_zero()),
         versions: Mutex::new(BTreeMap::new()),
         bytes: AtomicU64::new(0),
+        delta_bytes: AtomicU64::new(0),
+        deltas_taken: AtomicU64::new(0),
+        delta_fallbacks: AtomicU64::new(0),
         busy: AtomicU64::new(0),
         failed: AtomicU64::new(0),
         refused: AtomicU64::new(0),
@@ -369,6 +400,9 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         errors: shared.stats.errors(),
         versions: shared.versions(),
         bundle_bytes: shared.bytes.load(Ordering::Relaxed),
+        delta_bytes: shared.delta_bytes.load(Ordering::Relaxed),
+        deltas_taken: shared.deltas_taken.load(Ordering::Relaxed),
+        delta_fallbacks: shared.delta_fallbacks.load(Ordering::Relaxed),
         busy_503: shared.busy.load(Ordering::Relaxed),
         simulated_failures: shared.failed.load(Ordering::Relaxed),
         refused: shared.refused.load(Ordering::Relaxed),
@@ -476,6 +510,16 @@ pub fn render(report: &Report) -> String {
         "bundle bytes fetched: {}, 503s: {}, simulated install failures: {}",
         report.bundle_bytes, report.busy_503, report.simulated_failures
     );
+    if report.delta_bytes > 0 || report.deltas_taken > 0 || report.delta_fallbacks > 0 {
+        let _ = writeln!(
+            out,
+            "delta bytes fetched: {} ({} updates by delta, {} delta requests answered 404 so the bundle was fetched); bytes on the wire in all: {}",
+            report.delta_bytes,
+            report.deltas_taken,
+            report.delta_fallbacks,
+            report.bundle_bytes + report.delta_bytes
+        );
+    }
     let _ = writeln!(
         out,
         "409s to register/connect: {}, 503s to register/connect/report: {}",

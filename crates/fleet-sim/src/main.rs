@@ -85,6 +85,12 @@ struct Cli {
         hide_env_values = true
     )]
     enrollment_token: Option<String>,
+    /// Agents that update ask for a delta from the bundle they run first
+    /// (/agentupdate/delta), and download the bundle when the server has none (404). They
+    /// learn that bundle's sha256 from /agentupdate/version when they start, so start
+    /// the simulation before the new release is dropped. Native protocol only.
+    #[arg(long)]
+    deltas: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -145,6 +151,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         "TARGET=SHARE, e.g. aarch64-unknown-linux-gnu=0.3",
         &cli.platforms,
     )?;
+    if cli.deltas && matches!(cli.protocol, Protocol::Opamp) {
+        anyhow::bail!("--deltas is for native agents (OpAMP packages have no deltas)");
+    }
     if !(0.0..=1.0).contains(&cli.fail_rate) {
         anyhow::bail!("--fail-rate is a probability between 0 and 1");
     }
@@ -194,6 +203,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         },
         trust_key,
         enrollment_token: cli.enrollment_token,
+        deltas: cli.deltas,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let report = runtime.block_on(fleet_sim::run(options))?;

@@ -26,6 +26,9 @@ pub const PROP_AGENT_BUILD: &str = "agent.build-number";
 /// The signature of the bundle a version came from, kept beside it so the agent knows the
 /// `signed-at` of what it runs (replay protection) after restarts and rollbacks.
 pub const VERSION_SIGNATURE_FILE: &str = "bundle.minisig";
+/// The bundle a version was installed from, kept beside its signature: the base an agent
+/// asks the server's deltas from. Removed with its version.
+pub const KEPT_BUNDLE_FILE: &str = "bundle";
 /// Written last into an unpacked version: a version directory without it is debris.
 pub const COMPLETE_MARKER: &str = ".complete";
 

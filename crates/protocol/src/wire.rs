@@ -25,6 +25,22 @@ pub fn for_platform(path: &str, platform: &str) -> String {
         path.to_owned()
     }
 }
+/// A delta from the bundle an agent runs to the served one:
+/// `?from=<sha256 of the agent's bundle>&platform=<target triple>`.
+pub const DELTA_PATH: &str = "/agentupdate/delta";
+pub const DELTA_FROM_QUERY: &str = "from";
+
+/// The delta URL path for an agent whose bundle has sha256 `from` (lowercase hex).
+pub fn delta_path(from: &str, platform: &str) -> String {
+    let with_platform = for_platform(DELTA_PATH, platform);
+    let joiner = if with_platform.contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    format!("{with_platform}{joiner}{DELTA_FROM_QUERY}={from}")
+}
+
 pub const REPORT_PATH: &str = "/agentupdate/report";
 pub const REGISTER_PATH: &str = "/agent/register";
 pub const CONNECT_PATH: &str = "/agent/connect";

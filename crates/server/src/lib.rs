@@ -3,8 +3,8 @@
 //! metrics and the CLI; the fleet's state and every decision about it live in the fleet
 //! model ([`agent_fleet`]), which this crate drives.
 //!
-//! It owns its home directory (download dir, private bundle copies, the spool file and
-//! the lock), the accept loop ([`conn`]), TLS, the routes, the bundle store and the
+//! It owns its home directory (download dir, private bundle copies, the bases and deltas
+//! made from them, the spool file and the lock), the accept loop ([`conn`]), TLS, the routes, the bundle store and the
 //! download limiter. It never modifies the operator's dropped bundle files, never
 //! serves a byte that is not in its private immutable copy, and never holds a bundle
 //! whole in memory (it maps it). It must not touch the fleet database but through
@@ -13,6 +13,7 @@
 pub mod cli;
 pub mod config;
 pub mod conn;
+pub mod deltas;
 pub mod error;
 pub mod held;
 pub mod limiter;
@@ -108,6 +109,8 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
     configs.refresh().await?;
     let fleet = Fleet::new(db, outage, rollouts, configs).await?;
     let server_name = config.server_name();
+    let metrics: Arc<metrics::Metrics> = Arc::default();
+    let deltas = Arc::new(deltas::Deltas::new(home, Arc::clone(&metrics))?);
     let download_limit = fleet
         .download_limit(&server_name)
         .await?
@@ -115,10 +118,11 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
     Ok(AppState {
         inner: Arc::new(state::Shared {
             store,
+            deltas,
             fleet: Arc::new(fleet),
             server_name,
             limiter: Arc::default(),
-            metrics: Arc::default(),
+            metrics,
             policy,
             admin_token: config.admin.token.clone(),
             enrollment_token: config.agents.enrollment_token.clone(),
@@ -311,6 +315,7 @@ pub async fn serve(
 
     spawn_rollout_loop(&state);
     spawn_pacer(&state);
+    state.inner.deltas.spawn(Arc::clone(&state.inner.store));
     state.inner.fleet.spawn_drain();
     state.inner.fleet.spawn_contact_flush();
     state.inner.fleet.spawn_settings_poll();

@@ -14,7 +14,16 @@ pub struct Metrics {
     pub downloads_403: AtomicU64,
     pub downloads_416: AtomicU64,
     pub downloads_503: AtomicU64,
+    /// Body bytes written of bundles (ranges included).
     pub bytes_sent: AtomicU64,
+    /// Body bytes written of deltas (ranges included).
+    pub delta_bytes_sent: AtomicU64,
+    /// `/agentupdate/delta` answers, by [`DELTA_ANSWERS`].
+    pub delta_answers: [AtomicU64; DELTA_ANSWERS.len()],
+    /// Deltas the worker made, found not worth sending, or failed to make.
+    pub deltas_made: AtomicU64,
+    pub deltas_not_worth: AtomicU64,
+    pub deltas_failed: AtomicU64,
     pub registrations_accepted: AtomicU64,
     pub registrations_refused: AtomicU64,
     pub reports: AtomicU64,
@@ -37,6 +46,48 @@ pub struct Metrics {
     /// Long-polling connects held now, and held in all.
     pub connects_held: AtomicU64,
     pub held_connects: AtomicU64,
+}
+
+/// The statuses `/agentupdate/delta` answers, as its counter's labels.
+pub const DELTA_ANSWERS: [u16; 10] = [200, 206, 300, 304, 400, 403, 404, 412, 416, 503];
+
+/// What a download route sends: counted apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    Bundle,
+    Delta,
+}
+
+impl Metrics {
+    /// Counts one answer of a download route by its status.
+    pub fn answered(&self, sent: Sent, status: u16) {
+        let counter = match sent {
+            Sent::Bundle => match status {
+                200 => &self.downloads_200,
+                206 => &self.downloads_206,
+                304 => &self.downloads_304,
+                403 => &self.downloads_403,
+                412 => &self.downloads_412,
+                416 => &self.downloads_416,
+                503 => &self.downloads_503,
+                _ => return,
+            },
+            Sent::Delta => match DELTA_ANSWERS.iter().position(|c| *c == status) {
+                Some(i) => &self.delta_answers[i],
+                None => return,
+            },
+        };
+        inc(counter);
+    }
+
+    /// Counts body bytes written.
+    pub fn sent(&self, sent: Sent, bytes: u64) {
+        let counter = match sent {
+            Sent::Bundle => &self.bytes_sent,
+            Sent::Delta => &self.delta_bytes_sent,
+        };
+        counter.fetch_add(bytes, Ordering::Relaxed);
+    }
 }
 
 /// Counts one held connect for as long as it lives (however it ends: answered, or
@@ -120,14 +171,47 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP agentupdate_bytes_sent_total Bundle bytes sent."
+            "# HELP agentupdate_bytes_sent_total Body bytes written to agents, ranges included: of bundles, and of deltas."
         );
         let _ = writeln!(out, "# TYPE agentupdate_bytes_sent_total counter");
+        for (kind, c) in [
+            ("bundle", &self.bytes_sent),
+            ("delta", &self.delta_bytes_sent),
+        ] {
+            let _ = writeln!(
+                out,
+                "agentupdate_bytes_sent_total{{kind=\"{kind}\"}} {}",
+                get(c)
+            );
+        }
         let _ = writeln!(
             out,
-            "agentupdate_bytes_sent_total {}",
-            get(&self.bytes_sent)
+            "# HELP agentupdate_delta_requests_total Delta requests by answer."
         );
+        let _ = writeln!(out, "# TYPE agentupdate_delta_requests_total counter");
+        for (code, c) in DELTA_ANSWERS.iter().zip(&self.delta_answers) {
+            let _ = writeln!(
+                out,
+                "agentupdate_delta_requests_total{{answer=\"{code}\"}} {}",
+                get(c)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_deltas_made_total Deltas made, by outcome: ready to send, not worth sending (over half the bundle), or failed."
+        );
+        let _ = writeln!(out, "# TYPE agentupdate_deltas_made_total counter");
+        for (outcome, c) in [
+            ("ready", &self.deltas_made),
+            ("not_worth", &self.deltas_not_worth),
+            ("failed", &self.deltas_failed),
+        ] {
+            let _ = writeln!(
+                out,
+                "agentupdate_deltas_made_total{{outcome=\"{outcome}\"}} {}",
+                get(c)
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP agentupdate_registrations_total Register and connect requests by outcome."

@@ -11,6 +11,7 @@ use agent_fleet::Fleet;
 use agent_opamp::uid::InstanceUid;
 use agent_protocol::AcceptPolicy;
 
+use crate::deltas::Deltas;
 use crate::limiter::DownloadLimiter;
 use crate::metrics::Metrics;
 use crate::pacer::Pacer;
@@ -24,6 +25,8 @@ pub struct AppState {
 
 pub struct Shared {
     pub store: Arc<BundleStore>,
+    /// The bases kept and the deltas made from them to the served bundles.
+    pub deltas: Arc<Deltas>,
     /// The fleet model: database, outage spool, rollouts, fleet-wide settings.
     pub fleet: Arc<Fleet>,
     /// `server.name`: keys this server's own settings in the fleet database.

@@ -632,15 +632,17 @@ fn cached_facts(props: &Properties, sha256: &str) -> Option<Facts> {
     })
 }
 
-/// Maps the private copy read-only.
+/// Maps one of this server's private, write-once files read-only: a bundle's copy, or a
+/// made delta ([`crate::deltas`]).
 #[allow(unsafe_code)]
-fn map(file: &File) -> io::Result<Bytes> {
+pub(crate) fn map(file: &File) -> io::Result<Bytes> {
     if file.metadata()?.len() == 0 {
         return Ok(Bytes::new());
     }
-    // SAFETY: the file is this server's private copy under <home>/cache, made read-only
-    // (0444) on ingest and never written again; it is only ever unlinked, which leaves
-    // the mapping intact. So the mapped bytes cannot change while they are borrowed.
+    // SAFETY: the file is this server's private copy under <home>/cache (or a delta under
+    // <home>/deltas), made read-only (0444) when written and never written again; it is
+    // only ever unlinked, which leaves the mapping intact. So the mapped bytes cannot
+    // change while they are borrowed.
     let mmap = unsafe { memmap2::Mmap::map(file)? };
     Ok(Bytes::from_owner(mmap))
 }

@@ -343,6 +343,13 @@ impl Transaction<'_> {
         if sig.is_file() {
             atomic::copy_file(sig, &staging.join(layout::VERSION_SIGNATURE_FILE))?;
         }
+        // The bundle stays with its version: the base of the next update's delta. Only a
+        // saving, so a version without it (a full disk) is still installed.
+        if let Err(e) = atomic::link_or_copy(&bundle, &staging.join(layout::KEPT_BUNDLE_FILE)) {
+            self.log.step(&format!(
+                "not keeping the bundle for deltas ({e}); later updates download whole bundles"
+            ));
+        }
         atomic::write(&staging.join(layout::COMPLETE_MARKER), b"")?;
         fs::rename(&staging, &dest).map_err(|e| io_at(&dest, e))?;
         atomic::fsync_dir(&self.home.versions())?;

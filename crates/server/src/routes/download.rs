@@ -23,7 +23,8 @@ use futures_util::Stream;
 use super::{AppState, ready, unavailable};
 use crate::error::ApiError;
 use crate::limiter::Slot;
-use crate::metrics::{Metrics, inc};
+use crate::metrics::{Metrics, Sent, inc};
+use crate::state::Shared;
 use crate::store::{Release, ServedBundle};
 use serde::Deserialize;
 
@@ -33,7 +34,7 @@ const BODY_CHUNK: usize = 512 * 1024;
 /// `?platform=<target triple>`.
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct Ask {
-    platform: Option<String>,
+    pub(super) platform: Option<String>,
 }
 
 /// Which bundle of a release answers a request.
@@ -61,8 +62,8 @@ fn pick<'a>(release: &'a Release, asked: Option<&str>, primary_ok: bool) -> Pick
 }
 
 /// The bundle to serve for `ask`, or the answer that says why there is none.
-fn choose<'a>(
-    s: &crate::state::Shared,
+pub(super) fn choose<'a>(
+    s: &Shared,
     release: &'a Release,
     ask: &Ask,
     path: &str,
@@ -288,6 +289,24 @@ fn parse_range(value: &str, size: u64) -> RangeAsk {
     }
 }
 
+/// `403` when downloads are off (`downloads.limit = 0`, or auto-update disabled for the
+/// whole fleet), else the limit: bundles and deltas alike.
+pub(super) fn download_limit(s: &Shared, sent: Sent) -> Result<usize, Box<Response>> {
+    let limit = s.download_limit.load(Ordering::Relaxed);
+    if limit == 0 || !s.fleet.auto_update() {
+        s.metrics.answered(sent, 403);
+        let why = if limit == 0 {
+            "agent downloads are disabled on this server (downloads.limit = 0)"
+        } else {
+            "agent auto-update is disabled for the whole fleet"
+        };
+        return Err(Box::new(
+            ApiError::new(StatusCode::FORBIDDEN, why).into_response(),
+        ));
+    }
+    Ok(limit)
+}
+
 pub(super) async fn download(
     State(state): State<AppState>,
     Query(ask): Query<Ask>,
@@ -295,16 +314,10 @@ pub(super) async fn download(
     headers: HeaderMap,
 ) -> Response {
     let s = &state.inner;
-    let limit = s.download_limit.load(Ordering::Relaxed);
-    if limit == 0 || !s.fleet.auto_update() {
-        inc(&s.metrics.downloads_403);
-        let why = if limit == 0 {
-            "agent downloads are disabled on this server (downloads.limit = 0)"
-        } else {
-            "agent auto-update is disabled for the whole fleet"
-        };
-        return ApiError::new(StatusCode::FORBIDDEN, why).into_response();
-    }
+    let limit = match download_limit(s, Sent::Bundle) {
+        Ok(limit) => limit,
+        Err(r) => return *r,
+    };
     let release = match ready(s) {
         Ok(r) => r,
         Err(r) => return *r,
@@ -313,14 +326,46 @@ pub(super) async fn download(
         Ok(b) => Arc::clone(b),
         Err(r) => return *r,
     };
-    let size = bundle.data.len() as u64;
-    let last_modified = httpdate::fmt_http_date(bundle.last_modified);
+    let file = Servable {
+        data: bundle.data.clone(),
+        etag: &bundle.etag,
+        last_modified: bundle.last_modified,
+        filename: &bundle.info.filename,
+        sent: Sent::Bundle,
+    };
+    serve(s, limit, file, &method, &headers)
+}
+
+/// A file a download route sends: a bundle or a delta, write-once and mapped.
+pub(super) struct Servable<'a> {
+    pub(super) data: Bytes,
+    /// Quoted strong entity tag: the file's sha256.
+    pub(super) etag: &'a str,
+    pub(super) last_modified: std::time::SystemTime,
+    /// The name `Content-Disposition` gives it.
+    pub(super) filename: &'a str,
+    pub(super) sent: Sent,
+}
+
+/// Sends `file` as a download: conditional requests, one `Range` (206, `If-Range`, 416),
+/// `HEAD`, and a slot of the download limit held from the first byte to the last (over
+/// the limit: `503` with `Retry-After`), the stall timeout freeing it.
+pub(super) fn serve(
+    s: &Shared,
+    limit: usize,
+    file: Servable<'_>,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Response {
+    let sent = file.sent;
+    let size = file.data.len() as u64;
+    let last_modified = httpdate::fmt_http_date(file.last_modified);
     let mut base = HeaderMap::new();
-    let disposition = format!("attachment; filename=\"{}\"", bundle.info.filename);
+    let disposition = format!("attachment; filename=\"{}\"", file.filename);
     if let Ok(v) = HeaderValue::from_str(&disposition) {
         base.insert(header::CONTENT_DISPOSITION, v);
     }
-    if let Ok(v) = HeaderValue::from_str(&bundle.etag) {
+    if let Ok(v) = HeaderValue::from_str(file.etag) {
         base.insert(header::ETAG, v);
     }
     if let Ok(v) = HeaderValue::from_str(&last_modified) {
@@ -339,24 +384,24 @@ pub(super) async fn download(
         if_unmodified_since: header_str(header::IF_UNMODIFIED_SINCE),
         if_modified_since: header_str(header::IF_MODIFIED_SINCE),
     };
-    match preconditions.evaluate(&bundle.etag, bundle.last_modified) {
+    match preconditions.evaluate(file.etag, file.last_modified) {
         Outcome::Proceed => {}
         Outcome::NotModified => {
-            inc(&s.metrics.downloads_304);
+            s.metrics.answered(sent, 304);
             return (StatusCode::NOT_MODIFIED, base).into_response();
         }
         Outcome::Failed => {
-            inc(&s.metrics.downloads_412);
+            s.metrics.answered(sent, 412);
             return (StatusCode::PRECONDITION_FAILED, base).into_response();
         }
     }
-    // If-Range: the range applies only if the client's copy is this bundle (a strong
+    // If-Range: the range applies only if the client's copy is this file (a strong
     // comparison: a weak tag never matches).
     let range_applies = match header_str(header::IF_RANGE) {
         None => true,
         Some(v) => {
             let v = v.trim();
-            (!v.starts_with("W/") && v == bundle.etag) || v == last_modified
+            (!v.starts_with("W/") && v == file.etag) || v == last_modified
         }
     };
     let ask = match header_str(header::RANGE) {
@@ -367,7 +412,7 @@ pub(super) async fn download(
         RangeAsk::Whole => (StatusCode::OK, 0, size),
         RangeAsk::Part(first, last) => (StatusCode::PARTIAL_CONTENT, first, last + 1),
         RangeAsk::Unsatisfiable => {
-            inc(&s.metrics.downloads_416);
+            s.metrics.answered(sent, 416);
             let mut r = (StatusCode::RANGE_NOT_SATISFIABLE, base).into_response();
             if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
                 r.headers_mut().insert(header::CONTENT_RANGE, v);
@@ -385,7 +430,7 @@ pub(super) async fn download(
         return (status, base).into_response();
     }
     let Some(slot) = s.limiter.try_acquire(limit) else {
-        inc(&s.metrics.downloads_503);
+        s.metrics.answered(sent, 503);
         let mut r = unavailable(
             &format!("{limit} downloads are in flight, the most this server allows; retry later"),
             s.retry_after,
@@ -394,11 +439,7 @@ pub(super) async fn download(
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return r;
     };
-    inc(if status == StatusCode::OK {
-        &s.metrics.downloads_200
-    } else {
-        &s.metrics.downloads_206
-    });
+    s.metrics.answered(sent, status.as_u16());
     let progress = Arc::new(Progress::new());
     watch_for_stall(
         slot.remote(),
@@ -407,12 +448,13 @@ pub(super) async fn download(
         Arc::clone(&s.metrics),
     );
     let body = SlotBody {
-        data: bundle.data.slice(start as usize..end as usize),
+        // A slice of the mapped file keeps the whole map alive until the body ends.
+        data: file.data.slice(start as usize..end as usize),
         sent: 0,
         slot,
         progress,
         stall: s.stall_timeout,
-        _bundle: Arc::clone(&bundle),
+        kind: sent,
         metrics: Arc::clone(&s.metrics),
     };
     let mut response = Response::new(Body::from_stream(body));
@@ -430,7 +472,8 @@ struct SlotBody {
     slot: Slot,
     progress: Arc<Progress>,
     stall: Duration,
-    _bundle: Arc<ServedBundle>,
+    /// Which byte counter it adds to.
+    kind: Sent,
     metrics: Arc<Metrics>,
 }
 
@@ -514,9 +557,7 @@ impl Stream for SlotBody {
         self.progress.touch();
         let end = (self.sent + BODY_CHUNK).min(self.data.len());
         let chunk = self.data.slice(self.sent..end);
-        self.metrics
-            .bytes_sent
-            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        self.metrics.sent(self.kind, chunk.len() as u64);
         self.sent = end;
         Poll::Ready(Some(Ok(chunk)))
     }

@@ -1,5 +1,5 @@
 //! The HTTP interface of DESIGN.md, as an axum `Router` that tests drive without a socket.
-//! By area: [`download`] (version, bundle, signature), [`agents`] (register, connect,
+//! By area: [`download`] (version, bundle, signature), [`delta`] (deltas between bundles), [`agents`] (register, connect,
 //! report: the version directive, and the configuration set to run), [`config`]
 //! (configuration sets, `/agent/config-status`) and [`admin`] (settings, agents,
 //! rollout, metrics).
@@ -7,6 +7,7 @@
 mod admin;
 mod agents;
 mod config;
+mod delta;
 mod download;
 mod install;
 pub mod operators;
@@ -53,6 +54,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
             get(download::download).head(download::download),
         )
         .route(wire::SIGNATURE_PATH, get(download::signature))
+        .route(wire::DELTA_PATH, get(delta::delta).head(delta::delta))
         .route(install::SCRIPT_PATH, get(install::script))
         .route(install::CHECK_PATH, get(install::check_enrollment));
     Router::new()

@@ -1,0 +1,126 @@
+//! A TCP proxy between an agent and its server that counts the bytes the server sends,
+//! and can damage a delta in flight: what a test needs to see what crossed the wire.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// What every delta starts with (agent_delta::format::MAGIC).
+const DELTA_MAGIC: &[u8] = b"AGDELTA1";
+
+pub struct Proxy {
+    pub port: u16,
+    down: Arc<AtomicU64>,
+    flipped: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    /// Forwards 127.0.0.1:<port> to 127.0.0.1:`upstream`.
+    pub fn start(upstream: u16) -> Self {
+        Self::start_with(upstream, None)
+    }
+
+    /// Like [`Proxy::start`]; the first delta that passes through has the byte
+    /// `flip_at` bytes after its magic flipped, once.
+    pub fn flipping_a_delta(upstream: u16, flip_at: usize) -> Self {
+        Self::start_with(upstream, Some(flip_at))
+    }
+
+    fn start_with(upstream: u16, flip_at: Option<usize>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let down = Arc::new(AtomicU64::new(0));
+        // Without a flip there is nothing to do: mark it done.
+        let flipped = Arc::new(AtomicBool::new(flip_at.is_none()));
+        let (counter, once) = (down.clone(), flipped.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let (client_r, server_w) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || pipe(client_r, server_w));
+                let (counter, once) = (counter.clone(), once.clone());
+                std::thread::spawn(move || downstream(server, client, &counter, &once, flip_at));
+            }
+        });
+        Self {
+            port,
+            down,
+            flipped,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Bytes the server has sent through the proxy so far.
+    pub fn bytes_down(&self) -> u64 {
+        self.down.load(Ordering::SeqCst)
+    }
+
+    /// True once a delta was damaged (always true for a proxy that damages nothing).
+    pub fn flipped(&self) -> bool {
+        self.flipped.load(Ordering::SeqCst)
+    }
+}
+
+fn pipe(mut from: TcpStream, mut to: TcpStream) {
+    let mut buf = [0u8; 64 * 1024];
+    while let Ok(n) = from.read(&mut buf) {
+        if n == 0 || to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+fn downstream(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    counter: &AtomicU64,
+    once: &AtomicBool,
+    flip_at: Option<usize>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    // The stream's last bytes, so a magic split across two reads is still found.
+    let mut seen: Vec<u8> = Vec::new();
+    let mut offset = 0usize;
+    let mut flip: Option<usize> = None;
+    while let Ok(n) = from.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        let chunk = &mut buf[..n];
+        if let Some(after) = flip_at
+            && flip.is_none()
+            && !once.load(Ordering::SeqCst)
+        {
+            let start = offset - seen.len();
+            seen.extend_from_slice(chunk);
+            if let Some(at) = seen
+                .windows(DELTA_MAGIC.len())
+                .position(|w| w == DELTA_MAGIC)
+            {
+                flip = Some(start + at + after);
+            }
+            let keep = seen.len().saturating_sub(DELTA_MAGIC.len());
+            seen.drain(..keep);
+        }
+        if let Some(at) = flip
+            && (offset..offset + n).contains(&at)
+            && !once.swap(true, Ordering::SeqCst)
+        {
+            chunk[at - offset] ^= 0x40;
+        }
+        offset += n;
+        counter.fetch_add(n as u64, Ordering::SeqCst);
+        if to.write_all(chunk).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
