@@ -226,8 +226,20 @@ start() {
         return 0
     fi
     if sup=$(read_pid "$SUPERVISOR_PID_FILE") && is_supervisor "$sup"; then
-        echo "the agent is between restarts (supervisor pid $sup retries with backoff; see $LOGS/wrapper.log)"
-        return 0
+        # Started by an updater, a live supervisor is the old version's, whose agent just
+        # exited for this update: it is on its way out (it never restarts an agent while
+        # the updater holds the lock). Taking it for a supervisor between restarts would
+        # start nothing and leave the updater judging the old agent's exit.
+        if [ -n "${AGENT_UPDATER_ACTIVE:-}" ]; then
+            deadline=$(($(now) + 10))
+            while is_supervisor "$sup" && [ "$(now)" -lt "$deadline" ]; do
+                sleep 0.05
+            done
+        fi
+        if is_supervisor "$sup"; then
+            echo "the agent is between restarts (supervisor pid $sup retries with backoff; see $LOGS/wrapper.log)"
+            return 0
+        fi
     fi
     rm -f "$PID_FILE" "$EXIT_FILE"
     if command -v setsid >/dev/null 2>&1; then

@@ -22,7 +22,10 @@
 #            native protocol; a configuration push to APPLIED on 10,000 WebSocket agents
 #   config   fleet-sim: a configuration set to 1,000 and 10,000 agents (APPLIED at the
 #            server), heartbeats vs long polls; connect latency with a config rollout vs none
-#   platforms the glibc and the static musl bundle: size, and the agent's RSS once up
+#   platforms bundle size for x86_64 and aarch64, glibc and static musl; the musl and the
+#            glibc agent's RSS and update time; a 10,000-agent fleet-sim rollout of a
+#            release of three platforms vs one (PLATFORMS_ONLY=size|update|fleet: one part,
+#            printed, BENCHMARKS.md untouched)
 #   delta    bytes of a delta vs the whole bundle for three kinds of release, beside bsdiff,
 #            zstd --patch-from and xdelta3; time and memory to make and apply one
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
@@ -32,7 +35,7 @@
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 

@@ -34,6 +34,12 @@ if [[ ! -x /bin/busybox ]] || ldd /bin/busybox >/dev/null 2>&1; then missing+=(b
 command -v dash >/dev/null 2>&1 || missing+=(dash)
 command -v musl-gcc >/dev/null 2>&1 || missing+=(musl-tools)
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
+# The platform tests run a real aarch64 agent: cross-built with Debian's aarch64 gcc (the
+# linker, and the C compiler for ring; it brings libc6-arm64-cross, the sysroot a glibc
+# aarch64 binary loads under qemu) and run by qemu-user-static through binfmt_misc.
+command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || missing+=(gcc-aarch64-linux-gnu)
+[[ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ]] || missing+=(libc6-arm64-cross)
+command -v qemu-aarch64-static >/dev/null 2>&1 || missing+=(qemu-user-static)
 if ((${#missing[@]})); then
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
         echo "test.sh: installing ${missing[*]}" >&2
@@ -68,9 +74,15 @@ mkdir -p "$target_dir/rebuilt" && cp "$target_dir/debug/agent" "$target_dir/rebu
 cargo build --workspace --bins --locked
 cargo build -p agent-bundle --features failpoints --locked --target-dir target/failpoints
 # The install tests: the static agent a busybox machine runs, and the Debian they boot
-# (each made once; later runs find them).
-if command -v rustup >/dev/null 2>&1; then rustup target add x86_64-unknown-linux-musl >/dev/null; fi
+# (each made once; later runs find them). The platform tests: that static agent, and the
+# glibc aarch64 one (debug, like the rest; cargo rebuilds only what changed).
+if command -v rustup >/dev/null 2>&1; then
+    rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-gnu >/dev/null
+fi
 CC_x86_64_unknown_linux_musl=musl-gcc cargo build --target x86_64-unknown-linux-musl -p agent -p agent-bundle --locked
+CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+    cargo build --target aarch64-unknown-linux-gnu -p agent -p agent-bundle --locked
+scripts/binfmt-aarch64.sh
 scripts/debian-root.sh target/debian-systemd-root
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}" "$@"

@@ -436,20 +436,23 @@ fn install_under_systemd_survives_restart_update_and_reboot() {
 }
 
 #[test]
-fn install_in_a_busybox_root_runs_the_static_musl_agent() {
+fn install_in_a_busybox_root_runs_the_static_musl_agent_and_it_updates_itself() {
     require_tool("unshare");
     let ctx = TestContext::new();
     let (key, _) = ctx.keygen("keys");
-    let dist = quick_dist(&ctx, "d1", Some(&musl_bin("agent")), "");
     let stub = musl_bin("agent-bundle").display().to_string();
-    let bundle = ctx.pack_with(
-        &dist,
-        "1.0.0",
-        "1",
-        &key,
-        "b1",
-        &["--stub", &stub, "--platform", "x86_64-unknown-linux-musl"],
-    );
+    let musl_bundle = |dir: &str, version: &str, build: &str, marker: &str| {
+        let dist = quick_dist(&ctx, &format!("d{dir}"), Some(&musl_bin("agent")), marker);
+        ctx.pack_with(
+            &dist,
+            version,
+            build,
+            &key,
+            &format!("b{dir}"),
+            &["--stub", &stub, "--platform", "x86_64-unknown-linux-musl"],
+        )
+    };
+    let bundle = musl_bundle("1", "1.0.0", "1", "");
     let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
     ctx.publish_served(&server, &bundle);
     let root = ctx.path("bb");
@@ -480,6 +483,68 @@ fn install_in_a_busybox_root_runs_the_static_musl_agent() {
     let row = wait_registered(&server, "1.0.0+1", "the busybox agent");
     assert_eq!(row["platform"], "x86_64-unknown-linux-musl");
     assert!(root.join("opt/agent/current/bin/agent").exists());
+
+    // A new release: the agent there downloads it, its (static) updater swaps it in with
+    // busybox's tools alone, starts it and sees it healthy.
+    let b2 = musl_bundle("2", "2.0.0", "2", "agent 2.0.0 musl");
+    ctx.republish(&server, &b2);
+    let home = root.join("opt/agent");
+    let started = Instant::now();
+    let mut last = Vec::new();
+    while !last.first().is_some_and(|a: &serde_json::Value| {
+        a["version"] == "2.0.0+2" && a["update_status"] == "INSTALLED"
+    }) {
+        assert!(
+            started.elapsed() < WAIT,
+            "the busybox agent never reported 2.0.0+2 INSTALLED: {last:?}\n--- wrapper.log\n{}\n--- update.log\n{}\n--- agent.out\n{}",
+            read_file(&home.join("logs/wrapper.log")),
+            read_file(&home.join("logs/update.log")),
+            read_file(&home.join("logs/agent.out"))
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        last = agents(&server);
+    }
+    assert_eq!(last.len(), 1, "{last:?}");
+    assert_eq!(
+        fs::read_link(home.join("current")).unwrap(),
+        Path::new("versions/2.0.0+2")
+    );
+    let bin = fs::read(home.join("current/bin/agent")).unwrap();
+    assert!(
+        bin.ends_with(b"agent 2.0.0 musl"),
+        "the installed agent is not 2.0.0's"
+    );
+    // And the new version is what runs there: one agent, the new binary.
+    let mut running = Vec::new();
+    wait_until(WAIT, "one agent process running 2.0.0", || {
+        running = agent_processes(&home);
+        running.len() == 1
+    });
+    let exe = fs::read(format!("/proc/{}/exe", running[0])).unwrap();
+    assert!(
+        exe.ends_with(b"agent 2.0.0 musl"),
+        "the running agent is not 2.0.0"
+    );
+}
+
+/// The `bin/agent run` processes of the agent installed at `home` (a path this host
+/// sees), by their command line.
+fn agent_processes(home: &Path) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let argv: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            argv.len() >= 2 && argv[0].ends_with(b"/bin/agent") && argv[1] == b"run"
+        })
+        .filter(|pid| {
+            fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe.starts_with(home))
+        })
+        .collect()
 }
 
 #[test]

@@ -237,6 +237,107 @@ fn opamp_sim_over_websocket_a_bad_signature_halts_the_rollout() {
     );
 }
 
+#[test]
+fn opamp_sim_agents_describe_their_platform_and_each_takes_its_releases_bundle() {
+    let ctx = TestContext::new();
+    let (key, public_key) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let server = ctx.server(
+        "srv",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", ADMIN),
+            ("UPDATE_SERVER_AGENTS_ENROLLMENT_TOKEN", ENROLL),
+            ("UPDATE_SERVER_ROLLOUT_MAX_FAILURES", "0"),
+        ],
+    );
+    ctx.publish_served(&server, &b1);
+    let s = Setup {
+        ctx,
+        server,
+        b2: PathBuf::new(),
+        public_key,
+    };
+    // Half the fleet says it runs on aarch64 (as `os.type` linux, `host.arch` arm64).
+    let arm = "aarch64-unknown-linux-musl";
+    let (pid, summary) = {
+        let summary = s.ctx.path("sim.json");
+        let mut sim = s.ctx.cmd("fleet-sim");
+        sim.args(["--server", &s.server.url(""), "--protocol", "opamp"])
+            .args(["--transport", "http", "--agents", &AGENTS.to_string()])
+            .args([
+                "--heartbeat",
+                "500ms",
+                "--ramp",
+                "1s",
+                "--install-time",
+                "200ms",
+            ])
+            // The first bytes and the signature: what is offered is the point here, and
+            // twenty whole debug bundles at once would only load the machine.
+            .args(["--download", "head", "--trust-key"])
+            .arg(&s.public_key)
+            .args(["--platform", &format!("{arm}=0.5")])
+            .args(["--enrollment-token", ENROLL, "--token", ADMIN])
+            .args(["--until-rollout-end", "--duration", "120s", "--json"])
+            .arg(&summary)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(s.ctx.path("sim.log")).unwrap());
+        (s.ctx.spawn(sim), summary)
+    };
+    wait_until(LONG, "the simulated OpAMP agents to report in", || {
+        let rows = opamp_rows(&s.server);
+        rows.len() == AGENTS && count(&rows, "version", OLD) == AGENTS
+    });
+    let rows = opamp_rows(&s.server);
+    // (Spread over the fleet by a low-discrepancy sequence: about half, not exactly.)
+    let (arm64, amd64) = (
+        count(&rows, "platform", "arm64-linux"),
+        count(&rows, "platform", "amd64-linux"),
+    );
+    assert!(
+        arm64 + amd64 == AGENTS && (8..=12).contains(&arm64),
+        "{arm64} arm64, {amd64} amd64: {rows:#?}"
+    );
+
+    // 2.0.0 for x86_64 glibc and static aarch64: each half is offered its own.
+    // Both copied in under hidden names first, then renamed: a server that saw one of
+    // them alone would serve a release of one bundle for a moment (offered at the plain
+    // download path, which answers 300 once the second arrives).
+    s.server.clear_bundles();
+    let dir = s.server.download_dir();
+    let mut names = Vec::new();
+    for platform in ["x86_64-unknown-linux-gnu", arm] {
+        let bundle = s.ctx.pack_with(
+            &s.ctx.dist(&format!("d2-{platform}")),
+            "2.0.0",
+            "2",
+            &key,
+            &format!("b2-{platform}"),
+            &["--platform", platform],
+        );
+        let name = format!("agent-bundle-2.0.0-{platform}");
+        std::fs::copy(
+            format!("{}.minisig", bundle.display()),
+            dir.join(format!("{name}.minisig")),
+        )
+        .unwrap();
+        std::fs::copy(&bundle, dir.join(format!(".{name}"))).unwrap();
+        names.push(name);
+    }
+    for name in &names {
+        std::fs::rename(dir.join(format!(".{name}")), dir.join(name)).unwrap();
+    }
+    let report = read_summary(&summary, pid);
+    assert_eq!(report["rollout"]["version"], NEW, "{report:#}");
+    assert_eq!(report["rollout"]["state"], "completed", "{report:#}");
+    assert_eq!(report["versions"][NEW], AGENTS as u64, "{report:#}");
+    assert_eq!(report["errors"], serde_json::json!({}), "{report:#}");
+    let r = rollout(&s.server);
+    // (`no_bundle` is left out when none.)
+    assert_eq!(r["waves"][0]["no_bundle"].as_u64().unwrap_or(0), 0, "{r}");
+    assert_eq!(r["waves"][0]["installed"], AGENTS, "{r}");
+}
+
 /// A configuration set pushed to a group reaches fleet-sim's OpAMP agents on both
 /// transports (pushed at once over WebSocket, at the next poll over HTTP), and each
 /// reports it `APPLIED` with its hash and runs it as its effective configuration.

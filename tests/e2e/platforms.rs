@@ -1,40 +1,60 @@
 //! Releases of several platforms (DESIGN.md, "Platforms"): one server, one rollout, each
-//! machine gets the bundle it runs; a plain download of a release of several is refused
-//! with the platforms and how to ask; a platform the release lacks is `NO_BUNDLE`, not a
-//! failure, and does not hold the rollout up.
+//! machine gets the bundle it runs. The fleet is three real agents, each installed from
+//! its own platform's bundle: x86_64 glibc, x86_64 static musl, and aarch64 glibc run by
+//! qemu-user through binfmt_misc (`scripts/test.sh` builds it and registers qemu). A
+//! plain download of a release of several is refused with the platforms and how to ask;
+//! a platform the release lacks is `NO_BUNDLE`, not a failure, and does not hold the
+//! rollout up; a broken bundle of one platform rolls back on that platform's machines
+//! and counts as their wave's failure.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
-use e2e::machine::musl_bin;
+use e2e::machine::{aarch64_bin, musl_bin};
 use e2e::{
-    ServerProc, TestContext, admin_agents, http, http_with_body, property, require_tool, run_ok,
-    sha256_file, start_wrappers, wait_rollout, wait_until,
+    ServerProc, TestContext, admin_agents, bin_path, http, property, read_file, require_tool,
+    run_ok, sha256_file, start_wrappers, wait_rollout, wait_until,
 };
 
-use crate::update::{QUICK, TOKEN, WAIT, make_old_defaults, operator_conf};
+use crate::update::{QUICK, TOKEN, make_old_defaults, operator_conf, script_agent};
 
 const GNU: &str = "x86_64-unknown-linux-gnu";
 const MUSL: &str = "x86_64-unknown-linux-musl";
 const ARM: &str = "aarch64-unknown-linux-gnu";
+/// The fleet's platforms, in the order `agent.latest.platforms` lists them (sorted).
+const PLATFORMS: [&str; 3] = [ARM, GNU, MUSL];
+/// qemu runs a debug aarch64 agent, its updater and its health checks several times
+/// slower than the native ones: the waits are generous, and every one polls.
+const WAIT: Duration = Duration::from_secs(150);
 
-/// A distribution of `version` for `platform`: the agent built for it, with `marker`
-/// appended (ELF ignores it) so that each version's binary is its own.
+/// ELF `e_machine` values.
+const EM_X86_64: u16 = 62;
+const EM_AARCH64: u16 = 183;
+
+/// The `agent` or `agent-bundle` built for `platform`.
+fn built_for(platform: &str, name: &str) -> PathBuf {
+    match platform {
+        GNU => bin_path(name),
+        MUSL => musl_bin(name),
+        ARM => aarch64_bin(name),
+        other => panic!("no build of {other} here"),
+    }
+}
+
+/// A distribution for `platform`: its own agent binary, with `marker` appended (ELF
+/// ignores it) so that each version's binary is its own.
 fn dist_for(ctx: &TestContext, dir: &str, platform: &str, marker: &str) -> PathBuf {
     let dist = ctx.dist(dir);
-    let agent = if platform == MUSL {
-        musl_bin("agent")
-    } else {
-        dist.join("bin/agent")
-    };
-    let mut bin = fs::read(agent).unwrap();
+    let mut bin = fs::read(built_for(platform, "agent")).unwrap();
     bin.extend_from_slice(marker.as_bytes());
     fs::write(dist.join("bin/agent"), bin).unwrap();
     dist
 }
 
-/// Packs `dist` for `platform` (its own stub: the musl one for musl).
+/// Packs `dist` for `platform`, with that platform's own stub: the bundle is an
+/// executable of its platform.
 fn pack_for(
     ctx: &TestContext,
     dist: &Path,
@@ -44,105 +64,31 @@ fn pack_for(
     out: &str,
     platform: &str,
 ) -> PathBuf {
-    let stub = musl_bin("agent-bundle").display().to_string();
-    let extra: Vec<&str> = if platform == MUSL {
-        vec!["--stub", &stub, "--platform", MUSL]
-    } else {
-        vec![]
-    };
-    ctx.pack_with(dist, version, build, key, out, &extra)
-}
-
-/// Drops `bundle` (and its signature) into the server's download directory as
-/// `agent-bundle-<version>-<platform>`, as an operator should: copied under another name,
-/// then renamed, so the server never reads half a file.
-fn drop_as(server: &ServerProc, bundle: &Path, platform: &str) -> PathBuf {
-    let name = format!(
-        "{}-{platform}",
-        bundle.file_name().unwrap().to_string_lossy()
-    );
-    let dir = server.download_dir();
-    for (from, to) in [
-        (
-            PathBuf::from(format!("{}.minisig", bundle.display())),
-            format!("{name}.minisig"),
-        ),
-        (bundle.to_path_buf(), name.clone()),
-    ] {
-        let part = dir.join(format!(".part-{to}"));
-        fs::copy(from, &part).unwrap();
-        fs::rename(&part, dir.join(to)).unwrap();
-    }
-    dir.join(name)
-}
-
-/// Drops every bundle of a release at once (see [`drop_as`]): a server never sees a
-/// part of it as a release of its own.
-fn drop_release(server: &ServerProc, bundles: &[(&Path, &str)]) {
-    let staging = server.download_dir().join(".staging");
-    fs::create_dir_all(&staging).unwrap();
-    let staged: Vec<PathBuf> = bundles
-        .iter()
-        .flat_map(|(bundle, platform)| {
-            let name = format!(
-                "{}-{platform}",
-                bundle.file_name().unwrap().to_string_lossy()
-            );
-            let sig = format!("{name}.minisig");
-            fs::copy(format!("{}.minisig", bundle.display()), staging.join(&sig)).unwrap();
-            fs::copy(bundle, staging.join(&name)).unwrap();
-            [staging.join(sig), staging.join(name)]
-        })
-        .collect();
-    // Signatures first, then bundles: renames within one directory tree.
-    let (sigs, files): (Vec<_>, Vec<_>) = staged
-        .into_iter()
-        .partition(|p| p.extension().is_some_and(|e| e == "minisig"));
-    for path in sigs.into_iter().chain(files) {
-        fs::rename(&path, server.download_dir().join(path.file_name().unwrap())).unwrap();
-    }
-}
-
-/// An agent 1.0.0+1 for `platform`, installed from its own bundle under `prefix`; its
-/// home and that bundle.
-fn installed_agent(
-    ctx: &TestContext,
-    key: &Path,
-    platform: &str,
-    prefix: &str,
-) -> (PathBuf, PathBuf) {
-    let dist = dist_for(ctx, &format!("d1-{prefix}"), platform, "");
-    make_old_defaults(&dist);
-    let bundle = pack_for(
-        ctx,
-        &dist,
-        "1.0.0",
-        "1",
+    let stub = built_for(platform, "agent-bundle").display().to_string();
+    ctx.pack_with(
+        dist,
+        version,
+        build,
         key,
-        &format!("b1-{prefix}"),
-        platform,
-    );
-    let home = ctx.install(&bundle, prefix);
-    fs::write(home.join("conf/agent-env.sh"), QUICK).unwrap();
-    (home, bundle)
+        out,
+        &["--stub", &stub, "--platform", platform],
+    )
 }
 
-/// `POST path` for the made-up agent `arm-1` of [`ARM`] at 1.0.0+1, with its token if
-/// it has one: the status and the JSON answered.
-fn arm_hello(server: &ServerProc, path: &str, token: Option<&str>) -> (u16, serde_json::Value) {
-    let hello = format!(r#"{{"id":"arm-1","name":"arm-1","platform":"{ARM}"}}"#);
-    let auth = token.map(|t| format!("Bearer {t}"));
-    let mut headers = vec![
-        ("Agent-Version", "1.0.0+1"),
-        ("Content-Type", "application/json"),
-    ];
-    if let Some(auth) = &auth {
-        headers.push(("Authorization", auth));
-    }
-    let answer = http_with_body(server.port, "POST", path, &headers, hello.as_bytes()).unwrap();
-    let body = serde_json::from_slice(&answer.body)
-        .unwrap_or_else(|_| serde_json::Value::String(answer.text()));
-    (answer.status, body)
+/// The marker the agent binary of `version` for `platform` ends with.
+fn marker(version: &str, platform: &str) -> String {
+    format!("agent {version} for {platform}")
+}
+
+/// The ELF `e_machine` of the file at `path`.
+fn elf_machine(path: &Path) -> u16 {
+    let elf = fs::read(path).unwrap();
+    assert!(
+        elf.len() > 20 && elf.starts_with(b"\x7fELF"),
+        "{} is no ELF file",
+        path.display()
+    );
+    u16::from_le_bytes([elf[18], elf[19]])
 }
 
 /// Whether the ELF file at `path` asks for a program interpreter (is dynamically
@@ -164,65 +110,246 @@ fn has_interpreter(path: &Path) -> bool {
     })
 }
 
+/// Asserts that the agent installed at `home` is `version`'s binary for `platform`: its
+/// marker, its machine (x86_64 or aarch64), and a program interpreter exactly when it
+/// is a glibc build (the musl one is static).
+fn assert_own_binary(home: &Path, platform: &str, version: &str) {
+    let bin = home.join("current/bin/agent");
+    let describe = || {
+        String::from_utf8_lossy(&run_ok(Command::new("file").arg("-L").arg(&bin)).stdout)
+            .into_owned()
+    };
+    let bytes = fs::read(&bin).unwrap();
+    let wanted = marker(version, platform);
+    assert!(
+        bytes.ends_with(wanted.as_bytes()),
+        "{} is not the binary of {wanted}: {}",
+        bin.display(),
+        describe()
+    );
+    let machine = if platform.starts_with("aarch64-") {
+        EM_AARCH64
+    } else {
+        EM_X86_64
+    };
+    assert_eq!(elf_machine(&bin), machine, "{platform}: {}", describe());
+    assert_eq!(
+        has_interpreter(&bin),
+        platform.ends_with("-gnu"),
+        "{platform}: {}",
+        describe()
+    );
+}
+
+/// The fleet: an agent 1.0.0+1 per platform of [`PLATFORMS`], each installed from its
+/// own platform's bundle; `(platform, home)`.
+fn installed_fleet(ctx: &TestContext, key: &Path) -> Vec<(&'static str, PathBuf)> {
+    PLATFORMS
+        .iter()
+        .map(|&platform| {
+            let tag = &platform[..platform.find('-').unwrap()];
+            let prefix = format!("{tag}-{}", &platform[platform.rfind('-').unwrap() + 1..]);
+            let dist = dist_for(
+                ctx,
+                &format!("d1-{prefix}"),
+                platform,
+                &marker("1.0.0", platform),
+            );
+            make_old_defaults(&dist);
+            let bundle = pack_for(
+                ctx,
+                &dist,
+                "1.0.0",
+                "1",
+                key,
+                &format!("b1-{prefix}"),
+                platform,
+            );
+            let home = ctx.install(&bundle, &prefix);
+            fs::write(home.join("conf/agent-env.sh"), QUICK).unwrap();
+            assert_own_binary(&home, platform, "1.0.0");
+            (platform, home)
+        })
+        .collect()
+}
+
+/// Packs `version` (build `build`) for each of `platforms` (for `broken`, an agent that
+/// exits at once: it never reports healthy), drops them into the server's download
+/// directory as one release, and waits until the server serves each.
+fn release(
+    ctx: &TestContext,
+    server: &ServerProc,
+    key: &Path,
+    version: &str,
+    build: &str,
+    platforms: &[&'static str],
+    broken: Option<&str>,
+) -> Vec<(&'static str, PathBuf)> {
+    let bundles: Vec<(&'static str, PathBuf)> = platforms
+        .iter()
+        .map(|&platform| {
+            let dir = format!("{version}-{platform}");
+            let dist = dist_for(
+                ctx,
+                &format!("d{dir}"),
+                platform,
+                &marker(version, platform),
+            );
+            if broken == Some(platform) {
+                script_agent(&dist, "exit 1");
+            }
+            let bundle = pack_for(
+                ctx,
+                &dist,
+                version,
+                build,
+                key,
+                &format!("b{dir}"),
+                platform,
+            );
+            (platform, bundle)
+        })
+        .collect();
+    server.clear_bundles();
+    drop_release(server, &bundles);
+    for (platform, bundle) in &bundles {
+        let path = format!("/agentupdate/version?platform={platform}");
+        wait_until(
+            Duration::from_secs(30),
+            &format!("the server to serve {version} for {platform}"),
+            || {
+                http(server.port, "GET", &path, &[]).is_ok_and(|a| {
+                    property(&a.text(), "agent.latest.sha256") == Some(sha256_file(bundle))
+                })
+            },
+        );
+    }
+    bundles
+}
+
+/// Drops every bundle of a release at once (`agent-bundle-<version>-<platform>` and its
+/// signature): copied in under other names first, then renamed, signatures before
+/// bundles, so the server never reads half a file.
+fn drop_release(server: &ServerProc, bundles: &[(&str, PathBuf)]) {
+    let staging = server.download_dir().join(".staging");
+    fs::create_dir_all(&staging).unwrap();
+    let mut sigs = Vec::new();
+    let mut files = Vec::new();
+    for (platform, bundle) in bundles {
+        let name = format!(
+            "{}-{platform}",
+            bundle.file_name().unwrap().to_string_lossy()
+        );
+        let sig = format!("{name}.minisig");
+        fs::copy(format!("{}.minisig", bundle.display()), staging.join(&sig)).unwrap();
+        fs::copy(bundle, staging.join(&name)).unwrap();
+        sigs.push(sig);
+        files.push(name);
+    }
+    for name in sigs.into_iter().chain(files) {
+        fs::rename(staging.join(&name), server.download_dir().join(&name)).unwrap();
+    }
+}
+
 fn agents(server: &ServerProc) -> Vec<serde_json::Value> {
     admin_agents(server.port, TOKEN)
+}
+
+/// The `/admin/agents` row of the agent of `platform` (one per platform here).
+fn row_of(server: &ServerProc, platform: &str) -> Option<serde_json::Value> {
+    agents(server)
+        .into_iter()
+        .find(|a| a["platform"] == platform)
+}
+
+/// What an agent's logs say, for a failure message.
+fn logs(home: &Path) -> String {
+    ["wrapper.log", "update.log", "agent.out"]
+        .iter()
+        .map(|f| format!("--- {f}\n{}", read_file(&home.join("logs").join(f))))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Points each agent at `server` and starts it through its wrapper; waits until the
+/// server lists all of them at 1.0.0+1.
+fn start_fleet(server: &ServerProc, fleet: &[(&str, PathBuf)]) {
+    for (_, home) in fleet {
+        operator_conf(home, &server.url(""));
+    }
+    let homes: Vec<PathBuf> = fleet.iter().map(|(_, h)| h.clone()).collect();
+    start_wrappers(&homes);
+    wait_until(WAIT, "the three agents to register", || {
+        agents(server).len() == fleet.len()
+    });
+}
+
+/// Waits until every agent of `fleet` whose platform is in `platforms` reports `version`
+/// `INSTALLED`; on timeout shows the rows and their logs.
+fn wait_installed(
+    server: &ServerProc,
+    fleet: &[(&str, PathBuf)],
+    platforms: &[&str],
+    version: &str,
+) {
+    let started = std::time::Instant::now();
+    loop {
+        let rows = agents(server);
+        let done = platforms.iter().all(|p| {
+            rows.iter().any(|a| {
+                a["platform"] == *p && a["version"] == version && a["update_status"] == "INSTALLED"
+            })
+        });
+        if done {
+            return;
+        }
+        if started.elapsed() > WAIT {
+            let logs: Vec<String> = fleet
+                .iter()
+                .map(|(p, home)| format!("=== {p}\n{}", logs(home)))
+                .collect();
+            panic!(
+                "timed out waiting for {platforms:?} to run {version}: {rows:#?}\n{}",
+                logs.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 #[test]
 fn platform_release_reaches_each_agent_with_its_own_binary() {
     let ctx = TestContext::new();
     let (key, public) = ctx.keygen("keys");
-    let (glibc, _) = installed_agent(&ctx, &key, GNU, "pg");
-    let (musl, _) = installed_agent(&ctx, &key, MUSL, "pm");
-
-    let d2g = dist_for(&ctx, "d2g", GNU, "agent 2.0.0 glibc");
-    let d2m = dist_for(&ctx, "d2m", MUSL, "agent 2.0.0 musl");
-    let b2g = pack_for(&ctx, &d2g, "2.0.0", "2", &key, "b2g", GNU);
-    let b2m = pack_for(&ctx, &d2m, "2.0.0", "2", &key, "b2m", MUSL);
+    let fleet = installed_fleet(&ctx, &key);
     let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
-    drop_release(&server, &[(&b2m, MUSL), (&b2g, GNU)]);
-    // The primary bundle (the server's own platform) answers a plain /version.
-    server.wait_serving(&sha256_file(&b2g));
+    let b2 = release(&ctx, &server, &key, "2.0.0", "2", &PLATFORMS, None);
 
-    // /version lists the platforms, and answers for each.
+    // /version lists the platforms.
     let version = http(server.port, "GET", "/agentupdate/version", &[]).unwrap();
     assert_eq!(
-        property(&version.text(), "agent.latest.platforms").as_deref(),
-        Some(format!("{GNU},{MUSL}").as_str()),
+        property(&version.text(), "agent.latest.platforms"),
+        Some(PLATFORMS.join(",")),
         "{}",
         version.text()
     );
-    let musl_version = http(
-        server.port,
-        "GET",
-        &format!("/agentupdate/version?platform={MUSL}"),
-        &[],
-    )
-    .unwrap();
-    assert_eq!(
-        property(&musl_version.text(), "agent.latest.sha256"),
-        Some(sha256_file(&b2m)),
-        "{}",
-        musl_version.text()
-    );
-
-    // A plain download of a release of two platforms hands out neither.
+    // A plain download of a release of several platforms hands out none of them.
     for path in ["/agentupdate/download", "/agentupdate/download.minisig"] {
         let plain = http(server.port, "GET", path, &[]).unwrap();
         let text = plain.text();
         assert_eq!(plain.status, 300, "{path}: {text}");
         assert!(
-            text.contains(GNU) && text.contains(MUSL) && text.contains("?platform="),
+            PLATFORMS.iter().all(|p| text.contains(p)) && text.contains("?platform="),
             "{path}: {text}"
         );
         assert!(plain.body.len() < 4096, "{path}: a bundle was sent");
     }
 
     // wget --content-disposition saves each platform's bundle under its name, and the
-    // real minisign verifies it.
+    // real minisign verifies it and the platform its signed comment names.
     require_tool("wget");
     require_tool("minisign");
-    for (platform, bundle) in [(GNU, &b2g), (MUSL, &b2m)] {
+    for (platform, bundle) in &b2 {
         let dir = ctx.path(&format!("wget-{platform}"));
         fs::create_dir_all(&dir).unwrap();
         run_ok(
@@ -265,45 +392,20 @@ fn platform_release_reaches_each_agent_with_its_own_binary() {
             "{}",
             String::from_utf8_lossy(&out.stdout)
         );
+        // The saved bundle is an executable of its platform (its own stub).
+        let machine = if platform.starts_with("aarch64-") {
+            EM_AARCH64
+        } else {
+            EM_X86_64
+        };
+        assert_eq!(elf_machine(&saved), machine, "{name}");
     }
 
-    // Both agents come, are refused, and each takes its own platform's bundle.
-    for home in [&glibc, &musl] {
-        operator_conf(home, &server.url(""));
-    }
-    start_wrappers(&[glibc.clone(), musl.clone()]);
-    wait_until(WAIT, "both agents to run 2.0.0+2", || {
-        let rows = agents(&server);
-        rows.len() == 2
-            && rows
-                .iter()
-                .all(|a| a["version"] == "2.0.0+2" && a["update_status"] == "INSTALLED")
-    });
-    let rows = agents(&server);
-    let mut platforms: Vec<&str> = rows
-        .iter()
-        .map(|a| a["platform"].as_str().unwrap())
-        .collect();
-    platforms.sort_unstable();
-    assert_eq!(platforms, [GNU, MUSL]);
-    for (home, marker, dynamic) in [
-        (&glibc, "agent 2.0.0 glibc", true),
-        (&musl, "agent 2.0.0 musl", false),
-    ] {
-        let bin = home.join("current/bin/agent");
-        let bytes = fs::read(&bin).unwrap();
-        assert!(
-            bytes.ends_with(marker.as_bytes()),
-            "{} is not the {marker} binary",
-            bin.display()
-        );
-        assert_eq!(
-            has_interpreter(&bin),
-            dynamic,
-            "{}: {}",
-            bin.display(),
-            String::from_utf8_lossy(&run_ok(Command::new("file").arg("-L").arg(&bin)).stdout)
-        );
+    // Every agent comes, is refused, and takes its own platform's bundle.
+    start_fleet(&server, &fleet);
+    wait_installed(&server, &fleet, &PLATFORMS, "2.0.0+2");
+    for (platform, home) in &fleet {
+        assert_own_binary(home, platform, "2.0.0");
     }
     let r = wait_rollout(
         &server,
@@ -313,57 +415,36 @@ fn platform_release_reaches_each_agent_with_its_own_binary() {
         |r| r["version"] == "2.0.0+2" && r["state"] == "completed",
     );
     assert_eq!(r["waves"][0]["failed"], 0, "{r}");
+    assert_eq!(r["waves"][0]["installed"], 3, "{r}");
 }
 
 #[test]
-fn platform_missing_from_a_release_is_no_bundle_and_the_rollout_completes() {
+fn platform_missing_from_a_release_is_no_bundle_and_a_broken_one_rolls_back_on_its_platform() {
     let ctx = TestContext::new();
     let (key, _) = ctx.keygen("keys");
-    let (glibc, b1) = installed_agent(&ctx, &key, GNU, "pg");
-    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
-    // The fleet runs 1.0.0: the glibc agent, and a made-up aarch64 machine.
-    ctx.publish_served(&server, &b1);
-    let (status, body) = arm_hello(&server, "/agent/register", None);
-    assert_eq!(status, 200, "{body}");
-    assert!(
-        body.get("no_bundle").is_none(),
-        "it runs the release: {body}"
+    let fleet = installed_fleet(&ctx, &key);
+    let server = ctx.server(
+        "srv",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN),
+            // One wave of the whole fleet; its first failure halts the rollout.
+            ("UPDATE_SERVER_ROLLOUT_WAVES", "100%"),
+            ("UPDATE_SERVER_ROLLOUT_MAX_FAILURES", "0"),
+        ],
     );
-    let token = body["token"].as_str().unwrap().to_owned();
-    operator_conf(&glibc, &server.url(""));
-    start_wrappers(std::slice::from_ref(&glibc));
+    // The fleet runs 1.0.0, the release served (a server that serves nothing is one
+    // agents wait for).
+    release(&ctx, &server, &key, "1.0.0", "1", &PLATFORMS, None);
+    start_fleet(&server, &fleet);
     wait_rollout(&server, TOKEN, WAIT, "1.0.0's rollout to complete", |r| {
         r["version"] == "1.0.0+1" && r["state"] == "completed"
     });
-    wait_until(WAIT, "both agents to be known", || {
-        agents(&server).len() == 2
-    });
+    let arm_home = &fleet.iter().find(|(p, _)| *p == ARM).unwrap().1;
 
-    // 2.0.0 for glibc only: no aarch64 bundle, and no static musl one to fall back to.
-    let d2 = dist_for(&ctx, "d2", GNU, "agent 2.0.0 glibc");
-    let b2 = pack_for(&ctx, &d2, "2.0.0", "2", &key, "b2", GNU);
-    server.clear_bundles();
-    drop_as(&server, &b2, GNU);
-    server.wait_serving(&sha256_file(&b2));
-    wait_rollout(&server, TOKEN, WAIT, "2.0.0's rollout to start", |r| {
-        r["version"] == "2.0.0+2"
-    });
-
-    // The aarch64 machine is told so and kept on its version, not refused.
-    let (status, body) = arm_hello(&server, "/agent/connect", Some(&token));
-    assert_eq!(status, 200, "{body}");
-    let note = body["no_bundle"].as_str().unwrap_or_default();
-    assert!(note.contains(ARM) && note.contains(GNU), "{body}");
-    let asked = http(
-        server.port,
-        "GET",
-        &format!("/agentupdate/download?platform={ARM}"),
-        &[],
-    )
-    .unwrap();
-    assert_eq!(asked.status, 404, "{}", asked.text());
-
-    // The glibc agent updates; the wave does not wait for aarch64, nor count it failed.
+    // 2.0.0 for x86_64 only: no aarch64 bundle, and no static aarch64 one to fall back
+    // to. The x86_64 agents update; the aarch64 one is told so and kept on its version.
+    release(&ctx, &server, &key, "2.0.0", "2", &[GNU, MUSL], None);
+    wait_installed(&server, &fleet, &[GNU, MUSL], "2.0.0+2");
     let r = wait_rollout(&server, TOKEN, WAIT, "2.0.0's rollout to end", |r| {
         r["version"] == "2.0.0+2" && r["state"] != "running"
     });
@@ -371,20 +452,45 @@ fn platform_missing_from_a_release_is_no_bundle_and_the_rollout_completes() {
     let wave = &r["waves"][0];
     assert_eq!(
         (&wave["installed"], &wave["no_bundle"], &wave["failed"]),
-        (&1.into(), &1.into(), &0.into()),
+        (&2.into(), &1.into(), &0.into()),
         "{r}"
     );
-    let rows = agents(&server);
-    let arm = rows.iter().find(|a| a["id"] == "arm-1").unwrap();
-    assert_eq!(arm["update_status"], "NO_BUNDLE", "{arm}");
-    assert_eq!(arm["version"], "1.0.0+1", "{arm}");
-    assert_eq!(arm["platform"], ARM, "{arm}");
-    // Running the target counted as installed; its report follows its commit.
-    wait_until(WAIT, "the glibc agent's INSTALLED", || {
-        agents(&server).iter().any(|a| {
-            a["id"] != "arm-1" && a["version"] == "2.0.0+2" && a["update_status"] == "INSTALLED"
-        })
+    let arm = row_of(&server, ARM).unwrap();
+    assert_eq!(
+        (&arm["version"], &arm["update_status"]),
+        (&"1.0.0+1".into(), &"NO_BUNDLE".into()),
+        "{arm}"
+    );
+    assert_own_binary(arm_home, ARM, "1.0.0");
+    for (platform, home) in fleet.iter().filter(|(p, _)| *p != ARM) {
+        assert_own_binary(home, platform, "2.0.0");
+    }
+
+    // 3.0.0 for all three, with a broken aarch64 agent: the aarch64 machine takes it,
+    // sees it never come up, rolls back to what it ran, and the wave counts it failed.
+    let b3 = release(&ctx, &server, &key, "3.0.0", "3", &PLATFORMS, Some(ARM));
+    let halted = wait_rollout(&server, TOKEN, WAIT, "3.0.0's rollout to halt", |r| {
+        r["version"] == "3.0.0+3" && r["state"] == "halted"
     });
+    assert_eq!(halted["waves"][0]["failed"], 1, "{halted}");
+    let mut arm = serde_json::Value::Null;
+    wait_until(WAIT, "the aarch64 agent to run 1.0.0+1 again", || {
+        arm = row_of(&server, ARM).unwrap();
+        arm["version"] == "1.0.0+1" && arm["update_status"] != "NO_BUNDLE"
+    });
+    assert_ne!(arm["update_status"], "INSTALLED", "{arm}");
+    assert_own_binary(arm_home, ARM, "1.0.0");
+    let arm_b3 = &b3.iter().find(|(p, _)| *p == ARM).unwrap().1;
+    assert!(
+        read_file(&arm_home.join("data/bad-versions")).contains(&sha256_file(arm_b3)),
+        "the broken bundle is not in data/bad-versions\n{}",
+        logs(arm_home)
+    );
+    assert!(
+        read_file(&arm_home.join("logs/update.log")).contains("rolling back"),
+        "{}",
+        logs(arm_home)
+    );
 }
 
 /// The router of a server whose download directory holds `bundles` (`(version, build,

@@ -50,6 +50,7 @@ impl TestContext {
         let mut c = Command::new(bin_path(bin));
         c.current_dir(self.dir.path());
         c.env_remove("RUST_LOG");
+        cross_env(&mut c);
         c
     }
 
@@ -163,7 +164,10 @@ pub fn pids_mentioning(dir: &Path) -> Vec<u32> {
 impl TestContext {
     /// `bundle --install=<prefix>`; returns AGENT_HOME.
     pub fn install(&self, bundle: &Path, prefix: &str) -> PathBuf {
-        run_ok(Command::new(bundle).arg(format!("--install={}", self.path(prefix).display())));
+        run_ok(
+            cross_env(&mut Command::new(bundle))
+                .arg(format!("--install={}", self.path(prefix).display())),
+        );
         fs::canonicalize(self.path(prefix).join("agent")).unwrap()
     }
 
@@ -189,12 +193,19 @@ pub fn start_wrappers(homes: &[PathBuf]) {
         .iter()
         .map(|home| {
             let wrapper = home.join("current/bin/agent-wrapper.sh");
-            std::thread::spawn(move || run_ok(Command::new(wrapper).arg("start")))
+            std::thread::spawn(move || run_ok(cross_env(&mut Command::new(wrapper)).arg("start")))
         })
         .collect();
     for s in starters {
         s.join().unwrap();
     }
+}
+
+/// Lets `cmd` (and what it starts: the agent, its updater, the new version) run a glibc
+/// aarch64 binary under qemu: `QEMU_LD_PREFIX` names the aarch64 glibc, since this
+/// machine's `/lib` has only its own. qemu alone reads it; native programs ignore it.
+pub fn cross_env(cmd: &mut Command) -> &mut Command {
+    cmd.env("QEMU_LD_PREFIX", machine::AARCH64_SYSROOT)
 }
 
 /// Writes the operator's conf/agent.toml: these servers, a 1 s heartbeat, and `extra`.

@@ -5,7 +5,8 @@
 //! The Debian root is made once (`scripts/test.sh`, by `debootstrap`) and cached as
 //! `target/debian-systemd-root`; each machine boots a copy of its own, so tests do not
 //! leak into each other. The static musl agent is built by `scripts/test.sh` too, under
-//! `target/x86_64-unknown-linux-musl/debug`.
+//! `target/x86_64-unknown-linux-musl/debug`, and so is the aarch64 one the platform tests
+//! run under qemu, under `target/aarch64-unknown-linux-gnu/debug`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -32,6 +33,35 @@ pub fn musl_bin(name: &str) -> PathBuf {
         path.exists(),
         "{} is missing: run scripts/test.sh, or CC_x86_64_unknown_linux_musl=musl-gcc cargo build --target x86_64-unknown-linux-musl -p agent -p agent-bundle",
         path.display()
+    );
+    path
+}
+
+/// Where Debian's `libc6-arm64-cross` puts aarch64 glibc: qemu loads a glibc aarch64
+/// binary's interpreter and libraries from under it (`QEMU_LD_PREFIX`).
+pub const AARCH64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
+
+/// `target/aarch64-unknown-linux-gnu/debug/<name>`, once it is sure this machine runs
+/// it (qemu registered with binfmt_misc, the aarch64 glibc there); else a panic that
+/// says what to do.
+pub fn aarch64_bin(name: &str) -> PathBuf {
+    let path = crate::in_target_dir(&format!("aarch64-unknown-linux-gnu/debug/{name}"));
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test.sh, or CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc cargo build --target aarch64-unknown-linux-gnu -p agent -p agent-bundle",
+        path.display()
+    );
+    let binfmt = Path::new("/proc/sys/fs/binfmt_misc/qemu-aarch64");
+    assert!(
+        fs::read_to_string(binfmt).is_ok_and(|s| s.lines().next() == Some("enabled")),
+        "{} is not enabled: this machine cannot run aarch64 binaries; run scripts/binfmt-aarch64.sh as root (scripts/test.sh does)",
+        binfmt.display()
+    );
+    assert!(
+        Path::new(AARCH64_SYSROOT)
+            .join("lib/ld-linux-aarch64.so.1")
+            .exists(),
+        "{AARCH64_SYSROOT} has no aarch64 glibc: apt-get install libc6-arm64-cross (scripts/test.sh does)"
     );
     path
 }

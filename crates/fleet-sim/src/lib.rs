@@ -325,7 +325,9 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
                     .run(shared, delay),
             ),
             Protocol::Opamp => tokio::spawn(
-                OpampAgent::new(index, options.version.clone(), group).run(shared, delay),
+                OpampAgent::new(index, options.version.clone(), group)
+                    .on(&platform)
+                    .run(shared, delay),
             ),
         });
     }

@@ -41,8 +41,9 @@ struct Cli {
     #[arg(long = "group", value_name = "NAME=SHARE")]
     groups: Vec<String>,
     /// TARGET=SHARE: that share (0–1) of the agents say they run on that platform (a
-    /// Rust target triple) and ask for its bundle; spread over the whole fleet, so every
-    /// wave mixes them. The rest run on this machine's platform.
+    /// Rust target triple) and ask for its bundle (OpAMP agents describe it as `os.type`
+    /// and `host.arch`); spread over the whole fleet, so every wave mixes them. The rest
+    /// run on this machine's platform.
     #[arg(long = "platform", value_name = "TARGET=SHARE")]
     platforms: Vec<String>,
     /// Stop after this long.

@@ -92,6 +92,13 @@ impl OpampAgent {
         }
     }
 
+    /// This agent describes itself as running on `platform` (a Rust target triple): its
+    /// `os.type` and `host.arch`, by which the server offers a release's bundle.
+    pub fn on(mut self, platform: &str) -> Self {
+        self.state = self.state.on(platform);
+        self
+    }
+
     /// Runs until the simulation ends.
     pub async fn run(self, shared: Arc<Shared>, start_after: Duration) {
         if shared.sleep(start_after).await {

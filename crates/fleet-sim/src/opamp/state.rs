@@ -84,6 +84,10 @@ pub struct AgentState {
     seq: u64,
     name: String,
     group: Option<String>,
+    /// `os.type` and `host.arch` as OpenTelemetry writes them (`linux`, `amd64`): what
+    /// the server picks a release's bundle by.
+    os_type: String,
+    host_arch: String,
     pub version: AgentVersion,
     /// Unix nanoseconds the running version started.
     started_ns: u64,
@@ -107,6 +111,27 @@ fn text(key: &str, value: &str) -> KeyValue {
     }
 }
 
+/// `(os.type, host.arch)` in OpenTelemetry's words for a Rust target triple
+/// (`<arch>-<vendor>-<os>[-<env>]`): `x86_64-unknown-linux-musl` is `("linux", "amd64")`.
+/// OpAMP has no word for the C library. An architecture OpenTelemetry does not name is
+/// passed on as the triple writes it.
+pub fn otel_platform(triple: &str) -> (String, String) {
+    let mut parts = triple.split('-');
+    let arch = match parts.next().unwrap_or_default() {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "i686" | "i586" => "x86",
+        "arm" | "armv7" => "arm32",
+        "powerpc64" | "powerpc64le" => "ppc64",
+        other => other,
+    };
+    let os = match parts.nth(1).unwrap_or_default() {
+        "apple" | "darwin" => "darwin",
+        other => other,
+    };
+    (os.to_owned(), arch.to_owned())
+}
+
 impl AgentState {
     pub fn new(
         uid: [u8; 16],
@@ -120,6 +145,8 @@ impl AgentState {
             seq: 0,
             name: format!("sim-{index:05}"),
             group,
+            os_type: String::new(),
+            host_arch: String::new(),
             version: version.clone(),
             started_ns: now_ns,
             config_hash: Vec::new(),
@@ -135,7 +162,15 @@ impl AgentState {
             status: PackageStatusEnum::Installed as i32,
             ..Default::default()
         });
-        state
+        state.on(agent_protocol::layout::PLATFORM)
+    }
+
+    /// This agent describes itself as running on `platform` (a Rust target triple, as
+    /// `fleet-sim --platform` names it).
+    pub fn on(mut self, platform: &str) -> Self {
+        (self.os_type, self.host_arch) = otel_platform(platform);
+        self.dirty.description = true;
+        self
     }
 
     fn set_package(&mut self, status: PackageStatus) {
@@ -147,8 +182,8 @@ impl AgentState {
 
     fn description(&self) -> AgentDescription {
         let mut non_identifying = vec![
-            text("os.type", std::env::consts::OS),
-            text("host.arch", std::env::consts::ARCH),
+            text("os.type", &self.os_type),
+            text("host.arch", &self.host_arch),
             text("host.name", &self.name),
         ];
         if let Some(group) = &self.group {
@@ -448,6 +483,31 @@ mod tests {
                 any_value::Value::StringValue(s) => Some(s.as_str()),
                 _ => None,
             })
+    }
+
+    #[test]
+    fn the_description_names_the_platform_as_opentelemetry_does() {
+        let mut a = agent().on("aarch64-unknown-linux-musl");
+        let first = a.next_message(false);
+        let d = first.agent_description.as_ref().unwrap();
+        assert_eq!(attr(d, "os.type"), Some("linux"));
+        assert_eq!(attr(d, "host.arch"), Some("arm64"));
+        assert_eq!(
+            otel_platform("x86_64-unknown-linux-gnu"),
+            ("linux".to_owned(), "amd64".to_owned())
+        );
+        assert_eq!(
+            otel_platform("riscv64gc-unknown-linux-gnu"),
+            ("linux".to_owned(), "riscv64gc".to_owned())
+        );
+        // By default, the machine the simulator was built for.
+        let mut native = agent();
+        let d = native.next_message(false).agent_description.unwrap();
+        let (os, arch) = otel_platform(agent_protocol::layout::PLATFORM);
+        assert_eq!(
+            (attr(&d, "os.type"), attr(&d, "host.arch")),
+            (Some(os.as_str()), Some(arch.as_str()))
+        );
     }
 
     #[test]

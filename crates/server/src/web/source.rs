@@ -132,6 +132,11 @@ pub struct Wave {
     pub installed: u64,
     pub failed: u64,
     pub timed_out: u64,
+    /// Agents whose platform the release has no bundle for (`NO_BUNDLE`): they keep their
+    /// version, are no failure and are not waited for. Left out of the document when
+    /// none, and never in a configuration rollout's.
+    #[serde(default)]
+    pub no_bundle: u64,
     pub pending: u64,
     pub opened_at: Option<f64>,
     pub completed_at: Option<f64>,

@@ -125,6 +125,9 @@ pub struct RolloutView {
     pub can_advance: bool,
     /// Where its buttons post: `<actions>/halt`, `/resume`, `/advance`.
     pub actions: String,
+    /// Whether the wave table has a "No bundle" column: a bundle rollout's has (a
+    /// release may lack some platform), a configuration rollout's has not.
+    pub no_bundle_column: bool,
     pub waves: Vec<WaveView>,
     pub events: Vec<EventView>,
 }
@@ -137,6 +140,7 @@ pub struct WaveView {
     pub installed: u64,
     pub failed: u64,
     pub timed_out: u64,
+    pub no_bundle: u64,
     pub pending: u64,
     pub opened: String,
     pub completed: String,
@@ -177,6 +181,7 @@ impl RolloutView {
             can_resume: r.state == "halted",
             can_advance: live,
             actions: "/rollouts".to_owned(),
+            no_bundle_column: true,
             waves: r
                 .waves
                 .iter()
@@ -188,6 +193,7 @@ impl RolloutView {
                     installed: w.installed,
                     failed: w.failed,
                     timed_out: w.timed_out,
+                    no_bundle: w.no_bundle,
                     pending: w.pending,
                     opened: when(w.opened_at, now),
                     completed: when(w.completed_at, now),
@@ -243,6 +249,7 @@ impl ConfigView {
                     view.version =
                         format!("{} {}", set.group, agent_fleet::config::short(&set.hash));
                     view.actions = format!("/rollouts/config/{}", encode(&set.group));
+                    view.no_bundle_column = false;
                     view
                 }),
             })
@@ -722,6 +729,33 @@ mod tests {
     }
 
     #[test]
+    fn a_bundle_rollouts_waves_count_the_agents_with_no_bundle() {
+        let r: Rollout = serde_json::from_value(serde_json::json!({
+            "version": "2.0.0+2", "state": "completed", "reason": null, "wave": 2,
+            "started_at": 1.0, "completed_at": 2.0, "events": [],
+            "waves": [
+                {"size": "1", "agents": 1, "installed": 1, "failed": 0, "timed_out": 0,
+                    "pending": 0, "opened_at": 1.0, "completed_at": 1.5},
+                {"size": "100%", "agents": 9, "installed": 2, "failed": 0, "timed_out": 0,
+                    "no_bundle": 7, "pending": 0, "opened_at": 1.5, "completed_at": 2.0}
+            ]
+        }))
+        .unwrap();
+        let html = RolloutsPage::new(frame(), Some(RolloutView::new(&r, 1_000)), Vec::new(), "")
+            .render()
+            .unwrap();
+        assert!(html.contains("<th title="), "{html}");
+        assert!(html.contains(">No bundle</th>"), "{html}");
+        // Wave 2: 9 agents, 2 done, 0 failed, 0 timed out, 7 with no bundle, 0 pending.
+        assert!(
+            html.contains(
+                "<td class=\"num\">9</td><td class=\"num\">2</td><td class=\"num\">0</td><td class=\"num\">0</td><td class=\"num\">7</td><td class=\"num\">0</td>"
+            ),
+            "{html}"
+        );
+    }
+
+    #[test]
     fn a_config_rollouts_buttons_post_to_its_group() {
         let sets: ConfigSets = serde_json::from_value(serde_json::json!({"sets": [{
             "group": "a b/c", "hash": "0123456789abcdef", "created_at": 1.0,
@@ -742,6 +776,8 @@ mod tests {
             "{html}"
         );
         assert!(html.contains(">Advance</button>"));
+        // A configuration is for every platform: no such column.
+        assert!(!html.contains("No bundle"), "{html}");
     }
 
     #[test]
