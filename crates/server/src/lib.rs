@@ -396,7 +396,7 @@ pub const HOME_LOCK: &str = "update-server.lock";
 
 impl HomeLock {
     pub fn acquire(home: &std::path::Path) -> Result<Self, ServerError> {
-        use std::io::Read;
+        use std::io::{Read, Seek};
         std::fs::create_dir_all(home)
             .map_err(|e| ServerError::Io(format!("{}: {e}", home.display())))?;
         let path = home.join(HOME_LOCK);
@@ -407,16 +407,30 @@ impl HomeLock {
             .truncate(false)
             .open(&path)
             .map_err(|e| ServerError::Io(format!("{}: {e}", path.display())))?;
-        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            Ok(file) => Ok(Self { file }),
-            Err((mut file, _)) => {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                Err(ServerError::Io(format!(
-                    "another update-server ({}) uses the home {}; stop it, or give this one another --home",
-                    holder.trim(),
-                    home.display()
-                )))
+        // A server killed a moment ago may still hold the lock while the kernel ends its
+        // threads (one in the middle of a disk write, say): its pid is then gone or a
+        // zombie, and the lock is free within moments. A live holder is refused at once.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut file = file;
+        loop {
+            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(file) => return Ok(Self { file }),
+                Err((mut held, _)) => {
+                    let mut holder = String::new();
+                    let _ = held
+                        .rewind()
+                        .and_then(|()| held.read_to_string(&mut holder));
+                    if holder_is_exiting(&holder) && std::time::Instant::now() < deadline {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        file = held;
+                        continue;
+                    }
+                    return Err(ServerError::Io(format!(
+                        "another update-server ({}) uses the home {}; stop it, or give this one another --home",
+                        holder.trim(),
+                        home.display()
+                    )));
+                }
             }
         }
     }
@@ -426,6 +440,25 @@ impl HomeLock {
         let _ = self.file.set_len(0);
         let _ = self.file.rewind();
         let _ = writeln!(self.file, "{holder}");
+    }
+}
+
+/// True when the lock file names a pid that has exited (gone, or a zombie whose threads
+/// the kernel is still ending): a holder that lets go by itself.
+fn holder_is_exiting(holder: &str) -> bool {
+    let Some(pid) = holder
+        .split_whitespace()
+        .skip_while(|w| *w != "pid")
+        .nth(1)
+        .and_then(|p| p.parse::<u32>().ok())
+    else {
+        return false;
+    };
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => true,
     }
 }
 
@@ -445,5 +478,37 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_held_for_a_pid_that_exited_is_waited_for_and_a_live_one_is_not() {
+        let me = format!("pid {} listening on 127.0.0.1:7080", std::process::id());
+        assert!(!holder_is_exiting(&me));
+        // Above the kernel's largest pid_max (2^22): never a live process.
+        assert!(holder_is_exiting("pid 4194305 listening on 127.0.0.1:7080"));
+        assert!(!holder_is_exiting(""));
+        assert!(!holder_is_exiting("written by something else"));
+    }
+
+    #[test]
+    fn a_home_held_by_a_live_server_is_refused_at_once() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let mut first = HomeLock::acquire(home.path()).expect("first lock");
+        first.describe(&format!(
+            "pid {} listening on 127.0.0.1:1",
+            std::process::id()
+        ));
+        let asked = std::time::Instant::now();
+        let err = HomeLock::acquire(home.path())
+            .err()
+            .expect("a second lock on a held home");
+        assert!(err.to_string().contains("another update-server"), "{err}");
+        // Not the ten seconds an exiting holder is given.
+        assert!(asked.elapsed() < std::time::Duration::from_secs(5));
     }
 }
