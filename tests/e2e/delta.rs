@@ -200,7 +200,7 @@ fn delta_from_a_bundle_the_server_never_served_is_a_whole_download() {
     assert!(proxy.bytes_down() > size(&r.b2));
     let log = read_file(&r.home.join("logs/agent.log"));
     assert!(
-        log.contains("no delta: the server has no delta for this agent (404"),
+        log.contains("no delta: the server has no delta for this agent (404: this server has no delta from bundle"),
         "{log}"
     );
     assert_installed_is(&r, &["share/motd.txt"]);

@@ -225,12 +225,17 @@ async fn transfer(req: &Request<'_>, url: &str, path: &Path) -> Result<u64, Tran
                 .ok()
                 .and_then(Result::ok)
                 .unwrap_or_default();
-            let said: String = body
+            // The server says why as `{"error": "..."}`; anything else is shown as it is.
+            let said = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("error")?.as_str().map(str::to_owned))
+                .unwrap_or(body);
+            let said: String = said
                 .lines()
                 .next()
                 .unwrap_or("")
                 .chars()
-                .take(200)
+                .take(300)
                 .collect();
             return Err(refused(format!(
                 "the server has no delta for this agent ({}{}{})",
