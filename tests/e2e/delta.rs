@@ -146,7 +146,8 @@ fn delta_of_a_rebuilt_agent_is_under_five_percent_and_installs_that_build() {
     eprintln!("agent rebuilt: {sent} bytes on the wire for a {bundle}-byte bundle");
     assert!(
         sent * 20 < bundle,
-        "{sent} bytes crossed the wire for a {bundle}-byte bundle\n--- agent.log:\n{}",
+        "{sent} bytes crossed the wire for a {bundle}-byte bundle (target/rebuilt/agent must be \
+         built from this very tree, as scripts/test.sh does)\n--- agent.log:\n{}",
         read_file(&r.home.join("logs/agent.log"))
     );
     wait_log(&r.home, "agent.log", "from a delta of", WAIT);

@@ -11,18 +11,17 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use agent_protocol::digest::{Digests, MultiHasher};
 use agent_protocol::layout;
 use agent_protocol::wire::{self, VersionInfo};
 use reqwest::StatusCode;
-use reqwest::header::RETRY_AFTER;
 use tokio::sync::watch;
 
-use crate::backoff::{parse_retry_after, retry_after_wait};
+use crate::backoff::retry_after_wait;
 use crate::client::error_chain;
-use crate::download::{self, Downloaded, Limits};
+use crate::download::{self, BatchedHasher, Downloaded, Limits};
 use crate::sleep::sleep_or_shutdown;
 
 /// Busy answers (`503`) a delta request waits out before the whole bundle is asked for.
@@ -65,7 +64,7 @@ pub async fn fetch(
 ) -> Result<Downloaded, NoDelta> {
     let started = Instant::now();
     let kept = base.kept.clone();
-    let from = tokio::task::spawn_blocking(move || hash_file(&kept))
+    let from = tokio::task::spawn_blocking(move || agent_delta::apply::sha256_of(&kept))
         .await
         .map_err(|e| fallback(format!("hashing the kept bundle: {e}")))?
         .map_err(|e| {
@@ -74,7 +73,7 @@ pub async fn fetch(
                 base.kept.display()
             ))
         })?;
-    let from_hex = from.sha256_hex();
+    let from_hex = hex::encode(from);
     if let Some(claimed) = base.claimed_sha256
         && claimed != from_hex
     {
@@ -211,13 +210,10 @@ async fn transfer(req: &Request<'_>, url: &str, path: &Path) -> Result<u64, Tran
     match resp.status() {
         StatusCode::OK => {}
         StatusCode::SERVICE_UNAVAILABLE => {
-            let told = resp
-                .headers()
-                .get(RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| parse_retry_after(v, SystemTime::now()))
-                .unwrap_or(Duration::from_secs(5));
-            return Err(Transfer::Busy(told));
+            return Err(Transfer::Busy(download::retry_after_of(
+                &resp,
+                Duration::from_secs(5),
+            )));
         }
         status => {
             let body = tokio::time::timeout(req.limits.read_timeout, resp.text())
@@ -302,30 +298,21 @@ fn apply(kept: &Path, delta: &Path, out: &Path) -> Result<Digests, String> {
         .map_err(|e| format!("{}: {e}", out.display()))?;
     let mut sink = HashingWriter {
         file: BufWriter::with_capacity(1 << 20, file),
-        hasher: MultiHasher::new(),
-        batch: Vec::with_capacity(BATCH),
+        hasher: BatchedHasher::new(MultiHasher::new()),
     };
     agent_delta::apply::apply(kept, delta, &mut sink, out).map_err(|e| e.to_string())?;
     sink.finish().map_err(|e| format!("{}: {e}", out.display()))
 }
 
-/// Hash in batches this large so BLAKE2b runs beside md5 + sha256 on a second core.
-const BATCH: usize = 1 << 20;
-
 struct HashingWriter {
     file: BufWriter<File>,
-    hasher: MultiHasher,
-    batch: Vec<u8>,
+    hasher: BatchedHasher,
 }
 
 impl Write for HashingWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.file.write_all(buf)?;
-        self.batch.extend_from_slice(buf);
-        if self.batch.len() >= BATCH {
-            self.hasher.update(&self.batch);
-            self.batch.clear();
-        }
+        self.hasher.update(buf);
         Ok(buf.len())
     }
 
@@ -336,13 +323,8 @@ impl Write for HashingWriter {
 
 impl HashingWriter {
     fn finish(mut self) -> io::Result<Digests> {
-        self.hasher.update(&self.batch);
         self.file.flush()?;
         self.file.get_ref().sync_all()?;
-        Ok(self.hasher.finish())
+        Ok(self.hasher.finish().finish())
     }
-}
-
-fn hash_file(path: &Path) -> io::Result<Digests> {
-    Digests::of_reader(File::open(path)?)
 }

@@ -25,6 +25,44 @@ use crate::client::error_chain;
 /// Hash in batches this large so BLAKE2b runs beside md5 + sha256 on a second core.
 const HASH_BATCH: usize = 1024 * 1024;
 
+/// Feeds a [`MultiHasher`] in batches of [`HASH_BATCH`], however small the pieces that
+/// arrive (network chunks, a rebuilt bundle's writes).
+pub(crate) struct BatchedHasher {
+    hasher: MultiHasher,
+    batch: Vec<u8>,
+}
+
+impl BatchedHasher {
+    pub(crate) fn new(hasher: MultiHasher) -> Self {
+        Self {
+            hasher,
+            batch: Vec::with_capacity(HASH_BATCH),
+        }
+    }
+
+    pub(crate) fn update(&mut self, data: &[u8]) {
+        self.batch.extend_from_slice(data);
+        if self.batch.len() >= HASH_BATCH {
+            self.hasher.update(&self.batch);
+            self.batch.clear();
+        }
+    }
+
+    pub(crate) fn finish(mut self) -> MultiHasher {
+        self.hasher.update(&self.batch);
+        self.hasher
+    }
+}
+
+/// The wait a `503` names in `Retry-After`, or `otherwise` when it names none.
+pub(crate) fn retry_after_of(resp: &reqwest::Response, otherwise: Duration) -> Duration {
+    resp.headers()
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| parse_retry_after(v, SystemTime::now()))
+        .unwrap_or(otherwise)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DownloadError {
     #[error("the server is busy (503); it asks to come back in {0:?}")]
@@ -193,13 +231,10 @@ pub async fn fetch(
             }
             StatusCode::OK => false,
             StatusCode::SERVICE_UNAVAILABLE => {
-                let wait = resp
-                    .headers()
-                    .get(RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| parse_retry_after(v, SystemTime::now()))
-                    .unwrap_or(Duration::from_secs(30));
-                return Err(DownloadError::RetryAfter(wait));
+                return Err(DownloadError::RetryAfter(retry_after_of(
+                    &resp,
+                    Duration::from_secs(30),
+                )));
             }
             StatusCode::FORBIDDEN => return Err(DownloadError::Forbidden),
             StatusCode::RANGE_NOT_SATISFIABLE => {
@@ -345,23 +380,18 @@ fn complete_download(path: &Path, info: &VersionInfo) -> Result<Option<Digests>,
 /// Writes and hashes what the network delivers; returns the hasher over the whole file.
 fn sink(
     mut file: File,
-    mut hasher: MultiHasher,
+    hasher: MultiHasher,
     mut rx: mpsc::Receiver<bytes::Bytes>,
     path: &Path,
 ) -> Result<MultiHasher, DownloadError> {
-    let mut batch = Vec::with_capacity(HASH_BATCH);
+    let mut hasher = BatchedHasher::new(hasher);
     while let Some(chunk) = rx.blocking_recv() {
         file.write_all(&chunk)
             .map_err(|e| DownloadError::io(path, e))?;
-        batch.extend_from_slice(&chunk);
-        if batch.len() >= HASH_BATCH {
-            hasher.update(&batch);
-            batch.clear();
-        }
+        hasher.update(&chunk);
     }
-    hasher.update(&batch);
     file.sync_all().map_err(|e| DownloadError::io(path, e))?;
-    Ok(hasher)
+    Ok(hasher.finish())
 }
 
 fn hash_prefix(mut file: File, len: u64) -> io::Result<MultiHasher> {

@@ -12,7 +12,7 @@ use agent_protocol::minisign::Signature;
 use agent_protocol::version::AgentVersion;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::error::{BundleError, Result};
+use crate::error::{BundleError, IoContext, Result};
 use crate::install::{self, InstallRequest, TrustSource};
 use crate::keygen;
 use crate::pack::{self, PackRequest};
@@ -336,18 +336,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
         Some(Command::Delta { old, new, out }) => {
             let started = std::time::Instant::now();
-            let mut file =
-                std::io::BufWriter::new(std::fs::File::create(&out).map_err(|source| {
-                    BundleError::Io {
-                        path: out.clone(),
-                        source,
-                    }
-                })?);
+            let mut file = std::io::BufWriter::new(std::fs::File::create(&out).at(&out)?);
             let made = agent_delta::make::make(&old, &new, &mut file, Default::default())?;
-            file.flush().map_err(|source| BundleError::Io {
-                path: out.clone(),
-                source,
-            })?;
+            file.flush().at(&out)?;
             println!(
                 "Wrote {} ({} bytes, {:.2} % of the {}-byte bundle) in {:.2}s: {} bytes named in the old bundle, {} sent as they are, {} in {} patch(es).",
                 out.display(),
@@ -364,29 +355,13 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
         Some(Command::ApplyDelta { old, delta, out }) => {
             let started = std::time::Instant::now();
-            let mut file =
-                std::io::BufWriter::new(std::fs::File::create(&out).map_err(|source| {
-                    BundleError::Io {
-                        path: out.clone(),
-                        source,
-                    }
-                })?);
+            let mut file = std::io::BufWriter::new(std::fs::File::create(&out).at(&out)?);
             let header = agent_delta::apply::apply(&old, &delta, &mut file, &out)?;
-            file.flush().map_err(|source| BundleError::Io {
-                path: out.clone(),
-                source,
-            })?;
+            file.flush().at(&out)?;
             drop(file);
-            let digests = agent_protocol::digest::Digests::of_reader(
-                std::fs::File::open(&out).map_err(|source| BundleError::Io {
-                    path: out.clone(),
-                    source,
-                })?,
-            )
-            .map_err(|source| BundleError::Io {
-                path: out.clone(),
-                source,
-            })?;
+            let digests =
+                agent_protocol::digest::Digests::of_reader(std::fs::File::open(&out).at(&out)?)
+                    .at(&out)?;
             if digests.sha256 != header.to {
                 let _ = std::fs::remove_file(&out);
                 return Err(BundleError::Invalid(format!(

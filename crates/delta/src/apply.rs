@@ -17,7 +17,6 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{DeltaError, IoContext, Result};
 use crate::format::{DeltaReader, Header, Op};
-use crate::make::hex;
 use crate::segmented::{self, MAX_TAR};
 
 fn corrupt(what: impl Into<String>) -> DeltaError {
@@ -65,20 +64,11 @@ pub fn apply(old: &Path, delta: &Path, out: &mut impl Write, out_name: &Path) ->
     let mut reader = DeltaReader::new(BufReader::with_capacity(256 * 1024, file), size);
     let header = reader.header()?;
 
-    let mut hasher = Sha256::new();
-    let mut at = 0u64;
-    let mut chunk = vec![0u8; 1 << 20];
-    while at < base_len {
-        let n = chunk.len().min((base_len - at) as usize);
-        base.read_exact_at(&mut chunk[..n], at).at(old)?;
-        hasher.update(&chunk[..n]);
-        at += n as u64;
-    }
-    let actual: [u8; 32] = hasher.finalize().into();
+    let actual = sha256_of(old).at(old)?;
     if actual != header.from {
         return Err(DeltaError::WrongBase {
-            expected: hex(&header.from),
-            actual: hex(&actual),
+            expected: hex::encode(header.from),
+            actual: hex::encode(actual),
         });
     }
 
@@ -229,6 +219,20 @@ fn bspatch(source: &[u8], patch: &[u8], cap: u64) -> Result<Vec<u8>> {
         return Err(corrupt("a patch that makes fewer bytes than it says"));
     }
     Ok(out)
+}
+
+/// The sha256 of a file: what a delta's base is named by, on both sides of the wire.
+pub fn sha256_of(path: &Path) -> io::Result<[u8; 32]> {
+    let mut file = File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = agent_protocol::digest::fill(&mut file, &mut chunk)?;
+        if n == 0 {
+            return Ok(hasher.finalize().into());
+        }
+        hasher.update(&chunk[..n]);
+    }
 }
 
 /// Reads the header only: which bundle a delta starts from and what it makes.

@@ -269,11 +269,7 @@ pub fn make(old: &Path, new: &Path, out: &mut impl Write, limits: Limits) -> Res
     let mut made = ops.made;
     made.size = format::HEADER_LEN + ops.ops.iter().map(Op::encoded_len).sum::<u64>() + 1;
     made.bundle_size = new_bytes.len() as u64;
-    made.base_sha256 = hex(&header.from);
-    made.sha256 = hex(&header.to);
+    made.base_sha256 = hex::encode(header.from);
+    made.sha256 = hex::encode(header.to);
     Ok(made)
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -17,6 +17,7 @@
 use std::io::{self, Read, Write};
 use std::ops::Range;
 
+use agent_protocol::digest::fill;
 use flate2::{Compress, Compression, Crc, Decompress, FlushCompress, FlushDecompress, Status};
 
 /// The deflate level every segment is compressed at.
@@ -148,20 +149,6 @@ pub fn deflate_segment(
             return Ok(read);
         }
     }
-}
-
-/// Reads until `buf` is full or the input ends.
-fn fill(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match input.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
 }
 
 /// Writes the tarball read from `tar` as a segmented gzip member (what the packer does).
