@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use agent_protocol::AgentVersion;
 use agent_protocol::journal::Health;
 use agent_protocol::layout::{self, AgentHome};
-use agent_protocol::wire::AgentHello;
+use agent_protocol::wire::{AgentHello, Report};
 use agent_updater::{lock, state};
 use tokio::sync::watch;
 
@@ -58,6 +58,21 @@ pub async fn flush_outbox(home: &AgentHome, client: &Client) {
             Ok(()) => {
                 tracing::info!(
                     "reported {} of {} -> {} to the server",
+                    report.status.as_str(),
+                    report.from,
+                    report.to
+                );
+                if let Err(e) = state::remove_report(&path) {
+                    tracing::warn!("{e}");
+                }
+            }
+            // A server from before a status (RETRYING) refuses it as malformed, and
+            // always will: said once and dropped, so it never blocks the reports after.
+            Err(crate::client::CommError::Status { status: code, .. })
+                if matches!(code, 400 | 422) =>
+            {
+                tracing::warn!(
+                    "the server refuses the report {} of {} -> {} ({code}); dropped",
                     report.status.as_str(),
                     report.from,
                     report.to
@@ -238,6 +253,7 @@ async fn serve(
                             h.refused_by_server = None;
                         });
                         retry.reset();
+                        crate::told::forget(&home);
                         if let Some(set) = offered {
                             take_config(&home, &client, &id, dirs, workload, &set).await;
                         }
@@ -602,6 +618,7 @@ async fn on_refused(
                 "running degraded: {reason}; {}",
                 retry::when_again(next, now)
             );
+            tell_failure(install, client, id, offer, failure, &reason, retry).await;
             return None;
         }
     };
@@ -625,11 +642,22 @@ async fn on_refused(
                 update::HandOff::Stay(why) => {
                     let now = Instant::now();
                     let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
+                    let reason = format!("the update to {to} stopped before the switch: {why}");
                     tracing::warn!(
-                        "the update to {to} stopped before the switch: {why}; {} keeps running, {}",
+                        "{reason}; {} keeps running, {}",
                         install.version,
                         retry::when_again(next, now)
                     );
+                    tell_failure(
+                        install,
+                        client,
+                        id,
+                        offer,
+                        Failure::Transient,
+                        &reason,
+                        retry,
+                    )
+                    .await;
                     None
                 }
             }
@@ -637,13 +665,58 @@ async fn on_refused(
         Err(e) => {
             let now = Instant::now();
             let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
-            tracing::error!(
-                "cannot hand over to the updater: {e}; {}",
-                retry::when_again(next, now)
-            );
+            let reason = format!("cannot hand over to the updater: {e}");
+            tracing::error!("{reason}; {}", retry::when_again(next, now));
+            tell_failure(
+                install,
+                client,
+                id,
+                offer,
+                Failure::Transient,
+                &reason,
+                retry,
+            )
+            .await;
             None
         }
     }
+}
+
+/// Tells the server at once why a round failed before anything was installed: the
+/// bundle's fault as `INSTALL_FAILED` (it counts against the rollout, with the agent's
+/// own words), the machine's as `RETRYING`. Through the outbox, so a server that cannot
+/// hear it now hears it later; the same words for the same offer are told once.
+async fn tell_failure(
+    install: &Installation,
+    client: &Client,
+    id: &str,
+    offer: &Offer,
+    failure: Failure,
+    reason: &str,
+    retry: &mut Retry,
+) {
+    let Some(status) = retry::report_status(failure) else {
+        return;
+    };
+    let report = Report {
+        id: id.to_owned(),
+        from: install.version.to_string(),
+        to: offer.expected.clone(),
+        status,
+        error: Some(reason.to_owned()),
+    };
+    if !retry.first_telling(&report) {
+        return;
+    }
+    crate::told::remember(&install.home, &report);
+    if let Err(e) = state::enqueue_report(&install.home, &report) {
+        tracing::warn!(
+            "cannot keep the {} report for the server: {e}",
+            status.as_str()
+        );
+        return;
+    }
+    flush_outbox(&install.home, client).await;
 }
 
 /// Registers TERM and INT now; the future resolves when one arrives.

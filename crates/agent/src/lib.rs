@@ -29,6 +29,7 @@ pub mod remote_config;
 pub mod retry;
 pub mod sleep;
 pub mod status;
+pub mod told;
 pub mod update;
 pub mod workload;
 

@@ -1,8 +1,10 @@
 //! Per-agent credentials and enrollment, decided from what the fleet knows of an id and
 //! what the request presents. Pure: the edges fetch and store, this decides.
 //!
-//! An id's first `register` (trust on first use) gets a random token; the server keeps
-//! only its sha256, compared in constant time. From then on, a call for that id without
+//! An id's first `register` (trust on first use) sets its token: the secret the agent
+//! made and presents (so a retry after a lost answer proves the same one), or, from an
+//! agent that presents none, a random token in the answer. The server keeps only its
+//! sha256, compared in constant time. From then on, a call for that id without
 //! its token is `401`, so nobody can forge its reports or take the id over. With
 //! `agents.enrollment-token` set, an id the fleet does not know must present it.
 

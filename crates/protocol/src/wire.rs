@@ -261,7 +261,11 @@ pub const ENROLLMENT_HEADER: &str = "Enrollment-Token";
 pub enum UpdateStatus {
     Installing,
     Installed,
+    /// The bundle is at fault (see [`crate::blame`]): counts toward `max-failures`.
     InstallFailed,
+    /// The machine is at fault (a full disk, a cut download): the agent tries again on
+    /// its backoff, and the rollout does not count it as a failure.
+    Retrying,
 }
 
 impl UpdateStatus {
@@ -270,6 +274,7 @@ impl UpdateStatus {
             UpdateStatus::Installing => "INSTALLING",
             UpdateStatus::Installed => "INSTALLED",
             UpdateStatus::InstallFailed => "INSTALL_FAILED",
+            UpdateStatus::Retrying => "RETRYING",
         }
     }
 }
