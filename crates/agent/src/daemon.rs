@@ -710,10 +710,21 @@ async fn tell_failure(
     }
     crate::told::remember(&install.home, &report);
     if let Err(e) = state::enqueue_report(&install.home, &report) {
-        tracing::warn!(
-            "cannot keep the {} report for the server: {e}",
-            status.as_str()
-        );
+        // A full disk is the likeliest reason: told directly, once, then.
+        match client.report(&report).await {
+            Ok(()) => tracing::info!(
+                "reported {} of {} -> {} to the server (not kept: {e})",
+                status.as_str(),
+                report.from,
+                report.to
+            ),
+            Err(sent) => tracing::warn!(
+                "cannot tell the server {} of {} -> {}: {sent}; nor keep it for later: {e}",
+                status.as_str(),
+                report.from,
+                report.to
+            ),
+        }
         return;
     }
     flush_outbox(&install.home, client).await;
