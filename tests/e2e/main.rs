@@ -6,6 +6,7 @@
 )]
 
 mod agent;
+mod blame;
 mod bundle;
 mod cloud;
 mod config;

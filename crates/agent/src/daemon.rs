@@ -169,6 +169,10 @@ async fn serve(
         Trust::of(config, &home),
     )?;
 
+    // A failure told for the version this agent now runs is over.
+    if crate::told::last(&home).is_some_and(|t| t.report.to == install.version.to_string()) {
+        crate::told::forget(&home);
+    }
     let nudge = crate::recovery::Nudge::default();
     tokio::spawn(crate::recovery::finish_interrupted(
         home.clone(),
@@ -253,7 +257,6 @@ async fn serve(
                             h.refused_by_server = None;
                         });
                         retry.reset();
-                        crate::told::forget(&home);
                         if let Some(set) = offered {
                             take_config(&home, &client, &id, dirs, workload, &set).await;
                         }
