@@ -20,6 +20,7 @@ mod handlers;
 mod hostile_archives;
 mod hostile_clients;
 mod install;
+mod leaving;
 mod long_poll;
 mod no_waiting;
 mod opamp;

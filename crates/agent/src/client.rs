@@ -518,6 +518,30 @@ impl Client {
         }
     }
 
+    /// `POST /agent/leave` to each server in turn until one takes it: this agent leaves
+    /// the fleet (its credentials are revoked there).
+    pub async fn leave(&self, id: &str) -> Result<String, CommError> {
+        let mut tried = Vec::new();
+        for base in &self.urls {
+            let url = format!("{base}{}", wire::LEAVE_PATH);
+            let request = self
+                .http
+                .post(&url)
+                .timeout(LEAVE_TIMEOUT)
+                .json(&wire::Leave { id: id.to_owned() });
+            let answer = self.identified(request, false).send().await;
+            match answer {
+                Ok(resp) if resp.status().is_success() => return Ok(base.clone()),
+                Ok(resp) => {
+                    let status = resp.status();
+                    tried.push(status_error(&url, status, resp).await.to_string());
+                }
+                Err(e) => tried.push(network(&url, e).to_string()),
+            }
+        }
+        Err(CommError::AllDown(tried.join("; ")))
+    }
+
     /// `POST /agentupdate/report`.
     pub async fn report(&self, report: &Report) -> Result<(), CommError> {
         let url = self.url(wire::REPORT_PATH);
@@ -535,6 +559,9 @@ impl Client {
         }
     }
 }
+
+/// A leaving agent does not wait long for a server that is gone.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The credentials kept in `data/agent-token`, if any.
 fn read_token(path: &std::path::Path) -> Option<String> {

@@ -43,6 +43,14 @@ pub fn delta_path(from: &str, platform: &str) -> String {
 
 pub const REPORT_PATH: &str = "/agentupdate/report";
 pub const REGISTER_PATH: &str = "/agent/register";
+/// `POST` `{"id"}`, with the agent's credentials: it leaves the fleet (`agent uninstall`).
+pub const LEAVE_PATH: &str = "/agent/leave";
+
+/// Body of `POST /agent/leave`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leave {
+    pub id: String,
+}
 pub const CONNECT_PATH: &str = "/agent/connect";
 /// `POST`: an agent says whether it applied a configuration set.
 pub const CONFIG_STATUS_PATH: &str = "/agent/config-status";

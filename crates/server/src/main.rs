@@ -39,7 +39,9 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// Agents' credentials (through the admin API of a running server).
+    /// Agents' credentials, and removing a lost machine (through the admin API of a
+    /// running server). `update-server agent …` is the same.
+    #[command(visible_alias = "agent")]
     Agents {
         #[command(subcommand)]
         action: Agents,
@@ -136,6 +138,12 @@ enum Agents {
         /// The agent's id (data/agent-id, or `id` in GET /admin/agents).
         id: String,
     },
+    /// Forget a lost machine: its credentials are refused from then on, and no rollout
+    /// waits for it (an operator's; audited).
+    Remove {
+        /// The agent's id (data/agent-id, or `id` in GET /admin/agents).
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -210,14 +218,24 @@ fn main() -> ExitCode {
             ))?,
             Some(Command::Agents { action, admin }) => {
                 let client = admin.client(&config);
-                let Agents::ForgetToken { id } = action;
-                let answer = runtime.block_on(client.forget_token(&id))?;
+                let (answer, said) = match action {
+                    Agents::ForgetToken { id } => (
+                        runtime.block_on(client.forget_token(&id))?,
+                        format!(
+                            "forgot the credentials of agent {id}; its next register gets new ones"
+                        ),
+                    ),
+                    Agents::Remove { id } => (
+                        runtime.block_on(client.remove_agent(&id))?,
+                        format!(
+                            "removed agent {id} from the fleet: its credentials are refused from now on and no rollout waits for it"
+                        ),
+                    ),
+                };
                 if admin.json {
                     println!("{}", serde_json::to_string_pretty(&answer)?);
                 } else {
-                    println!(
-                        "forgot the credentials of agent {id}; its next register gets new ones"
-                    );
+                    println!("{said}");
                 }
             }
             Some(Command::Token { action, admin }) => {

@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use agent_fleet::credentials::{self, Verdict};
-use agent_fleet::db::{Credentials, now_ms, now_secs};
+use agent_fleet::db::{Credentials, Revocation, now_ms, now_secs};
 use agent_fleet::outage::Deferred;
 use agent_fleet::rollout::Answer;
 
@@ -566,6 +566,44 @@ async fn store_token(s: &Shared, id: &str, hash: String) -> Result<bool, ApiErro
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// `POST /agent/leave`: the agent uninstalls itself. Its credentials are revoked (`401`
+/// from then on), it is listed `LEFT`, and no wave waits for it.
+pub(super) async fn leave(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<wire::Leave>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let leave = json_body(body)?;
+    check_id(&leave.id)?;
+    let s = &state.inner;
+    // Only the agent itself, proving its credentials, may take itself out of the fleet.
+    match authenticate(s, &leave.id, &headers).await? {
+        Verdict::Allow { issue: false } => {}
+        Verdict::Allow { issue: true } => {
+            return Err(unauthorized(
+                &leave.id,
+                "this agent id has no credentials with this fleet: nothing to leave",
+            ));
+        }
+        Verdict::Deny(why) => return Err(unauthorized(&leave.id, why)),
+    }
+    s.fleet.revoke(&leave.id, Revocation::Left).await?;
+    tracing::info!(agent = %leave.id, "the agent left the fleet (agent uninstall); its credentials are revoked");
+    let who = format!("agent:{}", leave.id);
+    super::operators::record(
+        s,
+        agent_fleet::audit::Change {
+            who: &who,
+            address: "",
+            action: "agent.leave",
+            outcome: agent_fleet::audit::Outcome::Done,
+            details: serde_json::json!({ "agent": leave.id }),
+        },
+    )
+    .await;
+    Ok(Json(serde_json::json!({ "id": leave.id, "status": "LEFT" })).into_response())
 }
 
 /// `POST /agentupdate/report`, from any version.
