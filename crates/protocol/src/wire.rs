@@ -274,6 +274,11 @@ pub enum UpdateStatus {
     /// The machine is at fault (a full disk, a cut download): the agent tries again on
     /// its backoff, and the rollout does not count it as a failure.
     Retrying,
+    /// Update locks on the machine hold the update off (their names and reasons in
+    /// `error`); the agent updates once they are released or `update.max-defer` passes.
+    Deferred,
+    /// The agent's group installs only inside a maintenance window, which is not open.
+    WaitingWindow,
 }
 
 impl UpdateStatus {
@@ -283,6 +288,8 @@ impl UpdateStatus {
             UpdateStatus::Installed => "INSTALLED",
             UpdateStatus::InstallFailed => "INSTALL_FAILED",
             UpdateStatus::Retrying => "RETRYING",
+            UpdateStatus::Deferred => "DEFERRED",
+            UpdateStatus::WaitingWindow => "WAITING_WINDOW",
         }
     }
 }

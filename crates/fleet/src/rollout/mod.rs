@@ -613,7 +613,10 @@ impl Rollouts {
             UpdateStatus::Installed => store::INSTALLED,
             UpdateStatus::InstallFailed => store::INSTALL_FAILED,
             // The machine's fault: the agent tries again; only its deadline counts.
-            UpdateStatus::Installing | UpdateStatus::Retrying => return Ok(()),
+            UpdateStatus::Installing
+            | UpdateStatus::Retrying
+            | UpdateStatus::Deferred
+            | UpdateStatus::WaitingWindow => return Ok(()),
         };
         if report.to.parse::<AgentVersion>().ok().as_ref() != Some(&current.subject.version) {
             return Ok(());
