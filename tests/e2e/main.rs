@@ -21,6 +21,7 @@ mod hostile_archives;
 mod hostile_clients;
 mod install;
 mod leaving;
+mod locks;
 mod long_poll;
 mod no_waiting;
 mod opamp;

@@ -77,6 +77,10 @@ pub struct UpdateSection {
     /// Ask the server for a delta from the bundle this version was installed from before
     /// downloading a whole bundle.
     pub deltas: bool,
+    /// The longest update locks (`run/update-locks/`) hold off one offer; past it the
+    /// agent updates and logs the locks it overrode.
+    #[serde(with = "humantime_str")]
+    pub max_defer: Duration,
 }
 
 /// The operator's program the agent runs and supervises (DESIGN.md, "The workload").
@@ -235,6 +239,7 @@ impl Default for UpdateSection {
             download_timeout: Duration::from_secs(30 * 60),
             read_timeout: Duration::from_secs(30),
             deltas: true,
+            max_defer: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -256,6 +261,7 @@ pub const KEYS: &[Key] = &[
     key("update", "download-timeout", Kind::Str),
     key("update", "read-timeout", Kind::Str),
     key("update", "deltas", Kind::Bool),
+    key("update", "max-defer", Kind::Str),
     key("workload", "command", Kind::List),
     key("workload", "env", Kind::Map),
     key("workload", "health-url", Kind::Str),

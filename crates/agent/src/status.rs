@@ -54,6 +54,14 @@ pub fn render(install: &Installation, config: &Config) -> String {
             if let Some(expected) = &h.refused_by_server {
                 let _ = writeln!(out, "directive: refused; the server expects {expected}");
             }
+            let (held, _) = crate::locks::held(home, state::now_secs());
+            if !held.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "locks:    updates held off by {}",
+                    crate::locks::describe_all(&held)
+                );
+            }
             if let Some(told) = crate::told::last(home) {
                 let line = crate::told::describe(&told, state::now_secs());
                 let _ = writeln!(out, "failure:  {line}");

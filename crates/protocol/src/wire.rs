@@ -258,6 +258,9 @@ pub struct NotSupported {
     /// The agent's credential, in the answer to its first register (trust on first use).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// An operator overrode this agent's update locks for this bundle: it updates now.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub override_locks: bool,
 }
 
 /// Header of a `register` from an id the fleet does not know, when the server requires

@@ -195,6 +195,47 @@ pub(super) async fn remove_agent(
     Ok(Json(serde_json::json!({ "id": id, "status": "REMOVED" })).into_response())
 }
 
+/// `POST /admin/agents/{id}/override-locks`: the agent's update locks no longer hold off
+/// the bundle the fleet rolls out now; it updates at once (its held connect is answered).
+pub(super) async fn override_locks(
+    State(state): State<AppState>,
+    auth: Auth,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    let caller = auth
+        .require(s, Action::Change, "agent.override_locks")
+        .await?;
+    if s.fleet.db.agent(&id).await?.is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no agent {id:?} is known"),
+        ));
+    }
+    let crate::store::Current::Ready(release) = s.store.current() else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "the server serves no bundle: there is no update to let through",
+        ));
+    };
+    // The release the fleet is told to run (the rollout's target).
+    let version = release.version().to_string();
+    s.fleet
+        .db
+        .set_setting(&super::agents::override_key(&id), &version)
+        .await?;
+    s.fleet.rollouts.news().publish("update locks overridden");
+    tracing::warn!(agent = %id, by = %caller.name, "an operator overrode the agent's update locks");
+    caller
+        .record(
+            s,
+            "agent.override_locks",
+            serde_json::json!({ "agent": id, "release": version }),
+        )
+        .await;
+    Ok(Json(serde_json::json!({ "id": id, "override_locks": version })).into_response())
+}
+
 pub(super) async fn rollout(
     State(state): State<AppState>,
     auth: Auth,
