@@ -781,3 +781,19 @@ fn ten_thousand_agents_the_overview_and_a_filtered_list_answer_in_under_300_ms()
         "filtered list took {list:?}"
     );
 }
+
+/// The Remove button of an agent's page is a POST like the others: without its CSRF
+/// field it is refused; with it, the fleet list follows.
+#[tokio::test]
+async fn remove_needs_the_forms_csrf() {
+    let h = handlers().await;
+    let (cookie, csrf) = sign_in(&h.router).await;
+    let path = "/agents/0190f0a0-0000-7000-8000-000000000009/remove";
+    let bare = send(&h.router, post(path, &cookie, "", &[])).await;
+    assert_eq!(bare.status, StatusCode::FORBIDDEN);
+    let forged = send(&h.router, post(path, &cookie, "csrf=0000", &[])).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let done = send(&h.router, post(path, &cookie, &format!("csrf={csrf}"), &[])).await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
+    assert_eq!(done.headers[header::LOCATION], "/agents");
+}
