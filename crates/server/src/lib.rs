@@ -20,6 +20,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod opamp;
 pub mod pacer;
+pub mod refusal;
 pub mod routes;
 pub mod state;
 pub mod store;

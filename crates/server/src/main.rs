@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use agent_protocol::settings::ProcessEnv;
 use clap::{Args, Parser, Subcommand};
-use update_server::cli::{AdminClient, ConfigAction, RolloutAction, TokenAction};
+use update_server::cli::{AdminClient, AgentQuery, ConfigAction, RolloutAction, TokenAction};
 
 /// Serves one signed agent bundle and enforces the agent version directive; with a
 /// command, talks to a running server's admin API.
@@ -39,7 +39,7 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// Agents' credentials (through the admin API of a running server).
+    /// The agents, and their credentials (through the admin API of a running server).
     Agents {
         #[command(subcommand)]
         action: Agents,
@@ -99,6 +99,14 @@ enum ConfigCmd {
         group: String,
         /// The directory whose regular files make the set.
         dir: PathBuf,
+        /// Store a set with no files although it empties conf/workload/ on every agent
+        /// of the group (refused without it).
+        #[arg(long)]
+        allow_empty: bool,
+        /// Store a set that keeps none of the group's current file names (refused
+        /// without it: usually the wrong directory).
+        #[arg(long)]
+        replace_all: bool,
     },
     /// Every set, how many agents applied it, are applying it or failed it, and its
     /// config rollout.
@@ -130,6 +138,20 @@ enum ConfigCmd {
 
 #[derive(Debug, Subcommand)]
 enum Agents {
+    /// The agents the server knows: id, name, version, group, last update status and
+    /// last contact (`--json`: the API's rows).
+    List {
+        /// Only agents on this VERSION+BUILD.
+        #[arg(long, value_name = "VERSION+BUILD")]
+        version: Option<String>,
+        /// Only agents whose last update status is this (INSTALLED, INSTALL_FAILED,
+        /// RETRYING, …).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only agents of this group (`default`: also those with none).
+        #[arg(long)]
+        group: Option<String>,
+    },
     /// Forget an agent's credentials (it lost data/agent-token); its next register gets
     /// new ones.
     ForgetToken {
@@ -156,8 +178,9 @@ enum Rollout {
 
 #[derive(Debug, Args)]
 struct AdminArgs {
-    /// The server's base URL (default: its server.listen address).
-    #[arg(long, value_name = "URL", global = true)]
+    /// The server's base URL, or HOST:PORT for http://HOST:PORT (default: its
+    /// server.listen address).
+    #[arg(long, value_name = "URL", global = true, value_parser = server_url)]
     server: Option<String>,
     /// The admin token (default: UPDATE_SERVER_ADMIN_TOKEN, or admin.token).
     #[arg(long, value_name = "TOKEN", global = true)]
@@ -168,6 +191,11 @@ struct AdminArgs {
     /// Trust only this CA (PEM) when the server speaks HTTPS with a private certificate.
     #[arg(long, value_name = "FILE", global = true)]
     ca_file: Option<PathBuf>,
+}
+
+/// `--server` as a base URL: `host:port` is `http://host:port`.
+fn server_url(text: &str) -> Result<String, String> {
+    agent_protocol::server_url::base_url(text)
 }
 
 impl AdminArgs {
@@ -210,14 +238,34 @@ fn main() -> ExitCode {
             ))?,
             Some(Command::Agents { action, admin }) => {
                 let client = admin.client(&config);
-                let Agents::ForgetToken { id } = action;
-                let answer = runtime.block_on(client.forget_token(&id))?;
-                if admin.json {
-                    println!("{}", serde_json::to_string_pretty(&answer)?);
-                } else {
-                    println!(
-                        "forgot the credentials of agent {id}; its next register gets new ones"
-                    );
+                match action {
+                    Agents::List {
+                        version,
+                        status,
+                        group,
+                    } => {
+                        let query = AgentQuery {
+                            version,
+                            status: status.map(|s| s.to_ascii_uppercase()),
+                            group,
+                        };
+                        let answer = runtime.block_on(client.agents(&query))?;
+                        if admin.json {
+                            println!("{}", serde_json::to_string_pretty(&answer)?);
+                        } else {
+                            print!("{}", update_server::cli::render_agents(&answer));
+                        }
+                    }
+                    Agents::ForgetToken { id } => {
+                        let answer = runtime.block_on(client.forget_token(&id))?;
+                        if admin.json {
+                            println!("{}", serde_json::to_string_pretty(&answer)?);
+                        } else {
+                            println!(
+                                "forgot the credentials of agent {id}; its next register gets new ones"
+                            );
+                        }
+                    }
                 }
             }
             Some(Command::Token { action, admin }) => {
@@ -267,7 +315,17 @@ fn main() -> ExitCode {
             Some(Command::Config { action, admin }) => {
                 let client = admin.client(&config);
                 let action = match action {
-                    ConfigCmd::Push { group, dir } => ConfigAction::Push { group, dir },
+                    ConfigCmd::Push {
+                        group,
+                        dir,
+                        allow_empty,
+                        replace_all,
+                    } => ConfigAction::Push {
+                        group,
+                        dir,
+                        allow_empty,
+                        replace_all,
+                    },
                     ConfigCmd::Status => ConfigAction::Status,
                     ConfigCmd::Delete { group } => ConfigAction::Delete { group },
                     ConfigCmd::Halt { group, reason } => ConfigAction::Halt { group, reason },
