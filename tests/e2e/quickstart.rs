@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use e2e::webdriver::Browser;
 use e2e::{
-    TestContext, bin_path, free_port, metric, repo_root, require_tool, run_ok, stdout,
-    wait_until,
+    TestContext, bin_path, free_port, metric, repo_root, require_tool, run_ok, stdout, wait_until,
 };
 
 #[test]
@@ -25,6 +24,8 @@ fn quickstart_then_the_printed_one_liner_gives_a_registered_agent() {
         .env("QUICKSTART_PREFIX", ctx.path("machine"))
         .env("AGENT_BIN_DIR", &bin_dir)
         .env("AGENT_DEV_KEYS", ctx.path("dev-keys"))
+        // Its own dist/: quickstarts of tests running at once do not share one.
+        .env("AGENT_DIST_ROOT", ctx.path("dist"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .stdin(Stdio::null());
@@ -112,6 +113,8 @@ fn start_quickstart(
         .env("QUICKSTART_PREFIX", ctx.path("machine"))
         .env("AGENT_BIN_DIR", &bin_dir)
         .env("AGENT_DEV_KEYS", ctx.path("dev-keys"))
+        // Its own dist/: quickstarts of tests running at once do not share one.
+        .env("AGENT_DIST_ROOT", ctx.path("dist"))
         .env_remove("UPDATE_SERVER_ADMIN_TOKEN")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -143,7 +146,10 @@ fn lines_until(rx: &std::sync::mpsc::Receiver<String>, last: &str) -> Vec<String
             return lines;
         }
     }
-    panic!("the quickstart never printed {last:?}; it printed:\n{}", lines.join("\n"));
+    panic!(
+        "the quickstart never printed {last:?}; it printed:\n{}",
+        lines.join("\n")
+    );
 }
 
 /// Regression: the quickstart left the admin API and the page off, so `rollout status`
@@ -152,11 +158,7 @@ fn lines_until(rx: &std::sync::mpsc::Receiver<String>, last: &str) -> Vec<String
 fn the_quickstart_turns_the_page_on_and_its_printed_token_signs_in_with_chromium() {
     let ctx = TestContext::new();
     let port = free_port();
-    let (pid, rx) = start_quickstart(
-        &ctx,
-        &["--listen", &format!("127.0.0.1:{port}")],
-        &[],
-    );
+    let (pid, rx) = start_quickstart(&ctx, &["--listen", &format!("127.0.0.1:{port}")], &[]);
     let printed = lines_until(&rx, "agent status");
     let text = printed.join("\n");
     let token = printed
@@ -166,7 +168,10 @@ fn the_quickstart_turns_the_page_on_and_its_printed_token_signs_in_with_chromium
         .to_owned();
     assert!(token.len() >= 32, "{token}");
     assert!(text.contains("loopback only"), "{text}");
-    assert!(text.contains(&format!("http://127.0.0.1:{port}/")), "{text}");
+    assert!(
+        text.contains(&format!("http://127.0.0.1:{port}/")),
+        "{text}"
+    );
     // Kept in the home for its owner alone.
     let file = ctx.path("server-home/admin-token");
     use std::os::unix::fs::PermissionsExt;
@@ -236,7 +241,10 @@ fn the_quickstart_with_a_public_url_hands_it_to_install_sh_and_says_so() {
     );
     let text = lines_until(&rx, "agent status").join("\n");
     assert!(!text.contains("loopback only"), "{text}");
-    assert!(text.contains(&format!("curl -fsSL {public}/install.sh")), "{text}");
+    assert!(
+        text.contains(&format!("curl -fsSL {public}/install.sh")),
+        "{text}"
+    );
     wait_until(Duration::from_secs(60), "the quickstart server", || {
         e2e::http(port, "GET", "/healthz", &[]).is_ok_and(|a| a.status == 200)
     });
