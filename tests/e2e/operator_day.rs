@@ -212,7 +212,10 @@ fn healthz_says_degraded_with_the_reason_while_the_served_bundle_is_refused() {
 
 /// Registers an agent of `version` in `group` over HTTP.
 fn register(server: &ServerProc, id: &str, version: &str, group: &str) -> String {
-    let body = json!({"id": id, "name": format!("host-{id}"), "platform": "x86_64-unknown-linux-gnu", "group": group});
+    let body = json!({
+        "id": id, "name": format!("host-{id}"), "platform": "x86_64-unknown-linux-gnu", "group": group,
+        "health": {"healthy": true, "workload": "none", "restarts": 0},
+    });
     let a = http_with_body(
         server.port,
         "POST",
@@ -395,4 +398,46 @@ fn agent_status_names_the_applied_configuration_set() {
             .contains(&format!("configuration: set {hash} applied"))
     });
     run_ok(Command::new(&wrapper).arg("stop"));
+}
+
+/// Regression: the audit page said "1 entries" and showed raw `{"status":403}`; an empty
+/// set showed as `54c4122e7637 · · stored`; "workload none" was red on an agent's page.
+#[test]
+fn the_page_says_entries_set_files_and_a_healthy_agents_workload_in_words() {
+    let ctx = TestContext::new();
+    let server = server(&ctx, &[]);
+    register(&server, "agent-none", "1.0.0+1", "");
+    let (status, _) = e2e::admin_call(&server, "wrong-token", "POST", "/admin/rollout/halt", b"");
+    assert_eq!(status, 401);
+    let body = json!({"files": {}}).to_string();
+    let (status, v) = admin(
+        &server,
+        "PUT",
+        "/admin/config/default?allow_empty=true",
+        body.as_bytes(),
+    );
+    assert_eq!(status, 200, "{v}");
+    let cookie = crate::page::http_sign_in(server.port, TOKEN);
+    let page = |path: &str| {
+        let a = http(server.port, "GET", path, &[("Cookie", &cookie)]).unwrap();
+        assert_eq!(a.status, 200, "{path}: {}", a.text());
+        a.text()
+    };
+    let audit = page("/audit?action=rollout");
+    assert!(audit.contains("1 entry ·"), "{audit}");
+    assert!(
+        !audit.contains("{&quot;status") && !audit.contains("{\"status"),
+        "{audit}"
+    );
+    assert!(audit.contains("no valid token (401)"), "{audit}");
+    let rollouts = page("/rollouts");
+    assert!(
+        rollouts.contains("no files (empties conf/workload/"),
+        "{rollouts}"
+    );
+    let agent = page("/agents/agent-none");
+    assert!(
+        agent.contains("<span class=\"detail\">workload none</span>"),
+        "{agent}"
+    );
 }

@@ -493,14 +493,15 @@ pub fn render_audit(answer: &Value) -> String {
             e["address"].as_str().unwrap_or(""),
             e["action"].as_str().unwrap_or("?"),
             e["outcome"].as_str().unwrap_or("?"),
-            e["details"],
+            crate::web::words::audit_details(&e["details"]),
         );
     }
+    let total = answer["total"].as_i64().unwrap_or(0);
     let _ = writeln!(
         out,
-        "{} of {} entries (page {})",
+        "{} of {} (page {})",
         entries.len(),
-        answer["total"],
+        crate::web::words::count(total, "entry", "entries"),
         answer["page"]
     );
     out
