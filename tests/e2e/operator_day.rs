@@ -441,3 +441,53 @@ fn the_page_says_entries_set_files_and_a_healthy_agents_workload_in_words() {
         "{agent}"
     );
 }
+
+/// Starts update-server under a file limit of 2048 with `env`; the log of its start.
+fn start_log_under_a_low_file_limit(ctx: &TestContext, name: &str, env: &[(&str, &str)]) -> String {
+    let home = ctx.path(name);
+    fs::create_dir_all(&home).unwrap();
+    let log = home.join("server.log");
+    let port = free_port();
+    let mut c = Command::new("prlimit");
+    c.args(["--nofile=2048:2048", "--"])
+        .arg(e2e::bin_path("update-server"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--home"])
+        .arg(&home)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(&log).unwrap());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    ctx.spawn(c);
+    wait_until(Duration::from_secs(30), "the server to answer", || {
+        http(port, "GET", "/healthz", &[]).is_ok_and(|a| a.status == 200)
+    });
+    read_file(&log)
+}
+
+/// Regression: every start warned `server.max-connections = 25000 does not fit the file
+/// limit of 20000`, although nobody had set it.
+#[test]
+fn unset_max_connections_takes_what_the_file_limit_allows_without_a_warning() {
+    e2e::require_tool("prlimit");
+    let ctx = TestContext::new();
+    let log = start_log_under_a_low_file_limit(&ctx, "default", &[]);
+    assert!(!log.contains("WARN"), "{log}");
+    assert_eq!(
+        log.matches("server.max-connections (unset) is 1920")
+            .count(),
+        1,
+        "{log}"
+    );
+    // An operator's own number that does not fit is still a warning.
+    let log = start_log_under_a_low_file_limit(
+        &ctx,
+        "set",
+        &[("UPDATE_SERVER_SERVER_MAX_CONNECTIONS", "25000")],
+    );
+    assert!(
+        log.contains("WARN") && log.contains("does not fit the file limit of 2048"),
+        "{log}"
+    );
+}

@@ -13,8 +13,8 @@ use agent_fleet::rollout::plan::Plan;
 pub const ENV_PREFIX: &str = "UPDATE_SERVER";
 
 /// Open connections by default: every agent of a fleet of 20,000 holds one (a long
-/// poll), with room to spare for downloads and operators. Lowered, with a warning, to
-/// what the process's file limit allows.
+/// poll), with room to spare for downloads and operators. Unset, it is lowered to what
+/// the process's file limit allows, said once in the log; set, lowering it is a warning.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 25_000;
 
 /// The longest `agents.max-wait` accepted.
@@ -81,7 +81,8 @@ pub struct TlsSection {
 pub struct ServerSection {
     pub listen: String,
     pub home: PathBuf,
-    pub max_connections: usize,
+    /// Unset: [`DEFAULT_MAX_CONNECTIONS`], or what the file limit allows.
+    pub max_connections: Option<usize>,
     /// Seconds running downloads get to finish after SIGTERM.
     pub shutdown_grace: u64,
     /// Names this server in the fleet database (its download limit, the decisions it
@@ -197,7 +198,7 @@ impl Default for ServerSection {
         Self {
             listen: "127.0.0.1:7080".into(),
             home: PathBuf::from("server-home"),
-            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections: None,
             shutdown_grace: 30,
             name: String::new(),
             header_timeout: 30,
@@ -255,13 +256,14 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         self.listen_addr()?;
         self.accept_policy().map_err(|e| e.to_string())?;
-        if self.downloads.limit > self.server.max_connections {
+        if self.downloads.limit > self.max_connections() {
             return Err(format!(
                 "downloads.limit ({}) may not exceed server.max-connections ({})",
-                self.downloads.limit, self.server.max_connections
+                self.downloads.limit,
+                self.max_connections()
             ));
         }
-        if self.server.max_connections == 0 {
+        if self.server.max_connections == Some(0) {
             return Err("server.max-connections must be at least 1".into());
         }
         if self.agents.max_wait > MAX_WAIT_CAP {
@@ -288,6 +290,13 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The open connections asked for: `server.max-connections`, or the default.
+    pub fn max_connections(&self) -> usize {
+        self.server
+            .max_connections
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS)
     }
 
     /// `(cert, key)` when HTTPS is asked for.
