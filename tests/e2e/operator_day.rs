@@ -491,3 +491,44 @@ fn unset_max_connections_takes_what_the_file_limit_allows_without_a_warning() {
         "{log}"
     );
 }
+
+/// Regression: the README had no walkthrough from a key to a rollout; this runs its
+/// "Your first release" commands as written, in order, against a throw-away server.
+#[test]
+fn readme_first_release_walkthrough_runs_as_written() {
+    e2e::require_tool("curl");
+    let ctx = TestContext::new();
+    let bin_dir = e2e::bin_path("agent").parent().unwrap().to_path_buf();
+    let out = e2e::run(
+        Command::new("timeout")
+            .arg("300")
+            .arg(e2e::repo_root().join("scripts/readme-walkthrough.sh"))
+            .env("AGENT_BIN_DIR", &bin_dir)
+            .env("WALKTHROUGH_SERVER", format!("127.0.0.1:{}", free_port()))
+            .env("WALKTHROUGH_DIR", ctx.path("walk"))
+            .env_remove("UPDATE_SERVER_ADMIN_TOKEN"),
+    );
+    let said = stdout(&out);
+    let trace = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}\n{trace}");
+    assert!(
+        said.contains("agent 1.1.0+2") && said.contains("1.0.0+1 -> 1.1.0+2 committed"),
+        "the canary did not update:\n{said}\n{trace}"
+    );
+    // `agents list` showed the machine on 1.0.0+1 in the canary group.
+    assert!(
+        said.lines()
+            .any(|l| l.contains("1.0.0+1") && l.contains("canary")),
+        "{said}"
+    );
+    let halted = said
+        .lines()
+        .filter(|l| l.starts_with("rollout of 1.1.0+2"))
+        .last()
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(halted.contains("halted"), "{said}");
+    assert!(
+        said.contains("the canary's dashboards look wrong"),
+        "{said}"
+    );
+}
