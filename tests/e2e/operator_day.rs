@@ -523,8 +523,8 @@ fn readme_first_release_walkthrough_runs_as_written() {
     );
     let halted = said
         .lines()
-        .filter(|l| l.starts_with("rollout of 1.1.0+2"))
-        .last()
+        .rev()
+        .find(|l| l.starts_with("rollout of 1.1.0+2"))
         .unwrap_or_else(|| panic!("{said}"));
     assert!(halted.contains("halted"), "{said}");
     assert!(

@@ -103,7 +103,10 @@ mod tests {
         assert_eq!(all.len(), 2);
         assert_eq!(all[&Kind::Contact].error, "cannot reach http://127.0.0.1:1");
         let line = describe(all.get(&Kind::Contact), all[&Kind::Contact].at + 3);
-        assert!(line.starts_with("3s ago (") && line.ends_with("127.0.0.1:1"), "{line}");
+        assert!(
+            line.starts_with("3s ago (") && line.ends_with("127.0.0.1:1"),
+            "{line}"
+        );
         assert_eq!(describe(all.get(&Kind::Update), 0), "none");
     }
 }

@@ -14,7 +14,7 @@ pub mod error;
 pub mod install;
 pub mod keygen;
 pub mod pack;
-pub mod shipped_key;
 mod progress;
+pub mod shipped_key;
 
 pub use error::{BundleError, Result};

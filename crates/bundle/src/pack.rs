@@ -203,11 +203,7 @@ fn write_plain_tarball(req: &PackRequest<'_>, out: impl Write) -> Result<()> {
     )?;
     if !req.dist.join(SHIPPED_KEY).exists() {
         let public = req.key.public_key().to_file_string();
-        append_generated(
-            &mut tar,
-            &root.join(SHIPPED_KEY),
-            public.as_bytes(),
-        )?;
+        append_generated(&mut tar, &root.join(SHIPPED_KEY), public.as_bytes())?;
     }
     let mut writer = tar.into_inner().at(req.dist)?;
     writer.flush().at(req.dist)?;

@@ -41,7 +41,10 @@ mod tests {
     #[test]
     fn host_and_port_is_read_as_http() {
         assert_eq!(base_url("127.0.0.1:7080").unwrap(), "http://127.0.0.1:7080");
-        assert_eq!(base_url("updates.example:80/").unwrap(), "http://updates.example:80");
+        assert_eq!(
+            base_url("updates.example:80/").unwrap(),
+            "http://updates.example:80"
+        );
         assert_eq!(base_url("https://u.example/").unwrap(), "https://u.example");
         assert_eq!(base_url("HTTP://u:1").unwrap(), "HTTP://u:1");
         for bad in ["", "ftp://u:1", "http://", ":7080", "/path"] {

@@ -257,9 +257,8 @@ pub fn normalize_seconds(table: &mut toml::Table, keys: &[Key]) -> Result<(), St
         let seconds = match &*value {
             toml::Value::Integer(n) => u64::try_from(*n)
                 .map_err(|_| format!("{shown} = {n} is negative; write {SECONDS_FORMS}"))?,
-            toml::Value::String(s) => {
-                parse_seconds(s).map_err(|e| format!("{shown} = {s:?}: {e}; write {SECONDS_FORMS}"))?
-            }
+            toml::Value::String(s) => parse_seconds(s)
+                .map_err(|e| format!("{shown} = {s:?}: {e}; write {SECONDS_FORMS}"))?,
             other => {
                 return Err(format!(
                     "{shown} = {other} is not a duration; write {SECONDS_FORMS}"
@@ -376,7 +375,10 @@ mod tests {
         assert_eq!(t["rollout"]["agent-deadline"].as_integer(), Some(60));
         let mut t: toml::Table = toml::from_str("[rollout]\nwave-wait = \"soon\"\n").unwrap();
         let err = normalize_seconds(&mut t, &keys).unwrap_err();
-        assert!(err.contains("rollout.wave-wait") && err.contains("15m"), "{err}");
+        assert!(
+            err.contains("rollout.wave-wait") && err.contains("15m"),
+            "{err}"
+        );
         let env = |k: &str| (k == "X_ROLLOUT_WAVE_WAIT").then(|| "2h".to_owned());
         let mut t = toml::Table::new();
         apply_env(&mut t, "X", &keys, &env, Strictness::WholePrefix).unwrap();

@@ -63,7 +63,10 @@ mod tests {
     fn an_empty_set_needs_allow_empty() {
         let none: Option<Vec<&String>> = None;
         let why = refusal("default", none.clone(), &set(&[]), Consent::default()).unwrap();
-        assert!(why.contains("--allow-empty") && why.contains("group default"), "{why}");
+        assert!(
+            why.contains("--allow-empty") && why.contains("group default"),
+            "{why}"
+        );
         let allowed = Consent {
             allow_empty: true,
             replace_all: false,
@@ -81,7 +84,10 @@ mod tests {
             Consent::default(),
         )
         .unwrap();
-        assert!(why.contains("a.conf, b.conf") && why.contains("--replace-all"), "{why}");
+        assert!(
+            why.contains("a.conf, b.conf") && why.contains("--replace-all"),
+            "{why}"
+        );
         let replace = Consent {
             allow_empty: false,
             replace_all: true,
