@@ -348,7 +348,9 @@ fn start_and_status_name_an_unreachable_server_and_why() {
     let said = stdout(&out);
     assert!(said.contains("agent started (pid"), "{said}");
     assert!(
-        said.contains("no contact with a server yet") && said.contains(&nowhere),
+        said.contains("no contact with a server yet")
+            && said.contains(&nowhere)
+            && said.contains("Connection refused"),
         "{said}"
     );
     let status = stdout(&run_ok(
