@@ -111,13 +111,7 @@ fn an_empty_config_push_is_refused_and_nothing_rolls_out_and_server_takes_host_p
     // Said deliberately, both are taken.
     run_ok(&mut push(&other, &["--replace-all"]));
     assert_eq!(sets(&server)[0]["files"], json!(["unrelated.txt"]));
-    let (status, v) = admin(
-        &server,
-        "PUT",
-        "/admin/config/default?allow_empty=true",
-        body.as_bytes(),
-    );
-    assert_eq!(status, 200, "{v}");
+    push_empty_set_on_purpose(&server);
     assert_eq!(sets(&server)[0]["files"], json!([]));
 
     // What `--server` does not take is said, not sent.
@@ -402,6 +396,18 @@ fn agent_status_names_the_applied_configuration_set() {
     run_ok(Command::new(&wrapper).arg("stop"));
 }
 
+/// Stores a set with no files for `default`, said on purpose (`?allow_empty=true`).
+fn push_empty_set_on_purpose(server: &ServerProc) {
+    let body = json!({"files": {}}).to_string();
+    let (status, v) = admin(
+        server,
+        "PUT",
+        "/admin/config/default?allow_empty=true",
+        body.as_bytes(),
+    );
+    assert_eq!(status, 200, "{v}");
+}
+
 /// Regression: the audit page said "1 entries" and showed raw `{"status":403}`; an empty
 /// set showed as `54c4122e7637 · · stored`; "workload none" was red on an agent's page.
 #[test]
@@ -411,14 +417,7 @@ fn the_page_says_entries_set_files_and_a_healthy_agents_workload_in_words() {
     register(&server, "agent-none", "1.0.0+1", "");
     let (status, _) = e2e::admin_call(&server, "wrong-token", "POST", "/admin/rollout/halt", b"");
     assert_eq!(status, 401);
-    let body = json!({"files": {}}).to_string();
-    let (status, v) = admin(
-        &server,
-        "PUT",
-        "/admin/config/default?allow_empty=true",
-        body.as_bytes(),
-    );
-    assert_eq!(status, 200, "{v}");
+    push_empty_set_on_purpose(&server);
     let cookie = crate::page::http_sign_in(server.port, TOKEN);
     let page = |path: &str| {
         let a = http(server.port, "GET", path, &[("Cookie", &cookie)]).unwrap();

@@ -16,35 +16,16 @@ fn quickstart_then_the_printed_one_liner_gives_a_registered_agent() {
     require_tool("wget");
     let ctx = TestContext::new();
     let port = free_port();
-    let bin_dir = bin_path("agent").parent().unwrap().to_path_buf();
-    let mut quickstart = Command::new(repo_root().join("scripts/quickstart.sh"));
-    quickstart
-        .env("UPDATE_SERVER_SERVER_LISTEN", format!("127.0.0.1:{port}"))
-        .env("QUICKSTART_HOME", ctx.path("server-home"))
-        .env("QUICKSTART_PREFIX", ctx.path("machine"))
-        .env("AGENT_BIN_DIR", &bin_dir)
-        .env("AGENT_DEV_KEYS", ctx.path("dev-keys"))
-        // Its own dist/: quickstarts of tests running at once do not share one.
-        .env("AGENT_DIST_ROOT", ctx.path("dist"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .stdin(Stdio::null());
-    let mut child = quickstart.spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    // The context kills the server (it runs from the context's paths) at the end.
-    let pid = child.id();
-    std::mem::forget(child);
-    // Keep draining the output: the server writes to it, and a closed pipe would end it.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(cmd) = line.strip_prefix("    ") {
-                let _ = tx.send(cmd.to_owned());
-            }
-        }
-    });
-    let commands: Vec<String> = (0..4)
-        .filter_map(|_| rx.recv_timeout(Duration::from_secs(120)).ok())
+    let (pid, rx) = start_quickstart(
+        &ctx,
+        &[],
+        &[("UPDATE_SERVER_SERVER_LISTEN", format!("127.0.0.1:{port}"))],
+    );
+    // The commands to type are the lines indented by four.
+    let commands: Vec<String> = rx
+        .iter()
+        .filter_map(|line| line.strip_prefix("    ").map(str::to_owned))
+        .take(4)
         .collect();
     assert_eq!(commands.len(), 4, "quickstart printed {commands:?}");
     assert!(
