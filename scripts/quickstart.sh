@@ -15,7 +15,7 @@
 # key directory).
 set -euo pipefail
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 listen=${UPDATE_SERVER_SERVER_LISTEN:-127.0.0.1:7080}
 public_url=${UPDATE_SERVER_SERVER_PUBLIC_URL:-}
 while (($#)); do
