@@ -533,3 +533,40 @@ fn readme_first_release_walkthrough_runs_as_written() {
         "{said}"
     );
 }
+
+/// `agent status` names the last update error, with its time: here a bundle signed by a
+/// key this agent does not trust.
+#[test]
+fn agent_status_names_the_last_update_error() {
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let (other, _) = ctx.keygen("other");
+    let old = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let home = ctx.install(&old, "p");
+    let server = ctx.server("home", &[]);
+    let foreign = ctx.pack(&ctx.dist("d2"), "2.0.0", "2", &other, "b2");
+    ctx.publish_served(&server, &foreign);
+    configure_agent(&home, &[server.url("")], "");
+    let wrapper = home.join("current/bin/agent-wrapper.sh");
+    run_ok(Command::new(&wrapper).arg("start"));
+    let agent = home.join("current/bin/agent");
+    let mut status = String::new();
+    wait_until(
+        Duration::from_secs(60),
+        "an update error in agent status",
+        || {
+            status = stdout(&run_ok(Command::new(&agent).arg("status")));
+            !status.contains("last update error:        none")
+        },
+    );
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("last update error:"))
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(line.contains("s ago (") && line.contains("key"), "{line}");
+    assert!(
+        status.contains("last contact error:       none"),
+        "{status}"
+    );
+    run_ok(Command::new(&wrapper).arg("stop"));
+}
