@@ -366,7 +366,8 @@ fn start_and_status_name_an_unreachable_server_and_why() {
     run_ok(Command::new(&wrapper).arg("stop"));
 }
 
-/// The applied configuration set is named by `agent status`.
+/// `agent status` names the applied configuration set, and the last configuration
+/// error with its time.
 #[test]
 fn agent_status_names_the_applied_configuration_set() {
     let ctx = TestContext::new();
@@ -374,7 +375,12 @@ fn agent_status_names_the_applied_configuration_set() {
     let (key, _) = (ctx.path("keys/update.key"), ());
     let bundle = ctx.pack(&ctx.dist("d2"), "1.0.0", "1", &key, "b2");
     let home = ctx.install(&bundle, "p");
-    configure_agent(&home, &[server.url("")], "");
+    // No workload to run, but a check every set must pass.
+    configure_agent(
+        &home,
+        &[server.url("")],
+        "[workload]\ncheck-command = [\"/bin/sh\", \"-c\", \"if grep -q forbidden {config_dir}/app.conf; then echo 'forbidden word' >&2; exit 4; fi\"]\n",
+    );
     let set = ctx.path("set");
     fs::create_dir_all(&set).unwrap();
     fs::write(set.join("app.conf"), "answer = 42\n").unwrap();
@@ -393,6 +399,26 @@ fn agent_status_names_the_applied_configuration_set() {
         stdout(&run_ok(Command::new(&agent).arg("status")))
             .contains(&format!("configuration: set {hash} applied"))
     });
+    // A set the check refuses: the error of its kind, and the set before stays applied.
+    fs::write(set.join("app.conf"), "forbidden\n").unwrap();
+    run_ok(cli(&ctx, &server, &["config", "push"]).arg(&set));
+    let mut status = String::new();
+    wait_until(Duration::from_secs(30), "the configuration error", || {
+        status = stdout(&run_ok(Command::new(&agent).arg("status")));
+        !status.contains("last configuration error: none")
+    });
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("last configuration error:"))
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(
+        line.contains("s ago (") && line.contains("forbidden word"),
+        "{line}"
+    );
+    assert!(
+        status.contains(&format!("configuration: set {hash} applied")),
+        "{status}"
+    );
     run_ok(Command::new(&wrapper).arg("stop"));
 }
 

@@ -74,7 +74,8 @@ pub fn record(home: &AgentHome, kind: Kind, error: &str) {
     }
 }
 
-/// `agent status`'s line for `kind`: `none`, or how long ago, when, and the message.
+/// `agent status`'s line for `kind`: `none`, or how long ago, when, and the message on
+/// one line (a check's output may span several).
 pub fn describe(last: Option<&LastError>, now: u64) -> String {
     match last {
         None => "none".to_owned(),
@@ -83,6 +84,11 @@ pub fn describe(last: Option<&LastError>, now: u64) -> String {
             now.saturating_sub(e.at),
             httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(e.at)),
             e.error
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
         ),
     }
 }
@@ -98,7 +104,11 @@ mod tests {
         assert!(read(&home).is_empty());
         record(&home, Kind::Contact, "first");
         record(&home, Kind::Contact, "cannot reach http://127.0.0.1:1");
-        record(&home, Kind::Configuration, "check-command failed");
+        record(
+            &home,
+            Kind::Configuration,
+            "check-command failed:\n  forbidden\n",
+        );
         let all = read(&home);
         assert_eq!(all.len(), 2);
         assert_eq!(all[&Kind::Contact].error, "cannot reach http://127.0.0.1:1");
@@ -108,5 +118,10 @@ mod tests {
             "{line}"
         );
         assert_eq!(describe(all.get(&Kind::Update), 0), "none");
+        let config = describe(all.get(&Kind::Configuration), 0);
+        assert!(
+            config.ends_with("check-command failed: forbidden"),
+            "{config}"
+        );
     }
 }
