@@ -6,6 +6,7 @@
 )]
 
 mod agent;
+mod blame;
 mod bundle;
 mod cloud;
 mod config;
@@ -19,6 +20,7 @@ mod handlers;
 mod hostile_archives;
 mod hostile_clients;
 mod install;
+mod leaving;
 mod long_poll;
 mod no_waiting;
 mod opamp;

@@ -44,6 +44,16 @@ enum Command {
         #[arg(long)]
         clear_bad: bool,
     },
+    /// Leave the fleet: tell the server, stop the agent and its workload, remove the
+    /// systemd unit and the installed versions; conf/, data/ and logs/ stay.
+    Uninstall {
+        /// Remove the whole home, conf/, data/ and logs/ included.
+        #[arg(long)]
+        purge: bool,
+        /// Do not ask.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
 }
 
 pub fn main() -> ExitCode {
@@ -86,6 +96,9 @@ fn load_config(home: &AgentHome) -> anyhow::Result<Config> {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Some(Command::Uninstall { purge, yes }) = cli.command {
+        return uninstall(cli.home.as_deref(), purge, yes);
+    }
     let install = Installation::discover(cli.home.as_deref())?;
     if cli.version {
         // AGENT_BUILD_NOTE, set when the agent is compiled, tells two builds of one
@@ -127,6 +140,37 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let _guard = init_logging(install.home.root(), "agent.log");
             runtime.block_on(crate::manual::update(&install, &config, check))
         }
+        Some(Command::Uninstall { .. }) => unreachable_uninstall(),
+    }
+}
+
+/// Handled before an installation is looked for: it may have none left.
+fn unreachable_uninstall() -> anyhow::Result<ExitCode> {
+    anyhow::bail!("agent uninstall is handled before the installation is read")
+}
+
+/// `agent uninstall`: the home from `--home`, or from this binary's place in it; a home
+/// already uninstalled (no version left) has nothing to do, and says so.
+fn uninstall(home: Option<&Path>, purge: bool, yes: bool) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    match Installation::discover(home) {
+        Ok(install) => {
+            let config = load_config(&install.home).ok();
+            let installed = config.as_ref().map(|c| (c, &install.version));
+            runtime.block_on(crate::uninstall::run(
+                install.home.root(),
+                installed,
+                purge,
+                yes,
+            ))
+        }
+        Err(e) => match home {
+            Some(root) => runtime.block_on(crate::uninstall::run(root, None, purge, yes)),
+            None => Err(e).context("cannot find the agent's home: pass --home DIR"),
+        },
     }
 }
 

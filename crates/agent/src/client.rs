@@ -241,16 +241,52 @@ impl Client {
         register: bool,
     ) -> reqwest::RequestBuilder {
         let mut request = request.header(wire::AGENT_VERSION_HEADER, self.version.to_string());
-        match self.token() {
-            Some(token) => request = request.bearer_auth(token),
-            None if register => {
-                if let Some(enrollment) = &self.trust.enrollment_token {
-                    request = request.header(wire::ENROLLMENT_HEADER, enrollment);
-                }
-            }
-            None => {}
+        let token = match self.token() {
+            Some(token) => Some(token),
+            None if register => self.own_token(),
+            None => None,
+        };
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        // A first register proves the agent's own secret and, where the server asks for
+        // it, the enrollment token too.
+        if register && let Some(enrollment) = &self.trust.enrollment_token {
+            request = request.header(wire::ENROLLMENT_HEADER, enrollment);
         }
         request
+    }
+
+    /// The agent's own secret for its first register, made and kept in `data/agent-token`
+    /// (0600) before it is sent: the server adopts it, so an answer lost on the way (a
+    /// timeout, a cut connection, a server killed after its commit) costs nothing, and
+    /// the retry proves the same secret. `None` if it cannot be kept: then the agent
+    /// registers as before credentials and takes the token the server issues.
+    fn own_token(&self) -> Option<String> {
+        let path = self.trust.token_file.as_ref()?;
+        let token = agent_protocol::credentials::new_agent_token()
+            .map_err(|e| tracing::warn!("no randomness for this agent's credentials: {e}"))
+            .ok()?;
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        match agent_extract::atomic::write_with_mode(path, token.as_bytes(), Some(0o600)) {
+            Ok(()) => {
+                tracing::info!(
+                    "made this agent's credentials, kept in {}; its first register proves them",
+                    path.display()
+                );
+                *self.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.clone());
+                Some(token)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "cannot keep this agent's credentials in {}: {e}; registering without, the server issues them",
+                    path.display()
+                );
+                None
+            }
+        }
     }
 
     /// Says a server's failure once per distinct reason (a certificate that does not
@@ -483,6 +519,30 @@ impl Client {
         }
     }
 
+    /// `POST /agent/leave` to each server in turn until one takes it: this agent leaves
+    /// the fleet (its credentials are revoked there).
+    pub async fn leave(&self, id: &str) -> Result<String, CommError> {
+        let mut tried = Vec::new();
+        for base in &self.urls {
+            let url = format!("{base}{}", wire::LEAVE_PATH);
+            let request = self
+                .http
+                .post(&url)
+                .timeout(LEAVE_TIMEOUT)
+                .json(&wire::Leave { id: id.to_owned() });
+            let answer = self.identified(request, false).send().await;
+            match answer {
+                Ok(resp) if resp.status().is_success() => return Ok(base.clone()),
+                Ok(resp) => {
+                    let status = resp.status();
+                    tried.push(status_error(&url, status, resp).await.to_string());
+                }
+                Err(e) => tried.push(network(&url, e).to_string()),
+            }
+        }
+        Err(CommError::AllDown(tried.join("; ")))
+    }
+
     /// `POST /agentupdate/report`.
     pub async fn report(&self, report: &Report) -> Result<(), CommError> {
         let url = self.url(wire::REPORT_PATH);
@@ -500,6 +560,9 @@ impl Client {
         }
     }
 }
+
+/// A leaving agent does not wait long for a server that is gone.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The credentials kept in `data/agent-token`, if any.
 fn read_token(path: &std::path::Path) -> Option<String> {

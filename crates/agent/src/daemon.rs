@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use agent_protocol::AgentVersion;
 use agent_protocol::journal::Health;
 use agent_protocol::layout::{self, AgentHome};
-use agent_protocol::wire::AgentHello;
+use agent_protocol::wire::{AgentHello, Report};
 use agent_updater::{lock, state};
 use tokio::sync::watch;
 
@@ -59,6 +59,21 @@ pub async fn flush_outbox(home: &AgentHome, client: &Client) {
             Ok(()) => {
                 tracing::info!(
                     "reported {} of {} -> {} to the server",
+                    report.status.as_str(),
+                    report.from,
+                    report.to
+                );
+                if let Err(e) = state::remove_report(&path) {
+                    tracing::warn!("{e}");
+                }
+            }
+            // A server from before a status (RETRYING) refuses it as malformed, and
+            // always will: said once and dropped, so it never blocks the reports after.
+            Err(crate::client::CommError::Status { status: code, .. })
+                if matches!(code, 400 | 422) =>
+            {
+                tracing::warn!(
+                    "the server refuses the report {} of {} -> {} ({code}); dropped",
                     report.status.as_str(),
                     report.from,
                     report.to
@@ -155,6 +170,10 @@ async fn serve(
         Trust::of(config, &home),
     )?;
 
+    // A failure told for the version this agent now runs is over.
+    if crate::told::last(&home).is_some_and(|t| t.report.to == install.version.to_string()) {
+        crate::told::forget(&home);
+    }
     let nudge = crate::recovery::Nudge::default();
     tokio::spawn(crate::recovery::finish_interrupted(
         home.clone(),
@@ -614,6 +633,7 @@ async fn on_refused(
                 "running degraded: {reason}; {}",
                 retry::when_again(next, now)
             );
+            tell_failure(install, client, id, offer, failure, &reason, retry).await;
             return None;
         }
     };
@@ -642,11 +662,22 @@ async fn on_refused(
                     );
                     let now = Instant::now();
                     let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
+                    let reason = format!("the update to {to} stopped before the switch: {why}");
                     tracing::warn!(
-                        "the update to {to} stopped before the switch: {why}; {} keeps running, {}",
+                        "{reason}; {} keeps running, {}",
                         install.version,
                         retry::when_again(next, now)
                     );
+                    tell_failure(
+                        install,
+                        client,
+                        id,
+                        offer,
+                        Failure::Transient,
+                        &reason,
+                        retry,
+                    )
+                    .await;
                     None
                 }
             }
@@ -659,13 +690,69 @@ async fn on_refused(
             );
             let now = Instant::now();
             let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
-            tracing::error!(
-                "cannot hand over to the updater: {e}; {}",
-                retry::when_again(next, now)
-            );
+            let reason = format!("cannot hand over to the updater: {e}");
+            tracing::error!("{reason}; {}", retry::when_again(next, now));
+            tell_failure(
+                install,
+                client,
+                id,
+                offer,
+                Failure::Transient,
+                &reason,
+                retry,
+            )
+            .await;
             None
         }
     }
+}
+
+/// Tells the server at once why a round failed before anything was installed: the
+/// bundle's fault as `INSTALL_FAILED` (it counts against the rollout, with the agent's
+/// own words), the machine's as `RETRYING`. Through the outbox, so a server that cannot
+/// hear it now hears it later; the same words for the same offer are told once.
+async fn tell_failure(
+    install: &Installation,
+    client: &Client,
+    id: &str,
+    offer: &Offer,
+    failure: Failure,
+    reason: &str,
+    retry: &mut Retry,
+) {
+    let Some(status) = retry::report_status(failure) else {
+        return;
+    };
+    let report = Report {
+        id: id.to_owned(),
+        from: install.version.to_string(),
+        to: offer.expected.clone(),
+        status,
+        error: Some(reason.to_owned()),
+    };
+    if !retry.first_telling(&report) {
+        return;
+    }
+    crate::told::remember(&install.home, &report);
+    if let Err(e) = state::enqueue_report(&install.home, &report) {
+        // A full disk is the likeliest reason: told directly, once, then.
+        match client.report(&report).await {
+            Ok(()) => tracing::info!(
+                "reported {} of {} -> {} to the server (not kept: {e})",
+                status.as_str(),
+                report.from,
+                report.to
+            ),
+            Err(sent) => tracing::warn!(
+                "cannot tell the server {} of {} -> {}: {sent}; nor keep it for later: {e}",
+                status.as_str(),
+                report.from,
+                report.to
+            ),
+        }
+        return;
+    }
+    flush_outbox(&install.home, client).await;
 }
 
 /// Registers TERM and INT now; the future resolves when one arrives.

@@ -30,6 +30,8 @@ pub mod remote_config;
 pub mod retry;
 pub mod sleep;
 pub mod status;
+pub mod told;
+pub mod uninstall;
 pub mod update;
 pub mod workload;
 

@@ -47,11 +47,16 @@ pub async fn update(
             println!(
                 "that bundle failed here before (data/bad-versions); it is not retried. `agent update --clear-bad` forgets it"
             );
-        } else if let Err(reason) = update::trusted_key(config, install.home.root()) {
-            println!("this agent could not take it: {reason}");
+        } else if let Err(Outcome::Degraded { reason, .. }) =
+            update::check_offer(&client, config, install, &info).await
+        {
+            // The same checks an update makes before it downloads a byte.
+            println!("this agent would refuse it: {reason}");
             return Ok(ExitCode::FAILURE);
         } else {
-            println!("`agent update` would install it");
+            println!(
+                "its signature and signed claim check out here; `agent update` would download, verify and install it"
+            );
         }
         return Ok(ExitCode::SUCCESS);
     }

@@ -54,6 +54,10 @@ pub fn render(install: &Installation, config: &Config) -> String {
             if let Some(expected) = &h.refused_by_server {
                 let _ = writeln!(out, "directive: refused; the server expects {expected}");
             }
+            if let Some(told) = crate::told::last(home) {
+                let line = crate::told::describe(&told, state::now_secs());
+                let _ = writeln!(out, "failure:  {line}");
+            }
             out.push_str(&crate::workload::describe(h.workload.as_ref(), alive));
         }
         None => {

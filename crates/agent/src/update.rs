@@ -74,6 +74,14 @@ fn degraded(reason: impl Into<String>) -> Outcome {
     }
 }
 
+/// What the agent got does not verify: the bundle's fault, told to the server at once.
+fn rejected(reason: impl Into<String>) -> Outcome {
+    Outcome::Degraded {
+        reason: reason.into(),
+        failure: Failure::Rejected,
+    }
+}
+
 /// Downloads and verifies the server's bundle. `expected` is what the `409` named.
 pub async fn fetch_verified(
     ctx: &mut UpdateContext<'_>,
@@ -122,32 +130,11 @@ pub async fn fetch_verified(
         Ok(false) => {}
         Err(e) => return Err(degraded(format!("cannot read data/bad-versions: {e}"))),
     }
-    // What can be checked before the download is: a bundle that cannot be verified, or
-    // whose signed claim does not match what the server says, is not worth a byte.
-    let key = trusted_key(ctx.config, home.root()).map_err(|reason| Outcome::Degraded {
-        reason,
-        failure: Failure::NeedsChange,
-    })?;
-    let retired = state::retired_keys(home)
-        .map_err(|e| degraded(format!("cannot read data/retired-keys: {e}")))?;
-    let signature = ctx
-        .client
-        .signature()
-        .await
-        .map_err(|e| degraded(format!("cannot fetch the signature: {e}")))?;
-    let key_path = ctx.config.public_key_path(home.root());
-    let trust = Trust {
-        key: &key,
-        retired: &retired,
-    };
-    if let Err(retired) = trust.check_signer(signature.key_id()) {
-        return Err(Outcome::Degraded {
-            reason: format!("refusing the server's bundle: {retired}"),
-            failure: Failure::NeedsChange,
-        });
-    }
-    check_claim(&key, &key_path, &signature, &info, &ctx.install.version_dir)
-        .map_err(|reason| degraded(format!("refusing the server's bundle: {reason}")))?;
+    let Offered {
+        key,
+        retired,
+        signature,
+    } = check_offer(ctx.client, ctx.config, ctx.install, &info).await?;
     let dir = home.update_dir();
     download::prepare_dir(&dir).map_err(|e| degraded(e.to_string()))?;
     download::check_disk_space(&dir, info.size).map_err(|e| degraded(e.to_string()))?;
@@ -216,8 +203,9 @@ pub async fn fetch_verified(
                         failure: Failure::NeedsChange,
                     });
                 }
-                Err(e @ (DownloadError::DiskSpace { .. } | DownloadError::HashMismatch { .. })) => {
-                    return Err(degraded(e.to_string()));
+                Err(e @ DownloadError::DiskSpace { .. }) => return Err(degraded(e.to_string())),
+                Err(e @ DownloadError::HashMismatch { .. }) => {
+                    return Err(rejected(format!("refusing the downloaded bundle: {e}")));
                 }
                 Err(e) => {
                     if backoff.attempts() + 1 >= MAX_DOWNLOAD_FAILURES {
@@ -250,10 +238,9 @@ pub async fn fetch_verified(
             // Unverified bytes never stay where they could be run.
             let _ = fs::remove_file(&downloaded.path);
             // The same bytes will never verify: wait for the server to offer others.
-            return Err(Outcome::Degraded {
-                reason: format!("refusing the downloaded bundle: {reason}"),
-                failure: Failure::NeedsChange,
-            });
+            return Err(rejected(format!(
+                "refusing the downloaded bundle: {reason}"
+            )));
         }
     };
     let timings = Timings {
@@ -278,6 +265,59 @@ pub async fn fetch_verified(
         info,
         verified,
         timings,
+    })
+}
+
+/// What the checks before a download found: the key to verify with, the keys no longer
+/// trusted, and the server's signature over its bundle.
+pub struct Offered {
+    pub key: PublicKey,
+    pub retired: Vec<KeyId>,
+    pub signature: Signature,
+}
+
+/// What can be checked before the download is: a bundle that cannot be verified, or
+/// whose signed claim does not match what the server says, is not worth a byte. Also
+/// what `agent update --check` tells an operator.
+pub async fn check_offer(
+    client: &Client,
+    config: &Config,
+    install: &Installation,
+    info: &VersionInfo,
+) -> Result<Offered, Outcome> {
+    let home = &install.home;
+    let key = trusted_key(config, home.root()).map_err(|reason| Outcome::Degraded {
+        reason,
+        failure: Failure::NeedsChange,
+    })?;
+    let retired = state::retired_keys(home)
+        .map_err(|e| degraded(format!("cannot read data/retired-keys: {e}")))?;
+    let signature = client.signature().await.map_err(|e| match e {
+        // The server names a bundle it has no signature for: no agent can install it.
+        crate::client::CommError::Status { status: 404, .. } => rejected(format!(
+            "refusing the server's bundle {}: the server serves no signature for it ({e}); the release is missing its .minisig, publish the bundle with its signature",
+            info.agent
+        )),
+        crate::client::CommError::Garbage { .. } => rejected(format!(
+            "refusing the server's bundle {}: its signature is not a minisign signature ({e})",
+            info.agent
+        )),
+        e => degraded(format!("cannot fetch the signature: {e}")),
+    })?;
+    let key_path = config.public_key_path(home.root());
+    let trust = Trust {
+        key: &key,
+        retired: &retired,
+    };
+    if let Err(retired) = trust.check_signer(signature.key_id()) {
+        return Err(rejected(format!("refusing the server's bundle: {retired}")));
+    }
+    check_claim(&key, &key_path, &signature, info, &install.version_dir)
+        .map_err(|reason| rejected(format!("refusing the server's bundle: {reason}")))?;
+    Ok(Offered {
+        key,
+        retired,
+        signature,
     })
 }
 

@@ -125,7 +125,9 @@ impl SimAgent {
             id: uuid::Uuid::now_v7().to_string(),
             group,
             version,
-            token: None,
+            // As a real agent: its own secret from the first register on, so an answer
+            // lost under load does not lock it out.
+            token: agent_protocol::credentials::new_agent_token().ok(),
             bad: HashSet::new(),
             server: index,
             registered: false,

@@ -8,7 +8,9 @@
 //! This crate does no I/O of its own beyond `Read`/`Write` values handed to it: it
 //! never opens a file, a socket or a process, so every format can be tested in memory.
 
+pub mod blame;
 pub mod config_set;
+pub mod credentials;
 pub mod digest;
 pub mod error;
 pub mod journal;

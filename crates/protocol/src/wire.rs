@@ -43,6 +43,14 @@ pub fn delta_path(from: &str, platform: &str) -> String {
 
 pub const REPORT_PATH: &str = "/agentupdate/report";
 pub const REGISTER_PATH: &str = "/agent/register";
+/// `POST` `{"id"}`, with the agent's credentials: it leaves the fleet (`agent uninstall`).
+pub const LEAVE_PATH: &str = "/agent/leave";
+
+/// Body of `POST /agent/leave`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leave {
+    pub id: String,
+}
 pub const CONNECT_PATH: &str = "/agent/connect";
 /// `POST`: an agent says whether it applied a configuration set.
 pub const CONFIG_STATUS_PATH: &str = "/agent/config-status";
@@ -261,7 +269,16 @@ pub const ENROLLMENT_HEADER: &str = "Enrollment-Token";
 pub enum UpdateStatus {
     Installing,
     Installed,
+    /// The bundle is at fault (see [`crate::blame`]): counts toward `max-failures`.
     InstallFailed,
+    /// The machine is at fault (a full disk, a cut download): the agent tries again on
+    /// its backoff, and the rollout does not count it as a failure.
+    Retrying,
+    /// Update locks on the machine hold the update off (their names and reasons in
+    /// `error`); the agent updates once they are released or `update.max-defer` passes.
+    Deferred,
+    /// The agent's group installs only inside a maintenance window, which is not open.
+    WaitingWindow,
 }
 
 impl UpdateStatus {
@@ -270,6 +287,9 @@ impl UpdateStatus {
             UpdateStatus::Installing => "INSTALLING",
             UpdateStatus::Installed => "INSTALLED",
             UpdateStatus::InstallFailed => "INSTALL_FAILED",
+            UpdateStatus::Retrying => "RETRYING",
+            UpdateStatus::Deferred => "DEFERRED",
+            UpdateStatus::WaitingWindow => "WAITING_WINDOW",
         }
     }
 }

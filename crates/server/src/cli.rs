@@ -52,6 +52,13 @@ impl AdminClient {
         self.send(base, request).await
     }
 
+    /// `DELETE /admin/agents/{id}`.
+    pub async fn remove_agent(&self, id: &str) -> anyhow::Result<Value> {
+        let base = self.base()?;
+        let request = self.http()?.delete(format!("{base}/admin/agents/{id}"));
+        self.send(base, request).await
+    }
+
     fn base(&self) -> anyhow::Result<&str> {
         if self.token.is_empty() {
             anyhow::bail!(

@@ -39,7 +39,9 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// The agents, and their credentials (through the admin API of a running server).
+    /// The agents, their credentials, and removing a lost machine (through the admin
+    /// API of a running server). `update-server agent …` is the same.
+    #[command(visible_alias = "agent")]
     Agents {
         #[command(subcommand)]
         action: Agents,
@@ -158,6 +160,12 @@ enum Agents {
         /// The agent's id (data/agent-id, or `id` in GET /admin/agents).
         id: String,
     },
+    /// Forget a lost machine: its credentials are refused from then on, and no rollout
+    /// waits for it (an operator's; audited).
+    Remove {
+        /// The agent's id (data/agent-id, or `id` in GET /admin/agents).
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -238,7 +246,7 @@ fn main() -> ExitCode {
             ))?,
             Some(Command::Agents { action, admin }) => {
                 let client = admin.client(&config);
-                match action {
+                let (answer, said) = match action {
                     Agents::List {
                         version,
                         status,
@@ -250,22 +258,26 @@ fn main() -> ExitCode {
                             group,
                         };
                         let answer = runtime.block_on(client.agents(&query))?;
-                        if admin.json {
-                            println!("{}", serde_json::to_string_pretty(&answer)?);
-                        } else {
-                            print!("{}", update_server::cli::render_agents(&answer));
-                        }
+                        let table = update_server::cli::render_agents(&answer);
+                        (answer, table.trim_end().to_owned())
                     }
-                    Agents::ForgetToken { id } => {
-                        let answer = runtime.block_on(client.forget_token(&id))?;
-                        if admin.json {
-                            println!("{}", serde_json::to_string_pretty(&answer)?);
-                        } else {
-                            println!(
-                                "forgot the credentials of agent {id}; its next register gets new ones"
-                            );
-                        }
-                    }
+                    Agents::ForgetToken { id } => (
+                        runtime.block_on(client.forget_token(&id))?,
+                        format!(
+                            "forgot the credentials of agent {id}; its next register gets new ones"
+                        ),
+                    ),
+                    Agents::Remove { id } => (
+                        runtime.block_on(client.remove_agent(&id))?,
+                        format!(
+                            "removed agent {id} from the fleet: its credentials are refused from now on and no rollout waits for it"
+                        ),
+                    ),
+                };
+                if admin.json {
+                    println!("{}", serde_json::to_string_pretty(&answer)?);
+                } else {
+                    println!("{said}");
                 }
             }
             Some(Command::Token { action, admin }) => {

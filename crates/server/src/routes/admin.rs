@@ -11,7 +11,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use agent_fleet::db::Credentials;
+use agent_fleet::db::{Credentials, Revocation};
 use agent_fleet::rollout::Refusal;
 use agent_fleet::rollout::step::HaltCause;
 
@@ -182,6 +182,28 @@ pub(super) async fn forget_token(
         .record(s, "agent.forget_token", serde_json::json!({ "agent": id }))
         .await;
     Ok(Json(serde_json::json!({ "id": id, "token": "forgotten" })).into_response())
+}
+
+/// `DELETE /admin/agents/{id}`: forgets a lost machine. Its credentials are refused from
+/// then on (`401`) and no rollout waits for it.
+pub(super) async fn remove_agent(
+    State(state): State<AppState>,
+    auth: Auth,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    let caller = auth.require(s, Action::Change, "agent.remove").await?;
+    if !s.fleet.revoke(&id, Revocation::Removed).await? {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no agent {id:?} is known; `update-server agents list` shows the fleet"),
+        ));
+    }
+    tracing::warn!(agent = %id, by = %caller.name, "an operator removed the agent from the fleet; its credentials are revoked");
+    caller
+        .record(s, "agent.remove", serde_json::json!({ "agent": id }))
+        .await;
+    Ok(Json(serde_json::json!({ "id": id, "status": "REMOVED" })).into_response())
 }
 
 pub(super) async fn rollout(
