@@ -27,6 +27,7 @@ mod no_waiting;
 mod opamp;
 mod opamp_hostile;
 mod opamp_sim;
+mod operator_day;
 mod operators;
 mod page;
 mod platforms;

@@ -41,7 +41,8 @@ pub enum CommError {
     },
     #[error("{url}: {message}")]
     Garbage { url: String, message: String },
-    #[error("no update-server answered (tried {0})")]
+    /// Each server's failure, so that `agent status` can say why.
+    #[error("no update-server answered: {0}")]
     AllDown(String),
 }
 
@@ -359,7 +360,7 @@ impl Client {
                 }
                 Err(e) => {
                     self.say_failure(self.base(), &e);
-                    tried.push(self.base().to_owned());
+                    tried.push(e.to_string());
                     if self.urls.len() > 1 {
                         self.current = (self.current + 1) % self.urls.len();
                         tracing::info!("failing over to {}", self.base());
@@ -368,7 +369,7 @@ impl Client {
                 }
             }
         }
-        Err(CommError::AllDown(tried.join(", ")))
+        Err(CommError::AllDown(tried.join("; ")))
     }
 
     async fn hello_once(

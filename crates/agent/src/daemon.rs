@@ -16,6 +16,7 @@ use crate::config::{Config, Reload, parse_reload};
 use crate::health::HealthBoard;
 use crate::home::Installation;
 use crate::identity;
+use crate::last_errors;
 use crate::locks;
 use crate::pacing::{self, LastContact};
 use crate::remote_config::live::LiveWorkload;
@@ -301,7 +302,10 @@ async fn serve(
                     }
                 }
             }
-            Err(e) => tracing::warn!("{e}; trying again in {:?}", heartbeat),
+            Err(e) => {
+                last_errors::record(&home, last_errors::Kind::Contact, &e.to_string());
+                tracing::warn!("{e}; trying again in {:?}", heartbeat)
+            }
         }
         // The heartbeat is the longest silence: a change of the workload's health, a
         // report written for the server and a retry that is due do not wait for it.
@@ -449,6 +453,13 @@ async fn take_config(
         workload,
     )
     .await;
+    if let Some(error) = &status.error {
+        last_errors::record(
+            home,
+            last_errors::Kind::Configuration,
+            &format!("configuration set {}: {error}", set.hash),
+        );
+    }
     remote_config::keep_status(home, &status);
     flush_config_status(home, client).await;
 }
@@ -631,6 +642,7 @@ async fn on_refused(
         Ok(r) => r,
         Err(Outcome::ShuttingDown) => return Some(RunEnd::Stopped),
         Err(Outcome::Degraded { reason, failure }) => {
+            last_errors::record(&install.home, last_errors::Kind::Update, &reason);
             let now = Instant::now();
             let next = retry.failed(offer, failure, now, &mut rand::rng());
             tracing::warn!(
@@ -662,6 +674,11 @@ async fn on_refused(
                     Some(RunEnd::HandedOff { to: to.clone() })
                 }
                 update::HandOff::Stay(why) => {
+                    last_errors::record(
+                        &install.home,
+                        last_errors::Kind::Update,
+                        &format!("the update to {to} stopped before the switch: {why}"),
+                    );
                     let now = Instant::now();
                     let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
                     let reason = format!("the update to {to} stopped before the switch: {why}");
@@ -685,6 +702,11 @@ async fn on_refused(
             }
         }
         Err(e) => {
+            last_errors::record(
+                &install.home,
+                last_errors::Kind::Update,
+                &format!("cannot hand over to the updater: {e}"),
+            );
             let now = Instant::now();
             let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
             let reason = format!("cannot hand over to the updater: {e}");

@@ -72,6 +72,7 @@ pub fn render(install: &Installation, config: &Config) -> String {
             let _ = writeln!(out, "process:  no run/health.json (not started yet?)");
         }
     }
+    out.push_str(&errors_and_configuration(home));
     match state::read_journal(home) {
         Ok(Some(j)) => {
             // When and why it ended (a full disk named as such), or who is finishing it.
@@ -102,6 +103,38 @@ pub fn render(install: &Installation, config: &Config) -> String {
             out,
             "outbox:   {} report(s) waiting for a server",
             pending.len()
+        );
+    }
+    out
+}
+
+/// The last error of each kind with its time, and the configuration set applied.
+fn errors_and_configuration(home: &agent_protocol::layout::AgentHome) -> String {
+    let mut out = String::new();
+    let errors = crate::last_errors::read(home);
+    let now = state::now_secs();
+    for kind in crate::last_errors::Kind::ALL {
+        let label = format!("last {} error:", kind.name());
+        let _ = writeln!(
+            out,
+            "{label:<26}{}",
+            crate::last_errors::describe(errors.get(&kind), now)
+        );
+    }
+    let applied = crate::remote_config::running_hash(home);
+    let _ = writeln!(
+        out,
+        "configuration: {}",
+        if applied.is_empty() {
+            "no set applied (the workload's files are the installed ones)".to_owned()
+        } else {
+            format!("set {applied} applied")
+        }
+    );
+    if let Some(failed) = crate::remote_config::failed_hash(home) {
+        let _ = writeln!(
+            out,
+            "               set {failed} failed here; waiting for the server to offer another"
         );
     }
     out

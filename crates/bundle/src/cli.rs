@@ -16,6 +16,7 @@ use crate::error::{BundleError, IoContext, Result};
 use crate::install::{self, InstallRequest, TrustSource};
 use crate::keygen;
 use crate::pack::{self, PackRequest};
+use crate::shipped_key::Verdict;
 
 /// Signed, self-installing agent bundles.
 ///
@@ -118,6 +119,11 @@ enum Command {
         /// that trust an older key follow the chain to the signing key.
         #[arg(long, value_name = "FILE")]
         rotation: Vec<PathBuf>,
+        /// Pack although DIST/conf.default/update.pub is not the signing key's public
+        /// half and no --rotation leads from it (a deliberate rotation: fresh installs
+        /// then need --trust-key).
+        #[arg(long)]
+        allow_other_key: bool,
     },
     /// Hand trust from the current signing key to a new one: writes
     /// DIR/rotation-<new key id>.minisig (NEW.pub signed by OLD.key) and a copy of NEW.pub.
@@ -299,6 +305,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             stub,
             signed_at,
             rotation,
+            allow_other_key,
         }) => {
             let version = AgentVersion::new(&agent_version, &build)?;
             let key = keygen::read_secret_key(&key)?;
@@ -316,6 +323,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 stub: &stub,
                 signed_at,
                 rotations: &rotations,
+                allow_other_key,
             })?;
             println!(
                 "Packed {} ({} bytes, sha256 {}) and {}, signed by key {}.",
@@ -331,6 +339,19 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     rotations.len(),
                     key.key_id()
                 );
+            }
+            match &packed.shipped_key {
+                Verdict::Matches | Verdict::Refused { .. } => {}
+                Verdict::Rotation(chain) => println!(
+                    "Fresh installs trust the key it ships ({}) and follow the rotation {chain}.",
+                    dist.join("conf.default/update.pub").display()
+                ),
+                Verdict::Allowed { shipped, signer } => eprintln!(
+                    "agent-bundle: warning: the rotation {shipped} -> {signer} has no statement: \
+                     {} is key {shipped}, the bundle is signed by key {signer} (--allow-other-key); \
+                     fresh installs refuse it unless --install is given --trust-key with key {signer}'s public half",
+                    dist.join("conf.default/update.pub").display()
+                ),
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -15,5 +15,6 @@ pub mod install;
 pub mod keygen;
 pub mod pack;
 mod progress;
+pub mod shipped_key;
 
 pub use error::{BundleError, Result};

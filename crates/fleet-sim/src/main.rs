@@ -10,8 +10,9 @@ use fleet_sim::{DownloadMode, Options};
 #[derive(Debug, Parser)]
 #[command(name = "fleet-sim", version)]
 struct Cli {
-    /// An update-server's base URL; several are tried in order, as agents fail over.
-    #[arg(long = "server", value_name = "URL", required = true)]
+    /// An update-server's base URL (HOST:PORT is http://HOST:PORT); several are tried
+    /// in order, as agents fail over.
+    #[arg(long = "server", value_name = "URL", required = true, value_parser = agent_protocol::server_url::base_url)]
     servers: Vec<String>,
     /// How many agents.
     #[arg(long, default_value_t = 1000)]

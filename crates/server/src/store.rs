@@ -208,6 +208,9 @@ pub struct BundleStore {
     /// The bundles taken in, by their files, so an unchanged one is not read again.
     ingested: RwLock<Vec<(SourceId, Arc<ServedBundle>)>>,
     last_problem: RwLock<Option<String>>,
+    /// Why the bundle in the download directory is not served, until one is: what
+    /// `/healthz` calls degraded.
+    refused: RwLock<Option<String>>,
 }
 
 impl BundleStore {
@@ -228,6 +231,7 @@ impl BundleStore {
             source: RwLock::new(None),
             ingested: RwLock::new(Vec::new()),
             last_problem: RwLock::new(None),
+            refused: RwLock::new(None),
         })
     }
 
@@ -242,6 +246,19 @@ impl BundleStore {
         &self.dir
     }
 
+    /// Why the bundle the operator put in the download directory is refused (its
+    /// signature, its facts, a second release beside it), while it is.
+    pub fn refusal(&self) -> Option<String> {
+        self.refused
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_refusal(&self, why: Option<String>) {
+        *self.refused.write().unwrap_or_else(|p| p.into_inner()) = why;
+    }
+
     /// Looks at the download directory and takes in a new release if there is one.
     /// Blocking: call from a blocking thread.
     pub fn scan(&self) {
@@ -249,6 +266,7 @@ impl BundleStore {
             Look::Found(sources) => sources,
             Look::Nothing(problem) => {
                 self.set_source(None);
+                self.set_refusal(None);
                 self.set(Current::Unavailable(problem));
                 return;
             }
@@ -288,6 +306,7 @@ impl BundleStore {
                         Refused::Content(detail) => {
                             // Not read again until a file changes.
                             self.set_source(Some(sources.clone()));
+                            self.set_refusal(Some(detail.clone()));
                             detail
                         }
                         Refused::Io(detail) => detail,
@@ -310,9 +329,11 @@ impl BundleStore {
         let release = match Release::assemble(bundles, layout::PLATFORM) {
             Ok(release) => release,
             Err(why) => {
+                let detail = format!("{why} (in {})", self.dir.display());
+                self.set_refusal(Some(detail.clone()));
                 self.set(Current::Unavailable(Problem::new(
                     "the download directory holds no single release: the operator must leave one version and build, one bundle per platform",
-                    format!("{why} (in {})", self.dir.display()),
+                    detail,
                 )));
                 return;
             }
@@ -335,6 +356,7 @@ impl BundleStore {
         self.remove_stale_copies(&keep);
         self.write_cache(&release);
         *self.last_problem.write().unwrap_or_else(|p| p.into_inner()) = None;
+        self.set_refusal(None);
         self.set(Current::Ready(Arc::new(release)));
     }
 
@@ -471,7 +493,8 @@ impl BundleStore {
                 verify::verify_with_digests(tmp.path(), &digests, &signature, &Trust::key(key))
                     .map_err(|e| {
                         Refused::Content(format!(
-                            "{shown} failed verification: {e}; the bundle is not served"
+                            "{shown} failed verification: {}; the bundle is not served",
+                            crate::refusal::in_servers_words(&e)
                         ))
                     })?;
             if let Some(chain) = &verified.chain {

@@ -92,6 +92,16 @@ pub(super) async fn update_settings(
 pub(super) struct AgentFilter {
     version: Option<String>,
     status: Option<String>,
+    /// `agent.group`; `default` also matches agents with no group.
+    group: Option<String>,
+}
+
+/// Whether an agent of `group` is in the group `wanted` asks for.
+fn in_group(group: &str, wanted: Option<&str>) -> bool {
+    match wanted {
+        None | Some("") => true,
+        Some(w) => group == w || (w == "default" && group.is_empty()),
+    }
 }
 
 pub(super) async fn agents(
@@ -112,6 +122,7 @@ pub(super) async fn agents(
     let opamp = s.fleet.db.opamp_agents().await?;
     let records: Vec<AgentRecord> = rows
         .into_iter()
+        .filter(|a| in_group(&a.group, filter.group.as_deref()))
         .map(|a| {
             let member = members.get(&a.id);
             AgentRecord {
@@ -383,12 +394,17 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
-/// `ok` (the server serves its bundle and answers agents), and what an operator should
-/// know about its place in the fleet: a bundle that is not the fleet's rollout, a
-/// database it cannot reach.
+/// `ok` (the server serves its bundle and answers agents), or `degraded` with the
+/// reason while the bundle in the download directory is refused (it still answers
+/// agents: `200` either way, so a supervisor does not restart it over a file); then
+/// what an operator should know about its place in the fleet: a bundle that is not the
+/// fleet's rollout, a database it cannot reach.
 pub(super) async fn healthz(State(state): State<AppState>) -> Response {
     let s = &state.inner;
-    let mut text = String::from("ok\n");
+    let mut text = match s.store.refusal() {
+        None => String::from("ok\n"),
+        Some(why) => format!("degraded\nbundle refused: {why}\n"),
+    };
     if let Some(mismatch) = s.fleet.rollouts.mismatch() {
         text.push_str(&format!("bundle mismatch: {mismatch}\n"));
     }

@@ -17,6 +17,7 @@ pub mod query;
 pub mod session;
 pub mod source;
 pub mod views;
+pub mod words;
 
 use std::collections::HashMap;
 use std::sync::Arc;
