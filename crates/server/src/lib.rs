@@ -133,6 +133,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             stall_timeout: Duration::from_secs(config.downloads.stall_timeout),
             max_wait: Duration::from_secs(config.agents.max_wait),
             public_url: config.public_url(),
+            download_source: config.download_source(),
             opamp_sockets: Default::default(),
             pacer: Arc::default(),
             agent_ca: read_agent_ca(config)?,
