@@ -20,6 +20,7 @@ mod hostile_archives;
 mod hostile_clients;
 mod install;
 mod long_poll;
+mod networks;
 mod no_waiting;
 mod opamp;
 mod opamp_hostile;

@@ -314,10 +314,13 @@ pub fn explain(message: &str, via: &Chosen) -> Option<String> {
         ))
     } else if lower.contains("tunnel error: unsuccessful") {
         Some(format!(
-            "the proxy {proxy} refused to open a CONNECT tunnel to the server: ask its operator to allow CONNECT to the server's host and port"
+            "the proxy {proxy} did not open a CONNECT tunnel to the server: the server may be down, or the proxy may not allow CONNECT to its host and port (ask its operator)"
         ))
     } else if lower.contains("failed to create underlying connection")
         || lower.contains("tunnel error: unexpected end of file")
+        // The only connection the agent makes itself is to the proxy.
+        || lower.contains("tcp connect error")
+        || lower.contains("connection refused")
     {
         Some(format!(
             "cannot reach the proxy {proxy}: check that it runs, or change {}",
@@ -627,6 +630,12 @@ mod tests {
             "{said}"
         );
         assert!(!said.contains("hunter2"), "{said}");
+        let said = explain(
+            "http://s/agent/connect: error sending request: client error (Connect): tcp connect error: Connection refused (os error 111)",
+            &via,
+        )
+        .unwrap();
+        assert!(said.contains("cannot reach the proxy"), "{said}");
         let said = explain("tunnel error: unsuccessful", &via).unwrap();
         assert!(said.contains("CONNECT"), "{said}");
         let said = explain(
