@@ -394,3 +394,48 @@ fn bundle_bytes_come_from_nginx_and_a_source_that_fails_falls_back_to_the_server
         "{access}"
     );
 }
+
+#[test]
+fn the_install_script_fetches_through_the_proxy_it_is_given_and_hands_it_to_the_agent() {
+    e2e::require_tool("curl");
+    let ctx = TestContext::new();
+    let (b1, _) = bundles(&ctx);
+    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
+    ctx.publish_served(&server, &b1);
+    let squid = Squid::start(&ctx, "squid", &[server.port], Some(("alice", PASSWORD)));
+    let proxy = squid.url(Some(("alice", PASSWORD)));
+    let out = e2e::run(Command::new("sh").arg("-c").arg(format!(
+        "curl -fsSL {} | sh -s -- --no-systemd --prefix {} --proxy {proxy}",
+        server.url("/install.sh"),
+        ctx.path("p").display()
+    )));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}");
+    assert!(!said.contains(PASSWORD), "{said}");
+    assert!(
+        said.contains(&format!("http://alice:***@127.0.0.1:{}", squid.port)),
+        "{said}"
+    );
+    // The script's own downloads went through squid, as alice.
+    let log = squid.access_log();
+    let download = format!("GET {}", server.url("/agentupdate/download"));
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&download) && l.contains(" alice ") && l.contains("/200 ")),
+        "{log}"
+    );
+    // And so does the agent it installed.
+    let home = fs::canonicalize(ctx.path("p/agent")).unwrap();
+    assert!(read_file(&home.join("conf/agent.toml")).contains(&format!("proxy = \"{proxy}\"")));
+    wait_until(WAIT, "the installed agent to register", || {
+        !admin_agents(server.port, TOKEN).is_empty()
+    });
+    let register = format!("POST {}", server.url("/agent/register"));
+    wait_until(Duration::from_secs(30), "squid to log the register", || {
+        squid.access_log().contains(&register)
+    });
+}
