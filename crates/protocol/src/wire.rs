@@ -124,15 +124,13 @@ impl VersionInfo {
                 "agent.latest.filename {filename:?} is not a plain file name"
             )));
         }
-        let download_source = match p.get(PROP_DOWNLOAD_SOURCE).map(str::trim) {
-            None | Some("") => None,
-            Some(url) if is_download_source(url) => Some(url.to_owned()),
-            Some(url) => {
-                return Err(Error::Mismatch(format!(
-                    "{PROP_DOWNLOAD_SOURCE} {url:?} is not an http:// or https:// URL"
-                )));
-            }
-        };
+        // A source that is no plain URL is no source: the bundle comes from the server,
+        // as it would after any other failure of the source.
+        let download_source = p
+            .get(PROP_DOWNLOAD_SOURCE)
+            .map(str::trim)
+            .filter(|url| is_download_source(url))
+            .map(str::to_owned);
         Ok(Self {
             server_version: p.get("server.version").unwrap_or_default().to_owned(),
             server_build: p.get("server.build-number").unwrap_or_default().to_owned(),
@@ -434,10 +432,11 @@ mod tests {
             Some("https://cdn.example/agent/agent-bundle-2.2.0")
         );
         assert_eq!(info().source_url(), None);
-        for bad in ["ftp://x/", "https://x/?a=", "file:///etc", "https://"] {
+        for bad in ["ftp://x/", "https://x/?a=", "file:///etc", "https://", ""] {
             let mut p = info().to_properties();
             p.set(PROP_DOWNLOAD_SOURCE, bad);
-            assert!(VersionInfo::from_properties(&p).is_err(), "{bad}");
+            let read = VersionInfo::from_properties(&p).unwrap();
+            assert_eq!(read.source_url(), None, "{bad}");
         }
     }
 

@@ -476,6 +476,32 @@ mod tests {
     }
 
     #[test]
+    fn a_download_source_is_an_http_url_and_empty_means_this_server() {
+        assert_eq!(
+            Config::load(None, &VarMap::default())
+                .unwrap()
+                .download_source(),
+            None
+        );
+        let env = VarMap(vec![(
+            "UPDATE_SERVER_DOWNLOADS_PUBLIC_URL".into(),
+            "https://cdn.example/agent/".into(),
+        )]);
+        assert_eq!(
+            Config::load(None, &env).unwrap().download_source().as_deref(),
+            Some("https://cdn.example/agent")
+        );
+        for bad in ["cdn.example/agent", "ftp://cdn/", "https://cdn/?x=1"] {
+            let env = VarMap(vec![(
+                "UPDATE_SERVER_DOWNLOADS_PUBLIC_URL".into(),
+                bad.into(),
+            )]);
+            let err = Config::load(None, &env).unwrap_err().to_string();
+            assert!(err.contains("downloads.public-url"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn unknown_key_names_the_key_and_file() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("server.toml");

@@ -311,6 +311,11 @@ pub async fn serve(
         },
         config.server.home.display()
     );
+    if let Some(source) = &state.inner.download_source {
+        tracing::info!(
+            "agents fetch bundle bytes from {source}/<bundle file name> (downloads.public-url), from this server when that fails"
+        );
+    }
     // Tests and scripts read this line to learn the port.
     println!("listening on {local}");
 

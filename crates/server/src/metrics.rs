@@ -543,3 +543,18 @@ pub fn health(unhealthy: i64, restarts: i64) -> String {
     let _ = writeln!(out, "agentupdate_workload_restarts {restarts}");
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_counts_where_the_bundle_came_from() {
+        let m = Metrics::default();
+        for from in [Some("source"), Some("server"), Some("source"), None, Some("x")] {
+            m.bundle_from(from);
+        }
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!((get(&m.from_source), get(&m.source_fallbacks)), (2, 1));
+    }
+}
