@@ -187,6 +187,9 @@ async fn serve(
         home.root().display(),
         config.server.urls.join(", ")
     );
+    if let Some(route) = client.proxies().describe() {
+        tracing::info!("proxy: {route}");
+    }
 
     let heartbeat = config.agent.heartbeat.max(Duration::from_millis(100));
     let mut retry = Retry::new(heartbeat, config.update.max_retry_after)

@@ -24,6 +24,10 @@ pub fn render(install: &Installation, config: &Config) -> String {
         .unwrap_or_else(|_| "(none yet: made on first start)".into());
     let _ = writeln!(out, "id:       {id}");
     let _ = writeln!(out, "servers:  {}", config.server.urls.join(", "));
+    if let Some(line) = crate::proxy::status_line(&config.proxy(), &|name| std::env::var(name).ok())
+    {
+        let _ = writeln!(out, "proxy:    {line}");
+    }
     let _ = writeln!(
         out,
         "updates:  {}",

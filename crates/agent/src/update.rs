@@ -28,6 +28,7 @@ use crate::download::{self, DownloadError, Limits};
 use crate::home::Installation;
 use crate::retry::Failure;
 use crate::sleep::sleep_or_shutdown;
+use crate::source;
 
 /// Failed downloads (not counting `503`s, which the server manages) before giving up
 /// for this round.
@@ -65,6 +66,8 @@ pub struct Ready {
     pub info: VersionInfo,
     pub verified: Verified,
     pub timings: Timings,
+    /// Where the bytes came from, for the `INSTALLING` report (see [`source::Attempt`]).
+    pub bundle_from: Option<&'static str>,
 }
 
 fn degraded(reason: impl Into<String>) -> Outcome {
@@ -174,10 +177,19 @@ pub async fn fetch_verified(
     } else {
         None
     };
+    // Deltas stay with the server; a whole bundle comes from its download source, if
+    // it names one that serves it.
+    let from_source = match via_delta {
+        Some(_) => source::Attempt::NoSource,
+        None => source::try_source(ctx.client, &info, &dir, &limits).await,
+    };
+    let bundle_from = from_source.bundle_from();
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
     let mut attempt = 0u32;
     let downloaded = if let Some(rebuilt) = via_delta {
         rebuilt
+    } else if let Some(downloaded) = from_source.downloaded() {
+        downloaded
     } else {
         loop {
             attempt += 1;
@@ -265,6 +277,7 @@ pub async fn fetch_verified(
         info,
         verified,
         timings,
+        bundle_from,
     })
 }
 
@@ -479,7 +492,7 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
         status: UpdateStatus::Installing,
         error: None,
     };
-    if let Err(e) = ctx.client.report(&report).await {
+    if let Err(e) = ctx.client.report_from(&report, ready.bundle_from).await {
         tracing::warn!("could not report INSTALLING ({e}); it is not needed for the update");
     }
 
@@ -616,6 +629,7 @@ mod tests {
             sha256: sha256.clone(),
             size: 1,
             filename: "agent-bundle-2.0.0".into(),
+            download_source: None,
         };
         let running = tempfile::tempdir().unwrap();
         let check = |platform: &str| {

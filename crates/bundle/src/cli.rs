@@ -60,6 +60,12 @@ pub struct Cli {
     #[arg(long, value_name = "URL", requires = "install")]
     server_url: Option<String>,
 
+    /// With --install: the HTTP proxy the agent reaches its server through
+    /// (server.proxy): http://[user:password@]host:port, or "none" to ignore the
+    /// environment's https_proxy.
+    #[arg(long, value_name = "URL", requires = "install")]
+    proxy: Option<String>,
+
     /// Update the agent installed at AGENT_HOME to the carried version.
     #[arg(long, value_name = "AGENT_HOME", num_args = 0..=1, default_missing_value = ".")]
     update: Option<PathBuf>,
@@ -271,6 +277,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             enroll_token: cli.enroll_token.as_deref(),
             group: cli.group.as_deref(),
             server_url: cli.server_url.as_deref(),
+            proxy: cli.proxy.as_deref(),
         });
     }
     if let Some(home) = &cli.update {
@@ -484,6 +491,13 @@ fn run_install(request: &InstallRequest<'_>) -> Result<ExitCode> {
     }
     if let Some(url) = request.server_url {
         let _ = writeln!(out, "It talks to the update server {url} (server.urls).");
+    }
+    if let Some(proxy) = request.proxy {
+        let _ = writeln!(
+            out,
+            "It reaches the server through the proxy {} (server.proxy).",
+            install::shown_proxy(proxy)
+        );
     }
     if request.enroll_token.is_some() {
         let _ = writeln!(

@@ -33,6 +33,7 @@ pub const KEYS: &[Key] = &[
     key("downloads", "limit", Kind::Int),
     key("downloads", "retry-after", Kind::Seconds),
     key("downloads", "stall-timeout", Kind::Seconds),
+    key("downloads", "public-url", Kind::Str),
     key("bundle", "public-key", Kind::Str),
     key("agents", "accept", Kind::Str),
     key("agents", "enrollment-token", Kind::Str),
@@ -106,6 +107,9 @@ pub struct DownloadsSection {
     /// Seconds a download may go without its client taking a byte before it is ended
     /// and its slot freed.
     pub stall_timeout: u64,
+    /// Where agents fetch bundle bytes (`<public-url>/<bundle file name>`): an nginx, a
+    /// CDN, an object store holding the release's files. Empty: from this server.
+    pub public_url: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -215,6 +219,7 @@ impl Default for DownloadsSection {
             limit: 45,
             retry_after: 30,
             stall_timeout: 60,
+            public_url: String::new(),
         }
     }
 }
@@ -276,6 +281,12 @@ impl Config {
             return Err("database.pool-size must be at least 1".into());
         }
         self.rollout_plan()?;
+        let source = self.downloads.public_url.trim();
+        if !source.is_empty() && !agent_protocol::wire::is_download_source(source) {
+            return Err(format!(
+                "downloads.public-url {source:?} is not an http:// or https:// URL without a query; name the directory that holds the release's files, e.g. https://cdn.example/agent"
+            ));
+        }
         if self.tls.cert.is_empty() != self.tls.key.is_empty() {
             return Err("tls.cert and tls.key go together: set both for HTTPS, or neither".into());
         }
@@ -339,6 +350,12 @@ impl Config {
             Ok(addr) => format!("{scheme}://{addr}"),
             Err(_) => format!("{scheme}://{}", self.server.listen),
         }
+    }
+
+    /// `downloads.public-url` without a trailing `/`; `None`: agents download from here.
+    pub fn download_source(&self) -> Option<String> {
+        let url = self.downloads.public_url.trim().trim_end_matches('/');
+        (!url.is_empty()).then(|| url.to_owned())
     }
 
     /// `server.public-url` without a trailing `/`, or this server's own address.
@@ -497,6 +514,32 @@ mod tests {
             err.contains("rollout.wave-wait") && err.contains("\"15m\"") && err.contains("(90)"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_download_source_is_an_http_url_and_empty_means_this_server() {
+        assert_eq!(
+            Config::load(None, &VarMap::default())
+                .unwrap()
+                .download_source(),
+            None
+        );
+        let env = VarMap(vec![(
+            "UPDATE_SERVER_DOWNLOADS_PUBLIC_URL".into(),
+            "https://cdn.example/agent/".into(),
+        )]);
+        assert_eq!(
+            Config::load(None, &env).unwrap().download_source().as_deref(),
+            Some("https://cdn.example/agent")
+        );
+        for bad in ["cdn.example/agent", "ftp://cdn/", "https://cdn/?x=1"] {
+            let env = VarMap(vec![(
+                "UPDATE_SERVER_DOWNLOADS_PUBLIC_URL".into(),
+                bad.into(),
+            )]);
+            let err = Config::load(None, &env).unwrap_err().to_string();
+            assert!(err.contains("downloads.public-url"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -134,6 +134,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             stall_timeout: Duration::from_secs(config.downloads.stall_timeout),
             max_wait: Duration::from_secs(config.agents.max_wait),
             public_url: config.public_url(),
+            download_source: config.download_source(),
             opamp_sockets: Default::default(),
             pacer: Arc::default(),
             agent_ca: read_agent_ca(config)?,
@@ -320,6 +321,11 @@ pub async fn serve(
         },
         config.server.home.display()
     );
+    if let Some(source) = &state.inner.download_source {
+        tracing::info!(
+            "agents fetch bundle bytes from {source}/<bundle file name> (downloads.public-url), from this server when that fails"
+        );
+    }
     // Tests and scripts read this line to learn the port.
     println!("listening on {local}");
 

@@ -544,6 +544,8 @@ impl BundleStore {
                 sha256: digests.sha256_hex(),
                 size: digests.size,
                 filename,
+                // Named per answer, from the configuration (routes/download.rs).
+                download_source: None,
             },
             platform: facts.platform,
             data,
@@ -685,6 +687,7 @@ pub(crate) mod tests {
                 sha256: sha256.clone(),
                 size: 0,
                 filename: format!("agent-bundle-{}-{platform}", agent.version_str()),
+                download_source: None,
                 agent,
             },
             platform: platform.into(),

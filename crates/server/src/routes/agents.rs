@@ -657,6 +657,11 @@ pub(super) async fn report(
         report.status = UpdateStatus::Retrying;
     }
     inc(&state.inner.metrics.reports);
+    let from = headers.get(wire::BUNDLE_FROM_HEADER);
+    state
+        .inner
+        .metrics
+        .bundle_from(from.and_then(|v| v.to_str().ok()));
     tracing::info!(agent = %report.id, from = %report.from, to = %report.to, status = report.status.as_str(), error = ?report.error, "update report");
     state
         .inner

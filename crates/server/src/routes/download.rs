@@ -132,6 +132,9 @@ pub(super) async fn version(State(state): State<AppState>, Query(ask): Query<Ask
         Err(r) => return *r,
     };
     let mut props = bundle.info.to_properties();
+    if let Some(source) = &state.inner.download_source {
+        props.set(wire::PROP_DOWNLOAD_SOURCE, source);
+    }
     props.set(layout::PROP_LATEST_PLATFORM, &bundle.platform);
     props.set(wire::PROP_LATEST_PLATFORMS, &release.platforms().join(","));
     (
