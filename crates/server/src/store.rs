@@ -55,6 +55,10 @@ impl ServedBundle {
 pub struct Release {
     /// Its primary bundle first (see [`Release::assemble`]), then by platform.
     bundles: Vec<Arc<ServedBundle>>,
+    /// Each bundle's `/agentupdate/version` answer, made at its first request: the most
+    /// asked question of a fleet costs a copy of a few hundred bytes, not a properties
+    /// map built, filled and printed every time.
+    version_texts: Vec<std::sync::OnceLock<Bytes>>,
 }
 
 impl Release {
@@ -86,7 +90,33 @@ impl Release {
                 describe(&pair[1])
             ));
         }
-        Ok(Self { bundles })
+        let version_texts = bundles.iter().map(|_| std::sync::OnceLock::new()).collect();
+        Ok(Self {
+            bundles,
+            version_texts,
+        })
+    }
+
+    /// The `/agentupdate/version` answer for `bundle` (one of this release's), naming
+    /// `source` as where its bytes may be fetched. The server's source never changes
+    /// while it runs, so the text is made once.
+    pub fn version_text(&self, bundle: &Arc<ServedBundle>, source: Option<&str>) -> Bytes {
+        let make = || {
+            let mut props = bundle.info.to_properties();
+            if let Some(source) = source {
+                props.set(agent_protocol::wire::PROP_DOWNLOAD_SOURCE, source);
+            }
+            props.set(agent_protocol::layout::PROP_LATEST_PLATFORM, &bundle.platform);
+            props.set(
+                agent_protocol::wire::PROP_LATEST_PLATFORMS,
+                &self.platforms().join(","),
+            );
+            Bytes::from(props.to_text())
+        };
+        match self.bundles.iter().position(|b| Arc::ptr_eq(b, bundle)) {
+            Some(i) => self.version_texts[i].get_or_init(make).clone(),
+            None => make(),
+        }
     }
 
     /// The bundle a plain `/agentupdate/version` describes.
