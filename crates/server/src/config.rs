@@ -529,7 +529,10 @@ mod tests {
             "https://cdn.example/agent/".into(),
         )]);
         assert_eq!(
-            Config::load(None, &env).unwrap().download_source().as_deref(),
+            Config::load(None, &env)
+                .unwrap()
+                .download_source()
+                .as_deref(),
             Some("https://cdn.example/agent")
         );
         for bad in ["cdn.example/agent", "ftp://cdn/", "https://cdn/?x=1"] {

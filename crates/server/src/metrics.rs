@@ -551,7 +551,13 @@ mod tests {
     #[test]
     fn a_report_counts_where_the_bundle_came_from() {
         let m = Metrics::default();
-        for from in [Some("source"), Some("server"), Some("source"), None, Some("x")] {
+        for from in [
+            Some("source"),
+            Some("server"),
+            Some("source"),
+            None,
+            Some("x"),
+        ] {
             m.bundle_from(from);
         }
         let get = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);

@@ -106,7 +106,10 @@ impl Release {
             if let Some(source) = source {
                 props.set(agent_protocol::wire::PROP_DOWNLOAD_SOURCE, source);
             }
-            props.set(agent_protocol::layout::PROP_LATEST_PLATFORM, &bundle.platform);
+            props.set(
+                agent_protocol::layout::PROP_LATEST_PLATFORM,
+                &bundle.platform,
+            );
             props.set(
                 agent_protocol::wire::PROP_LATEST_PLATFORMS,
                 &self.platforms().join(","),
