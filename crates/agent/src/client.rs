@@ -43,9 +43,22 @@ pub enum CommError {
     },
     #[error("{url}: {message}")]
     Garbage { url: String, message: String },
-    /// Each server's failure, so that `agent status` can say why.
-    #[error("no update-server answered: {0}")]
-    AllDown(String),
+    /// Which servers were tried; `why` keeps each one's failure for `agent status` and
+    /// the wrapper (the log has said each failure once already, so the message does
+    /// not repeat them).
+    #[error("no update-server answered (tried {tried})")]
+    AllDown { tried: String, why: String },
+}
+
+impl CommError {
+    /// The whole reason, for a person asking why: each server's failure when none
+    /// answered.
+    pub fn why(&self) -> String {
+        match self {
+            CommError::AllDown { why, .. } => format!("no update-server answered: {why}"),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// What a server said to register or connect.
@@ -389,7 +402,7 @@ impl Client {
                 }
                 Err(e) => {
                     self.say_failure(self.base(), &e);
-                    tried.push(e.to_string());
+                    tried.push((self.base().to_owned(), e.to_string()));
                     if self.urls.len() > 1 {
                         self.current = (self.current + 1) % self.urls.len();
                         tracing::info!("failing over to {}", self.base());
@@ -398,7 +411,7 @@ impl Client {
                 }
             }
         }
-        Err(CommError::AllDown(tried.join("; ")))
+        Err(all_down(&tried))
     }
 
     async fn hello_once(
@@ -564,12 +577,13 @@ impl Client {
                 Ok(resp) if resp.status().is_success() => return Ok(base.clone()),
                 Ok(resp) => {
                     let status = resp.status();
-                    tried.push(status_error(&url, status, resp).await.to_string());
+                    let e = status_error(&url, status, resp).await;
+                    tried.push((base.clone(), e.to_string()));
                 }
-                Err(e) => tried.push(network(&url, e).to_string()),
+                Err(e) => tried.push((base.clone(), network(&url, e).to_string())),
             }
         }
-        Err(CommError::AllDown(tried.join("; ")))
+        Err(all_down(&tried))
     }
 
     /// `POST /agentupdate/report`.
@@ -624,6 +638,22 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     message
+}
+
+/// Every server failed: `(base URL, its failure)` of each.
+fn all_down(tried: &[(String, String)]) -> CommError {
+    CommError::AllDown {
+        tried: tried
+            .iter()
+            .map(|(base, _)| base.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        why: tried
+            .iter()
+            .map(|(_, why)| why.as_str())
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
 }
 
 fn network(url: &str, e: reqwest::Error) -> CommError {

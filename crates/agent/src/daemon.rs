@@ -306,7 +306,7 @@ async fn serve(
                 }
             }
             Err(e) => {
-                last_errors::record(&home, last_errors::Kind::Contact, &e.to_string());
+                last_errors::record(&home, last_errors::Kind::Contact, &e.why());
                 tracing::warn!("{e}; trying again in {:?}", heartbeat)
             }
         }
