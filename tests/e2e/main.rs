@@ -34,6 +34,7 @@ mod page;
 mod platforms;
 mod quickstart;
 mod remote_config;
+mod rollback;
 mod rollout;
 mod server;
 mod sim;

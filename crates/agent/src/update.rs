@@ -152,6 +152,16 @@ pub async fn fetch_verified(
         read_timeout: ctx.config.update.read_timeout,
         deadline: ctx.config.update.download_timeout,
     };
+    // A version this machine kept (the one before, for rollback) with the very bundle
+    // the server names: nothing crosses the wire. Its bytes are checked below as a
+    // download's are, against the server's hashes and its new signature.
+    if take_kept_bundle(home, &info, &dir) {
+        tracing::info!(
+            "{} is kept here (versions/{}/bundle, same sha256): switching back to it without a download",
+            info.agent,
+            info.agent
+        );
+    }
     let via_delta = if ctx.config.update.deltas && !download::bundle_path(&dir, &info).exists() {
         let claim = running_claim(&ctx.install.version_dir);
         let request = delta::Request {
@@ -332,6 +342,33 @@ pub async fn check_offer(
         retired,
         signature,
     })
+}
+
+/// Copies the bundle a kept version was installed from to where a download of `info`
+/// goes, when it is that very bundle (its sha256 is the server's); true if it did.
+fn take_kept_bundle(home: &AgentHome, info: &VersionInfo, dir: &Path) -> bool {
+    let kept = home.version_dir(&info.agent).join(layout::KEPT_BUNDLE_FILE);
+    let target = download::bundle_path(dir, info);
+    if target.exists() || !kept.is_file() {
+        return false;
+    }
+    let same = std::fs::File::open(&kept)
+        .and_then(agent_protocol::digest::Digests::of_reader)
+        .is_ok_and(|d| d.sha256_hex() == info.sha256 && d.size == info.size);
+    if !same {
+        return false;
+    }
+    match std::fs::copy(&kept, &target) {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(
+                "cannot take the kept bundle {} ({e}); downloading instead",
+                kept.display()
+            );
+            let _ = std::fs::remove_file(&target);
+            false
+        }
+    }
 }
 
 /// The key bundles must be signed with (`update.public-key`), or why there is none.

@@ -171,6 +171,16 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
+    /// Sign bundles again, today (signed-at now), leaving their bytes as they are: the
+    /// way back to a release the fleet ran before (agents refuse an older signature).
+    Sign {
+        /// The secret key (update.key).
+        #[arg(long, value_name = "FILE")]
+        key: PathBuf,
+        /// The bundles; each gets a fresh FILE.minisig beside it.
+        #[arg(required = true, value_name = "FILE")]
+        bundles: Vec<PathBuf>,
+    },
     /// Verify a bundle's signature, trusted comment and contents.
     Verify {
         /// The bundle file.
@@ -425,6 +435,22 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 files.public.display(),
                 files.signature.display()
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Sign { key, bundles }) => {
+            let key = keygen::read_secret_key(&key)?;
+            let now = pack::now_secs();
+            for bundle in &bundles {
+                let signed = crate::sign::sign(bundle, &key, now)?;
+                println!(
+                    "Signed {} again ({} for {}, sha256 {}, signed-at {now}): {}",
+                    bundle.display(),
+                    signed.claim.version,
+                    signed.claim.platform,
+                    signed.claim.sha256,
+                    signed.signature.display()
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Verify {
