@@ -182,10 +182,15 @@ EOF
     read -r nginx_b nginx_s nginx_f <"$work/net-nginx.json.bytes"
     # shellcheck disable=SC2016 # an awk program
     local mib_of='{ printf "%.1f MiB", $1 / 1048576 }'
+    # The knobs that were set are part of the command that made the numbers.
+    local knobs=() knob
+    for knob in NETWORKS_ROUNDS NETWORKS_MIB NETWORKS_AGENTS; do
+        [[ -n ${!knob:-} ]] && knobs+=("$knob=${!knob}")
+    done
     write_section networks <<EOF
 ### Networks: through squid, and bytes from a download source
 
-\`$(bench_command networks)\` on $(machine). Bundle $(awk -v b="$size" 'BEGIN { printf "%.1f MiB", b / 1048576 }') over HTTPS with a pinned CA, $rounds rounds of each, alternating; squid 5.7 (Debian) with basic authentication, the agent through its CONNECT tunnel (\`server.proxy\`); deltas off. Median (min–max).
+\`${knobs[*]:+${knobs[*]} }$(bench_command networks)\` on $(machine). Bundle $(awk -v b="$size" 'BEGIN { printf "%.1f MiB", b / 1048576 }') over HTTPS with a pinned CA, $rounds rounds of each, alternating; squid 5.7 (Debian) with basic authentication, the agent through its CONNECT tunnel (\`server.proxy\`); deltas off. Median (min–max).
 
 | | update (agent start to committed) | download (the agent's own count) |
 |---|---|---|
