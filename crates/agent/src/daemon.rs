@@ -645,14 +645,13 @@ async fn on_refused(
         Ok(r) => r,
         Err(Outcome::ShuttingDown) => return Some(RunEnd::Stopped),
         Err(Outcome::Degraded { reason, failure }) => {
-            last_errors::record(&install.home, last_errors::Kind::Update, &reason);
-            let now = Instant::now();
-            let next = retry.failed(offer, failure, now, &mut rand::rng());
-            tracing::warn!(
-                "running degraded: {reason}; {}",
-                retry::when_again(next, now)
-            );
-            tell_failure(install, client, id, offer, failure, &reason, retry).await;
+            let round = Round {
+                install,
+                client,
+                id,
+                offer,
+            };
+            round_failed(&round, failure, &reason, "running degraded", retry).await;
             return None;
         }
     };
@@ -677,56 +676,62 @@ async fn on_refused(
                     Some(RunEnd::HandedOff { to: to.clone() })
                 }
                 update::HandOff::Stay(why) => {
-                    last_errors::record(
-                        &install.home,
-                        last_errors::Kind::Update,
-                        &format!("the update to {to} stopped before the switch: {why}"),
-                    );
-                    let now = Instant::now();
-                    let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
-                    let reason = format!("the update to {to} stopped before the switch: {why}");
-                    tracing::warn!(
-                        "{reason}; {} keeps running, {}",
-                        install.version,
-                        retry::when_again(next, now)
-                    );
-                    tell_failure(
+                    let round = Round {
                         install,
                         client,
                         id,
                         offer,
-                        Failure::Transient,
-                        &reason,
-                        retry,
-                    )
-                    .await;
+                    };
+                    let reason = format!(
+                        "the update to {to} stopped before the switch: {why}; {} keeps running",
+                        install.version
+                    );
+                    round_failed(&round, Failure::Transient, &reason, "", retry).await;
                     None
                 }
             }
         }
         Err(e) => {
-            last_errors::record(
-                &install.home,
-                last_errors::Kind::Update,
-                &format!("cannot hand over to the updater: {e}"),
-            );
-            let now = Instant::now();
-            let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
-            let reason = format!("cannot hand over to the updater: {e}");
-            tracing::error!("{reason}; {}", retry::when_again(next, now));
-            tell_failure(
+            let round = Round {
                 install,
                 client,
                 id,
                 offer,
-                Failure::Transient,
-                &reason,
-                retry,
-            )
-            .await;
+            };
+            let reason = format!("cannot hand over to the updater: {e}");
+            round_failed(&round, Failure::Transient, &reason, "", retry).await;
             None
         }
     }
+}
+
+/// The update round in hand: who, to whom, and for which offer.
+struct Round<'a> {
+    install: &'a Installation,
+    client: &'a Client,
+    id: &'a str,
+    offer: &'a Offer,
+}
+
+/// A round that ended without the switch: remembered for `agent status`, retried on its
+/// failure's pace (said in the log, `prefix` first), and told to the server.
+async fn round_failed(
+    round: &Round<'_>,
+    failure: Failure,
+    reason: &str,
+    prefix: &str,
+    retry: &mut Retry,
+) {
+    last_errors::record(&round.install.home, last_errors::Kind::Update, reason);
+    let now = Instant::now();
+    let next = retry.failed(round.offer, failure, now, &mut rand::rng());
+    let said = if prefix.is_empty() {
+        reason.to_owned()
+    } else {
+        format!("{prefix}: {reason}")
+    };
+    tracing::warn!("{said}; {}", retry::when_again(next, now));
+    tell_failure(round, failure, reason, retry).await;
 }
 
 /// Whether update locks let a verified update start now. Held off, the bundle stays
@@ -807,26 +812,18 @@ async fn locks_released(home: &AgentHome, held_off: bool) {
 /// bundle's fault as `INSTALL_FAILED` (it counts against the rollout, with the agent's
 /// own words), the machine's as `RETRYING`. Through the outbox, so a server that cannot
 /// hear it now hears it later; the same words for the same offer are told once.
-async fn tell_failure(
-    install: &Installation,
-    client: &Client,
-    id: &str,
-    offer: &Offer,
-    failure: Failure,
-    reason: &str,
-    retry: &mut Retry,
-) {
+async fn tell_failure(round: &Round<'_>, failure: Failure, reason: &str, retry: &mut Retry) {
     let Some(status) = retry::report_status(failure) else {
         return;
     };
     let report = Report {
-        id: id.to_owned(),
-        from: install.version.to_string(),
-        to: offer.expected.clone(),
+        id: round.id.to_owned(),
+        from: round.install.version.to_string(),
+        to: round.offer.expected.clone(),
         status,
         error: Some(reason.to_owned()),
     };
-    tell(install, client, report, retry).await;
+    tell(round.install, round.client, report, retry).await;
 }
 
 /// Sends `report` through the outbox, once (the same report again is not news).

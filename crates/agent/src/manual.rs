@@ -2,8 +2,7 @@
 
 use std::process::ExitCode;
 
-use agent_protocol::layout::{self, AgentHome};
-use agent_protocol::wire::AgentHello;
+use agent_protocol::layout::AgentHome;
 use agent_updater::state;
 use tokio::sync::watch;
 
@@ -18,13 +17,7 @@ pub async fn update(
     check: bool,
 ) -> anyhow::Result<ExitCode> {
     let id = crate::identity::load_or_create(&install.home)?;
-    let hello = AgentHello {
-        id: id.clone(),
-        name: crate::identity::host_name(),
-        platform: layout::PLATFORM.to_owned(),
-        group: config.agent.group(),
-        health: None,
-    };
+    let hello = crate::identity::hello(&id, config);
     let client = Client::new(
         config.server.urls.clone(),
         install.version.clone(),

@@ -13,8 +13,7 @@ use std::io::{BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
-use agent_protocol::layout::{self, AgentHome};
-use agent_protocol::wire::AgentHello;
+use agent_protocol::layout::AgentHome;
 use anyhow::Context;
 
 use crate::client::{Client, Trust};
@@ -161,13 +160,7 @@ async fn tell_the_server(
         );
         return;
     };
-    let hello = AgentHello {
-        id: id.clone(),
-        name: crate::identity::host_name(),
-        platform: layout::PLATFORM.to_owned(),
-        group: config.agent.group(),
-        health: None,
-    };
+    let hello = crate::identity::hello(&id, config);
     let client = match Client::new(
         config.server.urls.clone(),
         version.clone(),

@@ -467,14 +467,7 @@ impl Db {
             .bind(id)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(
-            "INSERT INTO settings (key, value) VALUES ($1, $2)
-             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        )
-        .bind(crate::settings::CREDENTIALS_REVISION)
-        .bind(format!("{}-{id}", now_ms()))
-        .execute(&mut *tx)
-        .await?;
+        credentials_changed(&mut tx, id).await?;
         tx.commit().await?;
         Ok(done.rows_affected() == 1)
     }
@@ -526,17 +519,27 @@ impl Db {
                 }
             }
         }
-        sqlx::query(
-            "INSERT INTO settings (key, value) VALUES ($1, $2)
-             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        )
-        .bind(crate::settings::CREDENTIALS_REVISION)
-        .bind(format!("{}-{id}", now_ms()))
-        .execute(&mut *tx)
-        .await?;
+        credentials_changed(&mut tx, id).await?;
         tx.commit().await?;
         Ok(true)
     }
+}
+
+/// Moves the credentials revision (in `tx`, with the change to `id`'s credentials), so
+/// every server of the fleet drops the tokens it trusts from memory.
+async fn credentials_changed(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    id: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO settings (key, value) VALUES ($1, $2)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    )
+    .bind(crate::settings::CREDENTIALS_REVISION)
+    .bind(format!("{}-{id}", now_ms()))
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 /// Contacts per statement: a flush of a second of 20,000 long-polling agents is a few

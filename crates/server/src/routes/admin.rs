@@ -159,6 +159,13 @@ pub(super) async fn agents(
     Ok(Json(rows).into_response())
 }
 
+fn unknown_agent(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no agent {id:?} is known; `update-server agents list` shows the fleet"),
+    )
+}
+
 /// `DELETE /admin/agents/{id}/token`: the agent lost its credentials (its `data/` was
 /// wiped); its next register gets new ones.
 pub(super) async fn forget_token(
@@ -171,10 +178,7 @@ pub(super) async fn forget_token(
         .require(s, Action::Change, "agent.forget_token")
         .await?;
     if !s.fleet.forget_token(&id).await? {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("no agent {id:?} is known"),
-        ));
+        return Err(unknown_agent(&id));
     }
     s.fleet.outage.remember_credentials(&id, &Credentials::None);
     tracing::warn!(agent = %id, by = %caller.name, "an operator reset the agent's credentials; its next register gets new ones");
@@ -194,10 +198,7 @@ pub(super) async fn remove_agent(
     let s = &state.inner;
     let caller = auth.require(s, Action::Change, "agent.remove").await?;
     if !s.fleet.revoke(&id, Revocation::Removed).await? {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("no agent {id:?} is known; `update-server agents list` shows the fleet"),
-        ));
+        return Err(unknown_agent(&id));
     }
     tracing::warn!(agent = %id, by = %caller.name, "an operator removed the agent from the fleet; its credentials are revoked");
     caller
@@ -218,10 +219,7 @@ pub(super) async fn override_locks(
         .require(s, Action::Change, "agent.override_locks")
         .await?;
     if s.fleet.db.agent(&id).await?.is_none() {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("no agent {id:?} is known"),
-        ));
+        return Err(unknown_agent(&id));
     }
     let crate::store::Current::Ready(release) = s.store.current() else {
         return Err(ApiError::new(
