@@ -47,6 +47,17 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "unknown-host".to_owned())
 }
 
+/// How this agent introduces itself: `id`, the host name, its platform and group.
+pub fn hello(id: &str, config: &crate::config::Config) -> agent_protocol::wire::AgentHello {
+    agent_protocol::wire::AgentHello {
+        id: id.to_owned(),
+        name: host_name(),
+        platform: agent_protocol::layout::PLATFORM.to_owned(),
+        group: config.agent.group(),
+        health: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,16 +72,5 @@ mod tests {
         assert_eq!(uuid::Uuid::parse_str(&a).unwrap().get_version_num(), 7);
         fs::write(home.identity(), "not an id").unwrap();
         assert!(load_or_create(&home).is_err());
-    }
-}
-
-/// How this agent introduces itself: `id`, the host name, its platform and group.
-pub fn hello(id: &str, config: &crate::config::Config) -> agent_protocol::wire::AgentHello {
-    agent_protocol::wire::AgentHello {
-        id: id.to_owned(),
-        name: host_name(),
-        platform: agent_protocol::layout::PLATFORM.to_owned(),
-        group: config.agent.group(),
-        health: None,
     }
 }
