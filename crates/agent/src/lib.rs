@@ -22,6 +22,7 @@ pub mod error;
 pub mod health;
 pub mod home;
 pub mod identity;
+pub mod os;
 pub mod manual;
 pub mod pacing;
 pub mod recovery;
