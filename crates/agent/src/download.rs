@@ -271,14 +271,14 @@ pub async fn fetch(
 
         let file = agent_extract::os::with_mode(
             OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(!resumed)
-            .append(resumed),
+                .create(true)
+                .write(true)
+                .truncate(!resumed)
+                .append(resumed),
             0o600,
         )
-            .open(&part)
-            .map_err(|e| DownloadError::io(&part, e))?;
+        .open(&part)
+        .map_err(|e| DownloadError::io(&part, e))?;
         let (tx, rx) = mpsc::channel::<bytes::Bytes>(64);
         let sink_path = part.clone();
         let sink = tokio::task::spawn_blocking(move || sink(file, prefix, rx, &sink_path));

@@ -97,7 +97,9 @@ pub async fn finish_interrupted(home: AgentHome, nudge: Nudge) {
                     journal.from,
                     journal.to,
                     journal.phase,
-                    home.update_dir().join(layout::updater_file_name()).display(),
+                    home.update_dir()
+                        .join(layout::updater_file_name())
+                        .display(),
                     journal.bundle_path,
                     home.root().display()
                 );

@@ -417,8 +417,7 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
         .path
         .file_name()
         .ok_or_else(|| "bundle path has no file name".to_owned())?;
-    agent_extract::atomic::name_program(&link, Path::new(file_name))
-        .map_err(|e| e.to_string())?;
+    agent_extract::atomic::name_program(&link, Path::new(file_name)).map_err(|e| e.to_string())?;
     // The signature goes with the bundle: the updater keeps it beside the new version,
     // where the next update's replay check finds it.
     let sig_path = PathBuf::from(format!("{}.minisig", ready.path.display()));

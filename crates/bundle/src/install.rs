@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use agent_extract::{atomic, current};
 use agent_extract::payload::{self, BundleFacts, Payload, PayloadProblem};
 use agent_extract::unpack::{self, Options};
 use agent_extract::verify::{self, Trust};
+use agent_extract::{atomic, current};
 use agent_protocol::layout::{self, AgentHome};
 use agent_protocol::minisign::{PublicKey, Signature};
 use agent_protocol::rotation::Chain;
@@ -607,4 +607,3 @@ const WORKLOAD_CONF: &str = "workload";
 fn set_private(dir: &Path) -> Result<()> {
     agent_extract::os::set_path_mode(dir, 0o700).at(dir)
 }
-

@@ -15,5 +15,6 @@ pub mod install;
 pub mod keygen;
 pub mod pack;
 mod progress;
+pub mod service;
 
 pub use error::{BundleError, Result};

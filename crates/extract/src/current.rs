@@ -24,17 +24,12 @@ pub fn read_name(current: &Path) -> Result<String> {
         let text = crate::atomic::read_text(current, MAX_FILE)?;
         PathBuf::from("versions").join(text.trim())
     };
-    name_of(&named).ok_or_else(|| {
-        crate::Error::Io {
-            path: current.to_path_buf(),
-            source: io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "names {}, not a directory of versions/",
-                    named.display()
-                ),
-            ),
-        }
+    name_of(&named).ok_or_else(|| crate::Error::Io {
+        path: current.to_path_buf(),
+        source: io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("names {}, not a directory of versions/", named.display()),
+        ),
     })
 }
 
@@ -121,7 +116,12 @@ mod tests {
         assert_eq!(read_name(&current).unwrap(), "3.0.0+3");
         point(&current, "4.0.0+4").unwrap();
         assert_eq!(read_name(&current).unwrap(), "4.0.0+4");
-        assert!(fs::symlink_metadata(&current).unwrap().file_type().is_file());
+        assert!(
+            fs::symlink_metadata(&current)
+                .unwrap()
+                .file_type()
+                .is_file()
+        );
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 

@@ -18,9 +18,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agent_extract::{atomic, current};
 use agent_extract::payload::{self, Payload};
 use agent_extract::unpack::{self, Options};
+use agent_extract::{atomic, current};
 use agent_protocol::AgentVersion;
 use agent_protocol::journal::{Health, Journal, Phase};
 use agent_protocol::layout::{self, AgentHome};

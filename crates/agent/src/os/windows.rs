@@ -7,8 +7,8 @@ use std::process::Command;
 
 use windows_sys::Win32::Foundation::{CloseHandle, HANDLE, WAIT_OBJECT_0};
 use windows_sys::Win32::System::Threading::{
-    CREATE_BREAKAWAY_FROM_JOB, CREATE_NEW_PROCESS_GROUP, CreateEventW, DETACHED_PROCESS,
-    INFINITE, WaitForSingleObject,
+    CREATE_BREAKAWAY_FROM_JOB, CREATE_NEW_PROCESS_GROUP, CreateEventW, DETACHED_PROCESS, INFINITE,
+    WaitForSingleObject,
 };
 
 struct Event(HANDLE);
@@ -78,7 +78,11 @@ pub fn detach(cmd: &mut Command) {
 pub fn exchange(a: &Path, b: &Path) -> Result<(), String> {
     let aside = b.with_extension("exchange");
     let fail = |e: std::io::Error, what: &str| {
-        format!("cannot swap {} and {} ({what}): {e}", a.display(), b.display())
+        format!(
+            "cannot swap {} and {} ({what}): {e}",
+            a.display(),
+            b.display()
+        )
     };
     std::fs::rename(b, &aside).map_err(|e| fail(e, "moving the old one aside"))?;
     if let Err(e) = std::fs::rename(a, b) {

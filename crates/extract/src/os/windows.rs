@@ -40,7 +40,12 @@ pub fn reserved_name(name: &OsStr) -> Option<&'static str> {
     if name.ends_with('.') || name.ends_with(' ') {
         return Some("a name ending in a dot or a space");
     }
-    let stem = name.split('.').next().unwrap_or("").trim_end().to_ascii_uppercase();
+    let stem = name
+        .split('.')
+        .next()
+        .unwrap_or("")
+        .trim_end()
+        .to_ascii_uppercase();
     let device = matches!(stem.as_str(), "CON" | "PRN" | "AUX" | "NUL")
         || ((stem.starts_with("COM") || stem.starts_with("LPT"))
             && stem.len() == 4
@@ -131,7 +136,11 @@ pub fn no_follow(opts: &mut OpenOptions) -> &mut OpenOptions {
 
 /// Unix permission bits as Windows' read-only attribute implies them.
 pub fn mode_of(meta: &fs::Metadata) -> u32 {
-    if meta.permissions().readonly() { 0o500 } else { 0o700 }
+    if meta.permissions().readonly() {
+        0o500
+    } else {
+        0o700
+    }
 }
 
 /// Windows runs a file by its extension, not a mode bit: every file counts, and
@@ -145,7 +154,12 @@ pub fn free_bytes(path: &Path) -> io::Result<u64> {
     let mut free: u64 = 0;
     // SAFETY: a NUL-terminated path and a valid out pointer; the other outs may be null.
     let ok = unsafe {
-        GetDiskFreeSpaceExW(dir.as_ptr(), &mut free, std::ptr::null_mut(), std::ptr::null_mut())
+        GetDiskFreeSpaceExW(
+            dir.as_ptr(),
+            &mut free,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
     };
     if ok == 0 {
         return Err(io::Error::last_os_error());

@@ -50,7 +50,8 @@ pub(super) fn image_path(pid: u32) -> Option<PathBuf> {
     let mut buf = vec![0u16; 32768];
     let mut len = buf.len() as u32;
     // SAFETY: `len` is the buffer's size in u16s; the call writes at most that many.
-    let ok = unsafe { QueryFullProcessImageNameW(h.0, PROCESS_NAME_WIN32, buf.as_mut_ptr(), &mut len) };
+    let ok =
+        unsafe { QueryFullProcessImageNameW(h.0, PROCESS_NAME_WIN32, buf.as_mut_ptr(), &mut len) };
     if ok == 0 {
         return None;
     }
@@ -117,7 +118,10 @@ pub(super) fn find_agent(home: &AgentHome) -> Option<u32> {
 /// Sets the agent's stop event (`Global\agent-stop-<pid>`); an agent that has none
 /// (not one of ours, or not yet listening) is left to [`kill`].
 pub(super) fn terminate(pid: u32) {
-    let name: Vec<u16> = layout::stop_event_name(pid).encode_utf16().chain(Some(0)).collect();
+    let name: Vec<u16> = layout::stop_event_name(pid)
+        .encode_utf16()
+        .chain(Some(0))
+        .collect();
     // SAFETY: a NUL-terminated name; a null handle is checked.
     let event = unsafe { OpenEventW(EVENT_MODIFY_STATE, 0, name.as_ptr()) };
     if event.is_null() {

@@ -180,7 +180,6 @@ pub(super) fn unrecorded(home: &AgentHome) -> Option<(u32, Vec<u32>)> {
     (!members.is_empty()).then_some((pgid, members))
 }
 
-
 /// A second read end of one of the workload's output pipes.
 pub type Output = OwnedFd;
 

@@ -188,4 +188,3 @@ pub fn unknown_exit() -> std::process::ExitStatus {
     use std::os::windows::process::ExitStatusExt;
     std::process::ExitStatus::from_raw(u32::MAX)
 }
-

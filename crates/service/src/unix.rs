@@ -1,0 +1,12 @@
+//! Unix has the wrapper script and systemd: this program has nothing to do there.
+
+use std::process::ExitCode;
+
+pub(crate) fn main() -> ExitCode {
+    eprintln!(
+        "agent-service: the agent runs as a Windows service only on Windows; here use <AGENT_HOME>/current/bin/agent-wrapper.sh start|stop|restart|status"
+    );
+    // Keep the decisions compiled (and tested) on every platform.
+    let _ = crate::policy::Backoff::new();
+    ExitCode::from(2)
+}
