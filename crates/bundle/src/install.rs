@@ -416,10 +416,14 @@ fn check_unpacked_version(version_dir: &Path, facts: &BundleFacts) -> Result<()>
             facts.version
         )));
     }
-    if !version_dir.join("bin/agent").is_file() {
-        return Err(BundleError::Invalid(
-            "the distribution has no bin/agent".into(),
-        ));
+    let agent = format!(
+        "agent{}",
+        agent_protocol::platform::exe_suffix(&facts.platform)
+    );
+    if !version_dir.join("bin").join(&agent).is_file() {
+        return Err(BundleError::Invalid(format!(
+            "the distribution has no bin/{agent}"
+        )));
     }
     Ok(())
 }

@@ -1,0 +1,248 @@
+//! Windows machines (DESIGN.md, "Windows"), under Wine: the bundle installs the agent as
+//! a Windows service, the agent registers with its platform, a new release updates it
+//! through the service, a release whose agent cannot run rolls back, a killed agent is
+//! restarted by the service, and stopping the service leaves nothing running.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use e2e::wine::{WINDOWS, WinMachine, run_ok_wine, windows_bin};
+use e2e::{ServerProc, TestContext, admin_agents, http, read_file, stdout, wait_until};
+
+use crate::update::TOKEN;
+
+/// Wine starts processes several times slower than Linux, and a debug agent is large.
+const WAIT: Duration = Duration::from_secs(120);
+
+/// A Windows distribution: the Windows agent (with `marker` appended: PE files ignore
+/// trailing bytes, so each version's program is its own), the service, the stub, and
+/// short timings for the tests.
+fn dist(ctx: &TestContext, dir: &str, marker: &str, key_pub: &Path) -> PathBuf {
+    let root = ctx.path(dir);
+    fs::create_dir_all(root.join("bin")).unwrap();
+    fs::create_dir_all(root.join("conf.default")).unwrap();
+    let mut agent = fs::read(windows_bin("agent")).unwrap();
+    agent.extend_from_slice(marker.as_bytes());
+    fs::write(root.join("bin/agent.exe"), agent).unwrap();
+    fs::copy(
+        windows_bin("agent-service"),
+        root.join("bin/agent-service.exe"),
+    )
+    .unwrap();
+    fs::copy(
+        windows_bin("agent-bundle"),
+        root.join("bin/agent-bundle.exe"),
+    )
+    .unwrap();
+    let defaults = read_file(&e2e::repo_root().join("installer/agent.toml"))
+        .replace("heartbeat = \"30s\"", "heartbeat = \"1s\"")
+        .replace("stability-window = \"10s\"", "stability-window = \"1s\"")
+        .replace("health-timeout = \"60s\"", "health-timeout = \"90s\"");
+    fs::write(root.join("conf.default/agent.toml"), defaults).unwrap();
+    fs::copy(key_pub, root.join("conf.default/update.pub")).unwrap();
+    fs::write(root.join("README.txt"), "The test agent for Windows.\n").unwrap();
+    fs::write(root.join("LICENSE"), "Apache-2.0\n").unwrap();
+    root
+}
+
+/// Packs `dist` with the Windows stub as `agent-bundle-<v>-x86_64-pc-windows-gnu.exe`
+/// and its `.exe.minisig`, as scripts/build-dist.sh names them.
+fn pack(ctx: &TestContext, dist: &Path, version: &str, build: &str, key: &Path) -> PathBuf {
+    let out = format!("out-{version}");
+    let stub = windows_bin("agent-bundle");
+    let packed = ctx.pack_with(
+        dist,
+        version,
+        build,
+        key,
+        &out,
+        &[
+            "--stub",
+            &stub.display().to_string(),
+            "--platform",
+            WINDOWS,
+        ],
+    );
+    let named = ctx
+        .path(&out)
+        .join(format!("agent-bundle-{version}-{WINDOWS}.exe"));
+    fs::rename(&packed, &named).unwrap();
+    fs::rename(
+        format!("{}.minisig", packed.display()),
+        format!("{}.minisig", named.display()),
+    )
+    .unwrap();
+    named
+}
+
+struct Fleet {
+    ctx: TestContext,
+    key: PathBuf,
+    key_pub: PathBuf,
+    server: ServerProc,
+    machine: WinMachine,
+}
+
+/// A server serving 1.0.0 for Windows, and a Windows machine that installed it as a
+/// service pointed at that server.
+fn installed() -> Fleet {
+    let ctx = TestContext::new();
+    let (key, key_pub) = ctx.keygen("keys");
+    let d1 = dist(&ctx, "d1", "agent 1.0.0", &key_pub);
+    let b1 = pack(&ctx, &d1, "1.0.0", "1", &key);
+    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
+    ctx.publish_served(&server, &b1);
+    let machine = WinMachine::new(&ctx, "win");
+    let out = machine.install(&b1, &["--server-url", &server.url("")]);
+    let text = stdout(&out);
+    assert!(text.contains("agent started (pid"), "{text}");
+    assert!(
+        text.contains(&format!("registered the service {}", machine.service)),
+        "{text}"
+    );
+    Fleet {
+        ctx,
+        key,
+        key_pub,
+        server,
+        machine,
+    }
+}
+
+fn row(server: &ServerProc) -> Option<serde_json::Value> {
+    admin_agents(server.port, TOKEN).into_iter().next()
+}
+
+fn wait_row(
+    fleet: &Fleet,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = std::time::Instant::now();
+    loop {
+        let last = row(&fleet.server);
+        if let Some(r) = last.as_ref().filter(|r| cond(r)) {
+            return r.clone();
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "{what}: not within {WAIT:?}; last row {last:?}\n--- service.log:\n{}\n--- update.log:\n{}\n--- agent.log:\n{}",
+            read_file(&fleet.machine.home().join("logs/service.log")),
+            read_file(&fleet.machine.home().join("logs/update.log")),
+            e2e::tail(&fleet.machine.home().join("logs/agent.log"), 40)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn the_bundle_installs_a_running_service_whose_agent_registers_with_its_platform() {
+    let fleet = installed();
+    let home = fleet.machine.home();
+    // `current` is a file naming the version (Windows cannot swap a directory link).
+    assert_eq!(read_file(&home.join("current")).trim(), "1.0.0+1");
+    assert!(
+        fs::symlink_metadata(home.join("current"))
+            .unwrap()
+            .file_type()
+            .is_file()
+    );
+    assert!(home.join("bin/agent-service.exe").is_file());
+
+    let agent = wait_row(&fleet, "the Windows agent to register", |r| {
+        r["platform"] == WINDOWS && r["version"] == "1.0.0+1"
+    });
+    assert_eq!(agent["platform"], WINDOWS, "{agent}");
+
+    let status = run_ok_wine(fleet.machine.agent_cmd().arg("status"));
+    let text = stdout(&status);
+    assert!(text.contains(&format!("agent 1.0.0+1 ({WINDOWS})")), "{text}");
+    assert!(text.contains("(running)"), "{text}");
+    let service = run_ok_wine(&mut fleet.machine.service_cmd("status"));
+    assert!(stdout(&service).contains("agent is running"), "{}", stdout(&service));
+
+    // The server names the Windows bundle by its own name.
+    let download = http(
+        fleet.server.port,
+        "HEAD",
+        &format!("/agentupdate/download?platform={WINDOWS}"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(download.status, 200);
+    assert_eq!(
+        download.header("content-disposition"),
+        Some(format!("attachment; filename=\"agent-bundle-1.0.0-{WINDOWS}.exe\"").as_str())
+    );
+}
+
+#[test]
+fn a_new_release_updates_the_windows_agent_through_its_service() {
+    let fleet = installed();
+    wait_row(&fleet, "the agent to register", |r| r["version"] == "1.0.0+1");
+    let d2 = dist(&fleet.ctx, "d2", "agent 2.0.0", &fleet.key_pub);
+    let b2 = pack(&fleet.ctx, &d2, "2.0.0", "2", &fleet.key);
+    fleet.ctx.republish(&fleet.server, &b2);
+
+    wait_row(&fleet, "the agent to report 2.0.0+2 INSTALLED", |r| {
+        r["version"] == "2.0.0+2" && r["update_status"] == "INSTALLED"
+    });
+    let home = fleet.machine.home();
+    assert_eq!(read_file(&home.join("current")).trim(), "2.0.0+2");
+    fleet.machine.wait_agent_running(WAIT);
+    let log = read_file(&home.join("logs/service.log"));
+    assert!(
+        log.contains("the updater takes over"),
+        "the service did not see the hand-over:\n{log}"
+    );
+    let pid = fleet.machine.agent_pid().unwrap();
+    assert!(
+        log.contains(&format!("started agent (pid {pid}) ")) && log.contains("2.0.0+2"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_release_whose_agent_exits_at_once_rolls_back_on_windows() {
+    let fleet = installed();
+    wait_row(&fleet, "the agent to register", |r| r["version"] == "1.0.0+1");
+    let d2 = dist(&fleet.ctx, "d2", "", &fleet.key_pub);
+    // The stub without a payload: it exits at once with an error.
+    fs::copy(windows_bin("agent-bundle"), d2.join("bin/agent.exe")).unwrap();
+    let b2 = pack(&fleet.ctx, &d2, "2.0.0", "2", &fleet.key);
+    fleet.ctx.republish(&fleet.server, &b2);
+
+    let failed = wait_row(&fleet, "INSTALL_FAILED for 2.0.0+2", |r| {
+        r["update_status"] == "INSTALL_FAILED" && r["version"] == "1.0.0+1"
+    });
+    let error = failed["update_error"].as_str().unwrap_or_default();
+    assert!(!error.is_empty(), "{failed}");
+    let home = fleet.machine.home();
+    assert_eq!(read_file(&home.join("current")).trim(), "1.0.0+1");
+    assert!(!home.join("versions/2.0.0+2").exists());
+    fleet.machine.wait_agent_running(WAIT);
+}
+
+#[test]
+fn a_killed_windows_agent_is_restarted_and_net_stop_leaves_no_process() {
+    let fleet = installed();
+    let m = &fleet.machine;
+    m.wait_agent_running(WAIT);
+    let first = m.agent_pid().unwrap();
+    run_ok_wine(m.cmd("taskkill").args(["/F", "/PID", &first.to_string()]));
+    wait_until(WAIT, "the service to start another agent", || {
+        m.agent_pid().is_some_and(|p| p != first) && m.agent_running()
+    });
+    let log = read_file(&m.home().join("logs/service.log"));
+    assert!(log.contains("restarting in"), "{log}");
+
+    assert!(!m.processes().is_empty());
+    run_ok_wine(m.cmd("net").args(["stop", &m.service]));
+    wait_until(Duration::from_secs(30), "no process of the machine to run", || {
+        m.processes().is_empty()
+    });
+    assert!(!m.agent_running());
+    let log = read_file(&m.home().join("logs/service.log"));
+    assert!(log.contains("stopped agent"), "{log}");
+}
