@@ -220,7 +220,11 @@ fn a_release_whose_agent_exits_at_once_rolls_back_on_windows() {
     assert!(!error.is_empty(), "{failed}");
     let home = fleet.machine.home();
     assert_eq!(read_file(&home.join("current")).trim(), "1.0.0+1");
-    assert!(!home.join("versions/2.0.0+2").exists());
+    assert!(
+        !home.join("versions/2.0.0+2").exists(),
+        "{}",
+        read_file(&home.join("logs/update.log"))
+    );
     fleet.machine.wait_agent_running(WAIT);
 }
 

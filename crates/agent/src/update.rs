@@ -439,7 +439,8 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
         tracing::warn!("could not report INSTALLING ({e}); it is not needed for the update");
     }
 
-    match spawn_updater(home, &ready.path, std::process::id()) {
+    let updater = agent_extract::os::updater_to_run(&ready.path, &link);
+    match spawn_updater(home, updater, std::process::id()) {
         Ok(pid) => Ok(pid),
         Err(e) => {
             // No updater runs: the journal must not claim one does.

@@ -657,7 +657,7 @@ impl Transaction<'_> {
             return;
         };
         for entry in entries.flatten() {
-            let _ = fs::remove_file(entry.path());
+            let _ = agent_extract::os::remove_or_set_aside(&entry.path());
         }
     }
 

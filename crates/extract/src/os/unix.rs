@@ -99,3 +99,17 @@ pub fn create_dir_with_mode(dir: &Path, mode: u32) -> io::Result<()> {
 pub(crate) fn name_program(link: &Path, target: &Path) -> crate::Result<()> {
     crate::atomic::replace_symlink(link, target)
 }
+
+/// The program to start as the updater: the bundle itself (a symlink names it for the
+/// wrapper's recovery).
+pub fn updater_to_run<'a>(bundle: &'a Path, _named: &'a Path) -> &'a Path {
+    bundle
+}
+
+/// Removes a file (Unix removes a running program's name like any other).
+pub fn remove_or_set_aside(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}

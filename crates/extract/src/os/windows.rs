@@ -189,6 +189,37 @@ pub(crate) fn name_program(link: &Path, target: &Path) -> crate::Result<()> {
     let dir = link.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!(".updater.new-{}.exe", std::process::id()));
     let _ = fs::remove_file(&tmp);
-    crate::atomic::link_or_copy(&dir.join(target), &tmp)?;
+    // A copy, never a link: this name is the one run, and a running program's file (any
+    // link to it) cannot be deleted; the bundle itself must stay deletable.
+    crate::atomic::copy_file(&dir.join(target), &tmp)?;
     replace_file(&tmp, link).at(link)
+}
+
+/// The program to start as the updater: the copy [`name_program`] made.
+pub fn updater_to_run<'a>(_bundle: &'a Path, named: &'a Path) -> &'a Path {
+    named
+}
+
+/// Removes a file; one that cannot go (a running program) is renamed aside to a
+/// `.deleted-` name, for a later [`remove_or_set_aside`] in that directory to remove.
+pub fn remove_or_set_aside(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            if name.as_deref().is_some_and(|n| n.starts_with(".deleted-")) {
+                return Err(e);
+            }
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            let aside = path.with_file_name(format!(
+                ".deleted-{nanos}-{}",
+                name.unwrap_or_default()
+            ));
+            fs::rename(path, aside)
+        }
+    }
 }

@@ -30,6 +30,9 @@ pub(super) fn acquire(path: &Path) -> Result<Held> {
     }
     let open = || {
         OpenOptions::new()
+            // std asks for write before it creates; the access itself is access_mode's.
+            .read(true)
+            .write(true)
             .access_mode(GENERIC_READ | GENERIC_WRITE | DELETE)
             .create(true)
             .truncate(false)
