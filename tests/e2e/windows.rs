@@ -57,12 +57,7 @@ fn pack(ctx: &TestContext, dist: &Path, version: &str, build: &str, key: &Path) 
         build,
         key,
         &out,
-        &[
-            "--stub",
-            &stub.display().to_string(),
-            "--platform",
-            WINDOWS,
-        ],
+        &["--stub", &stub.display().to_string(), "--platform", WINDOWS],
     );
     let named = ctx
         .path(&out)
@@ -157,10 +152,17 @@ fn the_bundle_installs_a_running_service_whose_agent_registers_with_its_platform
 
     let status = run_ok_wine(fleet.machine.agent_cmd().arg("status"));
     let text = stdout(&status);
-    assert!(text.contains(&format!("agent 1.0.0+1 ({WINDOWS})")), "{text}");
+    assert!(
+        text.contains(&format!("agent 1.0.0+1 ({WINDOWS})")),
+        "{text}"
+    );
     assert!(text.contains("(running)"), "{text}");
     let service = run_ok_wine(&mut fleet.machine.service_cmd("status"));
-    assert!(stdout(&service).contains("agent is running"), "{}", stdout(&service));
+    assert!(
+        stdout(&service).contains("agent is running"),
+        "{}",
+        stdout(&service)
+    );
 
     // The server names the Windows bundle by its own name.
     let download = http(
@@ -180,7 +182,9 @@ fn the_bundle_installs_a_running_service_whose_agent_registers_with_its_platform
 #[test]
 fn a_new_release_updates_the_windows_agent_through_its_service() {
     let fleet = installed();
-    wait_row(&fleet, "the agent to register", |r| r["version"] == "1.0.0+1");
+    wait_row(&fleet, "the agent to register", |r| {
+        r["version"] == "1.0.0+1"
+    });
     let d2 = dist(&fleet.ctx, "d2", "agent 2.0.0", &fleet.key_pub);
     let b2 = pack(&fleet.ctx, &d2, "2.0.0", "2", &fleet.key);
     fleet.ctx.republish(&fleet.server, &b2);
@@ -206,7 +210,9 @@ fn a_new_release_updates_the_windows_agent_through_its_service() {
 #[test]
 fn a_release_whose_agent_exits_at_once_rolls_back_on_windows() {
     let fleet = installed();
-    wait_row(&fleet, "the agent to register", |r| r["version"] == "1.0.0+1");
+    wait_row(&fleet, "the agent to register", |r| {
+        r["version"] == "1.0.0+1"
+    });
     let d2 = dist(&fleet.ctx, "d2", "", &fleet.key_pub);
     // The stub without a payload: it exits at once with an error.
     fs::copy(windows_bin("agent-bundle"), d2.join("bin/agent.exe")).unwrap();
@@ -243,9 +249,11 @@ fn a_killed_windows_agent_is_restarted_and_net_stop_leaves_no_process() {
 
     assert!(!m.processes().is_empty());
     run_ok_wine(m.cmd("net").args(["stop", &m.service]));
-    wait_until(Duration::from_secs(30), "no process of the machine to run", || {
-        m.processes().is_empty()
-    });
+    wait_until(
+        Duration::from_secs(30),
+        "no process of the machine to run",
+        || m.processes().is_empty(),
+    );
     assert!(!m.agent_running());
     let log = read_file(&m.home().join("logs/service.log"));
     assert!(log.contains("stopped agent"), "{log}");

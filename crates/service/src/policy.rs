@@ -6,12 +6,12 @@ use std::time::Duration;
 use agent_protocol::layout::{EXIT_CONFIG, EXIT_REFUSED};
 
 /// The longest pause between restarts of a crashing agent.
-pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(60);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// An agent that ran this long before it ended starts the backoff over.
-pub(crate) const STABLE: Duration = Duration::from_secs(60);
+pub const STABLE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum AfterExit {
+pub enum AfterExit {
     /// Start it again after this pause.
     Restart(Duration),
     /// Start nothing until asked (why, for the log).
@@ -22,12 +22,18 @@ pub(crate) enum AfterExit {
 
 /// Restart pauses: 1 s doubling to [`BACKOFF_MAX`], back to 1 s after a stable run.
 #[derive(Debug, Clone)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     next: Duration,
 }
 
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Backoff {
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self {
             next: Duration::from_secs(1),
         }
@@ -45,7 +51,7 @@ impl Backoff {
 
 /// After the agent exited with `code` (`None`: no code could be read) having run for
 /// `ran`, with an updater holding `run/update.lock` or not.
-pub(crate) fn after_exit(
+pub fn after_exit(
     code: Option<i32>,
     ran: Duration,
     updater_running: bool,

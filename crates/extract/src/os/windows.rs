@@ -215,10 +215,8 @@ pub fn remove_or_set_aside(path: &Path) -> io::Result<()> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos())
                 .unwrap_or(0);
-            let aside = path.with_file_name(format!(
-                ".deleted-{nanos}-{}",
-                name.unwrap_or_default()
-            ));
+            let aside =
+                path.with_file_name(format!(".deleted-{nanos}-{}", name.unwrap_or_default()));
             fs::rename(path, aside)
         }
     }

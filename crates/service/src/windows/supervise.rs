@@ -16,7 +16,7 @@ use windows_sys::Win32::System::Threading::{
 
 use super::home::{self, Request, log};
 use super::job::Job;
-use crate::policy::{self, AfterExit, Backoff};
+use agent_service::policy::{self, AfterExit, Backoff};
 
 /// How often the service looks at its agent, its requests and the updater.
 const TICK: Duration = Duration::from_millis(50);
