@@ -258,3 +258,62 @@ fn a_killed_windows_agent_is_restarted_and_net_stop_leaves_no_process() {
     let log = read_file(&m.home().join("logs/service.log"));
     assert!(log.contains("stopped agent"), "{log}");
 }
+
+#[test]
+fn a_release_with_another_agent_service_replaces_the_running_services_program() {
+    let fleet = installed();
+    wait_row(&fleet, "the agent to register", |r| {
+        r["version"] == "1.0.0+1"
+    });
+    let home = fleet.machine.home();
+    let installed_before = fs::read(home.join("bin/agent-service.exe")).unwrap();
+    let d2 = dist(&fleet.ctx, "d2", "agent 2.0.0", &fleet.key_pub);
+    let mut service = fs::read(d2.join("bin/agent-service.exe")).unwrap();
+    service.extend_from_slice(b"agent-service 2.0.0");
+    fs::write(d2.join("bin/agent-service.exe"), &service).unwrap();
+    let b2 = pack(&fleet.ctx, &d2, "2.0.0", "2", &fleet.key);
+    fleet.ctx.republish(&fleet.server, &b2);
+
+    wait_row(&fleet, "the agent to report 2.0.0+2 INSTALLED", |r| {
+        r["version"] == "2.0.0+2" && r["update_status"] == "INSTALLED"
+    });
+    let installed_after = fs::read(home.join("bin/agent-service.exe")).unwrap();
+    assert_ne!(installed_after, installed_before);
+    assert_eq!(
+        installed_after, service,
+        "bin\\agent-service.exe is not 2.0.0's"
+    );
+    let log = read_file(&home.join("logs/service.log"));
+    assert!(log.contains("the service restarts itself"), "{log}");
+    assert!(log.contains("runs again on its new program"), "{log}");
+    // The service runs on, from its new program, with the new agent.
+    fleet.machine.wait_agent_running(WAIT);
+    let service_pid = fs::read_to_string(home.join("run/service.pid")).unwrap();
+    let status = stdout(&run_ok_wine(&mut fleet.machine.service_cmd("status")));
+    assert!(
+        status.contains(&format!("Running (pid {})", service_pid.trim())),
+        "{status}"
+    );
+}
+
+#[test]
+fn a_windows_agent_never_takes_a_linux_bundle() {
+    let fleet = installed();
+    wait_row(&fleet, "the agent to register", |r| {
+        r["version"] == "1.0.0+1"
+    });
+    // 2.0.0 for Linux only: the Windows agent has no bundle in it.
+    let linux = fleet.ctx.dist("linux2");
+    let b2 = fleet
+        .ctx
+        .pack(&linux, "2.0.0", "2", &fleet.key, "linux-out");
+    fleet.ctx.republish(&fleet.server, &b2);
+    let row = wait_row(&fleet, "the Windows agent to be NO_BUNDLE", |r| {
+        r["update_status"] == "NO_BUNDLE"
+    });
+    assert_eq!(row["version"], "1.0.0+1", "{row}");
+    let home = fleet.machine.home();
+    assert_eq!(read_file(&home.join("current")).trim(), "1.0.0+1");
+    assert!(!home.join("versions/2.0.0+2").exists());
+    assert!(fleet.machine.agent_running());
+}
