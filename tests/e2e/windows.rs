@@ -180,12 +180,15 @@ fn the_bundle_installs_a_running_service_whose_agent_registers_with_its_platform
 }
 
 #[test]
-fn a_new_release_updates_the_windows_agent_through_its_service() {
+fn a_new_release_reaches_the_windows_agent_as_a_delta_and_updates_it_through_its_service() {
     let fleet = installed();
     wait_row(&fleet, "the agent to register", |r| {
         r["version"] == "1.0.0+1"
     });
-    let d2 = dist(&fleet.ctx, "d2", "agent 2.0.0", &fleet.key_pub);
+    // The same programs, one file changed: the delta names the unchanged files, so the
+    // server makes it at once (a debug agent.exe is too large to diff in a test's time).
+    let d2 = dist(&fleet.ctx, "d2", "agent 1.0.0", &fleet.key_pub);
+    fs::write(d2.join("README.txt"), "The test agent for Windows, 2.0.0.\n").unwrap();
     let b2 = pack(&fleet.ctx, &d2, "2.0.0", "2", &fleet.key);
     fleet.ctx.republish(&fleet.server, &b2);
 
@@ -194,6 +197,12 @@ fn a_new_release_updates_the_windows_agent_through_its_service() {
     });
     let home = fleet.machine.home();
     assert_eq!(read_file(&home.join("current")).trim(), "2.0.0+2");
+    // 1.0.0's bundle, kept beside its version, was the base of a delta.
+    let agent_log = read_file(&home.join("logs/agent.log"));
+    assert!(
+        agent_log.contains("from a delta of"),
+        "the Windows agent did not update through a delta:\n{agent_log}"
+    );
     fleet.machine.wait_agent_running(WAIT);
     let log = read_file(&home.join("logs/service.log"));
     assert!(
