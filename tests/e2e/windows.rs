@@ -204,6 +204,9 @@ fn a_new_release_reaches_the_windows_agent_as_a_delta_and_updates_it_through_its
         "the Windows agent did not update through a delta:\n{agent_log}"
     );
     fleet.machine.wait_agent_running(WAIT);
+    // The old agent left on its own once the new version was on disk.
+    let update_log = read_file(&home.join("logs/update.log"));
+    assert!(!update_log.contains("did not exit"), "{update_log}");
     let log = read_file(&home.join("logs/service.log"));
     assert!(
         log.contains("the updater takes over"),

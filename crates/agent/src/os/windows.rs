@@ -53,7 +53,16 @@ pub fn stop_signal() -> impl std::future::Future<Output = ()> {
         let waited = async move {
             match event {
                 Some(event) => {
-                    let _ = tokio::task::spawn_blocking(move || event.wait()).await;
+                    // A thread of its own, not tokio's blocking pool: the runtime waits
+                    // for its blocking tasks when it ends, and this wait may never end
+                    // (an agent that exits for a hand-over is never signalled).
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    std::thread::spawn(move || {
+                        let _ = tx.send(event.wait());
+                    });
+                    if rx.await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
                 }
                 None => std::future::pending::<()>().await,
             }
