@@ -188,7 +188,11 @@ fn a_new_release_reaches_the_windows_agent_as_a_delta_and_updates_it_through_its
     // The same programs, one file changed: the delta names the unchanged files, so the
     // server makes it at once (a debug agent.exe is too large to diff in a test's time).
     let d2 = dist(&fleet.ctx, "d2", "agent 1.0.0", &fleet.key_pub);
-    fs::write(d2.join("README.txt"), "The test agent for Windows, 2.0.0.\n").unwrap();
+    fs::write(
+        d2.join("README.txt"),
+        "The test agent for Windows, 2.0.0.\n",
+    )
+    .unwrap();
     let b2 = pack(&fleet.ctx, &d2, "2.0.0", "2", &fleet.key);
     fleet.ctx.republish(&fleet.server, &b2);
 
@@ -328,4 +332,32 @@ fn a_windows_agent_never_takes_a_linux_bundle() {
     assert_eq!(read_file(&home.join("current")).trim(), "1.0.0+1");
     assert!(!home.join("versions/2.0.0+2").exists());
     assert!(fleet.machine.agent_running());
+}
+
+#[test]
+fn a_linux_agent_never_takes_a_windows_bundle() {
+    let ctx = TestContext::new();
+    let (key, key_pub) = ctx.keygen("keys");
+    let linux = ctx.dist("linux1");
+    let b1 = ctx.pack(&linux, "1.0.0", "1", &key, "linux-out");
+    let home = ctx.install(&b1, "p");
+    let server = crate::update::serve_to(&ctx, &home, &b1);
+    crate::update::start(&home);
+    wait_until(WAIT, "the Linux agent to register", || {
+        crate::update::agent_record(&server).is_some_and(|r| r["version"] == "1.0.0+1")
+    });
+    // 2.0.0 for Windows only: nothing in it runs on Linux.
+    let d2 = dist(&ctx, "d2", "agent 2.0.0", &key_pub);
+    let b2 = pack(&ctx, &d2, "2.0.0", "2", &key);
+    ctx.republish(&server, &b2);
+    wait_until(WAIT, "the Linux agent to be NO_BUNDLE", || {
+        crate::update::agent_record(&server).is_some_and(|r| r["update_status"] == "NO_BUNDLE")
+    });
+    let row = crate::update::agent_record(&server).unwrap();
+    assert_eq!(row["version"], "1.0.0+1", "{row}");
+    assert_eq!(
+        fs::read_link(home.join("current")).unwrap(),
+        Path::new("versions/1.0.0+1")
+    );
+    assert!(!home.join("versions/2.0.0+2").exists());
 }
