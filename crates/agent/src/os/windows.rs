@@ -85,7 +85,7 @@ pub fn detach(cmd: &mut Command) {
 /// and the old `b` takes `a`'s. Between the steps `b` is missing; the recovery of
 /// `conf/workload` at the next start puts back what a crash left (the previous set).
 pub fn exchange(a: &Path, b: &Path) -> Result<(), String> {
-    let aside = b.with_extension("exchange");
+    let aside = aside_of(b);
     let fail = |e: std::io::Error, what: &str| {
         format!(
             "cannot swap {} and {} ({what}): {e}",
@@ -99,4 +99,38 @@ pub fn exchange(a: &Path, b: &Path) -> Result<(), String> {
         return Err(fail(e, "putting the new one in"));
     }
     std::fs::rename(&aside, a).map_err(|e| fail(e, "keeping the old one"))
+}
+
+/// Where [`exchange`] keeps `b` between its steps.
+fn aside_of(b: &Path) -> std::path::PathBuf {
+    b.with_extension("exchange")
+}
+
+/// Completes an [`exchange`] into `b` that a crash cut short: `b` missing, it is put back
+/// (the first step undone); `b` in place, the set kept aside goes where the exchange
+/// would have put it, `prev` (as a finished swap leaves it).
+pub fn finish_exchange(b: &Path, prev: &Path) {
+    let aside = aside_of(b);
+    if std::fs::symlink_metadata(&aside).is_err() {
+        return;
+    }
+    let (to, what) = if std::fs::symlink_metadata(b).is_err() {
+        (b, "put back")
+    } else if std::fs::symlink_metadata(prev).is_err() {
+        (prev, "kept as the previous set")
+    } else {
+        return;
+    };
+    match std::fs::rename(&aside, to) {
+        Ok(()) => tracing::warn!(
+            "a configuration swap was cut short: {} {what} ({})",
+            aside.display(),
+            to.display()
+        ),
+        Err(e) => tracing::error!(
+            "a configuration swap was cut short and {} cannot be moved to {}: {e}",
+            aside.display(),
+            to.display()
+        ),
+    }
 }

@@ -163,6 +163,7 @@ impl Dirs {
             read_set(&self.config_dir).is_some_and(|files| config_set::hash(&files) == hash)
         };
         let prev = self.prev();
+        crate::os::finish_exchange(&self.config_dir, &prev);
         // Died between the exchange and keeping the set before: the staging directory,
         // named after the new set, holds the set before, complete (it was `config-dir`).
         if let Some(hash) = applying.as_deref()
