@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e::wine::{WINDOWS, WinMachine, run_ok_wine, windows_bin};
+use e2e::wine::{WINDOWS, WinMachine, run_ok_wine, windows_app, windows_bin};
 use e2e::{ServerProc, TestContext, admin_agents, http, read_file, stdout, wait_until};
 
 use crate::update::TOKEN;
@@ -360,4 +360,104 @@ fn a_linux_agent_never_takes_a_windows_bundle() {
         Path::new("versions/1.0.0+1")
     );
     assert!(!home.join("versions/2.0.0+2").exists());
+}
+
+fn push(ctx: &TestContext, server: &ServerProc, name: &str, app_conf: &str) -> String {
+    let dir = ctx.path(name);
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("app.conf"), app_conf).unwrap();
+    let out = e2e::run_ok(
+        ctx.cmd("update-server")
+            .args(["config", "push", "--group", "default"])
+            .arg(&dir)
+            .args(["--server", &server.url(""), "--token", TOKEN, "--json"]),
+    );
+    let pushed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    pushed["hash"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_configuration_set_applies_on_windows_and_one_the_workload_refuses_is_undone() {
+    let ctx = TestContext::new();
+    let (key, key_pub) = ctx.keygen("keys");
+    let d1 = dist(&ctx, "d1", "agent 1.0.0", &key_pub);
+    fs::copy(windows_app(), d1.join("bin/app.exe")).unwrap();
+    fs::create_dir_all(d1.join("conf.default/workload")).unwrap();
+    fs::write(d1.join("conf.default/workload/app.conf"), "good 0\n").unwrap();
+    let defaults = read_file(&d1.join("conf.default/agent.toml"))
+        .replace(
+            "\ncommand = []",
+            "\ncommand = [\"bin/app.exe\", \"{config_dir}\"]",
+        )
+        .replace("start-timeout = \"30s\"", "start-timeout = \"8s\"")
+        .replace("stop-timeout = \"10s\"", "stop-timeout = \"2s\"");
+    fs::write(d1.join("conf.default/agent.toml"), defaults).unwrap();
+    let b1 = pack(&ctx, &d1, "1.0.0", "1", &key);
+    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
+    ctx.publish_served(&server, &b1);
+    let machine = WinMachine::new(&ctx, "win");
+    machine.install(&b1, &["--server-url", &server.url("")]);
+    let home = machine.home();
+    let workload_log = || read_file(&home.join("logs/workload.log"));
+    wait_until(
+        WAIT,
+        "the workload to run on the set it shipped with",
+        || workload_log().contains("app: running with good 0"),
+    );
+    let fleet_row = |what: &str, cond: &dyn Fn(&serde_json::Value) -> bool| {
+        let start = std::time::Instant::now();
+        loop {
+            let r = row(&server);
+            if let Some(r) = r.as_ref().filter(|r| cond(r)) {
+                return r.clone();
+            }
+            assert!(
+                start.elapsed() < WAIT,
+                "{what}: last {r:?}\n--- workload.log:\n{}\n--- agent.log:\n{}",
+                workload_log(),
+                e2e::tail(&home.join("logs/agent.log"), 40)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+
+    let good = push(&ctx, &server, "good", "good 1\n");
+    fleet_row("the good set APPLIED", &|r| {
+        r["config_status"] == "APPLIED" && r["config_hash"] == good.as_str()
+    });
+    assert_eq!(read_file(&home.join("conf/workload/app.conf")), "good 1\n");
+    assert_eq!(
+        read_file(&home.join("conf/workload.prev/app.conf")),
+        "good 0\n"
+    );
+    assert!(
+        workload_log().contains("app: running with good 1"),
+        "{}",
+        workload_log()
+    );
+
+    let good_runs = || workload_log().matches("app: running with good 1").count();
+    let runs_before = good_runs();
+    let bad = push(&ctx, &server, "bad", "bad\n");
+    let failed = fleet_row("the bad set FAILED", &|r| r["config_status"] == "FAILED");
+    let error = failed["config_error"].as_str().unwrap_or_default();
+    assert!(error.contains("app.conf says bad"), "{failed}");
+    assert_eq!(read_file(&home.join("conf/workload/app.conf")), "good 1\n");
+    assert_eq!(read_file(&home.join("data/config-failed")).trim(), bad);
+    assert!(!home.join("conf/workload.exchange").exists());
+    // The workload runs again on the set before: a new run of it.
+    wait_until(WAIT, "the workload to run again on the good set", || {
+        good_runs() > runs_before && machine.agent_running()
+    });
+    // Stopping the service ends the agent and its workload (app.exe) with its job.
+    assert!(
+        machine.processes().len() >= 3,
+        "the service, the agent and app.exe"
+    );
+    run_ok_wine(machine.cmd("net").args(["stop", &machine.service]));
+    wait_until(
+        Duration::from_secs(30),
+        "no process of the machine to run",
+        || machine.processes().is_empty(),
+    );
 }

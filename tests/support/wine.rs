@@ -23,6 +23,50 @@ __declspec(dllexport) BOOL WINAPI ProcessPrng(PBYTE data, SIZE_T len) {
 }
 "#;
 
+/// A workload for Windows tests: runs while `app.conf` in the directory it is given does
+/// not say "bad", saying what it read.
+const APP: &str = r#"#include <windows.h>
+#include <stdio.h>
+#include <string.h>
+int main(int argc, char **argv) {
+    char path[4096], line[256] = {0};
+    if (argc < 2) return 2;
+    snprintf(path, sizeof path, "%s\\app.conf", argv[1]);
+    FILE *f = fopen(path, "r");
+    if (f) { fgets(line, sizeof line, f); fclose(f); }
+    if (strstr(line, "bad")) {
+        fprintf(stderr, "app: app.conf says bad, refusing to run\n");
+        return 1;
+    }
+    printf("app: running with %s", line);
+    fflush(stdout);
+    for (;;) Sleep(1000);
+}
+"#;
+
+/// The test workload [`APP`] built with mingw (once, under the prefix's lock): test
+/// equipment, like the shim.
+pub fn windows_app() -> PathBuf {
+    prefix();
+    let dir = in_target_dir("wine");
+    let exe = dir.join("app.exe");
+    let src = dir.join("app.c");
+    if fs::read_to_string(&src).ok().as_deref() != Some(APP) || !exe.exists() {
+        let tmp = dir.join(format!("app-{}.exe", std::process::id()));
+        let c = dir.join(format!("app-{}.c", std::process::id()));
+        fs::write(&c, APP).unwrap();
+        run_ok(
+            Command::new("x86_64-w64-mingw32-gcc")
+                .args(["-O2", "-o"])
+                .arg(&tmp)
+                .arg(&c),
+        );
+        fs::rename(&tmp, &exe).unwrap();
+        fs::rename(&c, &src).unwrap();
+    }
+    exe
+}
+
 /// `target/x86_64-pc-windows-gnu/debug/<name>.exe`, or a panic that says how to build it.
 pub fn windows_bin(name: &str) -> PathBuf {
     let path = in_target_dir(&format!("{WINDOWS}/debug/{name}.exe"));
