@@ -13,6 +13,7 @@
 #              x86_64-pc-windows-gnu: agent-bundle-V-T.exe, the agent as a Windows
 #              service); without it, one agent-bundle-V for this machine
 # AGENT_BIN_DIR=DIR uses binaries already built there instead of a release build.
+# AGENT_DIST_ROOT=DIR assembles under DIR instead of dist/ (DIR/agent-V, DIR/bundle).
 set -euo pipefail
 
 usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -21,7 +22,8 @@ cd "$(dirname "$0")/.."
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 build=$(git rev-list --count HEAD 2>/dev/null || echo 1)
 key=""
-out="dist/bundle"
+root=${AGENT_DIST_ROOT:-dist}
+out="$root/bundle"
 server_url=""
 targets=()
 while (($#)); do
@@ -87,7 +89,7 @@ assemble() {
 }
 
 if ((${#targets[@]} == 0)); then
-    dist=dist/agent-$version
+    dist=$root/agent-$version
     assemble "$dist" "$bin/agent"
     "$bin/agent-bundle" pack --dist "$dist" --version "$version" --build "$build" --key "$key" --out "$out" >&2
     echo "$out/agent-bundle-$version"
@@ -96,7 +98,7 @@ fi
 
 # Each target's bundle is its own platform's executable: its stub is agent-bundle built
 # for that target, and its properties and signature name the target. ring has C code,
-# so each target needs a C compiler for it (DESIGN.md, "Platforms").
+# so each target needs a C compiler for it (README.md, "Keys and signing").
 for target in "${targets[@]}"; do
     case "$target" in
     x86_64-unknown-linux-musl) export CC_x86_64_unknown_linux_musl=${CC_x86_64_unknown_linux_musl:-musl-gcc} ;;
@@ -122,7 +124,7 @@ for target in "${targets[@]}"; do
     fi
     cargo build --release --locked --target "$target" "${packages[@]}" >&2
     tbin=target/$target/release
-    dist=dist/agent-$version-$target
+    dist=$root/agent-$version-$target
     assemble "$dist" "$tbin/agent$exe" "$windows"
     staging=$out/.pack-$target
     rm -rf "$staging"

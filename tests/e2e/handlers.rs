@@ -228,6 +228,43 @@ fn directive_exact() {
 }
 
 #[test]
+fn an_agents_own_secret_is_adopted_so_a_lost_answer_costs_nothing() {
+    let f = fixture(&[], true);
+    let secret = "5e".repeat(32);
+    let (status, _, body) = call(&f, register_as("2.2.0+1234", HELLO, Some(&secret)));
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Nothing to send back: the agent already holds its credentials.
+    assert!(!body.contains("\"token\""), "{body}");
+    // The answer was lost: the retry proves the same secret and is answered again.
+    let (status, _, body) = call(&f, register_as("2.2.0+1234", HELLO, Some(&secret)));
+    assert_eq!(status, StatusCode::OK, "the retry: {body}");
+    // A stranger with the id and no secret, or another one, is refused.
+    assert_eq!(
+        call(&f, register("2.2.0+1234", HELLO)).0,
+        StatusCode::UNAUTHORIZED
+    );
+    let other = "7a".repeat(32);
+    assert_eq!(
+        call(&f, register_as("2.2.0+1234", HELLO, Some(&other))).0,
+        StatusCode::UNAUTHORIZED
+    );
+    // A weak secret is never adopted: such an id gets a token from the server instead.
+    let weak = HELLO.replace("000000000001", "000000000002");
+    let (status, _, body) = call(&f, register_as("2.2.0+1234", &weak, Some("password")));
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let issued = token_of(&body);
+    assert_ne!(issued, "password");
+    assert_eq!(
+        call(&f, register_as("2.2.0+1234", &weak, Some("password"))).0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        call(&f, register_as("2.2.0+1234", &weak, Some(&issued))).0,
+        StatusCode::OK
+    );
+}
+
+#[test]
 fn directive_same_minor_and_requirement() {
     let f = fixture(&[("UPDATE_SERVER_AGENTS_ACCEPT", "same-minor")], true);
     let (status, _, body) = call(&f, register("2.2.9+1", HELLO));

@@ -432,6 +432,41 @@ fn install_under_systemd_survives_restart_update_and_reboot() {
         let rows = agents(&server);
         rows.len() == 1 && rows[0]["last_contact"] != before && rows[0]["version"] == "2.0.0+2"
     });
+
+    // Leaving: the unit goes with the agent, the server lists it LEFT, and nothing starts
+    // it again, not even a reboot.
+    let said = machine.sh("cd / && /opt/agent/current/bin/agent uninstall --yes");
+    assert!(
+        said.contains("removed the systemd unit") && said.contains("left the fleet"),
+        "{said}"
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "no agent after the uninstall",
+        || machine.agent_pids().is_empty() && workloads(&machine).is_empty(),
+    );
+    assert!(
+        !machine
+            .root
+            .join("etc/systemd/system/agent.service")
+            .exists()
+    );
+    assert!(!home.join("versions").exists() && home.join("conf/agent.toml").exists());
+    assert_eq!(agents(&server)[0]["update_status"], "LEFT");
+    machine.reboot();
+    let state = machine.sh("systemctl is-enabled agent 2>&1 || true");
+    assert!(
+        !state.trim().starts_with("enabled"),
+        "the unit is still there: {state}"
+    );
+    // Booted, and it stays without an agent.
+    for _ in 0..10 {
+        assert!(
+            machine.agent_pids().is_empty(),
+            "an agent started after the reboot"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
     let _ = machine.console();
 }
 

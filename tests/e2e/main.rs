@@ -6,6 +6,7 @@
 )]
 
 mod agent;
+mod blame;
 mod bundle;
 mod cloud;
 mod config;
@@ -19,16 +20,21 @@ mod handlers;
 mod hostile_archives;
 mod hostile_clients;
 mod install;
+mod leaving;
+mod locks;
 mod long_poll;
+mod networks;
 mod no_waiting;
 mod opamp;
 mod opamp_hostile;
 mod opamp_sim;
+mod operator_day;
 mod operators;
 mod page;
 mod platforms;
 mod quickstart;
 mod remote_config;
+mod rollback;
 mod rollout;
 mod server;
 mod sim;

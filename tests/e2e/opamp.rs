@@ -500,6 +500,73 @@ mod handlers {
         b.body(Body::from(body)).unwrap()
     }
 
+    /// An operator removes an OpAMP agent: its uid is refused from then on (answered with
+    /// a new uid and nothing for it), and it is not listed again.
+    #[test]
+    fn a_removed_opamp_agents_uid_is_refused_with_a_new_one() {
+        let ctx = TestContext::new();
+        let config = Config::load(
+            None,
+            &VarMap(vec![
+                (
+                    "UPDATE_SERVER_SERVER_HOME".into(),
+                    ctx.path("home").display().to_string(),
+                ),
+                ("UPDATE_SERVER_ADMIN_TOKEN".into(), "op-token".into()),
+            ]),
+        )
+        .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let state = build_state(&config).await.unwrap();
+            let send = |req: Request<Body>| {
+                let app = app(state.clone());
+                async move {
+                    let resp = app.oneshot(req).await.unwrap();
+                    let status = resp.status();
+                    let body = resp.into_body().collect().await.unwrap().to_bytes();
+                    (status, body.to_vec())
+                }
+            };
+            let admin = |method: &str, path: &str| {
+                Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .header("Authorization", "Bearer op-token")
+                    .body(Body::empty())
+                    .unwrap()
+            };
+            let (status, body) = send(request(&[], message([7; 16], 1).encode_to_vec())).await;
+            assert_eq!(status, StatusCode::OK);
+            let first = ServerToAgent::decode(body.as_slice()).unwrap();
+            assert!(first.agent_identification.is_none());
+            let (_, listed) = send(admin("GET", "/admin/agents")).await;
+            let rows: Vec<serde_json::Value> = serde_json::from_slice(&listed).unwrap();
+            assert_eq!(rows.len(), 1, "{rows:?}");
+            let id = rows[0]["id"].as_str().unwrap().to_owned();
+
+            let (status, _) = send(admin("DELETE", &format!("/admin/agents/{id}"))).await;
+            assert_eq!(status, StatusCode::OK);
+            let (status, body) = send(request(&[], message([7; 16], 2).encode_to_vec())).await;
+            assert_eq!(status, StatusCode::OK);
+            let refused = ServerToAgent::decode(body.as_slice()).unwrap();
+            let new = refused
+                .agent_identification
+                .expect("a removed uid is given a new one")
+                .new_instance_uid;
+            assert!(!new.is_empty() && new != vec![7; 16]);
+            let (_, listed) = send(admin("GET", "/admin/agents")).await;
+            let rows: Vec<serde_json::Value> = serde_json::from_slice(&listed).unwrap();
+            assert!(
+                rows.is_empty(),
+                "the removed agent is listed again: {rows:?}"
+            );
+        });
+    }
+
     #[test]
     fn answers_are_exactly_protobuf_and_plain_unless_gzip_is_asked() {
         let (status, headers, body) = call("", request(&[], message([1; 16], 1).encode_to_vec()));

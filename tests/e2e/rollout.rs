@@ -12,26 +12,41 @@ use e2e::{
 };
 use serde_json::Value;
 
-const TOKEN: &str = "rollout-token";
-const OLD: &str = "1.0.0+1";
-const NEW: &str = "2.0.0+2";
-const LONG: Duration = Duration::from_secs(180);
+pub(crate) const TOKEN: &str = "rollout-token";
+pub(crate) const OLD: &str = "1.0.0+1";
+pub(crate) const NEW: &str = "2.0.0+2";
+pub(crate) const LONG: Duration = Duration::from_secs(180);
 
 /// A server, `n` agents of 1.0.0 running through their wrappers and registered under
 /// the completed rollout of 1.0.0, and a 2.0.0 bundle ready to publish.
-struct Fleet {
-    ctx: TestContext,
-    server: ServerProc,
-    homes: Vec<PathBuf>,
-    b2: PathBuf,
-    key: PathBuf,
+pub(crate) struct Fleet {
+    pub(crate) ctx: TestContext,
+    pub(crate) server: ServerProc,
+    pub(crate) homes: Vec<PathBuf>,
+    pub(crate) b2: PathBuf,
+    pub(crate) key: PathBuf,
     server_env: Vec<(String, String)>,
 }
+
+/// What every fleet agent's conf/agent-env.sh says unless a test says otherwise.
+pub(crate) const FLEET_AGENT_ENV: &str =
+    "export AGENT_UPDATE_STABILITY_WINDOW=1s\nexport AGENT_UPDATE_HEALTH_TIMEOUT=120s\n";
 
 fn fleet(
     n: usize,
     server_env: &[(&str, &str)],
     groups: &[&str],
+    dist2: impl FnOnce(&Path),
+) -> Fleet {
+    fleet_with(n, server_env, groups, FLEET_AGENT_ENV, dist2)
+}
+
+/// [`fleet`], with `agent_env` as every agent's conf/agent-env.sh.
+pub(crate) fn fleet_with(
+    n: usize,
+    server_env: &[(&str, &str)],
+    groups: &[&str],
+    agent_env: &str,
     dist2: impl FnOnce(&Path),
 ) -> Fleet {
     let ctx = TestContext::new();
@@ -59,16 +74,8 @@ fn fleet(
         .map(|i| {
             let home = ctx.install(&b1, &format!("fleet/{i}"));
             let group = groups.get(i).copied().unwrap_or("");
-            configure_agent(
-                &home,
-                &[server.url("")],
-                &format!("group = \"{group}\"\n"),
-            );
-            fs::write(
-                home.join("conf/agent-env.sh"),
-                "export AGENT_UPDATE_STABILITY_WINDOW=1s\nexport AGENT_UPDATE_HEALTH_TIMEOUT=120s\n",
-            )
-            .unwrap();
+            configure_agent(&home, &[server.url("")], &format!("group = \"{group}\"\n"));
+            fs::write(home.join("conf/agent-env.sh"), agent_env).unwrap();
             home
         })
         .collect();
@@ -99,7 +106,7 @@ fn start_server(ctx: &TestContext, port: Option<u16>, env: &[(String, String)]) 
     }
 }
 
-fn agent_home<'a>(f: &'a Fleet, id: &str) -> &'a Path {
+pub(crate) fn agent_home<'a>(f: &'a Fleet, id: &str) -> &'a Path {
     f.homes
         .iter()
         .find(|h| read_file(&h.join("data/agent-id")).trim() == id)

@@ -759,3 +759,69 @@ fn enrollment_needs_the_token_and_an_agent_installed_with_it_updates() {
             .any(|a| a["version"] == "2.0.0+2")
     );
 }
+
+/// The answer to an agent's first register is lost (the server committed it, the agent
+/// never heard it); then the server is killed and started again before the agent's
+/// next try. The agent registers on its retry, with no operator, and is never refused;
+/// a stranger with its id and without its secret still is.
+#[test]
+fn a_first_register_whose_answer_is_lost_ends_registered_without_an_operator() {
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let home = ctx.install(&b1, "p");
+    let server = serve_to(&ctx, &home, &b1);
+    let proxy = e2e::proxy::Proxy::losing_the_answer_to(server.port, "POST /agent/register");
+    crate::update::operator_conf(&home, &proxy.url());
+    start(&home);
+    wait_until(
+        WAIT,
+        "the proxy to lose the answer to the first register",
+        || proxy.lost_an_answer(),
+    );
+    let id = read_file(&home.join("data/agent-id")).trim().to_owned();
+    // Its secret was kept before it was first sent.
+    let secret = read_file(&home.join("data/agent-token")).trim().to_owned();
+    assert_eq!(secret.len(), 64, "{secret}");
+    signal(server.pid, "KILL");
+    wait_until(WAIT, "the killed server to be gone", || {
+        e2e::pid_gone(server.pid)
+    });
+    let server = ctx.server_on("srv", server.port, &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
+    let contact = || {
+        admin_agents(server.port, TOKEN)
+            .into_iter()
+            .find(|a| a["id"] == id.as_str())
+            .and_then(|a| a["last_contact"].as_str().map(str::to_owned))
+    };
+    wait_until(WAIT, "the agent to be registered and in contact", || {
+        contact().is_some()
+    });
+    let first = contact();
+    wait_until(WAIT, "the agent to call again", || contact() != first);
+    let log = read_file(&home.join("logs/agent.log"));
+    assert!(!log.contains("401"), "the agent was refused: {log}");
+    assert_eq!(
+        read_file(&home.join("data/agent-token")).trim(),
+        secret,
+        "the agent's secret changed"
+    );
+    let server_log = read_file(&server.home.join("server.log"));
+    assert!(
+        !server_log.contains("refused a call without the agent's credentials"),
+        "{server_log}"
+    );
+    // A stranger replaying the id without the secret.
+    let claim = http_with_body(
+        server.port,
+        "POST",
+        "/agent/register",
+        &[
+            ("Content-Type", "application/json"),
+            ("Agent-Version", "1.0.0+1"),
+        ],
+        &hello_body(&id),
+    )
+    .unwrap();
+    assert_eq!(claim.status, 401, "{}", claim.text());
+}

@@ -1,5 +1,6 @@
 //! A TCP proxy between an agent and its server that counts the bytes the server sends,
-//! and can damage a delta in flight: what a test needs to see what crossed the wire.
+//! can damage a delta in flight, and can lose an answer: what a test needs to see what
+//! crossed the wire, and what a flaky network does.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -13,27 +14,51 @@ pub struct Proxy {
     pub port: u16,
     down: Arc<AtomicU64>,
     flipped: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
+}
+
+/// What the proxy does to the traffic besides passing it on.
+#[derive(Clone, Copy)]
+enum Damage {
+    None,
+    /// Flip the byte this many bytes after a delta's magic, once.
+    FlipDelta(usize),
+    /// Pass the first request whose head starts with this on to the server, then cut the
+    /// connection before its answer reaches the client, once.
+    LoseAnswerTo(&'static str),
 }
 
 impl Proxy {
     /// Forwards 127.0.0.1:<port> to 127.0.0.1:`upstream`.
     pub fn start(upstream: u16) -> Self {
-        Self::start_with(upstream, None)
+        Self::start_with(upstream, Damage::None)
     }
 
     /// Like [`Proxy::start`]; the first delta that passes through has the byte
     /// `flip_at` bytes after its magic flipped, once.
     pub fn flipping_a_delta(upstream: u16, flip_at: usize) -> Self {
-        Self::start_with(upstream, Some(flip_at))
+        Self::start_with(upstream, Damage::FlipDelta(flip_at))
     }
 
-    fn start_with(upstream: u16, flip_at: Option<usize>) -> Self {
+    /// Like [`Proxy::start`]; the first request whose head starts with `request` (say
+    /// `POST /agent/register`) reaches the server, and its answer is lost: the
+    /// connection is cut once the server has answered.
+    pub fn losing_the_answer_to(upstream: u16, request: &'static str) -> Self {
+        Self::start_with(upstream, Damage::LoseAnswerTo(request))
+    }
+
+    fn start_with(upstream: u16, damage: Damage) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let down = Arc::new(AtomicU64::new(0));
+        let flip_at = match damage {
+            Damage::FlipDelta(at) => Some(at),
+            _ => None,
+        };
         // Without a flip there is nothing to do: mark it done.
         let flipped = Arc::new(AtomicBool::new(flip_at.is_none()));
-        let (counter, once) = (down.clone(), flipped.clone());
+        let lost = Arc::new(AtomicBool::new(false));
+        let (counter, once, lost_once) = (down.clone(), flipped.clone(), lost.clone());
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
@@ -41,16 +66,30 @@ impl Proxy {
                 };
                 let (client_r, server_w) =
                     (client.try_clone().unwrap(), server.try_clone().unwrap());
-                std::thread::spawn(move || pipe(client_r, server_w));
+                // Set before the request is passed on, so its answer is never forwarded.
+                let cut = Arc::new(AtomicBool::new(false));
+                let lose = match damage {
+                    Damage::LoseAnswerTo(head) => Some((head, lost_once.clone(), cut.clone())),
+                    _ => None,
+                };
+                std::thread::spawn(move || pipe(client_r, server_w, lose));
                 let (counter, once) = (counter.clone(), once.clone());
-                std::thread::spawn(move || downstream(server, client, &counter, &once, flip_at));
+                std::thread::spawn(move || {
+                    downstream(server, client, &counter, &once, flip_at, &cut)
+                });
             }
         });
         Self {
             port,
             down,
             flipped,
+            lost,
         }
+    }
+
+    /// True once an answer was lost.
+    pub fn lost_an_answer(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
     }
 
     pub fn url(&self) -> String {
@@ -68,10 +107,21 @@ impl Proxy {
     }
 }
 
-fn pipe(mut from: TcpStream, mut to: TcpStream) {
+type Lose = (&'static str, Arc<AtomicBool>, Arc<AtomicBool>);
+
+fn pipe(mut from: TcpStream, mut to: TcpStream, lose: Option<Lose>) {
     let mut buf = [0u8; 64 * 1024];
     while let Ok(n) = from.read(&mut buf) {
-        if n == 0 || to.write_all(&buf[..n]).is_err() {
+        if n == 0 {
+            break;
+        }
+        if let Some((head, lost_once, cut)) = &lose
+            && buf[..n].starts_with(head.as_bytes())
+            && !lost_once.swap(true, Ordering::SeqCst)
+        {
+            cut.store(true, Ordering::SeqCst);
+        }
+        if to.write_all(&buf[..n]).is_err() {
             break;
         }
     }
@@ -84,6 +134,7 @@ fn downstream(
     counter: &AtomicU64,
     once: &AtomicBool,
     flip_at: Option<usize>,
+    cut: &AtomicBool,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     // The stream's last bytes, so a magic split across two reads is still found.
@@ -93,6 +144,12 @@ fn downstream(
     while let Ok(n) = from.read(&mut buf) {
         if n == 0 {
             break;
+        }
+        if cut.load(Ordering::SeqCst) {
+            // The server answered; the client never hears it.
+            let _ = to.shutdown(Shutdown::Both);
+            let _ = from.shutdown(Shutdown::Both);
+            return;
         }
         let chunk = &mut buf[..n];
         if let Some(after) = flip_at

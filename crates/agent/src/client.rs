@@ -19,6 +19,8 @@ use agent_protocol::{AgentVersion, layout};
 use futures_util::StreamExt;
 use reqwest::StatusCode;
 
+use crate::proxy::Proxies;
+
 /// Cap on the small bodies (version properties, 409 answers, signatures).
 const MAX_SMALL_BODY: usize = 64 * 1024;
 /// Cap on a `200` to register/connect: it may carry a configuration set (1 MiB of
@@ -41,8 +43,22 @@ pub enum CommError {
     },
     #[error("{url}: {message}")]
     Garbage { url: String, message: String },
-    #[error("no update-server answered (tried {0})")]
-    AllDown(String),
+    /// Which servers were tried; `why` keeps each one's failure for `agent status` and
+    /// the wrapper (the log has said each failure once already, so the message does
+    /// not repeat them).
+    #[error("no update-server answered (tried {tried})")]
+    AllDown { tried: String, why: String },
+}
+
+impl CommError {
+    /// The whole reason, for a person asking why: each server's failure when none
+    /// answered.
+    pub fn why(&self) -> String {
+        match self {
+            CommError::AllDown { why, .. } => format!("no update-server answered: {why}"),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// What a server said to register or connect.
@@ -96,6 +112,8 @@ pub struct Trust {
     pub token_file: Option<PathBuf>,
     /// Presented when registering with a server that requires enrollment.
     pub enrollment_token: Option<String>,
+    /// `server.proxy`: which proxy, if any, the requests go through.
+    pub proxy: crate::proxy::Setting,
 }
 
 impl Trust {
@@ -106,6 +124,7 @@ impl Trust {
             ca_file: config.ca_file(home.root()),
             token_file: Some(home.agent_token()),
             enrollment_token: (!enrollment.is_empty()).then(|| enrollment.to_owned()),
+            proxy: config.proxy(),
         }
     }
 }
@@ -119,6 +138,8 @@ pub struct Client {
     /// The configuration set the agent runs (empty: none), told in register/connect.
     config_hash: String,
     trust: Trust,
+    /// The routes every request of this client takes (a proxy, or direct).
+    proxies: Proxies,
     token: Mutex<Option<String>>,
     /// The last failure said of each server, so each is said once, not every heartbeat.
     last_failure: Mutex<HashMap<String, String>>,
@@ -169,6 +190,9 @@ impl Client {
                 builder = builder.add_root_certificate(cert);
             }
         }
+        let proxies =
+            Proxies::decide(&trust.proxy, &|name| std::env::var(name).ok()).map_err(setup)?;
+        let builder = proxies.apply(builder);
         let http = builder.build().map_err(|e| setup(e.to_string()))?;
         let token = trust.token_file.as_deref().and_then(read_token);
         Ok(Self {
@@ -182,6 +206,7 @@ impl Client {
             hello,
             config_hash: String::new(),
             trust,
+            proxies,
             token: Mutex::new(token),
             last_failure: Mutex::new(HashMap::new()),
             no_bundle: Mutex::new(None),
@@ -240,22 +265,58 @@ impl Client {
         register: bool,
     ) -> reqwest::RequestBuilder {
         let mut request = request.header(wire::AGENT_VERSION_HEADER, self.version.to_string());
-        match self.token() {
-            Some(token) => request = request.bearer_auth(token),
-            None if register => {
-                if let Some(enrollment) = &self.trust.enrollment_token {
-                    request = request.header(wire::ENROLLMENT_HEADER, enrollment);
-                }
-            }
-            None => {}
+        let token = match self.token() {
+            Some(token) => Some(token),
+            None if register => self.own_token(),
+            None => None,
+        };
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        // A first register proves the agent's own secret and, where the server asks for
+        // it, the enrollment token too.
+        if register && let Some(enrollment) = &self.trust.enrollment_token {
+            request = request.header(wire::ENROLLMENT_HEADER, enrollment);
         }
         request
+    }
+
+    /// The agent's own secret for its first register, made and kept in `data/agent-token`
+    /// (0600) before it is sent: the server adopts it, so an answer lost on the way (a
+    /// timeout, a cut connection, a server killed after its commit) costs nothing, and
+    /// the retry proves the same secret. `None` if it cannot be kept: then the agent
+    /// registers as before credentials and takes the token the server issues.
+    fn own_token(&self) -> Option<String> {
+        let path = self.trust.token_file.as_ref()?;
+        let token = agent_protocol::credentials::new_agent_token()
+            .map_err(|e| tracing::warn!("no randomness for this agent's credentials: {e}"))
+            .ok()?;
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        match agent_extract::atomic::write_with_mode(path, token.as_bytes(), Some(0o600)) {
+            Ok(()) => {
+                tracing::info!(
+                    "made this agent's credentials, kept in {}; its first register proves them",
+                    path.display()
+                );
+                *self.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.clone());
+                Some(token)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "cannot keep this agent's credentials in {}: {e}; registering without, the server issues them",
+                    path.display()
+                );
+                None
+            }
+        }
     }
 
     /// Says a server's failure once per distinct reason (a certificate that does not
     /// verify would otherwise fill the log every heartbeat).
     fn say_failure(&self, server: &str, e: &CommError) {
-        let text = e.to_string();
+        let text = self.explained(server, &e.to_string());
         let mut last = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
         if last.get(server) != Some(&text) {
             tracing::warn!("{text}");
@@ -282,6 +343,24 @@ impl Client {
 
     pub fn http(&self) -> &reqwest::Client {
         &self.http
+    }
+
+    /// The routes this client's requests take.
+    pub fn proxies(&self) -> &Proxies {
+        &self.proxies
+    }
+
+    /// `message`, a failure of a request to `url`, with the proxy it went through named
+    /// (never its password) and, when the proxy caused it, what that means.
+    pub fn explained(&self, url: &str, message: &str) -> String {
+        let message = crate::proxy::redact(message);
+        match self.proxies.for_url(url) {
+            None => message,
+            Some(via) => match crate::proxy::explain(&message, via) {
+                Some(meaning) => format!("{message}; {meaning}"),
+                None => format!("{message}{}", self.proxies.note(url)),
+            },
+        }
     }
 
     pub fn version(&self) -> &AgentVersion {
@@ -323,7 +402,7 @@ impl Client {
                 }
                 Err(e) => {
                     self.say_failure(self.base(), &e);
-                    tried.push(self.base().to_owned());
+                    tried.push((self.base().to_owned(), e.to_string()));
                     if self.urls.len() > 1 {
                         self.current = (self.current + 1) % self.urls.len();
                         tracing::info!("failing over to {}", self.base());
@@ -332,7 +411,7 @@ impl Client {
                 }
             }
         }
-        Err(CommError::AllDown(tried.join(", ")))
+        Err(all_down(&tried))
     }
 
     async fn hello_once(
@@ -482,10 +561,48 @@ impl Client {
         }
     }
 
+    /// `POST /agent/leave` to each server in turn until one takes it: this agent leaves
+    /// the fleet (its credentials are revoked there).
+    pub async fn leave(&self, id: &str) -> Result<String, CommError> {
+        let mut tried = Vec::new();
+        for base in &self.urls {
+            let url = format!("{base}{}", wire::LEAVE_PATH);
+            let request = self
+                .http
+                .post(&url)
+                .timeout(LEAVE_TIMEOUT)
+                .json(&wire::Leave { id: id.to_owned() });
+            let answer = self.identified(request, false).send().await;
+            match answer {
+                Ok(resp) if resp.status().is_success() => return Ok(base.clone()),
+                Ok(resp) => {
+                    let status = resp.status();
+                    let e = status_error(&url, status, resp).await;
+                    tried.push((base.clone(), e.to_string()));
+                }
+                Err(e) => tried.push((base.clone(), network(&url, e).to_string())),
+            }
+        }
+        Err(all_down(&tried))
+    }
+
     /// `POST /agentupdate/report`.
     pub async fn report(&self, report: &Report) -> Result<(), CommError> {
+        self.report_from(report, None).await
+    }
+
+    /// `POST /agentupdate/report`, saying where the bundle's bytes came from when the
+    /// server named a download source ([`wire::BUNDLE_FROM_HEADER`]).
+    pub async fn report_from(
+        &self,
+        report: &Report,
+        bundle_from: Option<&str>,
+    ) -> Result<(), CommError> {
         let url = self.url(wire::REPORT_PATH);
-        let request = self.http.post(&url).timeout(REQUEST_TIMEOUT).json(report);
+        let mut request = self.http.post(&url).timeout(REQUEST_TIMEOUT).json(report);
+        if let Some(from) = bundle_from {
+            request = request.header(wire::BUNDLE_FROM_HEADER, from);
+        }
         let resp = self
             .identified(request, false)
             .send()
@@ -499,6 +616,9 @@ impl Client {
         }
     }
 }
+
+/// A leaving agent does not wait long for a server that is gone.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The credentials kept in `data/agent-token`, if any.
 fn read_token(path: &std::path::Path) -> Option<String> {
@@ -518,6 +638,22 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     message
+}
+
+/// Every server failed: `(base URL, its failure)` of each.
+fn all_down(tried: &[(String, String)]) -> CommError {
+    CommError::AllDown {
+        tried: tried
+            .iter()
+            .map(|(base, _)| base.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        why: tried
+            .iter()
+            .map(|(_, why)| why.as_str())
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
 }
 
 fn network(url: &str, e: reqwest::Error) -> CommError {

@@ -29,6 +29,10 @@ pub struct ServerSection {
     /// Sent when registering with a server that requires enrollment
     /// (`agents.enrollment-token`); not needed once the agent has its credentials.
     pub enrollment_token: String,
+    /// The HTTP proxy every request goes through, `http://[user:password@]host:port`;
+    /// `"none"`: always direct; empty: the environment's `https_proxy`, `http_proxy`
+    /// and `no_proxy` decide (see [`crate::proxy`]).
+    pub proxy: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -77,6 +81,10 @@ pub struct UpdateSection {
     /// Ask the server for a delta from the bundle this version was installed from before
     /// downloading a whole bundle.
     pub deltas: bool,
+    /// The longest update locks (`run/update-locks/`) hold off one offer; past it the
+    /// agent updates and logs the locks it overrode.
+    #[serde(with = "humantime_str")]
+    pub max_defer: Duration,
 }
 
 /// The operator's program the agent runs and supervises (DESIGN.md, "The workload").
@@ -203,6 +211,7 @@ impl Default for ServerSection {
             urls: vec!["http://127.0.0.1:7080".into()],
             ca_file: String::new(),
             enrollment_token: String::new(),
+            proxy: String::new(),
         }
     }
 }
@@ -229,6 +238,7 @@ impl Default for UpdateSection {
             download_timeout: Duration::from_secs(30 * 60),
             read_timeout: Duration::from_secs(30),
             deltas: true,
+            max_defer: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -238,6 +248,7 @@ pub const KEYS: &[Key] = &[
     key("server", "urls", Kind::List),
     key("server", "ca-file", Kind::Str),
     key("server", "enrollment-token", Kind::Str),
+    key("server", "proxy", Kind::Str),
     key("agent", "heartbeat", Kind::Str),
     key("agent", "long-poll", Kind::Bool),
     key("agent", "name", Kind::Str),
@@ -250,6 +261,7 @@ pub const KEYS: &[Key] = &[
     key("update", "download-timeout", Kind::Str),
     key("update", "read-timeout", Kind::Str),
     key("update", "deltas", Kind::Bool),
+    key("update", "max-defer", Kind::Str),
     key("workload", "command", Kind::List),
     key("workload", "env", Kind::Map),
     key("workload", "health-url", Kind::Str),
@@ -280,9 +292,10 @@ impl Config {
     }
 
     pub fn parse(text: &str, path: &Path, env: &dyn Environment) -> Result<Self> {
+        // A proxy's password may sit on the line a TOML error quotes.
         let bad = |message: String| AgentError::Config {
             path: path.to_owned(),
-            message,
+            message: crate::proxy::redact(&message),
         };
         let mut table: toml::Table = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
         // AGENT_ is shared with process knobs (AGENT_LOG, AGENT_HOME, ...): only names in
@@ -305,11 +318,17 @@ impl Config {
             }
         }
         config.workload.validate().map_err(bad)?;
+        crate::proxy::Setting::parse(&config.server.proxy).map_err(bad)?;
         Ok(config)
     }
 
     pub fn public_key_path(&self, home: &Path) -> PathBuf {
         home.join(&self.update.public_key)
+    }
+
+    /// `server.proxy`, read (it was checked when the file was loaded).
+    pub fn proxy(&self) -> crate::proxy::Setting {
+        crate::proxy::Setting::parse(&self.server.proxy).unwrap_or_default()
     }
 
     /// The pinned CA, if one is configured.
@@ -471,6 +490,31 @@ reload = "signal:HUP"
             .unwrap_err()
             .to_string();
         assert!(err.contains("AGENT_WORKLOAD_COMMAND"), "{err}");
+    }
+
+    #[test]
+    fn server_proxy_is_a_key_and_its_password_is_never_quoted() {
+        let c = Config::parse(
+            "[server]\nproxy = \"http://alice:hunter2@proxy:3128\"\n",
+            Path::new("a.toml"),
+            &no_env,
+        )
+        .unwrap();
+        assert!(matches!(c.proxy(), crate::proxy::Setting::Url(_)));
+        let env = VarMap(vec![("AGENT_SERVER_PROXY".into(), "none".into())]);
+        let c = Config::parse("", Path::new("a.toml"), &env).unwrap();
+        assert_eq!(c.proxy(), crate::proxy::Setting::Direct);
+        for text in [
+            "[server]\nproxy = \"http://alice:hunter2@proxy\"\n",
+            "[server]\nproxy = \"http://alice:hunter2@proxy:3128\"\nurls = 7\n",
+            "[server]\nproxy = \"http://alice:hunter2@proxy:3128\" x\n",
+        ] {
+            let err = Config::parse(text, Path::new("a.toml"), &no_env)
+                .unwrap_err()
+                .to_string();
+            assert!(!err.contains("hunter2"), "{text}: {err}");
+            assert!(err.contains("a.toml"), "{text}: {err}");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use agent_protocol::AgentVersion;
 use agent_protocol::journal::Health;
 use agent_protocol::layout::{self, AgentHome};
-use agent_protocol::wire::AgentHello;
+use agent_protocol::wire::{AgentHello, Report, UpdateStatus};
 use agent_updater::{lock, state};
 use tokio::sync::watch;
 
@@ -16,6 +16,8 @@ use crate::config::{Config, Reload, parse_reload};
 use crate::health::HealthBoard;
 use crate::home::Installation;
 use crate::identity;
+use crate::last_errors;
+use crate::locks;
 use crate::pacing::{self, LastContact};
 use crate::remote_config::live::LiveWorkload;
 use crate::remote_config::{self, Dirs, decide};
@@ -58,6 +60,21 @@ pub async fn flush_outbox(home: &AgentHome, client: &Client) {
             Ok(()) => {
                 tracing::info!(
                     "reported {} of {} -> {} to the server",
+                    report.status.as_str(),
+                    report.from,
+                    report.to
+                );
+                if let Err(e) = state::remove_report(&path) {
+                    tracing::warn!("{e}");
+                }
+            }
+            // A server from before a status (RETRYING) refuses it as malformed, and
+            // always will: said once and dropped, so it never blocks the reports after.
+            Err(crate::client::CommError::Status { status: code, .. })
+                if matches!(code, 400 | 422) =>
+            {
+                tracing::warn!(
+                    "the server refuses the report {} of {} -> {} ({code}); dropped",
                     report.status.as_str(),
                     report.from,
                     report.to
@@ -154,6 +171,10 @@ async fn serve(
         Trust::of(config, &home),
     )?;
 
+    // A failure told for the version this agent now runs is over.
+    if crate::told::last(&home).is_some_and(|t| t.report.to == install.version.to_string()) {
+        crate::told::forget(&home);
+    }
     let nudge = crate::recovery::Nudge::default();
     tokio::spawn(crate::recovery::finish_interrupted(
         home.clone(),
@@ -166,9 +187,13 @@ async fn serve(
         home.root().display(),
         config.server.urls.join(", ")
     );
+    if let Some(route) = client.proxies().describe() {
+        tracing::info!("proxy: {route}");
+    }
 
     let heartbeat = config.agent.heartbeat.max(Duration::from_millis(100));
-    let mut retry = Retry::new(heartbeat, config.update.max_retry_after);
+    let mut retry = Retry::new(heartbeat, config.update.max_retry_after)
+        .with_max_defer(config.update.max_defer);
     let mut unsent = Unsent::default();
     let mut first = true;
     let mut shutdown = stop_rx.clone();
@@ -202,6 +227,12 @@ async fn serve(
             () = unsent.written(&home), if hold.is_some() => continue,
             // `agent update --clear-bad` forgot the bundle this hold stays away from: the
             // server is asked again at once, and says it is news.
+            // The update locks that held an update off are released: it starts now.
+            () = locks_released(&home, held_off(&home, &retry)), if hold.is_some() => {
+                tracing::info!("the update locks are released; updating");
+                pace.known_offer = None;
+                continue;
+            }
             () = bad_cleared(&home, stays_away_from.as_deref()), if hold.is_some() => {
                 tracing::info!("data/bad-versions no longer names the server's bundle; asking for it again");
                 retry.reset();
@@ -259,6 +290,7 @@ async fn serve(
                             Told {
                                 offer: &offer,
                                 prompt,
+                                override_locks: ns.override_locks,
                             },
                             &mut retry,
                             Signals {
@@ -273,7 +305,10 @@ async fn serve(
                     }
                 }
             }
-            Err(e) => tracing::warn!("{e}; trying again in {:?}", heartbeat),
+            Err(e) => {
+                last_errors::record(&home, last_errors::Kind::Contact, &e.why());
+                tracing::warn!("{e}; trying again in {:?}", heartbeat)
+            }
         }
         // The heartbeat is the longest silence: a change of the workload's health, a
         // report written for the server and a retry that is due do not wait for it.
@@ -287,6 +322,7 @@ async fn serve(
                 }
             }
             _ = health_changed.changed() => {}
+            () = locks_released(&home, held_off(&home, &retry)) => {}
             // Sent with the register, once there is one.
             () = unsent.written(&home), if !first => {}
         }
@@ -420,6 +456,13 @@ async fn take_config(
         workload,
     )
     .await;
+    if let Some(error) = &status.error {
+        last_errors::record(
+            home,
+            last_errors::Kind::Configuration,
+            &format!("configuration set {}: {error}", set.hash),
+        );
+    }
     remote_config::keep_status(home, &status);
     flush_config_status(home, client).await;
 }
@@ -476,6 +519,8 @@ impl Pace {
 struct Told<'a> {
     offer: &'a Offer,
     prompt: bool,
+    /// An operator overrode this agent's update locks for this offer.
+    override_locks: bool,
 }
 
 /// What an update round tells other tasks, and hears from them.
@@ -499,7 +544,11 @@ async fn on_refused(
     retry: &mut Retry,
     signals: Signals<'_>,
 ) -> Option<RunEnd> {
-    let Told { offer, prompt } = told;
+    let Told {
+        offer,
+        prompt,
+        override_locks,
+    } = told;
     let Signals { stop, nudge } = signals;
     let expected = offer.expected.as_str();
     match state::open_transaction(&install.home) {
@@ -596,15 +645,19 @@ async fn on_refused(
         Ok(r) => r,
         Err(Outcome::ShuttingDown) => return Some(RunEnd::Stopped),
         Err(Outcome::Degraded { reason, failure }) => {
-            let now = Instant::now();
-            let next = retry.failed(offer, failure, now, &mut rand::rng());
-            tracing::warn!(
-                "running degraded: {reason}; {}",
-                retry::when_again(next, now)
-            );
+            let round = Round {
+                install,
+                client,
+                id,
+                offer,
+            };
+            round_failed(&round, failure, &reason, "running degraded", retry).await;
             return None;
         }
     };
+    if !may_start(install, config, client, id, offer, override_locks, retry).await {
+        return None;
+    }
     match update::hand_off(&ctx, &ready).await {
         Ok(pid) => {
             tracing::info!(
@@ -623,25 +676,180 @@ async fn on_refused(
                     Some(RunEnd::HandedOff { to: to.clone() })
                 }
                 update::HandOff::Stay(why) => {
-                    let now = Instant::now();
-                    let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
-                    tracing::warn!(
-                        "the update to {to} stopped before the switch: {why}; {} keeps running, {}",
-                        install.version,
-                        retry::when_again(next, now)
+                    let round = Round {
+                        install,
+                        client,
+                        id,
+                        offer,
+                    };
+                    let reason = format!(
+                        "the update to {to} stopped before the switch: {why}; {} keeps running",
+                        install.version
                     );
+                    round_failed(&round, Failure::Transient, &reason, "", retry).await;
                     None
                 }
             }
         }
         Err(e) => {
-            let now = Instant::now();
-            let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
-            tracing::error!(
-                "cannot hand over to the updater: {e}; {}",
-                retry::when_again(next, now)
-            );
+            let round = Round {
+                install,
+                client,
+                id,
+                offer,
+            };
+            let reason = format!("cannot hand over to the updater: {e}");
+            round_failed(&round, Failure::Transient, &reason, "", retry).await;
             None
         }
     }
+}
+
+/// The update round in hand: who, to whom, and for which offer.
+struct Round<'a> {
+    install: &'a Installation,
+    client: &'a Client,
+    id: &'a str,
+    offer: &'a Offer,
+}
+
+/// A round that ended without the switch: remembered for `agent status`, retried on its
+/// failure's pace (said in the log, `prefix` first), and told to the server.
+async fn round_failed(
+    round: &Round<'_>,
+    failure: Failure,
+    reason: &str,
+    prefix: &str,
+    retry: &mut Retry,
+) {
+    last_errors::record(&round.install.home, last_errors::Kind::Update, reason);
+    let now = Instant::now();
+    let next = retry.failed(round.offer, failure, now, &mut rand::rng());
+    let said = if prefix.is_empty() {
+        reason.to_owned()
+    } else {
+        format!("{prefix}: {reason}")
+    };
+    tracing::warn!("{said}; {}", retry::when_again(next, now));
+    tell_failure(round, failure, reason, retry).await;
+}
+
+/// Whether update locks let a verified update start now. Held off, the bundle stays
+/// verified in `data/update/` (downloaded ahead) and the server is told `DEFERRED` with
+/// the locks' names and reasons; past `update.max-defer`, or when an operator overrides,
+/// the update goes ahead and the overridden locks are logged.
+async fn may_start(
+    install: &Installation,
+    config: &Config,
+    client: &Client,
+    id: &str,
+    offer: &Offer,
+    override_locks: bool,
+    retry: &mut Retry,
+) -> bool {
+    let (held, warnings) = locks::held(&install.home, state::now_secs());
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
+    let deferred_for = retry.deferred_for(offer, Instant::now());
+    match locks::decide(&held, deferred_for, config.update.max_defer, override_locks) {
+        locks::Verdict::Go => {
+            retry.end_deferral();
+            true
+        }
+        locks::Verdict::Override { why } => {
+            tracing::warn!(
+                "{why}: updating to {} despite the update locks {}",
+                offer.expected,
+                locks::describe_all(&held)
+            );
+            retry.end_deferral();
+            true
+        }
+        locks::Verdict::Defer => {
+            let left = config.update.max_defer.saturating_sub(deferred_for);
+            let reason = format!(
+                "held off by update locks: {}; the update to {} starts when they are released, or in {}s (update.max-defer)",
+                locks::describe_all(&held),
+                offer.expected,
+                left.as_secs()
+            );
+            if retry.first_deferral_said(&reason) {
+                tracing::info!("{reason}; the bundle is verified and waits in data/update/");
+            }
+            let report = Report {
+                id: id.to_owned(),
+                from: install.version.to_string(),
+                to: offer.expected.clone(),
+                status: UpdateStatus::Deferred,
+                error: Some(format!(
+                    "held off by update locks: {}",
+                    locks::describe_all(&held)
+                )),
+            };
+            tell(install, client, report, retry).await;
+            false
+        }
+    }
+}
+
+/// Whether update locks hold an update off right now (not only when last looked).
+fn held_off(home: &AgentHome, retry: &Retry) -> bool {
+    retry.deferring() && !locks::held(home, state::now_secs()).0.is_empty()
+}
+
+/// Resolves once no update lock is held, while `held_off`; never otherwise.
+async fn locks_released(home: &AgentHome, held_off: bool) {
+    if !held_off {
+        return std::future::pending().await;
+    }
+    while !locks::held(home, state::now_secs()).0.is_empty() {
+        tokio::time::sleep(UNSENT_POLL).await;
+    }
+}
+
+/// Tells the server at once why a round failed before anything was installed: the
+/// bundle's fault as `INSTALL_FAILED` (it counts against the rollout, with the agent's
+/// own words), the machine's as `RETRYING`. Through the outbox, so a server that cannot
+/// hear it now hears it later; the same words for the same offer are told once.
+async fn tell_failure(round: &Round<'_>, failure: Failure, reason: &str, retry: &mut Retry) {
+    let Some(status) = retry::report_status(failure) else {
+        return;
+    };
+    let report = Report {
+        id: round.id.to_owned(),
+        from: round.install.version.to_string(),
+        to: round.offer.expected.clone(),
+        status,
+        error: Some(reason.to_owned()),
+    };
+    tell(round.install, round.client, report, retry).await;
+}
+
+/// Sends `report` through the outbox, once (the same report again is not news).
+async fn tell(install: &Installation, client: &Client, report: Report, retry: &mut Retry) {
+    let status = report.status;
+    if !retry.first_telling(&report) {
+        return;
+    }
+    crate::told::remember(&install.home, &report);
+    if let Err(e) = state::enqueue_report(&install.home, &report) {
+        // A full disk is the likeliest reason: told directly, once, then.
+        match client.report(&report).await {
+            Ok(()) => tracing::info!(
+                "reported {} of {} -> {} to the server (not kept: {e})",
+                status.as_str(),
+                report.from,
+                report.to
+            ),
+            Err(sent) => tracing::warn!(
+                "cannot tell the server {} of {} -> {}: {sent}; nor keep it for later: {e}",
+                status.as_str(),
+                report.from,
+                report.to
+            ),
+        }
+        return;
+    }
+    flush_outbox(&install.home, client).await;
 }

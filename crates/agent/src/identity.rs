@@ -63,3 +63,14 @@ mod tests {
         assert!(load_or_create(&home).is_err());
     }
 }
+
+/// How this agent introduces itself: `id`, the host name, its platform and group.
+pub fn hello(id: &str, config: &crate::config::Config) -> agent_protocol::wire::AgentHello {
+    agent_protocol::wire::AgentHello {
+        id: id.to_owned(),
+        name: host_name(),
+        platform: agent_protocol::layout::PLATFORM.to_owned(),
+        group: config.agent.group(),
+        health: None,
+    }
+}

@@ -2,8 +2,7 @@
 
 use std::process::ExitCode;
 
-use agent_protocol::layout::{self, AgentHome};
-use agent_protocol::wire::AgentHello;
+use agent_protocol::layout::AgentHome;
 use agent_updater::state;
 use tokio::sync::watch;
 
@@ -18,13 +17,7 @@ pub async fn update(
     check: bool,
 ) -> anyhow::Result<ExitCode> {
     let id = crate::identity::load_or_create(&install.home)?;
-    let hello = AgentHello {
-        id: id.clone(),
-        name: crate::identity::host_name(),
-        platform: layout::PLATFORM.to_owned(),
-        group: config.agent.group(),
-        health: None,
-    };
+    let hello = crate::identity::hello(&id, config);
     let client = Client::new(
         config.server.urls.clone(),
         install.version.clone(),
@@ -47,11 +40,16 @@ pub async fn update(
             println!(
                 "that bundle failed here before (data/bad-versions); it is not retried. `agent update --clear-bad` forgets it"
             );
-        } else if let Err(reason) = update::trusted_key(config, install.home.root()) {
-            println!("this agent could not take it: {reason}");
+        } else if let Err(Outcome::Degraded { reason, .. }) =
+            update::check_offer(&client, config, install, &info).await
+        {
+            // The same checks an update makes before it downloads a byte.
+            println!("this agent would refuse it: {reason}");
             return Ok(ExitCode::FAILURE);
         } else {
-            println!("`agent update` would install it");
+            println!(
+                "its signature and signed claim check out here; `agent update` would download, verify and install it"
+            );
         }
         return Ok(ExitCode::SUCCESS);
     }

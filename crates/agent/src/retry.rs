@@ -31,6 +31,10 @@ pub enum Failure {
     Transient,
     /// Needs the server or the operator to change something.
     NeedsChange,
+    /// What the agent got does not verify (no signature, a signature that fails, an
+    /// untrusted or retired key, hashes or a platform other than the server named):
+    /// the bundle's fault, reported `INSTALL_FAILED` at once; tried again slowly.
+    Rejected,
     /// The bundle failed to come up healthy here before.
     BadBundle,
 }
@@ -125,6 +129,13 @@ pub struct Retry {
     /// pace, and not before this.
     recover: Backoff,
     recover_not_before: Option<Instant>,
+    /// The last failure told to the server, so a round that fails again the same way
+    /// is not told again.
+    told: Option<agent_protocol::wire::Report>,
+    /// The offer update locks hold off, since when, and the last words said of it.
+    deferral: Option<(Offer, Instant, String)>,
+    /// When a deferral runs out (`update.max-defer`), so a wait ends then.
+    max_defer: Duration,
 }
 
 impl Retry {
@@ -138,7 +149,60 @@ impl Retry {
             quiet_bad: None,
             recover: transient_backoff(heartbeat),
             recover_not_before: None,
+            told: None,
+            deferral: None,
+            max_defer: Duration::from_secs(24 * 3600),
         }
+    }
+
+    /// `update.max-defer`: a deferral that runs out ends a wait.
+    pub fn with_max_defer(mut self, max_defer: Duration) -> Self {
+        self.max_defer = max_defer;
+        self
+    }
+
+    /// How long update locks have held `offer` off, counting from now if they held off
+    /// nothing (or another offer) before.
+    pub fn deferred_for(&mut self, offer: &Offer, now: Instant) -> Duration {
+        match &self.deferral {
+            Some((o, since, _)) if o == offer => now.saturating_duration_since(*since),
+            _ => {
+                self.deferral = Some((offer.clone(), now, String::new()));
+                Duration::ZERO
+            }
+        }
+    }
+
+    /// Whether update locks hold an update off now.
+    pub fn deferring(&self) -> bool {
+        self.deferral.is_some()
+    }
+
+    pub fn end_deferral(&mut self) {
+        self.deferral = None;
+    }
+
+    /// Whether `words` are new for this deferral (said once, not every heartbeat).
+    pub fn first_deferral_said(&mut self, words: &str) -> bool {
+        // Words without the countdown: it changes every time.
+        let key = words.split("; the update to").next().unwrap_or(words);
+        match &mut self.deferral {
+            Some((_, _, said)) if said == key => false,
+            Some((_, _, said)) => {
+                *said = key.to_owned();
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// Whether `report` is news to the server (not the last failure told); remembers it.
+    pub fn first_telling(&mut self, report: &agent_protocol::wire::Report) -> bool {
+        if self.told.as_ref() == Some(report) {
+            return false;
+        }
+        self.told = Some(report.clone());
+        true
     }
 
     /// The next instant the agent acts on its own, without news from the server: a
@@ -146,7 +210,11 @@ impl Retry {
     /// what is still ahead counts: a retry that fell due and was not made (the update
     /// is still open, an updater is at work) must not cut every wait to nothing.
     pub fn next_due(&self, now: Instant) -> Option<Instant> {
-        [self.gate.due(), self.recover_not_before]
+        let deferral_ends = self
+            .deferral
+            .as_ref()
+            .map(|(_, since, _)| *since + self.max_defer);
+        [self.gate.due(), self.recover_not_before, deferral_ends]
             .into_iter()
             .flatten()
             .filter(|t| *t > now)
@@ -175,6 +243,8 @@ impl Retry {
         self.quiet_bad = None;
         self.recover.reset();
         self.recover_not_before = None;
+        self.told = None;
+        self.deferral = None;
     }
 
     /// A round for `offer` failed with `failure` at `now`: when it is tried again.
@@ -187,7 +257,9 @@ impl Retry {
     ) -> NextRound {
         let next = match failure {
             Failure::Transient => NextRound::At(now + self.transient.next_wait(rng)),
-            Failure::NeedsChange => NextRound::At(now + self.needs_change.next_wait(rng)),
+            Failure::NeedsChange | Failure::Rejected => {
+                NextRound::At(now + self.needs_change.next_wait(rng))
+            }
             // A server that names its bundle says when it changes; of one that does not,
             // `/agentupdate/version` is asked again on the slow backoff.
             Failure::BadBundle if offer.sha256.is_some() => NextRound::OnNewOffer,
@@ -195,6 +267,18 @@ impl Retry {
         };
         self.gate.failed(offer, next);
         next
+    }
+}
+
+/// What a failed round tells the server: the bundle's fault counts against the rollout,
+/// the machine's is a retry; a bundle already in `data/bad-versions` was reported by the
+/// updater that rolled it back.
+pub fn report_status(failure: Failure) -> Option<agent_protocol::wire::UpdateStatus> {
+    use agent_protocol::wire::UpdateStatus;
+    match failure {
+        Failure::Rejected => Some(UpdateStatus::InstallFailed),
+        Failure::Transient | Failure::NeedsChange => Some(UpdateStatus::Retrying),
+        Failure::BadBundle => None,
     }
 }
 
@@ -415,6 +499,43 @@ mod tests {
             bounded(Duration::from_secs(30), retry.next_due(again), again),
             Duration::from_secs(30)
         );
+    }
+
+    #[test]
+    fn the_bundle_is_blamed_for_what_does_not_verify_and_the_machine_for_the_rest() {
+        use agent_protocol::wire::UpdateStatus;
+        assert_eq!(
+            report_status(Failure::Rejected),
+            Some(UpdateStatus::InstallFailed)
+        );
+        assert_eq!(
+            report_status(Failure::Transient),
+            Some(UpdateStatus::Retrying)
+        );
+        assert_eq!(
+            report_status(Failure::NeedsChange),
+            Some(UpdateStatus::Retrying)
+        );
+        // The updater that rolled it back reported it.
+        assert_eq!(report_status(Failure::BadBundle), None);
+    }
+
+    #[test]
+    fn a_failure_is_told_once_until_it_changes() {
+        use agent_protocol::wire::{Report, UpdateStatus};
+        let mut retry = Retry::new(HEARTBEAT, Duration::from_secs(60));
+        let report = |error: &str| Report {
+            id: "a".into(),
+            from: "1.0.0+1".into(),
+            to: "2.0.0+2".into(),
+            status: UpdateStatus::InstallFailed,
+            error: Some(error.into()),
+        };
+        assert!(retry.first_telling(&report("no signature")));
+        assert!(!retry.first_telling(&report("no signature")));
+        assert!(retry.first_telling(&report("the disk is full")));
+        retry.reset();
+        assert!(retry.first_telling(&report("the disk is full")));
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::download::{self, DownloadError, Limits};
 use crate::home::Installation;
 use crate::retry::Failure;
 use crate::sleep::sleep_or_shutdown;
+use crate::source;
 
 /// Failed downloads (not counting `503`s, which the server manages) before giving up
 /// for this round.
@@ -62,12 +63,22 @@ pub struct Ready {
     pub info: VersionInfo,
     pub verified: Verified,
     pub timings: Timings,
+    /// Where the bytes came from, for the `INSTALLING` report (see [`source::Attempt`]).
+    pub bundle_from: Option<&'static str>,
 }
 
 fn degraded(reason: impl Into<String>) -> Outcome {
     Outcome::Degraded {
         reason: reason.into(),
         failure: Failure::Transient,
+    }
+}
+
+/// What the agent got does not verify: the bundle's fault, told to the server at once.
+fn rejected(reason: impl Into<String>) -> Outcome {
+    Outcome::Degraded {
+        reason: reason.into(),
+        failure: Failure::Rejected,
     }
 }
 
@@ -119,32 +130,11 @@ pub async fn fetch_verified(
         Ok(false) => {}
         Err(e) => return Err(degraded(format!("cannot read data/bad-versions: {e}"))),
     }
-    // What can be checked before the download is: a bundle that cannot be verified, or
-    // whose signed claim does not match what the server says, is not worth a byte.
-    let key = trusted_key(ctx.config, home.root()).map_err(|reason| Outcome::Degraded {
-        reason,
-        failure: Failure::NeedsChange,
-    })?;
-    let retired = state::retired_keys(home)
-        .map_err(|e| degraded(format!("cannot read data/retired-keys: {e}")))?;
-    let signature = ctx
-        .client
-        .signature()
-        .await
-        .map_err(|e| degraded(format!("cannot fetch the signature: {e}")))?;
-    let key_path = ctx.config.public_key_path(home.root());
-    let trust = Trust {
-        key: &key,
-        retired: &retired,
-    };
-    if let Err(retired) = trust.check_signer(signature.key_id()) {
-        return Err(Outcome::Degraded {
-            reason: format!("refusing the server's bundle: {retired}"),
-            failure: Failure::NeedsChange,
-        });
-    }
-    check_claim(&key, &key_path, &signature, &info, &ctx.install.version_dir)
-        .map_err(|reason| degraded(format!("refusing the server's bundle: {reason}")))?;
+    let Offered {
+        key,
+        retired,
+        signature,
+    } = check_offer(ctx.client, ctx.config, ctx.install, &info).await?;
     let dir = home.update_dir();
     download::prepare_dir(&dir).map_err(|e| degraded(e.to_string()))?;
     download::check_disk_space(&dir, info.size).map_err(|e| degraded(e.to_string()))?;
@@ -159,6 +149,16 @@ pub async fn fetch_verified(
         read_timeout: ctx.config.update.read_timeout,
         deadline: ctx.config.update.download_timeout,
     };
+    // A version this machine kept (the one before, for rollback) with the very bundle
+    // the server names: nothing crosses the wire. Its bytes are checked below as a
+    // download's are, against the server's hashes and its new signature.
+    if take_kept_bundle(home, &info, &dir) {
+        tracing::info!(
+            "{} is kept here (versions/{}/bundle, same sha256): switching back to it without a download",
+            info.agent,
+            info.agent
+        );
+    }
     let via_delta = if ctx.config.update.deltas && !download::bundle_path(&dir, &info).exists() {
         let claim = running_claim(&ctx.install.version_dir);
         let request = delta::Request {
@@ -184,10 +184,19 @@ pub async fn fetch_verified(
     } else {
         None
     };
+    // Deltas stay with the server; a whole bundle comes from its download source, if
+    // it names one that serves it.
+    let from_source = match via_delta {
+        Some(_) => source::Attempt::NoSource,
+        None => source::try_source(ctx.client, &info, &dir, &limits).await,
+    };
+    let bundle_from = from_source.bundle_from();
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
     let mut attempt = 0u32;
     let downloaded = if let Some(rebuilt) = via_delta {
         rebuilt
+    } else if let Some(downloaded) = from_source.downloaded() {
+        downloaded
     } else {
         loop {
             attempt += 1;
@@ -213,8 +222,9 @@ pub async fn fetch_verified(
                         failure: Failure::NeedsChange,
                     });
                 }
-                Err(e @ (DownloadError::DiskSpace { .. } | DownloadError::HashMismatch { .. })) => {
-                    return Err(degraded(e.to_string()));
+                Err(e @ DownloadError::DiskSpace { .. }) => return Err(degraded(e.to_string())),
+                Err(e @ DownloadError::HashMismatch { .. }) => {
+                    return Err(rejected(format!("refusing the downloaded bundle: {e}")));
                 }
                 Err(e) => {
                     if backoff.attempts() + 1 >= MAX_DOWNLOAD_FAILURES {
@@ -247,10 +257,9 @@ pub async fn fetch_verified(
             // Unverified bytes never stay where they could be run.
             let _ = fs::remove_file(&downloaded.path);
             // The same bytes will never verify: wait for the server to offer others.
-            return Err(Outcome::Degraded {
-                reason: format!("refusing the downloaded bundle: {reason}"),
-                failure: Failure::NeedsChange,
-            });
+            return Err(rejected(format!(
+                "refusing the downloaded bundle: {reason}"
+            )));
         }
     };
     let timings = Timings {
@@ -275,7 +284,88 @@ pub async fn fetch_verified(
         info,
         verified,
         timings,
+        bundle_from,
     })
+}
+
+/// What the checks before a download found: the key to verify with, the keys no longer
+/// trusted, and the server's signature over its bundle.
+pub struct Offered {
+    pub key: PublicKey,
+    pub retired: Vec<KeyId>,
+    pub signature: Signature,
+}
+
+/// What can be checked before the download is: a bundle that cannot be verified, or
+/// whose signed claim does not match what the server says, is not worth a byte. Also
+/// what `agent update --check` tells an operator.
+pub async fn check_offer(
+    client: &Client,
+    config: &Config,
+    install: &Installation,
+    info: &VersionInfo,
+) -> Result<Offered, Outcome> {
+    let home = &install.home;
+    let key = trusted_key(config, home.root()).map_err(|reason| Outcome::Degraded {
+        reason,
+        failure: Failure::NeedsChange,
+    })?;
+    let retired = state::retired_keys(home)
+        .map_err(|e| degraded(format!("cannot read data/retired-keys: {e}")))?;
+    let signature = client.signature().await.map_err(|e| match e {
+        // The server names a bundle it has no signature for: no agent can install it.
+        crate::client::CommError::Status { status: 404, .. } => rejected(format!(
+            "refusing the server's bundle {}: the server serves no signature for it ({e}); the release is missing its .minisig, publish the bundle with its signature",
+            info.agent
+        )),
+        crate::client::CommError::Garbage { .. } => rejected(format!(
+            "refusing the server's bundle {}: its signature is not a minisign signature ({e})",
+            info.agent
+        )),
+        e => degraded(format!("cannot fetch the signature: {e}")),
+    })?;
+    let key_path = config.public_key_path(home.root());
+    let trust = Trust {
+        key: &key,
+        retired: &retired,
+    };
+    if let Err(retired) = trust.check_signer(signature.key_id()) {
+        return Err(rejected(format!("refusing the server's bundle: {retired}")));
+    }
+    check_claim(&key, &key_path, &signature, info, &install.version_dir)
+        .map_err(|reason| rejected(format!("refusing the server's bundle: {reason}")))?;
+    Ok(Offered {
+        key,
+        retired,
+        signature,
+    })
+}
+
+/// Copies the bundle a kept version was installed from to where a download of `info`
+/// goes, when it is that very bundle (its sha256 is the server's); true if it did.
+fn take_kept_bundle(home: &AgentHome, info: &VersionInfo, dir: &Path) -> bool {
+    let kept = home.version_dir(&info.agent).join(layout::KEPT_BUNDLE_FILE);
+    let target = download::bundle_path(dir, info);
+    if target.exists() || !kept.is_file() {
+        return false;
+    }
+    let same = std::fs::File::open(&kept)
+        .and_then(agent_protocol::digest::Digests::of_reader)
+        .is_ok_and(|d| d.sha256_hex() == info.sha256 && d.size == info.size);
+    if !same {
+        return false;
+    }
+    match std::fs::copy(&kept, &target) {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(
+                "cannot take the kept bundle {} ({e}); downloading instead",
+                kept.display()
+            );
+            let _ = std::fs::remove_file(&target);
+            false
+        }
+    }
 }
 
 /// The key bundles must be signed with (`update.public-key`), or why there is none.
@@ -435,7 +525,7 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
         status: UpdateStatus::Installing,
         error: None,
     };
-    if let Err(e) = ctx.client.report(&report).await {
+    if let Err(e) = ctx.client.report_from(&report, ready.bundle_from).await {
         tracing::warn!("could not report INSTALLING ({e}); it is not needed for the update");
     }
 
@@ -575,6 +665,7 @@ mod tests {
             sha256: sha256.clone(),
             size: 1,
             filename: "agent-bundle-2.0.0".into(),
+            download_source: None,
         };
         let running = tempfile::tempdir().unwrap();
         let check = |platform: &str| {

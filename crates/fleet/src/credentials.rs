@@ -1,15 +1,17 @@
 //! Per-agent credentials and enrollment, decided from what the fleet knows of an id and
 //! what the request presents. Pure: the edges fetch and store, this decides.
 //!
-//! An id's first `register` (trust on first use) gets a random token; the server keeps
-//! only its sha256, compared in constant time. From then on, a call for that id without
+//! An id's first `register` (trust on first use) sets its token: the secret the agent
+//! made and presents (so a retry after a lost answer proves the same one), or, from an
+//! agent that presents none, a random token in the answer. The server keeps only its
+//! sha256, compared in constant time. From then on, a call for that id without
 //! its token is `401`, so nobody can forge its reports or take the id over. With
 //! `agents.enrollment-token` set, an id the fleet does not know must present it.
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::db::Credentials;
+use crate::db::{Credentials, Revocation};
 
 /// What a request for an id may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +56,12 @@ pub fn decide(
                 "this agent id has credentials: send them (Authorization: Bearer, from data/agent-token); if they were lost, an operator resets them with `update-server agents forget-token ID`",
             ),
         },
+        Credentials::Revoked(Revocation::Left) => Verdict::Deny(
+            "this agent left the fleet (agent uninstall) and its credentials are revoked; an agent installed again on this machine enrolls with a new id",
+        ),
+        Credentials::Revoked(Revocation::Removed) => Verdict::Deny(
+            "an operator removed this agent from the fleet and its credentials are revoked; install the agent again (a new id) to enroll this machine",
+        ),
         // From before credentials, or reset by an operator: it gets a token now.
         Credentials::None => Verdict::Allow { issue: true },
         Credentials::Unknown => {
@@ -92,6 +100,23 @@ mod tests {
             decide(&known, None, "e", Some("e")),
             Verdict::Deny(_)
         ));
+    }
+
+    #[test]
+    fn a_revoked_id_is_refused_whatever_it_presents() {
+        let token = new_token().unwrap();
+        for how in [Revocation::Left, Revocation::Removed] {
+            let known = Credentials::Revoked(how);
+            assert!(matches!(
+                decide(&known, Some(&token), "", None),
+                Verdict::Deny(_)
+            ));
+            assert!(matches!(decide(&known, None, "", None), Verdict::Deny(_)));
+            assert!(matches!(
+                decide(&known, None, "enrol", Some("enrol")),
+                Verdict::Deny(_)
+            ));
+        }
     }
 
     #[test]

@@ -362,7 +362,10 @@ impl Db {
     pub async fn fleet_counts(
         &self,
     ) -> Result<(Vec<(String, i64)>, Vec<(String, i64)>), FleetError> {
-        let by_version = sqlx::query("SELECT version, COUNT(*) FROM agents GROUP BY version")
+        let by_version = sqlx::query(
+            // Agents that left are listed, not counted.
+            "SELECT version, COUNT(*) FROM agents WHERE id NOT IN (SELECT id FROM agents_revoked) GROUP BY version",
+        )
             .fetch_all(&self.pool)
             .await?
             .into_iter()
@@ -389,10 +392,47 @@ pub enum Credentials {
     None,
     /// The sha256 (hex) of its token.
     Hash(String),
+    /// It left the fleet, or an operator removed it: nothing it presents is accepted.
+    Revoked(Revocation),
+}
+
+/// How an agent stopped being part of the fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revocation {
+    /// `agent uninstall` told the server (`POST /agent/leave`): listed as `LEFT`.
+    Left,
+    /// An operator forgot a lost machine (`DELETE /admin/agents/<id>`).
+    Removed,
+}
+
+impl Revocation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Revocation::Left => "LEFT",
+            Revocation::Removed => "REMOVED",
+        }
+    }
+
+    fn parse(text: &str) -> Self {
+        if text == "LEFT" {
+            Revocation::Left
+        } else {
+            Revocation::Removed
+        }
+    }
 }
 
 impl Db {
     pub async fn credentials(&self, id: &str) -> Result<Credentials, FleetError> {
+        let revoked = sqlx::query("SELECT how FROM agents_revoked WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(r) = revoked {
+            return Ok(Credentials::Revoked(Revocation::parse(
+                &r.get::<String, _>(0),
+            )));
+        }
         let row = sqlx::query("SELECT token_hash FROM agents WHERE id = $1")
             .bind(id)
             .fetch_optional(&self.pool)
@@ -427,17 +467,79 @@ impl Db {
             .bind(id)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(
-            "INSERT INTO settings (key, value) VALUES ($1, $2)
-             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        )
-        .bind(crate::settings::CREDENTIALS_REVISION)
-        .bind(format!("{}-{id}", now_ms()))
-        .execute(&mut *tx)
-        .await?;
+        credentials_changed(&mut tx, id).await?;
         tx.commit().await?;
         Ok(done.rows_affected() == 1)
     }
+
+    /// The agent leaves the fleet, or is removed from it, at `at` (unix seconds): its
+    /// credentials are refused from then on, it leaves every rollout's waves (none waits
+    /// for it), a removed agent is forgotten and one that left is listed `LEFT`. The
+    /// credentials revision moves, so no server keeps trusting its token from memory.
+    /// False if the fleet never knew it.
+    pub async fn revoke(&self, id: &str, how: Revocation, at: i64) -> Result<bool, FleetError> {
+        let mut tx = self.begin_write().await?;
+        let known = sqlx::query("SELECT id FROM agents WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .is_some();
+        if !known {
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO agents_revoked (id, how, at) VALUES ($1, $2, $3)
+             ON CONFLICT (id) DO UPDATE SET how = excluded.how, at = excluded.at",
+        )
+        .bind(id)
+        .bind(how.as_str())
+        .bind(at)
+        .execute(&mut *tx)
+        .await?;
+        // Bundle and configuration rollouts alike keep their members here.
+        sqlx::query("DELETE FROM rollout_agents WHERE agent_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        match how {
+            Revocation::Left => {
+                sqlx::query(
+                    "UPDATE agents SET token_hash = NULL, update_status = 'LEFT', update_error = NULL WHERE id = $1",
+                )
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Revocation::Removed => {
+                for sql in [
+                    "DELETE FROM agent_opamp WHERE agent_id = $1",
+                    "DELETE FROM agents WHERE id = $1",
+                ] {
+                    sqlx::query(sql).bind(id).execute(&mut *tx).await?;
+                }
+            }
+        }
+        credentials_changed(&mut tx, id).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+}
+
+/// Moves the credentials revision (in `tx`, with the change to `id`'s credentials), so
+/// every server of the fleet drops the tokens it trusts from memory.
+async fn credentials_changed(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    id: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO settings (key, value) VALUES ($1, $2)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    )
+    .bind(crate::settings::CREDENTIALS_REVISION)
+    .bind(format!("{}-{id}", now_ms()))
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 /// Contacts per statement: a flush of a second of 20,000 long-polling agents is a few

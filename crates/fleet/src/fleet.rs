@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::Configs;
-use crate::db::{Contact, Db};
+use crate::db::{Contact, Credentials, Db, Revocation, now_secs};
 use crate::error::FleetError;
 use crate::outage::{Deferred, Outage};
 use crate::rollout::Rollouts;
@@ -120,6 +120,22 @@ impl Fleet {
     pub async fn forget_token(&self, agent: &str) -> Result<bool, FleetError> {
         let known = self.db.forget_token(agent).await?;
         lock(&self.verified).remove(agent);
+        Ok(known)
+    }
+
+    /// `agent` leaves the fleet or is removed from it (see [`Db::revoke`]): false if the
+    /// fleet does not know it. Its waves are decided again at once, so none waits for it.
+    pub async fn revoke(&self, agent: &str, how: Revocation) -> Result<bool, FleetError> {
+        // A contact still batched must not write the row back after it is forgotten.
+        lock(&self.contacts).remove(agent);
+        let known = self.db.revoke(agent, how, now_secs()).await?;
+        lock(&self.verified).remove(agent);
+        if known {
+            self.outage
+                .remember_credentials(agent, &Credentials::Revoked(how));
+            self.rollouts.decide().await?;
+            self.configs.decide().await?;
+        }
         Ok(known)
     }
 
@@ -570,6 +586,32 @@ mod tests {
         let a = fleet.db.agent("a").await.unwrap().unwrap();
         assert_eq!((a.version.as_str(), a.last_contact), ("2.0.0+1", 50));
         assert_eq!(a.update_status.as_deref(), Some("INSTALLED"));
+    }
+
+    #[tokio::test]
+    async fn a_revoked_agent_is_refused_listed_as_it_left_or_forgotten() {
+        let home = tempfile::tempdir().unwrap();
+        let fleet = fleet(home.path()).await;
+        for id in ["a", "b"] {
+            fleet.save(contact(id, "1.0.0+1", 10)).await.unwrap();
+            assert!(fleet.db.issue_token(id, "h").await.unwrap());
+        }
+        assert!(fleet.revoke("a", Revocation::Left).await.unwrap());
+        assert!(fleet.revoke("b", Revocation::Removed).await.unwrap());
+        assert!(!fleet.revoke("nobody", Revocation::Removed).await.unwrap());
+        assert_eq!(
+            fleet.db.credentials("a").await.unwrap(),
+            Credentials::Revoked(Revocation::Left)
+        );
+        assert_eq!(
+            fleet.db.credentials("b").await.unwrap(),
+            Credentials::Revoked(Revocation::Removed)
+        );
+        let a = fleet.db.agent("a").await.unwrap().unwrap();
+        assert_eq!(a.update_status.as_deref(), Some("LEFT"));
+        assert!(fleet.db.agent("b").await.unwrap().is_none());
+        let (by_version, _) = fleet.db.fleet_counts().await.unwrap();
+        assert!(by_version.is_empty(), "{by_version:?}");
     }
 
     #[tokio::test]

@@ -8,7 +8,9 @@
 //! This crate does no I/O of its own beyond `Read`/`Write` values handed to it: it
 //! never opens a file, a socket or a process, so every format can be tested in memory.
 
+pub mod blame;
 pub mod config_set;
+pub mod credentials;
 pub mod digest;
 pub mod error;
 pub mod journal;
@@ -17,6 +19,7 @@ pub mod minisign;
 pub mod platform;
 pub mod properties;
 pub mod rotation;
+pub mod server_url;
 pub mod settings;
 pub mod version;
 pub mod wire;

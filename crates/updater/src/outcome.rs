@@ -12,20 +12,8 @@ use agent_protocol::journal::{Journal, Phase};
 /// version can be judged fairly when it cannot write its own state files.
 pub const FULL_BELOW: u64 = 1024 * 1024;
 
-/// The words the OS uses for a full disk or an exhausted quota (ENOSPC, EDQUOT).
-pub fn mentions_full_disk(text: &str) -> bool {
-    [
-        "No space left on device",
-        "os error 28",
-        "Disk quota exceeded",
-        "os error 122",
-    ]
-    .iter()
-    .any(|w| text.contains(w))
-        || text.starts_with(DISK_FULL)
-}
-
-const DISK_FULL: &str = "the disk is full";
+use agent_protocol::blame::DISK_FULL;
+pub use agent_protocol::blame::mentions_full_disk;
 
 /// A failure in an operator's words: a full disk is named as such, first.
 pub fn explain(reason: &str) -> String {

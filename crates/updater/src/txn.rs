@@ -735,7 +735,14 @@ impl Transaction<'_> {
         self.restore_conf();
         self.start_old();
 
-        self.report(UpdateStatus::InstallFailed, Some(reason.to_owned()));
+        // The machine's fault (a full disk, an updater killed before the switch) never
+        // counts against the bundle: the agent tries again, and says so.
+        let status = if bundle_at_fault {
+            UpdateStatus::InstallFailed
+        } else {
+            UpdateStatus::Retrying
+        };
+        self.report(status, Some(reason.to_owned()));
         if bundle_at_fault
             && let Err(e) = self.fx.add_bad(
                 self.home,

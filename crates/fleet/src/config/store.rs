@@ -117,11 +117,13 @@ pub async fn group_agents<'e>(
            AND (agent_group = $2 OR agent_group = ''
                 OR agent_group NOT IN (SELECT agent_group FROM config_sets))
            AND (protocol <> 'opamp' OR id IN (SELECT agent_id FROM agent_opamp WHERE accepts_remote_config = 1))
+           AND id NOT IN (SELECT id FROM agents_revoked)
          ORDER BY id"
     } else {
         // OpAMP agents that do not accept remote configuration are never sent a set.
         "SELECT id, agent_group, config_hash FROM agents WHERE last_contact >= $1 AND agent_group = $2
            AND (protocol <> 'opamp' OR id IN (SELECT agent_id FROM agent_opamp WHERE accepts_remote_config = 1))
+           AND id NOT IN (SELECT id FROM agents_revoked)
          ORDER BY id"
     };
     Ok(sqlx::query(sql)

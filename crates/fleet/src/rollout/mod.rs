@@ -405,7 +405,10 @@ impl Rollouts {
             .await?;
         let accepted = self.accepts(&current, version, member.wave);
         let now = now_ms();
-        if on_target && !member.done {
+        // Running the target counts as done for an agent that had it before it was
+        // told; one that was told is done when it reports INSTALLED (committed, after
+        // its stability window), not when it first calls in on the new version.
+        if on_target && !member.done && !member.told {
             self.installed_by_running(&current, agent, now).await?;
         }
         if !accepted && !servable {
@@ -490,7 +493,7 @@ impl Rollouts {
             .await?;
         let now = now_ms();
         if on_target {
-            if !member.done {
+            if !member.done && !member.told {
                 self.installed_by_running(&current, agent, now).await?;
             }
             return Ok(None);
@@ -609,7 +612,11 @@ impl Rollouts {
         let outcome = match report.status {
             UpdateStatus::Installed => store::INSTALLED,
             UpdateStatus::InstallFailed => store::INSTALL_FAILED,
-            UpdateStatus::Installing => return Ok(()),
+            // The machine's fault: the agent tries again; only its deadline counts.
+            UpdateStatus::Installing
+            | UpdateStatus::Retrying
+            | UpdateStatus::Deferred
+            | UpdateStatus::WaitingWindow => return Ok(()),
         };
         if report.to.parse::<AgentVersion>().ok().as_ref() != Some(&current.subject.version) {
             return Ok(());

@@ -385,6 +385,7 @@ pub async fn live_agents<'e>(
         // OpAMP agents that do not accept packages are never told to update.
         "SELECT id, agent_group, version FROM agents WHERE last_contact >= $1
            AND (protocol <> 'opamp' OR id IN (SELECT agent_id FROM agent_opamp WHERE accepts_packages = 1))
+           AND id NOT IN (SELECT id FROM agents_revoked)
          ORDER BY id",
     )
     .bind(since_secs)

@@ -120,7 +120,7 @@ pub async fn exchange(
             v.online = stored.as_ref().is_some_and(|st| st.shows_online(now_ms()));
             v
         });
-    let obs = observe(
+    let mut obs = observe(
         stored_view.as_ref(),
         Contact {
             message: msg,
@@ -134,6 +134,19 @@ pub async fn exchange(
             e.to_string(),
         )
     })?;
+    // An operator removed the agent of this uid: the uid is refused from then on. Like a
+    // duplicate, it is answered with a new one and nothing for it, and the agent
+    // enrolls again under the new uid (only a uid the fleet does not know is looked up).
+    if stored.is_none()
+        && matches!(
+            s.fleet.db.credentials(&id).await,
+            Ok(agent_fleet::db::Credentials::Revoked(_))
+        )
+    {
+        tracing::info!(agent = %id, "OpAMP: a removed agent's uid is refused; it is given a new one");
+        obs.duplicate = true;
+        obs.new_instance_uid = Some(InstanceUid::new_v7());
+    }
     let view = &obs.view;
     let package = agent_package(s, view);
     let mut offers = Offers::default();

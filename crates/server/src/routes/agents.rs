@@ -2,7 +2,8 @@
 //! and the configuration set the agent should run) and `/agentupdate/report`.
 
 use agent_protocol::AgentVersion;
-use agent_protocol::wire::{self, AgentHello, ConnectBody, NotSupported, Report};
+use agent_protocol::blame;
+use agent_protocol::wire::{self, AgentHello, ConnectBody, NotSupported, Report, UpdateStatus};
 use axum::Json;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use agent_fleet::credentials::{self, Verdict};
-use agent_fleet::db::{Credentials, now_ms, now_secs};
+use agent_fleet::db::{Credentials, Revocation, now_ms, now_secs};
 use agent_fleet::outage::Deferred;
 use agent_fleet::rollout::Answer;
 
@@ -105,7 +106,9 @@ impl Greeting {
             Greeting::Accepted { token, config, .. } => {
                 token.is_some() || config.is_some() || known.is_some()
             }
-            Greeting::Refused(ns) => ns.token.is_some() || ns.sha256.as_deref() != known,
+            Greeting::Refused(ns) => {
+                ns.token.is_some() || ns.override_locks || ns.sha256.as_deref() != known
+            }
             Greeting::Other(_) => true,
         }
     }
@@ -305,7 +308,15 @@ async fn greet(s: &Shared, hello: &Hello, headers: &HeaderMap) -> Result<Greetin
     // Credentials are issued once, in the database; while it is away, the agent gets
     // its token at a later register.
     let token = if issue && !s.fleet.outage.is_down() {
-        issue_token(s, &hello.hello.id).await?
+        match bearer(headers).filter(|t| agent_protocol::credentials::is_agent_token(t)) {
+            // The agent made its own secret: adopted, so a retry after a lost answer (on
+            // this server or another of the fleet) proves the same secret; nothing to send.
+            Some(own) => {
+                store_token(s, &hello.hello.id, credentials::hash_token(own)).await?;
+                None
+            }
+            None => issue_token(s, &hello.hello.id).await?,
+        }
     } else {
         None
     };
@@ -362,6 +373,7 @@ async fn decide(
         inc(&s.metrics.registrations_refused);
     }
     tracing::info!(agent = %hello.hello.id, version = %hello.version, expected = %expected, "refused agent");
+    let override_locks = locks_overridden(s, &hello.hello.id, &expected.to_string()).await;
     Ok(Greeting::Refused(NotSupported {
         error: wire::NOT_SUPPORTED.to_owned(),
         expected: expected.to_string(),
@@ -374,6 +386,7 @@ async fn decide(
         },
         sha256: Some(bundle.info.sha256.clone()),
         token,
+        override_locks,
     }))
 }
 
@@ -535,22 +548,85 @@ async fn issue_token(s: &Shared, id: &str) -> Result<Option<String>, ApiError> {
         tracing::error!("no randomness for a token: {e}");
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no randomness")
     })?;
-    let hash = credentials::hash_token(&token);
+    let stored = store_token(s, id, credentials::hash_token(&token)).await?;
+    Ok(stored.then_some(token))
+}
+
+/// Makes `hash` the credentials of an id that has none; false if another server (or a
+/// concurrent try of the same register) just did, or the database is away.
+async fn store_token(s: &Shared, id: &str, hash: String) -> Result<bool, ApiError> {
     match s.fleet.db.issue_token(id, &hash).await {
         Ok(true) => {
-            tracing::info!(agent = %id, "issued the agent its credentials");
+            tracing::info!(agent = %id, "the agent's credentials are set");
             s.fleet
                 .outage
                 .remember_credentials(id, &Credentials::Hash(hash));
-            Ok(Some(token))
+            Ok(true)
         }
-        Ok(false) => Ok(None),
+        Ok(false) => Ok(false),
         Err(e) if e.is_unavailable() => {
             s.fleet.outage.went_down(&e);
-            Ok(None)
+            Ok(false)
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The settings key under which an operator's override of an agent's update locks is
+/// kept: its value is the release (`VERSION+BUILD`) it was given for, so it ends with
+/// that release.
+pub(super) fn override_key(id: &str) -> String {
+    format!("override-locks:{id}")
+}
+
+/// Whether an operator overrode `id`'s update locks for the release `version`. A
+/// database that does not answer overrides nothing.
+async fn locks_overridden(s: &Shared, id: &str, version: &str) -> bool {
+    s.fleet
+        .db
+        .setting(&override_key(id))
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|v| v == version)
+}
+
+/// `POST /agent/leave`: the agent uninstalls itself. Its credentials are revoked (`401`
+/// from then on), it is listed `LEFT`, and no wave waits for it.
+pub(super) async fn leave(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<wire::Leave>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let leave = json_body(body)?;
+    check_id(&leave.id)?;
+    let s = &state.inner;
+    // Only the agent itself, proving its credentials, may take itself out of the fleet.
+    match authenticate(s, &leave.id, &headers).await? {
+        Verdict::Allow { issue: false } => {}
+        Verdict::Allow { issue: true } => {
+            return Err(unauthorized(
+                &leave.id,
+                "this agent id has no credentials with this fleet: nothing to leave",
+            ));
+        }
+        Verdict::Deny(why) => return Err(unauthorized(&leave.id, why)),
+    }
+    s.fleet.revoke(&leave.id, Revocation::Left).await?;
+    tracing::info!(agent = %leave.id, "the agent left the fleet (agent uninstall); its credentials are revoked");
+    let who = format!("agent:{}", leave.id);
+    super::operators::record(
+        s,
+        agent_fleet::audit::Change {
+            who: &who,
+            address: "",
+            action: "agent.leave",
+            outcome: agent_fleet::audit::Outcome::Done,
+            details: serde_json::json!({ "agent": leave.id }),
+        },
+    )
+    .await;
+    Ok(Json(serde_json::json!({ "id": leave.id, "status": "LEFT" })).into_response())
 }
 
 /// `POST /agentupdate/report`, from any version.
@@ -559,7 +635,7 @@ pub(super) async fn report(
     headers: HeaderMap,
     body: Result<Json<Report>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let report = json_body(body)?;
+    let mut report = json_body(body)?;
     check_id(&report.id)?;
     // Nobody reports for an agent but that agent: a forged failure could halt a rollout.
     if let Verdict::Deny(why) = authenticate(&state.inner, &report.id, &headers).await? {
@@ -570,7 +646,22 @@ pub(super) async fn report(
             "error text is longer than 4096 bytes",
         ));
     }
+    // Agents from before RETRYING report a full disk as INSTALL_FAILED: a machine's
+    // fault never counts against the bundle.
+    if report.status == UpdateStatus::InstallFailed
+        && report
+            .error
+            .as_deref()
+            .is_some_and(|e| blame::of_failure(e) == blame::Blame::Machine)
+    {
+        report.status = UpdateStatus::Retrying;
+    }
     inc(&state.inner.metrics.reports);
+    let from = headers.get(wire::BUNDLE_FROM_HEADER);
+    state
+        .inner
+        .metrics
+        .bundle_from(from.and_then(|v| v.to_str().ok()));
     tracing::info!(agent = %report.id, from = %report.from, to = %report.to, status = report.status.as_str(), error = ?report.error, "update report");
     state
         .inner

@@ -77,6 +77,15 @@ pub fn router(state: &AppState) -> Router<AppState> {
         )
         .route("/admin/agents", get(admin::agents))
         .route(
+            "/admin/agents/{id}",
+            axum::routing::delete(admin::remove_agent),
+        )
+        .route(wire::LEAVE_PATH, post(agents::leave))
+        .route(
+            "/admin/agents/{id}/override-locks",
+            post(admin::override_locks),
+        )
+        .route(
             "/admin/agents/{id}/token",
             axum::routing::delete(admin::forget_token),
         )

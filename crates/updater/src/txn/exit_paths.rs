@@ -192,12 +192,19 @@ fn current(home: &AgentHome) -> String {
 
 /// The old agent was started, first; every state write was tried after it, failed, and
 /// changed nothing the operator owns; the journal's phase is left for the next start.
-fn assert_old_started_before_the_writes(home: &AgentHome, fx: &Fake, verdict: &Verdict) {
+/// `report`: the status reported, `INSTALL_FAILED` when the bundle is at fault and
+/// `RETRYING` when the machine is.
+fn assert_old_started_before_the_writes(
+    home: &AgentHome,
+    fx: &Fake,
+    verdict: &Verdict,
+    report: &str,
+) {
     let events = fx.events();
     let start = fx
         .position(&format!("start:{OLD}"))
         .unwrap_or_else(|| panic!("the old agent was not started: {events:?}"));
-    for write in ["report:INSTALL_FAILED", "journal:RolledBack"] {
+    for write in [format!("report:{report}").as_str(), "journal:RolledBack"] {
         let at = fx
             .position(write)
             .unwrap_or_else(|| panic!("{write} was not tried: {events:?}"));
@@ -238,7 +245,7 @@ fn abandon_during_the_unpack_on_a_full_disk_starts_the_old_agent() {
         false,
         settings(),
     );
-    assert_old_started_before_the_writes(&home, &fx, &verdict);
+    assert_old_started_before_the_writes(&home, &fx, &verdict, "RETRYING");
     assert!(
         fx.position("bad").is_none(),
         "abandon marked the bundle bad"
@@ -261,7 +268,7 @@ fn abandon_after_the_switch_could_not_be_recorded_points_current_back_and_starts
     assert!(
         fx.position("journal:Switched").unwrap() < fx.position(&format!("start:{OLD}")).unwrap()
     );
-    assert_old_started_before_the_writes(&home, &fx, &verdict);
+    assert_old_started_before_the_writes(&home, &fx, &verdict, "RETRYING");
 }
 
 #[test]
@@ -275,7 +282,7 @@ fn rollback_past_the_boot_budget_on_a_full_disk_starts_the_old_agent() {
         ..settings()
     };
     let verdict = run(&home, &fx, journal(&home, Phase::Switched), true, s);
-    assert_old_started_before_the_writes(&home, &fx, &verdict);
+    assert_old_started_before_the_writes(&home, &fx, &verdict, "INSTALL_FAILED");
     assert!(fx.position(&format!("start:{OLD}")).unwrap() < fx.position("bad").unwrap());
 }
 
@@ -286,7 +293,7 @@ fn an_interrupted_rollback_on_a_full_disk_starts_the_old_agent() {
     let mut j = journal(&home, Phase::RollingBack);
     j.reason = Some("it crashed".into());
     let verdict = run(&home, &fx, j, true, settings());
-    assert_old_started_before_the_writes(&home, &fx, &verdict);
+    assert_old_started_before_the_writes(&home, &fx, &verdict, "INSTALL_FAILED");
 }
 
 #[test]
