@@ -42,4 +42,5 @@ mod stamp;
 mod trust;
 mod update;
 mod upgrade;
+mod windows;
 mod workload;
