@@ -61,6 +61,8 @@ pub struct Config {
     pub database: DatabaseSection,
     pub rollout: RolloutSection,
     pub tls: TlsSection,
+    /// `[[maintenance]]` windows (config-file only).
+    pub maintenance: Vec<crate::maintenance::MaintenanceSection>,
 }
 
 /// `[tls]`: when both are set, the server speaks HTTPS only.
@@ -273,6 +275,7 @@ impl Config {
             return Err("database.pool-size must be at least 1".into());
         }
         self.rollout_plan()?;
+        self.maintenance_schedule()?;
         if self.tls.cert.is_empty() != self.tls.key.is_empty() {
             return Err("tls.cert and tls.key go together: set both for HTTPS, or neither".into());
         }
@@ -312,6 +315,11 @@ impl Config {
             &self.rollout.max_failures.to_string(),
             self.rollout.agent_deadline,
         )
+    }
+
+    /// The maintenance windows new bundles wait for.
+    pub fn maintenance_schedule(&self) -> Result<agent_fleet::maintenance::Schedule, String> {
+        crate::maintenance::schedule(&self.maintenance)
     }
 
     /// The URL of this server's admin API, from `server.listen` (a wildcard address is

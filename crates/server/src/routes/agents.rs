@@ -91,6 +91,8 @@ enum Greeting {
         token: Option<String>,
         /// The configuration set the agent should run, when it runs another.
         config: Option<wire::ConfigPayload>,
+        /// The release it installs when its maintenance window opens.
+        window: Option<WindowNote>,
     },
     Refused(NotSupported),
     /// Not a directive (no bundle to serve yet): answered as it is, never held.
@@ -101,10 +103,22 @@ impl Greeting {
     /// Whether an agent that knows `known` (the bundle it was refused with and stays
     /// away from, if any) learns something from this answer. A held connect waits for
     /// news; anything else is answered at once.
-    fn is_news(&self, known: Option<&str>) -> bool {
+    fn is_news(&self, known: Option<&str>, ahead: bool) -> bool {
         match self {
-            Greeting::Accepted { token, config, .. } => {
-                token.is_some() || config.is_some() || known.is_some()
+            Greeting::Accepted {
+                token,
+                config,
+                window,
+                ..
+            } => {
+                token.is_some()
+                    || config.is_some()
+                    || match window {
+                        // An agent that downloads ahead learns of a release behind its
+                        // window at once; one that does not needs nothing until it opens.
+                        Some(w) => known != Some(w.sha256.as_str()) && (ahead || known.is_some()),
+                        None => known.is_some(),
+                    }
             }
             Greeting::Refused(ns) => ns.token.is_some() || ns.sha256.as_deref() != known,
             Greeting::Other(_) => true,
@@ -118,6 +132,7 @@ impl Greeting {
                 no_bundle,
                 token,
                 config,
+                window,
             } => {
                 let mut body =
                     serde_json::json!({ "status": "accepted", "expected": expected.to_string() });
@@ -130,12 +145,27 @@ impl Greeting {
                 if let Some(set) = config {
                     body["config"] = serde_json::to_value(set).unwrap_or_default();
                 }
+                if let Some(w) = window {
+                    body["window"] = serde_json::json!({
+                        "expected": w.expected,
+                        "sha256": w.sha256,
+                        "opens_at": w.opens_at,
+                    });
+                }
                 Json(body).into_response()
             }
             Greeting::Refused(ns) => (StatusCode::CONFLICT, Json(ns)).into_response(),
             Greeting::Other(response) => response,
         }
     }
+}
+
+/// What an agent waiting for its maintenance window is told: the release, and when.
+struct WindowNote {
+    expected: String,
+    sha256: String,
+    /// Unix seconds.
+    opens_at: i64,
 }
 
 /// The hello of a register or connect, checked.
@@ -176,6 +206,9 @@ pub(super) async fn register(
 pub(super) struct Hold {
     wait: Option<u64>,
     known: Option<String>,
+    /// `ahead=1`: the agent downloads a release behind its window ahead, so it is told
+    /// of one at once (`known` then names the one it has).
+    ahead: Option<u8>,
 }
 
 /// `POST /agent/connect`: the directive, like register; with `wait`, a long poll held
@@ -198,6 +231,7 @@ pub(super) async fn connect(
         return Ok(greet(s, &hello, &headers).await?.into_response());
     }
     let known = hold.known.as_deref();
+    let ahead = hold.ahead.is_some_and(|a| a != 0);
     // Taken before the first answer is worked out, so no change made meanwhile is missed.
     let mut news = s.fleet.rollouts.news().subscribe();
     let mut closing = s.fleet.rollouts.news().closing();
@@ -210,7 +244,7 @@ pub(super) async fn connect(
     drop(headers);
     inc(&s.metrics.held_connects);
     let _holding = Holding::new(&s.metrics.connects_held);
-    while !greeting.is_news(known) {
+    while !greeting.is_news(known, ahead) {
         tokio::select! {
             changed = news.changed() => if changed.is_err() { break },
             () = tokio::time::sleep_until(deadline) => break,
@@ -219,9 +253,11 @@ pub(super) async fn connect(
         // Its wave opened: it waits for its turn to be told (see `crate::pacer`), so
         // that a wave of thousands starts downloads the server can serve.
         if matches!(greeting, Greeting::Accepted { .. })
-            && s.fleet
-                .rollouts
-                .would_refuse(&hello.hello.id, &hello.version)
+            && s.fleet.rollouts.would_refuse(
+                &hello.hello.id,
+                hello.hello.group.as_deref().unwrap_or(""),
+                &hello.version,
+            )
         {
             tokio::select! {
                 () = s.pacer.turn() => {}
@@ -348,12 +384,13 @@ async fn decide(
     };
     let answer = directive(s, &hello.hello, &hello.version, bundle.is_some()).await?;
     // Before the first rollout is read (a bundle just dropped), the release speaks alone.
-    let (accepted, expected, no_bundle) = match answer {
-        Some(a) => (a.accepted, a.expected, a.no_bundle),
+    let (accepted, expected, no_bundle, window) = match answer {
+        Some(a) => (a.accepted, a.expected, a.no_bundle, a.window),
         None => (
             s.policy.accepts(release.version(), &hello.version),
             release.version().clone(),
             false,
+            None,
         ),
     };
     let bundle = match bundle {
@@ -361,11 +398,16 @@ async fn decide(
         // Nothing it could run: it keeps its version, and is told why.
         _ => {
             let note = (!accepted || no_bundle).then(|| no_bundle_note(release, platform));
-            return accept(s, hello, expected, note, token, count).await;
+            return accept(s, hello, expected, note, None, token, count).await;
         }
     };
     if accepted {
-        return accept(s, hello, expected, None, token, count).await;
+        let window = window.map(|opens_at| WindowNote {
+            expected: expected.to_string(),
+            sha256: bundle.info.sha256.clone(),
+            opens_at,
+        });
+        return accept(s, hello, expected, None, window, token, count).await;
     }
     if count {
         inc(&s.metrics.registrations_refused);
@@ -400,6 +442,7 @@ async fn accept(
     hello: &Hello,
     expected: AgentVersion,
     no_bundle: Option<String>,
+    window: Option<WindowNote>,
     token: Option<String>,
     count: bool,
 ) -> Result<Greeting, ApiError> {
@@ -415,6 +458,7 @@ async fn accept(
         no_bundle,
         token,
         config,
+        window,
     })
 }
 
@@ -439,10 +483,12 @@ async fn directive(
             Err(e) => return Err(e.into()),
         }
     }
-    let (answer, told) = s
-        .fleet
-        .rollouts
-        .answer_offline(&hello.id, version, servable);
+    let (answer, told) = s.fleet.rollouts.answer_offline(
+        &hello.id,
+        hello.group.as_deref().unwrap_or(""),
+        version,
+        servable,
+    );
     if let Some(rollout) = told {
         s.fleet.outage.defer(Deferred::Told {
             rollout,
