@@ -22,6 +22,7 @@ mod hostile_clients;
 mod install;
 mod leaving;
 mod long_poll;
+mod maintenance;
 mod no_waiting;
 mod opamp;
 mod opamp_hostile;
