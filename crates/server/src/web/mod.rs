@@ -17,6 +17,7 @@ pub mod query;
 pub mod session;
 pub mod source;
 pub mod views;
+pub mod windows;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -495,7 +496,11 @@ async fn rollouts_page(
             rollout,
             configs,
             message,
-        ),
+        )
+        .with_windows(windows::WindowView::all(
+            s.fleet.rollouts.maintenance(),
+            now,
+        )),
     ))
 }
 
