@@ -67,6 +67,31 @@ fn updating_since(home: &Path) -> Option<f64> {
         .and_then(log_time)
 }
 
+/// When the agent's log says it downloaded and verified the release ahead of its window.
+fn downloaded_ahead(home: &Path) -> Option<f64> {
+    read_file(&home.join("logs/agent.log"))
+        .lines()
+        .find(|l| {
+            l.contains(&format!(
+                "downloaded and verified {NEW} ahead of its maintenance window"
+            ))
+        })
+        .and_then(log_time)
+}
+
+/// The bytes the agent's update fetched once it was told (the download after its
+/// `updating` line): none when it had the bundle ahead.
+fn fetched_when_told(home: &Path) -> Option<u64> {
+    read_file(&home.join("logs/agent.log"))
+        .lines()
+        .skip_while(|l| !l.contains(&format!("expects {NEW}; updating")))
+        .find_map(|l| {
+            let (_, rest) = l.split_once("downloaded ")?;
+            let (n, _) = rest.split_once(" bytes in ")?;
+            n.parse().ok()
+        })
+}
+
 fn wrapper(home: &Path, what: &str) {
     run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg(what));
 }
@@ -189,6 +214,18 @@ catch-up = "at-once"
     assert_eq!(listed[2]["catch_up"], "at-once", "{listed:?}");
     assert_eq!(listed[0]["open"], false, "{listed:?}");
 
+    // The release is downloaded and verified ahead (update.download-ahead, the default).
+    wait_until(LONG, "the on-time agents to download ahead", || {
+        on_time.iter().all(|h| downloaded_ahead(h).is_some())
+    });
+    for h in on_time {
+        let at = downloaded_ahead(h).unwrap_or_default();
+        assert!(
+            at < opens as f64,
+            "{} downloaded at {at}, not ahead of {opens}",
+            h.display()
+        );
+    }
     // Nothing installs before the opening.
     while now_secs() + 1 < opens {
         for h in on_time {
@@ -223,6 +260,12 @@ catch-up = "at-once"
         assert!(
             began >= opens as f64 - 0.5 && began <= opens as f64 + 10.0,
             "{} began updating at {began}, the window opened at {opens}",
+            h.display()
+        );
+        assert_eq!(
+            fetched_when_told(h),
+            Some(0),
+            "{}: the update at the opening downloaded again",
             h.display()
         );
     }

@@ -77,6 +77,9 @@ pub struct UpdateSection {
     /// Ask the server for a delta from the bundle this version was installed from before
     /// downloading a whole bundle.
     pub deltas: bool,
+    /// Told of a release behind a maintenance window, download and verify it before the
+    /// window opens, so the install at the opening starts at once.
+    pub download_ahead: bool,
 }
 
 /// The operator's program the agent runs and supervises (DESIGN.md, "The workload").
@@ -235,6 +238,7 @@ impl Default for UpdateSection {
             download_timeout: Duration::from_secs(30 * 60),
             read_timeout: Duration::from_secs(30),
             deltas: true,
+            download_ahead: true,
         }
     }
 }
@@ -256,6 +260,7 @@ pub const KEYS: &[Key] = &[
     key("update", "download-timeout", Kind::Str),
     key("update", "read-timeout", Kind::Str),
     key("update", "deltas", Kind::Bool),
+    key("update", "download-ahead", Kind::Bool),
     key("workload", "command", Kind::List),
     key("workload", "env", Kind::Map),
     key("workload", "health-url", Kind::Str),

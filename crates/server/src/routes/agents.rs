@@ -92,7 +92,7 @@ enum Greeting {
         /// The configuration set the agent should run, when it runs another.
         config: Option<wire::ConfigPayload>,
         /// The release it installs when its maintenance window opens.
-        window: Option<WindowNote>,
+        window: Option<wire::WindowOffer>,
     },
     Refused(NotSupported),
     /// Not a directive (no bundle to serve yet): answered as it is, never held.
@@ -103,7 +103,7 @@ impl Greeting {
     /// Whether an agent that knows `known` (the bundle it was refused with and stays
     /// away from, if any) learns something from this answer. A held connect waits for
     /// news; anything else is answered at once.
-    fn is_news(&self, known: Option<&str>, ahead: bool) -> bool {
+    fn is_news(&self, known: Option<&str>, ahead: Option<&str>) -> bool {
         match self {
             Greeting::Accepted {
                 token,
@@ -113,11 +113,13 @@ impl Greeting {
             } => {
                 token.is_some()
                     || config.is_some()
-                    || match window {
+                    || match (window, ahead) {
                         // An agent that downloads ahead learns of a release behind its
-                        // window at once; one that does not needs nothing until it opens.
-                        Some(w) => known != Some(w.sha256.as_str()) && (ahead || known.is_some()),
-                        None => known.is_some(),
+                        // window at once (until it says it has it); one that does not
+                        // needs nothing until the window opens.
+                        (Some(w), Some(have)) => have != w.sha256,
+                        (Some(w), None) => known.is_some_and(|k| k != w.sha256),
+                        (None, _) => known.is_some(),
                     }
             }
             Greeting::Refused(ns) => ns.token.is_some() || ns.sha256.as_deref() != known,
@@ -146,11 +148,7 @@ impl Greeting {
                     body["config"] = serde_json::to_value(set).unwrap_or_default();
                 }
                 if let Some(w) = window {
-                    body["window"] = serde_json::json!({
-                        "expected": w.expected,
-                        "sha256": w.sha256,
-                        "opens_at": w.opens_at,
-                    });
+                    body["window"] = serde_json::to_value(w).unwrap_or_default();
                 }
                 Json(body).into_response()
             }
@@ -158,14 +156,6 @@ impl Greeting {
             Greeting::Other(response) => response,
         }
     }
-}
-
-/// What an agent waiting for its maintenance window is told: the release, and when.
-struct WindowNote {
-    expected: String,
-    sha256: String,
-    /// Unix seconds.
-    opens_at: i64,
 }
 
 /// The hello of a register or connect, checked.
@@ -206,9 +196,9 @@ pub(super) async fn register(
 pub(super) struct Hold {
     wait: Option<u64>,
     known: Option<String>,
-    /// `ahead=1`: the agent downloads a release behind its window ahead, so it is told
-    /// of one at once (`known` then names the one it has).
-    ahead: Option<u8>,
+    /// `ahead=1`, or the sha256 of the release it has: the agent downloads a release
+    /// behind its maintenance window ahead, so it is told of another one at once.
+    ahead: Option<String>,
 }
 
 /// `POST /agent/connect`: the directive, like register; with `wait`, a long poll held
@@ -231,7 +221,7 @@ pub(super) async fn connect(
         return Ok(greet(s, &hello, &headers).await?.into_response());
     }
     let known = hold.known.as_deref();
-    let ahead = hold.ahead.is_some_and(|a| a != 0);
+    let ahead = hold.ahead.as_deref();
     // Taken before the first answer is worked out, so no change made meanwhile is missed.
     let mut news = s.fleet.rollouts.news().subscribe();
     let mut closing = s.fleet.rollouts.news().closing();
@@ -402,7 +392,7 @@ async fn decide(
         }
     };
     if accepted {
-        let window = window.map(|opens_at| WindowNote {
+        let window = window.map(|opens_at| wire::WindowOffer {
             expected: expected.to_string(),
             sha256: bundle.info.sha256.clone(),
             opens_at,
@@ -442,7 +432,7 @@ async fn accept(
     hello: &Hello,
     expected: AgentVersion,
     no_bundle: Option<String>,
-    window: Option<WindowNote>,
+    window: Option<wire::WindowOffer>,
     token: Option<String>,
     count: bool,
 ) -> Result<Greeting, ApiError> {
