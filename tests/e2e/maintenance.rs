@@ -127,30 +127,22 @@ fn windowed_fleet(
     e2e::wait_rollout(&server, TOKEN, LONG, "the rollout of 1.0.0", |r| {
         r["version"] == OLD && r["state"] == "completed"
     });
-    let homes: Vec<PathBuf> = groups
-        .iter()
-        .enumerate()
-        .map(|(i, group)| {
-            let home = ctx.install(&b1, &format!("fleet/{i}"));
-            configure_agent(&home, &[server.url("")], &format!("group = \"{group}\"\n"));
-            let conf = read_file(&home.join("conf/agent.toml")).replace(
-                "heartbeat = \"1s\"",
-                "heartbeat = \"30s\"\nlong-poll = true",
-            );
-            fs::write(home.join("conf/agent.toml"), conf).unwrap();
-            fs::write(
-                home.join("conf/agent-env.sh"),
-                "export AGENT_UPDATE_STABILITY_WINDOW=1s\nexport AGENT_UPDATE_HEALTH_TIMEOUT=60s\n",
-            )
-            .unwrap();
-            home
-        })
-        .collect();
+    // The default 30 s heartbeat (from the environment: it outranks agent.toml).
+    let env = "export AGENT_AGENT_HEARTBEAT=30s\nexport AGENT_UPDATE_STABILITY_WINDOW=1s\nexport AGENT_UPDATE_HEALTH_TIMEOUT=60s\n";
+    let mut homes = Vec::new();
+    for (i, group) in groups.iter().enumerate() {
+        let home = ctx.install(&b1, &format!("fleet/{i}"));
+        let extra = format!("group = \"{group}\"\nlong-poll = true\n");
+        configure_agent(&home, &[server.url("")], &extra);
+        fs::write(home.join("conf/agent-env.sh"), env).unwrap();
+        homes.push(home);
+    }
     e2e::start_wrappers(&homes);
-    wait_until(LONG, "every agent to register", || {
+    wait_until(LONG, "the agents to register on 1.0.0", || {
+        let on_old = |a: &Value| a["version"] == OLD;
         admin_agents(server.port, TOKEN)
             .iter()
-            .filter(|a| a["version"] == OLD)
+            .filter(|a| on_old(a))
             .count()
             == groups.len()
     });
@@ -204,6 +196,9 @@ catch-up = "at-once"
             a["update_status"] == "WAITING_WINDOW" && a["update_error"] == waiting.as_str()
         })
     });
+    // Counted in /metrics like every update status.
+    let by_status = "agentupdate_agents_by_update_status{status=\"WAITING_WINDOW\"}";
+    assert_eq!(e2e::metric(&server, by_status), 2.0);
     // The windows and their next openings.
     let (status, listed) = admin_call(&server, TOKEN, "GET", "/admin/maintenance", "");
     assert_eq!(status, 200, "{listed}");

@@ -136,3 +136,118 @@ async fn wave_opened_at(
             .await?;
     Ok(row.and_then(|r| r.get::<Option<i64>, _>(0)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::{Contact, Db, now_secs};
+    use crate::maintenance::{Window, WindowSpec};
+    use crate::rollout::Served;
+    use crate::rollout::plan::Plan;
+    use agent_protocol::{AcceptPolicy, AgentVersion};
+
+    /// A daily window of the `db` group starting at `start` (unix seconds, whole minutes
+    /// of UTC) for an hour.
+    fn db_window(start: i64) -> Schedule {
+        let groups = ["db".to_owned()];
+        let hhmm = format!("{:02}:{:02}", start % 86_400 / 3600, start % 3600 / 60);
+        let window = Window::new(&WindowSpec {
+            groups: &groups,
+            days: &[],
+            start: &hhmm,
+            duration_secs: 3600,
+            timezone: "UTC",
+            catch_up: "next-window",
+        })
+        .unwrap();
+        Schedule::new(vec![window])
+    }
+
+    /// Agents `db-1` (group db) and `web-1` on 1.0.0, and the rollout of 2.0.0 open to all.
+    async fn rollout(home: &std::path::Path, schedule: Schedule) -> Rollouts {
+        let db = Db::open("", home, 1).await.unwrap();
+        for (id, group) in [("db-1", "db"), ("web-1", "web")] {
+            let contact = Contact {
+                id,
+                name: id,
+                platform: "p",
+                version: "1.0.0+1",
+                group: Some(group),
+                config_hash: Some(""),
+                at: now_secs(),
+            };
+            db.touch_agents(&[(contact, None)]).await.unwrap();
+        }
+        let plan = Plan::default();
+        let rollouts =
+            Rollouts::new(db, plan, AcceptPolicy::default(), "s".into()).with_maintenance(schedule);
+        let served = Served {
+            sha256: "b".repeat(64),
+            signed_at: 1,
+            version: "2.0.0+2".parse().unwrap(),
+            platforms: Vec::new(),
+        };
+        rollouts.serve(served).await.unwrap();
+        rollouts.decide().await.unwrap();
+        rollouts
+    }
+
+    #[tokio::test]
+    async fn outside_its_window_an_agent_waits_accepted_and_its_deadline_starts_at_the_opening() {
+        let home = tempfile::tempdir().unwrap();
+        // Opens in two hours (whole minutes), closed now.
+        let opens = (now_secs() + 7200) / 60 * 60;
+        let rollouts = rollout(home.path(), db_window(opens)).await;
+        let v1: AgentVersion = "1.0.0+1".parse().unwrap();
+        let db1 = rollouts
+            .answer("db-1", "db", &v1, true)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(db1.accepted && !db1.no_bundle, "{db1:?}");
+        assert_eq!(db1.window, Some(opens));
+        // Another group has no window: refused as ever.
+        let web = rollouts
+            .answer("web-1", "web", &v1, true)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!web.accepted && web.window.is_none(), "{web:?}");
+        let row = rollouts.db().agent("db-1").await.unwrap().unwrap();
+        assert_eq!(row.update_status.as_deref(), Some(WAITING_WINDOW));
+        assert_eq!(
+            row.update_error,
+            Some(format!(
+                "next window opens at {}",
+                maintenance::rfc3339(opens)
+            ))
+        );
+        let members = rollouts.members().await.unwrap();
+        assert_eq!(members["db-1"].1, Some(opens as f64), "told at the opening");
+        assert!(!rollouts.would_refuse("db-1", "db", &v1));
+        // OpAMP: no package offered outside the window.
+        let offer = rollouts.offer("db-1", "db", Some(&v1), true).await;
+        assert_eq!(offer.unwrap(), None);
+        // Not timed out by a decision now: its deadline runs from the opening.
+        rollouts.decide().await.unwrap();
+        let waves = rollouts.wave_counts().await.unwrap();
+        assert_eq!(waves[0].timed_out, 0);
+    }
+
+    #[tokio::test]
+    async fn inside_its_window_an_agent_is_refused_and_updates() {
+        let home = tempfile::tempdir().unwrap();
+        // Opened a minute or two ago, open for an hour.
+        let opened = (now_secs() - 60) / 60 * 60;
+        let rollouts = rollout(home.path(), db_window(opened)).await;
+        let v1: AgentVersion = "1.0.0+1".parse().unwrap();
+        let db1 = rollouts
+            .answer("db-1", "db", &v1, true)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!db1.accepted && db1.window.is_none(), "{db1:?}");
+        let offer = rollouts.offer("db-1", "db", Some(&v1), true).await;
+        assert_eq!(offer.unwrap(), Some("2.0.0+2".parse().unwrap()));
+    }
+}
