@@ -42,6 +42,11 @@ STOP_TIMEOUT=${AGENT_STOP_TIMEOUT:-20}
 # Seconds `start` waits for the agent to report itself (a loaded machine is slow to fork).
 START_TIMEOUT=${AGENT_START_TIMEOUT:-15}
 BACKOFF_MAX=${AGENT_RESTART_BACKOFF_MAX:-60}
+# Seconds `start` waits for the agent's first contact with a server, so that it says at
+# once when there is none and why (the agent keeps trying either way).
+CONTACT_WAIT=${AGENT_START_CONTACT_WAIT:-5}
+# The last error of each kind, written by the agent (`agent status` shows them).
+ERRORS_FILE="$DATA/last-errors.json"
 # Exit codes of `agent run` after which the agent is not restarted:
 # 0 while an updater holds run/update.lock (handed over to it; 0 without one is
 # restarted: nobody else would start it), 3 (refused, updates disabled) and
@@ -206,6 +211,37 @@ supervise() {
 }
 
 # The last lines the agent wrote to its console log, indented, for error messages.
+# After a start: waits up to CONTACT_WAIT seconds for the first contact with a server;
+# says so when there is none, with the agent's own words for why. $1: the start's time.
+await_contact() {
+    since=$1
+    deadline=$(($(now) + CONTACT_WAIT))
+    why=
+    while :; do
+        if grep -Eq '"last_contact": *[0-9]' "$HEALTH_FILE" 2>/dev/null; then
+            return 0
+        fi
+        changed=$(stat -c %Y "$ERRORS_FILE" 2>/dev/null || echo 0)
+        if [ "$changed" -ge "$since" ]; then
+            why=$(AGENT_HOME="$AGENT_HOME" "$SELF_DIR/agent" status 2>/dev/null |
+                sed -n 's/^last contact error: *[^(]*([^)]*): //p')
+            [ -n "$why" ] && break
+        fi
+        [ "$(now)" -ge "$deadline" ] && break
+        sleep 0.1
+    done
+    [ -n "$why" ] || why="no answer yet from $(servers)"
+    echo "no contact with a server yet: $why"
+    echo "  the agent keeps trying; check server.urls in $AGENT_HOME/conf/agent.toml, see \`agent status\` and $LOGS/agent.log"
+    log "no contact within ${CONTACT_WAIT}s of the start: $why"
+}
+
+# The servers conf/agent.toml names, for messages.
+servers() {
+    urls=$(sed -n 's/^ *urls *= *//p' "$AGENT_HOME/conf/agent.toml" 2>/dev/null | head -n 1)
+    echo "${urls:-the servers in conf/agent.toml}"
+}
+
 agent_out_tail() {
     tail -n 5 "$LOGS/agent.out" 2>/dev/null | sed 's/^/    /'
 }
@@ -242,6 +278,7 @@ start() {
         fi
     fi
     rm -f "$PID_FILE" "$EXIT_FILE"
+    started_at=$(now)
     if command -v setsid >/dev/null 2>&1; then
         setsid "$SELF" __supervise </dev/null >/dev/null 2>&1 &
     else
@@ -271,6 +308,8 @@ start() {
             if grep -Eq "\"pid\": *$pid([^0-9]|\$)" "$HEALTH_FILE" 2>/dev/null; then
                 echo "agent started (pid $pid)"
                 log "started agent (pid $pid)"
+                # The updater judges contact itself, on its own clock.
+                [ -n "${AGENT_UPDATER_ACTIVE:-}" ] || await_contact "$started_at"
                 return 0
             fi
         fi

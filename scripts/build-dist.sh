@@ -12,15 +12,17 @@
 #              agent-bundle-V-T (e.g. x86_64-unknown-linux-musl: static, any x86_64 Linux);
 #              without it, one agent-bundle-V for this machine
 # AGENT_BIN_DIR=DIR uses binaries already built there instead of a release build.
+# AGENT_DIST_ROOT=DIR assembles under DIR instead of dist/ (DIR/agent-V, DIR/bundle).
 set -euo pipefail
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 build=$(git rev-list --count HEAD 2>/dev/null || echo 1)
 key=""
-out="dist/bundle"
+root=${AGENT_DIST_ROOT:-dist}
+out="$root/bundle"
 server_url=""
 targets=()
 while (($#)); do
@@ -79,7 +81,7 @@ assemble() {
 }
 
 if ((${#targets[@]} == 0)); then
-    dist=dist/agent-$version
+    dist=$root/agent-$version
     assemble "$dist" "$bin/agent"
     "$bin/agent-bundle" pack --dist "$dist" --version "$version" --build "$build" --key "$key" --out "$out" >&2
     echo "$out/agent-bundle-$version"
@@ -88,7 +90,7 @@ fi
 
 # Each target's bundle is its own platform's executable: its stub is agent-bundle built
 # for that target, and its properties and signature name the target. ring has C code,
-# so each target needs a C compiler for it (DESIGN.md, "Platforms").
+# so each target needs a C compiler for it (README.md, "Keys and signing").
 for target in "${targets[@]}"; do
     case "$target" in
     x86_64-unknown-linux-musl) export CC_x86_64_unknown_linux_musl=${CC_x86_64_unknown_linux_musl:-musl-gcc} ;;
@@ -103,7 +105,7 @@ for target in "${targets[@]}"; do
     esac
     cargo build --release --locked --target "$target" -p agent -p agent-bundle >&2
     tbin=target/$target/release
-    dist=dist/agent-$version-$target
+    dist=$root/agent-$version-$target
     assemble "$dist" "$tbin/agent"
     staging=$out/.pack-$target
     rm -rf "$staging"

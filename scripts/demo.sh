@@ -60,7 +60,7 @@ url="http://127.0.0.1:$port"
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 build=$(git rev-list --count HEAD 2>/dev/null || echo 1)
 
-bundle=$(scripts/build-dist.sh --server-url "$url" --out "$work/bundle" 2>/dev/null)
+bundle=$(AGENT_DIST_ROOT="$work/dist" scripts/build-dist.sh --server-url "$url" --out "$work/bundle" 2>/dev/null)
 bin=${AGENT_BIN_DIR:-$root/target/release}
 step "built and signed $(basename "$bundle") ($version+$build)"
 

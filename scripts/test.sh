@@ -40,6 +40,10 @@ command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || missing+=(gcc-aarch64-linux-gnu)
 [[ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ]] || missing+=(libc6-arm64-cross)
 command -v qemu-aarch64-static >/dev/null 2>&1 || missing+=(qemu-user-static)
+# The networks tests: Debian's squid as the agents' proxy (its basic_ncsa_auth for the
+# user and password), nginx as a download source. Both live in /usr/sbin.
+PATH=$PATH:/usr/sbin command -v squid >/dev/null 2>&1 || missing+=(squid)
+PATH=$PATH:/usr/sbin command -v nginx >/dev/null 2>&1 || missing+=(nginx)
 if ((${#missing[@]})); then
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
         echo "test.sh: installing ${missing[*]}" >&2

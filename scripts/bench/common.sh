@@ -127,6 +127,21 @@ make_dist() {
     head -c "$((pad * text_share * 3 / 40))" /dev/urandom | base64 >"$dir/lib/data.txt"
 }
 
+# make_pki DIR: a private CA and a P-256 certificate for 127.0.0.1 it issued (DIR/ca.pem,
+# DIR/server.pem, DIR/server.key).
+make_pki() {
+    local dir=$1
+    mkdir -p "$dir"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=bench CA" \
+        -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
+        -keyout "$dir/ca.key" -out "$dir/ca.pem" 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=127.0.0.1" \
+        -keyout "$dir/server.key" -out "$dir/server.csr" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >"$dir/ext.cnf"
+    openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -CAcreateserial \
+        -days 1 -extfile "$dir/ext.cnf" -out "$dir/server.pem" 2>/dev/null
+}
+
 keys() {
     [[ -f $work/keys/update.key ]] || "$bin/agent-bundle" keygen --out "$work/keys" >/dev/null
 }

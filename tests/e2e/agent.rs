@@ -484,7 +484,7 @@ fn status_check_clear_bad_and_update_on_request() {
 
     let check = e2e::stdout(&run_ok(agent().args(["update", "--check"])));
     assert!(
-        check.contains("offers 2.0.0+2") && check.contains("would install it"),
+        check.contains("offers 2.0.0+2") && check.contains("would download, verify and install it"),
         "{check}"
     );
 

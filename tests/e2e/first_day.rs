@@ -409,6 +409,8 @@ fn demo_exits_0_and_leaves_no_work_directory_or_process_behind() {
         .env("TMPDIR", &tmp)
         .env("AGENT_BIN_DIR", &bin_dir)
         .env("AGENT_DEV_KEYS", ctx.path("dev-keys"))
+        // Its own dist/: quickstarts of tests running at once do not share one.
+        .env("AGENT_DIST_ROOT", ctx.path("dist"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped()));
     assert!(
@@ -439,6 +441,8 @@ fn quickstart_run_twice_leaves_the_running_server_and_its_bundle_alone() {
             .env("QUICKSTART_PREFIX", ctx.path("machine"))
             .env("AGENT_BIN_DIR", &bin_dir)
             .env("AGENT_DEV_KEYS", ctx.path("dev-keys"))
+            // Its own dist/: quickstarts of tests running at once do not share one.
+            .env("AGENT_DIST_ROOT", ctx.path("dist"))
             .stdin(Stdio::null());
         c
     };

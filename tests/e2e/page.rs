@@ -690,8 +690,8 @@ fn an_operator_signs_in_sees_the_fleet_halts_and_resumes_its_rollout_and_signs_o
 // ---------------------------------------------------------------------------------
 // Scale: 10,000 simulated agents.
 
-/// Signs in over plain HTTP; the session cookie.
-fn http_sign_in(port: u16) -> String {
+/// Signs in with `token` over plain HTTP; the session cookie.
+pub(crate) fn http_sign_in(port: u16, token: &str) -> String {
     let form = http(port, "GET", "/", &[]).unwrap();
     let nonce = form
         .headers
@@ -700,7 +700,7 @@ fn http_sign_in(port: u16) -> String {
         .find_map(|(_, v)| v.strip_prefix("fleet_signin="))
         .map(|v| v.split(';').next().unwrap().to_owned())
         .unwrap();
-    let body = format!("csrf={}&token={TOKEN}", hidden_csrf(&form.text()));
+    let body = format!("csrf={}&token={token}", hidden_csrf(&form.text()));
     let jar = format!("fleet_signin={nonce}");
     let signed = http_with_body(
         port,
@@ -758,7 +758,7 @@ fn ten_thousand_agents_the_overview_and_a_filtered_list_answer_in_under_300_ms()
         || admin_agents(server.port, TOKEN).len() == AGENTS,
     );
 
-    let cookie = http_sign_in(server.port);
+    let cookie = http_sign_in(server.port, TOKEN);
     let (overview, body) = fastest(server.port, "/", &cookie);
     assert!(
         body.contains(&format!("<span class=\"big\" id=\"total\">{AGENTS}</span>")),
@@ -780,4 +780,20 @@ fn ten_thousand_agents_the_overview_and_a_filtered_list_answer_in_under_300_ms()
         list < Duration::from_millis(300),
         "filtered list took {list:?}"
     );
+}
+
+/// The Remove button of an agent's page is a POST like the others: without its CSRF
+/// field it is refused; with it, the fleet list follows.
+#[tokio::test]
+async fn remove_needs_the_forms_csrf() {
+    let h = handlers().await;
+    let (cookie, csrf) = sign_in(&h.router).await;
+    let path = "/agents/0190f0a0-0000-7000-8000-000000000009/remove";
+    let bare = send(&h.router, post(path, &cookie, "", &[])).await;
+    assert_eq!(bare.status, StatusCode::FORBIDDEN);
+    let forged = send(&h.router, post(path, &cookie, "csrf=0000", &[])).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let done = send(&h.router, post(path, &cookie, &format!("csrf={csrf}"), &[])).await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
+    assert_eq!(done.headers[header::LOCATION], "/agents");
 }

@@ -8,6 +8,7 @@
 
 pub mod fake;
 pub mod machine;
+pub mod networks;
 pub mod proxy;
 pub mod webdriver;
 

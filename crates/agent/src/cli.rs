@@ -44,6 +44,11 @@ enum Command {
         #[arg(long)]
         clear_bad: bool,
     },
+    /// Hold off bundle updates on this machine (run/update-locks/), or let them through.
+    Lock {
+        #[command(subcommand)]
+        action: LockAction,
+    },
     /// Leave the fleet: tell the server, stop the agent and its workload, remove the
     /// systemd unit and the installed versions; conf/, data/ and logs/ stay.
     Uninstall {
@@ -54,6 +59,24 @@ enum Command {
         #[arg(long, short = 'y')]
         yes: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum LockAction {
+    /// Take (or replace) the lock NAME: no update starts while it is held.
+    Take {
+        name: String,
+        /// Why, for `agent status`, the server and the page.
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Let it expire after this long ("30m", "2h"); default: until released.
+        #[arg(long = "for", value_name = "DURATION", value_parser = agent_protocol::settings::parse_duration)]
+        hold_for: Option<std::time::Duration>,
+    },
+    /// Release the lock NAME.
+    Release { name: String },
+    /// List the locks held now.
+    List,
 }
 
 pub fn main() -> ExitCode {
@@ -140,8 +163,47 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let _guard = init_logging(install.home.root(), "agent.log");
             runtime.block_on(crate::manual::update(&install, &config, check))
         }
+        Some(Command::Lock { action }) => lock(&install.home, action),
         Some(Command::Uninstall { .. }) => unreachable_uninstall(),
     }
+}
+
+fn lock(home: &AgentHome, action: LockAction) -> anyhow::Result<ExitCode> {
+    let now = agent_updater::state::now_secs();
+    match action {
+        LockAction::Take {
+            name,
+            reason,
+            hold_for,
+        } => {
+            let path = crate::locks::take(home, &name, &reason, hold_for, now)
+                .map_err(anyhow::Error::msg)?;
+            let until = hold_for
+                .map(|d| format!(" for {}s", d.as_secs()))
+                .unwrap_or_else(|| " until `agent lock release` ".into());
+            println!(
+                "update lock {name} taken{until}({}): no update starts while it is held",
+                path.display()
+            );
+        }
+        LockAction::Release { name } => {
+            crate::locks::release(home, &name).map_err(anyhow::Error::msg)?;
+            println!("update lock {name} released");
+        }
+        LockAction::List => {
+            let (held, warnings) = crate::locks::held(home, now);
+            for w in warnings {
+                eprintln!("agent: {w}");
+            }
+            if held.is_empty() {
+                println!("no update lock is held");
+            }
+            for l in held {
+                println!("{}", l.describe());
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Handled before an installation is looked for: it may have none left.

@@ -19,6 +19,8 @@ use agent_protocol::{AgentVersion, layout};
 use futures_util::StreamExt;
 use reqwest::StatusCode;
 
+use crate::proxy::Proxies;
+
 /// Cap on the small bodies (version properties, 409 answers, signatures).
 const MAX_SMALL_BODY: usize = 64 * 1024;
 /// Cap on a `200` to register/connect: it may carry a configuration set (1 MiB of
@@ -41,8 +43,22 @@ pub enum CommError {
     },
     #[error("{url}: {message}")]
     Garbage { url: String, message: String },
-    #[error("no update-server answered (tried {0})")]
-    AllDown(String),
+    /// Which servers were tried; `why` keeps each one's failure for `agent status` and
+    /// the wrapper (the log has said each failure once already, so the message does
+    /// not repeat them).
+    #[error("no update-server answered (tried {tried})")]
+    AllDown { tried: String, why: String },
+}
+
+impl CommError {
+    /// The whole reason, for a person asking why: each server's failure when none
+    /// answered.
+    pub fn why(&self) -> String {
+        match self {
+            CommError::AllDown { why, .. } => format!("no update-server answered: {why}"),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// What a server said to register or connect.
@@ -102,6 +118,8 @@ pub struct Trust {
     pub token_file: Option<PathBuf>,
     /// Presented when registering with a server that requires enrollment.
     pub enrollment_token: Option<String>,
+    /// `server.proxy`: which proxy, if any, the requests go through.
+    pub proxy: crate::proxy::Setting,
 }
 
 impl Trust {
@@ -112,6 +130,7 @@ impl Trust {
             ca_file: config.ca_file(home.root()),
             token_file: Some(home.agent_token()),
             enrollment_token: (!enrollment.is_empty()).then(|| enrollment.to_owned()),
+            proxy: config.proxy(),
         }
     }
 }
@@ -125,6 +144,8 @@ pub struct Client {
     /// The configuration set the agent runs (empty: none), told in register/connect.
     config_hash: String,
     trust: Trust,
+    /// The routes every request of this client takes (a proxy, or direct).
+    proxies: Proxies,
     token: Mutex<Option<String>>,
     /// The last failure said of each server, so each is said once, not every heartbeat.
     last_failure: Mutex<HashMap<String, String>>,
@@ -175,6 +196,9 @@ impl Client {
                 builder = builder.add_root_certificate(cert);
             }
         }
+        let proxies =
+            Proxies::decide(&trust.proxy, &|name| std::env::var(name).ok()).map_err(setup)?;
+        let builder = proxies.apply(builder);
         let http = builder.build().map_err(|e| setup(e.to_string()))?;
         let token = trust.token_file.as_deref().and_then(read_token);
         Ok(Self {
@@ -188,6 +212,7 @@ impl Client {
             hello,
             config_hash: String::new(),
             trust,
+            proxies,
             token: Mutex::new(token),
             last_failure: Mutex::new(HashMap::new()),
             no_bundle: Mutex::new(None),
@@ -297,7 +322,7 @@ impl Client {
     /// Says a server's failure once per distinct reason (a certificate that does not
     /// verify would otherwise fill the log every heartbeat).
     fn say_failure(&self, server: &str, e: &CommError) {
-        let text = e.to_string();
+        let text = self.explained(server, &e.to_string());
         let mut last = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
         if last.get(server) != Some(&text) {
             tracing::warn!("{text}");
@@ -324,6 +349,24 @@ impl Client {
 
     pub fn http(&self) -> &reqwest::Client {
         &self.http
+    }
+
+    /// The routes this client's requests take.
+    pub fn proxies(&self) -> &Proxies {
+        &self.proxies
+    }
+
+    /// `message`, a failure of a request to `url`, with the proxy it went through named
+    /// (never its password) and, when the proxy caused it, what that means.
+    pub fn explained(&self, url: &str, message: &str) -> String {
+        let message = crate::proxy::redact(message);
+        match self.proxies.for_url(url) {
+            None => message,
+            Some(via) => match crate::proxy::explain(&message, via) {
+                Some(meaning) => format!("{message}; {meaning}"),
+                None => format!("{message}{}", self.proxies.note(url)),
+            },
+        }
     }
 
     pub fn version(&self) -> &AgentVersion {
@@ -365,7 +408,7 @@ impl Client {
                 }
                 Err(e) => {
                     self.say_failure(self.base(), &e);
-                    tried.push(self.base().to_owned());
+                    tried.push((self.base().to_owned(), e.to_string()));
                     if self.urls.len() > 1 {
                         self.current = (self.current + 1) % self.urls.len();
                         tracing::info!("failing over to {}", self.base());
@@ -374,7 +417,7 @@ impl Client {
                 }
             }
         }
-        Err(CommError::AllDown(tried.join(", ")))
+        Err(all_down(&tried))
     }
 
     async fn hello_once(
@@ -548,18 +591,32 @@ impl Client {
                 Ok(resp) if resp.status().is_success() => return Ok(base.clone()),
                 Ok(resp) => {
                     let status = resp.status();
-                    tried.push(status_error(&url, status, resp).await.to_string());
+                    let e = status_error(&url, status, resp).await;
+                    tried.push((base.clone(), e.to_string()));
                 }
-                Err(e) => tried.push(network(&url, e).to_string()),
+                Err(e) => tried.push((base.clone(), network(&url, e).to_string())),
             }
         }
-        Err(CommError::AllDown(tried.join("; ")))
+        Err(all_down(&tried))
     }
 
     /// `POST /agentupdate/report`.
     pub async fn report(&self, report: &Report) -> Result<(), CommError> {
+        self.report_from(report, None).await
+    }
+
+    /// `POST /agentupdate/report`, saying where the bundle's bytes came from when the
+    /// server named a download source ([`wire::BUNDLE_FROM_HEADER`]).
+    pub async fn report_from(
+        &self,
+        report: &Report,
+        bundle_from: Option<&str>,
+    ) -> Result<(), CommError> {
         let url = self.url(wire::REPORT_PATH);
-        let request = self.http.post(&url).timeout(REQUEST_TIMEOUT).json(report);
+        let mut request = self.http.post(&url).timeout(REQUEST_TIMEOUT).json(report);
+        if let Some(from) = bundle_from {
+            request = request.header(wire::BUNDLE_FROM_HEADER, from);
+        }
         let resp = self
             .identified(request, false)
             .send()
@@ -595,6 +652,22 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     message
+}
+
+/// Every server failed: `(base URL, its failure)` of each.
+fn all_down(tried: &[(String, String)]) -> CommError {
+    CommError::AllDown {
+        tried: tried
+            .iter()
+            .map(|(base, _)| base.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        why: tried
+            .iter()
+            .map(|(_, why)| why.as_str())
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
 }
 
 fn network(url: &str, e: reqwest::Error) -> CommError {

@@ -29,6 +29,10 @@ pub struct ServerSection {
     /// Sent when registering with a server that requires enrollment
     /// (`agents.enrollment-token`); not needed once the agent has its credentials.
     pub enrollment_token: String,
+    /// The HTTP proxy every request goes through, `http://[user:password@]host:port`;
+    /// `"none"`: always direct; empty: the environment's `https_proxy`, `http_proxy`
+    /// and `no_proxy` decide (see [`crate::proxy`]).
+    pub proxy: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -80,6 +84,10 @@ pub struct UpdateSection {
     /// Told of a release behind a maintenance window, download and verify it before the
     /// window opens, so the install at the opening starts at once.
     pub download_ahead: bool,
+    /// The longest update locks (`run/update-locks/`) hold off one offer; past it the
+    /// agent updates and logs the locks it overrode.
+    #[serde(with = "humantime_str")]
+    pub max_defer: Duration,
 }
 
 /// The operator's program the agent runs and supervises (DESIGN.md, "The workload").
@@ -212,6 +220,7 @@ impl Default for ServerSection {
             urls: vec!["http://127.0.0.1:7080".into()],
             ca_file: String::new(),
             enrollment_token: String::new(),
+            proxy: String::new(),
         }
     }
 }
@@ -239,6 +248,7 @@ impl Default for UpdateSection {
             read_timeout: Duration::from_secs(30),
             deltas: true,
             download_ahead: true,
+            max_defer: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -248,6 +258,7 @@ pub const KEYS: &[Key] = &[
     key("server", "urls", Kind::List),
     key("server", "ca-file", Kind::Str),
     key("server", "enrollment-token", Kind::Str),
+    key("server", "proxy", Kind::Str),
     key("agent", "heartbeat", Kind::Str),
     key("agent", "long-poll", Kind::Bool),
     key("agent", "name", Kind::Str),
@@ -261,6 +272,7 @@ pub const KEYS: &[Key] = &[
     key("update", "read-timeout", Kind::Str),
     key("update", "deltas", Kind::Bool),
     key("update", "download-ahead", Kind::Bool),
+    key("update", "max-defer", Kind::Str),
     key("workload", "command", Kind::List),
     key("workload", "env", Kind::Map),
     key("workload", "health-url", Kind::Str),
@@ -291,9 +303,10 @@ impl Config {
     }
 
     pub fn parse(text: &str, path: &Path, env: &dyn Environment) -> Result<Self> {
+        // A proxy's password may sit on the line a TOML error quotes.
         let bad = |message: String| AgentError::Config {
             path: path.to_owned(),
-            message,
+            message: crate::proxy::redact(&message),
         };
         let mut table: toml::Table = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
         // AGENT_ is shared with process knobs (AGENT_LOG, AGENT_HOME, ...): only names in
@@ -316,11 +329,17 @@ impl Config {
             }
         }
         config.workload.validate().map_err(bad)?;
+        crate::proxy::Setting::parse(&config.server.proxy).map_err(bad)?;
         Ok(config)
     }
 
     pub fn public_key_path(&self, home: &Path) -> PathBuf {
         home.join(&self.update.public_key)
+    }
+
+    /// `server.proxy`, read (it was checked when the file was loaded).
+    pub fn proxy(&self) -> crate::proxy::Setting {
+        crate::proxy::Setting::parse(&self.server.proxy).unwrap_or_default()
     }
 
     /// The pinned CA, if one is configured.
@@ -482,6 +501,31 @@ reload = "signal:HUP"
             .unwrap_err()
             .to_string();
         assert!(err.contains("AGENT_WORKLOAD_COMMAND"), "{err}");
+    }
+
+    #[test]
+    fn server_proxy_is_a_key_and_its_password_is_never_quoted() {
+        let c = Config::parse(
+            "[server]\nproxy = \"http://alice:hunter2@proxy:3128\"\n",
+            Path::new("a.toml"),
+            &no_env,
+        )
+        .unwrap();
+        assert!(matches!(c.proxy(), crate::proxy::Setting::Url(_)));
+        let env = VarMap(vec![("AGENT_SERVER_PROXY".into(), "none".into())]);
+        let c = Config::parse("", Path::new("a.toml"), &env).unwrap();
+        assert_eq!(c.proxy(), crate::proxy::Setting::Direct);
+        for text in [
+            "[server]\nproxy = \"http://alice:hunter2@proxy\"\n",
+            "[server]\nproxy = \"http://alice:hunter2@proxy:3128\"\nurls = 7\n",
+            "[server]\nproxy = \"http://alice:hunter2@proxy:3128\" x\n",
+        ] {
+            let err = Config::parse(text, Path::new("a.toml"), &no_env)
+                .unwrap_err()
+                .to_string();
+            assert!(!err.contains("hunter2"), "{text}: {err}");
+            assert!(err.contains("a.toml"), "{text}: {err}");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use agent_protocol::AgentVersion;
 use agent_protocol::journal::Health;
 use agent_protocol::layout::{self, AgentHome};
-use agent_protocol::wire::{AgentHello, Report};
+use agent_protocol::wire::{AgentHello, Report, UpdateStatus};
 use agent_updater::{lock, state};
 use tokio::sync::watch;
 
@@ -17,6 +17,8 @@ use crate::config::{Config, Reload, parse_reload};
 use crate::health::HealthBoard;
 use crate::home::Installation;
 use crate::identity;
+use crate::last_errors;
+use crate::locks;
 use crate::pacing::{self, LastContact};
 use crate::remote_config::live::LiveWorkload;
 use crate::remote_config::{self, Dirs, decide};
@@ -186,9 +188,13 @@ async fn serve(
         home.root().display(),
         config.server.urls.join(", ")
     );
+    if let Some(route) = client.proxies().describe() {
+        tracing::info!("proxy: {route}");
+    }
 
     let heartbeat = config.agent.heartbeat.max(Duration::from_millis(100));
-    let mut retry = Retry::new(heartbeat, config.update.max_retry_after);
+    let mut retry = Retry::new(heartbeat, config.update.max_retry_after)
+        .with_max_defer(config.update.max_defer);
     let mut unsent = Unsent::default();
     let mut first = true;
     let mut shutdown = stop_rx.clone();
@@ -224,6 +230,12 @@ async fn serve(
             () = unsent.written(&home), if hold.is_some() => continue,
             // `agent update --clear-bad` forgot the bundle this hold stays away from: the
             // server is asked again at once, and says it is news.
+            // The update locks that held an update off are released: it starts now.
+            () = locks_released(&home, held_off(&home, &retry)), if hold.is_some() => {
+                tracing::info!("the update locks are released; updating");
+                pace.known_offer = None;
+                continue;
+            }
             () = bad_cleared(&home, stays_away_from.as_deref()), if hold.is_some() => {
                 tracing::info!("data/bad-versions no longer names the server's bundle; asking for it again");
                 retry.reset();
@@ -287,6 +299,7 @@ async fn serve(
                             Told {
                                 offer: &offer,
                                 prompt,
+                                override_locks: ns.override_locks,
                             },
                             &mut retry,
                             Signals {
@@ -301,7 +314,10 @@ async fn serve(
                     }
                 }
             }
-            Err(e) => tracing::warn!("{e}; trying again in {:?}", heartbeat),
+            Err(e) => {
+                last_errors::record(&home, last_errors::Kind::Contact, &e.why());
+                tracing::warn!("{e}; trying again in {:?}", heartbeat)
+            }
         }
         // The heartbeat is the longest silence: a change of the workload's health, a
         // report written for the server and a retry that is due do not wait for it.
@@ -315,6 +331,7 @@ async fn serve(
                 }
             }
             _ = health_changed.changed() => {}
+            () = locks_released(&home, held_off(&home, &retry)) => {}
             // Sent with the register, once there is one.
             () = unsent.written(&home), if !first => {}
         }
@@ -448,6 +465,13 @@ async fn take_config(
         workload,
     )
     .await;
+    if let Some(error) = &status.error {
+        last_errors::record(
+            home,
+            last_errors::Kind::Configuration,
+            &format!("configuration set {}: {error}", set.hash),
+        );
+    }
     remote_config::keep_status(home, &status);
     flush_config_status(home, client).await;
 }
@@ -504,6 +528,8 @@ impl Pace {
 struct Told<'a> {
     offer: &'a Offer,
     prompt: bool,
+    /// An operator overrode this agent's update locks for this offer.
+    override_locks: bool,
 }
 
 /// What an update round tells other tasks, and hears from them.
@@ -527,7 +553,11 @@ async fn on_refused(
     retry: &mut Retry,
     signals: Signals<'_>,
 ) -> Option<RunEnd> {
-    let Told { offer, prompt } = told;
+    let Told {
+        offer,
+        prompt,
+        override_locks,
+    } = told;
     let Signals { stop, nudge } = signals;
     let expected = offer.expected.as_str();
     match state::open_transaction(&install.home) {
@@ -624,6 +654,7 @@ async fn on_refused(
         Ok(r) => r,
         Err(Outcome::ShuttingDown) => return Some(RunEnd::Stopped),
         Err(Outcome::Degraded { reason, failure }) => {
+            last_errors::record(&install.home, last_errors::Kind::Update, &reason);
             let now = Instant::now();
             let next = retry.failed(offer, failure, now, &mut rand::rng());
             tracing::warn!(
@@ -634,6 +665,9 @@ async fn on_refused(
             return None;
         }
     };
+    if !may_start(install, config, client, id, offer, override_locks, retry).await {
+        return None;
+    }
     match update::hand_off(&ctx, &ready).await {
         Ok(pid) => {
             tracing::info!(
@@ -652,6 +686,11 @@ async fn on_refused(
                     Some(RunEnd::HandedOff { to: to.clone() })
                 }
                 update::HandOff::Stay(why) => {
+                    last_errors::record(
+                        &install.home,
+                        last_errors::Kind::Update,
+                        &format!("the update to {to} stopped before the switch: {why}"),
+                    );
                     let now = Instant::now();
                     let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
                     let reason = format!("the update to {to} stopped before the switch: {why}");
@@ -675,6 +714,11 @@ async fn on_refused(
             }
         }
         Err(e) => {
+            last_errors::record(
+                &install.home,
+                last_errors::Kind::Update,
+                &format!("cannot hand over to the updater: {e}"),
+            );
             let now = Instant::now();
             let next = retry.failed(offer, Failure::Transient, now, &mut rand::rng());
             let reason = format!("cannot hand over to the updater: {e}");
@@ -691,6 +735,80 @@ async fn on_refused(
             .await;
             None
         }
+    }
+}
+
+/// Whether update locks let a verified update start now. Held off, the bundle stays
+/// verified in `data/update/` (downloaded ahead) and the server is told `DEFERRED` with
+/// the locks' names and reasons; past `update.max-defer`, or when an operator overrides,
+/// the update goes ahead and the overridden locks are logged.
+async fn may_start(
+    install: &Installation,
+    config: &Config,
+    client: &Client,
+    id: &str,
+    offer: &Offer,
+    override_locks: bool,
+    retry: &mut Retry,
+) -> bool {
+    let (held, warnings) = locks::held(&install.home, state::now_secs());
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
+    let deferred_for = retry.deferred_for(offer, Instant::now());
+    match locks::decide(&held, deferred_for, config.update.max_defer, override_locks) {
+        locks::Verdict::Go => {
+            retry.end_deferral();
+            true
+        }
+        locks::Verdict::Override { why } => {
+            tracing::warn!(
+                "{why}: updating to {} despite the update locks {}",
+                offer.expected,
+                locks::describe_all(&held)
+            );
+            retry.end_deferral();
+            true
+        }
+        locks::Verdict::Defer => {
+            let left = config.update.max_defer.saturating_sub(deferred_for);
+            let reason = format!(
+                "held off by update locks: {}; the update to {} starts when they are released, or in {}s (update.max-defer)",
+                locks::describe_all(&held),
+                offer.expected,
+                left.as_secs()
+            );
+            if retry.first_deferral_said(&reason) {
+                tracing::info!("{reason}; the bundle is verified and waits in data/update/");
+            }
+            let report = Report {
+                id: id.to_owned(),
+                from: install.version.to_string(),
+                to: offer.expected.clone(),
+                status: UpdateStatus::Deferred,
+                error: Some(format!(
+                    "held off by update locks: {}",
+                    locks::describe_all(&held)
+                )),
+            };
+            tell(install, client, report, retry).await;
+            false
+        }
+    }
+}
+
+/// Whether update locks hold an update off right now (not only when last looked).
+fn held_off(home: &AgentHome, retry: &Retry) -> bool {
+    retry.deferring() && !locks::held(home, state::now_secs()).0.is_empty()
+}
+
+/// Resolves once no update lock is held, while `held_off`; never otherwise.
+async fn locks_released(home: &AgentHome, held_off: bool) {
+    if !held_off {
+        return std::future::pending().await;
+    }
+    while !locks::held(home, state::now_secs()).0.is_empty() {
+        tokio::time::sleep(UNSENT_POLL).await;
     }
 }
 
@@ -717,6 +835,12 @@ async fn tell_failure(
         status,
         error: Some(reason.to_owned()),
     };
+    tell(install, client, report, retry).await;
+}
+
+/// Sends `report` through the outbox, once (the same report again is not news).
+async fn tell(install: &Installation, client: &Client, report: Report, retry: &mut Retry) {
+    let status = report.status;
     if !retry.first_telling(&report) {
         return;
     }

@@ -157,11 +157,26 @@ pub fn check_disk_space(dir: &Path, bundle_size: u64) -> Result<(), DownloadErro
     Ok(())
 }
 
-/// Downloads the bundle `info` describes from `base` into `dir`, resuming a partial
-/// file, and checks size, md5 and sha256. On any mismatch the file is deleted.
+/// Downloads the bundle `info` describes from the server at `base` into `dir`, resuming
+/// a partial file, and checks size, md5 and sha256. On any mismatch the file is deleted.
 pub async fn fetch(
     http: &reqwest::Client,
     base: &str,
+    info: &VersionInfo,
+    dir: &Path,
+    limits: &Limits,
+) -> Result<Downloaded, DownloadError> {
+    let url = format!(
+        "{base}{}",
+        wire::for_platform(wire::DOWNLOAD_PATH, layout::PLATFORM)
+    );
+    fetch_from(http, &url, info, dir, limits).await
+}
+
+/// [`fetch`] from `url`, wherever it is (the server, or its download source).
+pub async fn fetch_from(
+    http: &reqwest::Client,
+    url: &str,
     info: &VersionInfo,
     dir: &Path,
     limits: &Limits,
@@ -199,11 +214,7 @@ pub async fn fetch(
 
     let mut fetched = 0;
     if have < info.size {
-        let url = format!(
-            "{base}{}",
-            wire::for_platform(wire::DOWNLOAD_PATH, layout::PLATFORM)
-        );
-        let mut req = http.get(&url);
+        let mut req = http.get(url);
         if have > 0 {
             req = req
                 .header(RANGE, format!("bytes={have}-"))
@@ -351,6 +362,11 @@ pub async fn fetch(
     })
 }
 
+/// Removes the partial download of the bundle `info` describes, if any.
+pub fn discard_partial(dir: &Path, info: &VersionInfo) -> Result<(), DownloadError> {
+    remove(&part_path(dir, info))
+}
+
 /// The digests of `path` if it is already the whole bundle `info` describes; a file of
 /// the right size with other bytes is removed.
 fn complete_download(path: &Path, info: &VersionInfo) -> Result<Option<Digests>, DownloadError> {
@@ -492,6 +508,7 @@ mod tests {
             sha256: d.sha256_hex(),
             size: d.size,
             filename: "agent-bundle-2.0.0".into(),
+            download_source: None,
         }
     }
 

@@ -132,6 +132,10 @@ pub struct Retry {
     /// The last failure told to the server, so a round that fails again the same way
     /// is not told again.
     told: Option<agent_protocol::wire::Report>,
+    /// The offer update locks hold off, since when, and the last words said of it.
+    deferral: Option<(Offer, Instant, String)>,
+    /// When a deferral runs out (`update.max-defer`), so a wait ends then.
+    max_defer: Duration,
 }
 
 impl Retry {
@@ -146,6 +150,49 @@ impl Retry {
             recover: transient_backoff(heartbeat),
             recover_not_before: None,
             told: None,
+            deferral: None,
+            max_defer: Duration::from_secs(24 * 3600),
+        }
+    }
+
+    /// `update.max-defer`: a deferral that runs out ends a wait.
+    pub fn with_max_defer(mut self, max_defer: Duration) -> Self {
+        self.max_defer = max_defer;
+        self
+    }
+
+    /// How long update locks have held `offer` off, counting from now if they held off
+    /// nothing (or another offer) before.
+    pub fn deferred_for(&mut self, offer: &Offer, now: Instant) -> Duration {
+        match &self.deferral {
+            Some((o, since, _)) if o == offer => now.saturating_duration_since(*since),
+            _ => {
+                self.deferral = Some((offer.clone(), now, String::new()));
+                Duration::ZERO
+            }
+        }
+    }
+
+    /// Whether update locks hold an update off now.
+    pub fn deferring(&self) -> bool {
+        self.deferral.is_some()
+    }
+
+    pub fn end_deferral(&mut self) {
+        self.deferral = None;
+    }
+
+    /// Whether `words` are new for this deferral (said once, not every heartbeat).
+    pub fn first_deferral_said(&mut self, words: &str) -> bool {
+        // Words without the countdown: it changes every time.
+        let key = words.split("; the update to").next().unwrap_or(words);
+        match &mut self.deferral {
+            Some((_, _, said)) if said == key => false,
+            Some((_, _, said)) => {
+                *said = key.to_owned();
+                true
+            }
+            None => true,
         }
     }
 
@@ -163,7 +210,11 @@ impl Retry {
     /// what is still ahead counts: a retry that fell due and was not made (the update
     /// is still open, an updater is at work) must not cut every wait to nothing.
     pub fn next_due(&self, now: Instant) -> Option<Instant> {
-        [self.gate.due(), self.recover_not_before]
+        let deferral_ends = self
+            .deferral
+            .as_ref()
+            .map(|(_, since, _)| *since + self.max_defer);
+        [self.gate.due(), self.recover_not_before, deferral_ends]
             .into_iter()
             .flatten()
             .filter(|t| *t > now)
@@ -193,6 +244,7 @@ impl Retry {
         self.recover.reset();
         self.recover_not_before = None;
         self.told = None;
+        self.deferral = None;
     }
 
     /// A round for `offer` failed with `failure` at `now`: when it is tried again.

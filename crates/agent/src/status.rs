@@ -24,6 +24,10 @@ pub fn render(install: &Installation, config: &Config) -> String {
         .unwrap_or_else(|_| "(none yet: made on first start)".into());
     let _ = writeln!(out, "id:       {id}");
     let _ = writeln!(out, "servers:  {}", config.server.urls.join(", "));
+    if let Some(line) = crate::proxy::status_line(&config.proxy(), &|name| std::env::var(name).ok())
+    {
+        let _ = writeln!(out, "proxy:    {line}");
+    }
     let _ = writeln!(
         out,
         "updates:  {}",
@@ -54,6 +58,14 @@ pub fn render(install: &Installation, config: &Config) -> String {
             if let Some(expected) = &h.refused_by_server {
                 let _ = writeln!(out, "directive: refused; the server expects {expected}");
             }
+            let (held, _) = crate::locks::held(home, state::now_secs());
+            if !held.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "locks:    updates held off by {}",
+                    crate::locks::describe_all(&held)
+                );
+            }
             if let Some(told) = crate::told::last(home) {
                 let line = crate::told::describe(&told, state::now_secs());
                 let _ = writeln!(out, "failure:  {line}");
@@ -64,6 +76,7 @@ pub fn render(install: &Installation, config: &Config) -> String {
             let _ = writeln!(out, "process:  no run/health.json (not started yet?)");
         }
     }
+    out.push_str(&errors_and_configuration(home));
     match state::read_journal(home) {
         Ok(Some(j)) => {
             // When and why it ended (a full disk named as such), or who is finishing it.
@@ -94,6 +107,38 @@ pub fn render(install: &Installation, config: &Config) -> String {
             out,
             "outbox:   {} report(s) waiting for a server",
             pending.len()
+        );
+    }
+    out
+}
+
+/// The last error of each kind with its time, and the configuration set applied.
+fn errors_and_configuration(home: &agent_protocol::layout::AgentHome) -> String {
+    let mut out = String::new();
+    let errors = crate::last_errors::read(home);
+    let now = state::now_secs();
+    for kind in crate::last_errors::Kind::ALL {
+        let label = format!("last {} error:", kind.name());
+        let _ = writeln!(
+            out,
+            "{label:<26}{}",
+            crate::last_errors::describe(errors.get(&kind), now)
+        );
+    }
+    let applied = crate::remote_config::running_hash(home);
+    let _ = writeln!(
+        out,
+        "configuration: {}",
+        if applied.is_empty() {
+            "no set applied (the workload's files are the installed ones)".to_owned()
+        } else {
+            format!("set {applied} applied")
+        }
+    );
+    if let Some(failed) = crate::remote_config::failed_hash(home) {
+        let _ = writeln!(
+            out,
+            "               set {failed} failed here; waiting for the server to offer another"
         );
     }
     out

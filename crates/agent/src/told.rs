@@ -1,5 +1,6 @@
-//! The last update failure the agent told the server, kept in `data/update-failure.json`
-//! so that `agent status` says what the server was told, and when.
+//! The last update failure (or deferral) the agent told the server, kept in
+//! `data/update-failure.json` so that `agent status` says what the server was told,
+//! and when.
 
 use agent_protocol::layout::AgentHome;
 use agent_protocol::wire::Report;
@@ -48,10 +49,10 @@ pub fn last(home: &AgentHome) -> Option<Told> {
 /// `agent status`'s line: what was told, how long ago.
 pub fn describe(told: &Told, now: u64) -> String {
     let r = &told.report;
+    use agent_protocol::wire::UpdateStatus;
     let blame = match r.status {
-        agent_protocol::wire::UpdateStatus::InstallFailed => {
-            "the bundle is at fault; it counts against the rollout"
-        }
+        UpdateStatus::InstallFailed => "the bundle is at fault; it counts against the rollout",
+        UpdateStatus::Deferred => "held off on this machine; no failure",
         _ => "the machine is at fault; tried again on a backoff",
     };
     format!(

@@ -187,7 +187,8 @@ async fn tell_the_server(
             println!("told {server}: agent {id} left the fleet and its credentials are revoked")
         }
         Err(e) => println!(
-            "the server was not told ({e}); an operator removes it there with `update-server agents remove {id}`"
+            "the server was not told ({}); an operator removes it there with `update-server agents remove {id}`",
+            e.why()
         ),
     }
 }

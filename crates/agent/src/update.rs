@@ -28,6 +28,7 @@ use crate::download::{self, DownloadError, Limits};
 use crate::home::Installation;
 use crate::retry::Failure;
 use crate::sleep::sleep_or_shutdown;
+use crate::source;
 
 /// Failed downloads (not counting `503`s, which the server manages) before giving up
 /// for this round.
@@ -65,6 +66,8 @@ pub struct Ready {
     pub info: VersionInfo,
     pub verified: Verified,
     pub timings: Timings,
+    /// Where the bytes came from, for the `INSTALLING` report (see [`source::Attempt`]).
+    pub bundle_from: Option<&'static str>,
 }
 
 fn degraded(reason: impl Into<String>) -> Outcome {
@@ -149,6 +152,16 @@ pub async fn fetch_verified(
         read_timeout: ctx.config.update.read_timeout,
         deadline: ctx.config.update.download_timeout,
     };
+    // A version this machine kept (the one before, for rollback) with the very bundle
+    // the server names: nothing crosses the wire. Its bytes are checked below as a
+    // download's are, against the server's hashes and its new signature.
+    if take_kept_bundle(home, &info, &dir) {
+        tracing::info!(
+            "{} is kept here (versions/{}/bundle, same sha256): switching back to it without a download",
+            info.agent,
+            info.agent
+        );
+    }
     let via_delta = if ctx.config.update.deltas && !download::bundle_path(&dir, &info).exists() {
         let claim = running_claim(&ctx.install.version_dir);
         let request = delta::Request {
@@ -174,10 +187,19 @@ pub async fn fetch_verified(
     } else {
         None
     };
+    // Deltas stay with the server; a whole bundle comes from its download source, if
+    // it names one that serves it.
+    let from_source = match via_delta {
+        Some(_) => source::Attempt::NoSource,
+        None => source::try_source(ctx.client, &info, &dir, &limits).await,
+    };
+    let bundle_from = from_source.bundle_from();
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
     let mut attempt = 0u32;
     let downloaded = if let Some(rebuilt) = via_delta {
         rebuilt
+    } else if let Some(downloaded) = from_source.downloaded() {
+        downloaded
     } else {
         loop {
             attempt += 1;
@@ -265,6 +287,7 @@ pub async fn fetch_verified(
         info,
         verified,
         timings,
+        bundle_from,
     })
 }
 
@@ -319,6 +342,33 @@ pub async fn check_offer(
         retired,
         signature,
     })
+}
+
+/// Copies the bundle a kept version was installed from to where a download of `info`
+/// goes, when it is that very bundle (its sha256 is the server's); true if it did.
+fn take_kept_bundle(home: &AgentHome, info: &VersionInfo, dir: &Path) -> bool {
+    let kept = home.version_dir(&info.agent).join(layout::KEPT_BUNDLE_FILE);
+    let target = download::bundle_path(dir, info);
+    if target.exists() || !kept.is_file() {
+        return false;
+    }
+    let same = std::fs::File::open(&kept)
+        .and_then(agent_protocol::digest::Digests::of_reader)
+        .is_ok_and(|d| d.sha256_hex() == info.sha256 && d.size == info.size);
+    if !same {
+        return false;
+    }
+    match std::fs::copy(&kept, &target) {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(
+                "cannot take the kept bundle {} ({e}); downloading instead",
+                kept.display()
+            );
+            let _ = std::fs::remove_file(&target);
+            false
+        }
+    }
 }
 
 /// The key bundles must be signed with (`update.public-key`), or why there is none.
@@ -479,7 +529,7 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
         status: UpdateStatus::Installing,
         error: None,
     };
-    if let Err(e) = ctx.client.report(&report).await {
+    if let Err(e) = ctx.client.report_from(&report, ready.bundle_from).await {
         tracing::warn!("could not report INSTALLING ({e}); it is not needed for the update");
     }
 
@@ -616,6 +666,7 @@ mod tests {
             sha256: sha256.clone(),
             size: 1,
             filename: "agent-bundle-2.0.0".into(),
+            download_source: None,
         };
         let running = tempfile::tempdir().unwrap();
         let check = |platform: &str| {

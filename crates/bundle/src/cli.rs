@@ -16,6 +16,7 @@ use crate::error::{BundleError, IoContext, Result};
 use crate::install::{self, InstallRequest, TrustSource};
 use crate::keygen;
 use crate::pack::{self, PackRequest};
+use crate::shipped_key::Verdict;
 
 /// Signed, self-installing agent bundles.
 ///
@@ -58,6 +59,12 @@ pub struct Cli {
     /// With --install: the update server the agent talks to (server.urls).
     #[arg(long, value_name = "URL", requires = "install")]
     server_url: Option<String>,
+
+    /// With --install: the HTTP proxy the agent reaches its server through
+    /// (server.proxy): http://[user:password@]host:port, or "none" to ignore the
+    /// environment's https_proxy.
+    #[arg(long, value_name = "URL", requires = "install")]
+    proxy: Option<String>,
 
     /// Update the agent installed at AGENT_HOME to the carried version.
     #[arg(long, value_name = "AGENT_HOME", num_args = 0..=1, default_missing_value = ".")]
@@ -118,6 +125,11 @@ enum Command {
         /// that trust an older key follow the chain to the signing key.
         #[arg(long, value_name = "FILE")]
         rotation: Vec<PathBuf>,
+        /// Pack although DIST/conf.default/update.pub is not the signing key's public
+        /// half and no --rotation leads from it (a deliberate rotation: fresh installs
+        /// then need --trust-key).
+        #[arg(long)]
+        allow_other_key: bool,
     },
     /// Hand trust from the current signing key to a new one: writes
     /// DIR/rotation-<new key id>.minisig (NEW.pub signed by OLD.key) and a copy of NEW.pub.
@@ -158,6 +170,16 @@ enum Command {
         /// Where to write the rebuilt bundle.
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
+    },
+    /// Sign bundles again, today (signed-at now), leaving their bytes as they are: the
+    /// way back to a release the fleet ran before (agents refuse an older signature).
+    Sign {
+        /// The secret key (update.key).
+        #[arg(long, value_name = "FILE")]
+        key: PathBuf,
+        /// The bundles; each gets a fresh FILE.minisig beside it.
+        #[arg(required = true, value_name = "FILE")]
+        bundles: Vec<PathBuf>,
     },
     /// Verify a bundle's signature, trusted comment and contents.
     Verify {
@@ -265,6 +287,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             enroll_token: cli.enroll_token.as_deref(),
             group: cli.group.as_deref(),
             server_url: cli.server_url.as_deref(),
+            proxy: cli.proxy.as_deref(),
         });
     }
     if let Some(home) = &cli.update {
@@ -299,6 +322,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             stub,
             signed_at,
             rotation,
+            allow_other_key,
         }) => {
             let version = AgentVersion::new(&agent_version, &build)?;
             let key = keygen::read_secret_key(&key)?;
@@ -316,6 +340,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 stub: &stub,
                 signed_at,
                 rotations: &rotations,
+                allow_other_key,
             })?;
             println!(
                 "Packed {} ({} bytes, sha256 {}) and {}, signed by key {}.",
@@ -331,6 +356,19 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     rotations.len(),
                     key.key_id()
                 );
+            }
+            match &packed.shipped_key {
+                Verdict::Matches | Verdict::Refused { .. } => {}
+                Verdict::Rotation(chain) => println!(
+                    "Fresh installs trust the key it ships ({}) and follow the rotation {chain}.",
+                    dist.join("conf.default/update.pub").display()
+                ),
+                Verdict::Allowed { shipped, signer } => eprintln!(
+                    "agent-bundle: warning: the rotation {shipped} -> {signer} has no statement: \
+                     {} is key {shipped}, the bundle is signed by key {signer} (--allow-other-key); \
+                     fresh installs refuse it unless --install is given --trust-key with key {signer}'s public half",
+                    dist.join("conf.default/update.pub").display()
+                ),
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -399,6 +437,22 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Some(Command::Sign { key, bundles }) => {
+            let key = keygen::read_secret_key(&key)?;
+            let now = pack::now_secs();
+            for bundle in &bundles {
+                let signed = crate::sign::sign(bundle, &key, now)?;
+                println!(
+                    "Signed {} again ({} for {}, sha256 {}, signed-at {now}): {}",
+                    bundle.display(),
+                    signed.claim.version,
+                    signed.claim.platform,
+                    signed.claim.sha256,
+                    signed.signature.display()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Some(Command::Verify {
             bundle,
             public_key,
@@ -463,6 +517,13 @@ fn run_install(request: &InstallRequest<'_>) -> Result<ExitCode> {
     }
     if let Some(url) = request.server_url {
         let _ = writeln!(out, "It talks to the update server {url} (server.urls).");
+    }
+    if let Some(proxy) = request.proxy {
+        let _ = writeln!(
+            out,
+            "It reaches the server through the proxy {} (server.proxy).",
+            install::shown_proxy(proxy)
+        );
     }
     if request.enroll_token.is_some() {
         let _ = writeln!(

@@ -38,6 +38,8 @@ pub struct InstallRequest<'a> {
     pub group: Option<&'a str>,
     /// `server.urls`: the one server the new agent talks to (the install script's own).
     pub server_url: Option<&'a str>,
+    /// `server.proxy`: `http://[user:password@]host:port` or `none`.
+    pub proxy: Option<&'a str>,
 }
 
 /// Where `--ca-file` is kept, relative to AGENT_HOME.
@@ -115,6 +117,14 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
             "--server-url must be one http:// or https:// URL".into(),
         ));
     }
+    if let Some(proxy) = req.proxy
+        && !valid_proxy(proxy)
+    {
+        return Err(BundleError::Invalid(format!(
+            "--proxy {}: give http://host:port, http://user:password@host:port, or none",
+            shown_proxy(proxy)
+        )));
+    }
     // Trust is decided before a byte of the payload is unpacked.
     let signature_path = PathBuf::from(format!("{}.minisig", req.bundle.display()));
     let (trust, chain) = decide_trust(req, &mut payload, &facts, &signature_path)?;
@@ -186,6 +196,7 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
         enroll_token: req.enroll_token,
         group: req.group,
         server_url: req.server_url,
+        proxy: req.proxy,
     };
     if exists {
         let operator_key = match trust {
@@ -251,6 +262,7 @@ struct ServerSettings<'a> {
     enroll_token: Option<&'a str>,
     group: Option<&'a str>,
     server_url: Option<&'a str>,
+    proxy: Option<&'a str>,
 }
 
 impl ServerSettings<'_> {
@@ -262,6 +274,7 @@ impl ServerSettings<'_> {
             && self.enroll_token.is_none()
             && self.group.is_none()
             && self.server_url.is_none()
+            && self.proxy.is_none()
         {
             return Ok(());
         }
@@ -289,6 +302,9 @@ impl ServerSettings<'_> {
             urls.push(url.trim_end_matches('/'));
             doc["server"]["urls"] = toml_edit::value(urls);
         }
+        if let Some(proxy) = self.proxy {
+            doc["server"]["proxy"] = toml_edit::value(proxy.trim());
+        }
         if let Some(group) = self.group {
             if !doc.contains_table("agent") {
                 doc["agent"] = toml_edit::table();
@@ -298,6 +314,41 @@ impl ServerSettings<'_> {
         fs::create_dir_all(home.conf()).at(home.conf())?;
         atomic::write_with_mode(&conf, doc.to_string().as_bytes(), Some(0o600))?;
         Ok(())
+    }
+}
+
+/// `none`, or `http://[user:password@]host:port` (the agent reads it again, fully, at
+/// every start; this catches what would stop it there).
+fn valid_proxy(proxy: &str) -> bool {
+    let proxy = proxy.trim();
+    if proxy.eq_ignore_ascii_case("none") {
+        return true;
+    }
+    if proxy.contains(|c: char| c.is_whitespace() || c == '"' || c == '\\') {
+        return false;
+    }
+    let Some(rest) = proxy.strip_prefix("http://") else {
+        return false;
+    };
+    let host_port = rest.trim_end_matches('/');
+    let host_port = host_port.rsplit_once('@').map_or(host_port, |(_, hp)| hp);
+    host_port.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok_and(|p| p > 0)
+    })
+}
+
+/// A proxy URL with its password, if any, replaced by `***`.
+pub fn shown_proxy(proxy: &str) -> String {
+    let proxy = proxy.trim();
+    let Some((scheme, rest)) = proxy.split_once("://") else {
+        return proxy.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+            None => proxy.to_owned(),
+        },
+        None => proxy.to_owned(),
     }
 }
 
@@ -611,4 +662,36 @@ fn set_private(dir: &Path) -> Result<()> {
 
 fn relative_version_dir(facts: &BundleFacts) -> PathBuf {
     Path::new("versions").join(facts.version.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proxy_is_checked_and_shown_without_its_password() {
+        for good in [
+            "none",
+            "http://proxy.corp:3128",
+            "http://alice:s3cret@proxy.corp:3128/",
+            "http://127.0.0.1:8080",
+        ] {
+            assert!(valid_proxy(good), "{good}");
+        }
+        for bad in [
+            "proxy.corp:3128",
+            "https://proxy.corp:3128",
+            "http://proxy.corp",
+            "http://alice:s3cret@proxy.corp:0",
+            "http://:3128",
+            "http://proxy.corp:3128 x",
+        ] {
+            assert!(!valid_proxy(bad), "{bad}");
+        }
+        assert_eq!(
+            shown_proxy("http://alice:s3cret@proxy.corp:3128"),
+            "http://alice:***@proxy.corp:3128"
+        );
+        assert_eq!(shown_proxy("http://proxy:1"), "http://proxy:1");
+    }
 }

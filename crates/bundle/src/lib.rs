@@ -1,7 +1,8 @@
 //! `agent-bundle`: the stub executable at the front of every agent bundle.
 //!
 //! Run as a plain tool it makes keys (`keygen`), packs a distribution into a signed
-//! bundle (`pack`) and checks one (`verify`). Run as `agent-bundle-<v>` with its zip payload
+//! bundle (`pack`), signs kept bundles again for a rollback (`sign`) and checks one
+//! (`verify`). Run as `agent-bundle-<v>` with its zip payload
 //! appended it installs the agent it carries (`--install`) or updates an installed agent
 //! (`--update`, handed to the updater crate).
 //!
@@ -15,5 +16,7 @@ pub mod install;
 pub mod keygen;
 pub mod pack;
 mod progress;
+pub mod shipped_key;
+pub mod sign;
 
 pub use error::{BundleError, Result};

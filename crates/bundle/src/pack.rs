@@ -21,6 +21,10 @@ use agent_protocol::version::AgentVersion;
 use zip::write::SimpleFileOptions;
 
 use crate::error::{BundleError, IoContext, Result};
+use crate::shipped_key::{self, Verdict};
+
+/// The key a distribution ships, relative to its root: what a fresh install trusts.
+const SHIPPED_KEY: &str = "conf.default/update.pub";
 
 pub struct PackRequest<'a> {
     pub dist: &'a Path,
@@ -34,6 +38,9 @@ pub struct PackRequest<'a> {
     pub signed_at: Option<u64>,
     /// Key rotation statements, oldest first, leading to `key`.
     pub rotations: &'a [Statement],
+    /// Pack although `conf.default/update.pub` is another key with no rotation to
+    /// `key` (see [`shipped_key`]).
+    pub allow_other_key: bool,
 }
 
 pub struct Packed {
@@ -41,6 +48,8 @@ pub struct Packed {
     pub signature: PathBuf,
     pub digests: Digests,
     pub claim: BundleClaim,
+    /// What fresh installs trust when it is not simply the signing key.
+    pub shipped_key: Verdict,
 }
 
 pub fn pack(req: &PackRequest<'_>) -> Result<Packed> {
@@ -53,6 +62,25 @@ pub fn pack(req: &PackRequest<'_>) -> Result<Packed> {
                 req.dist.display()
             )));
         }
+    }
+    let shipped_path = req.dist.join(SHIPPED_KEY);
+    let shipped = if shipped_path.exists() {
+        Some(crate::install::read_public_key(&shipped_path)?)
+    } else {
+        None
+    };
+    let shipped_key = shipped_key::verdict(
+        shipped.as_ref(),
+        &req.key.public_key(),
+        req.rotations,
+        req.allow_other_key,
+    );
+    if let Verdict::Refused { shipped, signer } = shipped_key {
+        return Err(BundleError::Invalid(shipped_key::refusal(
+            &shipped_path,
+            shipped,
+            signer,
+        )));
     }
     fs::create_dir_all(req.out_dir).at(req.out_dir)?;
     let tarball = tempfile::Builder::new()
@@ -107,6 +135,7 @@ pub fn pack(req: &PackRequest<'_>) -> Result<Packed> {
         signature: sig_path,
         digests,
         claim,
+        shipped_key,
     })
 }
 
@@ -172,13 +201,9 @@ fn write_plain_tarball(req: &PackRequest<'_>, out: impl Write) -> Result<()> {
         &root.join(AGENT_VERSION_FILE),
         props.to_text().as_bytes(),
     )?;
-    if !req.dist.join("conf.default/update.pub").exists() {
+    if !req.dist.join(SHIPPED_KEY).exists() {
         let public = req.key.public_key().to_file_string();
-        append_generated(
-            &mut tar,
-            &root.join("conf.default/update.pub"),
-            public.as_bytes(),
-        )?;
+        append_generated(&mut tar, &root.join(SHIPPED_KEY), public.as_bytes())?;
     }
     let mut writer = tar.into_inner().at(req.dist)?;
     writer.flush().at(req.dist)?;

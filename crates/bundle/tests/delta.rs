@@ -47,6 +47,7 @@ fn packed(root: &Path, key: &SecretKey, version: &str, program: &[u8], conf: &st
         stub: Path::new("/bin/true"),
         signed_at: Some(1_700_000_000),
         rotations: &[],
+        allow_other_key: false,
     })
     .expect("pack")
     .bundle

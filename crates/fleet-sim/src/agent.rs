@@ -169,12 +169,18 @@ impl SimAgent {
             headers,
             drain,
         } = call;
-        let url = format!("{}{path}", self.base(shared));
-        let mut request = shared
-            .http
-            .request(method, &url)
-            .header(wire::AGENT_VERSION_HEADER, self.version.to_string());
-        if let Some(token) = &self.token {
+        // A whole URL is a download source: no identity goes there.
+        let elsewhere = path.starts_with("http://") || path.starts_with("https://");
+        let url = if elsewhere {
+            path.to_owned()
+        } else {
+            format!("{}{path}", self.base(shared))
+        };
+        let mut request = shared.http.request(method, &url);
+        if !elsewhere {
+            request = request.header(wire::AGENT_VERSION_HEADER, self.version.to_string());
+        }
+        if let Some(token) = self.token.as_ref().filter(|_| !elsewhere) {
             request = request.bearer_auth(token);
         }
         for (name, value) in headers {
@@ -357,6 +363,18 @@ impl SimAgent {
         status: UpdateStatus,
         error: Option<String>,
     ) {
+        self.report_from(shared, to, status, error, None).await;
+    }
+
+    /// [`SimAgent::report`] saying where the bundle's bytes came from.
+    async fn report_from(
+        &self,
+        shared: &Shared,
+        to: &AgentVersion,
+        status: UpdateStatus,
+        error: Option<String>,
+        bundle_from: Option<&'static str>,
+    ) {
         let report = Report {
             id: self.id.clone(),
             from: self.version.to_string(),
@@ -365,11 +383,55 @@ impl SimAgent {
             error,
         };
         let body = serde_json::to_value(report).ok();
+        let from: Vec<(&str, String)> = bundle_from
+            .map(|f| (wire::BUNDLE_FROM_HEADER, f.to_owned()))
+            .into_iter()
+            .collect();
         self.call(
             shared,
-            Call::new("report", Method::POST, wire::REPORT_PATH).json(body),
+            Call::new("report", Method::POST, wire::REPORT_PATH)
+                .json(body)
+                .headers(&from),
         )
         .await;
+    }
+
+    /// With `--download-source`: the bundle from the download source the server names,
+    /// as a real agent takes it. `None`: the server names none; `Some(FROM_SOURCE)`: taken;
+    /// `Some(FROM_SERVER)`: the source failed, the server is next.
+    async fn try_source(&self, shared: &Shared) -> Option<&'static str> {
+        if !shared.options.download_source {
+            return None;
+        }
+        let path = wire::for_platform(wire::VERSION_PATH, &self.platform);
+        let answer = self
+            .call(shared, Call::new("version", Method::GET, &path))
+            .await?;
+        let source = std::str::from_utf8(&answer.body)
+            .ok()
+            .and_then(|text| agent_protocol::properties::Properties::parse(text).ok())
+            .and_then(|props| wire::VersionInfo::from_properties(&props).ok())
+            .and_then(|info| info.source_url())?;
+        let answer = match shared.options.download {
+            DownloadMode::Full => {
+                self.call(shared, Call::new("source", Method::GET, &source).drain())
+                    .await
+            }
+            DownloadMode::Head => {
+                let range = [("Range", format!("bytes=0-{}", FIRST_BYTES - 1))];
+                self.call(
+                    shared,
+                    Call::new("source (first bytes)", Method::GET, &source)
+                        .headers(&range)
+                        .drain(),
+                )
+                .await
+            }
+        };
+        Some(match answer {
+            Some(a) if a.status.is_success() => wire::FROM_SOURCE,
+            _ => wire::FROM_SERVER,
+        })
     }
 
     /// What a real agent that keeps its bundle does first (`--deltas`): learns the sha256
@@ -488,11 +550,18 @@ impl SimAgent {
         if self.bad.contains(&bundle) {
             return;
         }
-        if !self.fetch(shared).await {
+        let bundle_from = self.try_source(shared).await;
+        if bundle_from != Some(wire::FROM_SOURCE) && !self.fetch(shared).await {
             return;
         }
-        self.report(shared, &expected, UpdateStatus::Installing, None)
-            .await;
+        self.report_from(
+            shared,
+            &expected,
+            UpdateStatus::Installing,
+            None,
+            bundle_from,
+        )
+        .await;
         if shared.sleep(shared.options.install_time).await {
             return;
         }

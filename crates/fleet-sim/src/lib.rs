@@ -85,6 +85,9 @@ pub struct Options {
     /// Native agents ask `/agentupdate/delta` from the bundle they run first, and download
     /// the bundle only when the server has no delta (`404`).
     pub deltas: bool,
+    /// Native agents take a whole bundle from the download source `/agentupdate/version`
+    /// names (`downloads.public-url`), the server when it fails.
+    pub download_source: bool,
 }
 
 /// What every simulated agent shares.

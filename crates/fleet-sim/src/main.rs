@@ -10,8 +10,9 @@ use fleet_sim::{DownloadMode, Options};
 #[derive(Debug, Parser)]
 #[command(name = "fleet-sim", version)]
 struct Cli {
-    /// An update-server's base URL; several are tried in order, as agents fail over.
-    #[arg(long = "server", value_name = "URL", required = true)]
+    /// An update-server's base URL (HOST:PORT is http://HOST:PORT); several are tried
+    /// in order, as agents fail over.
+    #[arg(long = "server", value_name = "URL", required = true, value_parser = agent_protocol::server_url::base_url)]
     servers: Vec<String>,
     /// How many agents.
     #[arg(long, default_value_t = 1000)]
@@ -91,6 +92,11 @@ struct Cli {
     /// the simulation before the new release is dropped. Native protocol only.
     #[arg(long)]
     deltas: bool,
+    /// Before a whole download, agents ask /agentupdate/version and take the bundle from
+    /// the download source it names (the server's downloads.public-url) as real agents
+    /// do, from the server when that fails; their INSTALLING report says which.
+    #[arg(long)]
+    download_source: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -204,6 +210,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         trust_key,
         enrollment_token: cli.enrollment_token,
         deltas: cli.deltas,
+        download_source: cli.download_source,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let report = runtime.block_on(fleet_sim::run(options))?;

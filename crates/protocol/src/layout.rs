@@ -122,6 +122,11 @@ impl AgentHome {
         self.run().join("agent.pid")
     }
 
+    /// Update locks: a file here (its text the reason) holds off bundle updates.
+    pub fn update_locks(&self) -> PathBuf {
+        self.run().join("update-locks")
+    }
+
     pub fn update_lock(&self) -> PathBuf {
         self.run().join("update.lock")
     }

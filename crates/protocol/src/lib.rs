@@ -19,6 +19,7 @@ pub mod minisign;
 pub mod platform;
 pub mod properties;
 pub mod rotation;
+pub mod server_url;
 pub mod settings;
 pub mod version;
 pub mod wire;

@@ -12,6 +12,9 @@ pub enum Kind {
     List,
     /// Comma-separated `NAME=VALUE` pairs (a table of strings).
     Map,
+    /// A whole number of seconds, written bare (`90`) or with a unit (`"15m"`, `"30s"`):
+    /// see [`normalize_seconds`].
+    Seconds,
 }
 
 /// A documented configuration key.
@@ -178,6 +181,11 @@ pub fn apply_env(
                     .parse()
                     .map_err(|_| format!("{var}={raw:?} is not a whole number"))?,
             ),
+            // Checked, with the key's name, by `normalize_seconds` after the file is read.
+            Kind::Seconds => match raw.trim().parse() {
+                Ok(n) => toml::Value::Integer(n),
+                Err(_) => toml::Value::String(raw),
+            },
             Kind::Bool => toml::Value::Boolean(
                 raw.trim()
                     .parse()
@@ -213,6 +221,53 @@ pub fn apply_env(
             }
             _ => return Err(format!("[{}] is not a table", key.section)),
         }
+    }
+    Ok(())
+}
+
+/// The forms a [`Kind::Seconds`] key accepts, for error messages.
+pub const SECONDS_FORMS: &str =
+    "seconds (90) or a duration with a unit (\"30s\", \"15m\", \"1h\", \"1d\")";
+
+/// A duration in whole seconds: bare (`"90"`) or with a unit, as the agent writes them.
+pub fn parse_seconds(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    if let Ok(n) = s.parse::<u64>() {
+        return Ok(n);
+    }
+    let d = parse_duration(s)?;
+    if d.subsec_nanos() != 0 {
+        return Err(format!("{s:?} is not a whole number of seconds"));
+    }
+    Ok(d.as_secs())
+}
+
+/// Rewrites every [`Kind::Seconds`] key of `table` that is written as a string
+/// (`"15m"`) to its number of seconds, so the file may use either form; the error names
+/// the key and the forms it takes.
+pub fn normalize_seconds(table: &mut toml::Table, keys: &[Key]) -> Result<(), String> {
+    for key in keys.iter().filter(|k| k.kind == Kind::Seconds) {
+        let Some(toml::Value::Table(section)) = table.get_mut(key.section) else {
+            continue;
+        };
+        let Some(value) = section.get_mut(key.name) else {
+            continue;
+        };
+        let shown = format!("{}.{}", key.section, key.name);
+        let seconds = match &*value {
+            toml::Value::Integer(n) => u64::try_from(*n)
+                .map_err(|_| format!("{shown} = {n} is negative; write {SECONDS_FORMS}"))?,
+            toml::Value::String(s) => parse_seconds(s)
+                .map_err(|e| format!("{shown} = {s:?}: {e}; write {SECONDS_FORMS}"))?,
+            other => {
+                return Err(format!(
+                    "{shown} = {other} is not a duration; write {SECONDS_FORMS}"
+                ));
+            }
+        };
+        let seconds = i64::try_from(seconds)
+            .map_err(|_| format!("{shown} is too long; write {SECONDS_FORMS}"))?;
+        *value = toml::Value::Integer(seconds);
     }
     Ok(())
 }
@@ -301,6 +356,34 @@ mod tests {
         let section_typo = env(&[("X_UPDATE_ENABELD", "true")]);
         assert!(apply_env(&mut t, "X", &keys, &section_typo, Strictness::KnownSections).is_err());
         assert!(apply_env(&mut t, "X", &keys, &section_typo, Strictness::Lenient).is_ok());
+    }
+
+    #[test]
+    fn seconds_take_bare_numbers_and_units_and_errors_name_the_key() {
+        assert_eq!(parse_seconds("90").unwrap(), 90);
+        assert_eq!(parse_seconds("15m").unwrap(), 900);
+        assert_eq!(parse_seconds("30s").unwrap(), 30);
+        assert!(parse_seconds("1500ms").is_err());
+        let keys = [
+            key("rollout", "wave-wait", Kind::Seconds),
+            key("rollout", "agent-deadline", Kind::Seconds),
+        ];
+        let mut t: toml::Table =
+            toml::from_str("[rollout]\nwave-wait = \"15m\"\nagent-deadline = 60\n").unwrap();
+        normalize_seconds(&mut t, &keys).unwrap();
+        assert_eq!(t["rollout"]["wave-wait"].as_integer(), Some(900));
+        assert_eq!(t["rollout"]["agent-deadline"].as_integer(), Some(60));
+        let mut t: toml::Table = toml::from_str("[rollout]\nwave-wait = \"soon\"\n").unwrap();
+        let err = normalize_seconds(&mut t, &keys).unwrap_err();
+        assert!(
+            err.contains("rollout.wave-wait") && err.contains("15m"),
+            "{err}"
+        );
+        let env = |k: &str| (k == "X_ROLLOUT_WAVE_WAIT").then(|| "2h".to_owned());
+        let mut t = toml::Table::new();
+        apply_env(&mut t, "X", &keys, &env, Strictness::WholePrefix).unwrap();
+        normalize_seconds(&mut t, &keys).unwrap();
+        assert_eq!(t["rollout"]["wave-wait"].as_integer(), Some(7200));
     }
 
     #[test]

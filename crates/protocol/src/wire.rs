@@ -15,6 +15,14 @@ pub const SIGNATURE_PATH: &str = "/agentupdate/download.minisig";
 pub const PLATFORM_QUERY: &str = "platform";
 /// `/agentupdate/version` lists the release's platforms under this key.
 pub const PROP_LATEST_PLATFORMS: &str = "agent.latest.platforms";
+/// `/agentupdate/version` names the server's download source (`downloads.public-url`)
+/// under this key: the bundle's bytes are at `<it>/<agent.latest.filename>`.
+pub const PROP_DOWNLOAD_SOURCE: &str = "downloads.public-url";
+/// On an `INSTALLING` report: where the agent took the bundle's bytes from when the
+/// server named a download source, [`FROM_SOURCE`] or [`FROM_SERVER`] (the source failed).
+pub const BUNDLE_FROM_HEADER: &str = "Agent-Bundle-From";
+pub const FROM_SOURCE: &str = "source";
+pub const FROM_SERVER: &str = "server";
 
 /// `path?platform=<platform>`, or `path` alone for a platform that is not a plain
 /// target triple (nothing else is ever put into a URL).
@@ -80,6 +88,9 @@ pub struct VersionInfo {
     pub sha256: String,
     pub size: u64,
     pub filename: String,
+    /// `downloads.public-url`: where the bundle's bytes may be fetched instead of the
+    /// server (`None`: from the server). Sizes and hashes above still decide.
+    pub download_source: Option<String>,
 }
 
 impl VersionInfo {
@@ -93,7 +104,17 @@ impl VersionInfo {
         p.set("agent.latest.sha256", &self.sha256);
         p.set("agent.latest.size", &self.size.to_string());
         p.set("agent.latest.filename", &self.filename);
+        if let Some(source) = &self.download_source {
+            p.set(PROP_DOWNLOAD_SOURCE, source);
+        }
         p
+    }
+
+    /// `<downloads.public-url>/<filename>`, when the server names a download source.
+    pub fn source_url(&self) -> Option<String> {
+        self.download_source
+            .as_deref()
+            .map(|base| format!("{}/{}", base.trim_end_matches('/'), self.filename))
     }
 
     /// Reads and checks what a server said; nothing in it is trusted until it parses.
@@ -114,6 +135,13 @@ impl VersionInfo {
                 "agent.latest.filename {filename:?} is not a plain file name"
             )));
         }
+        // A source that is no plain URL is no source: the bundle comes from the server,
+        // as it would after any other failure of the source.
+        let download_source = p
+            .get(PROP_DOWNLOAD_SOURCE)
+            .map(str::trim)
+            .filter(|url| is_download_source(url))
+            .map(str::to_owned);
         Ok(Self {
             server_version: p.get("server.version").unwrap_or_default().to_owned(),
             server_build: p.get("server.build-number").unwrap_or_default().to_owned(),
@@ -122,8 +150,22 @@ impl VersionInfo {
             sha256,
             size,
             filename,
+            download_source,
         })
     }
+}
+
+/// A download source must be a plain `http(s)://host[:port][/path]`: nothing that
+/// could turn a file name appended to it into another request (a query, a fragment).
+pub fn is_download_source(url: &str) -> bool {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    rest.is_some_and(|rest| {
+        !rest.is_empty()
+            && !rest.starts_with('/')
+            && !rest.contains(['?', '#', ' ', '\t', '\n', '\r'])
+    })
 }
 
 fn hex_field(p: &Properties, name: &str, len: usize) -> Result<String> {
@@ -271,6 +313,9 @@ pub struct NotSupported {
     /// The agent's credential, in the answer to its first register (trust on first use).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// An operator overrode this agent's update locks for this bundle: it updates now.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub override_locks: bool,
 }
 
 /// Header of a `register` from an id the fleet does not know, when the server requires
@@ -394,6 +439,7 @@ mod tests {
             sha256: "a".repeat(64),
             size: 42,
             filename: "agent-bundle-2.2.0".into(),
+            download_source: None,
         }
     }
 
@@ -405,6 +451,29 @@ mod tests {
             "server.version=1.2.0\nserver.build-number=1852\nagent.latest.version=2.2.0\n"
         ));
         assert_eq!(VersionInfo::from_properties(&p).unwrap(), info());
+    }
+
+    #[test]
+    fn a_download_source_names_where_the_bytes_are() {
+        let mut with = info();
+        with.download_source = Some("https://cdn.example/agent/".into());
+        let p = with.to_properties();
+        assert!(
+            p.to_text()
+                .contains("downloads.public-url=https://cdn.example/agent/\n")
+        );
+        let back = VersionInfo::from_properties(&p).unwrap();
+        assert_eq!(
+            back.source_url().as_deref(),
+            Some("https://cdn.example/agent/agent-bundle-2.2.0")
+        );
+        assert_eq!(info().source_url(), None);
+        for bad in ["ftp://x/", "https://x/?a=", "file:///etc", "https://", ""] {
+            let mut p = info().to_properties();
+            p.set(PROP_DOWNLOAD_SOURCE, bad);
+            let read = VersionInfo::from_properties(&p).unwrap();
+            assert_eq!(read.source_url(), None, "{bad}");
+        }
     }
 
     #[test]

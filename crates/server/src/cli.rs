@@ -247,6 +247,10 @@ pub enum ConfigAction {
     Push {
         group: String,
         dir: std::path::PathBuf,
+        /// A set with no files is meant: it empties the agents' conf/workload/.
+        allow_empty: bool,
+        /// A set that keeps none of the group's current file names is meant.
+        replace_all: bool,
     },
     Status,
     Delete {
@@ -310,10 +314,19 @@ impl AdminClient {
         let base = self.base()?;
         let http = self.http()?;
         let request = match action {
-            ConfigAction::Push { group, dir } => {
+            ConfigAction::Push {
+                group,
+                dir,
+                allow_empty,
+                replace_all,
+            } => {
                 let files = read_set(dir)?;
                 http.put(format!("{base}/admin/config/{group}"))
-                    .json(&serde_json::json!({ "files": files }))
+                    .json(&serde_json::json!({
+                        "files": files,
+                        "allow_empty": allow_empty,
+                        "replace_all": replace_all,
+                    }))
             }
             ConfigAction::Status => http.get(format!("{base}/admin/config")),
             ConfigAction::Delete { group } => http.delete(format!("{base}/admin/config/{group}")),
@@ -487,15 +500,89 @@ pub fn render_audit(answer: &Value) -> String {
             e["address"].as_str().unwrap_or(""),
             e["action"].as_str().unwrap_or("?"),
             e["outcome"].as_str().unwrap_or("?"),
-            e["details"],
+            crate::web::words::audit_details(&e["details"]),
+        );
+    }
+    let total = answer["total"].as_i64().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "{} of {} (page {})",
+        entries.len(),
+        crate::web::words::count(total, "entry", "entries"),
+        answer["page"]
+    );
+    out
+}
+
+/// Which agents `agents list` shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentQuery {
+    pub version: Option<String>,
+    pub status: Option<String>,
+    pub group: Option<String>,
+}
+
+impl AdminClient {
+    /// `GET /admin/agents?version=&status=&group=`.
+    pub async fn agents(&self, query: &AgentQuery) -> anyhow::Result<Value> {
+        let base = self.base()?;
+        let mut pairs = Vec::new();
+        for (name, value) in [
+            ("version", &query.version),
+            ("status", &query.status),
+            ("group", &query.group),
+        ] {
+            if let Some(v) = value {
+                pairs.push((name, v.clone()));
+            }
+        }
+        let request = self
+            .http()?
+            .get(format!("{base}/admin/agents"))
+            .query(&pairs);
+        self.send(base, request).await
+    }
+}
+
+/// `GET /admin/agents` as a person reads it: one line per agent, and a count.
+pub fn render_agents(list: &Value) -> String {
+    let mut out = String::new();
+    let rows = list.as_array().map(Vec::as_slice).unwrap_or_default();
+    if rows.is_empty() {
+        return "no agents match\n".to_owned();
+    }
+    let _ = writeln!(
+        out,
+        "{:<36}  {:<20} {:<16} {:<10} {:<15} {:<29} error",
+        "id", "name", "version", "group", "status", "last contact"
+    );
+    for a in rows {
+        let group = match text(a, "group") {
+            "" => "default",
+            g => g,
+        };
+        let status = match text(a, "update_status") {
+            "" => "-",
+            s => s,
+        };
+        let error: String = text(a, "update_error").chars().take(60).collect();
+        let _ = writeln!(
+            out,
+            "{:<36}  {:<20} {:<16} {:<10} {:<15} {:<29} {}",
+            text(a, "id"),
+            text(a, "name"),
+            text(a, "version"),
+            group,
+            status,
+            text(a, "last_contact"),
+            error,
         );
     }
     let _ = writeln!(
         out,
-        "{} of {} entries (page {})",
-        entries.len(),
-        answer["total"],
-        answer["page"]
+        "{} agent{}",
+        rows.len(),
+        if rows.len() == 1 { "" } else { "s" }
     );
     out
 }

@@ -13,8 +13,8 @@ use agent_fleet::rollout::plan::Plan;
 pub const ENV_PREFIX: &str = "UPDATE_SERVER";
 
 /// Open connections by default: every agent of a fleet of 20,000 holds one (a long
-/// poll), with room to spare for downloads and operators. Lowered, with a warning, to
-/// what the process's file limit allows.
+/// poll), with room to spare for downloads and operators. Unset, it is lowered to what
+/// the process's file limit allows, said once in the log; set, lowering it is a warning.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 25_000;
 
 /// The longest `agents.max-wait` accepted.
@@ -24,20 +24,21 @@ pub const KEYS: &[Key] = &[
     key("server", "listen", Kind::Str),
     key("server", "home", Kind::Str),
     key("server", "max-connections", Kind::Int),
-    key("server", "shutdown-grace", Kind::Int),
+    key("server", "shutdown-grace", Kind::Seconds),
     key("server", "name", Kind::Str),
-    key("server", "header-timeout", Kind::Int),
-    key("server", "idle-timeout", Kind::Int),
+    key("server", "header-timeout", Kind::Seconds),
+    key("server", "idle-timeout", Kind::Seconds),
     key("server", "public-url", Kind::Str),
     key("downloads", "dir", Kind::Str),
     key("downloads", "limit", Kind::Int),
-    key("downloads", "retry-after", Kind::Int),
-    key("downloads", "stall-timeout", Kind::Int),
+    key("downloads", "retry-after", Kind::Seconds),
+    key("downloads", "stall-timeout", Kind::Seconds),
+    key("downloads", "public-url", Kind::Str),
     key("bundle", "public-key", Kind::Str),
     key("agents", "accept", Kind::Str),
     key("agents", "enrollment-token", Kind::Str),
-    key("agents", "max-wait", Kind::Int),
-    key("agents", "heartbeat", Kind::Int),
+    key("agents", "max-wait", Kind::Seconds),
+    key("agents", "heartbeat", Kind::Seconds),
     key("admin", "token", Kind::Str),
     key("database", "url", Kind::Str),
     key("database", "pool-size", Kind::Int),
@@ -45,9 +46,9 @@ pub const KEYS: &[Key] = &[
     key("tls", "key", Kind::Str),
     key("tls", "agent-ca", Kind::Str),
     key("rollout", "waves", Kind::List),
-    key("rollout", "wave-wait", Kind::Int),
+    key("rollout", "wave-wait", Kind::Seconds),
     key("rollout", "max-failures", Kind::Str),
-    key("rollout", "agent-deadline", Kind::Int),
+    key("rollout", "agent-deadline", Kind::Seconds),
 ];
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -83,7 +84,8 @@ pub struct TlsSection {
 pub struct ServerSection {
     pub listen: String,
     pub home: PathBuf,
-    pub max_connections: usize,
+    /// Unset: [`DEFAULT_MAX_CONNECTIONS`], or what the file limit allows.
+    pub max_connections: Option<usize>,
     /// Seconds running downloads get to finish after SIGTERM.
     pub shutdown_grace: u64,
     /// Names this server in the fleet database (its download limit, the decisions it
@@ -107,6 +109,9 @@ pub struct DownloadsSection {
     /// Seconds a download may go without its client taking a byte before it is ended
     /// and its slot freed.
     pub stall_timeout: u64,
+    /// Where agents fetch bundle bytes (`<public-url>/<bundle file name>`): an nginx, a
+    /// CDN, an object store holding the release's files. Empty: from this server.
+    pub public_url: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -199,7 +204,7 @@ impl Default for ServerSection {
         Self {
             listen: "127.0.0.1:7080".into(),
             home: PathBuf::from("server-home"),
-            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections: None,
             shutdown_grace: 30,
             name: String::new(),
             header_timeout: 30,
@@ -216,6 +221,7 @@ impl Default for DownloadsSection {
             limit: 45,
             retry_after: 30,
             stall_timeout: 60,
+            public_url: String::new(),
         }
     }
 }
@@ -246,6 +252,7 @@ impl Config {
         let mut table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
         settings::apply_env(&mut table, ENV_PREFIX, KEYS, env, Strictness::WholePrefix)
             .map_err(bad)?;
+        settings::normalize_seconds(&mut table, KEYS).map_err(bad)?;
         let config: Config = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| bad(e.to_string()))?;
@@ -256,13 +263,14 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         self.listen_addr()?;
         self.accept_policy().map_err(|e| e.to_string())?;
-        if self.downloads.limit > self.server.max_connections {
+        if self.downloads.limit > self.max_connections() {
             return Err(format!(
                 "downloads.limit ({}) may not exceed server.max-connections ({})",
-                self.downloads.limit, self.server.max_connections
+                self.downloads.limit,
+                self.max_connections()
             ));
         }
-        if self.server.max_connections == 0 {
+        if self.server.max_connections == Some(0) {
             return Err("server.max-connections must be at least 1".into());
         }
         if self.agents.max_wait > MAX_WAIT_CAP {
@@ -276,6 +284,12 @@ impl Config {
         }
         self.rollout_plan()?;
         self.maintenance_schedule()?;
+        let source = self.downloads.public_url.trim();
+        if !source.is_empty() && !agent_protocol::wire::is_download_source(source) {
+            return Err(format!(
+                "downloads.public-url {source:?} is not an http:// or https:// URL without a query; name the directory that holds the release's files, e.g. https://cdn.example/agent"
+            ));
+        }
         if self.tls.cert.is_empty() != self.tls.key.is_empty() {
             return Err("tls.cert and tls.key go together: set both for HTTPS, or neither".into());
         }
@@ -290,6 +304,13 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The open connections asked for: `server.max-connections`, or the default.
+    pub fn max_connections(&self) -> usize {
+        self.server
+            .max_connections
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS)
     }
 
     /// `(cert, key)` when HTTPS is asked for.
@@ -337,6 +358,12 @@ impl Config {
             Ok(addr) => format!("{scheme}://{addr}"),
             Err(_) => format!("{scheme}://{}", self.server.listen),
         }
+    }
+
+    /// `downloads.public-url` without a trailing `/`; `None`: agents download from here.
+    pub fn download_source(&self) -> Option<String> {
+        let url = self.downloads.public_url.trim().trim_end_matches('/');
+        (!url.is_empty()).then(|| url.to_owned())
     }
 
     /// `server.public-url` without a trailing `/`, or this server's own address.
@@ -464,6 +491,66 @@ mod tests {
         let bad = VarMap(vec![("UPDATE_SERVER_ROLLOUT_WAVES".into(), "ten".into())]);
         let err = Config::load(None, &bad).unwrap_err().to_string();
         assert!(err.contains("rollout.waves"), "{err}");
+    }
+
+    /// Regression: `wave-wait = "15m"` was `invalid type: string "15m", expected u64`
+    /// while the agent takes only durations with units.
+    #[test]
+    fn durations_take_units_or_bare_seconds_and_errors_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("server.toml");
+        std::fs::write(
+            &p,
+            "[rollout]\nwave-wait = \"15m\"\nagent-deadline = \"1h\"\n[agents]\nmax-wait = \"30s\"\n[downloads]\nretry-after = 20\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&p), &VarMap::default()).unwrap();
+        assert_eq!(c.rollout.wave_wait, 900);
+        assert_eq!(c.rollout.agent_deadline, 3600);
+        assert_eq!(c.agents.max_wait, 30);
+        assert_eq!(c.downloads.retry_after, 20);
+        let env = VarMap(vec![(
+            "UPDATE_SERVER_SERVER_IDLE_TIMEOUT".into(),
+            "2m".into(),
+        )]);
+        assert_eq!(Config::load(None, &env).unwrap().server.idle_timeout, 120);
+        std::fs::write(&p, "[rollout]\nwave-wait = \"15 minutes\"\n").unwrap();
+        let err = Config::load(Some(&p), &VarMap::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rollout.wave-wait") && err.contains("\"15m\"") && err.contains("(90)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_download_source_is_an_http_url_and_empty_means_this_server() {
+        assert_eq!(
+            Config::load(None, &VarMap::default())
+                .unwrap()
+                .download_source(),
+            None
+        );
+        let env = VarMap(vec![(
+            "UPDATE_SERVER_DOWNLOADS_PUBLIC_URL".into(),
+            "https://cdn.example/agent/".into(),
+        )]);
+        assert_eq!(
+            Config::load(None, &env)
+                .unwrap()
+                .download_source()
+                .as_deref(),
+            Some("https://cdn.example/agent")
+        );
+        for bad in ["cdn.example/agent", "ftp://cdn/", "https://cdn/?x=1"] {
+            let env = VarMap(vec![(
+                "UPDATE_SERVER_DOWNLOADS_PUBLIC_URL".into(),
+                bad.into(),
+            )]);
+            let err = Config::load(None, &env).unwrap_err().to_string();
+            assert!(err.contains("downloads.public-url"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod opamp;
 pub mod pacer;
+pub mod refusal;
 pub mod routes;
 pub mod state;
 pub mod store;
@@ -130,13 +131,14 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             policy,
             admin_token: config.admin.token.clone(),
             enrollment_token: config.agents.enrollment_token.clone(),
-            download_limit: AtomicUsize::new(download_limit.min(config.server.max_connections)),
-            max_connections: config.server.max_connections,
+            download_limit: AtomicUsize::new(download_limit.min(config.max_connections())),
+            max_connections: config.max_connections(),
             retry_after: config.downloads.retry_after,
             request_timeout: Duration::from_secs(config.server.header_timeout),
             stall_timeout: Duration::from_secs(config.downloads.stall_timeout),
             max_wait: Duration::from_secs(config.agents.max_wait),
             public_url: config.public_url(),
+            download_source: config.download_source(),
             opamp_sockets: Default::default(),
             pacer: Arc::default(),
             agent_ca: read_agent_ca(config)?,
@@ -264,13 +266,22 @@ pub async fn serve(
     // Connections are capped below the file limit, so that a flood of them never leaves
     // the server without a descriptor for its bundle or its database.
     let fd_limit = conn::raise_fd_limit(
-        u64::try_from(config.server.max_connections)
+        u64::try_from(config.max_connections())
             .unwrap_or(u64::MAX)
             .saturating_add(conn::FD_RESERVE),
     );
-    let (max_connections, lowered) = conn::fit_connections(config.server.max_connections, fd_limit);
+    let (max_connections, lowered) = conn::fit_connections(config.max_connections(), fd_limit);
     if let Some(why) = lowered {
-        tracing::warn!("{why}");
+        // Only an operator's own number deserves a warning; the default simply takes
+        // what the machine allows.
+        if config.server.max_connections.is_some() {
+            tracing::warn!("{why}");
+        } else {
+            tracing::info!(
+                "server.max-connections (unset) is {max_connections}: what the file limit of {fd_limit} allows, less {} kept for the server's own files",
+                conn::FD_RESERVE
+            );
+        }
     }
     // Nothing under home changes, and no socket is taken, unless both are free: a second
     // server started by mistake must not touch the first one's bundle.
@@ -314,6 +325,11 @@ pub async fn serve(
         },
         config.server.home.display()
     );
+    if let Some(source) = &state.inner.download_source {
+        tracing::info!(
+            "agents fetch bundle bytes from {source}/<bundle file name> (downloads.public-url), from this server when that fails"
+        );
+    }
     // Tests and scripts read this line to learn the port.
     println!("listening on {local}");
 

@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use agent_protocol::settings::ProcessEnv;
 use clap::{Args, Parser, Subcommand};
-use update_server::cli::{AdminClient, ConfigAction, RolloutAction, TokenAction};
+use update_server::cli::{AdminClient, AgentQuery, ConfigAction, RolloutAction, TokenAction};
 
 /// Serves one signed agent bundle and enforces the agent version directive; with a
 /// command, talks to a running server's admin API.
@@ -39,8 +39,8 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// Agents' credentials, and removing a lost machine (through the admin API of a
-    /// running server). `update-server agent …` is the same.
+    /// The agents, their credentials, and removing a lost machine (through the admin
+    /// API of a running server). `update-server agent …` is the same.
     #[command(visible_alias = "agent")]
     Agents {
         #[command(subcommand)]
@@ -101,6 +101,14 @@ enum ConfigCmd {
         group: String,
         /// The directory whose regular files make the set.
         dir: PathBuf,
+        /// Store a set with no files although it empties conf/workload/ on every agent
+        /// of the group (refused without it).
+        #[arg(long)]
+        allow_empty: bool,
+        /// Store a set that keeps none of the group's current file names (refused
+        /// without it: usually the wrong directory).
+        #[arg(long)]
+        replace_all: bool,
     },
     /// Every set, how many agents applied it, are applying it or failed it, and its
     /// config rollout.
@@ -132,6 +140,20 @@ enum ConfigCmd {
 
 #[derive(Debug, Subcommand)]
 enum Agents {
+    /// The agents the server knows: id, name, version, group, last update status and
+    /// last contact (`--json`: the API's rows).
+    List {
+        /// Only agents on this VERSION+BUILD.
+        #[arg(long, value_name = "VERSION+BUILD")]
+        version: Option<String>,
+        /// Only agents whose last update status is this (INSTALLED, INSTALL_FAILED,
+        /// RETRYING, …).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only agents of this group (`default`: also those with none).
+        #[arg(long)]
+        group: Option<String>,
+    },
     /// Forget an agent's credentials (it lost data/agent-token); its next register gets
     /// new ones.
     ForgetToken {
@@ -164,8 +186,9 @@ enum Rollout {
 
 #[derive(Debug, Args)]
 struct AdminArgs {
-    /// The server's base URL (default: its server.listen address).
-    #[arg(long, value_name = "URL", global = true)]
+    /// The server's base URL, or HOST:PORT for http://HOST:PORT (default: its
+    /// server.listen address).
+    #[arg(long, value_name = "URL", global = true, value_parser = server_url)]
     server: Option<String>,
     /// The admin token (default: UPDATE_SERVER_ADMIN_TOKEN, or admin.token).
     #[arg(long, value_name = "TOKEN", global = true)]
@@ -176,6 +199,11 @@ struct AdminArgs {
     /// Trust only this CA (PEM) when the server speaks HTTPS with a private certificate.
     #[arg(long, value_name = "FILE", global = true)]
     ca_file: Option<PathBuf>,
+}
+
+/// `--server` as a base URL: `host:port` is `http://host:port`.
+fn server_url(text: &str) -> Result<String, String> {
+    agent_protocol::server_url::base_url(text)
 }
 
 impl AdminArgs {
@@ -219,6 +247,20 @@ fn main() -> ExitCode {
             Some(Command::Agents { action, admin }) => {
                 let client = admin.client(&config);
                 let (answer, said) = match action {
+                    Agents::List {
+                        version,
+                        status,
+                        group,
+                    } => {
+                        let query = AgentQuery {
+                            version,
+                            status: status.map(|s| s.to_ascii_uppercase()),
+                            group,
+                        };
+                        let answer = runtime.block_on(client.agents(&query))?;
+                        let table = update_server::cli::render_agents(&answer);
+                        (answer, table.trim_end().to_owned())
+                    }
                     Agents::ForgetToken { id } => (
                         runtime.block_on(client.forget_token(&id))?,
                         format!(
@@ -285,7 +327,17 @@ fn main() -> ExitCode {
             Some(Command::Config { action, admin }) => {
                 let client = admin.client(&config);
                 let action = match action {
-                    ConfigCmd::Push { group, dir } => ConfigAction::Push { group, dir },
+                    ConfigCmd::Push {
+                        group,
+                        dir,
+                        allow_empty,
+                        replace_all,
+                    } => ConfigAction::Push {
+                        group,
+                        dir,
+                        allow_empty,
+                        replace_all,
+                    },
                     ConfigCmd::Status => ConfigAction::Status,
                     ConfigCmd::Delete { group } => ConfigAction::Delete { group },
                     ConfigCmd::Halt { group, reason } => ConfigAction::Halt { group, reason },

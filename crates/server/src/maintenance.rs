@@ -19,7 +19,7 @@ pub struct MaintenanceSection {
     pub days: Vec<String>,
     /// `HH:MM` in `timezone`.
     pub start: String,
-    /// `"3h"`, `"90m"`, `"1h30m"`, or seconds.
+    /// `"3h"`, `"90m"`, or seconds.
     pub duration: Seconds,
     /// An IANA zone.
     pub timezone: String,
@@ -52,51 +52,12 @@ impl Seconds {
     fn secs(&self) -> Result<i64, String> {
         match self {
             Seconds::Count(n) => Ok(*n),
-            Seconds::Text(t) => parse_duration(t),
+            // The server's one duration syntax (as for every `Kind::Seconds` key).
+            Seconds::Text(t) => agent_protocol::settings::parse_seconds(t)
+                .map_err(|e| format!("{e}; write {}", agent_protocol::settings::SECONDS_FORMS))
+                .and_then(|n| i64::try_from(n).map_err(|_| format!("{t:?} is too long"))),
         }
     }
-}
-
-/// `"3h"`, `"90m"`, `"1h30m"`, `"2d"`, `"45s"`, or a number of seconds.
-// Kept here so a shared duration parser can replace it when the server has one.
-pub fn parse_duration(text: &str) -> Result<i64, String> {
-    let t = text.trim();
-    let bad = || {
-        format!(
-            "{text:?} is not a duration such as \"3h\", \"90m\" or \"1h30m\" (units d, h, m, s)"
-        )
-    };
-    if t.is_empty() {
-        return Err(bad());
-    }
-    if let Ok(n) = t.parse::<i64>() {
-        return Ok(n);
-    }
-    let mut total: i64 = 0;
-    let mut digits = String::new();
-    for c in t.chars() {
-        if c.is_ascii_digit() {
-            digits.push(c);
-            continue;
-        }
-        let unit = match c {
-            'd' => 86_400,
-            'h' => 3600,
-            'm' => 60,
-            's' => 1,
-            _ => return Err(bad()),
-        };
-        let n: i64 = digits.parse().map_err(|_| bad())?;
-        digits.clear();
-        total = n
-            .checked_mul(unit)
-            .and_then(|v| total.checked_add(v))
-            .ok_or_else(bad)?;
-    }
-    if !digits.is_empty() {
-        return Err(bad());
-    }
-    Ok(total)
 }
 
 /// Every table checked; the error names the key (`maintenance.start`) and which table.
@@ -195,15 +156,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_in_units() {
-        assert_eq!(parse_duration("3h"), Ok(3 * 3600));
-        assert_eq!(parse_duration("90m"), Ok(5400));
-        assert_eq!(parse_duration("1h30m"), Ok(5400));
-        assert_eq!(parse_duration("2d"), Ok(2 * 86_400));
-        assert_eq!(parse_duration("45s"), Ok(45));
-        assert_eq!(parse_duration("600"), Ok(600));
-        for bad in ["", "h", "3x", "3h5", "-3h", "three hours"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
+    fn durations_with_units_or_in_seconds() {
+        for (text, secs) in [
+            ("3h", 3 * 3600),
+            ("90m", 5400),
+            ("2d", 2 * 86_400),
+            ("600", 600),
+        ] {
+            assert_eq!(Seconds::Text(text.into()).secs(), Ok(secs), "{text}");
+        }
+        assert_eq!(Seconds::Count(60).secs(), Ok(60));
+        for bad in ["", "h", "3x", "-3h", "three hours"] {
+            assert!(Seconds::Text(bad.into()).secs().is_err(), "{bad}");
         }
     }
 

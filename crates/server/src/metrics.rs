@@ -27,6 +27,10 @@ pub struct Metrics {
     pub registrations_accepted: AtomicU64,
     pub registrations_refused: AtomicU64,
     pub reports: AtomicU64,
+    /// Agents that reported taking a bundle's bytes from `downloads.public-url`, and
+    /// from this server after that source failed them.
+    pub from_source: AtomicU64,
+    pub source_fallbacks: AtomicU64,
     /// `POST /agent/config-status` calls.
     pub config_statuses: AtomicU64,
     /// Answers that carried a configuration set.
@@ -59,6 +63,17 @@ pub enum Sent {
 }
 
 impl Metrics {
+    /// Counts where a report says the agent took the bundle's bytes (its
+    /// `Agent-Bundle-From` header); a report without one, or with another word, counts
+    /// nowhere.
+    pub fn bundle_from(&self, from: Option<&str>) {
+        match from.map(str::trim) {
+            Some(agent_protocol::wire::FROM_SOURCE) => inc(&self.from_source),
+            Some(agent_protocol::wire::FROM_SERVER) => inc(&self.source_fallbacks),
+            _ => {}
+        }
+    }
+
     /// Counts one answer of a download route by its status.
     pub fn answered(&self, sent: Sent, status: u16) {
         let counter = match sent {
@@ -233,6 +248,21 @@ impl Metrics {
         );
         let _ = writeln!(out, "# TYPE agentupdate_reports_total counter");
         let _ = writeln!(out, "agentupdate_reports_total {}", get(&self.reports));
+        let _ = writeln!(
+            out,
+            "# HELP agentupdate_source_downloads_total Bundles agents reported taking from downloads.public-url (from=\"source\"), and from this server after the source failed them (from=\"server\")."
+        );
+        let _ = writeln!(out, "# TYPE agentupdate_source_downloads_total counter");
+        for (from, n) in [
+            ("source", &self.from_source),
+            ("server", &self.source_fallbacks),
+        ] {
+            let _ = writeln!(
+                out,
+                "agentupdate_source_downloads_total{{from=\"{from}\"}} {}",
+                get(n)
+            );
+        }
         let _ = writeln!(out, "# HELP agentupdate_agents Known agents by version.");
         let _ = writeln!(out, "# TYPE agentupdate_agents gauge");
         for (version, n) in by_version {
@@ -512,4 +542,25 @@ pub fn health(unhealthy: i64, restarts: i64) -> String {
     let _ = writeln!(out, "# TYPE agentupdate_workload_restarts gauge");
     let _ = writeln!(out, "agentupdate_workload_restarts {restarts}");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_counts_where_the_bundle_came_from() {
+        let m = Metrics::default();
+        for from in [
+            Some("source"),
+            Some("server"),
+            Some("source"),
+            None,
+            Some("x"),
+        ] {
+            m.bundle_from(from);
+        }
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!((get(&m.from_source), get(&m.source_fallbacks)), (2, 1));
+    }
 }

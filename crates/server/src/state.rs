@@ -48,6 +48,8 @@ pub struct Shared {
     pub max_wait: std::time::Duration,
     /// `server.public-url` (or `http(s)://<listen address>`), without a trailing `/`.
     pub public_url: String,
+    /// `downloads.public-url`: where agents fetch bundle bytes; `None`: from here.
+    pub download_source: Option<String>,
     /// The OpAMP WebSockets open now, by agent.
     pub opamp_sockets: Sockets,
     /// Turns for held agents about to be told that their wave opened.

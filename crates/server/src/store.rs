@@ -55,6 +55,10 @@ impl ServedBundle {
 pub struct Release {
     /// Its primary bundle first (see [`Release::assemble`]), then by platform.
     bundles: Vec<Arc<ServedBundle>>,
+    /// Each bundle's `/agentupdate/version` answer, made at its first request: the most
+    /// asked question of a fleet costs a copy of a few hundred bytes, not a properties
+    /// map built, filled and printed every time.
+    version_texts: Vec<std::sync::OnceLock<Bytes>>,
 }
 
 impl Release {
@@ -86,7 +90,36 @@ impl Release {
                 describe(&pair[1])
             ));
         }
-        Ok(Self { bundles })
+        let version_texts = bundles.iter().map(|_| std::sync::OnceLock::new()).collect();
+        Ok(Self {
+            bundles,
+            version_texts,
+        })
+    }
+
+    /// The `/agentupdate/version` answer for `bundle` (one of this release's), naming
+    /// `source` as where its bytes may be fetched. The server's source never changes
+    /// while it runs, so the text is made once.
+    pub fn version_text(&self, bundle: &Arc<ServedBundle>, source: Option<&str>) -> Bytes {
+        let make = || {
+            let mut props = bundle.info.to_properties();
+            if let Some(source) = source {
+                props.set(agent_protocol::wire::PROP_DOWNLOAD_SOURCE, source);
+            }
+            props.set(
+                agent_protocol::layout::PROP_LATEST_PLATFORM,
+                &bundle.platform,
+            );
+            props.set(
+                agent_protocol::wire::PROP_LATEST_PLATFORMS,
+                &self.platforms().join(","),
+            );
+            Bytes::from(props.to_text())
+        };
+        match self.bundles.iter().position(|b| Arc::ptr_eq(b, bundle)) {
+            Some(i) => self.version_texts[i].get_or_init(make).clone(),
+            None => make(),
+        }
     }
 
     /// The bundle a plain `/agentupdate/version` describes.
@@ -208,6 +241,9 @@ pub struct BundleStore {
     /// The bundles taken in, by their files, so an unchanged one is not read again.
     ingested: RwLock<Vec<(SourceId, Arc<ServedBundle>)>>,
     last_problem: RwLock<Option<String>>,
+    /// Why the bundle in the download directory is not served, until one is: what
+    /// `/healthz` calls degraded.
+    refused: RwLock<Option<String>>,
 }
 
 impl BundleStore {
@@ -228,6 +264,7 @@ impl BundleStore {
             source: RwLock::new(None),
             ingested: RwLock::new(Vec::new()),
             last_problem: RwLock::new(None),
+            refused: RwLock::new(None),
         })
     }
 
@@ -242,6 +279,19 @@ impl BundleStore {
         &self.dir
     }
 
+    /// Why the bundle the operator put in the download directory is refused (its
+    /// signature, its facts, a second release beside it), while it is.
+    pub fn refusal(&self) -> Option<String> {
+        self.refused
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_refusal(&self, why: Option<String>) {
+        *self.refused.write().unwrap_or_else(|p| p.into_inner()) = why;
+    }
+
     /// Looks at the download directory and takes in a new release if there is one.
     /// Blocking: call from a blocking thread.
     pub fn scan(&self) {
@@ -249,6 +299,7 @@ impl BundleStore {
             Look::Found(sources) => sources,
             Look::Nothing(problem) => {
                 self.set_source(None);
+                self.set_refusal(None);
                 self.set(Current::Unavailable(problem));
                 return;
             }
@@ -288,6 +339,7 @@ impl BundleStore {
                         Refused::Content(detail) => {
                             // Not read again until a file changes.
                             self.set_source(Some(sources.clone()));
+                            self.set_refusal(Some(detail.clone()));
                             detail
                         }
                         Refused::Io(detail) => detail,
@@ -310,9 +362,11 @@ impl BundleStore {
         let release = match Release::assemble(bundles, layout::PLATFORM) {
             Ok(release) => release,
             Err(why) => {
+                let detail = format!("{why} (in {})", self.dir.display());
+                self.set_refusal(Some(detail.clone()));
                 self.set(Current::Unavailable(Problem::new(
                     "the download directory holds no single release: the operator must leave one version and build, one bundle per platform",
-                    format!("{why} (in {})", self.dir.display()),
+                    detail,
                 )));
                 return;
             }
@@ -335,6 +389,7 @@ impl BundleStore {
         self.remove_stale_copies(&keep);
         self.write_cache(&release);
         *self.last_problem.write().unwrap_or_else(|p| p.into_inner()) = None;
+        self.set_refusal(None);
         self.set(Current::Ready(Arc::new(release)));
     }
 
@@ -471,7 +526,8 @@ impl BundleStore {
                 verify::verify_with_digests(tmp.path(), &digests, &signature, &Trust::key(key))
                     .map_err(|e| {
                         Refused::Content(format!(
-                            "{shown} failed verification: {e}; the bundle is not served"
+                            "{shown} failed verification: {}; the bundle is not served",
+                            crate::refusal::in_servers_words(&e)
                         ))
                     })?;
             if let Some(chain) = &verified.chain {
@@ -521,6 +577,8 @@ impl BundleStore {
                 sha256: digests.sha256_hex(),
                 size: digests.size,
                 filename,
+                // Named per answer, from the configuration (routes/download.rs).
+                download_source: None,
             },
             platform: facts.platform,
             data,
@@ -662,6 +720,7 @@ pub(crate) mod tests {
                 sha256: sha256.clone(),
                 size: 0,
                 filename: format!("agent-bundle-{}-{platform}", agent.version_str()),
+                download_source: None,
                 agent,
             },
             platform: platform.into(),

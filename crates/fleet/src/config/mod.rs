@@ -15,6 +15,7 @@
 //! config rollout run side by side: the fleet's bundle rollout is the latest of its kind.
 
 pub mod directive;
+pub mod guard;
 pub mod store;
 
 use std::collections::{BTreeMap, HashMap};
@@ -170,11 +171,14 @@ impl Configs {
     }
 
     /// `PUT /admin/config/<group>`: stores the set and starts its config rollout, in one
-    /// write transaction. The same files as the group's set change nothing.
+    /// write transaction. The same files as the group's set change nothing. A set that
+    /// would empty the agents' files without `consent` is a [`FleetError::Conflict`]
+    /// (see [`guard`]) and stores nothing.
     pub async fn push(
         &self,
         group: &str,
         files: BTreeMap<String, String>,
+        consent: guard::Consent,
     ) -> Result<Result<Pushed, SetError>, FleetError> {
         if let Err(e) = config_set::check_set(&files) {
             return Ok(Err(e));
@@ -183,7 +187,16 @@ impl Configs {
         let pushed = {
             let _one = self.engine.deciding().await;
             let mut tx = self.db().begin_write().await?;
-            if let Some(existing) = store::set(&mut *tx, group).await?
+            let existing = store::set(&mut *tx, group).await?;
+            if let Some(why) = guard::refusal(
+                group,
+                existing.as_ref().map(|e| e.files.keys()),
+                &files,
+                consent,
+            ) {
+                return Err(FleetError::Conflict(why));
+            }
+            if let Some(existing) = existing
                 && existing.hash == hash
             {
                 tx.commit().await?;

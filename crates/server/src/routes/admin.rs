@@ -92,6 +92,16 @@ pub(super) async fn update_settings(
 pub(super) struct AgentFilter {
     version: Option<String>,
     status: Option<String>,
+    /// `agent.group`; `default` also matches agents with no group.
+    group: Option<String>,
+}
+
+/// Whether an agent of `group` is in the group `wanted` asks for.
+fn in_group(group: &str, wanted: Option<&str>) -> bool {
+    match wanted {
+        None | Some("") => true,
+        Some(w) => group == w || (w == "default" && group.is_empty()),
+    }
 }
 
 pub(super) async fn agents(
@@ -112,6 +122,7 @@ pub(super) async fn agents(
     let opamp = s.fleet.db.opamp_agents().await?;
     let records: Vec<AgentRecord> = rows
         .into_iter()
+        .filter(|a| in_group(&a.group, filter.group.as_deref()))
         .map(|a| {
             let member = members.get(&a.id);
             AgentRecord {
@@ -193,6 +204,47 @@ pub(super) async fn remove_agent(
         .record(s, "agent.remove", serde_json::json!({ "agent": id }))
         .await;
     Ok(Json(serde_json::json!({ "id": id, "status": "REMOVED" })).into_response())
+}
+
+/// `POST /admin/agents/{id}/override-locks`: the agent's update locks no longer hold off
+/// the bundle the fleet rolls out now; it updates at once (its held connect is answered).
+pub(super) async fn override_locks(
+    State(state): State<AppState>,
+    auth: Auth,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    let caller = auth
+        .require(s, Action::Change, "agent.override_locks")
+        .await?;
+    if s.fleet.db.agent(&id).await?.is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no agent {id:?} is known"),
+        ));
+    }
+    let crate::store::Current::Ready(release) = s.store.current() else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "the server serves no bundle: there is no update to let through",
+        ));
+    };
+    // The release the fleet is told to run (the rollout's target).
+    let version = release.version().to_string();
+    s.fleet
+        .db
+        .set_setting(&super::agents::override_key(&id), &version)
+        .await?;
+    s.fleet.rollouts.news().publish("update locks overridden");
+    tracing::warn!(agent = %id, by = %caller.name, "an operator overrode the agent's update locks");
+    caller
+        .record(
+            s,
+            "agent.override_locks",
+            serde_json::json!({ "agent": id, "release": version }),
+        )
+        .await;
+    Ok(Json(serde_json::json!({ "id": id, "override_locks": version })).into_response())
 }
 
 pub(super) async fn rollout(
@@ -342,12 +394,17 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
-/// `ok` (the server serves its bundle and answers agents), and what an operator should
-/// know about its place in the fleet: a bundle that is not the fleet's rollout, a
-/// database it cannot reach.
+/// `ok` (the server serves its bundle and answers agents), or `degraded` with the
+/// reason while the bundle in the download directory is refused (it still answers
+/// agents: `200` either way, so a supervisor does not restart it over a file); then
+/// what an operator should know about its place in the fleet: a bundle that is not the
+/// fleet's rollout, a database it cannot reach.
 pub(super) async fn healthz(State(state): State<AppState>) -> Response {
     let s = &state.inner;
-    let mut text = String::from("ok\n");
+    let mut text = match s.store.refusal() {
+        None => String::from("ok\n"),
+        Some(why) => format!("degraded\nbundle refused: {why}\n"),
+    };
     if let Some(mismatch) = s.fleet.rollouts.mismatch() {
         text.push_str(&format!("bundle mismatch: {mismatch}\n"));
     }

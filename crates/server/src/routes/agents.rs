@@ -122,7 +122,9 @@ impl Greeting {
                         (None, _) => known.is_some(),
                     }
             }
-            Greeting::Refused(ns) => ns.token.is_some() || ns.sha256.as_deref() != known,
+            Greeting::Refused(ns) => {
+                ns.token.is_some() || ns.override_locks || ns.sha256.as_deref() != known
+            }
             Greeting::Other(_) => true,
         }
     }
@@ -403,6 +405,7 @@ async fn decide(
         inc(&s.metrics.registrations_refused);
     }
     tracing::info!(agent = %hello.hello.id, version = %hello.version, expected = %expected, "refused agent");
+    let override_locks = locks_overridden(s, &hello.hello.id, &expected.to_string()).await;
     Ok(Greeting::Refused(NotSupported {
         error: wire::NOT_SUPPORTED.to_owned(),
         expected: expected.to_string(),
@@ -415,6 +418,7 @@ async fn decide(
         },
         sha256: Some(bundle.info.sha256.clone()),
         token,
+        override_locks,
     }))
 }
 
@@ -604,6 +608,25 @@ async fn store_token(s: &Shared, id: &str, hash: String) -> Result<bool, ApiErro
     }
 }
 
+/// The settings key under which an operator's override of an agent's update locks is
+/// kept: its value is the release (`VERSION+BUILD`) it was given for, so it ends with
+/// that release.
+pub(super) fn override_key(id: &str) -> String {
+    format!("override-locks:{id}")
+}
+
+/// Whether an operator overrode `id`'s update locks for the release `version`. A
+/// database that does not answer overrides nothing.
+async fn locks_overridden(s: &Shared, id: &str, version: &str) -> bool {
+    s.fleet
+        .db
+        .setting(&override_key(id))
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|v| v == version)
+}
+
 /// `POST /agent/leave`: the agent uninstalls itself. Its credentials are revoked (`401`
 /// from then on), it is listed `LEFT`, and no wave waits for it.
 pub(super) async fn leave(
@@ -670,6 +693,11 @@ pub(super) async fn report(
         report.status = UpdateStatus::Retrying;
     }
     inc(&state.inner.metrics.reports);
+    let from = headers.get(wire::BUNDLE_FROM_HEADER);
+    state
+        .inner
+        .metrics
+        .bundle_from(from.and_then(|v| v.to_str().ok()));
     tracing::info!(agent = %report.id, from = %report.from, to = %report.to, status = report.status.as_str(), error = ?report.error, "update report");
     state
         .inner

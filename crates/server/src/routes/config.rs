@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use agent_fleet::config::directive;
+use agent_fleet::config::guard::Consent;
 use agent_fleet::db::now_ms;
 use agent_fleet::outage::Deferred;
 use agent_fleet::rollout::Refusal;
@@ -12,8 +13,8 @@ use agent_protocol::config_set;
 use agent_protocol::wire::ConfigStatus;
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -33,6 +34,22 @@ pub(super) const MAX_CONFIG_BODY: usize = 6 * config_set::MAX_BYTES + 64 * 1024;
 #[serde(deny_unknown_fields)]
 pub(super) struct PutSet {
     files: BTreeMap<String, String>,
+    /// A set with no files is meant (it empties the agents' conf/workload/).
+    #[serde(default)]
+    allow_empty: bool,
+    /// A set that keeps none of the group's current file names is meant.
+    #[serde(default)]
+    replace_all: bool,
+}
+
+/// `?allow_empty=true&replace_all=true`, the same consents as the body's fields.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PutQuery {
+    #[serde(default)]
+    allow_empty: bool,
+    #[serde(default)]
+    replace_all: bool,
 }
 
 fn check_group(group: &str) -> Result<(), ApiError> {
@@ -44,10 +61,17 @@ pub(super) async fn put(
     State(state): State<AppState>,
     auth: Auth,
     Path(group): Path<String>,
+    query: Result<Query<PutQuery>, QueryRejection>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     let caller = auth.require(s, Action::Change, "config.push").await?;
+    let Query(query) = query.map_err(|e| {
+        ApiError::bad_request(format!(
+            "the query takes allow_empty=true and replace_all=true only: {}",
+            e.body_text()
+        ))
+    })?;
     check_group(&group)?;
     // Parsed here, not by an extractor, so that text that is not UTF-8 or a set that is
     // not `{"files": {name: text}}` gets a 400 that says so.
@@ -57,7 +81,24 @@ pub(super) async fn put(
         ))
     })?;
     let names: Vec<String> = put.files.keys().cloned().collect();
-    match s.fleet.configs.push(&group, put.files).await? {
+    let consent = Consent {
+        allow_empty: put.allow_empty || query.allow_empty,
+        replace_all: put.replace_all || query.replace_all,
+    };
+    let pushed = match s.fleet.configs.push(&group, put.files, consent).await {
+        Err(agent_fleet::FleetError::Conflict(why)) => {
+            caller
+                .refused(
+                    s,
+                    "config.push",
+                    serde_json::json!({ "group": group, "files": names, "reason": why }),
+                )
+                .await;
+            return Err(ApiError::new(StatusCode::CONFLICT, why));
+        }
+        other => other?,
+    };
+    match pushed {
         Ok(pushed) => {
             if pushed.new {
                 tracing::info!(group = %pushed.group, hash = %pushed.hash, "configuration set stored");

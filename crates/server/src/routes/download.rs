@@ -131,15 +131,13 @@ pub(super) async fn version(State(state): State<AppState>, Query(ask): Query<Ask
         Ok(b) => b,
         Err(r) => return *r,
     };
-    let mut props = bundle.info.to_properties();
-    props.set(layout::PROP_LATEST_PLATFORM, &bundle.platform);
-    props.set(wire::PROP_LATEST_PLATFORMS, &release.platforms().join(","));
+    let text = release.version_text(bundle, state.inner.download_source.as_deref());
     (
         [
             (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
             (header::CACHE_CONTROL, "no-store"),
         ],
-        props.to_text(),
+        text,
     )
         .into_response()
 }

@@ -1,7 +1,7 @@
 
 # What follows is the same for every server; the lines above are this server's.
 #
-# usage: sh install.sh [--prefix DIR] [--enroll-token TOKEN] [--group NAME] [--no-systemd]
+# usage: sh install.sh [--prefix DIR] [--enroll-token TOKEN] [--group NAME] [--proxy URL] [--no-systemd]
 #
 # Joins this machine to the fleet: finds its platform, downloads the bundle for it
 # from the server, checks its sha256 against the value above, installs the agent as
@@ -9,6 +9,9 @@
 # agent-wrapper.sh). A machine that has an agent at PREFIX/agent is left as it is.
 # Every failed step says what and what to do, exits 1, and leaves nothing installed.
 # It needs a POSIX shell and what busybox has: uname, mktemp, sha256sum, and curl or wget.
+# Behind an HTTP proxy, --proxy http://[user:password@]host:port is used for its own
+# downloads and written to the agent's server.proxy; without it, curl and wget read
+# https_proxy and no_proxy from the environment as always.
 set -eu
 
 # All of it is one function, read whole before it runs: a command below that reads
@@ -18,6 +21,7 @@ main() {
 PREFIX=/opt
 ENROLL_TOKEN=
 GROUP=
+PROXY=
 NO_SYSTEMD=
 UNIT_NAME=agent.service
 UNIT_FILE=/etc/systemd/system/$UNIT_NAME
@@ -28,7 +32,7 @@ fail() {
     exit 1
 }
 usage() {
-    echo "usage: sh install.sh [--prefix DIR] [--enroll-token TOKEN] [--group NAME] [--no-systemd]"
+    echo "usage: sh install.sh [--prefix DIR] [--enroll-token TOKEN] [--group NAME] [--proxy URL] [--no-systemd]"
     echo "  e.g. curl -fsSL $SERVER_URL/install.sh | sh -s -- --enroll-token TOKEN"
 }
 
@@ -40,6 +44,8 @@ while [ $# -gt 0 ]; do
     --enroll-token=*) ENROLL_TOKEN=${1#--enroll-token=}; shift ;;
     --group) [ $# -ge 2 ] || fail "--group needs a name"; GROUP=$2; shift 2 ;;
     --group=*) GROUP=${1#--group=}; shift ;;
+    --proxy) [ $# -ge 2 ] || fail "--proxy needs a URL such as http://proxy.example:3128"; PROXY=$2; shift 2 ;;
+    --proxy=*) PROXY=${1#--proxy=}; shift ;;
     --no-systemd) NO_SYSTEMD=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "install.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
@@ -63,6 +69,25 @@ if [ -e "$HOME_DIR" ] || [ -L "$HOME_DIR" ]; then
     say "an agent is already installed at $HOME_DIR; nothing was changed."
     say "See it with: $HOME_DIR/current/bin/agent status"
     exit 0
+fi
+
+# The proxy goes into curl's and wget's environment (busybox's wget reads only that)
+# and into the agent's conf/agent.toml; it is never printed with its password.
+case "$PROXY" in
+'' | none) ;;
+http://*:*) ;;
+*) fail "--proxy: give http://host:port or http://user:password@host:port (or none)" ;;
+esac
+case "$PROXY" in
+*[[:space:]\"\\]*) fail "--proxy: a URL has no spaces, quotes or backslashes" ;;
+esac
+if [ "$PROXY" = none ]; then
+    unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
+elif [ -n "$PROXY" ]; then
+    http_proxy=$PROXY
+    https_proxy=$PROXY
+    export http_proxy https_proxy
+    unset HTTP_PROXY HTTPS_PROXY
 fi
 
 # --- the platform -------------------------------------------------------------------
@@ -204,6 +229,7 @@ chmod +x "$BUNDLE"
 set -- --install="$PREFIX" --server-url "$SERVER_URL"
 [ -z "$ENROLL_TOKEN" ] || set -- "$@" --enroll-token "$ENROLL_TOKEN"
 [ -z "$GROUP" ] || set -- "$@" --group "$GROUP"
+[ -z "$PROXY" ] || set -- "$@" --proxy "$PROXY"
 [ -z "$CA_PEM" ] || set -- "$@" --ca-file "$WORK/ca.pem"
 # agent-bundle --install builds the tree beside it and renames it into place: it leaves
 # nothing when it fails.

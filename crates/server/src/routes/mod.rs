@@ -83,6 +83,10 @@ pub fn router(state: &AppState) -> Router<AppState> {
         )
         .route(wire::LEAVE_PATH, post(agents::leave))
         .route(
+            "/admin/agents/{id}/override-locks",
+            post(admin::override_locks),
+        )
+        .route(
             "/admin/agents/{id}/token",
             axum::routing::delete(admin::forget_token),
         )

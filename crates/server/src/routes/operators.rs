@@ -163,6 +163,22 @@ impl Caller {
         )
         .await;
     }
+
+    /// Records a change this caller may make but that was refused as it stood (a
+    /// configuration set that would empty the agents' files), with the reason.
+    pub async fn refused(&self, s: &Shared, action: &str, details: serde_json::Value) {
+        record(
+            s,
+            Change {
+                who: &self.name,
+                address: &self.address,
+                action,
+                outcome: Outcome::Refused,
+                details,
+            },
+        )
+        .await;
+    }
 }
 
 /// Appends to the audit log. A change already made is not undone when its record

@@ -18,6 +18,7 @@ pub mod session;
 pub mod source;
 pub mod views;
 pub mod windows;
+pub mod words;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -90,6 +91,7 @@ pub fn router(app: AppState, options: Options) -> Router {
         .route("/signout", get(to_home).post(sign_out))
         .route("/agents", get(agents))
         .route("/agents/{id}", get(agent))
+        .route("/agents/{id}/remove", post(remove_agent))
         .route("/rollouts", get(rollouts))
         .route("/rollouts/{action}", post(act_bundle))
         .route("/rollouts/config/{group}/{action}", post(act_config))
@@ -596,6 +598,59 @@ async fn act(
         }
         Err(why) => rollouts_page(&page, &signed, StatusCode::CONFLICT, &why).await,
     }
+}
+
+/// The Remove button of an agent's page: checked like every POST, operators only,
+/// audited; then the fleet list, without it.
+async fn remove_agent(
+    State(page): State<Page>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    let address = crate::routes::operators::client_address(request.extensions());
+    let (host, form) = read_form(request).await;
+    let signed = match check_post(&page, &headers, host.as_deref(), &form).await? {
+        Ok(v) => v,
+        Err(why) => return Ok(refused(StatusCode::FORBIDDEN, why)),
+    };
+    let s = &page.app.inner;
+    let allowed = signed.who.role.may(ops::Action::Change);
+    let mut details = serde_json::json!({ "via": "page", "agent": id });
+    if !allowed {
+        details["role"] = serde_json::Value::String(signed.who.role.to_string());
+    }
+    let record = |outcome, details| {
+        crate::routes::operators::record(
+            s,
+            Change {
+                who: &signed.who.name,
+                address: &address,
+                action: "agent.remove",
+                outcome,
+                details,
+            },
+        )
+    };
+    if !allowed {
+        record(Outcome::Refused, details).await;
+        return Ok(refused(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "refused: you are signed in as {} with the role {}, which may not remove agents; ask an operator",
+                signed.who.name, signed.who.role
+            ),
+        ));
+    }
+    let known = s
+        .fleet
+        .revoke(&id, agent_fleet::db::Revocation::Removed)
+        .await?;
+    if known {
+        record(Outcome::Done, details).await;
+        tracing::warn!(agent = %id, name = %signed.who.name, "fleet page: removed the agent from the fleet");
+    }
+    Ok(Redirect::to("/agents").into_response())
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

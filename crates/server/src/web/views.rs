@@ -240,7 +240,7 @@ impl ConfigView {
                 group: set.group.clone(),
                 hash: agent_fleet::config::short(&set.hash).to_owned(),
                 created: when(Some(set.created_at), now),
-                files: set.files.join(", "),
+                files: super::words::set_files(&set.files),
                 applied: set.applied,
                 applying: set.applying,
                 failed: set.failed + set.timed_out,
@@ -609,6 +609,8 @@ pub struct AuditPage {
     pub who: String,
     pub action: String,
     pub total: i64,
+    /// `1 entry`, `2 entries`.
+    pub total_words: String,
     pub page: i64,
     pub prev: String,
     pub next: String,
@@ -650,6 +652,7 @@ impl AuditPage {
             who,
             action,
             total,
+            total_words: super::words::count(total, "entry", "entries"),
             page: filter.page,
             lines: entries
                 .iter()
@@ -659,7 +662,7 @@ impl AuditPage {
                     address: e.address.clone(),
                     action: e.action.clone(),
                     outcome: e.outcome.clone(),
-                    details: e.details.to_string(),
+                    details: super::words::audit_details(&e.details),
                 })
                 .collect(),
         }

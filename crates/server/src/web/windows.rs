@@ -50,20 +50,15 @@ impl WindowView {
     }
 }
 
-/// `3h`, `1h30m`, `45s`: a window's length as it is written.
+/// `3h`, `90m`, `45s`: a window's length in the largest unit that writes it whole, as
+/// server.toml takes it.
 fn length(secs: i64) -> String {
-    let (d, h, m, s) = (
-        secs / 86_400,
-        secs % 86_400 / 3600,
-        secs % 3600 / 60,
-        secs % 60,
-    );
-    let parts: String = [(d, "d"), (h, "h"), (m, "m"), (s, "s")]
-        .iter()
-        .filter(|(n, _)| *n > 0)
-        .map(|(n, unit)| format!("{n}{unit}"))
-        .collect();
-    if parts.is_empty() { "0s".into() } else { parts }
+    match secs {
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
 }
 
 #[cfg(test)]
@@ -95,7 +90,7 @@ mod tests {
                 v.start.as_str(),
                 v.duration.as_str()
             ),
-            ("db", "sat, sun", "02:00", "1h30m")
+            ("db", "sat, sun", "02:00", "90m")
         );
         assert_eq!(v.state, "opens Sat, 14 Mar 2026 01:00:00 GMT");
         assert!(!v.open);

@@ -1,0 +1,127 @@
+//! `data/last-errors.json`: the last error of each kind the running agent met (reaching
+//! a server, updating, applying a configuration set) with its time, so that `agent
+//! status` and `agent-wrapper.sh start` can say why without anyone reading the log.
+//! Written only by the running agent; a write that fails is logged and changes nothing
+//! else (the log has the error too).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use agent_extract::atomic;
+use agent_protocol::layout::AgentHome;
+use serde::{Deserialize, Serialize};
+
+/// What the agent was doing when it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// Registering or connecting with a server.
+    Contact,
+    /// Fetching, verifying or handing over an update.
+    Update,
+    /// Applying a configuration set.
+    Configuration,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Contact, Kind::Update, Kind::Configuration];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Contact => "contact",
+            Kind::Update => "update",
+            Kind::Configuration => "configuration",
+        }
+    }
+}
+
+/// One error and when it happened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastError {
+    /// Unix seconds.
+    pub at: u64,
+    pub error: String,
+}
+
+/// The longest message kept: a line for `agent status`, the log has the rest.
+const MAX_MESSAGE: usize = 2000;
+
+pub fn file(home: &AgentHome) -> PathBuf {
+    home.data().join("last-errors.json")
+}
+
+/// The last error of each kind, as recorded; empty when none was (or the file is
+/// unreadable: it only ever explains, it decides nothing).
+pub fn read(home: &AgentHome) -> BTreeMap<Kind, LastError> {
+    atomic::read_text(&file(home), 64 * 1024)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
+/// Records `error` as the last of its kind, now.
+pub fn record(home: &AgentHome, kind: Kind, error: &str) {
+    let mut all = read(home);
+    let error: String = error.chars().take(MAX_MESSAGE).collect();
+    let now = agent_updater::state::now_secs();
+    all.insert(kind, LastError { at: now, error });
+    let json = serde_json::to_vec_pretty(&all).unwrap_or_default();
+    let written = std::fs::create_dir_all(home.data())
+        .map_err(|e| e.to_string())
+        .and_then(|()| atomic::write(&file(home), &json).map_err(|e| e.to_string()));
+    if let Err(e) = written {
+        tracing::warn!("cannot write {}: {e}", file(home).display());
+    }
+}
+
+/// `agent status`'s line for `kind`: `none`, or how long ago, when, and the message on
+/// one line (a check's output may span several).
+pub fn describe(last: Option<&LastError>, now: u64) -> String {
+    match last {
+        None => "none".to_owned(),
+        Some(e) => format!(
+            "{}s ago ({}): {}",
+            now.saturating_sub(e.at),
+            httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(e.at)),
+            e.error
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_keeps_its_last_error_and_status_says_when() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = AgentHome::new(dir.path());
+        assert!(read(&home).is_empty());
+        record(&home, Kind::Contact, "first");
+        record(&home, Kind::Contact, "cannot reach http://127.0.0.1:1");
+        record(
+            &home,
+            Kind::Configuration,
+            "check-command failed:\n  forbidden\n",
+        );
+        let all = read(&home);
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[&Kind::Contact].error, "cannot reach http://127.0.0.1:1");
+        let line = describe(all.get(&Kind::Contact), all[&Kind::Contact].at + 3);
+        assert!(
+            line.starts_with("3s ago (") && line.ends_with("127.0.0.1:1"),
+            "{line}"
+        );
+        assert_eq!(describe(all.get(&Kind::Update), 0), "none");
+        let config = describe(all.get(&Kind::Configuration), 0);
+        assert!(
+            config.ends_with("check-command failed: forbidden"),
+            "{config}"
+        );
+    }
+}
