@@ -353,7 +353,8 @@ impl Rollouts {
         if self.engine.decide(current.id).await? {
             self.refresh().await?;
         }
-        self.sweep_no_bundle().await
+        self.sweep_no_bundle().await?;
+        self.sweep_windows().await
     }
 
     /// Once per wave that opens: the agents of the open waves whose platform (a target

@@ -13,15 +13,20 @@ use super::{Rollouts, lock};
 use crate::db::now_ms;
 use crate::error::FleetError;
 use crate::maintenance::{self, CatchUp, Gate, Schedule};
+use crate::rollout::step::State;
 use crate::rollout::store::{Membership, RolloutRow};
 
 /// The `update_status` of an agent held for its window (the wire's `WAITING_WINDOW`).
 pub const WAITING_WINDOW: &str = "WAITING_WINDOW";
 
 /// What this server already recorded for waiting agents: (rollout, next opening), so a
-/// heartbeat that changes nothing writes nothing.
+/// heartbeat that changes nothing writes nothing; and the rollout and open waves last
+/// swept (see [`Rollouts::sweep_windows`]).
 #[derive(Default)]
-pub(super) struct Waiting(Mutex<HashMap<String, (i64, i64)>>);
+pub(super) struct Waiting {
+    recorded: Mutex<HashMap<String, (i64, i64)>>,
+    swept: Mutex<Option<(i64, u32)>>,
+}
 
 impl Rollouts {
     /// The windows new updates wait for (none: any time).
@@ -82,7 +87,7 @@ impl Rollouts {
         agent: &str,
         opens: i64,
     ) -> Result<(), FleetError> {
-        if lock(&self.window_waiting.0).get(agent) == Some(&(current.id, opens)) {
+        if lock(&self.window_waiting.recorded).get(agent) == Some(&(current.id, opens)) {
             return Ok(());
         }
         let why = format!("next window opens at {}", maintenance::rfc3339(opens));
@@ -107,7 +112,7 @@ impl Rollouts {
         .execute(self.db().pool())
         .await?;
         self.engine.remember(current.id, agent, |m| m.told = true);
-        let first = lock(&self.window_waiting.0)
+        let first = lock(&self.window_waiting.recorded)
             .insert(agent.to_owned(), (current.id, opens))
             .is_none();
         if first {
@@ -116,9 +121,55 @@ impl Rollouts {
         Ok(())
     }
 
+    /// Once per wave that opens: the agents of the open waves not told yet whose group's
+    /// windows are all closed have their deadline start at their next window's opening
+    /// (their `told_at`), so that one that does not call in before it is not timed out
+    /// from the wave's opening instead. One that calls in is recorded `WAITING_WINDOW` by
+    /// [`Rollouts::answer`].
+    pub(super) async fn sweep_windows(&self) -> Result<(), FleetError> {
+        let Some(current) = self.current() else {
+            return Ok(());
+        };
+        let key = (current.id, current.opened);
+        if self.schedule.is_empty()
+            || current.opened == 0
+            || !matches!(current.state, State::Running | State::Soaking)
+            || *lock(&self.window_waiting.swept) == Some(key)
+        {
+            return Ok(());
+        }
+        let now = now_ms().div_euclid(1000);
+        let untold = sqlx::query(
+            "SELECT ra.agent_id, COALESCE(a.agent_group, '') FROM rollout_agents ra
+             JOIN agents a ON a.id = ra.agent_id
+             WHERE ra.rollout_id = $1 AND ra.wave <= $2 AND ra.told_at IS NULL AND ra.outcome IS NULL",
+        )
+        .bind(current.id)
+        .bind(i64::from(current.opened))
+        .fetch_all(self.db().pool())
+        .await?;
+        for row in untold {
+            let (agent, group): (String, String) = (row.get(0), row.get(1));
+            if let Gate::Closed { opens } = self.schedule.gate(&group, now) {
+                sqlx::query(
+                    "UPDATE rollout_agents SET told_at = $3
+                     WHERE rollout_id = $1 AND agent_id = $2 AND told_at IS NULL",
+                )
+                .bind(current.id)
+                .bind(&agent)
+                .bind(opens.saturating_mul(1000))
+                .execute(self.db().pool())
+                .await?;
+                self.engine.remember(current.id, &agent, |m| m.told = true);
+            }
+        }
+        *lock(&self.window_waiting.swept) = Some(key);
+        Ok(())
+    }
+
     /// `agent` may update now: a later wait is recorded again.
     pub(super) fn window_passed(&self, agent: &str) {
-        lock(&self.window_waiting.0).remove(agent);
+        lock(&self.window_waiting.recorded).remove(agent);
     }
 }
 
@@ -232,6 +283,20 @@ mod tests {
         rollouts.decide().await.unwrap();
         let waves = rollouts.wave_counts().await.unwrap();
         assert_eq!(waves[0].timed_out, 0);
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_never_calls_in_has_its_deadline_from_its_window() {
+        let home = tempfile::tempdir().unwrap();
+        let opens = (now_secs() + 7200) / 60 * 60;
+        let rollouts = rollout(home.path(), db_window(opens)).await;
+        // The wave opened in `rollout`, and its decision swept it: db-1 never called in.
+        let members = rollouts.members().await.unwrap();
+        assert_eq!(members["db-1"].1, Some(opens as f64));
+        assert_eq!(
+            members["web-1"].1, None,
+            "no window: its deadline runs from the wave"
+        );
     }
 
     #[tokio::test]
