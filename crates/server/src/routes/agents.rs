@@ -755,4 +755,39 @@ mod tests {
             epoch + Duration::from_millis(6000),
         );
     }
+
+    #[test]
+    fn a_window_is_news_to_an_agent_that_downloads_ahead_until_it_has_that_release() {
+        let sha = "b".repeat(64);
+        let waiting = Greeting::Accepted {
+            expected: "1.0.0+1".parse().unwrap(),
+            no_bundle: None,
+            token: None,
+            config: None,
+            window: Some(wire::WindowOffer {
+                expected: "2.0.0+2".into(),
+                sha256: sha.clone(),
+                opens_at: 1,
+            }),
+        };
+        assert!(
+            waiting.is_news(None, Some("1")),
+            "it does not know the release yet"
+        );
+        assert!(!waiting.is_news(None, Some(&sha)), "it has it");
+        assert!(
+            waiting.is_news(None, Some(&"c".repeat(64))),
+            "it has another"
+        );
+        // An agent that does not download ahead needs nothing before the opening.
+        assert!(!waiting.is_news(None, None));
+        assert!(
+            !waiting.is_news(Some(&sha), None),
+            "it stays away from that one anyway"
+        );
+        assert!(
+            waiting.is_news(Some(&"c".repeat(64)), None),
+            "accepted, unlike before"
+        );
+    }
 }
