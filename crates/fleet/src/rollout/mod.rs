@@ -11,6 +11,8 @@
 //! - [`engine`]: one rollout engine for every kind (a bundle release here, a
 //!   configuration set in [`crate::config`]): starts, decisions in one write transaction
 //!   each, deadlines, an operator's halt, advance and resume, agents' places;
+//! - [`windows`]: maintenance windows in the directive: an agent whose window is closed
+//!   waits, accepted, and is told when it opens;
 //! - [`Rollouts`] (here): the bundle rollouts, an [`Engine`] of [`Bundle`]s: which bundle
 //!   may start one, and the version directive, answered from what it last read, so a
 //!   heartbeat costs no query once an agent's wave is known.
@@ -479,7 +481,8 @@ impl Rollouts {
 
     /// Whether the directive for `agent`, as this server last read the rollout and the
     /// agent's wave, refuses `version`: no query, nothing recorded. False when this
-    /// server does not know the agent's wave (or the rollout is not its own).
+    /// server does not know the agent's wave (or the rollout is not its own), and while
+    /// the maintenance windows of `group` are closed.
     pub fn would_refuse(&self, agent: &str, group: &str, version: &AgentVersion) -> bool {
         let (Some(current), true) = (self.current(), lock(&self.served).is_some()) else {
             return false;
