@@ -23,6 +23,7 @@ mod install;
 mod leaving;
 mod locks;
 mod long_poll;
+mod maintenance;
 mod networks;
 mod no_waiting;
 mod opamp;

@@ -525,7 +525,18 @@ impl TestContext {
 
     /// Like [`TestContext::server`], on `port` (to restart a server where it was).
     pub fn server_on(&self, home: &str, port: u16, env: &[(&str, &str)]) -> ServerProc {
-        let mut server = self.spawn_server(home, port, env);
+        self.server_with(home, port, &[], env)
+    }
+
+    /// Like [`TestContext::server_on`], with more arguments (`--config FILE`).
+    pub fn server_with(
+        &self,
+        home: &str,
+        port: u16,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> ServerProc {
+        let mut server = self.spawn_server_with(home, port, args, env);
         // Generous: a loaded machine (a whole suite in parallel) can take a while to
         // bring a server up after a SIGKILL; the tests time behaviour, not startup.
         let start = Instant::now();
@@ -542,7 +553,7 @@ impl TestContext {
                     .is_some_and(|l| l.contains("cannot listen on"))
             {
                 std::thread::sleep(Duration::from_millis(200));
-                server = self.spawn_server(home, port, env);
+                server = self.spawn_server_with(home, port, args, env);
                 continue;
             }
             if gone || start.elapsed() > Duration::from_secs(60) {
@@ -587,13 +598,25 @@ impl TestContext {
 
     /// Starts update-server without waiting for it.
     pub fn spawn_server(&self, home: &str, port: u16, env: &[(&str, &str)]) -> ServerProc {
+        self.spawn_server_with(home, port, &[], env)
+    }
+
+    /// [`TestContext::spawn_server`] with more arguments.
+    pub fn spawn_server_with(
+        &self,
+        home: &str,
+        port: u16,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> ServerProc {
         let home = self.path(home);
         fs::create_dir_all(home.join("downloads/agent")).unwrap();
         let mut cmd = self.cmd("update-server");
         cmd.arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .arg("--home")
-            .arg(&home);
+            .arg(&home)
+            .args(args);
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -88,6 +88,9 @@ pub struct Hold {
     /// The bundle this agent was refused with and stays away from (it failed here):
     /// a `409` naming it again is no news, so the server holds that too.
     pub known_offer: Option<String>,
+    /// The agent downloads ahead of maintenance windows: `Some("1")`, or the sha256 of
+    /// the release it already acted on (another one is news to it).
+    pub ahead: Option<String>,
 }
 
 /// A server's answer to register or connect.
@@ -98,6 +101,9 @@ pub struct Answer {
     pub server_holds: bool,
     /// The configuration set the agent should run, when it runs another.
     pub config: Option<ConfigPayload>,
+    /// Accepted while its maintenance window is closed: the release it installs when the
+    /// window opens.
+    pub window: Option<wire::WindowOffer>,
 }
 
 /// Time allowed on top of a hold for the answer to arrive.
@@ -432,6 +438,9 @@ impl Client {
                 if let Some(sha) = &hold.known_offer {
                     query.push((wire::KNOWN_QUERY, sha.clone()));
                 }
+                if let Some(have) = &hold.ahead {
+                    query.push((wire::AHEAD_QUERY, have.clone()));
+                }
                 request.query(&query).timeout(hold.wait + HOLD_GRACE)
             }
             None => request.timeout(REQUEST_TIMEOUT),
@@ -446,6 +455,7 @@ impl Client {
             directive,
             server_holds,
             config: None,
+            window: None,
         };
         let status = resp.status();
         match status {
@@ -458,6 +468,10 @@ impl Client {
                 {
                     self.keep_token(json.get("token").and_then(|t| t.as_str()));
                     self.note_no_bundle(json.get("no_bundle").and_then(|t| t.as_str()));
+                    accepted.window = json
+                        .get_mut("window")
+                        .map(serde_json::Value::take)
+                        .and_then(|w| serde_json::from_value::<wire::WindowOffer>(w).ok());
                     if let Some(config) = json.get_mut("config").map(serde_json::Value::take) {
                         match serde_json::from_value::<ConfigPayload>(config) {
                             Ok(set) => accepted.config = Some(set),

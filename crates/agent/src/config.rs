@@ -81,6 +81,9 @@ pub struct UpdateSection {
     /// Ask the server for a delta from the bundle this version was installed from before
     /// downloading a whole bundle.
     pub deltas: bool,
+    /// Told of a release behind a maintenance window, download and verify it before the
+    /// window opens, so the install at the opening starts at once.
+    pub download_ahead: bool,
     /// The longest update locks (`run/update-locks/`) hold off one offer; past it the
     /// agent updates and logs the locks it overrode.
     #[serde(with = "humantime_str")]
@@ -238,6 +241,7 @@ impl Default for UpdateSection {
             download_timeout: Duration::from_secs(30 * 60),
             read_timeout: Duration::from_secs(30),
             deltas: true,
+            download_ahead: true,
             max_defer: Duration::from_secs(24 * 3600),
         }
     }
@@ -261,6 +265,7 @@ pub const KEYS: &[Key] = &[
     key("update", "download-timeout", Kind::Str),
     key("update", "read-timeout", Kind::Str),
     key("update", "deltas", Kind::Bool),
+    key("update", "download-ahead", Kind::Bool),
     key("update", "max-defer", Kind::Str),
     key("workload", "command", Kind::List),
     key("workload", "env", Kind::Map),

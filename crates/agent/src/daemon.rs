@@ -10,6 +10,7 @@ use agent_protocol::wire::{AgentHello, Report, UpdateStatus};
 use agent_updater::{lock, state};
 use tokio::sync::watch;
 
+use crate::ahead::Ahead;
 use crate::backoff::change_jitter;
 use crate::client::{Answer, Client, Directive, Hold, Trust};
 use crate::config::{Config, Reload, parse_reload};
@@ -198,6 +199,7 @@ async fn serve(
     let mut first = true;
     let mut shutdown = stop_rx.clone();
     let mut pace = Pace::default();
+    let mut ahead = Ahead::default();
     loop {
         if !first && unsent.due(&home) {
             unsent.flushed(flush_unsent(&home, &client).await);
@@ -209,6 +211,7 @@ async fn serve(
         let hold = (config.agent.long_poll && !first).then(|| Hold {
             wait: retry::bounded(heartbeat, retry.next_due(asked), asked),
             known_offer: pace.known_offer.clone(),
+            ahead: ahead.query(config),
         });
         client.set_health(board.agent_health());
         client.set_config_hash(remote_config::running_hash(&home));
@@ -251,6 +254,7 @@ async fn serve(
                 let contact = state::now_secs();
                 unsent.flushed(flush_unsent(&home, &client).await);
                 let offered = answer.config.take();
+                let window = answer.window.take();
                 wait = pace.answered(
                     &answer,
                     hold.as_ref(),
@@ -271,6 +275,11 @@ async fn serve(
                         retry.reset();
                         if let Some(set) = offered {
                             take_config(&home, &client, &id, dirs, workload, &set).await;
+                        }
+                        if let Some(window) = &window {
+                            ahead
+                                .told(install, config, &client, &id, window, &stop_rx)
+                                .await;
                         }
                     }
                     Directive::Refused(ns) => {

@@ -11,6 +11,7 @@
 //! restarts it, checks its health and stops it, and owns `logs/workload.log` and
 //! `run/workload.pid`.
 
+pub mod ahead;
 pub mod backoff;
 pub mod cli;
 pub mod client;

@@ -20,6 +20,7 @@ pub mod db;
 pub mod error;
 pub mod fleet;
 pub mod history;
+pub mod maintenance;
 pub mod news;
 pub mod opamp;
 pub mod operators;

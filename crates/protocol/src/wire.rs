@@ -69,6 +69,9 @@ pub const WAIT_QUERY: &str = "wait";
 /// `connect?known=<sha256>`: the agent was refused with this bundle and stays where it
 /// is (it failed here before); a `409` naming the same bundle is no news to it.
 pub const KNOWN_QUERY: &str = "known";
+/// `connect?ahead=<sha256 or 1>`: the agent downloads a release behind its maintenance
+/// window ahead; an accepted answer naming another release than this one is news to it.
+pub const AHEAD_QUERY: &str = "ahead";
 /// On a `connect` answer: the server honours `wait`, holding at most this many seconds.
 /// An answer without it comes from a server that answers at once.
 pub const LONG_POLL_HEADER: &str = "Agent-Long-Poll";
@@ -284,6 +287,16 @@ pub struct ConfigStatus {
     pub status: ConfigOutcome,
     #[serde(default)]
     pub error: Option<String>,
+}
+
+/// `"window"` in a `200` to register or connect: the agent's wave is open but its
+/// maintenance window is not; it is refused (told to update to `expected`) at `opens_at`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowOffer {
+    pub expected: String,
+    pub sha256: String,
+    /// Unix seconds.
+    pub opens_at: i64,
 }
 
 /// Body of a `409` to an agent the directive refuses.

@@ -62,6 +62,8 @@ pub struct Config {
     pub database: DatabaseSection,
     pub rollout: RolloutSection,
     pub tls: TlsSection,
+    /// `[[maintenance]]` windows (config-file only).
+    pub maintenance: Vec<crate::maintenance::MaintenanceSection>,
 }
 
 /// `[tls]`: when both are set, the server speaks HTTPS only.
@@ -281,6 +283,7 @@ impl Config {
             return Err("database.pool-size must be at least 1".into());
         }
         self.rollout_plan()?;
+        self.maintenance_schedule()?;
         let source = self.downloads.public_url.trim();
         if !source.is_empty() && !agent_protocol::wire::is_download_source(source) {
             return Err(format!(
@@ -333,6 +336,11 @@ impl Config {
             &self.rollout.max_failures.to_string(),
             self.rollout.agent_deadline,
         )
+    }
+
+    /// The maintenance windows new bundles wait for.
+    pub fn maintenance_schedule(&self) -> Result<agent_fleet::maintenance::Schedule, String> {
+        crate::maintenance::schedule(&self.maintenance)
     }
 
     /// The URL of this server's admin API, from `server.listen` (a wildcard address is

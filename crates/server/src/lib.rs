@@ -17,6 +17,7 @@ pub mod deltas;
 pub mod error;
 pub mod held;
 pub mod limiter;
+pub mod maintenance;
 pub mod metrics;
 pub mod opamp;
 pub mod pacer;
@@ -90,12 +91,15 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
     let policy = config
         .accept_policy()
         .map_err(|e| ServerError::Config(e.to_string()))?;
-    let rollouts = Arc::new(rollout::Rollouts::new(
-        db.clone(),
-        config.rollout_plan().map_err(ServerError::Config)?,
-        policy.clone(),
-        config.server_name(),
-    ));
+    let rollouts = Arc::new(
+        rollout::Rollouts::new(
+            db.clone(),
+            config.rollout_plan().map_err(ServerError::Config)?,
+            policy.clone(),
+            config.server_name(),
+        )
+        .with_maintenance(config.maintenance_schedule().map_err(ServerError::Config)?),
+    );
     rollouts.refresh().await?;
     if let store::Current::Ready(release) = store.current() {
         rollouts.serve(served(&release)).await?;
@@ -330,6 +334,10 @@ pub async fn serve(
     println!("listening on {local}");
 
     spawn_rollout_loop(&state);
+    maintenance::spawn_waker(
+        state.inner.fleet.rollouts.maintenance().clone(),
+        Arc::clone(&news),
+    );
     spawn_pacer(&state);
     state.inner.deltas.spawn(Arc::clone(&state.inner.store));
     state.inner.fleet.spawn_drain();

@@ -11,6 +11,8 @@
 //! - [`engine`]: one rollout engine for every kind (a bundle release here, a
 //!   configuration set in [`crate::config`]): starts, decisions in one write transaction
 //!   each, deadlines, an operator's halt, advance and resume, agents' places;
+//! - [`windows`]: maintenance windows in the directive: an agent whose window is closed
+//!   waits, accepted, and is told when it opens;
 //! - [`Rollouts`] (here): the bundle rollouts, an [`Engine`] of [`Bundle`]s: which bundle
 //!   may start one, and the version directive, answered from what it last read, so a
 //!   heartbeat costs no query once an agent's wave is known.
@@ -24,6 +26,7 @@ pub mod order;
 pub mod plan;
 pub mod step;
 pub mod store;
+pub mod windows;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +38,7 @@ use serde_json::json;
 
 use crate::db::{Backend, Db, now_ms};
 use crate::error::FleetError;
+use crate::maintenance::Schedule;
 use crate::news::News;
 use crate::rollout::claim::Claim;
 use crate::rollout::engine::{Candidate, Engine, plan_json, secs};
@@ -63,6 +67,9 @@ pub struct Answer {
     /// Accepted only because the release has no bundle for the agent's platform: it
     /// keeps its version, recorded `NO_BUNDLE`.
     pub no_bundle: bool,
+    /// Accepted only because its maintenance window is closed: the window's next start
+    /// (unix seconds), when it will be refused and update to `expected`.
+    pub window: Option<i64>,
 }
 
 /// An operator's request that cannot be done now, with the reason.
@@ -84,6 +91,9 @@ pub struct Rollouts {
     /// The rollout and open waves last swept for agents with no bundle (see
     /// [`Rollouts::sweep_no_bundle`]).
     swept: Mutex<Option<(i64, u32)>>,
+    /// `[[maintenance]]`: when agents of a group may install (see [`windows`]).
+    schedule: Schedule,
+    window_waiting: windows::Waiting,
 }
 
 /// The PostgreSQL advisory lock that orders rollout starts across servers ("rollout").
@@ -107,6 +117,8 @@ impl Rollouts {
             mismatch: RwLock::new(None),
             news: Arc::default(),
             swept: Mutex::new(None),
+            schedule: Schedule::default(),
+            window_waiting: windows::Waiting::default(),
         }
     }
 
@@ -343,7 +355,8 @@ impl Rollouts {
         if self.engine.decide(current.id).await? {
             self.refresh().await?;
         }
-        self.sweep_no_bundle().await
+        self.sweep_no_bundle().await?;
+        self.sweep_windows().await
     }
 
     /// Once per wave that opens: the agents of the open waves whose platform (a target
@@ -419,7 +432,22 @@ impl Rollouts {
                 accepted: true,
                 expected: current.subject.version.clone(),
                 no_bundle: true,
+                window: None,
             }));
+        }
+        if !accepted {
+            // Its maintenance window is closed: accepted as it is, told of the release
+            // and the window's start, and told (refused) when the window opens.
+            if let Some(opens) = self.window_wait(&current, group, &member, now).await? {
+                self.wait_for_window(&current, agent, opens).await?;
+                return Ok(Some(Answer {
+                    accepted: true,
+                    expected: current.subject.version.clone(),
+                    no_bundle: false,
+                    window: Some(opens),
+                }));
+            }
+            self.window_passed(agent);
         }
         if !accepted && !member.told {
             self.engine.mark_told(current.id, agent, now).await?;
@@ -428,6 +456,7 @@ impl Rollouts {
             accepted,
             expected: current.subject.version.clone(),
             no_bundle: false,
+            window: None,
         }))
     }
 
@@ -452,8 +481,9 @@ impl Rollouts {
 
     /// Whether the directive for `agent`, as this server last read the rollout and the
     /// agent's wave, refuses `version`: no query, nothing recorded. False when this
-    /// server does not know the agent's wave (or the rollout is not its own).
-    pub fn would_refuse(&self, agent: &str, version: &AgentVersion) -> bool {
+    /// server does not know the agent's wave (or the rollout is not its own), and while
+    /// the maintenance windows of `group` are closed.
+    pub fn would_refuse(&self, agent: &str, group: &str, version: &AgentVersion) -> bool {
         let (Some(current), true) = (self.current(), lock(&self.served).is_some()) else {
             return false;
         };
@@ -463,6 +493,7 @@ impl Rollouts {
         self.engine
             .known(current.id, agent)
             .is_some_and(|m| !self.accepts(&current, version, m.wave))
+            && self.window_wait_offline(group).is_none()
     }
 
     /// For agents that are offered the bundle instead of being refused (OpAMP's
@@ -508,6 +539,12 @@ impl Rollouts {
             }
             return Ok(None);
         }
+        // Offered its package only inside its maintenance window.
+        if let Some(opens) = self.window_wait(&current, group, &member, now).await? {
+            self.wait_for_window(&current, agent, opens).await?;
+            return Ok(None);
+        }
+        self.window_passed(agent);
         if !member.told {
             self.engine.mark_told(current.id, agent, now).await?;
         }
@@ -543,6 +580,7 @@ impl Rollouts {
             accepted,
             expected: served.version,
             no_bundle: false,
+            window: None,
         }
     }
 
@@ -564,6 +602,7 @@ impl Rollouts {
     pub fn answer_offline(
         &self,
         agent: &str,
+        group: &str,
         version: &AgentVersion,
         servable: bool,
     ) -> (Option<Answer>, Option<i64>) {
@@ -584,6 +623,18 @@ impl Rollouts {
                     accepted: true,
                     expected: current.subject.version.clone(),
                     no_bundle: true,
+                    window: None,
+                }),
+                None,
+            );
+        }
+        if !accepted && let Some(opens) = self.window_wait_offline(group) {
+            return (
+                Some(Answer {
+                    accepted: true,
+                    expected: current.subject.version.clone(),
+                    no_bundle: false,
+                    window: Some(opens),
                 }),
                 None,
             );
@@ -598,6 +649,7 @@ impl Rollouts {
                 accepted,
                 expected: current.subject.version.clone(),
                 no_bundle: false,
+                window: None,
             }),
             told,
         )

@@ -624,10 +624,13 @@ pub async fn progress<S: Subject>(
     row: &Rollout<S>,
 ) -> Result<Progress, sqlx::Error> {
     let waves = wave_status(tx, row).await?;
+    // An agent waiting for its maintenance window has its `told_at` at the window's
+    // opening: it is not told before then.
     let told: i64 = sqlx::query(
-        "SELECT COUNT(*) FROM rollout_agents WHERE rollout_id = $1 AND told_at IS NOT NULL",
+        "SELECT COUNT(*) FROM rollout_agents WHERE rollout_id = $1 AND told_at IS NOT NULL AND told_at <= $2",
     )
     .bind(row.id)
+    .bind(crate::db::now_ms())
     .fetch_one(&mut **tx)
     .await?
     .get(0);

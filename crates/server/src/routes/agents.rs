@@ -91,6 +91,8 @@ enum Greeting {
         token: Option<String>,
         /// The configuration set the agent should run, when it runs another.
         config: Option<wire::ConfigPayload>,
+        /// The release it installs when its maintenance window opens.
+        window: Option<wire::WindowOffer>,
     },
     Refused(NotSupported),
     /// Not a directive (no bundle to serve yet): answered as it is, never held.
@@ -101,10 +103,24 @@ impl Greeting {
     /// Whether an agent that knows `known` (the bundle it was refused with and stays
     /// away from, if any) learns something from this answer. A held connect waits for
     /// news; anything else is answered at once.
-    fn is_news(&self, known: Option<&str>) -> bool {
+    fn is_news(&self, known: Option<&str>, ahead: Option<&str>) -> bool {
         match self {
-            Greeting::Accepted { token, config, .. } => {
-                token.is_some() || config.is_some() || known.is_some()
+            Greeting::Accepted {
+                token,
+                config,
+                window,
+                ..
+            } => {
+                token.is_some()
+                    || config.is_some()
+                    || match (window, ahead) {
+                        // An agent that downloads ahead learns of a release behind its
+                        // window at once (until it says it has it); one that does not
+                        // needs nothing until the window opens.
+                        (Some(w), Some(have)) => have != w.sha256,
+                        (Some(w), None) => known.is_some_and(|k| k != w.sha256),
+                        (None, _) => known.is_some(),
+                    }
             }
             Greeting::Refused(ns) => {
                 ns.token.is_some() || ns.override_locks || ns.sha256.as_deref() != known
@@ -120,6 +136,7 @@ impl Greeting {
                 no_bundle,
                 token,
                 config,
+                window,
             } => {
                 let mut body =
                     serde_json::json!({ "status": "accepted", "expected": expected.to_string() });
@@ -131,6 +148,9 @@ impl Greeting {
                 }
                 if let Some(set) = config {
                     body["config"] = serde_json::to_value(set).unwrap_or_default();
+                }
+                if let Some(w) = window {
+                    body["window"] = serde_json::to_value(w).unwrap_or_default();
                 }
                 Json(body).into_response()
             }
@@ -178,6 +198,9 @@ pub(super) async fn register(
 pub(super) struct Hold {
     wait: Option<u64>,
     known: Option<String>,
+    /// `ahead=1`, or the sha256 of the release it has: the agent downloads a release
+    /// behind its maintenance window ahead, so it is told of another one at once.
+    ahead: Option<String>,
 }
 
 /// `POST /agent/connect`: the directive, like register; with `wait`, a long poll held
@@ -200,6 +223,7 @@ pub(super) async fn connect(
         return Ok(greet(s, &hello, &headers).await?.into_response());
     }
     let known = hold.known.as_deref();
+    let ahead = hold.ahead.as_deref();
     // Taken before the first answer is worked out, so no change made meanwhile is missed.
     let mut news = s.fleet.rollouts.news().subscribe();
     let mut closing = s.fleet.rollouts.news().closing();
@@ -212,7 +236,7 @@ pub(super) async fn connect(
     drop(headers);
     inc(&s.metrics.held_connects);
     let _holding = Holding::new(&s.metrics.connects_held);
-    while !greeting.is_news(known) {
+    while !greeting.is_news(known, ahead) {
         tokio::select! {
             changed = news.changed() => if changed.is_err() { break },
             () = tokio::time::sleep_until(deadline) => break,
@@ -221,9 +245,11 @@ pub(super) async fn connect(
         // Its wave opened: it waits for its turn to be told (see `crate::pacer`), so
         // that a wave of thousands starts downloads the server can serve.
         if matches!(greeting, Greeting::Accepted { .. })
-            && s.fleet
-                .rollouts
-                .would_refuse(&hello.hello.id, &hello.version)
+            && s.fleet.rollouts.would_refuse(
+                &hello.hello.id,
+                hello.hello.group.as_deref().unwrap_or(""),
+                &hello.version,
+            )
         {
             tokio::select! {
                 () = s.pacer.turn() => {}
@@ -350,12 +376,13 @@ async fn decide(
     };
     let answer = directive(s, &hello.hello, &hello.version, bundle.is_some()).await?;
     // Before the first rollout is read (a bundle just dropped), the release speaks alone.
-    let (accepted, expected, no_bundle) = match answer {
-        Some(a) => (a.accepted, a.expected, a.no_bundle),
+    let (accepted, expected, no_bundle, window) = match answer {
+        Some(a) => (a.accepted, a.expected, a.no_bundle, a.window),
         None => (
             s.policy.accepts(release.version(), &hello.version),
             release.version().clone(),
             false,
+            None,
         ),
     };
     let bundle = match bundle {
@@ -363,11 +390,16 @@ async fn decide(
         // Nothing it could run: it keeps its version, and is told why.
         _ => {
             let note = (!accepted || no_bundle).then(|| no_bundle_note(release, platform));
-            return accept(s, hello, expected, note, token, count).await;
+            return accept(s, hello, expected, note, None, token, count).await;
         }
     };
     if accepted {
-        return accept(s, hello, expected, None, token, count).await;
+        let window = window.map(|opens_at| wire::WindowOffer {
+            expected: expected.to_string(),
+            sha256: bundle.info.sha256.clone(),
+            opens_at,
+        });
+        return accept(s, hello, expected, None, window, token, count).await;
     }
     if count {
         inc(&s.metrics.registrations_refused);
@@ -404,6 +436,7 @@ async fn accept(
     hello: &Hello,
     expected: AgentVersion,
     no_bundle: Option<String>,
+    window: Option<wire::WindowOffer>,
     token: Option<String>,
     count: bool,
 ) -> Result<Greeting, ApiError> {
@@ -419,6 +452,7 @@ async fn accept(
         no_bundle,
         token,
         config,
+        window,
     })
 }
 
@@ -443,10 +477,12 @@ async fn directive(
             Err(e) => return Err(e.into()),
         }
     }
-    let (answer, told) = s
-        .fleet
-        .rollouts
-        .answer_offline(&hello.id, version, servable);
+    let (answer, told) = s.fleet.rollouts.answer_offline(
+        &hello.id,
+        hello.group.as_deref().unwrap_or(""),
+        version,
+        servable,
+    );
     if let Some(rollout) = told {
         s.fleet.outage.defer(Deferred::Told {
             rollout,
@@ -717,6 +753,41 @@ mod tests {
         assert_eq!(
             coalesced(now, wait, epoch),
             epoch + Duration::from_millis(6000),
+        );
+    }
+
+    #[test]
+    fn a_window_is_news_to_an_agent_that_downloads_ahead_until_it_has_that_release() {
+        let sha = "b".repeat(64);
+        let waiting = Greeting::Accepted {
+            expected: "1.0.0+1".parse().unwrap(),
+            no_bundle: None,
+            token: None,
+            config: None,
+            window: Some(wire::WindowOffer {
+                expected: "2.0.0+2".into(),
+                sha256: sha.clone(),
+                opens_at: 1,
+            }),
+        };
+        assert!(
+            waiting.is_news(None, Some("1")),
+            "it does not know the release yet"
+        );
+        assert!(!waiting.is_news(None, Some(&sha)), "it has it");
+        assert!(
+            waiting.is_news(None, Some(&"c".repeat(64))),
+            "it has another"
+        );
+        // An agent that does not download ahead needs nothing before the opening.
+        assert!(!waiting.is_news(None, None));
+        assert!(
+            !waiting.is_news(Some(&sha), None),
+            "it stays away from that one anyway"
+        );
+        assert!(
+            waiting.is_news(Some(&"c".repeat(64)), None),
+            "accepted, unlike before"
         );
     }
 }

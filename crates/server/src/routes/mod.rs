@@ -10,6 +10,7 @@ mod config;
 mod delta;
 mod download;
 mod install;
+mod maintenance;
 pub mod operators;
 
 use std::sync::Arc;
@@ -99,6 +100,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         )
         .route("/admin/audit", get(operators::audit))
         .route("/admin/rollout", get(admin::rollout))
+        .route("/admin/maintenance", get(maintenance::list))
         .route("/admin/rollout/halt", post(admin::rollout_halt))
         .route("/admin/rollout/resume", post(admin::rollout_resume))
         .route("/admin/rollout/advance", post(admin::rollout_advance))

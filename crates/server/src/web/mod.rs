@@ -17,6 +17,7 @@ pub mod query;
 pub mod session;
 pub mod source;
 pub mod views;
+pub mod windows;
 pub mod words;
 
 use std::collections::HashMap;
@@ -497,7 +498,11 @@ async fn rollouts_page(
             rollout,
             configs,
             message,
-        ),
+        )
+        .with_windows(windows::WindowView::all(
+            s.fleet.rollouts.maintenance(),
+            now,
+        )),
     ))
 }
 

@@ -556,9 +556,16 @@ pub struct RolloutsPage {
     pub message: String,
     pub rollout: Option<RolloutView>,
     pub configs: Vec<ConfigView>,
+    /// `[[maintenance]]`: when agents may install.
+    pub windows: Vec<super::windows::WindowView>,
 }
 
 impl RolloutsPage {
+    pub fn with_windows(mut self, windows: Vec<super::windows::WindowView>) -> Self {
+        self.windows = windows;
+        self
+    }
+
     pub fn new(
         frame: Frame,
         rollout: Option<RolloutView>,
@@ -573,6 +580,7 @@ impl RolloutsPage {
             message: message.to_owned(),
             rollout,
             configs,
+            windows: Vec::new(),
         }
     }
 }
