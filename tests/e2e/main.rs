@@ -43,5 +43,4 @@ mod stamp;
 mod trust;
 mod update;
 mod upgrade;
-mod windows;
 mod workload;

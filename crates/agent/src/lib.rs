@@ -26,7 +26,6 @@ pub mod identity;
 pub mod last_errors;
 pub mod locks;
 pub mod manual;
-pub mod os;
 pub mod pacing;
 pub mod proxy;
 pub mod recovery;

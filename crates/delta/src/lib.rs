@@ -16,7 +16,6 @@ pub mod apply;
 pub mod error;
 pub mod format;
 pub mod make;
-mod os;
 pub mod segmented;
 
 pub use error::{DeltaError, Result};

@@ -20,6 +20,9 @@ pub mod policy;
 pub mod spec;
 
 use std::future::Future;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -96,7 +99,7 @@ struct Running {
     pumps: Vec<tokio::task::JoinHandle<()>>,
     /// A second read end of each output pipe, for whoever drains them after a
     /// hand-over (a pipe without a reader would kill the workload at its next line).
-    outputs: Vec<group::Output>,
+    outputs: Vec<OwnedFd>,
 }
 
 impl Running {
@@ -191,7 +194,7 @@ async fn supervise(
                 check_due = None;
                 if let Some(mut r) = running.take() {
                     r.drain().await;
-                    let exit = match (status.code(), group::exit_signal(&status)) {
+                    let exit = match (status.code(), status.signal()) {
                         (Some(code), _) => Exit::Code(code),
                         (None, Some(sig)) => Exit::Signal(sig),
                         (None, None) => Exit::Code(-1),
@@ -255,7 +258,7 @@ async fn supervise(
         let status = r.child.wait().await.ok();
         r.drain().await;
         let ended = status
-            .map(|s| match (s.code(), group::exit_signal(&s)) {
+            .map(|s| match (s.code(), s.signal()) {
                 (Some(code), _) => Exit::Code(code).to_string(),
                 (None, Some(sig)) => Exit::Signal(sig).to_string(),
                 (None, None) => "ended".to_owned(),
@@ -285,7 +288,7 @@ async fn hand_over(mut r: Running, home: &AgentHome) -> Result<u32, (Running, St
     }
     let mut failed = None;
     for fd in std::mem::take(&mut r.outputs) {
-        if let Err(e) = group::hand_over_output(fd, &log_path(home)) {
+        if let Err(e) = drain_with_cat(fd, &log_path(home)) {
             failed.get_or_insert(e);
         }
     }
@@ -293,6 +296,31 @@ async fn hand_over(mut r: Running, home: &AgentHome) -> Result<u32, (Running, St
         None => Ok(r.pid),
         Some(e) => Err((r, e)),
     }
+}
+
+/// Starts `cat` reading one of the workload's output pipes into the log. tokio put the
+/// pipe in non-blocking mode (a flag of the open pipe, shared by every duplicate), which
+/// `cat` does not expect.
+fn drain_with_cat(fd: OwnedFd, log: &Path) -> Result<(), String> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let flags = fcntl(&fd, FcntlArg::F_GETFL).map_err(|e| format!("fcntl: {e}"))?;
+    let blocking = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
+    fcntl(&fd, FcntlArg::F_SETFL(blocking)).map_err(|e| format!("fcntl: {e}"))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    let mut cat = std::process::Command::new("cat");
+    // Not the workload's group (its stop must not take the reader first), nor the
+    // agent's (the wrapper's).
+    std::os::unix::process::CommandExt::process_group(&mut cat, 0)
+        .stdin(Stdio::from(fd))
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::null())
+        .spawn()
+        .map(drop)
+        .map_err(|e| format!("cannot start cat: {e}"))
 }
 
 /// Stops a workload that an agent before this one left running (it handed over to the
@@ -342,8 +370,8 @@ fn start(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .kill_on_drop(false);
-    group::prepare(&mut cmd);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -360,9 +388,6 @@ fn start(
     let Some(pid) = child.id() else {
         return;
     };
-    if let Err(e) = group::adopt(pid) {
-        tracing::warn!("cannot put the workload (pid {pid}) in its own group: {e}");
-    }
     match group::start_ticks(pid) {
         Some(ticks) => {
             if let Err(e) = group::record(home, pid, ticks) {
@@ -374,11 +399,11 @@ fn start(
     let mut pumps = Vec::new();
     let mut outputs = Vec::new();
     if let Some(out) = child.stdout.take() {
-        outputs.extend(group::output_of(&out));
+        outputs.extend(out.as_fd().try_clone_to_owned().ok());
         pumps.push(tokio::spawn(pump(out, Arc::clone(log))));
     }
     if let Some(err) = child.stderr.take() {
-        outputs.extend(group::output_of(&err));
+        outputs.extend(err.as_fd().try_clone_to_owned().ok());
         pumps.push(tokio::spawn(pump(err, Arc::clone(log))));
     }
     sup.started(Instant::now());
@@ -425,7 +450,7 @@ async fn wait_child(running: &mut Option<Running>) -> std::process::ExitStatus {
     match running {
         Some(r) => match r.child.wait().await {
             Ok(status) => status,
-            Err(_) => group::unknown_exit(),
+            Err(_) => std::process::ExitStatus::from_raw(-1),
         },
         None => std::future::pending().await,
     }
