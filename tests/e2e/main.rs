@@ -34,6 +34,7 @@ mod operators;
 mod page;
 mod platforms;
 mod quickstart;
+mod releases;
 mod remote_config;
 mod rollback;
 mod rollout;

@@ -25,6 +25,7 @@ pub mod news;
 pub mod opamp;
 pub mod operators;
 pub mod outage;
+pub mod releases;
 pub mod rollout;
 pub mod settings;
 

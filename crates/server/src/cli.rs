@@ -3,6 +3,8 @@
 //! `update-server audit`: the admin API of a running server, from a shell. Prints tables
 //! (or the API's JSON with `--json`).
 
+pub mod release;
+
 use std::fmt::Write as _;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -29,7 +31,12 @@ pub struct AdminClient {
 
 impl AdminClient {
     fn http(&self) -> anyhow::Result<reqwest::Client> {
-        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
+        self.http_for(Duration::from_secs(30))
+    }
+
+    /// A client whose requests may take up to `timeout` (a release's upload or export).
+    fn http_for(&self, timeout: Duration) -> anyhow::Result<reqwest::Client> {
+        let mut builder = reqwest::Client::builder().timeout(timeout);
         if let Some(ca) = &self.ca_file {
             // A private CA: trusted alone, as the agents trust it.
             let pem = std::fs::read(ca).with_context(|| format!("--ca-file {}", ca.display()))?;

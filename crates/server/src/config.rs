@@ -35,6 +35,8 @@ pub const KEYS: &[Key] = &[
     key("downloads", "stall-timeout", Kind::Seconds),
     key("downloads", "public-url", Kind::Str),
     key("bundle", "public-key", Kind::Str),
+    key("releases", "trusted-keys", Kind::List),
+    key("releases", "keep", Kind::Int),
     key("agents", "accept", Kind::Str),
     key("agents", "enrollment-token", Kind::Str),
     key("agents", "max-wait", Kind::Seconds),
@@ -57,6 +59,7 @@ pub struct Config {
     pub server: ServerSection,
     pub downloads: DownloadsSection,
     pub bundle: BundleSection,
+    pub releases: ReleasesSection,
     pub agents: AgentsSection,
     pub admin: AdminSection,
     pub database: DatabaseSection,
@@ -118,6 +121,26 @@ pub struct DownloadsSection {
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct BundleSection {
     pub public_key: String,
+}
+
+/// `[releases]`: what `release publish` checks a release against, and how many are kept.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct ReleasesSection {
+    /// Public key files any of which may vouch for a published bundle (through a
+    /// rotation chain the bundle carries); empty: `bundle.public-key`.
+    pub trusted_keys: Vec<String>,
+    /// Releases kept before the current one, for `release list` and `release rollback`.
+    pub keep: usize,
+}
+
+impl Default for ReleasesSection {
+    fn default() -> Self {
+        Self {
+            trusted_keys: Vec::new(),
+            keep: agent_fleet::releases::DEFAULT_KEEP,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod opamp;
 pub mod pacer;
 pub mod refusal;
+pub mod releases;
 pub mod routes;
 pub mod state;
 pub mod store;
@@ -71,15 +72,15 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
     let public_key = if config.bundle.public_key.is_empty() {
         None
     } else {
-        let path = std::path::Path::new(&config.bundle.public_key);
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ServerError::Config(format!("bundle.public-key {}: {e}", path.display()))
-        })?;
-        Some(PublicKey::parse(&text).map_err(|e| {
-            ServerError::Config(format!("bundle.public-key {}: {e}", path.display()))
-        })?)
+        Some(read_key("bundle.public-key", &config.bundle.public_key)?)
     };
-    let store = store::BundleStore::new(config.download_dir(), home, public_key)
+    let trusted_keys = config
+        .releases
+        .trusted_keys
+        .iter()
+        .map(|path| read_key("releases.trusted-keys", path))
+        .collect::<Result<Vec<_>, _>>()?;
+    let store = store::BundleStore::new(config.download_dir(), home, public_key.clone())
         .map_err(|e| ServerError::Io(format!("{}: {e}", config.download_dir().display())))?;
     let store = Arc::new(store);
     let scan_store = Arc::clone(&store);
@@ -88,6 +89,19 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         .map_err(|e| ServerError::Io(format!("bundle scan: {e}")))?;
 
     let db = Db::open(&config.database.url, home, config.database.pool_size).await?;
+    let publisher = releases::Publisher::new(
+        home,
+        Arc::clone(&store),
+        agent_fleet::releases::Releases::new(db.clone()),
+        trusted_keys,
+        public_key,
+        config.releases.keep,
+    )
+    .map_err(|e| ServerError::Io(format!("{}: {e}", home.join("releases").display())))?;
+    // A release published while this server was away is served from its first answer.
+    if let Err(e) = publisher.follow().await {
+        tracing::error!("cannot serve the fleet's published release: {e}");
+    }
     let policy = config
         .accept_policy()
         .map_err(|e| ServerError::Config(e.to_string()))?;
@@ -123,6 +137,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
     Ok(AppState {
         inner: Arc::new(state::Shared {
             store,
+            releases: Arc::new(publisher),
             deltas,
             fleet: Arc::new(fleet),
             server_name,
@@ -144,6 +159,15 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             agent_ca: read_agent_ca(config)?,
         }),
     })
+}
+
+/// A minisign public key file named by the configuration key `what`.
+fn read_key(what: &str, path: &str) -> Result<PublicKey, ServerError> {
+    let path = std::path::Path::new(path);
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ServerError::Config(format!("{what} {}: {e}", path.display())))?;
+    PublicKey::parse(&text)
+        .map_err(|e| ServerError::Config(format!("{what} {}: {e}", path.display())))
 }
 
 /// `tls.agent-ca`: a PEM certificate, read once at start so that a wrong path stops the
@@ -344,10 +368,23 @@ pub async fn serve(
     state.inner.fleet.spawn_contact_flush();
     state.inner.fleet.spawn_settings_poll();
     let store = Arc::clone(&state.inner.store);
+    let publisher = Arc::clone(&state.inner.releases);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(SCAN_INTERVAL);
+        let mut said: Option<String> = None;
         loop {
             tick.tick().await;
+            // A release published on another server of the fleet, then the directory.
+            match publisher.follow().await {
+                Err(e) if said.as_deref() != Some(e.to_string().as_str()) => {
+                    tracing::error!(
+                        "cannot serve the fleet's published release (tried again every second): {e}"
+                    );
+                    said = Some(e.to_string());
+                }
+                Err(_) => {}
+                Ok(_) => said = None,
+            }
             let store = Arc::clone(&store);
             let _ = tokio::task::spawn_blocking(move || store.scan()).await;
         }

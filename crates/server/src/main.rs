@@ -55,6 +55,15 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Releases: publish one (checked before any agent sees it), the history, a
+    /// rollback to a kept release, an export for an isolated network (through the admin
+    /// API of a running server).
+    Release {
+        #[command(subcommand)]
+        action: Release,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// The audit log: every change, who made it and from where, newest first.
     Audit {
         /// Only entries by this token name (or server:NAME).
@@ -67,6 +76,36 @@ enum Command {
         page: u32,
         #[command(flatten)]
         admin: AdminArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Release {
+    /// Upload a release: each agent-bundle-<v>[-<target>][.exe] with its .minisig.
+    Publish {
+        /// Directories (their agent-bundle-* files) or files.
+        #[arg(required = true, value_name = "DIR|FILE")]
+        paths: Vec<PathBuf>,
+    },
+    /// The current release and the ones kept before it.
+    List,
+    /// Make a kept release the target again, with fresh signatures over its bytes
+    /// (`agent-bundle sign --key K FILE…`).
+    Rollback {
+        /// The kept release, `<version>+<build>`.
+        #[arg(long, value_name = "VERSION+BUILD")]
+        to: String,
+        /// The directory of its fresh .minisig files.
+        #[arg(long, value_name = "DIR")]
+        signatures: PathBuf,
+    },
+    /// Write the current release's files (or a kept one's) into a directory.
+    Export {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// A kept release, `<version>+<build>`, rather than the current one.
+        #[arg(long, value_name = "VERSION+BUILD")]
+        release: Option<String>,
     },
 }
 
@@ -307,6 +346,55 @@ fn main() -> ExitCode {
                             )
                         }
                     }
+                }
+            }
+            Some(Command::Release { action, admin }) => {
+                let client = admin.client(&config);
+                let (answer, said) = match action {
+                    Release::Publish { paths } => {
+                        let files = update_server::cli::release::release_files(&paths)?;
+                        let answer = runtime.block_on(client.publish(&files))?;
+                        let said = format!(
+                            "published release {} ({}); every server of the fleet serves it, and the rollout starts under [rollout]",
+                            answer["id"].as_str().unwrap_or("?"),
+                            answer["platforms"]
+                                .as_array()
+                                .map(|p| p
+                                    .iter()
+                                    .filter_map(|v| v.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", "))
+                                .unwrap_or_default()
+                        );
+                        (answer, said)
+                    }
+                    Release::List => {
+                        let answer = runtime.block_on(client.releases())?;
+                        let said = update_server::cli::release::render_releases(&answer);
+                        (answer, said.trim_end().to_owned())
+                    }
+                    Release::Rollback { to, signatures } => {
+                        let answer = runtime.block_on(client.rollback(&to, &signatures))?;
+                        let said = format!(
+                            "release {to} is the target again; agents that keep it switch back without downloading (update-server rollout status follows it)"
+                        );
+                        (answer, said)
+                    }
+                    Release::Export { out, release } => {
+                        let written = runtime.block_on(client.export(&out, release.as_deref()))?;
+                        let said = format!(
+                            "wrote {} files into {}; `update-server release publish {}` takes them on another server",
+                            written.len(),
+                            out.display(),
+                            out.display()
+                        );
+                        (serde_json::json!({ "files": written }), said)
+                    }
+                };
+                if admin.json {
+                    println!("{}", serde_json::to_string_pretty(&answer)?);
+                } else {
+                    println!("{said}");
                 }
             }
             Some(Command::Audit {

@@ -25,6 +25,8 @@ pub struct AppState {
 
 pub struct Shared {
     pub store: Arc<BundleStore>,
+    /// Publishing, the history and rollbacks; following the fleet's current release.
+    pub releases: Arc<crate::releases::Publisher>,
     /// The bases kept and the deltas made from them to the served bundles.
     pub deltas: Arc<Deltas>,
     /// The fleet model: database, outage spool, rollouts, fleet-wide settings.

@@ -160,19 +160,28 @@ impl Release {
     /// has one (as before releases had several), else the sha256 over each bundle's
     /// `<platform> <sha256>` line, so that a change to any one of them is a new rollout.
     pub fn identity(&self) -> String {
-        if let [one] = self.bundles.as_slice() {
-            return one.info.sha256.clone();
-        }
-        let mut lines: Vec<String> = self
-            .bundles
-            .iter()
-            .map(|b| format!("{} {}\n", b.platform, b.info.sha256))
-            .collect();
-        lines.sort();
-        let mut hasher = MultiHasher::new();
-        hasher.update(lines.concat().as_bytes());
-        hasher.finish().sha256_hex()
+        identity_of(
+            self.bundles
+                .iter()
+                .map(|b| (b.platform.as_str(), b.info.sha256.as_str())),
+        )
     }
+}
+
+/// A release's identity from its bundles' platforms and sha256 (see [`Release::identity`]).
+pub fn identity_of<'a>(bundles: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let bundles: Vec<(&str, &str)> = bundles.into_iter().collect();
+    if let [(_, sha256)] = bundles.as_slice() {
+        return (*sha256).to_owned();
+    }
+    let mut lines: Vec<String> = bundles
+        .iter()
+        .map(|(platform, sha256)| format!("{platform} {sha256}\n"))
+        .collect();
+    lines.sort();
+    let mut hasher = MultiHasher::new();
+    hasher.update(lines.concat().as_bytes());
+    hasher.finish().sha256_hex()
 }
 
 /// What the store can serve right now.
@@ -244,7 +253,16 @@ pub struct BundleStore {
     /// Why the bundle in the download directory is not served, until one is: what
     /// `/healthz` calls degraded.
     refused: RwLock<Option<String>>,
+    /// A change of the download directory seen, and since when it has held still: a
+    /// release copied in file by file is taken once whole, never half.
+    settling: std::sync::Mutex<Option<(Option<Vec<SourceId>>, std::time::Instant)>>,
+    /// Held by a scan, and by a publish while it writes the directory.
+    scanning: std::sync::Mutex<()>,
+    scanned_once: std::sync::atomic::AtomicBool,
 }
+
+/// How long the download directory must hold still before a change to it is taken.
+pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl BundleStore {
     pub fn new(dir: PathBuf, home: &Path, public_key: Option<PublicKey>) -> io::Result<Self> {
@@ -265,6 +283,9 @@ impl BundleStore {
             ingested: RwLock::new(Vec::new()),
             last_problem: RwLock::new(None),
             refused: RwLock::new(None),
+            settling: std::sync::Mutex::new(None),
+            scanning: std::sync::Mutex::new(()),
+            scanned_once: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -292,10 +313,35 @@ impl BundleStore {
         *self.refused.write().unwrap_or_else(|p| p.into_inner()) = why;
     }
 
-    /// Looks at the download directory and takes in a new release if there is one.
-    /// Blocking: call from a blocking thread.
+    /// Looks at the download directory and takes in a new release if there is one and
+    /// the directory has held still for [`SETTLE`] since it changed (at once on the first
+    /// scan). Blocking: call from a blocking thread.
     pub fn scan(&self) {
-        let sources = match self.look() {
+        let _scanning = self.scanning.lock().unwrap_or_else(|p| p.into_inner());
+        self.scan_locked(false);
+    }
+
+    /// Holds off scans while the caller writes a whole release into the download
+    /// directory; [`Self::take_now`] then takes it with the guard still held.
+    pub fn hold(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.scanning.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes what the download directory holds now, without waiting for it to settle:
+    /// for a writer that holds [`Self::hold`] and has just put a whole release there.
+    pub fn take_now(&self, _held: &std::sync::MutexGuard<'_, ()>) {
+        self.scan_locked(true);
+    }
+
+    fn scan_locked(&self, at_once: bool) {
+        let looked = self.look();
+        let first = !self
+            .scanned_once
+            .swap(true, std::sync::atomic::Ordering::AcqRel);
+        if !at_once && !first && !self.settled(&looked) {
+            return;
+        }
+        let sources = match looked {
             Look::Found(sources) => sources,
             Look::Nothing(problem) => {
                 self.set_source(None);
@@ -391,6 +437,29 @@ impl BundleStore {
         *self.last_problem.write().unwrap_or_else(|p| p.into_inner()) = None;
         self.set_refusal(None);
         self.set(Current::Ready(Arc::new(release)));
+    }
+
+    /// Whether what `looked` found is what was last taken, or has held still for
+    /// [`SETTLE`].
+    fn settled(&self, looked: &Look) -> bool {
+        let seen = match looked {
+            Look::Found(sources) => Some(sources.clone()),
+            Look::Nothing(_) => None,
+            Look::Failed(_) => return true,
+        };
+        let taken = self.source.read().map(|s| s.clone()).unwrap_or_default();
+        let mut settling = self.settling.lock().unwrap_or_else(|p| p.into_inner());
+        if seen == taken {
+            *settling = None;
+            return true;
+        }
+        match settling.as_ref() {
+            Some((pending, since)) if *pending == seen => since.elapsed() >= SETTLE,
+            _ => {
+                *settling = Some((seen, std::time::Instant::now()));
+                false
+            }
+        }
     }
 
     fn set(&self, current: Current) {

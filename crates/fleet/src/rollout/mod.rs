@@ -212,14 +212,20 @@ impl Rollouts {
             return Ok(Claim::Ours);
         }
         let latest = store::latest::<Bundle>(&mut *tx).await?;
-        let claim = claim::claim(latest.as_ref(), bundle, self.shared());
+        let act = crate::releases::current_act(&mut tx, &bundle.sha256).await?;
+        let mut claim = claim::claim(latest.as_ref(), bundle, self.shared());
+        if claim == Claim::Busy && act.is_some() {
+            // Published for the whole fleet: every server serves it, none waits.
+            claim = Claim::Start;
+        }
         if claim != Claim::Start {
             tx.commit().await?;
             return Ok(claim);
         }
         let now = now_ms();
         let previous = store::last_completed_version(&mut *tx).await?;
-        let (state, reason, cause) = initial_state(&bundle.version, previous.as_ref());
+        let meant = act == Some(crate::releases::Kind::Rollback);
+        let (state, reason, cause) = initial_state(&bundle.version, previous.as_ref(), meant);
         let new = NewRollout {
             kind: Kind::Bundle,
             group: "",
@@ -777,14 +783,16 @@ impl Rollouts {
 }
 
 /// How a rollout of `target` starts after `previous`: the previous version again simply
-/// completes; an older one (a downgrade, however recently signed) starts halted.
+/// completes; an older one (a downgrade, however recently signed) starts halted, unless
+/// it is an operator's `release rollback` (`rollback_meant`).
 fn initial_state(
     target: &AgentVersion,
     previous: Option<&AgentVersion>,
+    rollback_meant: bool,
 ) -> (State, Option<String>, Option<HaltCause>) {
     match previous {
         Some(p) if p == target => (State::Completed, None, None),
-        Some(p) if step::is_downgrade(target, p) => (
+        Some(p) if step::is_downgrade(target, p) && !rollback_meant => (
             State::Halted,
             Some(format!(
                 "downgrade: {target} is older than the previous version {p}; `update-server rollout resume` rolls it out anyway"
@@ -802,17 +810,22 @@ mod tests {
     #[test]
     fn a_downgrade_starts_halted_and_the_previous_version_completes() {
         let v = |s: &str| s.parse::<AgentVersion>().unwrap();
-        assert_eq!(initial_state(&v("2.0.0+2"), None).0, State::Running);
+        assert_eq!(initial_state(&v("2.0.0+2"), None, false).0, State::Running);
         assert_eq!(
-            initial_state(&v("2.0.0+2"), Some(&v("1.0.0+1"))).0,
+            initial_state(&v("2.0.0+2"), Some(&v("1.0.0+1")), false).0,
             State::Running
         );
-        let (state, reason, cause) = initial_state(&v("1.0.0+1"), Some(&v("2.0.0+2")));
+        let (state, reason, cause) = initial_state(&v("1.0.0+1"), Some(&v("2.0.0+2")), false);
+        assert_eq!(
+            initial_state(&v("1.0.0+1"), Some(&v("2.0.0+2")), true).0,
+            State::Running,
+            "an operator's release rollback runs at once"
+        );
         assert_eq!(state, State::Halted);
         assert!(reason.unwrap().starts_with("downgrade: "));
         assert_eq!(cause, Some(HaltCause::Downgrade));
         assert_eq!(
-            initial_state(&v("2.0.0+2"), Some(&v("2.0.0+2"))).0,
+            initial_state(&v("2.0.0+2"), Some(&v("2.0.0+2")), false).0,
             State::Completed
         );
     }

@@ -12,6 +12,7 @@ mod download;
 mod install;
 mod maintenance;
 pub mod operators;
+pub(crate) mod releases;
 
 use std::sync::Arc;
 
@@ -28,6 +29,9 @@ use tower_http::timeout::TimeoutLayer;
 use crate::error::ApiError;
 use crate::state::{AppState, Shared};
 use crate::store::{Current, Release};
+
+/// How long a release upload may take, its bytes included.
+const UPLOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Largest JSON body accepted; larger ones get `413`.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -58,6 +62,16 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route(wire::DELTA_PATH, get(delta::delta).head(delta::delta))
         .route(install::SCRIPT_PATH, get(install::script))
         .route(install::CHECK_PATH, get(install::check_enrollment));
+    // A release's bundles take longer to send than a request's clock allows.
+    let uploads = Router::new().route(
+        "/admin/releases",
+        post(releases::publish)
+            .layer(DefaultBodyLimit::max(releases::MAX_RELEASE_BODY))
+            .route_layer(TimeoutLayer::with_status_code(
+                StatusCode::REQUEST_TIMEOUT,
+                UPLOAD_TIMEOUT,
+            )),
+    );
     Router::new()
         .route(wire::REGISTER_PATH, post(agents::register))
         .route(wire::REPORT_PATH, post(agents::report))
@@ -99,6 +113,9 @@ pub fn router(state: &AppState) -> Router<AppState> {
             axum::routing::delete(operators::revoke),
         )
         .route("/admin/audit", get(operators::audit))
+        .route("/admin/releases", get(releases::list))
+        .route("/admin/releases/rollback", post(releases::rollback))
+        .route("/admin/releases/{id}/files/{name}", get(releases::file))
         .route("/admin/rollout", get(admin::rollout))
         .route("/admin/maintenance", get(maintenance::list))
         .route("/admin/rollout/halt", post(admin::rollout_halt))
@@ -109,6 +126,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route_layer(request_timeout)
         .merge(held)
         .merge(downloads)
+        .merge(uploads)
 }
 
 fn unavailable(problem: &str, retry_after: u64) -> Response {

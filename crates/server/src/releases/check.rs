@@ -1,0 +1,317 @@
+//! What makes a set of files a publishable release: every name a bundle's or its
+//! signature's, every bundle signed and verified under a trusted key, one version and
+//! build, one bundle per platform. Every refusal names its file and says why.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use agent_extract::verify::{self, Trust};
+use agent_protocol::minisign::{PublicKey, Signature};
+use agent_protocol::{AgentVersion, layout, platform};
+
+/// One file refused, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub file: String,
+    pub reason: String,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.file, self.reason)
+    }
+}
+
+/// Every refusal of a set of files, told together so that one attempt shows them all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused(pub Vec<Refusal>);
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let all: Vec<String> = self.0.iter().map(Refusal::to_string).collect();
+        write!(
+            f,
+            "the release is refused, nothing changed: {}",
+            all.join("; ")
+        )
+    }
+}
+
+fn refuse(file: &str, reason: impl Into<String>) -> Refusal {
+    Refusal {
+        file: file.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// A bundle that passed.
+#[derive(Debug, Clone)]
+pub struct CheckedBundle {
+    pub name: String,
+    pub platform: String,
+    pub version: AgentVersion,
+    pub sha256: String,
+    pub size: u64,
+    pub signature: String,
+    pub signed_at: u64,
+}
+
+/// A release that passed: its bundles, by platform.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub version: AgentVersion,
+    pub bundles: Vec<CheckedBundle>,
+}
+
+impl Checked {
+    /// `<version>+<build>`, what the release is known by.
+    pub fn id(&self) -> String {
+        self.version.to_string()
+    }
+
+    /// The latest signing time of its bundles.
+    pub fn signed_at(&self) -> u64 {
+        self.bundles.iter().map(|b| b.signed_at).max().unwrap_or(0)
+    }
+}
+
+/// Whether `name` may be a file of a release: `agent-bundle-…` (or its `.minisig`),
+/// of the characters a version and a target triple use, never a path.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+'));
+    if !name.starts_with("agent-bundle-") || !ok_chars || name.contains("..") || name.len() > 200 {
+        return Err(
+            "not a release file: a release holds agent-bundle-<version>[-<target>][.exe] files and their .minisig signatures"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Checks the files of `dir` (each name already passed [`check_name`]) against `keys`
+/// (any one may vouch for a bundle, through a rotation chain the bundle carries) and,
+/// when set, `served_key` (the key this server checks what it serves against: a release
+/// it would refuse to serve is refused here).
+pub fn check_dir(
+    dir: &Path,
+    names: &[String],
+    keys: &[PublicKey],
+    served_key: Option<&PublicKey>,
+) -> Result<Checked, Refused> {
+    let mut refusals = Vec::new();
+    let mut bundles = Vec::new();
+    for name in names {
+        if let Some(bundle) = name.strip_suffix(".minisig") {
+            if !names.iter().any(|n| n == bundle) {
+                refusals.push(refuse(name, "a signature without its bundle"));
+            }
+            continue;
+        }
+        match check_bundle(dir, name, names, keys, served_key) {
+            Ok(bundle) => bundles.push(bundle),
+            Err(reason) => refusals.push(refuse(name, reason)),
+        }
+    }
+    if bundles.is_empty() && refusals.is_empty() {
+        refusals.push(refuse(
+            "(the release)",
+            "no bundle in it: give agent-bundle-<version>[-<target>] files with their .minisig",
+        ));
+    }
+    if !refusals.is_empty() {
+        return Err(Refused(refusals));
+    }
+    assemble(bundles).map_err(Refused)
+}
+
+fn check_bundle(
+    dir: &Path,
+    name: &str,
+    names: &[String],
+    keys: &[PublicKey],
+    served_key: Option<&PublicKey>,
+) -> Result<CheckedBundle, String> {
+    let sig_name = layout::signature_file_name(name);
+    if !names.contains(&sig_name) {
+        return Err(format!(
+            "no signature {sig_name} beside it: sign it (agent-bundle sign --key K {name}) and give both"
+        ));
+    }
+    let text = std::fs::read_to_string(dir.join(&sig_name))
+        .map_err(|e| format!("its signature cannot be read: {e}"))?;
+    let signature =
+        Signature::parse(&text).map_err(|e| format!("its signature is not minisign's: {e}"))?;
+    let path = dir.join(name);
+    let verified = verify_under_any(&path, &signature, keys)?;
+    if let Some(key) = served_key {
+        verify::verify_file(&path, &signature, &Trust::key(key)).map_err(|e| {
+            format!(
+                "it does not verify under this server's bundle.public-key {}: {}",
+                key.key_id(),
+                crate::refusal::in_servers_words(&e)
+            )
+        })?;
+    }
+    let platform = verified.facts.platform.clone();
+    if !platform::is_target(&platform) {
+        return Err(format!("it names no plain platform ({platform:?})"));
+    }
+    let version = verified.facts.version.clone();
+    let expected = format!("agent-bundle-{}", version.version_str());
+    let rest = name
+        .strip_prefix(&expected)
+        .map(|r| r.trim_end_matches(".exe"));
+    if !matches!(rest, Some(r) if r.is_empty() || r == format!("-{platform}")) {
+        return Err(format!(
+            "its name does not say what it holds ({version} for {platform}): name it {expected}-{platform}"
+        ));
+    }
+    Ok(CheckedBundle {
+        name: name.to_owned(),
+        platform,
+        version,
+        sha256: verified.digests.sha256_hex(),
+        size: verified.digests.size,
+        signature: text,
+        signed_at: verified.claim.signed_at,
+    })
+}
+
+fn verify_under_any(
+    path: &Path,
+    signature: &Signature,
+    keys: &[PublicKey],
+) -> Result<verify::Verified, String> {
+    let mut last = None;
+    for key in keys {
+        match verify::verify_file(path, signature, &Trust::key(key)) {
+            Ok(verified) => return Ok(verified),
+            Err(e) => last = Some(crate::refusal::in_servers_words(&e)),
+        }
+    }
+    let trusted: Vec<String> = keys.iter().map(|k| k.key_id().to_string()).collect();
+    Err(match last {
+        Some(why) if keys.len() == 1 => format!("it does not verify: {why}"),
+        Some(why) => format!(
+            "it verifies under none of the trusted keys ({}): {why}",
+            trusted.join(", ")
+        ),
+        None => "the server trusts no key".into(),
+    })
+}
+
+/// One version and build, one bundle per platform.
+fn assemble(mut bundles: Vec<CheckedBundle>) -> Result<Checked, Vec<Refusal>> {
+    bundles.sort_by(|a, b| (&a.platform, &a.name).cmp(&(&b.platform, &b.name)));
+    let mut refusals = Vec::new();
+    let mut versions: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for b in &bundles {
+        versions
+            .entry(b.version.to_string())
+            .or_default()
+            .push(&b.name);
+    }
+    if versions.len() > 1 {
+        let said: Vec<String> = versions
+            .iter()
+            .map(|(v, names)| format!("{v} in {}", names.join(", ")))
+            .collect();
+        for b in &bundles {
+            refusals.push(refuse(
+                &b.name,
+                format!(
+                    "a release is one version and build, and these are not ({}): publish one build",
+                    said.join("; ")
+                ),
+            ));
+        }
+    }
+    for pair in bundles.windows(2) {
+        if pair[0].platform == pair[1].platform {
+            refusals.push(refuse(
+                &pair[1].name,
+                format!(
+                    "a second bundle for {} (beside {}): one bundle per platform",
+                    pair[1].platform, pair[0].name
+                ),
+            ));
+        }
+    }
+    if !refusals.is_empty() {
+        return Err(refusals);
+    }
+    let version = bundles[0].version.clone();
+    Ok(Checked { version, bundles })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_release_file_names_are_taken() {
+        for good in [
+            "agent-bundle-1.2.0",
+            "agent-bundle-1.2.0-x86_64-unknown-linux-gnu",
+            "agent-bundle-1.2.0-x86_64-pc-windows-gnu.exe.minisig",
+        ] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "../agent-bundle-1",
+            "agent-bundle-1/../../x",
+            "agent-bundle-..",
+            "notes.txt",
+            "agent-bundle-1 2",
+            "agent-bundle-<script>",
+            "",
+        ] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn bundle(name: &str, version: &str, platform: &str) -> CheckedBundle {
+        CheckedBundle {
+            name: name.into(),
+            platform: platform.into(),
+            version: version.parse().unwrap(),
+            sha256: "0".repeat(64),
+            size: 1,
+            signature: String::new(),
+            signed_at: 1,
+        }
+    }
+
+    #[test]
+    fn a_release_is_one_build_and_one_bundle_per_platform() {
+        let ok = assemble(vec![
+            bundle("b", "1.0.0+2", "x86_64-unknown-linux-musl"),
+            bundle("a", "1.0.0+2", "aarch64-unknown-linux-gnu"),
+        ])
+        .unwrap();
+        assert_eq!(ok.id(), "1.0.0+2");
+        assert_eq!(ok.bundles[0].name, "a");
+
+        let mixed = assemble(vec![
+            bundle("a", "1.0.0+2", "aarch64-unknown-linux-gnu"),
+            bundle("b", "1.0.0+3", "x86_64-unknown-linux-musl"),
+        ])
+        .unwrap_err();
+        assert_eq!(mixed.len(), 2, "each file is named");
+        assert!(
+            mixed[0].reason.contains("one version and build"),
+            "{mixed:?}"
+        );
+
+        let twice = assemble(vec![
+            bundle("a", "1.0.0+2", "aarch64-unknown-linux-gnu"),
+            bundle("b", "1.0.0+2", "aarch64-unknown-linux-gnu"),
+        ])
+        .unwrap_err();
+        assert_eq!(twice[0].file, "b");
+        assert!(twice[0].reason.contains("one bundle per platform"));
+    }
+}

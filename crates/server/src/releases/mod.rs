@@ -1,0 +1,469 @@
+//! Releases as objects: publish (checked before any agent can see it), the history, a
+//! rollback to a kept release, and every server of a fleet following the fleet's current
+//! release.
+//!
+//! A published release is kept under `<home>/releases/<version>+<build>/` (its bundles
+//! and signatures) and recorded in the fleet database ([`agent_fleet::releases`]), which
+//! with PostgreSQL also holds its bytes. Each server follows the newest history entry:
+//! when one appears that it has not installed, it writes that release into its download
+//! directory whole (hidden names, then renames, while the store's scans are held off) and
+//! takes it at once. The download directory stays the store's one source, so a release
+//! dropped there by hand still works for one server, and the next publish replaces it.
+//!
+//! This module reads and writes files and the fleet database; the checks are in
+//! [`check`], and the HTTP edge is `routes::releases`.
+
+pub mod check;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use agent_extract::atomic;
+use agent_fleet::FleetError;
+use agent_fleet::releases::{FileRecord, HistoryEntry, Kind, ReleaseRecord, Releases};
+use agent_protocol::digest::Digests;
+use agent_protocol::layout;
+use agent_protocol::minisign::PublicKey;
+
+use crate::store::{BundleStore, Current};
+use check::{Checked, Refused};
+
+/// Where this server noted the history entry it last installed.
+const INSTALLED_FILE: &str = "installed";
+
+/// Why a publish or rollback did not happen. Nothing changed in any of these cases.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("{0}")]
+    Refused(Refused),
+    /// The server has no key to check a release against.
+    #[error(
+        "this server trusts no key to check a release against: set releases.trusted-keys (public key files) or bundle.public-key in server.toml"
+    )]
+    NoTrust,
+    #[error("{0}")]
+    NotKept(String),
+    /// A rollback's signatures are missing or not newer than the served release's.
+    #[error("{0}")]
+    Signatures(String),
+    #[error(transparent)]
+    Fleet(#[from] FleetError),
+    #[error("{0}")]
+    Io(String),
+}
+
+fn io_error(what: &Path, e: impl std::fmt::Display) -> ReleaseError {
+    ReleaseError::Io(format!("{}: {e}", what.display()))
+}
+
+pub struct Publisher {
+    /// `<home>/releases`.
+    dir: PathBuf,
+    store: Arc<BundleStore>,
+    releases: Releases,
+    keys: Vec<PublicKey>,
+    served_key: Option<PublicKey>,
+    keep: usize,
+    /// One publish, rollback or follow at a time on this server.
+    busy: tokio::sync::Mutex<()>,
+}
+
+impl Publisher {
+    pub fn new(
+        home: &Path,
+        store: Arc<BundleStore>,
+        releases: Releases,
+        keys: Vec<PublicKey>,
+        served_key: Option<PublicKey>,
+        keep: usize,
+    ) -> io::Result<Self> {
+        let dir = home.join("releases");
+        fs::create_dir_all(&dir)?;
+        // Uploads a crash left behind.
+        if let Ok(entries) = fs::read_dir(&dir) {
+            for entry in entries.flatten() {
+                if entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(".incoming-")
+                {
+                    let _ = fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        Ok(Self {
+            dir,
+            store,
+            releases,
+            keys,
+            served_key,
+            keep,
+            busy: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn releases(&self) -> &Releases {
+        &self.releases
+    }
+
+    pub fn keep(&self) -> usize {
+        self.keep
+    }
+
+    /// A private directory for the files of one upload, removed when dropped.
+    pub fn incoming(&self) -> Result<tempfile::TempDir, ReleaseError> {
+        tempfile::Builder::new()
+            .prefix(".incoming-")
+            .tempdir_in(&self.dir)
+            .map_err(|e| io_error(&self.dir, e))
+    }
+
+    /// Checks the uploaded files in `incoming` and, when they are a release, makes it
+    /// the fleet's current release and serves it here.
+    pub async fn publish(
+        &self,
+        incoming: tempfile::TempDir,
+        names: Vec<String>,
+        who: &str,
+    ) -> Result<HistoryEntry, ReleaseError> {
+        if self.keys.is_empty() && self.served_key.is_none() {
+            return Err(ReleaseError::NoTrust);
+        }
+        let _busy = self.busy.lock().await;
+        let checked = self.check(incoming.path(), names).await?;
+        let record = record_of(&checked);
+        if let Some(known) = self.releases.release(&record.id).await?
+            && known.identity != record.identity
+        {
+            return Err(FleetError::Conflict(format!(
+                "release {} was published before with other bytes: one build number is one set of bytes; give the new build its own build number",
+                record.id
+            ))
+            .into());
+        }
+        let kept = self.dir.join(&record.id);
+        let incoming_path = incoming.path().to_owned();
+        let kept_clone = kept.clone();
+        blocking(move || keep_files(&incoming_path, &kept_clone)).await?;
+        let entry = self.make_current(&record, Kind::Publish, who).await?;
+        drop(incoming);
+        self.install_entry(&entry).await?;
+        Ok(entry)
+    }
+
+    /// Makes the kept release `to` current again, with fresh `signatures` (by bundle
+    /// file name) newer than the served release's.
+    pub async fn rollback(
+        &self,
+        to: &str,
+        signatures: BTreeMap<String, String>,
+        who: &str,
+    ) -> Result<HistoryEntry, ReleaseError> {
+        if self.keys.is_empty() && self.served_key.is_none() {
+            return Err(ReleaseError::NoTrust);
+        }
+        let _busy = self.busy.lock().await;
+        let Some(mut record) = self.releases.release(to).await? else {
+            let kept = self.releases.kept().await?;
+            return Err(ReleaseError::NotKept(format!(
+                "release {to} is not kept (kept: {}); list them with `update-server release list`",
+                if kept.is_empty() {
+                    "none".into()
+                } else {
+                    kept.join(", ")
+                }
+            )));
+        };
+        let names: Vec<&str> = record.files.iter().map(|f| f.name.as_str()).collect();
+        let missing: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| !signatures.contains_key(*n))
+            .collect();
+        if !missing.is_empty() {
+            return Err(ReleaseError::Signatures(format!(
+                "no fresh signature for {}: agents refuse an older signature, so a rollback needs new ones over the kept bytes; get them with `update-server release export --release {to} --out DIR`, sign with `agent-bundle sign --key K DIR/agent-bundle-*`, then `update-server release rollback --to {to} --signatures DIR`",
+                missing.join(", ")
+            )));
+        }
+        self.ensure_local(&record).await?;
+        // Checked as a publish would be, in a scratch copy: the kept files are untouched
+        // until it passes.
+        let scratch = self.incoming()?;
+        let kept = self.dir.join(&record.id);
+        let mut all = Vec::new();
+        for file in &record.files {
+            let bundle = scratch.path().join(&file.name);
+            fs::hard_link(kept.join(&file.name), &bundle)
+                .or_else(|_| fs::copy(kept.join(&file.name), &bundle).map(|_| ()))
+                .map_err(|e| io_error(&bundle, e))?;
+            let sig_name = layout::signature_file_name(&file.name);
+            let sig_path = scratch.path().join(&sig_name);
+            fs::write(&sig_path, &signatures[&file.name]).map_err(|e| io_error(&sig_path, e))?;
+            all.push(file.name.clone());
+            all.push(sig_name);
+        }
+        let checked = self.check(scratch.path(), all).await?;
+        let served_signed_at = match self.store.current() {
+            Current::Ready(release) => crate::served(&release).signed_at,
+            Current::Unavailable(_) => 0,
+        };
+        if i64::try_from(checked.signed_at()).unwrap_or(i64::MAX) <= served_signed_at {
+            return Err(ReleaseError::Signatures(format!(
+                "the signatures given are not newer than the served release's (signed-at {} ≤ {served_signed_at}): agents would refuse them as a replay; sign again with `agent-bundle sign --key K FILE…` and retry",
+                checked.signed_at()
+            )));
+        }
+        for file in &mut record.files {
+            if let Some(bundle) = checked.bundles.iter().find(|b| b.name == file.name) {
+                file.signature = bundle.signature.clone();
+            }
+        }
+        for file in &record.files {
+            let path = kept.join(layout::signature_file_name(&file.name));
+            atomic::write(&path, file.signature.as_bytes()).map_err(|e| io_error(&path, e))?;
+        }
+        let entry = self.make_current(&record, Kind::Rollback, who).await?;
+        self.install_entry(&entry).await?;
+        Ok(entry)
+    }
+
+    /// Follows the fleet: installs its current release if this server has not yet.
+    /// Returns whether it installed one.
+    pub async fn follow(&self) -> Result<bool, ReleaseError> {
+        let Some(latest) = self.releases.latest_seq().await? else {
+            return Ok(false);
+        };
+        if self.installed_seq() >= Some(latest) {
+            return Ok(false);
+        }
+        let _busy = self.busy.lock().await;
+        let Some(entry) = self.releases.current().await? else {
+            return Ok(false);
+        };
+        if self.installed_seq() >= Some(entry.seq) {
+            return Ok(false);
+        }
+        self.install_entry(&entry).await?;
+        Ok(true)
+    }
+
+    /// The path of a kept release's file (bundle or signature), fetched from the fleet
+    /// database if this server does not hold it yet.
+    pub async fn file(&self, id: &str, name: &str) -> Result<Option<PathBuf>, ReleaseError> {
+        let Some(record) = self.releases.release(id).await? else {
+            return Ok(None);
+        };
+        let known = record
+            .files
+            .iter()
+            .any(|f| f.name == name || layout::signature_file_name(&f.name) == name);
+        if !known {
+            return Ok(None);
+        }
+        self.ensure_local(&record).await?;
+        Ok(Some(self.dir.join(id).join(name)))
+    }
+
+    async fn check(&self, dir: &Path, names: Vec<String>) -> Result<Checked, ReleaseError> {
+        let dir = dir.to_owned();
+        let mut keys = self.keys.clone();
+        if keys.is_empty() {
+            keys.extend(self.served_key.clone());
+        }
+        let served_key = self.served_key.clone();
+        tokio::task::spawn_blocking(move || {
+            check::check_dir(&dir, &names, &keys, served_key.as_ref())
+        })
+        .await
+        .map_err(|e| ReleaseError::Io(format!("the release check stopped: {e}")))?
+        .map_err(ReleaseError::Refused)
+    }
+
+    async fn make_current(
+        &self,
+        record: &ReleaseRecord,
+        kind: Kind,
+        who: &str,
+    ) -> Result<HistoryEntry, ReleaseError> {
+        let kept = self.dir.join(&record.id);
+        let mut read = |name: &str| {
+            let path = kept.join(name);
+            fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        let entry = self
+            .releases
+            .make_current(record, kind, who, self.keep, &mut read)
+            .await?;
+        self.forget_unkept().await;
+        Ok(entry)
+    }
+
+    /// Makes sure every file of `record` is under `<home>/releases/<id>/`, its bundles
+    /// with their sha256 and its signatures as recorded.
+    async fn ensure_local(&self, record: &ReleaseRecord) -> Result<(), ReleaseError> {
+        let kept = self.dir.join(&record.id);
+        fs::create_dir_all(&kept).map_err(|e| io_error(&kept, e))?;
+        for file in &record.files {
+            let path = kept.join(&file.name);
+            let present = fs::metadata(&path)
+                .map(|m| m.len() == file.size)
+                .unwrap_or(false);
+            if !present {
+                let Some(bytes) = self.releases.file_data(&record.id, &file.name).await? else {
+                    return Err(ReleaseError::Io(format!(
+                        "{} of release {} is neither under {} nor in the fleet database; publish the release again",
+                        file.name,
+                        record.id,
+                        kept.display()
+                    )));
+                };
+                let sha256 = Digests::of_reader(bytes.as_slice())
+                    .map_err(|e| io_error(&path, e))?
+                    .sha256_hex();
+                if sha256 != file.sha256 {
+                    return Err(ReleaseError::Io(format!(
+                        "{} of release {} in the fleet database has sha256 {sha256}, not {}; publish the release again",
+                        file.name, record.id, file.sha256
+                    )));
+                }
+                atomic::write(&path, &bytes).map_err(|e| io_error(&path, e))?;
+            }
+            let sig = kept.join(layout::signature_file_name(&file.name));
+            if atomic::read_text(&sig, 64 * 1024).ok().as_deref() != Some(file.signature.as_str()) {
+                atomic::write(&sig, file.signature.as_bytes()).map_err(|e| io_error(&sig, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `entry`'s release into the download directory whole and serves it.
+    async fn install_entry(&self, entry: &HistoryEntry) -> Result<(), ReleaseError> {
+        self.ensure_local(&entry.release).await?;
+        let kept = self.dir.join(&entry.release.id);
+        let names: Vec<String> = entry.release.files.iter().map(|f| f.name.clone()).collect();
+        let store = Arc::clone(&self.store);
+        blocking(move || install(&store, &kept, &names)).await?;
+        let path = self.dir.join(INSTALLED_FILE);
+        atomic::write(&path, entry.seq.to_string().as_bytes()).map_err(|e| io_error(&path, e))?;
+        tracing::info!(
+            release = %entry.release.id,
+            kind = entry.kind.as_str(),
+            by = %entry.who,
+            "serving release {} from the fleet's releases",
+            entry.release.id
+        );
+        Ok(())
+    }
+
+    fn installed_seq(&self) -> Option<i64> {
+        atomic::read_text(&self.dir.join(INSTALLED_FILE), 64)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+    }
+
+    /// Removes the kept directories of releases the history no longer keeps.
+    async fn forget_unkept(&self) {
+        let Ok(kept) = self.releases.kept().await else {
+            return;
+        };
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let is_release =
+                entry.file_type().map(|t| t.is_dir()).unwrap_or(false) && !name.starts_with('.');
+            if is_release && !kept.contains(&name) {
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ReleaseError> + Send + 'static,
+) -> Result<T, ReleaseError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ReleaseError::Io(format!("stopped: {e}")))?
+}
+
+fn record_of(checked: &Checked) -> ReleaseRecord {
+    let files: Vec<FileRecord> = checked
+        .bundles
+        .iter()
+        .map(|b| FileRecord {
+            name: b.name.clone(),
+            platform: b.platform.clone(),
+            sha256: b.sha256.clone(),
+            size: b.size,
+            signature: b.signature.clone(),
+        })
+        .collect();
+    let identity = crate::store::identity_of(
+        files
+            .iter()
+            .map(|f| (f.platform.as_str(), f.sha256.as_str())),
+    );
+    ReleaseRecord {
+        id: checked.id(),
+        identity,
+        files,
+    }
+}
+
+/// Moves the checked files of an upload to the release's kept directory. Bundles the
+/// directory already holds (the same release again) stay; signatures are the new ones.
+fn keep_files(incoming: &Path, kept: &Path) -> Result<(), ReleaseError> {
+    fs::create_dir_all(kept).map_err(|e| io_error(kept, e))?;
+    let entries = fs::read_dir(incoming).map_err(|e| io_error(incoming, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| io_error(incoming, e))?;
+        let target = kept.join(entry.file_name());
+        fs::rename(entry.path(), &target).map_err(|e| io_error(&target, e))?;
+    }
+    Ok(())
+}
+
+/// Writes the files of `kept` into the store's download directory under hidden names,
+/// renames them into place (each signature before its bundle), removes the bundles of
+/// any other release, and has the store take the result, all while its scans are held
+/// off: no scan ever sees half of it.
+fn install(store: &BundleStore, kept: &Path, names: &[String]) -> Result<(), ReleaseError> {
+    let dir = store.dir().to_owned();
+    let held = store.hold();
+    let mut staged = Vec::new();
+    for name in names {
+        for file in [layout::signature_file_name(name), name.clone()] {
+            let hidden = dir.join(format!(".publish-{file}"));
+            fs::copy(kept.join(&file), &hidden).map_err(|e| io_error(&hidden, e))?;
+            fs::File::open(&hidden)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| io_error(&hidden, e))?;
+            staged.push((hidden, dir.join(&file)));
+        }
+    }
+    for (hidden, target) in &staged {
+        fs::rename(hidden, target).map_err(|e| io_error(target, e))?;
+    }
+    let ours: Vec<String> = names
+        .iter()
+        .flat_map(|n| [n.clone(), layout::signature_file_name(n)])
+        .collect();
+    let entries = fs::read_dir(&dir).map_err(|e| io_error(&dir, e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("agent-bundle-") && !ours.contains(&name) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+    if let Ok(d) = fs::File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    store.take_now(&held);
+    Ok(())
+}

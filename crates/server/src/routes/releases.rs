@@ -1,0 +1,321 @@
+//! `/admin/releases`: publish a release (multipart upload of its files), list the
+//! history, roll back to a kept release with fresh signatures, and fetch a kept
+//! release's files (`release export`). The model is [`crate::releases`]; this
+//! translates.
+
+use std::collections::BTreeMap;
+
+use agent_fleet::operators::Action;
+use agent_fleet::releases::HistoryEntry;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Multipart, Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+
+use super::operators::{Auth, Caller};
+use super::{AppState, Shared, json_body};
+use crate::error::ApiError;
+use crate::releases::check::check_name;
+use crate::releases::{Publisher, ReleaseError};
+use crate::store::Current;
+
+/// Largest upload: the bundles of every platform of one release, with room to spare.
+pub(super) const MAX_RELEASE_BODY: usize = 1024 * 1024 * 1024;
+
+/// Files in one upload at most (a bundle and its signature per platform).
+const MAX_FILES: usize = 64;
+
+fn publisher(s: &Shared) -> &Publisher {
+    &s.releases
+}
+
+/// `POST /admin/releases`: multipart, one part per file, named by its file name.
+pub(super) async fn publish(
+    State(state): State<AppState>,
+    auth: Auth,
+    multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    let caller = auth.require(s, Action::Change, "release.publish").await?;
+    let mut multipart = multipart.map_err(|e| {
+        ApiError::bad_request(format!(
+            "send the release as multipart/form-data, one part per file (curl -F f=@agent-bundle-…): {}",
+            e.body_text()
+        ))
+    })?;
+    let incoming = publisher(s).incoming().map_err(release_error)?;
+    let mut names: Vec<String> = Vec::new();
+    while let Some(mut field) = multipart
+        .next_field()
+        .await
+        .map_err(|e| ApiError::bad_request(format!("the upload was cut or malformed: {e}")))?
+    {
+        let name = field
+            .file_name()
+            .or_else(|| field.name())
+            .unwrap_or_default()
+            .to_owned();
+        if let Err(why) = check_name(&name) {
+            return refuse(s, &caller, &names, format!("{name:?}: {why}")).await;
+        }
+        if names.contains(&name) {
+            return refuse(s, &caller, &names, format!("{name} is given twice")).await;
+        }
+        if names.len() >= MAX_FILES {
+            return refuse(s, &caller, &names, format!("more than {MAX_FILES} files")).await;
+        }
+        let path = incoming.path().join(&name);
+        let mut file = tokio::fs::File::create(&path)
+            .await
+            .map_err(|e| ApiError::from(ReleaseError::Io(format!("{}: {e}", path.display()))))?;
+        while let Some(chunk) = field
+            .chunk()
+            .await
+            .map_err(|e| ApiError::bad_request(format!("the upload of {name} was cut: {e}")))?
+        {
+            file.write_all(&chunk).await.map_err(|e| {
+                ApiError::from(ReleaseError::Io(format!("{}: {e}", path.display())))
+            })?;
+        }
+        file.sync_all()
+            .await
+            .map_err(|e| ApiError::from(ReleaseError::Io(format!("{}: {e}", path.display()))))?;
+        names.push(name);
+    }
+    names.sort();
+    match publisher(s)
+        .publish(incoming, names.clone(), &caller.name)
+        .await
+    {
+        Ok(entry) => {
+            s.fleet.rollouts.news().publish("a release was published");
+            caller
+                .record(
+                    s,
+                    "release.publish",
+                    json!({ "release": entry.release.id, "files": names }),
+                )
+                .await;
+            Ok((StatusCode::CREATED, Json(entry_json(&entry, true))).into_response())
+        }
+        Err(e) => {
+            let e = release_error(e);
+            caller
+                .refused(
+                    s,
+                    "release.publish",
+                    json!({ "files": names, "reason": e.message }),
+                )
+                .await;
+            Err(e)
+        }
+    }
+}
+
+async fn refuse(
+    s: &Shared,
+    caller: &Caller,
+    names: &[String],
+    why: String,
+) -> Result<Response, ApiError> {
+    let why = format!("the release is refused, nothing changed: {why}");
+    caller
+        .refused(
+            s,
+            "release.publish",
+            json!({ "files": names, "reason": why }),
+        )
+        .await;
+    Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, why))
+}
+
+fn release_error(e: ReleaseError) -> ApiError {
+    match e {
+        ReleaseError::Refused(refused) => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, refused.to_string())
+        }
+        ReleaseError::NoTrust => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+        ReleaseError::NotKept(why) => ApiError::new(StatusCode::NOT_FOUND, why),
+        ReleaseError::Signatures(why) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, why),
+        ReleaseError::Fleet(e) => ApiError::from(e),
+        ReleaseError::Io(detail) => {
+            tracing::error!("release: {detail}");
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the server could not keep the release (its log says why); nothing changed",
+            )
+        }
+    }
+}
+
+impl From<ReleaseError> for ApiError {
+    fn from(e: ReleaseError) -> Self {
+        release_error(e)
+    }
+}
+
+fn entry_json(entry: &HistoryEntry, current: bool) -> Value {
+    let (version, build) = entry
+        .release
+        .id
+        .split_once('+')
+        .unwrap_or((entry.release.id.as_str(), ""));
+    let platforms: Vec<&str> = entry
+        .release
+        .files
+        .iter()
+        .map(|f| f.platform.as_str())
+        .collect();
+    json!({
+        "id": entry.release.id,
+        "version": version,
+        "build": build,
+        "kind": entry.kind.as_str(),
+        "published_at": entry.at as f64 / 1000.0,
+        "published_by": entry.who,
+        "current": current,
+        "platforms": platforms,
+        "files": entry.release.files,
+        "identity": entry.release.identity,
+    })
+}
+
+/// `GET /admin/releases`.
+pub(super) async fn list(State(state): State<AppState>, auth: Auth) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    auth.require(s, Action::Read, "release.read").await?;
+    Ok(Json(list_json(s).await?).into_response())
+}
+
+/// The history as `/admin/releases` and the page show it.
+pub(crate) async fn list_json(s: &Shared) -> Result<Value, ApiError> {
+    let history = publisher(s).releases().history(publisher(s).keep()).await?;
+    let releases: Vec<Value> = history
+        .iter()
+        .enumerate()
+        .map(|(i, entry)| entry_json(entry, i == 0))
+        .collect();
+    let serving = match s.store.current() {
+        Current::Ready(release) => {
+            let identity = release.identity();
+            let published = history
+                .first()
+                .is_some_and(|h| h.release.identity == identity);
+            json!({
+                "version": release.version().to_string(),
+                "identity": identity,
+                "platforms": release.platforms(),
+                "source": if published { "published" } else { "download-dir" },
+            })
+        }
+        Current::Unavailable(problem) => json!({ "problem": problem.public }),
+    };
+    Ok(json!({
+        "current": releases.first().cloned(),
+        "releases": releases,
+        "keep": publisher(s).keep(),
+        "serving": serving,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RollbackBody {
+    to: String,
+    /// The fresh `.minisig` texts, by bundle file name (with or without `.minisig`).
+    signatures: BTreeMap<String, String>,
+}
+
+/// `POST /admin/releases/rollback`.
+pub(super) async fn rollback(
+    State(state): State<AppState>,
+    auth: Auth,
+    body: Result<Json<RollbackBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    let caller = auth.require(s, Action::Change, "release.rollback").await?;
+    let body = json_body(body)?;
+    let signatures: BTreeMap<String, String> = body
+        .signatures
+        .into_iter()
+        .map(|(name, text)| (name.trim_end_matches(".minisig").to_owned(), text))
+        .collect();
+    match publisher(s)
+        .rollback(&body.to, signatures, &caller.name)
+        .await
+    {
+        Ok(entry) => {
+            s.fleet.rollouts.news().publish("a release was rolled back");
+            tracing::warn!(release = %entry.release.id, by = %caller.name, "rollback: release {} is the target again", entry.release.id);
+            caller
+                .record(
+                    s,
+                    "release.rollback",
+                    json!({ "release": entry.release.id }),
+                )
+                .await;
+            Ok(Json(entry_json(&entry, true)).into_response())
+        }
+        Err(e) => {
+            let e = release_error(e);
+            caller
+                .refused(
+                    s,
+                    "release.rollback",
+                    json!({ "release": body.to, "reason": e.message }),
+                )
+                .await;
+            Err(e)
+        }
+    }
+}
+
+/// `GET /admin/releases/{id}/files/{name}`: a kept release's bundle or signature; `id`
+/// may be `current`.
+pub(super) async fn file(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((id, name)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    auth.require(s, Action::Read, "release.read").await?;
+    let id = if id == "current" {
+        match publisher(s).releases().current().await? {
+            Some(entry) => entry.release.id,
+            None => {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "no release was published yet: publish one with `update-server release publish DIR`",
+                ));
+            }
+        }
+    } else {
+        id
+    };
+    let not_found = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("release {id} keeps no file {name}"),
+        )
+    };
+    if check_name(&name).is_err() {
+        return Err(not_found());
+    }
+    let Some(path) = publisher(s).file(&id, &name).await? else {
+        return Err(not_found());
+    };
+    let file = tokio::fs::File::open(&path)
+        .await
+        .map_err(|e| ApiError::from(ReleaseError::Io(format!("{}: {e}", path.display()))))?;
+    let stream = tokio_util::io::ReaderStream::new(file);
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
