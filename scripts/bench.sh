@@ -28,6 +28,8 @@
 #            printed, BENCHMARKS.md untouched)
 #   delta    bytes of a delta vs the whole bundle for three kinds of release, beside bsdiff,
 #            zstd --patch-from and xdelta3; time and memory to make and apply one
+#   releases a real agent's `release rollback` to the version it kept vs its forward update
+#            to a new release, alternating rounds (RELEASES_ROUNDS, RELEASES_MIB)
 #   networks an update over HTTPS through squid (CONNECT, basic auth) vs direct, alternating
 #            rounds (NETWORKS_ROUNDS, NETWORKS_MIB); a fleet-sim rollout to NETWORKS_AGENTS
 #            (10000): bundle bytes the server sent with an nginx download source vs without
@@ -38,15 +40,15 @@
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 sections=()
 for arg in "$@"; do
     case "$arg" in
-    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config | platforms | delta | networks) sections+=("$arg") ;;
-    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config platforms delta networks) ;;
+    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config | platforms | delta | networks | releases) sections+=("$arg") ;;
+    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config platforms delta networks releases) ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown section $arg" >&2; usage >&2; exit 2 ;;
     esac

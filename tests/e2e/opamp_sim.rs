@@ -237,8 +237,11 @@ fn opamp_sim_over_websocket_a_bad_signature_halts_the_rollout() {
     );
 }
 
-#[test]
-fn opamp_sim_agents_describe_their_platform_and_each_takes_its_releases_bundle() {
+const ARM: &str = "aarch64-unknown-linux-musl";
+
+/// A server serving 1.0.0, and `AGENTS` simulated OpAMP agents on it, about half of them
+/// on aarch64: the setup, the simulator's pid and where its summary goes.
+fn half_arm_fleet() -> (Setup, PathBuf, u32, PathBuf) {
     let ctx = TestContext::new();
     let (key, public_key) = ctx.keygen("keys");
     let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
@@ -258,7 +261,7 @@ fn opamp_sim_agents_describe_their_platform_and_each_takes_its_releases_bundle()
         public_key,
     };
     // Half the fleet says it runs on aarch64 (as `os.type` linux, `host.arch` arm64).
-    let arm = "aarch64-unknown-linux-musl";
+    let arm = ARM;
     let (pid, summary) = {
         let summary = s.ctx.path("sim.json");
         let mut sim = s.ctx.cmd("fleet-sim");
@@ -298,7 +301,13 @@ fn opamp_sim_agents_describe_their_platform_and_each_takes_its_releases_bundle()
         arm64 + amd64 == AGENTS && (8..=12).contains(&arm64),
         "{arm64} arm64, {amd64} amd64: {rows:#?}"
     );
+    (s, key, pid, summary)
+}
 
+#[test]
+fn opamp_sim_agents_describe_their_platform_and_each_takes_its_releases_bundle() {
+    let (s, key, pid, summary) = half_arm_fleet();
+    let arm = ARM;
     // 2.0.0 for x86_64 glibc and static aarch64: each half is offered its own.
     // Both copied in under hidden names first, then renamed: a server that saw one of
     // them alone would serve a release of one bundle for a moment (offered at the plain
@@ -336,6 +345,39 @@ fn opamp_sim_agents_describe_their_platform_and_each_takes_its_releases_bundle()
     // (`no_bundle` is left out when none.)
     assert_eq!(r["waves"][0]["no_bundle"].as_u64().unwrap_or(0), 0, "{r}");
     assert_eq!(r["waves"][0]["installed"], AGENTS, "{r}");
+}
+
+/// A release of x86_64 alone is offered to the x86_64 half only: the aarch64 agents are
+/// `NO_BUNDLE` and keep their version, and the rollout completes without them.
+#[test]
+fn opamp_sim_agents_on_arm64_are_not_offered_an_x86_64_only_release() {
+    let (s, key, pid, summary) = half_arm_fleet();
+    let rows = opamp_rows(&s.server);
+    let arm64 = count(&rows, "platform", "arm64-linux");
+    let b2 = s.ctx.pack_with(
+        &s.ctx.dist("d2"),
+        "2.0.0",
+        "2",
+        &key,
+        "b2",
+        &["--platform", "x86_64-unknown-linux-gnu"],
+    );
+    s.ctx.republish(&s.server, &b2);
+    let report = read_summary(&summary, pid);
+    assert_eq!(report["rollout"]["version"], NEW, "{report:#}");
+    assert_eq!(report["rollout"]["state"], "completed", "{report:#}");
+    assert_eq!(
+        report["versions"][NEW],
+        (AGENTS - arm64) as u64,
+        "{report:#}"
+    );
+    assert_eq!(report["versions"][OLD], arm64 as u64, "{report:#}");
+    assert_eq!(report["errors"], serde_json::json!({}), "{report:#}");
+    let rows = opamp_rows(&s.server);
+    for row in rows.iter().filter(|r| r["platform"] == "arm64-linux") {
+        assert_eq!(row["version"], OLD, "{row}");
+        assert_eq!(row["update_status"], "NO_BUNDLE", "{row}");
+    }
 }
 
 /// A configuration set pushed to a group reaches fleet-sim's OpAMP agents on both

@@ -11,6 +11,7 @@ pub mod admin;
 pub mod http;
 pub mod ws;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use agent_fleet::db::now_ms;
@@ -255,22 +256,14 @@ pub async fn push(
 }
 
 /// The bundle of the served release for this agent as the `agent` package, when there
-/// is one to offer: a release of one bundle offers it to every agent, as before; a
-/// release of several offers the bundle that the agent's `os.type` and `host.arch` run
-/// ([`opamp_targets`]), and nothing to an agent it has none for.
+/// is one to offer ([`bundle_for`]).
 fn agent_package(s: &Shared, view: &AgentView) -> Option<AgentPackage> {
     let Current::Ready(release) = s.store.current() else {
         return None;
     };
-    let bundle = if release.is_single() {
-        release.primary()
-    } else {
-        let os = attribute(view, "os.type").unwrap_or_default();
-        let arch = attribute(view, "host.arch").unwrap_or_default();
-        opamp_targets(os, arch)
-            .iter()
-            .find_map(|t| release.bundles().iter().find(|b| b.platform == *t))?
-    };
+    let os = attribute(view, "os.type").unwrap_or_default();
+    let arch = attribute(view, "host.arch").unwrap_or_default();
+    let bundle = bundle_for(&release, os, arch)?;
     let path = if release.is_single() {
         wire::DOWNLOAD_PATH.to_owned()
     } else {
@@ -285,10 +278,26 @@ fn agent_package(s: &Shared, view: &AgentView) -> Option<AgentPackage> {
     })
 }
 
+/// The bundle an OpAMP agent of `os.type` and `host.arch` runs, as a native agent of
+/// that platform would get it: its own (the static musl one first, as OpAMP does not
+/// say the C library), else none. An agent that names neither cannot be told apart and
+/// is offered a release of one bundle, as before platforms were known.
+fn bundle_for<'a>(
+    release: &'a crate::store::Release,
+    os: &str,
+    arch: &str,
+) -> Option<&'a Arc<crate::store::ServedBundle>> {
+    if os.is_empty() && arch.is_empty() && release.is_single() {
+        return Some(release.primary());
+    }
+    opamp_targets(os, arch)
+        .iter()
+        .find_map(|t| release.bundles().iter().find(|b| b.platform == *t))
+}
+
 /// Whether the served release has bundles but none this agent runs.
 fn lacks_bundle(s: &Shared, view: &AgentView) -> bool {
-    matches!(s.store.current(), Current::Ready(release) if !release.is_single())
-        && agent_package(s, view).is_none()
+    matches!(s.store.current(), Current::Ready(_)) && agent_package(s, view).is_none()
 }
 
 /// The package offer when the agent's wave is open, the fleet may update and the
@@ -498,6 +507,35 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn an_agent_is_offered_only_a_bundle_of_its_own_platform() {
+        use crate::store::Release;
+        use crate::store::tests::bundle;
+        let x86 =
+            Release::assemble(vec![bundle("2.0.0+2", "x86_64-unknown-linux-gnu")], "").unwrap();
+        assert!(bundle_for(&x86, "linux", "amd64").is_some());
+        assert!(
+            bundle_for(&x86, "linux", "arm64").is_none(),
+            "an arm64 agent is not offered an x86_64-only release"
+        );
+        assert!(bundle_for(&x86, "windows", "amd64").is_none());
+        assert!(
+            bundle_for(&x86, "", "").is_some(),
+            "one that says nothing, as before"
+        );
+        let both = Release::assemble(
+            vec![
+                bundle("2.0.0+2", "x86_64-unknown-linux-gnu"),
+                bundle("2.0.0+2", "aarch64-unknown-linux-musl"),
+            ],
+            "",
+        )
+        .unwrap();
+        let arm = bundle_for(&both, "linux", "arm64").unwrap();
+        assert_eq!(arm.platform, "aarch64-unknown-linux-musl");
+        assert!(bundle_for(&both, "", "").is_none());
     }
 
     #[test]

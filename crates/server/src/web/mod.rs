@@ -478,6 +478,7 @@ async fn rollouts_page(
     let s = &page.app.inner;
     let rollout = source::rollout(s).await?;
     let configs = source::config_sets(s).await?;
+    let history = s.releases.releases().history(s.releases.keep()).await?;
     let mut rollout = rollout.as_ref().map(|r| views::RolloutView::new(r, now));
     let mut configs = views::ConfigView::all(&configs, now);
     // The buttons a role may not use are not shown (and refused if forged).
@@ -502,7 +503,8 @@ async fn rollouts_page(
         .with_windows(windows::WindowView::all(
             s.fleet.rollouts.maintenance(),
             now,
-        )),
+        ))
+        .with_releases(&history),
     ))
 }
 

@@ -558,9 +558,76 @@ pub struct RolloutsPage {
     pub configs: Vec<ConfigView>,
     /// `[[maintenance]]`: when agents may install.
     pub windows: Vec<super::windows::WindowView>,
+    /// The published releases, the current first.
+    pub releases: Vec<ReleaseLine>,
+    /// Said while an operator's rollback is rolling out; empty otherwise.
+    pub rollback: String,
+}
+
+/// One published release, as text for people.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseLine {
+    pub id: String,
+    pub kind: &'static str,
+    pub when: String,
+    pub by: String,
+    pub platforms: String,
+    pub current: bool,
+}
+
+impl ReleaseLine {
+    pub fn all(history: &[agent_fleet::releases::HistoryEntry]) -> Vec<Self> {
+        history
+            .iter()
+            .enumerate()
+            .map(|(i, h)| Self {
+                id: h.release.id.clone(),
+                kind: h.kind.as_str(),
+                when: utc(h.at as f64 / 1000.0),
+                by: h.who.clone(),
+                platforms: h
+                    .release
+                    .files
+                    .iter()
+                    .map(|f| f.platform.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                current: i == 0,
+            })
+            .collect()
+    }
+}
+
+/// What the page says while an operator's rollback rolls out: the current release is a
+/// rollback and the bundle's rollout of it is under way.
+pub fn rollback_note(
+    history: &[agent_fleet::releases::HistoryEntry],
+    rollout: Option<&RolloutView>,
+) -> String {
+    let (Some(current), Some(r)) = (history.first(), rollout) else {
+        return String::new();
+    };
+    if current.kind != agent_fleet::releases::Kind::Rollback
+        || r.version != current.release.id
+        || r.state == "completed"
+    {
+        return String::new();
+    }
+    format!(
+        "Rolling back to {} (by {}, {}): agents that keep it switch back without downloading.",
+        current.release.id,
+        current.who,
+        utc(current.at as f64 / 1000.0)
+    )
 }
 
 impl RolloutsPage {
+    pub fn with_releases(mut self, history: &[agent_fleet::releases::HistoryEntry]) -> Self {
+        self.rollback = rollback_note(history, self.rollout.as_ref());
+        self.releases = ReleaseLine::all(history);
+        self
+    }
+
     pub fn with_windows(mut self, windows: Vec<super::windows::WindowView>) -> Self {
         self.windows = windows;
         self
@@ -581,6 +648,8 @@ impl RolloutsPage {
             rollout,
             configs,
             windows: Vec::new(),
+            releases: Vec::new(),
+            rollback: String::new(),
         }
     }
 }
@@ -737,6 +806,67 @@ mod tests {
         );
         assert!(html.contains(">Halt</button>") && html.contains(">Advance</button>"));
         assert!(!html.contains(">Resume</button>"));
+    }
+
+    #[test]
+    fn the_history_shows_each_release_and_a_rollback_under_way() {
+        use agent_fleet::releases::{FileRecord, HistoryEntry, Kind, ReleaseRecord};
+        let entry = |id: &str, kind, who: &str| HistoryEntry {
+            seq: 1,
+            kind,
+            at: 1_000_000,
+            who: who.into(),
+            release: ReleaseRecord {
+                id: id.into(),
+                identity: "0".repeat(64),
+                files: vec![FileRecord {
+                    name: format!("agent-bundle-{id}"),
+                    platform: "x86_64-unknown-linux-gnu".into(),
+                    sha256: "0".repeat(64),
+                    size: 1,
+                    signature: String::new(),
+                }],
+            },
+        };
+        let history = vec![
+            entry("1.0.0+1", Kind::Rollback, "<script>x</script>"),
+            entry("2.0.0+2", Kind::Publish, "ops"),
+        ];
+        let running = Rollout {
+            version: "1.0.0+1".into(),
+            state: "running".into(),
+            wave: 1,
+            ..Rollout::default()
+        };
+        let html = RolloutsPage::new(
+            frame(),
+            Some(RolloutView::new(&running, 1_000)),
+            Vec::new(),
+            "",
+        )
+        .with_releases(&history)
+        .render()
+        .unwrap();
+        assert!(html.contains("Rolling back to 1.0.0+1"), "{html}");
+        assert!(
+            html.contains("<strong>1.0.0+1</strong> (current)"),
+            "{html}"
+        );
+        assert!(html.contains(">2.0.0+2</td>"), "{html}");
+        assert!(!html.contains("<script>x"), "{html}");
+        let done = Rollout {
+            state: "completed".into(),
+            ..running
+        };
+        assert_eq!(
+            rollback_note(&history, Some(&RolloutView::new(&done, 1_000))),
+            ""
+        );
+        let html = RolloutsPage::new(frame(), None, Vec::new(), "")
+            .with_releases(&[])
+            .render()
+            .unwrap();
+        assert!(html.contains("No release was published yet"), "{html}");
     }
 
     #[test]

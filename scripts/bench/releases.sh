@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# scripts/bench.sh releases: a real agent's `release rollback` to the version it kept vs its
+# forward update to a new release, alternating, with the bundle bytes each sent
+# Sourced by scripts/bench.sh after scripts/bench/common.sh; run alone, it hands itself
+# to scripts/bench.sh releases.
+# shellcheck disable=SC2154,SC2034 # the globals (work, bin, ...) are common.sh's
+[[ ${BASH_SOURCE[0]} != "$0" ]] || exec "$(dirname "$0")/../bench.sh" releases "$@"
+
+# agent_at URL ID VERSION: whether the agent ID runs VERSION and reported it INSTALLED.
+agent_at() {
+    curl -fsS -H "Authorization: Bearer bench" "$1/admin/agents" 2>/dev/null |
+        jq -e --arg id "$2" --arg v "$3" \
+            '.[] | select(.id == $id and .version == $v and .update_status == "INSTALLED")' >/dev/null
+}
+
+# wait_agent URL ID VERSION: polls until agent_at, for at most two minutes.
+wait_agent() {
+    local end=$((SECONDS + 120))
+    until agent_at "$@"; do
+        if ((SECONDS > end)); then
+            echo "bench.sh: agent $2 never reported $3 INSTALLED" >&2
+            return 1
+        fi
+        sleep 0.05
+    done
+}
+
+bundle_bytes() {
+    curl -fsS "$1/metrics" | awk -F' ' '/^agentupdate_bytes_sent_total\{kind="(bundle|delta)"\}/ { s += $2 } END { printf "%d", s }'
+}
+
+bench_releases() {
+    echo "releases: rollback to the kept version vs a forward update, one real agent" >&2
+    local rounds=${RELEASES_ROUNDS:-5} mib=${RELEASES_MIB:-20}
+    keys
+    local home=$work/releases-server port url
+    mkdir -p "$home/downloads/agent"
+    port=$(free_port)
+    url=http://127.0.0.1:$port
+    start_server "$home" "$port" RUST_LOG=warn UPDATE_SERVER_ADMIN_TOKEN=bench \
+        UPDATE_SERVER_BUNDLE_PUBLIC_KEY="$work/keys/update.pub"
+    local release=("$bin/update-server" release --server "$url" --token bench)
+    make_dist "$work/rel-dist" "$mib"
+    local base
+    base=$(base_bundle)
+    "${release[@]}" publish "$base" >/dev/null
+    install_agent "$work/rel-agent" "$url" "export AGENT_UPDATE_STABILITY_WINDOW=1s"
+    "$work/rel-agent/agent/current/bin/agent-wrapper.sh" start >/dev/null
+    local id
+    wait_file 60 "$work/rel-agent/agent/data/agent-id" "."
+    id=$(cat "$work/rel-agent/agent/data/agent-id")
+    wait_agent "$url" "$id" 1.0.0+1
+    : >"$work/releases.txt"
+    local i t0 t1 b0 forward back fbytes bbytes new
+    for i in $(seq 1 "$rounds"); do
+        # A new release (packed now: signed after what the agent runs), forward.
+        echo "round $i" >"$work/rel-dist/lib/round.txt"
+        new=$(pack "2.0.$i" "$work/rel-dist" "$work/rel-b$i")
+        b0=$(bundle_bytes "$url")
+        t0=$(date +%s.%N)
+        "${release[@]}" publish "$new" >/dev/null
+        wait_agent "$url" "$id" "2.0.$i+1"
+        t1=$(date +%s.%N)
+        forward=$(awk -v a="$t1" -v b="$t0" 'BEGIN { print a - b }')
+        fbytes=$(($(bundle_bytes "$url") - b0))
+        # Back to 1.0.0, which the agent kept: its bytes signed again, then the rollback.
+        rm -rf "$work/rel-back"
+        "${release[@]}" export --release 1.0.0+1 --out "$work/rel-back" >/dev/null
+        "$bin/agent-bundle" sign --key "$work/keys/update.key" "$work/rel-back/agent-bundle-1.0.0" >/dev/null
+        b0=$(bundle_bytes "$url")
+        t0=$(date +%s.%N)
+        "${release[@]}" rollback --to 1.0.0+1 --signatures "$work/rel-back" >/dev/null
+        wait_agent "$url" "$id" 1.0.0+1
+        t1=$(date +%s.%N)
+        back=$(awk -v a="$t1" -v b="$t0" 'BEGIN { print a - b }')
+        bbytes=$(($(bundle_bytes "$url") - b0))
+        note "round $i: forward ${forward}s ($fbytes bytes), rollback ${back}s ($bbytes bytes)"
+        echo "$forward $back $fbytes $bbytes" >>"$work/releases.txt"
+        sleep 1 # signed-at has one-second resolution: the next release is newer
+    done
+    stop_home "$work/rel-agent/agent"
+    local mf mb size
+    mf=$(awk '{ print $1 }' "$work/releases.txt" | median_of)
+    mb=$(awk '{ print $2 }' "$work/releases.txt" | median_of)
+    size=$(stat -c %s "$new")
+    write_section releases <<EOF
+## Releases: a rollback from the kept version against a forward update
+
+\`$(bench_command releases)\` (RELEASES_ROUNDS=$rounds, RELEASES_MIB=$mib) on $(machine).
+One release agent (stability window 1 s) and a release update-server on loopback; a
+$(awk -v s="$size" 'BEGIN { printf "%.1f", s / 1048576 }') MiB bundle. Each round publishes a new release
+(\`release publish\`) and times it to the agent's \`INSTALLED\` on it, then rolls back to
+1.0.0, which the agent kept (\`release export --release\`, \`agent-bundle sign\`,
+\`release rollback\`), timed from the rollback command to \`INSTALLED\` on 1.0.0. Forward
+and rollback alternate, $rounds rounds; median (min–max). Bytes are the server's bundle
+and delta bytes sent (\`agentupdate_bytes_sent_total\`) during each.
+
+| | time to INSTALLED | bundle + delta bytes sent |
+|---|---|---|
+| forward update to a new release | $(awk '{ print $1 }' "$work/releases.txt" | spread) | $(awk '{ print $3 }' "$work/releases.txt" | spread_as %.0f) |
+| \`release rollback\` to the kept version | $(awk '{ print $2 }' "$work/releases.txt" | spread) | $(awk '{ print $4 }' "$work/releases.txt" | spread_as %.0f) |
+
+A rollback takes $(ratio "$mb" "$mf") of a forward update's time (medians) and sends no
+bundle byte: the agent verifies the kept bundle against the new signature, switches and
+checks health, which the forward update does too after its download (or delta).
+EOF
+}
