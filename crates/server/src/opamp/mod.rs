@@ -280,15 +280,17 @@ fn agent_package(s: &Shared, view: &AgentView) -> Option<AgentPackage> {
 
 /// The bundle an OpAMP agent of `os.type` and `host.arch` runs, as a native agent of
 /// that platform would get it: its own (the static musl one first, as OpAMP does not
-/// say the C library), else none. An agent that names neither cannot be told apart and
-/// is offered a release of one bundle, as before platforms were known.
+/// say the C library), else none. An agent that names no architecture cannot be told
+/// apart and is offered a release of one bundle of its OS (or of any, naming none), as
+/// before platforms were known.
 fn bundle_for<'a>(
     release: &'a crate::store::Release,
     os: &str,
     arch: &str,
 ) -> Option<&'a Arc<crate::store::ServedBundle>> {
-    if os.is_empty() && arch.is_empty() && release.is_single() {
-        return Some(release.primary());
+    if arch.is_empty() && release.is_single() {
+        let primary = release.primary();
+        return (os.is_empty() || primary.platform.contains(os)).then_some(primary);
     }
     opamp_targets(os, arch)
         .iter()
