@@ -118,13 +118,8 @@ fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
 
 /// A lock name is a plain file name a person can type.
 pub fn check_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
+    // Not starting with '.': the lock is a file, and hidden ones are a writer's temp files.
+    if agent_protocol::names::is_plain(name, 64) && !name.starts_with('.') {
         Ok(())
     } else {
         Err(format!(

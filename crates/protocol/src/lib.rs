@@ -16,6 +16,7 @@ pub mod error;
 pub mod journal;
 pub mod layout;
 pub mod minisign;
+pub mod names;
 pub mod platform;
 pub mod properties;
 pub mod rotation;

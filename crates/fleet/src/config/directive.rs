@@ -11,12 +11,7 @@ pub const MAX_GROUP: usize = 64;
 
 /// Whether `group` may name a set: 1 to 64 letters, digits, `.`, `_` or `-`.
 pub fn check_group(group: &str) -> Result<(), String> {
-    let ok = !group.is_empty()
-        && group.len() <= MAX_GROUP
-        && group
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
+    if agent_protocol::names::is_plain(group, MAX_GROUP) {
         Ok(())
     } else {
         Err(format!(
