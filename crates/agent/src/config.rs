@@ -204,14 +204,8 @@ pub fn parse_reload(text: &str) -> std::result::Result<Reload, String> {
         )
     };
     let name = text.strip_prefix("signal:").ok_or_else(bad)?.trim();
-    let name = name.to_ascii_uppercase();
-    let full = if name.starts_with("SIG") {
-        name
-    } else {
-        format!("SIG{name}")
-    };
-    let signal: nix::sys::signal::Signal = full.parse().map_err(|_| bad())?;
-    Ok(Reload::Signal(signal as i32))
+    let number = crate::workload::group::signal_number(name).ok_or_else(bad)?;
+    Ok(Reload::Signal(number))
 }
 
 impl Default for ServerSection {

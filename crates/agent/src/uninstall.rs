@@ -212,7 +212,7 @@ fn stop(home: &AgentHome, unit: Option<&Path>) -> anyhow::Result<()> {
             .status();
         println!("removed the systemd unit {}", unit.display());
     }
-    let Ok(version_dir) = std::fs::canonicalize(home.current()) else {
+    let Ok(version_dir) = agent_extract::current::read_dir(&home.current()) else {
         return Ok(());
     };
     match agent_updater::process::wrapper(home, &version_dir, "stop") {

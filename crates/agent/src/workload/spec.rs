@@ -2,7 +2,6 @@
 //! program found: what the supervisor runs, checks and waits for.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -125,7 +124,7 @@ fn check_executable(path: &Path, written: &str) -> Result<PathBuf, String> {
             path.display()
         ));
     }
-    if meta.permissions().mode() & 0o111 == 0 {
+    if !agent_extract::os::is_executable(&meta) {
         return Err(format!(
             "workload.command: {} is not executable; chmod +x it in the distribution",
             path.display()
@@ -162,6 +161,7 @@ mod tests {
 
     #[test]
     fn the_program_is_found_or_named_with_what_to_do() {
+        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let bin = dir.path().join("bin");
         std::fs::create_dir_all(&bin).unwrap();
