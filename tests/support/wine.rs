@@ -101,7 +101,8 @@ pub fn prefix() -> PathBuf {
     let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| e)
         .unwrap();
-    let ready = prefix.join(".ready");
+    // Renamed when what a prefix is made with changes, so an older one is made again.
+    let ready = prefix.join(".ready-2");
     if !ready.exists() {
         let _ = fs::remove_dir_all(&prefix);
         fs::create_dir_all(&prefix).unwrap();

@@ -110,15 +110,34 @@ pub(crate) fn start(name: &str, within: Duration) -> anyhow::Result<()> {
         let state = service.query_status()?.current_state;
         match state {
             ServiceState::Running | ServiceState::StartPending => return Ok(()),
-            ServiceState::Stopped => {
-                service.start::<&str>(&[])?;
-                return Ok(());
-            }
+            ServiceState::Stopped => match service.start::<&str>(&[]) {
+                Ok(()) => return Ok(()),
+                // The manager starts one service at a time and says its database is
+                // locked meanwhile (at boot, or while another service starts), or the
+                // process was slow to answer: try again while there is time.
+                Err(e) if worth_again(&e) && Instant::now() < end => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(e.into()),
+            },
             // A stop (or a restart of itself) in progress: wait for it to finish.
             _ if Instant::now() < end => std::thread::sleep(Duration::from_millis(100)),
             other => anyhow::bail!("the service {name} stays {other:?}"),
         }
     }
+}
+
+/// A start worth trying again: the service manager is busy starting another service
+/// (ERROR_SERVICE_DATABASE_LOCKED), or this one's process was too slow to connect to it
+/// (ERROR_SERVICE_REQUEST_TIMEOUT, a loaded machine at boot).
+fn worth_again(e: &windows_service::Error) -> bool {
+    const ERROR_SERVICE_REQUEST_TIMEOUT: i32 = 1053;
+    const ERROR_SERVICE_DATABASE_LOCKED: i32 = 1055;
+    matches!(
+        e,
+        windows_service::Error::Winapi(io)
+            if matches!(io.raw_os_error(), Some(ERROR_SERVICE_DATABASE_LOCKED | ERROR_SERVICE_REQUEST_TIMEOUT))
+    )
 }
 
 /// Stops the service and waits (up to `within`) for it to have stopped.
