@@ -102,8 +102,12 @@ pub fn prefix() -> PathBuf {
         .map_err(|(_, e)| e)
         .unwrap();
     // Renamed when what a prefix is made with changes, so an older one is made again.
-    let ready = prefix.join(".ready-2");
+    let ready = prefix.join(".ready-3");
     if !ready.exists() {
+        if prefix.exists() {
+            // The session of the prefix being replaced goes with it.
+            stop_server(&prefix);
+        }
         let _ = fs::remove_dir_all(&prefix);
         fs::create_dir_all(&prefix).unwrap();
         start_server(&prefix);
@@ -117,10 +121,53 @@ pub fn prefix() -> PathBuf {
                 .arg(&src)
                 .arg("-ladvapi32"),
         );
+        // `wineboot -i` in a new prefix boots it twice (the loader's own first boot, then
+        // the one asked for) and each boot starts a service manager: two managers, each
+        // with services of its own, answer the same pipe, so a service registered with
+        // one is "not found" (1060) by the other, at random. The next session boots once.
+        stop_server(&prefix);
         fs::write(&ready, "").unwrap();
     }
     start_server(&prefix);
+    let managers = service_managers(&prefix);
+    assert!(
+        managers <= 1,
+        "{managers} Wine service managers run for {}: end its session with WINEPREFIX={} {WINESERVER} -k",
+        prefix.display(),
+        prefix.display()
+    );
     prefix
+}
+
+/// How many `services.exe` run in the prefix's session.
+fn service_managers(prefix: &Path) -> usize {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return 0;
+    };
+    let wanted = format!("WINEPREFIX={}", prefix.display());
+    entries
+        .flatten()
+        .filter(|e| {
+            let dir = e.path();
+            fs::read(dir.join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("\\system32\\services.exe"))
+                && fs::read(dir.join("environ"))
+                    .is_ok_and(|env| env.split(|&b| b == 0).any(|var| var == wanted.as_bytes()))
+        })
+        .count()
+}
+
+/// Ends the prefix's session (its server, service manager and every program in it) and
+/// waits until it has ended.
+fn stop_server(prefix: &Path) {
+    for arg in ["-k", "-w"] {
+        let _ = env(&mut Command::new(WINESERVER), prefix)
+            .arg(arg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
 }
 
 /// One persistent server (and its service manager) per prefix; a second start finds

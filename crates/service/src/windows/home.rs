@@ -2,10 +2,13 @@
 //! with the agent, the updater and its own command line.
 
 use std::io::Write;
+use std::os::windows::io::AsRawHandle;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agent_protocol::layout::{self, AgentHome};
+use windows_sys::Win32::Storage::FileSystem::{LOCKFILE_EXCLUSIVE_LOCK, LockFileEx, UnlockFileEx};
+use windows_sys::Win32::System::IO::OVERLAPPED;
 
 /// The service name when nothing else names it.
 pub(crate) const DEFAULT_NAME: &str = "agent";
@@ -133,14 +136,54 @@ fn timestamp(secs: u64) -> String {
 }
 
 /// Appends a line to `logs\service.log` (what `agent-wrapper.sh` writes to wrapper.log).
+///
+/// The service, the helper that restarts it after a self-replace and `agent-service
+/// start` may write at the same moment: each line goes in one write, under a lock of
+/// the file (Windows appends a write whole; Wine appends by writing at the end it saw,
+/// and two processes' lines overwrote each other there).
 pub(crate) fn log(home: &AgentHome, text: &str) {
     let _ = std::fs::create_dir_all(home.logs());
+    let line = format!("{} agent-service: {text}\n", timestamp(now_secs()));
+    // Read access too: LockFileEx wants a handle opened for reading or writing.
     if let Ok(mut file) = std::fs::OpenOptions::new()
         .create(true)
+        .read(true)
         .append(true)
         .open(home.logs().join("service.log"))
     {
-        let _ = writeln!(file, "{} agent-service: {text}", timestamp(now_secs()));
+        let locked = lock(&file);
+        let _ = file.write_all(line.as_bytes());
+        if locked {
+            unlock(&file);
+        }
+    }
+}
+
+/// The whole file, exclusively, waiting for other holders; false when it cannot be had
+/// (the line is written anyway).
+fn lock(file: &std::fs::File) -> bool {
+    // SAFETY: an all-zero OVERLAPPED is its documented initial state.
+    let mut at: OVERLAPPED = unsafe { std::mem::zeroed() };
+    // SAFETY: the handle is the open file's, and `at` outlives the call, which returns
+    // once the lock is held (the handle is synchronous).
+    unsafe {
+        LockFileEx(
+            file.as_raw_handle(),
+            LOCKFILE_EXCLUSIVE_LOCK,
+            0,
+            u32::MAX,
+            u32::MAX,
+            &mut at,
+        ) != 0
+    }
+}
+
+fn unlock(file: &std::fs::File) {
+    // SAFETY: as in `lock`.
+    let mut at: OVERLAPPED = unsafe { std::mem::zeroed() };
+    // SAFETY: as in `lock`; it releases the range `lock` took.
+    unsafe {
+        UnlockFileEx(file.as_raw_handle(), 0, u32::MAX, u32::MAX, &mut at);
     }
 }
 

@@ -20,6 +20,15 @@ use windows_service::{define_windows_service, service_dispatcher};
 use super::home;
 use super::supervise::{Ended, Supervisor};
 
+/// What a failed call says, with the system's own words and code (`windows_service`
+/// alone says only "IO error in winapi call").
+pub(crate) fn said(e: &windows_service::Error) -> String {
+    match e {
+        windows_service::Error::Winapi(io) => format!("{e}: {io}"),
+        other => other.to_string(),
+    }
+}
+
 fn manager(access: ServiceManagerAccess) -> windows_service::Result<ServiceManager> {
     ServiceManager::local_computer(None::<&str>, access)
 }
@@ -45,7 +54,7 @@ pub(crate) fn install(name: &str, exe: &Path, home: &AgentHome) -> anyhow::Resul
     };
     let service = scm
         .create_service(&info, ServiceAccess::CHANGE_CONFIG | ServiceAccess::START)
-        .map_err(|e| anyhow::anyhow!("cannot register the service {name}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("cannot register the service {name}: {}", said(&e)))?;
     let _ = service.set_description(
         "Runs the agent (and its workload) and keeps it running; updates replace it in place.",
     );
@@ -83,7 +92,7 @@ pub(crate) fn uninstall(name: &str) -> anyhow::Result<()> {
             name,
             ServiceAccess::QUERY_STATUS | ServiceAccess::STOP | ServiceAccess::DELETE,
         )
-        .map_err(|e| anyhow::anyhow!("no service {name}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("no service {name}: {}", said(&e)))?;
     if service.query_status()?.current_state != ServiceState::Stopped {
         let _ = service.stop();
     }
@@ -104,7 +113,7 @@ pub(crate) fn start(name: &str, within: Duration) -> anyhow::Result<()> {
     let scm = manager(ServiceManagerAccess::CONNECT)?;
     let service = scm
         .open_service(name, ServiceAccess::QUERY_STATUS | ServiceAccess::START)
-        .map_err(|e| anyhow::anyhow!("no service {name} ({e}); install the agent with --install, or run agent-service.exe install"))?;
+        .map_err(|e| anyhow::anyhow!("no service {name} ({}); install the agent with --install, or run agent-service.exe install", said(&e)))?;
     let end = Instant::now() + within;
     loop {
         let state = service.query_status()?.current_state;
@@ -145,7 +154,7 @@ pub(crate) fn stop(name: &str, within: Duration) -> anyhow::Result<()> {
     let scm = manager(ServiceManagerAccess::CONNECT)?;
     let service = scm
         .open_service(name, ServiceAccess::QUERY_STATUS | ServiceAccess::STOP)
-        .map_err(|e| anyhow::anyhow!("no service {name}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("no service {name}: {}", said(&e)))?;
     if service.query_status()?.current_state == ServiceState::Stopped {
         return Ok(());
     }
@@ -181,7 +190,7 @@ fn service_main(_arguments: Vec<OsString>) {
         return;
     };
     if let Err(e) = serve(&name, &home) {
-        home::log(&home, &format!("the service failed: {e}"));
+        home::log(&home, &format!("the service failed: {e:#}"));
     }
 }
 
