@@ -461,3 +461,41 @@ fn a_configuration_set_applies_on_windows_and_one_the_workload_refuses_is_undone
         || machine.processes().is_empty(),
     );
 }
+
+#[test]
+fn agent_uninstall_removes_the_windows_service_and_leaves_no_process() {
+    let fleet = installed();
+    let m = &fleet.machine;
+    wait_row(&fleet, "the agent to register", |r| {
+        r["version"] == "1.0.0+1"
+    });
+    m.wait_agent_running(WAIT);
+    let home = m.home();
+    let out = run_ok_wine(m.agent_cmd().args(["uninstall", "--yes"]));
+    let said = stdout(&out);
+    assert!(
+        said.contains(&format!(
+            "stopped and removed the Windows service {}",
+            m.service
+        )),
+        "{said}"
+    );
+    assert!(said.contains("left the fleet"), "{said}");
+    // The service manager no longer knows it: nothing starts the agent again.
+    let query = e2e::wine::output(m.cmd("sc").args(["query", &m.service]));
+    assert!(!query.status.success(), "{}", stdout(&query));
+    wait_until(WAIT, "every process of the installation to end", || {
+        m.processes().is_empty()
+    });
+    for gone in ["versions", "current", "run", "bin"] {
+        assert!(
+            home.join(gone).symlink_metadata().is_err(),
+            "{gone} is still there:\n{said}"
+        );
+    }
+    for kept in ["conf/agent.toml", "logs/agent.log", "logs/service.log"] {
+        assert!(home.join(kept).is_file(), "{kept} was not kept");
+    }
+    let row = row(&fleet.server).unwrap();
+    assert_eq!(row["update_status"], "LEFT", "{row}");
+}

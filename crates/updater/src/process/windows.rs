@@ -86,7 +86,8 @@ pub fn is_supervisor(pid: u32) -> bool {
         && image_path(pid).is_some_and(|p| comparable(&p).ends_with("\\agent-service.exe"))
 }
 
-fn processes() -> Vec<u32> {
+/// Every process, as (pid, parent pid).
+fn processes() -> Vec<(u32, u32)> {
     // SAFETY: plain call; an invalid handle is checked.
     let snap = unsafe { CreateToolhelp32Snapshot(TH32CS_SNAPPROCESS, 0) };
     if snap.is_null() || snap as isize == -1 {
@@ -100,18 +101,26 @@ fn processes() -> Vec<u32> {
     // SAFETY: a live snapshot handle and an entry with its size set.
     let mut more = unsafe { Process32FirstW(snap.0, &mut entry) } != 0;
     while more {
-        pids.push(entry.th32ProcessID);
+        pids.push((entry.th32ProcessID, entry.th32ParentProcessID));
         // SAFETY: as above.
         more = unsafe { Process32NextW(snap.0, &mut entry) } != 0;
     }
     pids
 }
 
+/// An agent.exe of this home other than this process and the one that started it: a
+/// Windows process's command line is not at hand, so `agent.exe uninstall` (or `status`)
+/// running `agent-service.exe stop` would otherwise be taken for the agent and ended.
 pub(super) fn find_agent(home: &AgentHome) -> Option<u32> {
     let me = std::process::id();
-    processes()
-        .into_iter()
-        .filter(|&pid| pid != me && pid != 0)
+    let all = processes();
+    let asker = all
+        .iter()
+        .find(|&&(pid, _)| pid == me)
+        .map(|&(_, parent)| parent);
+    all.into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|&pid| pid != me && pid != 0 && Some(pid) != asker)
         .find(|&pid| is_agent(pid, home))
 }
 
