@@ -376,27 +376,50 @@ fn push(ctx: &TestContext, server: &ServerProc, name: &str, app_conf: &str) -> S
     pushed["hash"].as_str().unwrap().to_owned()
 }
 
-#[test]
-fn a_configuration_set_applies_on_windows_and_one_the_workload_refuses_is_undone() {
+/// A server serving 1.0.0 whose workload is the test app (`bin/app.exe {config_dir}`,
+/// shipped with `app.conf` saying "good 0"), its agent.toml changed by `conf`, and a
+/// Windows machine that installed it.
+fn installed_with_app(conf: impl Fn(String) -> String) -> (TestContext, ServerProc, WinMachine) {
     let ctx = TestContext::new();
     let (key, key_pub) = ctx.keygen("keys");
     let d1 = dist(&ctx, "d1", "agent 1.0.0", &key_pub);
     fs::copy(windows_app(), d1.join("bin/app.exe")).unwrap();
     fs::create_dir_all(d1.join("conf.default/workload")).unwrap();
     fs::write(d1.join("conf.default/workload/app.conf"), "good 0\n").unwrap();
-    let defaults = read_file(&d1.join("conf.default/agent.toml"))
-        .replace(
-            "\ncommand = []",
-            "\ncommand = [\"bin/app.exe\", \"{config_dir}\"]",
-        )
-        .replace("start-timeout = \"30s\"", "start-timeout = \"8s\"")
-        .replace("stop-timeout = \"10s\"", "stop-timeout = \"2s\"");
-    fs::write(d1.join("conf.default/agent.toml"), defaults).unwrap();
+    let defaults = read_file(&d1.join("conf.default/agent.toml")).replace(
+        "\ncommand = []",
+        "\ncommand = [\"bin/app.exe\", \"{config_dir}\"]",
+    );
+    fs::write(d1.join("conf.default/agent.toml"), conf(defaults)).unwrap();
     let b1 = pack(&ctx, &d1, "1.0.0", "1", &key);
     let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
     ctx.publish_served(&server, &b1);
     let machine = WinMachine::new(&ctx, "win");
     machine.install(&b1, &["--server-url", &server.url("")]);
+    (ctx, server, machine)
+}
+
+/// `net stop` of a machine running the test app: the service, its agent and app.exe
+/// run before, and nothing of the machine after.
+fn net_stop_ends_the_service_agent_and_app(machine: &WinMachine) {
+    assert!(
+        machine.processes().len() >= 3,
+        "the service, the agent and app.exe"
+    );
+    run_ok_wine(machine.cmd("net").args(["stop", &machine.service]));
+    wait_until(
+        Duration::from_secs(30),
+        "no process of the machine to run",
+        || machine.processes().is_empty(),
+    );
+}
+
+#[test]
+fn a_configuration_set_applies_on_windows_and_one_the_workload_refuses_is_undone() {
+    let (ctx, server, machine) = installed_with_app(|toml| {
+        toml.replace("start-timeout = \"30s\"", "start-timeout = \"8s\"")
+            .replace("stop-timeout = \"10s\"", "stop-timeout = \"2s\"")
+    });
     let home = machine.home();
     let workload_log = || read_file(&home.join("logs/workload.log"));
     wait_until(
@@ -450,16 +473,7 @@ fn a_configuration_set_applies_on_windows_and_one_the_workload_refuses_is_undone
         good_runs() > runs_before && machine.agent_running()
     });
     // Stopping the service ends the agent and its workload (app.exe) with its job.
-    assert!(
-        machine.processes().len() >= 3,
-        "the service, the agent and app.exe"
-    );
-    run_ok_wine(machine.cmd("net").args(["stop", &machine.service]));
-    wait_until(
-        Duration::from_secs(30),
-        "no process of the machine to run",
-        || machine.processes().is_empty(),
-    );
+    net_stop_ends_the_service_agent_and_app(&machine);
 }
 
 #[test]
@@ -498,4 +512,30 @@ fn agent_uninstall_removes_the_windows_service_and_leaves_no_process() {
     }
     let row = row(&fleet.server).unwrap();
     assert_eq!(row["update_status"], "LEFT", "{row}");
+}
+
+#[test]
+fn net_stop_asks_the_workload_to_stop_with_its_stop_command() {
+    let (_ctx, _server, machine) = installed_with_app(|toml| {
+        let with = toml.replace(
+            "\nstop-command = []",
+            "\nstop-command = [\"bin/app.exe\", \"--stop\", \"{config_dir}\"]",
+        );
+        assert!(with.contains("--stop"), "{with}");
+        with
+    });
+    let home = machine.home();
+    let workload_log = || read_file(&home.join("logs/workload.log"));
+    wait_until(WAIT, "the workload to run", || {
+        workload_log().contains("app: running with good 0")
+    });
+    net_stop_ends_the_service_agent_and_app(&machine);
+    // It ended by itself, asked, not with its job (which would leave no word of it).
+    let log = workload_log();
+    assert!(
+        log.contains("app: asked to stop by its stop command"),
+        "{log}\n--- agent.log:\n{}",
+        e2e::tail(&home.join("logs/agent.log"), 30)
+    );
+    assert!(log.contains("ended on its workload.stop-command"), "{log}");
 }

@@ -24,14 +24,23 @@ __declspec(dllexport) BOOL WINAPI ProcessPrng(PBYTE data, SIZE_T len) {
 "#;
 
 /// A workload for Windows tests: runs while `app.conf` in the directory it is given does
-/// not say "bad", saying what it read.
+/// not say "bad", saying what it read, until `app.exe --stop DIR` (its stop command)
+/// asks it to end.
 const APP: &str = r#"#include <windows.h>
 #include <stdio.h>
 #include <string.h>
 int main(int argc, char **argv) {
-    char path[4096], line[256] = {0};
+    char path[4096], stop[4096], line[256] = {0};
+    if (argc == 3 && strcmp(argv[1], "--stop") == 0) {
+        snprintf(stop, sizeof stop, "%s\\app.stop", argv[2]);
+        FILE *s = fopen(stop, "w");
+        if (!s) return 1;
+        fclose(s);
+        return 0;
+    }
     if (argc < 2) return 2;
     snprintf(path, sizeof path, "%s\\app.conf", argv[1]);
+    snprintf(stop, sizeof stop, "%s\\app.stop", argv[1]);
     FILE *f = fopen(path, "r");
     if (f) { fgets(line, sizeof line, f); fclose(f); }
     if (strstr(line, "bad")) {
@@ -40,7 +49,14 @@ int main(int argc, char **argv) {
     }
     printf("app: running with %s", line);
     fflush(stdout);
-    for (;;) Sleep(1000);
+    for (;;) {
+        if (DeleteFileA(stop)) {
+            printf("app: asked to stop by its stop command\n");
+            fflush(stdout);
+            return 0;
+        }
+        Sleep(100);
+    }
 }
 "#;
 

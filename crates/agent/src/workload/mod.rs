@@ -18,6 +18,7 @@ pub mod group;
 pub mod logfile;
 pub mod policy;
 pub mod spec;
+mod stop_command;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -251,7 +252,8 @@ async fn supervise(
         }
     }
     if let Some(mut r) = running.take() {
-        let how = group::stop(r.pid, spec.stop_timeout).await;
+        let left = stop_command::ask(&spec, r.pid, &mut r.child, &|t| note(&log, t)).await;
+        let how = group::stop(r.pid, left).await;
         let status = r.child.wait().await.ok();
         r.drain().await;
         let ended = status

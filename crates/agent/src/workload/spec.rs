@@ -16,6 +16,8 @@ pub struct Spec {
     pub health: Check,
     pub start_timeout: Duration,
     pub stop_timeout: Duration,
+    /// `workload.stop-command` with placeholders replaced; empty: none.
+    pub stop_command: Vec<String>,
     /// Where the program is looked up when its first word is relative.
     pub version_dir: PathBuf,
     /// The workload's working directory (AGENT_HOME).
@@ -51,6 +53,7 @@ impl Spec {
             health,
             start_timeout: section.start_timeout,
             stop_timeout: section.stop_timeout,
+            stop_command: section.stop_command.iter().map(|w| fill(w)).collect(),
             version_dir: version_dir.to_path_buf(),
             home: home.to_path_buf(),
         }
