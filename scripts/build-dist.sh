@@ -9,8 +9,9 @@
 #   --out      where agent-bundle-V and its .minisig go (default: dist/bundle)
 #   --server-url URL  the server the packed agent talks to by default (server.urls)
 #   --target T  (repeatable) build, assemble and pack for the Rust target T, as
-#              agent-bundle-V-T (e.g. x86_64-unknown-linux-musl: static, any x86_64 Linux);
-#              without it, one agent-bundle-V for this machine
+#              agent-bundle-V-T (e.g. x86_64-unknown-linux-musl: static, any x86_64 Linux;
+#              x86_64-pc-windows-gnu: agent-bundle-V-T.exe, the agent as a Windows
+#              service); without it, one agent-bundle-V for this machine
 # AGENT_BIN_DIR=DIR uses binaries already built there instead of a release build.
 # AGENT_DIST_ROOT=DIR assembles under DIR instead of dist/ (DIR/agent-V, DIR/bundle).
 set -euo pipefail
@@ -60,13 +61,20 @@ NOTE
     fi
 fi
 
-# assemble DIST AGENT_BINARY: the distribution directory of one platform.
+# assemble DIST AGENT_BINARY [WINDOWS_BIN_DIR]: the distribution directory of one
+# platform. With WINDOWS_BIN_DIR, a Windows one: agent.exe, and agent-service.exe (the
+# service, the Windows counterpart of the wrapper) and agent-bundle.exe beside it.
 assemble() {
-    local dist=$1 agent=$2
+    local dist=$1 agent=$2 windows=${3:-}
     rm -rf "$dist"
     mkdir -p "$dist/bin" "$dist/conf.default"
-    cp "$agent" "$dist/bin/agent"
-    cp installer/agent-wrapper.sh "$dist/bin/agent-wrapper.sh"
+    if [[ -n "$windows" ]]; then
+        cp "$agent" "$dist/bin/agent.exe"
+        cp "$windows/agent-service.exe" "$windows/agent-bundle.exe" "$dist/bin/"
+    else
+        cp "$agent" "$dist/bin/agent"
+        cp installer/agent-wrapper.sh "$dist/bin/agent-wrapper.sh"
+    fi
     cp installer/agent.toml "$dist/conf.default/agent.toml"
     if [[ -n "$server_url" ]]; then
         sed -i "s|^urls = .*|urls = [\"$server_url\"]|" "$dist/conf.default/agent.toml"
@@ -102,17 +110,28 @@ for target in "${targets[@]}"; do
         export CC_aarch64_unknown_linux_gnu=${CC_aarch64_unknown_linux_gnu:-aarch64-linux-gnu-gcc}
         export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=${CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER:-aarch64-linux-gnu-gcc}
         ;;
+    x86_64-pc-windows-gnu)
+        export CC_x86_64_pc_windows_gnu=${CC_x86_64_pc_windows_gnu:-x86_64-w64-mingw32-gcc}
+        export CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=${CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER:-x86_64-w64-mingw32-gcc}
+        ;;
     esac
-    cargo build --release --locked --target "$target" -p agent -p agent-bundle >&2
+    # Windows runs programs by their extension, and its agent runs as a service.
+    exe="" packages=(-p agent -p agent-bundle) windows=""
+    if [[ "$target" == *-windows-* ]]; then
+        exe=".exe"
+        packages+=(-p agent-service)
+        windows=target/$target/release
+    fi
+    cargo build --release --locked --target "$target" "${packages[@]}" >&2
     tbin=target/$target/release
     dist=$root/agent-$version-$target
-    assemble "$dist" "$tbin/agent"
+    assemble "$dist" "$tbin/agent$exe" "$windows"
     staging=$out/.pack-$target
     rm -rf "$staging"
     "$bin/agent-bundle" pack --dist "$dist" --version "$version" --build "$build" --key "$key" \
-        --out "$staging" --stub "$tbin/agent-bundle" --platform "$target" >&2
-    mv "$staging/agent-bundle-$version" "$out/agent-bundle-$version-$target"
-    mv "$staging/agent-bundle-$version.minisig" "$out/agent-bundle-$version-$target.minisig"
+        --out "$staging" --stub "$tbin/agent-bundle$exe" --platform "$target" >&2
+    mv "$staging/agent-bundle-$version" "$out/agent-bundle-$version-$target$exe"
+    mv "$staging/agent-bundle-$version.minisig" "$out/agent-bundle-$version-$target$exe.minisig"
     rmdir "$staging"
-    echo "$out/agent-bundle-$version-$target"
+    echo "$out/agent-bundle-$version-$target$exe"
 done

@@ -44,6 +44,10 @@ command -v qemu-aarch64-static >/dev/null 2>&1 || missing+=(qemu-user-static)
 # user and password), nginx as a download source. Both live in /usr/sbin.
 PATH=$PATH:/usr/sbin command -v squid >/dev/null 2>&1 || missing+=(squid)
 PATH=$PATH:/usr/sbin command -v nginx >/dev/null 2>&1 || missing+=(nginx)
+# The Windows tests: the agent cross-built with mingw (the linker, and the C compiler for
+# ring) and run as a Windows service under Debian's 64-bit Wine.
+command -v x86_64-w64-mingw32-gcc >/dev/null 2>&1 || missing+=(gcc-mingw-w64-x86-64)
+[[ -x /usr/lib/wine/wine64 ]] || missing+=(wine64)
 if ((${#missing[@]})); then
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
         echo "test.sh: installing ${missing[*]}" >&2
@@ -81,11 +85,15 @@ cargo build -p agent-bundle --features failpoints --locked --target-dir target/f
 # (each made once; later runs find them). The platform tests: that static agent, and the
 # glibc aarch64 one (debug, like the rest; cargo rebuilds only what changed).
 if command -v rustup >/dev/null 2>&1; then
-    rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-gnu >/dev/null
+    rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-gnu x86_64-pc-windows-gnu >/dev/null
 fi
 CC_x86_64_unknown_linux_musl=musl-gcc cargo build --target x86_64-unknown-linux-musl -p agent -p agent-bundle --locked
 CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
     cargo build --target aarch64-unknown-linux-gnu -p agent -p agent-bundle --locked
+# The Windows tests: the agent, its service and the stub for Windows (debug); the tests
+# make their Wine prefix once under target/wine.
+CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc \
+    cargo build --target x86_64-pc-windows-gnu -p agent -p agent-bundle -p agent-service --locked
 scripts/binfmt-aarch64.sh
 scripts/debian-root.sh target/debian-systemd-root
 if cargo nextest --version >/dev/null 2>&1; then

@@ -63,7 +63,7 @@ pub fn parse_version(version: &str, build: &str) -> Result<AgentVersion> {
 /// The installed agent's version directory (what `current` points at).
 fn current_dir(home: &Path) -> Result<PathBuf> {
     let home = AgentHome::new(home);
-    fs::canonicalize(home.current()).map_err(|e| {
+    agent_extract::current::read_dir(&home.current()).map_err(|e| {
         StampError::Missing(format!(
             "no installed agent at {}: {} ({e}); pass the AGENT_HOME that --install made",
             home.root().display(),
@@ -111,7 +111,7 @@ pub fn stamp_agent(home: &Path, version: &AgentVersion) -> Result<AgentVersion> 
         let _ = fs::remove_dir_all(&staging);
         return Err(e);
     }
-    atomic::replace_symlink(&agent_home.current(), &Path::new("versions").join(&name))?;
+    agent_extract::current::point(&agent_home.current(), &name)?;
     fs::remove_dir_all(&dir).map_err(io_at(&dir))?;
     Ok(was)
 }

@@ -44,4 +44,5 @@ mod stamp;
 mod trust;
 mod update;
 mod upgrade;
+mod windows;
 mod workload;

@@ -11,6 +11,7 @@ pub mod machine;
 pub mod networks;
 pub mod proxy;
 pub mod webdriver;
+pub mod wine;
 
 use std::fs;
 use std::net::TcpListener;
@@ -220,6 +221,13 @@ pub fn configure_agent(home: &Path, urls: &[String], extra: &str) {
         ),
     )
     .unwrap();
+}
+
+/// The last `lines` lines of a text file, for failure messages.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = read_file(path);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 pub fn read_file(path: &Path) -> String {

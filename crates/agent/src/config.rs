@@ -106,9 +106,13 @@ pub struct WorkloadSection {
     /// From start to healthy; past it the start failed.
     #[serde(with = "humantime_str")]
     pub start_timeout: Duration,
-    /// TERM to the workload's process group, then KILL after this.
+    /// TERM to the workload's process group (Windows: the end of its job), then KILL
+    /// after this; with `stop-command`, the time it has to end after that command.
     #[serde(with = "humantime_str")]
     pub stop_timeout: Duration,
+    /// Optional: asks the workload to stop before it is ended (Windows has no TERM for
+    /// a program without a console); `AGENT_WORKLOAD_PID` names the workload.
+    pub stop_command: Vec<String>,
     /// The workload's configuration files, relative to AGENT_HOME.
     pub config_dir: String,
     /// Validates a new configuration directory before it is applied.
@@ -126,6 +130,7 @@ impl Default for WorkloadSection {
             health_command: Vec::new(),
             start_timeout: Duration::from_secs(30),
             stop_timeout: Duration::from_secs(10),
+            stop_command: Vec::new(),
             config_dir: "conf/workload".into(),
             check_command: Vec::new(),
             reload: "restart".into(),
@@ -204,14 +209,8 @@ pub fn parse_reload(text: &str) -> std::result::Result<Reload, String> {
         )
     };
     let name = text.strip_prefix("signal:").ok_or_else(bad)?.trim();
-    let name = name.to_ascii_uppercase();
-    let full = if name.starts_with("SIG") {
-        name
-    } else {
-        format!("SIG{name}")
-    };
-    let signal: nix::sys::signal::Signal = full.parse().map_err(|_| bad())?;
-    Ok(Reload::Signal(signal as i32))
+    let number = crate::workload::group::signal_number(name).ok_or_else(bad)?;
+    Ok(Reload::Signal(number))
 }
 
 impl Default for ServerSection {
@@ -279,6 +278,7 @@ pub const KEYS: &[Key] = &[
     key("workload", "health-command", Kind::List),
     key("workload", "start-timeout", Kind::Str),
     key("workload", "stop-timeout", Kind::Str),
+    key("workload", "stop-command", Kind::List),
     key("workload", "config-dir", Kind::Str),
     key("workload", "check-command", Kind::List),
     key("workload", "reload", Kind::Str),

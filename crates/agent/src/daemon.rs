@@ -103,7 +103,7 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
     // Before anything shows this agent as up (its health file, its pid): a TERM from
     // then on is a request to stop, never a crash.
     let (stop_tx, stop_rx) = watch::channel(false);
-    let stop_signal = stop_signal();
+    let stop_signal = crate::os::stop_signal();
     tokio::spawn(async move {
         stop_signal.await;
         let _ = stop_tx.send(true);
@@ -861,27 +861,4 @@ async fn tell(install: &Installation, client: &Client, report: Report, retry: &m
         return;
     }
     flush_outbox(&install.home, client).await;
-}
-
-/// Registers TERM and INT now; the future resolves when one arrives.
-fn stop_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    wait_for_stop_signal(term, int)
-}
-
-async fn wait_for_stop_signal(
-    term: std::io::Result<tokio::signal::unix::Signal>,
-    int: std::io::Result<tokio::signal::unix::Signal>,
-) {
-    match (term, int) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        }
-        _ => std::future::pending().await,
-    }
 }

@@ -9,7 +9,6 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -242,13 +241,12 @@ async fn transfer(req: &Request<'_>, url: &str, path: &Path) -> Result<u64, Tran
         }
     }
     let cap = req.info.size;
-    let mut file = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| refused(format!("{}: {e}", path.display())))?;
+    let mut file = agent_extract::os::with_mode(
+        OpenOptions::new().create(true).write(true).truncate(true),
+        0o600,
+    )
+    .open(path)
+    .map_err(|e| refused(format!("{}: {e}", path.display())))?;
     let deadline = tokio::time::Instant::now() + req.limits.deadline;
     let mut resp = resp;
     let mut received = 0u64;
@@ -289,13 +287,12 @@ async fn transfer(req: &Request<'_>, url: &str, path: &Path) -> Result<u64, Tran
 
 /// The delta applied into `out`, hashed as it is written.
 fn apply(kept: &Path, delta: &Path, out: &Path) -> Result<Digests, String> {
-    let file = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(out)
-        .map_err(|e| format!("{}: {e}", out.display()))?;
+    let file = agent_extract::os::with_mode(
+        OpenOptions::new().create(true).write(true).truncate(true),
+        0o600,
+    )
+    .open(out)
+    .map_err(|e| format!("{}: {e}", out.display()))?;
     let mut sink = HashingWriter {
         file: BufWriter::with_capacity(1 << 20, file),
         hasher: BatchedHasher::new(MultiHasher::new()),

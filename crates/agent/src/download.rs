@@ -8,7 +8,6 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -126,13 +125,17 @@ pub struct Downloaded {
 /// `data/update/`, created with mode 0700 (only the agent's user may write there).
 pub fn prepare_dir(dir: &Path) -> Result<(), DownloadError> {
     fs::create_dir_all(dir).map_err(|e| DownloadError::io(dir, e))?;
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-        .map_err(|e| DownloadError::io(dir, e))
+    agent_extract::os::set_path_mode(dir, 0o700).map_err(|e| DownloadError::io(dir, e))
 }
 
 /// The bundle's final name: chosen by the agent from the checked version.
 pub fn bundle_path(dir: &Path, info: &VersionInfo) -> PathBuf {
-    dir.join(agent_protocol::layout::bundle_file_name(&info.agent))
+    // Windows runs programs by their extension.
+    dir.join(format!(
+        "{}{}",
+        agent_protocol::layout::bundle_file_name(&info.agent),
+        std::env::consts::EXE_SUFFIX
+    ))
 }
 
 fn part_path(dir: &Path, info: &VersionInfo) -> PathBuf {
@@ -141,10 +144,7 @@ fn part_path(dir: &Path, info: &VersionInfo) -> PathBuf {
 
 /// Refuses to start when the disk cannot hold the bundle and its unpacked copy.
 pub fn check_disk_space(dir: &Path, bundle_size: u64) -> Result<(), DownloadError> {
-    let stat = nix::sys::statvfs::statvfs(dir)
-        .map_err(|e| DownloadError::io(dir, io::Error::from_raw_os_error(e as i32)))?;
-    #[allow(clippy::useless_conversion)] // the field types differ between platforms
-    let free = u64::from(stat.blocks_available()).saturating_mul(u64::from(stat.fragment_size()));
+    let free = agent_extract::os::free_bytes(dir).map_err(|e| DownloadError::io(dir, e))?;
     // The bundle, plus its unpacked distribution (compressed, so allow three times its size).
     let need = bundle_size.saturating_mul(4);
     if free < need {
@@ -280,14 +280,16 @@ pub async fn fetch_from(
             });
         }
 
-        let file = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(!resumed)
-            .append(resumed)
-            .mode(0o600)
-            .open(&part)
-            .map_err(|e| DownloadError::io(&part, e))?;
+        let file = agent_extract::os::with_mode(
+            OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(!resumed)
+                .append(resumed),
+            0o600,
+        )
+        .open(&part)
+        .map_err(|e| DownloadError::io(&part, e))?;
         let (tx, rx) = mpsc::channel::<bytes::Bytes>(64);
         let sink_path = part.clone();
         let sink = tokio::task::spawn_blocking(move || sink(file, prefix, rx, &sink_path));

@@ -27,9 +27,8 @@ impl Installation {
                 // Prefer the version the binary belongs to; else whatever `current` is.
                 let version_dir = match &exe_version_dir {
                     Some(dir) if dir.join(layout::AGENT_VERSION_FILE).is_file() => dir.clone(),
-                    _ => std::fs::canonicalize(home.current()).map_err(|e| {
-                        AgentError::NoHome(format!("{}: {e}", home.current().display()))
-                    })?,
+                    _ => agent_extract::current::read_dir(&home.current())
+                        .map_err(|e| AgentError::NoHome(e.to_string()))?,
                 };
                 Self::at(home, version_dir)
             }

@@ -26,6 +26,7 @@ pub mod identity;
 pub mod last_errors;
 pub mod locks;
 pub mod manual;
+pub mod os;
 pub mod pacing;
 pub mod proxy;
 pub mod recovery;

@@ -67,7 +67,7 @@ pub async fn update(
         Err(other) => anyhow::bail!("update did not start: {other:?}"),
     };
     // The wrapper runs the agent under the canonical home; match it the same way.
-    let canonical = std::fs::canonicalize(install.home.root())
+    let canonical = agent_extract::os::canonical(install.home.root())
         .map(AgentHome::new)
         .unwrap_or_else(|_| install.home.clone());
     let daemon = agent_updater::process::running_agent(&canonical);
@@ -86,13 +86,8 @@ pub async fn update(
             install.version
         );
     }
-    if let Some(daemon) = daemon
-        && let Ok(raw) = i32::try_from(daemon)
-    {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(raw),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+    if let Some(daemon) = daemon {
+        agent_updater::process::terminate(daemon);
     }
     println!(
         "updater started (pid {pid}): {} -> {}; follow logs/update.log",

@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use agent_protocol::journal::{Journal, Phase};
-use agent_protocol::layout::AgentHome;
+use agent_protocol::layout::{self, AgentHome};
 use agent_updater::{lock, state};
 
 use crate::backoff::Backoff;
-use crate::update::{UPDATER_LINK, reap};
+use crate::update::reap;
 
 /// How often the journal is looked at; an open one must be seen twice in a row with no
 /// updater before anything is done (an agent's own hand-off takes the lock within
@@ -97,7 +97,9 @@ pub async fn finish_interrupted(home: AgentHome, nudge: Nudge) {
                     journal.from,
                     journal.to,
                     journal.phase,
-                    home.update_dir().join(UPDATER_LINK).display(),
+                    home.update_dir()
+                        .join(layout::updater_file_name())
+                        .display(),
                     journal.bundle_path,
                     home.root().display()
                 );
@@ -120,7 +122,7 @@ pub async fn finish_interrupted(home: AgentHome, nudge: Nudge) {
 /// The link the agent made at hand-off or, for an update started by hand, the bundle the
 /// journal names.
 fn updater(home: &AgentHome, journal: &Journal) -> Option<PathBuf> {
-    let link = home.update_dir().join(UPDATER_LINK);
+    let link = home.update_dir().join(layout::updater_file_name());
     let bundle = PathBuf::from(&journal.bundle_path);
     [link, bundle].into_iter().find(|p| p.is_file())
 }
@@ -135,7 +137,9 @@ fn spawn_recovery(home: &AgentHome, updater: &std::path::Path) -> Result<(), Str
         // A full disk may refuse even this file; the updater logs to update.log too.
         Err(_) => (Stdio::null(), Stdio::null()),
     };
-    let child = Command::new(updater)
+    let mut cmd = Command::new(updater);
+    crate::os::detach(&mut cmd);
+    let child = cmd
         .arg(format!("--update={}", home.root().display()))
         .arg("--recover")
         .current_dir(home.root())

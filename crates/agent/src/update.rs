@@ -6,7 +6,6 @@
 //! a `signed-at` no older than the running version's (no replayed downgrade).
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,8 +32,6 @@ use crate::source;
 /// Failed downloads (not counting `503`s, which the server manages) before giving up
 /// for this round.
 const MAX_DOWNLOAD_FAILURES: u32 = 5;
-/// The name the wrapper runs recovery with: a link to the bundle being installed.
-pub const UPDATER_LINK: &str = "updater";
 
 /// Why a round of updating ended without a verified bundle.
 #[derive(Debug)]
@@ -481,7 +478,7 @@ pub fn running_claim(version_dir: &Path) -> Option<BundleClaim> {
 /// Step 3: journal, recovery link, `INSTALLING`, then the updater in its own session.
 pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, String> {
     let home = &ctx.install.home;
-    fs::set_permissions(&ready.path, fs::Permissions::from_mode(0o700))
+    agent_extract::os::set_path_mode(&ready.path, 0o700)
         .map_err(|e| format!("{}: {e}", ready.path.display()))?;
     let journal = Journal {
         from: ctx.install.version.clone(),
@@ -505,13 +502,12 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
         ended_at: None,
         abandoned: false,
     };
-    let link = home.update_dir().join(UPDATER_LINK);
+    let link = home.update_dir().join(layout::updater_file_name());
     let file_name = ready
         .path
         .file_name()
         .ok_or_else(|| "bundle path has no file name".to_owned())?;
-    agent_extract::atomic::replace_symlink(&link, Path::new(file_name))
-        .map_err(|e| e.to_string())?;
+    agent_extract::atomic::name_program(&link, Path::new(file_name)).map_err(|e| e.to_string())?;
     // The signature goes with the bundle: the updater keeps it beside the new version,
     // where the next update's replay check finds it.
     let sig_path = PathBuf::from(format!("{}.minisig", ready.path.display()));
@@ -533,7 +529,8 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
         tracing::warn!("could not report INSTALLING ({e}); it is not needed for the update");
     }
 
-    match spawn_updater(home, &ready.path, std::process::id()) {
+    let updater = agent_extract::os::updater_to_run(&ready.path, &link);
+    match spawn_updater(home, updater, std::process::id()) {
         Ok(pid) => Ok(pid),
         Err(e) => {
             // No updater runs: the journal must not claim one does.
@@ -628,7 +625,9 @@ pub fn spawn_updater(home: &AgentHome, bundle: &Path, wait_pid: u32) -> Result<u
         .open(&out_path)
         .map_err(|e| format!("{}: {e}", out_path.display()))?;
     let err = out.try_clone().map_err(|e| e.to_string())?;
-    let child = Command::new(bundle)
+    let mut cmd = Command::new(bundle);
+    crate::os::detach(&mut cmd);
+    let child = cmd
         .arg(format!("--update={}", home.root().display()))
         .arg(format!("--wait-pid={wait_pid}"))
         .current_dir(home.root())

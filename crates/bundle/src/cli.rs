@@ -1,5 +1,6 @@
 //! Command line of `agent-bundle`. Exit codes: 0 success, 1 failure, 2 bad usage.
 
+use crate::service::ServiceRequest;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -33,8 +34,16 @@ pub struct Cli {
     command: Option<Command>,
 
     /// Install the carried agent as PREFIX/agent (PREFIX defaults to the current directory).
-    #[arg(long, value_name = "PREFIX", num_args = 0..=1, default_missing_value = ".", conflicts_with = "update")]
+    #[arg(long, value_name = "PREFIX", num_args = 0..=1, default_missing_value = crate::service::DEFAULT_PREFIX, conflicts_with = "update")]
     install: Option<PathBuf>,
+
+    /// With --install (Windows): register the service under this name (default: agent).
+    #[arg(long, value_name = "NAME", requires = "install")]
+    service_name: Option<String>,
+
+    /// With --install (Windows): unpack only; register no service.
+    #[arg(long, requires = "install", conflicts_with = "service_name")]
+    no_service: bool,
 
     /// With --install: trust this public key for updates (and check the bundle with it).
     #[arg(long, value_name = "FILE", requires = "install")]
@@ -278,17 +287,25 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(prefix) = &cli.install {
-        return run_install(&InstallRequest {
-            bundle: &exe,
-            prefix,
-            trust_key: cli.trust_key.as_deref(),
-            force: cli.force,
-            ca_file: cli.ca_file.as_deref(),
-            enroll_token: cli.enroll_token.as_deref(),
-            group: cli.group.as_deref(),
-            server_url: cli.server_url.as_deref(),
-            proxy: cli.proxy.as_deref(),
-        });
+        let service = ServiceRequest {
+            name: cli.service_name.as_deref(),
+            none: cli.no_service,
+        };
+        crate::service::check(&service)?;
+        return run_install(
+            &service,
+            &InstallRequest {
+                bundle: &exe,
+                prefix,
+                trust_key: cli.trust_key.as_deref(),
+                force: cli.force,
+                ca_file: cli.ca_file.as_deref(),
+                enroll_token: cli.enroll_token.as_deref(),
+                group: cli.group.as_deref(),
+                server_url: cli.server_url.as_deref(),
+                proxy: cli.proxy.as_deref(),
+            },
+        );
     }
     if let Some(home) = &cli.update {
         let outcome = agent_updater::run_update(&agent_updater::Request {
@@ -465,7 +482,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-fn run_install(request: &InstallRequest<'_>) -> Result<ExitCode> {
+fn run_install(service: &ServiceRequest<'_>, request: &InstallRequest<'_>) -> Result<ExitCode> {
     let installed = install::install(request)?;
     let home = installed.home.display();
     let mut out = std::io::stdout().lock();
@@ -531,10 +548,8 @@ fn run_install(request: &InstallRequest<'_>) -> Result<ExitCode> {
             "The enrollment token is in {home}/conf/agent.toml (server.enrollment-token)."
         );
     }
-    let _ = writeln!(
-        out,
-        "Start it with: {home}/current/bin/agent-wrapper.sh start"
-    );
+    let started = crate::service::after_install(&installed.home, service)?;
+    let _ = writeln!(out, "{started}");
     Ok(ExitCode::SUCCESS)
 }
 

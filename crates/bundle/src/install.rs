@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use agent_extract::atomic;
 use agent_extract::payload::{self, BundleFacts, Payload, PayloadProblem};
 use agent_extract::unpack::{self, Options};
 use agent_extract::verify::{self, Trust};
+use agent_extract::{atomic, current};
 use agent_protocol::layout::{self, AgentHome};
 use agent_protocol::minisign::{PublicKey, Signature};
 use agent_protocol::rotation::Chain;
@@ -138,7 +138,7 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
     check()?;
 
     let mut made = MadeDirs::create(req.prefix)?;
-    let prefix = fs::canonicalize(req.prefix).at(req.prefix)?;
+    let prefix = agent_extract::os::canonical(req.prefix).at(req.prefix)?;
     remove_stale_staging(&prefix);
     let home = AgentHome::new(prefix.join(layout::DIST_ROOT));
     let exists = home.root().exists();
@@ -467,10 +467,14 @@ fn check_unpacked_version(version_dir: &Path, facts: &BundleFacts) -> Result<()>
             facts.version
         )));
     }
-    if !version_dir.join("bin/agent").is_file() {
-        return Err(BundleError::Invalid(
-            "the distribution has no bin/agent".into(),
-        ));
+    let agent = format!(
+        "agent{}",
+        agent_protocol::platform::exe_suffix(&facts.platform)
+    );
+    if !version_dir.join("bin").join(&agent).is_file() {
+        return Err(BundleError::Invalid(format!(
+            "the distribution has no bin/{agent}"
+        )));
     }
     Ok(())
 }
@@ -570,7 +574,7 @@ fn fresh_tree(
     fs::rename(version_stage, &version_dir).at(&version_dir)?;
     populate_conf(&home, &version_dir, key_file)?;
     set_private(&home.data())?;
-    atomic::replace_symlink(&home.current(), &relative_version_dir(facts))?;
+    current::point(&home.current(), &facts.version.to_string())?;
     Ok(())
 }
 
@@ -600,11 +604,11 @@ fn reinstall_over(
         let _ = fs::remove_dir_all(&old);
         fs::rename(&version_dir, &old).at(&old)?;
         fs::rename(&fresh, &version_dir).at(&version_dir)?;
-        atomic::replace_symlink(&home.current(), &relative_version_dir(facts))?;
+        current::point(&home.current(), &facts.version.to_string())?;
         let _ = fs::remove_dir_all(&old);
     } else {
         fs::rename(&fresh, &version_dir).at(&version_dir)?;
-        atomic::replace_symlink(&home.current(), &relative_version_dir(facts))?;
+        current::point(&home.current(), &facts.version.to_string())?;
     }
     populate_conf(home, &version_dir, None)?;
     if let Some(key) = operator_key {
@@ -656,12 +660,7 @@ fn seed_workload_conf(home: &AgentHome, defaults: &Path) -> Result<()> {
 const WORKLOAD_CONF: &str = "workload";
 
 fn set_private(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).at(dir)
-}
-
-fn relative_version_dir(facts: &BundleFacts) -> PathBuf {
-    Path::new("versions").join(facts.version.to_string())
+    agent_extract::os::set_path_mode(dir, 0o700).at(dir)
 }
 
 #[cfg(test)]

@@ -48,12 +48,11 @@ pub fn keygen(out: &Path, force: bool) -> Result<KeyFiles> {
 
 /// Reads a secret key file, warning if others can read it.
 pub fn read_secret_key(path: &Path) -> Result<SecretKey> {
-    use std::os::unix::fs::PermissionsExt;
     let text = atomic::read_text(path, 64 * 1024)?;
     let key = SecretKey::parse(&text)
         .map_err(|e| BundleError::Invalid(format!("{}: {e}", path.display())))?;
     if let Ok(meta) = fs::metadata(path)
-        && meta.permissions().mode() & 0o077 != 0
+        && agent_extract::os::mode_of(&meta) & 0o077 != 0
     {
         tracing::warn!(
             "{} can be read by other users; chmod 600 it and keep it off servers",

@@ -16,6 +16,7 @@ pub mod install;
 pub mod keygen;
 pub mod pack;
 mod progress;
+pub mod service;
 pub mod shipped_key;
 pub mod sign;
 

@@ -112,13 +112,7 @@ pub fn pack(req: &PackRequest<'_>) -> Result<Packed> {
     let signature = req
         .key
         .sign_prehashed(&digests.blake2b, &claim.to_comment())?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        bundle
-            .as_file()
-            .set_permissions(fs::Permissions::from_mode(0o755))
-            .at(&bundle_path)?;
-    }
+    agent_extract::os::set_file_mode(bundle.as_file(), 0o755).at(&bundle_path)?;
     bundle
         .persist(&bundle_path)
         .map_err(|e| e.error)

@@ -9,7 +9,6 @@
 
 use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use qbsdiff::Bspatch;
@@ -125,7 +124,7 @@ fn run(
     let read = |offset: u64, len: u64| -> std::result::Result<Vec<u8>, Failure> {
         range(offset, len)?;
         let mut buf = vec![0u8; len as usize];
-        base.read_exact_at(&mut buf, offset).map_err(|source| {
+        crate::os::read_exact_at(base, &mut buf, offset).map_err(|source| {
             Failure::Delta(DeltaError::Io {
                 path: old.to_owned(),
                 source,
@@ -140,7 +139,7 @@ fn run(
             let (mut at, end) = (*offset, offset + len);
             while at < end {
                 let n = chunk.len().min((end - at) as usize);
-                base.read_exact_at(&mut chunk[..n], at).map_err(|source| {
+                crate::os::read_exact_at(base, &mut chunk[..n], at).map_err(|source| {
                     Failure::Delta(DeltaError::Io {
                         path: old.to_owned(),
                         source,

@@ -16,6 +16,7 @@ pub mod apply;
 pub mod error;
 pub mod format;
 pub mod make;
+mod os;
 pub mod segmented;
 
 pub use error::{DeltaError, Result};

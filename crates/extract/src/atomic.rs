@@ -2,7 +2,6 @@
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
 use crate::error::{IoContext, Result};
@@ -21,10 +20,7 @@ pub fn write_with_mode(path: &Path, contents: &[u8], mode: Option<u32>) -> Resul
         .at(&dir)?;
     tmp.write_all(contents).at(tmp.path().to_path_buf())?;
     if let Some(mode) = mode {
-        use std::os::unix::fs::PermissionsExt;
-        tmp.as_file()
-            .set_permissions(fs::Permissions::from_mode(mode))
-            .at(path)?;
+        crate::os::set_file_mode(tmp.as_file(), mode).at(path)?;
     }
     tmp.as_file().sync_all().at(path)?;
     tmp.persist(path).map_err(|e| e.error).at(path)?;
@@ -33,7 +29,7 @@ pub fn write_with_mode(path: &Path, contents: &[u8], mode: Option<u32>) -> Resul
 
 /// Makes a rename or create inside `dir` durable.
 pub fn fsync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).at(dir)
+    crate::os::fsync_dir(dir).at(dir)
 }
 
 /// Points `link` at `target` by renaming a fresh symlink over it: there is no instant at
@@ -50,9 +46,16 @@ pub fn replace_symlink(link: &Path, target: &Path) -> Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).at(&tmp),
     }
-    symlink(target, &tmp).at(&tmp)?;
+    crate::os::symlink(target, &tmp).at(&tmp)?;
     fs::rename(&tmp, link).at(link)?;
     fsync_dir(&dir)
+}
+
+/// Gives the program `target` (a file name in `link`'s directory) the second name
+/// `link`, replacing what had it: a symlink on Unix; on Windows, which runs a program
+/// by its own file, a hard link or a copy.
+pub fn name_program(link: &Path, target: &Path) -> Result<()> {
+    crate::os::name_program(link, target)
 }
 
 /// Reads a file of at most `max` bytes; larger files are an error, not a truncation.

@@ -5,12 +5,16 @@
 //! - [`payload`]: reading the zip payload appended to a bundle executable.
 //! - [`atomic`]: replace-by-rename writes, directory fsyncs and symlink flips, so that a
 //!   crash at any instant leaves either the old or the new state on disk.
+//! - [`current`]: which version an installation runs, a symlink or (Windows) a file.
+//! - [`os`]: what differs between Unix and Windows filesystems.
 //!
 //! This crate never deletes or modifies anything outside the paths its callers name,
 //! and never follows a link that an archive created.
 
 pub mod atomic;
+pub mod current;
 pub mod error;
+pub mod os;
 pub mod payload;
 pub mod unpack;
 pub mod verify;

@@ -20,10 +20,8 @@
 //! place with a rename; on any error the staging directory is removed.
 
 use std::collections::HashSet;
-use std::fs::{self, File, OpenOptions};
+use std::fs;
 use std::io::{self, BufRead, Read, Write};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt, symlink};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -447,8 +445,10 @@ pub fn read_entry(
         if logical.kind != EntryType::Regular {
             continue;
         }
-        let path = Path::new(std::ffi::OsStr::from_bytes(&logical.name));
-        let Ok(Some(rel)) = safe_relative_path(path, root) else {
+        let Ok(path) = crate::os::path_from_bytes(&logical.name) else {
+            continue;
+        };
+        let Ok(Some(rel)) = safe_relative_path(&path, root) else {
             continue;
         };
         if rel != wanted {
@@ -511,7 +511,8 @@ fn unpack_entries<R: Read>(
         };
         stats.entries += 1;
         let shown_name = shown(&logical.name);
-        let raw_path = Path::new(std::ffi::OsStr::from_bytes(&logical.name)).to_path_buf();
+        let raw_path =
+            crate::os::path_from_bytes(&logical.name).map_err(|r| unsafe_entry(&shown_name, r))?;
         if logical.name.len() > MAX_NAME {
             return Err(unsafe_entry(
                 &shown_name,
@@ -553,12 +554,7 @@ fn unpack_entries<R: Read>(
         let mode = logical.mode;
         match logical.kind {
             EntryType::Regular | EntryType::Continuous => {
-                let mut file = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&target)
-                    .at(&target)?;
+                let mut file = crate::os::create_private(&target).at(&target)?;
                 loop {
                     let n = match entry.read(&mut buf) {
                         Ok(0) => break,
@@ -582,13 +578,11 @@ fn unpack_entries<R: Read>(
                     }
                 }
                 // Owner-writable only, whatever the archive asked for; no setuid.
-                file.set_permissions(fs::Permissions::from_mode(mode & 0o755 | 0o400))
-                    .at(&target)?;
+                crate::os::set_file_mode(&file, mode & 0o755 | 0o400).at(&target)?;
             }
             EntryType::Directory => match fs::create_dir(&target) {
                 Ok(()) => {
-                    fs::set_permissions(&target, fs::Permissions::from_mode(mode & 0o755 | 0o700))
-                        .at(&target)?;
+                    crate::os::set_path_mode(&target, mode & 0o755 | 0o700).at(&target)?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && target.is_dir() => {}
                 Err(e) => return Err(e).at(&target),
@@ -596,10 +590,12 @@ fn unpack_entries<R: Read>(
             EntryType::Symlink => {
                 let link_target = logical
                     .link
-                    .map(|l| PathBuf::from(std::ffi::OsStr::from_bytes(&l)))
-                    .ok_or_else(|| unsafe_entry(&shown_name, "symlink without a target"))?;
+                    .ok_or_else(|| unsafe_entry(&shown_name, "symlink without a target"))
+                    .and_then(|l| {
+                        crate::os::path_from_bytes(&l).map_err(|r| unsafe_entry(&shown_name, r))
+                    })?;
                 check_link_target(&rel, &link_target).map_err(|r| unsafe_entry(&shown_name, r))?;
-                symlink(&link_target, &target).at(&target)?;
+                crate::os::symlink(&link_target, &target).at(&target)?;
                 links.insert(rel);
             }
             EntryType::Link => return Err(unsafe_entry(&shown_name, "hard links are not allowed")),
@@ -616,10 +612,7 @@ fn unpack_entries<R: Read>(
         }
     }
     if options.sync {
-        let dir = File::open(dest).at(dest)?;
-        nix::unistd::syncfs(&dir)
-            .map_err(io::Error::from)
-            .at(dest)?;
+        crate::os::sync_tree(dest).at(dest)?;
     }
     Ok(stats)
 }
@@ -632,7 +625,12 @@ fn safe_relative_path(
     let mut out = PathBuf::new();
     for component in raw.components() {
         match component {
-            Component::Normal(c) => out.push(c),
+            Component::Normal(c) => {
+                if let Some(why) = crate::os::reserved_name(c) {
+                    return Err(why.into());
+                }
+                out.push(c)
+            }
             Component::CurDir => {}
             Component::ParentDir => return Err("path contains '..'".into()),
             Component::RootDir | Component::Prefix(_) => return Err("absolute path".into()),
@@ -659,7 +657,7 @@ fn check_link_target(link: &Path, target: &Path) -> std::result::Result<(), Stri
     let depth = link.components().count().saturating_sub(1);
     let mut climbed = 0;
     let mut descended = false;
-    let shown_target = shown(target.as_os_str().as_bytes());
+    let shown_target = shown(&crate::os::path_bytes(target));
     for component in target.components() {
         match component {
             Component::ParentDir if !descended => {

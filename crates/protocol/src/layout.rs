@@ -41,6 +41,24 @@ pub const EXIT_CONFIG: u8 = 78;
 /// Exit code of `agent run` when the server refuses its version and updates are disabled.
 pub const EXIT_REFUSED: u8 = 3;
 
+/// The Windows service's program: `bin\agent-service.exe` in each version, and the
+/// installed copy in `<home>\bin\` that the service runs (its binPath).
+pub const SERVICE_EXE: &str = "agent-service.exe";
+/// The agent's program on Windows (`bin\agent.exe`).
+pub const AGENT_EXE_WINDOWS: &str = "agent.exe";
+
+/// `data/update/updater`: the bundle being installed, under the name the wrapper (or the
+/// service) runs recovery with; `updater.exe` on Windows, which runs programs by name.
+pub fn updater_file_name() -> String {
+    format!("updater{}", std::env::consts::EXE_SUFFIX)
+}
+
+/// The named event an agent on Windows waits on (created by the agent, set by the
+/// service or the updater to stop it gracefully).
+pub fn stop_event_name(pid: u32) -> String {
+    format!("Global\\agent-stop-{pid}")
+}
+
 /// The platform this code was built for, as a Rust target triple.
 pub const PLATFORM: &str = env!("AGENT_PLATFORM");
 

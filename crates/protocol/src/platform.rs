@@ -49,9 +49,24 @@ pub fn choose<'a, S: AsRef<str>>(available: &'a [S], machine: &str) -> Option<&'
         })
 }
 
+/// What a program's file name ends with on `target`: `.exe` on Windows, else nothing.
+pub fn exe_suffix(target: &str) -> &'static str {
+    if target.split('-').any(|p| p == "windows") {
+        ".exe"
+    } else {
+        ""
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn windows_programs_end_in_exe() {
+        assert_eq!(exe_suffix("x86_64-pc-windows-gnu"), ".exe");
+        assert_eq!(exe_suffix("x86_64-unknown-linux-gnu"), "");
+    }
 
     const GNU: &str = "x86_64-unknown-linux-gnu";
     const MUSL: &str = "x86_64-unknown-linux-musl";

@@ -53,7 +53,7 @@ pub fn run_update(req: &Request<'_>) -> Result<String> {
     let _faults = fail::FailScenario::setup();
 
     // Outlive the agent that started us, and its session.
-    let _ = nix::unistd::setsid();
+    process::detach();
     run_update_with(req, &effects::Live)
 }
 
@@ -61,14 +61,14 @@ pub fn run_update(req: &Request<'_>) -> Result<String> {
 /// holds the lock, no way out of it (an error of its own included) leaves an agent
 /// that was handed to it, or a transaction it took up, without an agent running.
 pub fn run_update_with(req: &Request<'_>, fx: &dyn Effects) -> Result<String> {
-    let home = std::fs::canonicalize(req.home).map_err(|e| {
+    let home = agent_extract::os::canonical(req.home).map_err(|e| {
         UpdateError::Failed(format!(
             "no agent installed at {}: {e}; pass --update=AGENT_HOME",
             req.home.display()
         ))
     })?;
     let home = AgentHome::new(home);
-    if !home.current().exists() {
+    if agent_extract::current::read_name(&home.current()).is_err() {
         return Err(UpdateError::Failed(format!(
             "{} has no current version; install with --install first",
             home.root().display()
@@ -170,7 +170,7 @@ fn leave_an_agent(home: &AgentHome, fx: &dyn Effects, log: &mut UpdateLog) {
         log.step("the wrapper's supervisor is restarting the agent");
         return;
     }
-    let dir = std::fs::canonicalize(home.current()).unwrap_or_else(|_| home.current());
+    let dir = agent_extract::current::read_dir(&home.current()).unwrap_or_else(|_| home.current());
     match fx.start_agent(home, &dir, None) {
         Ok(out) => log.step(&format!("started the agent in {}: {out}", dir.display())),
         Err(e) => log.step(&format!(
@@ -184,8 +184,8 @@ fn leave_an_agent(home: &AgentHome, fx: &dyn Effects, log: &mut UpdateLog) {
 /// bundle must verify against the installation's trusted key with the `.minisig`
 /// beside it, exactly as the agent would have checked it.
 fn new_transaction(home: &AgentHome, bundle: &Path, fx: &dyn Effects) -> Result<Journal> {
-    let current = std::fs::canonicalize(home.current())
-        .map_err(|e| UpdateError::Failed(format!("{}: {e}", home.current().display())))?;
+    let current = agent_extract::current::read_dir(&home.current())
+        .map_err(|e| UpdateError::Failed(e.to_string()))?;
     let from = payload::installed_version(&current)?;
     let facts = Payload::open(bundle)?.facts()?;
     if facts.version == from {

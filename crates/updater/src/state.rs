@@ -221,9 +221,7 @@ pub fn remove_report(path: &Path) -> Result<()> {
 
 /// Bytes free for unprivileged writers on the filesystem holding `path`.
 pub fn free_bytes(path: &Path) -> Option<u64> {
-    let stat = nix::sys::statvfs::statvfs(path).ok()?;
-    #[allow(clippy::useless_conversion)] // the field types differ between platforms
-    Some(u64::from(stat.blocks_available()).saturating_mul(u64::from(stat.fragment_size())))
+    agent_extract::os::free_bytes(path).ok()
 }
 
 pub(crate) fn io_at(path: impl Into<PathBuf>, source: io::Error) -> UpdateError {

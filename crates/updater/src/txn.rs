@@ -18,9 +18,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agent_extract::atomic;
 use agent_extract::payload::{self, Payload};
 use agent_extract::unpack::{self, Options};
+use agent_extract::{atomic, current};
 use agent_protocol::AgentVersion;
 use agent_protocol::journal::{Health, Journal, Phase};
 use agent_protocol::layout::{self, AgentHome};
@@ -60,7 +60,7 @@ pub struct Transaction<'a> {
 
 /// True while `data/update/` still holds the recovery link of an update.
 pub fn has_leftovers(home: &AgentHome) -> bool {
-    fs::symlink_metadata(home.update_dir().join("updater")).is_ok()
+    fs::symlink_metadata(home.update_dir().join(layout::updater_file_name())).is_ok()
 }
 
 /// How a transaction ended.
@@ -186,7 +186,7 @@ impl Transaction<'_> {
                 Phase::Unpacked => {
                     self.merge_conf().map_err(UpdateError::Failed)?;
                     let to = Self::relative(&self.journal.to);
-                    atomic::replace_symlink(&self.home.current(), &to)?;
+                    current::point(&self.home.current(), &self.journal.to.to_string())?;
                     self.journal.boot_count = 0;
                     self.record(Phase::Switched)?;
                     self.log.step(&format!("current -> {}", to.display()));
@@ -296,9 +296,9 @@ impl Transaction<'_> {
                 .step(&format!("{} already unpacked", dest.display()));
             return Ok(());
         }
-        let current = fs::canonicalize(self.home.current()).ok();
+        let current = current::read_name(&self.home.current()).ok();
         if dest.exists() {
-            if current.as_deref() == fs::canonicalize(&dest).ok().as_deref() {
+            if current.as_deref() == Some(to.to_string().as_str()) {
                 return Err(UpdateError::Failed(format!(
                     "{} is incomplete but current points at it; repair the installation by hand",
                     dest.display()
@@ -657,7 +657,7 @@ impl Transaction<'_> {
             return;
         };
         for entry in entries.flatten() {
-            let _ = fs::remove_file(entry.path());
+            let _ = agent_extract::os::remove_or_set_aside(&entry.path());
         }
     }
 
@@ -718,9 +718,8 @@ impl Transaction<'_> {
     fn restore_old(&mut self, reason: &str, bundle_at_fault: bool) {
         let from_name = self.old_dir_name();
         let to = self.journal.to.clone();
-        let target = Path::new("versions").join(&from_name);
-        if fs::read_link(self.home.current()).ok().as_deref() != Some(target.as_path()) {
-            match atomic::replace_symlink(&self.home.current(), &target) {
+        if current::read_name(&self.home.current()).ok().as_deref() != Some(from_name.as_str()) {
+            match current::point(&self.home.current(), &from_name) {
                 Ok(()) => self.log.step(&format!("current -> versions/{from_name}")),
                 Err(e) => self.log.step(&format!(
                     "could not point current back at versions/{from_name}: {}",

@@ -91,15 +91,10 @@ impl super::Workload for LiveWorkload {
             Reload::Signal(number) => {
                 // The same run reads the new set: its health after the signal counts.
                 self.stale_pid = None;
-                let signal = nix::sys::signal::Signal::try_from(number)
-                    .map_err(|e| format!("workload.reload: signal {number}: {e}"))?;
                 match group::leftover(&self.home) {
                     Some((pgid, _)) => {
-                        group::signal_group(pgid, signal);
-                        tracing::info!(
-                            "sent {} to the workload (pid {pgid}) to reload",
-                            signal.as_str()
-                        );
+                        let name = group::signal_group(pgid, number)?;
+                        tracing::info!("sent {name} to the workload (pid {pgid}) to reload");
                         Ok(())
                     }
                     None => {

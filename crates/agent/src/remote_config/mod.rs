@@ -14,10 +14,9 @@ pub mod live;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use agent_extract::atomic;
+use agent_extract::{atomic, os};
 use agent_protocol::config_set;
 use agent_protocol::layout::AgentHome;
 use agent_protocol::wire::{ConfigOutcome, ConfigPayload, ConfigStatus};
@@ -164,6 +163,7 @@ impl Dirs {
             read_set(&self.config_dir).is_some_and(|files| config_set::hash(&files) == hash)
         };
         let prev = self.prev();
+        crate::os::finish_exchange(&self.config_dir, &prev);
         // Died between the exchange and keeping the set before: the staging directory,
         // named after the new set, holds the set before, complete (it was `config-dir`).
         if let Some(hash) = applying.as_deref()
@@ -354,18 +354,14 @@ fn write_set(dir: &Path, files: &BTreeMap<String, String>) -> Result<(), String>
     if std::fs::symlink_metadata(dir).is_ok() {
         std::fs::remove_dir_all(dir).map_err(|e| err(dir, e))?;
     }
-    std::fs::DirBuilder::new()
-        .mode(0o755)
-        .create(dir)
-        .map_err(|e| err(dir, e))?;
+    os::create_dir_with_mode(dir, 0o755).map_err(|e| err(dir, e))?;
     for (name, text) in files {
         config_set::check_name(name).map_err(|e| format!("the set is refused: {e}"))?;
         let path = dir.join(name);
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(nix::libc::O_NOFOLLOW)
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).create_new(true);
+        os::with_mode(&mut opts, 0o644);
+        let mut file = os::no_follow(&mut opts)
             .open(&path)
             .map_err(|e| err(&path, e))?;
         file.write_all(text.as_bytes())
@@ -410,14 +406,6 @@ async fn run_check(argv: &[String], dir: &Path) -> Result<(), String> {
     decide::check_outcome(output.status.code(), &tail)
 }
 
-/// renameat2(RENAME_EXCHANGE) through rustix: nix offers it only on glibc, and the
-/// agent is also built for musl (the static bundle that runs on any Linux).
-fn exchange(a: &Path, b: &Path) -> Result<(), String> {
-    use rustix::fs::{CWD, RenameFlags, renameat_with};
-    renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE)
-        .map_err(|e| format!("cannot swap {} and {}: {e}", a.display(), b.display()))
-}
-
 /// Puts `staging` in as `config-dir` (never missing on the way) and the set it held as
 /// the previous one. Whether there was a set before.
 fn swap_in(dirs: &Dirs, staging: &Path) -> Result<bool, String> {
@@ -438,7 +426,7 @@ fn swap_in(dirs: &Dirs, staging: &Path) -> Result<bool, String> {
                 tracing::warn!("cannot remove {}: {e}", old.display());
             }
         }
-        if let Err(e) = exchange(staging, &dirs.config_dir) {
+        if let Err(e) = crate::os::exchange(staging, &dirs.config_dir) {
             let _ = std::fs::remove_dir_all(staging);
             return Err(e);
         }
@@ -460,7 +448,7 @@ fn swap_back(dirs: &Dirs, had_set: bool) -> Result<(), String> {
     let prev = dirs.prev();
     let refused = dirs.parent.join(format!("{}refused", dirs.new_prefix()));
     if had_set {
-        exchange(&prev, &dirs.config_dir)?;
+        crate::os::exchange(&prev, &dirs.config_dir)?;
         std::fs::rename(&prev, &refused)
             .map_err(|e| format!("cannot move the refused set aside: {e}"))?;
     } else {

@@ -206,7 +206,7 @@ async fn an_agent_killed_between_the_exchange_and_keeping_prev_comes_back_on_the
     let staging = dirs.staging(&new.hash);
     write_set(&staging, &new.files).unwrap();
     std::fs::remove_dir_all(dirs.prev()).unwrap();
-    exchange(&staging, &dirs.config_dir).unwrap();
+    crate::os::exchange(&staging, &dirs.config_dir).unwrap();
     dirs.recover(&home);
     assert_eq!(read_set(&dirs.config_dir), Some(good.files.clone()));
     assert!(!staging.exists());

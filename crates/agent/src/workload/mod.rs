@@ -18,11 +18,9 @@ pub mod group;
 pub mod logfile;
 pub mod policy;
 pub mod spec;
+mod stop_command;
 
 use std::future::Future;
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
 use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -99,7 +97,7 @@ struct Running {
     pumps: Vec<tokio::task::JoinHandle<()>>,
     /// A second read end of each output pipe, for whoever drains them after a
     /// hand-over (a pipe without a reader would kill the workload at its next line).
-    outputs: Vec<OwnedFd>,
+    outputs: Vec<group::Output>,
 }
 
 impl Running {
@@ -194,7 +192,7 @@ async fn supervise(
                 check_due = None;
                 if let Some(mut r) = running.take() {
                     r.drain().await;
-                    let exit = match (status.code(), status.signal()) {
+                    let exit = match (status.code(), group::exit_signal(&status)) {
                         (Some(code), _) => Exit::Code(code),
                         (None, Some(sig)) => Exit::Signal(sig),
                         (None, None) => Exit::Code(-1),
@@ -254,11 +252,12 @@ async fn supervise(
         }
     }
     if let Some(mut r) = running.take() {
-        let how = group::stop(r.pid, spec.stop_timeout).await;
+        let left = stop_command::ask(&spec, r.pid, &mut r.child, &|t| note(&log, t)).await;
+        let how = group::stop(r.pid, left).await;
         let status = r.child.wait().await.ok();
         r.drain().await;
         let ended = status
-            .map(|s| match (s.code(), s.signal()) {
+            .map(|s| match (s.code(), group::exit_signal(&s)) {
                 (Some(code), _) => Exit::Code(code).to_string(),
                 (None, Some(sig)) => Exit::Signal(sig).to_string(),
                 (None, None) => "ended".to_owned(),
@@ -288,7 +287,7 @@ async fn hand_over(mut r: Running, home: &AgentHome) -> Result<u32, (Running, St
     }
     let mut failed = None;
     for fd in std::mem::take(&mut r.outputs) {
-        if let Err(e) = drain_with_cat(fd, &log_path(home)) {
+        if let Err(e) = group::hand_over_output(fd, &log_path(home)) {
             failed.get_or_insert(e);
         }
     }
@@ -296,31 +295,6 @@ async fn hand_over(mut r: Running, home: &AgentHome) -> Result<u32, (Running, St
         None => Ok(r.pid),
         Some(e) => Err((r, e)),
     }
-}
-
-/// Starts `cat` reading one of the workload's output pipes into the log. tokio put the
-/// pipe in non-blocking mode (a flag of the open pipe, shared by every duplicate), which
-/// `cat` does not expect.
-fn drain_with_cat(fd: OwnedFd, log: &Path) -> Result<(), String> {
-    use nix::fcntl::{FcntlArg, OFlag, fcntl};
-    let flags = fcntl(&fd, FcntlArg::F_GETFL).map_err(|e| format!("fcntl: {e}"))?;
-    let blocking = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
-    fcntl(&fd, FcntlArg::F_SETFL(blocking)).map_err(|e| format!("fcntl: {e}"))?;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .map_err(|e| format!("{}: {e}", log.display()))?;
-    let mut cat = std::process::Command::new("cat");
-    // Not the workload's group (its stop must not take the reader first), nor the
-    // agent's (the wrapper's).
-    std::os::unix::process::CommandExt::process_group(&mut cat, 0)
-        .stdin(Stdio::from(fd))
-        .stdout(Stdio::from(file))
-        .stderr(Stdio::null())
-        .spawn()
-        .map(drop)
-        .map_err(|e| format!("cannot start cat: {e}"))
 }
 
 /// Stops a workload that an agent before this one left running (it handed over to the
@@ -370,8 +344,8 @@ fn start(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(false);
+    group::prepare(&mut cmd);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -388,6 +362,9 @@ fn start(
     let Some(pid) = child.id() else {
         return;
     };
+    if let Err(e) = group::adopt(pid) {
+        tracing::warn!("cannot put the workload (pid {pid}) in its own group: {e}");
+    }
     match group::start_ticks(pid) {
         Some(ticks) => {
             if let Err(e) = group::record(home, pid, ticks) {
@@ -399,11 +376,11 @@ fn start(
     let mut pumps = Vec::new();
     let mut outputs = Vec::new();
     if let Some(out) = child.stdout.take() {
-        outputs.extend(out.as_fd().try_clone_to_owned().ok());
+        outputs.extend(group::output_of(&out));
         pumps.push(tokio::spawn(pump(out, Arc::clone(log))));
     }
     if let Some(err) = child.stderr.take() {
-        outputs.extend(err.as_fd().try_clone_to_owned().ok());
+        outputs.extend(group::output_of(&err));
         pumps.push(tokio::spawn(pump(err, Arc::clone(log))));
     }
     sup.started(Instant::now());
@@ -450,7 +427,7 @@ async fn wait_child(running: &mut Option<Running>) -> std::process::ExitStatus {
     match running {
         Some(r) => match r.child.wait().await {
             Ok(status) => status,
-            Err(_) => std::process::ExitStatus::from_raw(-1),
+            Err(_) => group::unknown_exit(),
         },
         None => std::future::pending().await,
     }

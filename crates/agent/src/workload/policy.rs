@@ -32,8 +32,8 @@ impl fmt::Display for Exit {
         match self {
             Exit::Code(code) => write!(f, "exited with code {code}"),
             Exit::Signal(sig) => {
-                let name = nix::sys::signal::Signal::try_from(*sig)
-                    .map(|s| format!(" ({})", s.as_str()))
+                let name = super::group::signal_name(*sig)
+                    .map(|s| format!(" ({s})"))
                     .unwrap_or_default();
                 write!(f, "was killed by signal {sig}{name}")
             }

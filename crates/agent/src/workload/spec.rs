@@ -2,7 +2,6 @@
 //! program found: what the supervisor runs, checks and waits for.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,6 +16,8 @@ pub struct Spec {
     pub health: Check,
     pub start_timeout: Duration,
     pub stop_timeout: Duration,
+    /// `workload.stop-command` with placeholders replaced; empty: none.
+    pub stop_command: Vec<String>,
     /// Where the program is looked up when its first word is relative.
     pub version_dir: PathBuf,
     /// The workload's working directory (AGENT_HOME).
@@ -52,6 +53,7 @@ impl Spec {
             health,
             start_timeout: section.start_timeout,
             stop_timeout: section.stop_timeout,
+            stop_command: section.stop_command.iter().map(|w| fill(w)).collect(),
             version_dir: version_dir.to_path_buf(),
             home: home.to_path_buf(),
         }
@@ -125,7 +127,7 @@ fn check_executable(path: &Path, written: &str) -> Result<PathBuf, String> {
             path.display()
         ));
     }
-    if meta.permissions().mode() & 0o111 == 0 {
+    if !agent_extract::os::is_executable(&meta) {
         return Err(format!(
             "workload.command: {} is not executable; chmod +x it in the distribution",
             path.display()
@@ -162,6 +164,7 @@ mod tests {
 
     #[test]
     fn the_program_is_found_or_named_with_what_to_do() {
+        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let bin = dir.path().join("bin");
         std::fs::create_dir_all(&bin).unwrap();

@@ -443,14 +443,18 @@ fn name_of(view: &AgentView) -> String {
 }
 
 /// The target triples an OpAMP agent of `os.type` and `host.arch` (OpenTelemetry's
-/// values) runs, best first: the static musl one (OpAMP does not say the C library),
-/// then the glibc one. None off Linux or for an architecture not known here.
+/// values) runs, best first: on Linux the static musl one (OpAMP does not say the C
+/// library), then the glibc one; on Windows the one Windows target released. None
+/// elsewhere or for an architecture not known here.
 fn opamp_targets(os: &str, arch: &str) -> Vec<String> {
     let arch = match arch {
         "amd64" | "x86_64" => "x86_64",
         "arm64" | "aarch64" => "aarch64",
         _ => return Vec::new(),
     };
+    if os == "windows" && arch == "x86_64" {
+        return vec![format!("{arch}-pc-windows-gnu")];
+    }
     if os != "linux" {
         return Vec::new();
     }
@@ -562,7 +566,9 @@ mod tests {
             opamp_targets("linux", "arm64")[1],
             "aarch64-unknown-linux-gnu"
         );
-        assert!(opamp_targets("windows", "amd64").is_empty());
+        assert_eq!(opamp_targets("windows", "amd64"), ["x86_64-pc-windows-gnu"]);
+        assert!(opamp_targets("windows", "arm64").is_empty());
+        assert!(opamp_targets("darwin", "amd64").is_empty());
         assert!(opamp_targets("linux", "s390x").is_empty());
         assert_eq!(version_of(&v), "1.4.2");
         // An agent that takes packages is known by its agent package, not its service.

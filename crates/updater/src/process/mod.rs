@@ -1,46 +1,30 @@
-//! Processes of an installation: the agent and its wrapper's supervisor, found by pid
-//! file and checked by command line before any signal is sent (a pid may be recycled).
+//! Processes of an installation: the agent and its supervisor (the wrapper's on Unix,
+//! the service on Windows), found by pid file and checked by what they run before any
+//! signal is sent (a pid may be recycled). How a process is looked at and signalled is
+//! each platform's own ([`unix`], [`windows`]); what to do is decided here.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use agent_protocol::layout::AgentHome;
-use nix::sys::signal::{self, Signal};
-use nix::unistd::Pid;
 
-pub fn is_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
-            .unwrap_or(false),
-        Err(_) => false,
-    }
-}
+#[cfg(unix)]
+mod unix;
+#[cfg(unix)]
+use unix as os;
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+use windows as os;
 
-fn cmdline(pid: u32) -> Option<String> {
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    Some(String::from_utf8_lossy(&raw).replace('\0', " "))
-}
-
-/// True if `pid` is `agent run` of the installation at `home`.
-pub fn is_agent(pid: u32, home: &AgentHome) -> bool {
-    is_alive(pid)
-        && cmdline(pid).is_some_and(|c| {
-            c.contains("/bin/agent run") && c.contains(&home.root().display().to_string())
-        })
-}
-
-pub fn is_supervisor(pid: u32) -> bool {
-    is_alive(pid) && cmdline(pid).is_some_and(|c| c.contains("agent-wrapper.sh __supervise"))
-}
+pub use os::{is_agent, is_alive, is_supervisor};
 
 fn read_pid(path: &Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// The agent pid the wrapper's supervisor last recorded, alive or not.
+/// The agent pid the supervisor last recorded, alive or not.
 pub fn recorded_agent_pid(home: &AgentHome) -> Option<u32> {
     read_pid(&home.pid_file())
 }
@@ -51,27 +35,27 @@ pub fn recorded_agent_pid(home: &AgentHome) -> Option<u32> {
 pub fn running_agent(home: &AgentHome) -> Option<u32> {
     read_pid(&home.pid_file())
         .filter(|&p| is_agent(p, home))
-        .or_else(|| find_agent(home))
-}
-
-fn find_agent(home: &AgentHome) -> Option<u32> {
-    let me = std::process::id();
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != me)
-        .find(|&pid| is_agent(pid, home))
+        .or_else(|| os::find_agent(home))
 }
 
 pub fn running_supervisor(home: &AgentHome) -> Option<u32> {
     read_pid(&home.run().join("wrapper.pid")).filter(|&p| is_supervisor(p))
 }
 
-pub fn send(pid: u32, sig: Signal) {
-    if let Ok(raw) = i32::try_from(pid) {
-        let _ = signal::kill(Pid::from_raw(raw), sig);
-    }
+/// Asks `pid` to end (TERM on Unix, its stop event on Windows).
+pub fn terminate(pid: u32) {
+    os::terminate(pid);
+}
+
+/// Ends `pid` at once.
+pub fn kill(pid: u32) {
+    os::kill(pid);
+}
+
+/// Leaves the session of whoever started this process (so that its end does not take
+/// this one with it).
+pub fn detach() {
+    os::detach();
 }
 
 /// Polls until `pid` is gone; true if it went within `timeout`.
@@ -107,17 +91,17 @@ pub fn stop_agent(home: &AgentHome, pid: Option<u32>, patience: Duration) -> Sto
         return Stopped::Exited;
     }
     if let Some(sup) = running_supervisor(home) {
-        send(sup, Signal::SIGTERM);
+        terminate(sup);
     }
     if is_agent(pid, home) {
-        send(pid, Signal::SIGTERM);
+        terminate(pid);
     }
     if wait_gone(pid, Duration::from_secs(10)) {
         stop_supervisor(home);
         return Stopped::Terminated;
     }
     if is_agent(pid, home) {
-        send(pid, Signal::SIGKILL);
+        kill(pid);
     }
     wait_gone(pid, Duration::from_secs(5));
     stop_supervisor(home);
@@ -128,9 +112,9 @@ pub fn stop_agent(home: &AgentHome, pid: Option<u32>, patience: Duration) -> Sto
 fn stop_supervisor(home: &AgentHome) {
     if let Some(sup) = running_supervisor(home) {
         if !wait_gone(sup, Duration::from_secs(3)) {
-            send(sup, Signal::SIGTERM);
+            terminate(sup);
             if !wait_gone(sup, Duration::from_secs(5)) {
-                send(sup, Signal::SIGKILL);
+                kill(sup);
             }
         }
     }
@@ -149,8 +133,7 @@ pub fn wrapper_within(
     action: &str,
     within: Option<Duration>,
 ) -> Result<String, String> {
-    let script = version_dir.join("bin/agent-wrapper.sh");
-    let mut cmd = Command::new(&script);
+    let (script, mut cmd) = os::wrapper_command(home, version_dir);
     if let Some(within) = within {
         cmd.env("AGENT_START_TIMEOUT", within.as_secs().max(1).to_string());
     }

@@ -7,11 +7,24 @@
 //! agent's identity aside (an agent installed here again enrolls as a new one); remove
 //! `current`, `versions/` and `run/`. `conf/`, `data/` and `logs/` stay, unless
 //! `--purge`, which removes the whole home. A second run finds nothing to do.
+//!
+//! On Windows the Windows service `--install` registered takes the systemd unit's
+//! place: `bin\agent-service.exe uninstall` stops it (the agent and its workload end
+//! with its job) and removes it, and `bin\` goes with `versions\`.
+
+#[cfg(unix)]
+mod unix;
+#[cfg(unix)]
+use unix as os;
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+use windows as os;
 
 use std::fmt::Write as _;
 use std::io::{BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 
 use agent_protocol::layout::AgentHome;
 use anyhow::Context;
@@ -19,32 +32,43 @@ use anyhow::Context;
 use crate::client::{Client, Trust};
 use crate::config::Config;
 
-/// Where the install script puts the unit (installer/agent.service).
-const UNIT_FILE: &str = "/etc/systemd/system/agent.service";
-const UNIT_NAME: &str = "agent.service";
+/// What registered this home with the system's service manager, removed with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Registration {
+    /// The systemd unit the install script made (Linux).
+    Unit(PathBuf),
+    /// The Windows service `--install` registered, by name.
+    Service(String),
+}
 
 /// What an uninstall removes and keeps, decided from what is on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     pub remove: Vec<PathBuf>,
     pub keep: Vec<PathBuf>,
-    /// The systemd unit that runs this home, to disable and remove.
-    pub unit: Option<PathBuf>,
+    /// The systemd unit or Windows service that runs this home, to stop and remove.
+    pub service: Option<Registration>,
 }
 
 impl Plan {
     pub fn is_empty(&self) -> bool {
-        self.remove.is_empty() && self.unit.is_none()
+        self.remove.is_empty() && self.service.is_none()
     }
 
     pub fn describe(&self) -> String {
         let mut out = String::new();
-        if let Some(unit) = &self.unit {
-            let _ = writeln!(
-                out,
-                "  stop, disable and remove the systemd unit {}",
-                unit.display()
-            );
+        match &self.service {
+            Some(Registration::Unit(unit)) => {
+                let _ = writeln!(
+                    out,
+                    "  stop, disable and remove the systemd unit {}",
+                    unit.display()
+                );
+            }
+            Some(Registration::Service(name)) => {
+                let _ = writeln!(out, "  stop and remove the Windows service {name}");
+            }
+            None => {}
         }
         for path in &self.remove {
             let _ = writeln!(out, "  remove {}", path.display());
@@ -56,23 +80,34 @@ impl Plan {
     }
 }
 
-/// The plan for `home`: `exists` says whether a path is there, `unit_runs_home`
-/// whether the systemd unit (if any) runs this home.
+/// The plan for `home`: `exists` says whether a path is there, `service` what runs
+/// this home (if anything registered it).
 pub fn plan(
     home: &AgentHome,
     purge: bool,
     exists: impl Fn(&Path) -> bool,
-    unit: Option<PathBuf>,
+    service: Option<Registration>,
 ) -> Plan {
-    let installed = [home.current(), home.versions(), home.run()];
+    // `bin/` holds Windows' agent-service.exe (the service's program); a Linux home has
+    // none.
+    let installed = [
+        home.current(),
+        home.versions(),
+        home.run(),
+        home.root().join("bin"),
+    ];
     let owned = [home.conf(), home.data(), home.logs()];
     let mut remove: Vec<PathBuf> = installed.into_iter().filter(|p| exists(p)).collect();
     let mut keep: Vec<PathBuf> = owned.into_iter().filter(|p| exists(p)).collect();
-    if purge && (!remove.is_empty() || !keep.is_empty() || unit.is_some()) {
+    if purge && (!remove.is_empty() || !keep.is_empty() || service.is_some()) {
         remove = vec![home.root().to_path_buf()];
         keep.clear();
     }
-    Plan { remove, keep, unit }
+    Plan {
+        remove,
+        keep,
+        service,
+    }
 }
 
 /// `agent uninstall`, for the home at `root` (which may hold no version any more).
@@ -87,7 +122,7 @@ pub async fn run(
         &home,
         purge,
         |p| p.symlink_metadata().is_ok(),
-        unit_of(&home),
+        os::registration(&home),
     );
     if plan.is_empty() {
         println!(
@@ -108,10 +143,11 @@ pub async fn run(
     }
 
     tell_the_server(&home, installed).await;
-    stop(&home, plan.unit.as_deref())?;
+    stop(&home, plan.service.as_ref())?;
     if !purge {
         set_identity_aside(&home)?;
     }
+    os::let_go_of_own_program(&home)?;
     for path in &plan.remove {
         remove(path)?;
     }
@@ -186,33 +222,14 @@ async fn tell_the_server(
     }
 }
 
-/// The systemd unit the install script made for this home, if there is one.
-fn unit_of(home: &AgentHome) -> Option<PathBuf> {
-    let unit = PathBuf::from(UNIT_FILE);
-    let text = std::fs::read_to_string(&unit).ok()?;
-    let root = home.root().display().to_string();
-    text.contains(&format!("{root}/")).then_some(unit)
-}
-
-/// Stops the agent and its workload: through systemd when a unit runs it (then the unit
-/// goes, so nothing starts it again, not even a reboot), else through the wrapper.
-fn stop(home: &AgentHome, unit: Option<&Path>) -> anyhow::Result<()> {
-    if let Some(unit) = unit {
-        let disabled = Command::new("systemctl")
-            .args(["disable", "--now", UNIT_NAME])
-            .stdin(Stdio::null())
-            .status();
-        if !disabled.is_ok_and(|s| s.success()) {
-            println!("systemctl disable --now {UNIT_NAME} failed; stopping through the wrapper");
-        }
-        std::fs::remove_file(unit).with_context(|| format!("cannot remove {}", unit.display()))?;
-        let _ = Command::new("systemctl")
-            .arg("daemon-reload")
-            .stdin(Stdio::null())
-            .status();
-        println!("removed the systemd unit {}", unit.display());
+/// Stops the agent and its workload: through the system's service manager when a unit
+/// or service runs it (then it goes, so nothing starts it again, not even a reboot),
+/// and through the wrapper for whatever still runs.
+fn stop(home: &AgentHome, service: Option<&Registration>) -> anyhow::Result<()> {
+    if let Some(service) = service {
+        os::unregister(home, service)?;
     }
-    let Ok(version_dir) = std::fs::canonicalize(home.current()) else {
+    let Ok(version_dir) = agent_extract::current::read_dir(&home.current()) else {
         return Ok(());
     };
     match agent_updater::process::wrapper(home, &version_dir, "stop") {
@@ -250,11 +267,20 @@ fn set_identity_aside(home: &AgentHome) -> anyhow::Result<()> {
 }
 
 fn remove(path: &Path) -> anyhow::Result<()> {
-    let meta = path.symlink_metadata();
-    let done = match meta {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
-        Ok(_) => std::fs::remove_file(path),
-        Err(_) => return Ok(()),
+    // A program that has just ended may hold its file a moment longer (Windows: the
+    // service's process after it says it stopped).
+    let mut tries = 20;
+    let done = loop {
+        let done = match path.symlink_metadata() {
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+            Ok(_) => std::fs::remove_file(path),
+            Err(_) => return Ok(()),
+        };
+        tries -= 1;
+        if done.is_ok() || tries == 0 {
+            break done;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
     };
     done.with_context(|| format!("cannot remove {}", path.display()))?;
     println!("removed {}", path.display());
@@ -292,12 +318,33 @@ mod tests {
     fn purge_removes_the_whole_home_and_the_unit_goes_too() {
         let home = AgentHome::new("/opt/agent");
         let all = [home.current(), home.versions(), home.data()];
-        let unit = Some(PathBuf::from(UNIT_FILE));
+        let unit = Some(Registration::Unit(PathBuf::from(
+            "/etc/systemd/system/agent.service",
+        )));
         let p = plan(&home, true, with(&all), unit.clone());
         assert_eq!(p.remove, vec![PathBuf::from("/opt/agent")]);
         assert!(p.keep.is_empty());
-        assert_eq!(p.unit, unit);
+        assert_eq!(p.service, unit);
         assert!(p.describe().contains("systemd unit"));
+    }
+
+    #[test]
+    fn on_windows_the_service_and_its_program_go_too() {
+        let home = AgentHome::new("/c/agent");
+        let bin = home.root().join("bin");
+        let all = [home.current(), home.versions(), bin.clone(), home.conf()];
+        let service = Some(Registration::Service("agent".into()));
+        let p = plan(&home, false, with(&all), service.clone());
+        assert_eq!(p.remove, vec![home.current(), home.versions(), bin]);
+        assert_eq!(p.keep, vec![home.conf()]);
+        assert_eq!(p.service, service);
+        let text = p.describe();
+        assert!(
+            text.contains("stop and remove the Windows service agent"),
+            "{text}"
+        );
+        // Nothing left but the service: there is still something to do.
+        assert!(!plan(&home, false, with(&[]), service).is_empty());
     }
 
     #[test]

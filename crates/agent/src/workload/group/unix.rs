@@ -1,13 +1,17 @@
 //! The workload's process group on Linux: who is in it (read from `/proc`), signals to
-//! all of it, and the record in `run/` that lets the next agent find a workload its
-//! predecessor left behind without mistaking a recycled pid for it.
+//! all of it, and how its output outlives a hand-over.
 
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use agent_protocol::layout::AgentHome;
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
+
+use super::{environ_names, starting_file};
 
 /// Fields of `/proc/<pid>/stat` after the command name (which may hold spaces).
 fn stat_fields(pid: u32) -> Option<Vec<String>> {
@@ -23,7 +27,7 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
 }
 
 /// Live (not zombie) processes whose process group is `pgid`, with their start times.
-pub fn members(pgid: u32) -> Vec<(u32, u64)> {
+pub(super) fn members(pgid: u32) -> Vec<(u32, u64)> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -52,10 +56,34 @@ pub fn members(pgid: u32) -> Vec<(u32, u64)> {
     found
 }
 
-pub fn signal_group(pgid: u32, sig: Signal) {
+fn send_group(pgid: u32, sig: Signal) {
     if let Ok(raw) = i32::try_from(pgid) {
         let _ = signal::killpg(Pid::from_raw(raw), sig);
     }
+}
+
+/// `SIGTERM` for 15: a signal's name, for messages.
+pub fn signal_name(number: i32) -> Option<&'static str> {
+    Signal::try_from(number).ok().map(Signal::as_str)
+}
+
+/// Signal `number` by its name (`HUP` or `SIGHUP`), for `workload.reload`.
+pub fn signal_number(name: &str) -> Option<i32> {
+    let name = name.to_ascii_uppercase();
+    let full = if name.starts_with("SIG") {
+        name
+    } else {
+        format!("SIG{name}")
+    };
+    full.parse::<Signal>().ok().map(|s| s as i32)
+}
+
+/// Sends signal `number` to the whole group; its name, for the log.
+pub fn signal_group(pgid: u32, number: i32) -> Result<&'static str, String> {
+    let signal =
+        Signal::try_from(number).map_err(|e| format!("workload.reload: signal {number}: {e}"))?;
+    send_group(pgid, signal);
+    Ok(signal.as_str())
 }
 
 /// How a group was stopped.
@@ -74,13 +102,13 @@ pub async fn stop(pgid: u32, timeout: Duration) -> Stopped {
     if members(pgid).is_empty() {
         return Stopped::Gone;
     }
-    signal_group(pgid, Signal::SIGTERM);
+    send_group(pgid, Signal::SIGTERM);
     // A stopped process only sees TERM once it runs again.
-    signal_group(pgid, Signal::SIGCONT);
+    send_group(pgid, Signal::SIGCONT);
     if wait_empty(pgid, timeout).await {
         return Stopped::Terminated;
     }
-    signal_group(pgid, Signal::SIGKILL);
+    send_group(pgid, Signal::SIGKILL);
     wait_empty(pgid, Duration::from_secs(5)).await;
     Stopped::Killed
 }
@@ -131,70 +159,8 @@ async fn leader_end(pid: u32, timeout: Duration) {
     .await;
 }
 
-/// `run/workload.pid`: the workload's pid (its process group), one number.
-pub fn pid_file(home: &AgentHome) -> PathBuf {
-    home.run().join("workload.pid")
-}
-
-/// `run/workload.starttime`: the start time (clock ticks) of the process the pid file
-/// names, so that a pid recycled by another program is never taken for the workload.
-pub fn start_file(home: &AgentHome) -> PathBuf {
-    home.run().join("workload.starttime")
-}
-
-/// Put in each started workload's environment, with a value unique to that start: a
-/// workload whose agent was killed between starting it and recording its pid is found
-/// by it.
-pub const INSTANCE_ENV: &str = "AGENT_WORKLOAD_INSTANCE";
-
-/// `run/workload.starting`: the instance ([`INSTANCE_ENV`]) of the latest start, written
-/// before it.
-pub fn starting_file(home: &AgentHome) -> PathBuf {
-    home.run().join("workload.starting")
-}
-
-/// Notes the instance about to be started. Not synced: after a power loss no process of
-/// it runs to be found.
-pub fn about_to_start(home: &AgentHome, instance: &str) -> std::io::Result<()> {
-    std::fs::create_dir_all(home.run())?;
-    std::fs::write(starting_file(home), format!("{instance}\n"))
-}
-
-/// Whether a `/proc/<pid>/environ` (NUL-separated) names this instance.
-pub fn environ_names(environ: &[u8], instance: &str) -> bool {
-    let wanted = format!("{INSTANCE_ENV}={instance}");
-    environ
-        .split(|b| *b == 0)
-        .any(|var| var == wanted.as_bytes())
-}
-
-/// Records the running workload (the start time first: a pid file without its start
-/// time is never acted on).
-pub fn record(home: &AgentHome, pid: u32, ticks: u64) -> std::io::Result<()> {
-    std::fs::create_dir_all(home.run())?;
-    write(&start_file(home), &format!("{pid} {ticks}\n"))?;
-    write(&pid_file(home), &format!("{pid}\n"))
-}
-
-fn write(path: &Path, text: &str) -> std::io::Result<()> {
-    agent_extract::atomic::write(path, text.as_bytes())
-        .map_err(|e| std::io::Error::other(e.to_string()))
-}
-
-pub fn forget(home: &AgentHome) {
-    let _ = std::fs::remove_file(pid_file(home));
-    let _ = std::fs::remove_file(start_file(home));
-    let _ = std::fs::remove_file(starting_file(home));
-}
-
-/// A workload an agent left running: the one recorded in `run/`, or else the latest
-/// one started, found by its instance in its environment. `(pgid, live members)`.
-pub fn leftover(home: &AgentHome) -> Option<(u32, Vec<u32>)> {
-    recorded(home).or_else(|| unrecorded(home))
-}
-
 /// The latest start's processes, when its agent died before recording it.
-fn unrecorded(home: &AgentHome) -> Option<(u32, Vec<u32>)> {
+pub(super) fn unrecorded(home: &AgentHome) -> Option<(u32, Vec<u32>)> {
     let instance = std::fs::read_to_string(starting_file(home)).ok()?;
     let instance = instance.trim();
     if instance.is_empty() {
@@ -214,84 +180,63 @@ fn unrecorded(home: &AgentHome) -> Option<(u32, Vec<u32>)> {
     (!members.is_empty()).then_some((pgid, members))
 }
 
-/// The workload recorded in `run/` whose processes still run. Members count only if
-/// they started no earlier than the recorded leader (a group id is not reused while any
-/// member lives, and a new group under a recycled pid starts later than the record).
-fn recorded(home: &AgentHome) -> Option<(u32, Vec<u32>)> {
-    let pid: u32 = std::fs::read_to_string(pid_file(home))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let record = std::fs::read_to_string(start_file(home)).ok()?;
-    let mut fields = record.split_whitespace();
-    let recorded_pid: u32 = fields.next()?.parse().ok()?;
-    let ticks: u64 = fields.next()?.parse().ok()?;
-    if recorded_pid != pid {
-        return None;
-    }
-    leftover_of(pid, ticks, &members(pid), start_ticks(pid))
+/// A second read end of one of the workload's output pipes.
+pub type Output = OwnedFd;
+
+/// Duplicates an output pipe's read end, for [`hand_over_output`].
+pub fn output_of(pipe: &impl std::os::fd::AsFd) -> Option<Output> {
+    pipe.as_fd().try_clone_to_owned().ok()
 }
 
-/// The pure part of [`leftover`]: given the group's members and the leader's current
-/// start time (if a process has that pid), which processes are the recorded workload.
-pub fn leftover_of(
-    pid: u32,
-    ticks: u64,
-    members: &[(u32, u64)],
-    leader_now: Option<u64>,
-) -> Option<(u32, Vec<u32>)> {
-    // The pid now names a process that started after the record: recycled.
-    if leader_now.is_some_and(|now| now != ticks) {
-        return None;
-    }
-    let ours: Vec<u32> = members
-        .iter()
-        .filter(|&&(_, started)| started >= ticks)
-        .map(|&(p, _)| p)
-        .collect();
-    (!ours.is_empty()).then_some((pid, ours))
+/// Makes the workload lead its own process group, so that it is stopped whole.
+pub fn prepare(cmd: &mut tokio::process::Command) {
+    cmd.process_group(0);
+}
+
+/// Nothing to do once started: the group was made at spawn.
+pub fn adopt(_pid: u32) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// The signal that ended a process, if one did.
+pub fn exit_signal(status: &std::process::ExitStatus) -> Option<i32> {
+    status.signal()
+}
+
+/// Starts `cat` reading one of the workload's output pipes into the log, so that it
+/// outlives this agent. tokio put the pipe in non-blocking mode (a flag of the open
+/// pipe, shared by every duplicate), which `cat` does not expect.
+pub fn hand_over_output(fd: OwnedFd, log: &Path) -> Result<(), String> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let flags = fcntl(&fd, FcntlArg::F_GETFL).map_err(|e| format!("fcntl: {e}"))?;
+    let blocking = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
+    fcntl(&fd, FcntlArg::F_SETFL(blocking)).map_err(|e| format!("fcntl: {e}"))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    let mut cat = std::process::Command::new("cat");
+    // Not the workload's group (its stop must not take the reader first), nor the
+    // agent's (the wrapper's).
+    std::os::unix::process::CommandExt::process_group(&mut cat, 0)
+        .stdin(Stdio::from(fd))
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::null())
+        .spawn()
+        .map(drop)
+        .map_err(|e| format!("cannot start cat: {e}"))
+}
+
+/// The status of a process whose end could not be read.
+pub fn unknown_exit() -> std::process::ExitStatus {
+    std::process::ExitStatus::from_raw(-1)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::*;
     use super::*;
-
-    #[test]
-    fn a_recorded_leader_with_its_start_time_is_the_workload() {
-        assert_eq!(
-            leftover_of(100, 5000, &[(100, 5000), (101, 5003)], Some(5000)),
-            Some((100, vec![100, 101]))
-        );
-    }
-
-    #[test]
-    fn an_instance_is_found_by_its_whole_variable_only() {
-        let environ = b"PATH=/bin\0AGENT_WORKLOAD_INSTANCE=abc-1\0HOME=/root\0";
-        assert!(environ_names(environ, "abc-1"));
-        assert!(!environ_names(environ, "abc"));
-        assert!(!environ_names(environ, "abc-12"));
-        assert!(!environ_names(
-            b"X_AGENT_WORKLOAD_INSTANCE=abc-1\0",
-            "abc-1"
-        ));
-        assert!(!environ_names(b"", "abc-1"));
-    }
-
-    #[test]
-    fn a_recycled_pid_is_not_the_workload() {
-        assert_eq!(leftover_of(100, 5000, &[(100, 9000)], Some(9000)), None);
-        assert_eq!(leftover_of(100, 5000, &[], Some(9000)), None);
-    }
-
-    #[test]
-    fn children_of_a_leader_that_died_are_still_the_workload() {
-        assert_eq!(
-            leftover_of(100, 5000, &[(130, 5100)], None),
-            Some((100, vec![130]))
-        );
-        assert_eq!(leftover_of(100, 5000, &[], None), None);
-    }
 
     #[test]
     fn this_process_has_a_start_time_and_a_group() {

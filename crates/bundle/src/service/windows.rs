@@ -1,0 +1,59 @@
+use std::path::Path;
+use std::process::Command;
+
+use agent_extract::{atomic, current};
+use agent_protocol::layout;
+
+use super::ServiceRequest;
+use crate::error::{BundleError, Result};
+
+/// `--install` with no value: where Windows programs go.
+pub const DEFAULT_PREFIX: &str = r"C:\Program Files";
+
+pub fn check(_request: &ServiceRequest<'_>) -> Result<()> {
+    Ok(())
+}
+
+/// Copies the version's `agent-service.exe` to `<home>\bin\` (the stable program the
+/// service runs, replaced later only by itself) and, unless `--no-service`, registers
+/// the service and starts it; says what was done.
+pub fn after_install(home: &Path, request: &ServiceRequest<'_>) -> Result<String> {
+    let version_dir = current::read_dir(&home.join("current"))?;
+    let carried = version_dir.join("bin").join(layout::SERVICE_EXE);
+    let installed = home.join("bin").join(layout::SERVICE_EXE);
+    std::fs::create_dir_all(home.join("bin")).map_err(|e| io(home, e))?;
+    atomic::copy_file(&carried, &installed)?;
+    if request.none {
+        return Ok(format!(
+            "The service is not registered (--no-service). Register and start it with: {} install",
+            installed.display()
+        ));
+    }
+    let name = request.name.unwrap_or("agent");
+    let out = Command::new(&installed)
+        .args(["install", "--service-name", name, "--home"])
+        .arg(home)
+        .output()
+        .map_err(|e| io(&installed, e))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        return Err(BundleError::Invalid(format!(
+            "the agent is installed but its service did not start: {}; fix it, then run {} start",
+            text.trim(),
+            installed.display()
+        )));
+    }
+    Ok(format!(
+        "{}\nManage it with: {} start|stop|restart|status (or net start|stop {name}).",
+        text.trim(),
+        installed.display()
+    ))
+}
+
+fn io(path: &Path, e: std::io::Error) -> BundleError {
+    BundleError::Invalid(format!("{}: {e}", path.display()))
+}

@@ -1,0 +1,117 @@
+//! What the service does after the agent ends, as a pure function of how it ended, how
+//! long it ran and whether an updater runs: the rules of `agent-wrapper.sh`.
+
+use std::time::Duration;
+
+use agent_protocol::layout::{EXIT_CONFIG, EXIT_REFUSED};
+
+/// The longest pause between restarts of a crashing agent.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// An agent that ran this long before it ended starts the backoff over.
+pub const STABLE: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterExit {
+    /// Start it again after this pause.
+    Restart(Duration),
+    /// Start nothing until asked (why, for the log).
+    Idle(String),
+    /// It handed over to the updater, which starts the next agent through this service.
+    HandedOver,
+}
+
+/// Restart pauses: 1 s doubling to [`BACKOFF_MAX`], back to 1 s after a stable run.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backoff {
+    pub fn new() -> Self {
+        Self {
+            next: Duration::from_secs(1),
+        }
+    }
+
+    fn take(&mut self, ran: Duration) -> Duration {
+        if ran > STABLE {
+            self.next = Duration::from_secs(1);
+        }
+        let now = self.next;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        now
+    }
+}
+
+/// After the agent exited with `code` (`None`: no code could be read) having run for
+/// `ran`, with an updater holding `run/update.lock` or not.
+pub fn after_exit(
+    code: Option<i32>,
+    ran: Duration,
+    updater_running: bool,
+    backoff: &mut Backoff,
+) -> AfterExit {
+    match code {
+        Some(0) if updater_running => AfterExit::HandedOver,
+        Some(c) if c == i32::from(EXIT_REFUSED) => AfterExit::Idle(
+            "the agent was refused by the server and updates are disabled; not restarting".into(),
+        ),
+        Some(c) if c == i32::from(EXIT_CONFIG) => AfterExit::Idle(format!(
+            "the agent refused its configuration (exit {c}); not restarting: fix conf\\agent.toml (see logs\\agent.out), then run agent-service.exe start"
+        )),
+        _ => AfterExit::Restart(backoff.take(ran)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_crash_is_restarted_with_growing_pauses_reset_by_a_stable_run() {
+        let mut b = Backoff::new();
+        let pauses: Vec<AfterExit> = (0..8)
+            .map(|_| after_exit(Some(1), S, false, &mut b))
+            .collect();
+        let secs: Vec<u64> = pauses
+            .iter()
+            .map(|p| match p {
+                AfterExit::Restart(d) => d.as_secs(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60]);
+        assert_eq!(
+            after_exit(None, STABLE + S, false, &mut b),
+            AfterExit::Restart(S)
+        );
+    }
+
+    #[test]
+    fn a_clean_exit_is_a_hand_over_only_while_an_updater_runs() {
+        let mut b = Backoff::new();
+        assert_eq!(after_exit(Some(0), S, true, &mut b), AfterExit::HandedOver);
+        assert_eq!(after_exit(Some(0), S, false, &mut b), AfterExit::Restart(S));
+    }
+
+    #[test]
+    fn refusals_and_bad_configuration_are_not_restarted() {
+        let mut b = Backoff::new();
+        assert!(matches!(
+            after_exit(Some(3), S, false, &mut b),
+            AfterExit::Idle(_)
+        ));
+        assert!(matches!(
+            after_exit(Some(78), S, true, &mut b),
+            AfterExit::Idle(_)
+        ));
+    }
+}
