@@ -6,14 +6,15 @@
 # shellcheck disable=SC2154,SC2034 # the globals (work, bin, ...) are common.sh's
 [[ ${BASH_SOURCE[0]} != "$0" ]] || exec "$(dirname "$0")/../bench.sh" releases "$@"
 
-# agent_at URL ID VERSION: whether the agent ID runs VERSION and reported it INSTALLED.
+# agent_at URL ID VERSION [STATUS]: whether the agent ID runs VERSION (and reported
+# STATUS for it, when given).
 agent_at() {
     curl -fsS -H "Authorization: Bearer bench" "$1/admin/agents" 2>/dev/null |
-        jq -e --arg id "$2" --arg v "$3" \
-            '.[] | select(.id == $id and .version == $v and .update_status == "INSTALLED")' >/dev/null
+        jq -e --arg id "$2" --arg v "$3" --arg s "${4:-}" \
+            '.[] | select(.id == $id and .version == $v and ($s == "" or .update_status == $s))' >/dev/null
 }
 
-# wait_agent URL ID VERSION: polls until agent_at, for at most two minutes.
+# wait_agent URL ID VERSION [STATUS]: polls until agent_at, for at most two minutes.
 wait_agent() {
     local end=$((SECONDS + 120))
     until agent_at "$@"; do
@@ -50,6 +51,12 @@ bench_releases() {
     wait_file 60 "$work/rel-agent/agent/data/agent-id" "."
     id=$(cat "$work/rel-agent/agent/data/agent-id")
     wait_agent "$url" "$id" 1.0.0+1
+    # The version rolled back to: as big as the releases rolled forward to, kept by the
+    # agent from then on (each forward update keeps the version it leaves).
+    echo "kept" >"$work/rel-dist/lib/round.txt"
+    "${release[@]}" publish "$(pack 1.5.0 "$work/rel-dist" "$work/rel-kept")" >/dev/null
+    wait_agent "$url" "$id" 1.5.0+1 INSTALLED
+    sleep 1 # signed-at has one-second resolution: the next release is newer
     : >"$work/releases.txt"
     local i t0 t1 b0 forward back fbytes bbytes new
     for i in $(seq 1 "$rounds"); do
@@ -59,18 +66,18 @@ bench_releases() {
         b0=$(bundle_bytes "$url")
         t0=$(date +%s.%N)
         "${release[@]}" publish "$new" >/dev/null
-        wait_agent "$url" "$id" "2.0.$i+1"
+        wait_agent "$url" "$id" "2.0.$i+1" INSTALLED
         t1=$(date +%s.%N)
         forward=$(awk -v a="$t1" -v b="$t0" 'BEGIN { print a - b }')
         fbytes=$(($(bundle_bytes "$url") - b0))
-        # Back to 1.0.0, which the agent kept: its bytes signed again, then the rollback.
+        # Back to 1.5.0, which the agent kept: its bytes signed again, then the rollback.
         rm -rf "$work/rel-back"
-        "${release[@]}" export --release 1.0.0+1 --out "$work/rel-back" >/dev/null
-        "$bin/agent-bundle" sign --key "$work/keys/update.key" "$work/rel-back/agent-bundle-1.0.0" >/dev/null
+        "${release[@]}" export --release 1.5.0+1 --out "$work/rel-back" >/dev/null
+        "$bin/agent-bundle" sign --key "$work/keys/update.key" "$work/rel-back/agent-bundle-1.5.0" >/dev/null
         b0=$(bundle_bytes "$url")
         t0=$(date +%s.%N)
-        "${release[@]}" rollback --to 1.0.0+1 --signatures "$work/rel-back" >/dev/null
-        wait_agent "$url" "$id" 1.0.0+1
+        "${release[@]}" rollback --to 1.5.0+1 --signatures "$work/rel-back" >/dev/null
+        wait_agent "$url" "$id" 1.5.0+1 INSTALLED
         t1=$(date +%s.%N)
         back=$(awk -v a="$t1" -v b="$t0" 'BEGIN { print a - b }')
         bbytes=$(($(bundle_bytes "$url") - b0))
@@ -87,11 +94,12 @@ bench_releases() {
 ## Releases: a rollback from the kept version against a forward update
 
 \`$(bench_command releases)\` (RELEASES_ROUNDS=$rounds, RELEASES_MIB=$mib) on $(machine).
-One release agent (stability window 1 s) and a release update-server on loopback; a
-$(awk -v s="$size" 'BEGIN { printf "%.1f", s / 1048576 }') MiB bundle. Each round publishes a new release
-(\`release publish\`) and times it to the agent's \`INSTALLED\` on it, then rolls back to
-1.0.0, which the agent kept (\`release export --release\`, \`agent-bundle sign\`,
-\`release rollback\`), timed from the rollback command to \`INSTALLED\` on 1.0.0. Forward
+One release agent (stability window 1 s) and a release update-server on loopback;
+bundles of $(awk -v s="$size" 'BEGIN { printf "%.1f", s / 1048576 }') MiB, the kept one as big as the new ones. Each round publishes a
+new release (\`release publish\`) and times it to the agent's \`INSTALLED\` on it, then
+rolls back to 1.5.0, which the agent kept (\`release export --release\`, \`agent-bundle
+sign\`, \`release rollback\`), timed from the rollback command to \`INSTALLED\` on 1.5.0.
+The machine was shared with other builds while it ran. Forward
 and rollback alternate, $rounds rounds; median (min–max). Bytes are the server's bundle
 and delta bytes sent (\`agentupdate_bytes_sent_total\`) during each.
 
@@ -103,5 +111,9 @@ and delta bytes sent (\`agentupdate_bytes_sent_total\`) during each.
 A rollback takes $(ratio "$mb" "$mf") of a forward update's time (medians) and sends no
 bundle byte: the agent verifies the kept bundle against the new signature, switches and
 checks health, which the forward update does too after its download (or delta).
+Each forward release differs from the one before by one small file, so a forward update
+mostly takes a delta of a few hundred bytes (a round whose delta was not made yet
+downloads the whole bundle): even against a delta, the kept version is about twice as
+fast, and against a whole download on a real network the gap only grows.
 EOF
 }
