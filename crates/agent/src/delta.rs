@@ -352,7 +352,10 @@ async fn transfer(
     };
     let cut = |reason: String, have: u64| Transfer::Cut {
         reason,
-        kept: etag.clone().filter(|_| have > 0).map(|etag| Resume { have, etag }),
+        kept: etag
+            .clone()
+            .filter(|_| have > 0)
+            .map(|etag| Resume { have, etag }),
     };
     loop {
         let next = tokio::time::timeout(req.limits.read_timeout, resp.chunk());

@@ -57,7 +57,9 @@ pub const RETRY_MAX: Duration = Duration::from_secs(30 * 60);
 /// doubled for each failure after the first, never more than [`RETRY_MAX`].
 pub fn retry_wait(failures: u32, first: Duration) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
-    first.saturating_mul(1 << doublings).min(RETRY_MAX.max(first))
+    first
+        .saturating_mul(1 << doublings)
+        .min(RETRY_MAX.max(first))
 }
 
 /// A bundle once served, kept to make deltas from.
@@ -421,7 +423,11 @@ impl Deltas {
 
     /// The served bundle `sha` taken apart: the one kept from the last job if it is the
     /// same bundle, else read and taken apart now. Blocking.
-    fn target(&self, sha: &str, path: &Path) -> Result<Arc<agent_delta::make::Target>, ServerError> {
+    fn target(
+        &self,
+        sha: &str,
+        path: &Path,
+    ) -> Result<Arc<agent_delta::make::Target>, ServerError> {
         let mut kept = self.target.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(target) = kept.as_ref()
             && target.sha256_hex() == sha
@@ -857,8 +863,11 @@ mod tests {
                     .map(|n| (n.wrapping_mul(2_654_435_761) >> 13) as u8 ^ (i as u8))
                     .collect();
                 fs::write(dist.join("bin/program"), program).expect("program");
-                fs::write(dist.join("bin/agent"), format!("#!/bin/sh\necho {version}\n"))
-                    .expect("agent");
+                fs::write(
+                    dist.join("bin/agent"),
+                    format!("#!/bin/sh\necho {version}\n"),
+                )
+                .expect("agent");
                 fs::write(dist.join("README.txt"), "readme\n").expect("readme");
                 fs::write(dist.join("LICENSE"), "license\n").expect("license");
                 agent_bundle::pack::pack(&agent_bundle::pack::PackRequest {
