@@ -959,7 +959,7 @@ mod tests {
         let base = home.join("deltas/bases").join(&from);
         fs::write(&base, b"not a bundle").expect("damage");
         let mut deltas = deltas_in(&home);
-        deltas.retry_first = Duration::from_secs(3600);
+        deltas.retry_first = Duration::from_secs(60);
         assert!(matches!(deltas.lookup(&from, &to, GNU), Lookup::Making));
         run_queue(&deltas);
         assert!(matches!(deltas.lookup(&from, &to, GNU), Lookup::Failed));
@@ -970,12 +970,12 @@ mod tests {
 
         // Its wait over, the worker makes it again by itself; it fails again, and waits
         // twice as long.
-        assert!(deltas.requeue_failed(Instant::now() + Duration::from_secs(3600)));
+        assert!(deltas.requeue_failed(Instant::now() + Duration::from_secs(60)));
         run_queue(&deltas);
         assert!(matches!(deltas.lookup(&from, &to, GNU), Lookup::Failed));
         let failures = deltas.lock().failed.values().map(|f| f.failures).max();
         assert_eq!(failures, Some(2));
-        assert!(!deltas.requeue_failed(Instant::now() + Duration::from_secs(3600)));
+        assert!(!deltas.requeue_failed(Instant::now() + Duration::from_secs(60)));
 
         // Repaired, and its wait over: an agent asking queues it at once.
         fs::copy(&made[0], &base).expect("repair");
