@@ -2,7 +2,8 @@
 # Benchmarks, each against a peer measured in the same run on the same machine.
 # usage: scripts/bench.sh [SECTION...]     (default: bundle server)
 #   bundle   pack / install / verify of a 100 MiB distribution vs tar czf / tar xzf / b2sum+sha256sum
-#   server   download throughput and /version rate vs nginx; 2000 attempts at limit 45
+#   server   download throughput and /version rate vs nginx (/healthz beside it); 2000
+#            attempts at limit 45 (SERVER_ONLY=version: /version alone, printed)
 #   agent    first 409 to updater spawned, 20 MiB and 100 MiB bundles (download vs verify)
 #   update   downtime of an update and of a rollback (default timings) vs a wrapper restart
 #   fleet    30 agents through a download limit of 5 with Retry-After 1
@@ -40,7 +41,7 @@
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 

@@ -44,7 +44,12 @@ use_variant() {
 
 work=$(mktemp -d /tmp/agent-bench.XXXXXX)
 pids=()
+# Commands a benchmark needs run however it ends (eval'd by cleanup), e.g. undoing a
+# source change it made to build a second release.
+on_exit=()
 cleanup() {
+    local undo
+    for undo in "${on_exit[@]}"; do eval "$undo" || true; done
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     # Agents, wrappers and updaters detach on purpose; end whatever runs from here.
     pkill -KILL -f "$work" 2>/dev/null || true

@@ -5,13 +5,14 @@
 # shellcheck disable=SC2154,SC2034 # the globals (work, bin, root, ...) are common.sh's
 [[ ${BASH_SOURCE[0]} != "$0" ]] || exec "$(dirname "$0")/../bench.sh" delta "$@"
 
-# delta_dist DIR AGENT WORKLOAD: a distribution carrying this agent binary and this
-# workload program (the node exporter, as in the workload benchmark).
+# delta_dist DIR AGENT [WORKLOAD]: a distribution carrying this agent binary and this
+# workload program (the node exporter, as in the workload benchmark); without one, the
+# reference distribution scripts/build-dist.sh assembles.
 delta_dist() {
     local dir=$1
     mkdir -p "$dir/bin" "$dir/conf.default"
     cp "$2" "$dir/bin/agent"
-    cp "$3" "$dir/bin/workload"
+    [[ -z ${3:-} ]] || cp "$3" "$dir/bin/workload"
     cp "$root/installer/agent-wrapper.sh" "$dir/bin/agent-wrapper.sh"
     cp "$root/installer/agent.toml" "$dir/conf.default/agent.toml"
     cp "$root/installer/README.txt" "$dir/README.txt"
@@ -58,6 +59,11 @@ delta_fleet() {
     stop_server
 }
 
+# The [profile.release] settings the binaries were built with, on one line.
+release_profile() {
+    awk '/^\[profile.release\]/ { on = 1; next } /^\[/ { on = 0 } on && /=/ { gsub(/ /, ""); printf "%s%s", sep, $0; sep = ", " }' "$root/Cargo.toml"
+}
+
 bench_delta() {
     echo "delta: deltas between bundles of this tree vs bsdiff, zstd --patch-from, xdelta3" >&2
     local need=()
@@ -70,16 +76,31 @@ bench_delta() {
     keys
     local d=$work/delta
     mkdir -p "$d"
-    # Two release builds of the agent a small code change apart: the same source with
-    # AGENT_BUILD_NOTE compiled in (a string `agent --version` prints), then the plain
-    # build again so the other benchmarks measure this tree.
+    # Two release builds of this checkout, one line of the agent's code apart
+    # (scripts/bench/agent-change.patch, applied for the second build and taken back out
+    # however the run ends), built as the first was; then the plain build again so the
+    # other benchmarks measure this tree.
+    local change=$root/scripts/bench/agent-change.patch
     cp "$bin/agent" "$d/agent-1"
-    AGENT_BUILD_NOTE=bench cargo build --release --locked --bins >&2
+    git -C "$root" apply --check "$change" || {
+        echo "bench.sh delta: $change no longer applies to crates/agent; make it again against this tree" >&2
+        exit 1
+    }
+    git -C "$root" apply "$change"
+    on_exit+=("git -C '$root' apply -R '$change'")
+    local built=0
+    cargo build --release --locked --bins >&2 || built=$?
+    git -C "$root" apply -R "$change"
+    on_exit=()
+    ((built == 0)) || exit "$built"
     cp "$bin/agent" "$d/agent-2"
     cargo build --release --locked --bins >&2
     if cmp -s "$d/agent-1" "$d/agent-2"; then
-        echo "bench.sh delta: the two agent builds are identical; AGENT_BUILD_NOTE had no effect" >&2
+        echo "bench.sh delta: the two agent builds are identical; the change had no effect" >&2
         exit 1
+    fi
+    if ! cmp -s "$d/agent-1" "$bin/agent"; then
+        echo "bench.sh delta: two builds of the same source differ: the build is not reproducible, which every delta pays for" >&2
     fi
     local exporter other
     exporter=$(command -v prometheus-node-exporter)
@@ -93,12 +114,21 @@ bench_delta() {
     printf '\n# release 1.0.1: one line of configuration\n' >>"$d/config/conf.default/agent.toml"
     delta_dist "$d/workload" "$d/agent-1" "$other"
     delta_dist "$d/agent" "$d/agent-2" "$exporter"
-    local old
+    # The same rebuilt agent in the reference distribution (no workload): what a fleet
+    # of plain agents downloads.
+    delta_dist "$d/v1-plain" "$d/agent-1"
+    delta_dist "$d/plain" "$d/agent-2"
+    cases+=(plain)
+    local old old_plain
     old=$(pack 1.0.0 "$d/v1" "$d/out-v1")
+    old_plain=$(pack 1.0.0 "$d/v1-plain" "$d/out-v1-plain")
     local c
     for c in "${cases[@]}"; do
         pack 1.0.1 "$d/$c" "$d/out-$c" >/dev/null
     done
+    old_of() { if [[ $1 == plain ]]; then echo "$old_plain"; else echo "$old"; fi; }
+    # The two agent binaries alone, for reference: what bsdiff makes of the change.
+    bsdiff "$d/agent-1" "$d/agent-2" "$d/agent-bin.bsdiff"
 
     local rounds=${DELTA_ROUNDS:-3} tools=(ours bsdiff zstd xdelta3)
     declare -A size time mem apply_time apply_mem
@@ -107,12 +137,12 @@ bench_delta() {
         for c in "${cases[@]}"; do
             new=$d/out-$c/agent-bundle-1.0.1
             for tool in "${tools[@]}"; do
-                m=$(delta_measure "$tool" "$old" "$new" "$d/$c.$tool")
+                m=$(delta_measure "$tool" "$(old_of "$c")" "$new" "$d/$c.$tool")
                 size[$c.$tool]=$(stat -c %s "$d/$c.$tool")
                 time[$c.$tool]+="${m% *} "
                 mem[$c.$tool]+="${m#* } "
             done
-            m=$(delta_measure apply "$old" "$d/$c.ours" "$d/$c.rebuilt")
+            m=$(delta_measure apply "$(old_of "$c")" "$d/$c.ours" "$d/$c.rebuilt")
             cmp -s "$d/$c.rebuilt" "$new" || { echo "bench.sh delta: $c: the rebuilt bundle differs from the packed one" >&2; exit 1; }
             apply_time[$c]+="${m% *} "
             apply_mem[$c]+="${m#* } "
@@ -129,21 +159,41 @@ bench_delta() {
             note "fleet round $r, $mode: $(jq -r '.rollout | "\(.state) in \(.seconds // "?") s"' "$d/fleet-$mode-$r.json"), sent (bundle delta) $(cat "$d/fleet-$mode-$r.json.bytes")"
         done
     done
-    fleet_row() { # fleet_row MODE LABEL
-        local f=("$d"/fleet-"$1"-*.json) x
-        printf '| %s | %s | %s | %s | %s |\n' "$2" \
-            "$(for x in "${f[@]}"; do jq -r '.rollout.seconds // empty' "$x"; done | spread_as %.1f " s")" \
-            "$(for x in "${f[@]}"; do awk '{ print ($1 + $2) / 1048576 }' "$x.bytes"; done | spread_as %.0f " MiB")" \
-            "$(for x in "${f[@]}"; do awk -v n="$agents" '{ print ($1 + $2) / n / 1024 }' "$x.bytes"; done | spread_as %.1f " KiB")" \
-            "$(for x in "${f[@]}"; do jq -r '"\(.deltas_taken) / \(.delta_fallbacks)"' "$x"; done | paste -sd, - | sed 's/,/, /g')"
-    }
-    local fleet_rows
-    fleet_rows="$(fleet_row deltas "deltas (\`--deltas\`)")"$'\n'"$(fleet_row whole "whole bundles")"
-    local dsec wsec dbytes wbytes
-    dsec=$(for x in "$d"/fleet-deltas-*.json; do jq -r '.rollout.seconds // empty' "$x"; done | median_of)
-    wsec=$(for x in "$d"/fleet-whole-*.json; do jq -r '.rollout.seconds // empty' "$x"; done | median_of)
-    dbytes=$(cat "$d"/fleet-deltas-*.json.bytes | awk '{ print $1 + $2 }' | median_of)
-    wbytes=$(cat "$d"/fleet-whole-*.json.bytes | awk '{ print $1 + $2 }' | median_of)
+    local fleet_text
+    if ((sim_rounds > 0)); then
+        fleet_row() { # fleet_row MODE LABEL
+            local f=("$d"/fleet-"$1"-*.json) x
+            printf '| %s | %s | %s | %s | %s |\n' "$2" \
+                "$(for x in "${f[@]}"; do jq -r '.rollout.seconds // empty' "$x"; done | spread_as %.1f " s")" \
+                "$(for x in "${f[@]}"; do awk '{ print ($1 + $2) / 1048576 }' "$x.bytes"; done | spread_as %.0f " MiB")" \
+                "$(for x in "${f[@]}"; do awk -v n="$agents" '{ print ($1 + $2) / n / 1024 }' "$x.bytes"; done | spread_as %.1f " KiB")" \
+                "$(for x in "${f[@]}"; do jq -r '"\(.deltas_taken) / \(.delta_fallbacks)"' "$x"; done | paste -sd, - | sed 's/,/, /g')"
+        }
+        local fleet_rows
+        fleet_rows="$(fleet_row deltas "deltas (\`--deltas\`)")"$'\n'"$(fleet_row whole "whole bundles")"
+        local dsec wsec dbytes wbytes
+        dsec=$(for x in "$d"/fleet-deltas-*.json; do jq -r '.rollout.seconds // empty' "$x"; done | median_of)
+        wsec=$(for x in "$d"/fleet-whole-*.json; do jq -r '.rollout.seconds // empty' "$x"; done | median_of)
+        dbytes=$(cat "$d"/fleet-deltas-*.json.bytes | awk '{ print $1 + $2 }' | median_of)
+        wbytes=$(cat "$d"/fleet-whole-*.json.bytes | awk '{ print $1 + $2 }' | median_of)
+        fleet_text=$(
+            cat <<EOF
+A rollout of the rebuilt agent (waves 1 %, 10 %, 100 %, no soak, installs of 2 s) to
+$agents \`fleet-sim\` agents long-polling one server on loopback, with deltas and with whole
+bundles, alternating (\`DELTA_SIM_ROUNDS=${sim_rounds}\`). Bytes are what the server's \`/metrics\`
+counts as sent (\`agentupdate_bytes_sent_total\`, bundles and deltas); the time is the
+rollout's, from its start to its end; median (min–max):
+
+| | rollout time | bytes sent | per agent | updates by delta / fell back (per run) |
+|---|---|---|---|---|
+${fleet_rows}
+
+Deltas against whole bundles: $(awk -v a="$dbytes" -v b="$wbytes" 'BEGIN { printf "%.1f %%", a * 100 / b }') of the bytes, $(awk -v a="$dsec" -v b="$wsec" 'BEGIN { printf "%.0f %%", a * 100 / b }') of the time. With two runs a side, the median shown is the lower one.
+EOF
+        )
+    else
+        fleet_text="The fleet-sim rollout of the rebuilt agent was not run in this run (\`DELTA_SIM_ROUNDS=0\`)."
+    fi
 
     local bundle share
     bundle=$(stat -c %s "$d/out-agent/agent-bundle-1.0.1")
@@ -157,7 +207,8 @@ bench_delta() {
         case $c in
         config) label="one configuration file changed" ;;
         workload) label="workload replaced (node exporter → another program)" ;;
-        agent) label="agent rebuilt after a small code change" ;;
+        agent) label="agent rebuilt after a one-line code change" ;;
+        plain) label="the same, reference distribution (agent, no workload)" ;;
         esac
         b=$(stat -c %s "$d/out-$c/agent-bundle-1.0.1")
         rows+="| $label | $b B | $(cell "${size[$c.ours]}" "$b") | $(cell "${size[$c.bsdiff]}" "$b") | $(cell "${size[$c.zstd]}" "$b") | $(cell "${size[$c.xdelta3]}" "$b") |"$'\n'
@@ -171,9 +222,14 @@ bench_delta() {
 ## Deltas: bytes per agent against the whole bundle
 
 \`scripts/bench.sh delta\` on $(machine) (\`DELTA_ROUNDS=${rounds}\`; the four makers
-alternate within each round). Release builds of this tree. Every bundle carries the agent,
-its wrapper and defaults, and the node exporter ($(stat -c %s "$exporter") B) as its
-workload; the old bundle is 1.0.0, each new one 1.0.1 with one change. \`ours\` is
+alternate within each round). Release builds of this tree (release profile: $(release_profile)).
+The first three bundles carry the agent, its wrapper and defaults, and the node exporter
+($(stat -c %s "$exporter") B) as its workload; the last is the reference distribution
+(\`scripts/build-dist.sh\`'s: the agent, its wrapper and defaults, no workload). The old
+bundle is 1.0.0, each new one 1.0.1 with one change. The rebuilt agent is a second release
+build of this checkout with one line of its code changed
+(\`scripts/bench/agent-change.patch\`: a floor under \`retry_after_wait\`, a function
+inlined where it is called). \`ours\` is
 \`agent-bundle delta\`, the maker the server runs; the peers are run on the two whole bundle
 files: \`bsdiff\` (4.3), \`zstd -19 --long=27 --patch-from\`, \`xdelta3 -e -9 -s\`. Every round
 checks that \`agent-bundle apply-delta\` rebuilds the new bundle byte for byte.
@@ -184,24 +240,16 @@ ${rows}
 Targets: one file under 1 %; the workload replaced no more than its compressed share
 ($share B, $(pct "$share" "$(stat -c %s "$d/out-workload/agent-bundle-1.0.1")") of that bundle:
 the new program has nothing in common with the old one, so every maker must send it);
-the agent rebuilt under 5 %.
+the agent rebuilt under 2.5 % of the reference bundle, and that bundle no larger than
+7 MiB (7340032 B): it is $(stat -c %s "$d/out-plain/agent-bundle-1.0.1") B. For reference, \`bsdiff\` of the two agent
+binaries alone ($(stat -c %s "$d/agent-2") B) is $(stat -c %s "$d/agent-bin.bsdiff") B.
 
 Time and peak memory (GNU time's maximum RSS), median (min–max) over the rounds:
 
 | release | ours: make | ours: make, memory | ours: apply | ours: apply, memory | bsdiff: make | zstd: make | xdelta3: make |
 |---|---|---|---|---|---|---|---|
 ${trows}
-A rollout of the rebuilt agent (waves 1 %, 10 %, 100 %, no soak, installs of 2 s) to
-$agents \`fleet-sim\` agents long-polling one server on loopback, with deltas and with whole
-bundles, alternating (\`DELTA_SIM_ROUNDS=${sim_rounds}\`). Bytes are what the server's \`/metrics\`
-counts as sent (\`agentupdate_bytes_sent_total\`, bundles and deltas); the time is the
-rollout's, from its start to its end; median (min–max):
-
-| | rollout time | bytes sent | per agent | updates by delta / fell back (per run) |
-|---|---|---|---|---|
-${fleet_rows}
-
-Deltas against whole bundles: $(awk -v a="$dbytes" -v b="$wbytes" 'BEGIN { printf "%.1f %%", a * 100 / b }') of the bytes, $(awk -v a="$dsec" -v b="$wsec" 'BEGIN { printf "%.0f %%", a * 100 / b }') of the time. With two runs a side, the median shown is the lower one.
+${fleet_text}
 
 Ours diffs each changed file's uncompressed bytes (bsdiff's suffix sort, one core, files
 up to 64 MiB) and names every unchanged file's compressed bytes in the old bundle, so its

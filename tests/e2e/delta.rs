@@ -187,6 +187,37 @@ fn delta_damaged_in_flight_falls_back_to_the_whole_bundle_and_says_why() {
 }
 
 #[test]
+fn delta_cut_in_flight_resumes_where_it_stopped_instead_of_the_whole_bundle() {
+    let r = release(true, |d2| {
+        fs::write(d2.join("share/motd.txt"), "release two\n").unwrap();
+    });
+    let server = server(&r.ctx);
+    // Past the header and into the operations: the agent has part of the delta.
+    let proxy = Proxy::cutting_a_delta(server.port, 120);
+    let sent = update_through(&r, &server, &proxy);
+
+    assert!(proxy.flipped(), "no delta passed through the proxy");
+    let bundle = size(&r.b2);
+    let log = read_file(&r.home.join("logs/agent.log"));
+    assert!(
+        log.contains("the delta was cut") && log.contains("asking for the rest (Range: bytes="),
+        "the agent did not resume the delta:\n{log}"
+    );
+    assert!(
+        sent * 100 < bundle,
+        "{sent} bytes crossed the wire for a {bundle}-byte bundle: the whole bundle came\n{log}"
+    );
+    assert!(!log.contains("no delta:"), "{log}");
+    wait_log(&r.home, "agent.log", "from a delta of", WAIT);
+    assert_installed_is(&r, &["share/motd.txt", "bin/program"]);
+    // The server answered the rest as a range.
+    assert!(
+        e2e::metric(&server, "agentupdate_delta_requests_total{answer=\"206\"}") >= 1.0,
+        "the server answered no delta request with 206"
+    );
+}
+
+#[test]
 fn delta_from_a_bundle_the_server_never_served_is_a_whole_download() {
     let r = release(false, |d2| {
         fs::write(d2.join("share/motd.txt"), "release two\n").unwrap();

@@ -1,5 +1,5 @@
 //! A TCP proxy between an agent and its server that counts the bytes the server sends,
-//! can damage a delta in flight, and can lose an answer: what a test needs to see what
+//! can damage or cut a delta in flight, and can lose an answer: what a test needs to see what
 //! crossed the wire, and what a flaky network does.
 
 use std::io::{Read, Write};
@@ -23,6 +23,9 @@ enum Damage {
     None,
     /// Flip the byte this many bytes after a delta's magic, once.
     FlipDelta(usize),
+    /// Pass a delta on up to this many bytes after its magic, then cut the connection,
+    /// once.
+    CutDelta(usize),
     /// Pass the first request whose head starts with this on to the server, then cut the
     /// connection before its answer reaches the client, once.
     LoseAnswerTo(&'static str),
@@ -40,6 +43,12 @@ impl Proxy {
         Self::start_with(upstream, Damage::FlipDelta(flip_at))
     }
 
+    /// Like [`Proxy::start`]; the first delta that passes through is cut `cut_at` bytes
+    /// after its magic (its client has those bytes, then the connection ends), once.
+    pub fn cutting_a_delta(upstream: u16, cut_at: usize) -> Self {
+        Self::start_with(upstream, Damage::CutDelta(cut_at))
+    }
+
     /// Like [`Proxy::start`]; the first request whose head starts with `request` (say
     /// `POST /agent/register`) reaches the server, and its answer is lost: the
     /// connection is cut once the server has answered.
@@ -52,7 +61,8 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let down = Arc::new(AtomicU64::new(0));
         let flip_at = match damage {
-            Damage::FlipDelta(at) => Some(at),
+            Damage::FlipDelta(at) => Some(Hit::Flip(at)),
+            Damage::CutDelta(at) => Some(Hit::Cut(at)),
             _ => None,
         };
         // Without a flip there is nothing to do: mark it done.
@@ -101,13 +111,29 @@ impl Proxy {
         self.down.load(Ordering::SeqCst)
     }
 
-    /// True once a delta was damaged (always true for a proxy that damages nothing).
+    /// True once a delta was damaged or cut (always true for a proxy that damages
+    /// nothing).
     pub fn flipped(&self) -> bool {
         self.flipped.load(Ordering::SeqCst)
     }
 }
 
 type Lose = (&'static str, Arc<AtomicBool>, Arc<AtomicBool>);
+
+/// What happens to a delta, so many bytes after its magic.
+#[derive(Clone, Copy)]
+enum Hit {
+    Flip(usize),
+    Cut(usize),
+}
+
+impl Hit {
+    fn after(self) -> usize {
+        match self {
+            Hit::Flip(at) | Hit::Cut(at) => at,
+        }
+    }
+}
 
 fn pipe(mut from: TcpStream, mut to: TcpStream, lose: Option<Lose>) {
     let mut buf = [0u8; 64 * 1024];
@@ -133,7 +159,7 @@ fn downstream(
     mut to: TcpStream,
     counter: &AtomicU64,
     once: &AtomicBool,
-    flip_at: Option<usize>,
+    flip_at: Option<Hit>,
     cut: &AtomicBool,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
@@ -152,7 +178,7 @@ fn downstream(
             return;
         }
         let chunk = &mut buf[..n];
-        if let Some(after) = flip_at
+        if let Some(hit) = flip_at
             && flip.is_none()
             && !once.load(Ordering::SeqCst)
         {
@@ -162,7 +188,7 @@ fn downstream(
                 .windows(DELTA_MAGIC.len())
                 .position(|w| w == DELTA_MAGIC)
             {
-                flip = Some(start + at + after);
+                flip = Some(start + at + hit.after());
             }
             let keep = seen.len().saturating_sub(DELTA_MAGIC.len());
             seen.drain(..keep);
@@ -171,6 +197,14 @@ fn downstream(
             && (offset..offset + n).contains(&at)
             && !once.swap(true, Ordering::SeqCst)
         {
+            if let Some(Hit::Cut(_)) = flip_at {
+                // Its client gets the bytes before `at`, then the end of the connection.
+                counter.fetch_add((at - offset) as u64, Ordering::SeqCst);
+                let _ = to.write_all(&chunk[..at - offset]);
+                let _ = to.shutdown(Shutdown::Both);
+                let _ = from.shutdown(Shutdown::Both);
+                return;
+            }
             chunk[at - offset] ^= 0x40;
         }
         offset += n;

@@ -1,9 +1,11 @@
 //! Updating through a delta: the served bundle rebuilt from the one this version was
 //! installed from, then handed to the very checks a downloaded bundle passes.
 //!
-//! A delta only ever saves bytes. No kept bundle, no delta on the server, a delta cut
-//! short, damaged or too large, a result whose size or hashes are not the ones
+//! A delta only ever saves bytes. No kept bundle, no delta on the server, a delta
+//! damaged or too large, a result whose size or hashes are not the ones
 //! `/agentupdate/version` names: each ends in the whole download, and the log says which.
+//! A delta cut short (or stalled) is asked for again from where it stopped, with `Range`
+//! and `If-Range` on its `ETag`, up to [`MAX_RESUMES`] times before the whole download.
 //! Nothing rebuilt is kept unless its md5 and sha256 match; the signature is checked
 //! afterwards on those bytes, exactly as for a download.
 
@@ -16,6 +18,7 @@ use agent_protocol::digest::{Digests, MultiHasher};
 use agent_protocol::layout;
 use agent_protocol::wire::{self, VersionInfo};
 use reqwest::StatusCode;
+use reqwest::header::{CONTENT_RANGE, ETAG, IF_RANGE, RANGE};
 use tokio::sync::watch;
 
 use crate::backoff::retry_after_wait;
@@ -25,6 +28,9 @@ use crate::sleep::sleep_or_shutdown;
 
 /// Busy answers (`503`) a delta request waits out before the whole bundle is asked for.
 const MAX_BUSY: u32 = 5;
+/// Times a delta cut short is asked for again from where it stopped before the whole
+/// bundle is downloaded instead.
+pub const MAX_RESUMES: u32 = 3;
 
 /// Why the whole bundle is downloaded instead.
 #[derive(Debug)]
@@ -122,9 +128,23 @@ async fn rebuild_through(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(Downloaded, u64), NoDelta> {
     let mut busy = 0;
+    let mut resumes = 0;
+    let mut resume: Option<Resume> = None;
     let delta_size = loop {
-        match transfer(req, url, delta_path).await {
+        match transfer(req, url, delta_path, resume.as_ref()).await {
             Ok(size) => break size,
+            Err(Transfer::Cut { reason, kept }) => match kept {
+                Some(kept) if resumes < MAX_RESUMES => {
+                    resumes += 1;
+                    tracing::info!(
+                        "{reason} after {} bytes; asking for the rest (Range: bytes={}-, resume {resumes} of {MAX_RESUMES})",
+                        kept.have,
+                        kept.have
+                    );
+                    resume = Some(kept);
+                }
+                _ => return Err(fallback(reason)),
+            },
             Err(Transfer::Busy(told)) if busy < MAX_BUSY => {
                 busy += 1;
                 let wait = retry_after_wait(told, req.max_retry_after, &mut rand::rng());
@@ -196,18 +216,71 @@ fn short(sha: &str) -> &str {
 enum Transfer {
     Busy(Duration),
     Refused(String),
+    /// Cut short or stalled: why, and the part kept on disk if it can be resumed.
+    Cut {
+        reason: String,
+        kept: Option<Resume>,
+    },
+}
+
+/// A delta's first bytes on disk, and the `ETag` of the delta they belong to.
+#[derive(Debug, Clone)]
+struct Resume {
+    have: u64,
+    etag: String,
+}
+
+/// How an answer to a delta request (resumed at `asked`, if at all) is to be written.
+#[derive(Debug, PartialEq, Eq)]
+enum Start {
+    /// From the start of the file (a `200`: the whole delta).
+    Fresh,
+    /// After the bytes kept (a `206` from exactly where they end).
+    Append,
+    /// A `206` that does not start where asked: not to be trusted.
+    Misplaced(Option<u64>),
+}
+
+/// Decides from the status and `Content-Range` of an answer to a request resumed at
+/// `asked` (or not resumed) how its body continues the file. Pure.
+fn start_of(status: StatusCode, asked: Option<u64>, content_range: Option<&str>) -> Start {
+    match (status, asked) {
+        (StatusCode::PARTIAL_CONTENT, Some(have)) => {
+            let start = content_range.and_then(download::parse_content_range_start);
+            if start == Some(have) {
+                Start::Append
+            } else {
+                Start::Misplaced(start)
+            }
+        }
+        (StatusCode::PARTIAL_CONTENT, None) => Start::Misplaced(None),
+        _ => Start::Fresh,
+    }
 }
 
 /// Streams the delta into `path`: no larger than the bundle (a delta that is not smaller
-/// is no delta), within the download's stall and overall limits.
-async fn transfer(req: &Request<'_>, url: &str, path: &Path) -> Result<u64, Transfer> {
+/// is no delta), within the download's stall and overall limits. With `resume`, asks for
+/// what follows the bytes kept, as long as the delta is still the one they came from
+/// (`If-Range`); the server answers the whole delta otherwise.
+async fn transfer(
+    req: &Request<'_>,
+    url: &str,
+    path: &Path,
+    resume: Option<&Resume>,
+) -> Result<u64, Transfer> {
     let refused = |reason: String| Transfer::Refused(reason);
-    let resp = tokio::time::timeout(req.limits.read_timeout, req.http.get(url).send())
+    let mut ask = req.http.get(url);
+    if let Some(r) = resume {
+        ask = ask
+            .header(RANGE, format!("bytes={}-", r.have))
+            .header(IF_RANGE, &r.etag);
+    }
+    let resp = tokio::time::timeout(req.limits.read_timeout, ask.send())
         .await
         .map_err(|_| refused(format!("{url}: no answer in {:?}", req.limits.read_timeout)))?
         .map_err(|e| refused(format!("{url}: {}", error_chain(&e))))?;
     match resp.status() {
-        StatusCode::OK => {}
+        StatusCode::OK | StatusCode::PARTIAL_CONTENT => {}
         StatusCode::SERVICE_UNAVAILABLE => {
             return Err(Transfer::Busy(download::retry_after_of(
                 &resp,
@@ -240,16 +313,51 @@ async fn transfer(req: &Request<'_>, url: &str, path: &Path) -> Result<u64, Tran
             )));
         }
     }
+    let content_range = resp
+        .headers()
+        .get(CONTENT_RANGE)
+        .and_then(|v| v.to_str().ok());
+    let append = match start_of(resp.status(), resume.map(|r| r.have), content_range) {
+        Start::Fresh => false,
+        Start::Append => true,
+        Start::Misplaced(start) => {
+            return Err(refused(format!(
+                "asked for the delta from byte {}, the server sent a range starting at {start:?}",
+                resume.map_or(0, |r| r.have)
+            )));
+        }
+    };
+    // A delta without an ETag cannot be resumed: nothing would say the rest is of it.
+    let etag = resp
+        .headers()
+        .get(ETAG)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let cap = req.info.size;
     let mut file = agent_extract::os::with_mode(
-        OpenOptions::new().create(true).write(true).truncate(true),
+        OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(!append)
+            .append(append),
         0o600,
     )
     .open(path)
     .map_err(|e| refused(format!("{}: {e}", path.display())))?;
     let deadline = tokio::time::Instant::now() + req.limits.deadline;
     let mut resp = resp;
-    let mut received = 0u64;
+    let mut received = if append {
+        resume.map_or(0, |r| r.have)
+    } else {
+        0
+    };
+    let cut = |reason: String, have: u64| Transfer::Cut {
+        reason,
+        kept: etag
+            .clone()
+            .filter(|_| have > 0)
+            .map(|etag| Resume { have, etag }),
+    };
     loop {
         let next = tokio::time::timeout(req.limits.read_timeout, resp.chunk());
         let chunk = match tokio::time::timeout_at(deadline, next).await {
@@ -260,13 +368,16 @@ async fn transfer(req: &Request<'_>, url: &str, path: &Path) -> Result<u64, Tran
                 )));
             }
             Ok(Err(_)) => {
-                return Err(refused(format!(
-                    "the delta stalled for {:?}",
-                    req.limits.read_timeout
-                )));
+                return Err(cut(
+                    format!("the delta stalled for {:?}", req.limits.read_timeout),
+                    received,
+                ));
             }
             Ok(Ok(Err(e))) => {
-                return Err(refused(format!("the delta was cut: {}", error_chain(&e))));
+                return Err(cut(
+                    format!("the delta was cut: {}", error_chain(&e)),
+                    received,
+                ));
             }
             Ok(Ok(Ok(None))) => break,
             Ok(Ok(Ok(Some(chunk)))) => chunk,
@@ -323,5 +434,32 @@ impl HashingWriter {
         self.file.flush()?;
         self.file.get_ref().sync_all()?;
         Ok(self.hasher.finish().finish())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resumed_delta_is_appended_only_from_exactly_where_it_was_cut() {
+        let partial = StatusCode::PARTIAL_CONTENT;
+        assert_eq!(start_of(StatusCode::OK, None, None), Start::Fresh);
+        // The delta changed since (If-Range failed): the whole of it comes again.
+        assert_eq!(start_of(StatusCode::OK, Some(500), None), Start::Fresh);
+        assert_eq!(
+            start_of(partial, Some(500), Some("bytes 500-999/1000")),
+            Start::Append
+        );
+        assert_eq!(
+            start_of(partial, Some(500), Some("bytes 400-999/1000")),
+            Start::Misplaced(Some(400))
+        );
+        assert_eq!(start_of(partial, Some(500), None), Start::Misplaced(None));
+        assert_eq!(
+            start_of(partial, None, Some("bytes 0-9/10")),
+            Start::Misplaced(None),
+            "a range never asked for"
+        );
     }
 }

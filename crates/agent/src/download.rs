@@ -456,7 +456,7 @@ fn remove(path: &Path) -> Result<(), DownloadError> {
 }
 
 /// `bytes START-END/TOTAL` → START.
-fn parse_content_range_start(value: &str) -> Option<u64> {
+pub(crate) fn parse_content_range_start(value: &str) -> Option<u64> {
     let rest = value.trim().strip_prefix("bytes ")?;
     rest.split('-').next()?.trim().parse().ok()
 }

@@ -150,12 +150,59 @@ fn bsdiff(source: &[u8], target: &[u8]) -> std::io::Result<Vec<u8>> {
 /// than this is not worth the agent's work.
 const OP_OVERHEAD: usize = 25;
 
+/// A new bundle taken apart once: its bytes, its parts, its tarball uncompressed and its
+/// sha256. A server makes deltas to one release from several bases; each is made from
+/// the same `Target`, so the new bundle is read, inflated and hashed once per release,
+/// not once per base.
+pub struct Target {
+    bytes: Vec<u8>,
+    parts: Parts,
+    segmented: Option<Segmented>,
+    sha256: [u8; 32],
+}
+
+impl Target {
+    /// Reads and takes apart the bundle at `path`.
+    pub fn open(path: &Path) -> Result<Target> {
+        let bytes = fs::read(path).at(path)?;
+        let parts = Parts::of(path, bytes.len())?;
+        let segmented = Segmented::parse(&bytes[parts.dist.clone()]);
+        let sha256 = Sha256::digest(&bytes).into();
+        Ok(Target {
+            bytes,
+            parts,
+            segmented,
+            sha256,
+        })
+    }
+
+    /// The bundle's sha256, hex.
+    pub fn sha256_hex(&self) -> String {
+        hex::encode(self.sha256)
+    }
+
+    /// The bundle's size in bytes.
+    pub fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    /// True for an empty file (which no bundle is).
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
 /// Makes the delta from bundle `old` to bundle `new` into `out`.
 pub fn make(old: &Path, new: &Path, out: &mut impl Write, limits: Limits) -> Result<Made> {
+    make_to(old, &Target::open(new)?, out, limits)
+}
+
+/// Makes the delta from bundle `old` to the bundle `target` took apart into `out`.
+pub fn make_to(old: &Path, target: &Target, out: &mut impl Write, limits: Limits) -> Result<Made> {
     let old_bytes = fs::read(old).at(old)?;
-    let new_bytes = fs::read(new).at(new)?;
+    let new_bytes = &target.bytes;
     let old_parts = Parts::of(old, old_bytes.len())?;
-    let new_parts = Parts::of(new, new_bytes.len())?;
+    let new_parts = &target.parts;
     let mut ops = Ops::default();
     let diffable = |a: &[u8], b: &[u8]| {
         !a.is_empty()
@@ -201,7 +248,7 @@ pub fn make(old: &Path, new: &Path, out: &mut impl Write, limits: Limits) -> Res
     )?;
     let old_gz = &old_bytes[old_parts.dist.clone()];
     let new_gz = &new_bytes[new_parts.dist.clone()];
-    match (Segmented::parse(old_gz), Segmented::parse(new_gz)) {
+    match (Segmented::parse(old_gz), target.segmented.as_ref()) {
         (Some(before), Some(after)) => {
             let base = old_parts.dist.start;
             let by_bytes: HashMap<&[u8], usize> = before
@@ -256,7 +303,7 @@ pub fn make(old: &Path, new: &Path, out: &mut impl Write, limits: Limits) -> Res
 
     let header = Header {
         from: Sha256::digest(&old_bytes).into(),
-        to: Sha256::digest(&new_bytes).into(),
+        to: target.sha256,
         to_size: new_bytes.len() as u64,
         level: LEVEL,
     };

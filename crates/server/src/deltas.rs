@@ -17,8 +17,11 @@
 //!
 //! Making one reads both bundles whole and runs bsdiff on changed files (see
 //! [`agent_delta::make`]): about 135 MB and 1–2 s for two 13 MB bundles, so one is made at
-//! a time, on a blocking thread. It decides nothing about who may download: the route
-//! ([`crate::routes`]) answers under the download limit.
+//! a time, on a blocking thread. The served bundle is taken apart (read, inflated, hashed)
+//! once for all the deltas to it, not once per base. A delta whose making failed (a disk
+//! full, a base unreadable) is made again after [`retry_wait`], without a restart;
+//! meanwhile agents asking for it download the bundle. The worker decides nothing about
+//! who may download: the route ([`crate::routes`]) answers under the download limit.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File};
@@ -45,6 +48,19 @@ pub const WORTH_PERCENT: u64 = 50;
 pub const MAKING_RETRY_AFTER: u64 = 2;
 /// Prefix of the temp files of this module, removed if a crash left them.
 const TEMP_PREFIX: &str = ".making-";
+/// The wait before a failed delta is made again; it doubles with each failure in a row.
+pub const RETRY_FIRST: Duration = Duration::from_secs(30);
+/// The longest wait between two attempts at a delta that keeps failing.
+pub const RETRY_MAX: Duration = Duration::from_secs(30 * 60);
+
+/// How long after its `failures`-th failure in a row a delta is made again: `first`,
+/// doubled for each failure after the first, never more than [`RETRY_MAX`].
+pub fn retry_wait(failures: u32, first: Duration) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    first
+        .saturating_mul(1 << doublings)
+        .min(RETRY_MAX.max(first))
+}
 
 /// A bundle once served, kept to make deltas from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,6 +204,20 @@ pub enum Lookup {
     Ready(Arc<DeltaFile>),
 }
 
+/// A delta whose making failed (the log says why): how many times in a row, and when
+/// last.
+#[derive(Debug, Clone)]
+struct Failure {
+    failures: u32,
+    at: Instant,
+}
+
+impl Failure {
+    fn due(&self, now: Instant, first: Duration) -> bool {
+        now.saturating_duration_since(self.at) >= retry_wait(self.failures, first)
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     bases: Vec<Base>,
@@ -197,7 +227,7 @@ struct State {
     making: Option<Pair>,
     ready: HashMap<Pair, Arc<DeltaFile>>,
     none: HashMap<Pair, String>,
-    failed: HashMap<Pair, String>,
+    failed: HashMap<Pair, Failure>,
 }
 
 /// The bases, the deltas and the worker's queue.
@@ -207,6 +237,13 @@ pub struct Deltas {
     state: Mutex<State>,
     wake: tokio::sync::Notify,
     metrics: Arc<Metrics>,
+    /// The served bundle taken apart, kept while deltas to it are queued (the worker's
+    /// alone: jobs run one at a time).
+    target: Mutex<Option<Arc<agent_delta::make::Target>>>,
+    /// How many times a served bundle was taken apart (tests count them).
+    taken_apart: std::sync::atomic::AtomicU64,
+    /// [`RETRY_FIRST`], shorter in tests.
+    retry_first: Duration,
 }
 
 /// What one job of the worker came to.
@@ -228,6 +265,9 @@ impl Deltas {
             state: Mutex::new(State::default()),
             wake: tokio::sync::Notify::new(),
             metrics,
+            target: Mutex::new(None),
+            taken_apart: std::sync::atomic::AtomicU64::new(0),
+            retry_first: RETRY_FIRST,
         };
         // Known from the first request on, so an agent asking before the worker's first
         // look is told to wait for its delta, not sent to the bundle.
@@ -261,8 +301,12 @@ impl Deltas {
         if let Some(line) = state.none.get(&pair) {
             return Lookup::NotWorth(line.clone());
         }
-        if state.failed.contains_key(&pair) {
-            return Lookup::Failed;
+        if let Some(failure) = state.failed.get(&pair) {
+            if !failure.due(Instant::now(), self.retry_first) {
+                return Lookup::Failed;
+            }
+            // Its wait is over: this agent's asking queues it again at once.
+            state.failed.remove(&pair);
         }
         if state.making.as_ref() != Some(&pair) {
             state.queue.retain(|p| *p != pair);
@@ -296,6 +340,7 @@ impl Deltas {
                         _ => {}
                     }
                 }
+                me.requeue_failed(Instant::now());
                 if let Some(pair) = me.next_job() {
                     let worker = Arc::clone(&me);
                     let job = pair.clone();
@@ -314,6 +359,23 @@ impl Deltas {
         });
     }
 
+    /// Queues again the failed deltas whose wait is over; true if any was.
+    fn requeue_failed(&self, now: Instant) -> bool {
+        let mut state = self.lock();
+        let due: Vec<Pair> = state
+            .failed
+            .iter()
+            .filter(|(pair, failure)| {
+                failure.due(now, self.retry_first) && !state.queue.contains(pair)
+            })
+            .map(|(pair, _)| pair.clone())
+            .collect();
+        for pair in &due {
+            state.queue.push_back(pair.clone());
+        }
+        !due.is_empty()
+    }
+
     fn next_job(&self) -> Option<Pair> {
         let mut state = self.lock();
         let pair = state.queue.pop_front()?;
@@ -324,25 +386,62 @@ impl Deltas {
     fn finish(&self, pair: Pair, result: Result<Outcome, ServerError>) {
         let mut state = self.lock();
         state.making = None;
+        let earlier = state.failed.remove(&pair).map_or(0, |f| f.failures);
         match result {
             Ok(Outcome::Ready(file)) => {
                 inc(&self.metrics.deltas_made);
-                state.ready.insert(pair, file);
+                state.ready.insert(pair.clone(), file);
             }
             Ok(Outcome::NotWorth(line)) => {
                 inc(&self.metrics.deltas_not_worth);
-                state.none.insert(pair, line);
+                state.none.insert(pair.clone(), line);
             }
             Err(e) => {
                 inc(&self.metrics.deltas_failed);
+                let failures = earlier.saturating_add(1);
+                let wait = retry_wait(failures, self.retry_first);
                 tracing::error!(
                     from = %pair.from,
                     to = %pair.to,
-                    "cannot make the delta: {e}; agents asking for it download the bundle"
+                    "cannot make the delta: {e}; agents asking for it download the bundle; trying again in {}s",
+                    wait.as_secs()
                 );
-                state.failed.insert(pair, e.to_string());
+                state.failed.insert(
+                    pair.clone(),
+                    Failure {
+                        failures,
+                        at: Instant::now(),
+                    },
+                );
             }
         }
+        // The served bundle's parts are kept only while deltas to it wait.
+        if !state.queue.iter().any(|p| p.to == pair.to) {
+            *self.target.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+
+    /// The served bundle `sha` taken apart: the one kept from the last job if it is the
+    /// same bundle, else read and taken apart now. Blocking.
+    fn target(
+        &self,
+        sha: &str,
+        path: &Path,
+    ) -> Result<Arc<agent_delta::make::Target>, ServerError> {
+        let mut kept = self.target.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(target) = kept.as_ref()
+            && target.sha256_hex() == sha
+        {
+            return Ok(Arc::clone(target));
+        }
+        *kept = None;
+        let target = Arc::new(
+            agent_delta::make::Target::open(path).map_err(|e| ServerError::Io(e.to_string()))?,
+        );
+        self.taken_apart
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *kept = Some(Arc::clone(&target));
+        Ok(target)
     }
 
     /// Keeps the served bundles as bases, drops old bases and deltas no longer wanted,
@@ -397,8 +496,8 @@ impl Deltas {
                 next.ready.insert(pair.clone(), Arc::clone(file));
             } else if let Some(line) = none.get(pair) {
                 next.none.insert(pair.clone(), line.clone());
-            } else if let Some(why) = failed.get(pair) {
-                next.failed.insert(pair.clone(), why.clone());
+            } else if let Some(failure) = failed.get(pair) {
+                next.failed.insert(pair.clone(), failure.clone());
             } else {
                 match self.made_before(pair) {
                     Some(Outcome::Ready(file)) => {
@@ -563,9 +662,10 @@ impl Deltas {
             .tempfile_in(&self.root)
             .map_err(|e| io(&self.root, e))?;
         let tmp_path = tmp.path().to_path_buf();
+        let target = self.target(&pair.to, &new)?;
         let made = {
             let mut out = BufWriter::new(tmp.as_file_mut());
-            let made = agent_delta::make::make(&old, &new, &mut out, Default::default())
+            let made = agent_delta::make::make_to(&old, &target, &mut out, Default::default())
                 .map_err(|e| ServerError::Io(e.to_string()))?;
             out.flush().map_err(|e| io(&tmp_path, e))?;
             made
@@ -732,6 +832,162 @@ mod tests {
         assert!(!is_sha256(&sha(7).to_uppercase().replace('0', "A")));
         assert!(!is_sha256(&format!("{}g", &sha(7)[1..])));
         assert!(!is_sha256(""));
+    }
+
+    #[test]
+    fn a_failed_delta_waits_longer_after_each_failure_up_to_a_cap() {
+        let first = Duration::from_secs(30);
+        assert_eq!(retry_wait(1, first), first);
+        assert_eq!(retry_wait(2, first), first * 2);
+        assert_eq!(retry_wait(3, first), first * 4);
+        assert_eq!(retry_wait(20, first), RETRY_MAX);
+        assert_eq!(retry_wait(u32::MAX, first), RETRY_MAX, "no overflow");
+        let failure = Failure {
+            failures: 2,
+            at: Instant::now(),
+        };
+        assert!(!failure.due(failure.at + Duration::from_secs(59), first));
+        assert!(failure.due(failure.at + Duration::from_secs(60), first));
+    }
+
+    /// Bundles packed as the packer packs them, each with its own program.
+    fn bundles(dir: &Path, versions: &[&str]) -> Vec<PathBuf> {
+        let key = agent_protocol::minisign::SecretKey::generate().expect("key");
+        versions
+            .iter()
+            .enumerate()
+            .map(|(i, version)| {
+                let dist = dir.join(format!("dist-{i}"));
+                fs::create_dir_all(dist.join("bin")).expect("bin");
+                let program: Vec<u8> = (0..200_000u32)
+                    .map(|n| (n.wrapping_mul(2_654_435_761) >> 13) as u8 ^ (i as u8))
+                    .collect();
+                fs::write(dist.join("bin/program"), program).expect("program");
+                fs::write(
+                    dist.join("bin/agent"),
+                    format!("#!/bin/sh\necho {version}\n"),
+                )
+                .expect("agent");
+                fs::write(dist.join("README.txt"), "readme\n").expect("readme");
+                fs::write(dist.join("LICENSE"), "license\n").expect("license");
+                agent_bundle::pack::pack(&agent_bundle::pack::PackRequest {
+                    dist: &dist,
+                    version: agent_protocol::AgentVersion::new(version, "1").expect("version"),
+                    platform: GNU.to_owned(),
+                    key: &key,
+                    out_dir: &dir.join(format!("out-{i}")),
+                    stub: Path::new("/bin/true"),
+                    signed_at: Some(1_700_000_000),
+                    rotations: &[],
+                    allow_other_key: false,
+                })
+                .expect("pack")
+                .bundle
+            })
+            .collect()
+    }
+
+    /// Puts `bundle` under `bases/` with its record, as the worker keeps one; returns its
+    /// sha256.
+    fn keep(deltas_home: &Path, bundle: &Path, first_seen: u64) -> String {
+        let bytes = fs::read(bundle).expect("bundle");
+        let sha = Digests::of_reader(&bytes[..]).expect("hash").sha256_hex();
+        let bases = deltas_home.join("deltas/bases");
+        fs::create_dir_all(&bases).expect("bases");
+        fs::write(bases.join(&sha), &bytes).expect("base");
+        fs::write(
+            bases.join(format!("{sha}.base")),
+            format!("platform={GNU}\nversion=x\nfirst-seen={first_seen}\n"),
+        )
+        .expect("record");
+        sha
+    }
+
+    /// Runs the worker's queue to its end, as its loop does.
+    fn run_queue(deltas: &Deltas) {
+        while let Some(pair) = deltas.next_job() {
+            let result = deltas.make(&pair);
+            deltas.finish(pair, result);
+        }
+    }
+
+    fn deltas_in(home: &Path) -> Deltas {
+        Deltas::new(home, Arc::new(Metrics::default())).expect("deltas")
+    }
+
+    #[test]
+    fn the_served_bundle_is_taken_apart_once_for_the_deltas_from_every_base() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let made = bundles(dir.path(), &["1.0.0", "1.1.0", "2.0.0"]);
+        let home = dir.path().join("home");
+        let one = keep(&home, &made[0], 1);
+        let two = keep(&home, &made[1], 2);
+        let to = keep(&home, &made[2], 3);
+        let deltas = deltas_in(&home);
+        for from in [&one, &two] {
+            assert!(matches!(deltas.lookup(from, &to, GNU), Lookup::Making));
+        }
+        run_queue(&deltas);
+        for from in [&one, &two] {
+            assert!(
+                matches!(deltas.lookup(from, &to, GNU), Lookup::Ready(_)),
+                "{:?}",
+                deltas.lookup(from, &to, GNU)
+            );
+        }
+        assert_eq!(
+            deltas
+                .taken_apart
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "two deltas to one bundle take it apart once"
+        );
+        assert!(
+            deltas.target.lock().expect("target").is_none(),
+            "its parts are let go once no delta to it waits"
+        );
+    }
+
+    #[test]
+    fn a_delta_that_failed_is_made_again_after_its_wait_without_a_restart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let made = bundles(dir.path(), &["1.0.0", "2.0.0"]);
+        let home = dir.path().join("home");
+        let from = keep(&home, &made[0], 1);
+        let to = keep(&home, &made[1], 2);
+        // The base's bytes are unreadable for the first attempt (a disk error, say).
+        let base = home.join("deltas/bases").join(&from);
+        fs::write(&base, b"not a bundle").expect("damage");
+        let mut deltas = deltas_in(&home);
+        deltas.retry_first = Duration::from_secs(60);
+        assert!(matches!(deltas.lookup(&from, &to, GNU), Lookup::Making));
+        run_queue(&deltas);
+        assert!(matches!(deltas.lookup(&from, &to, GNU), Lookup::Failed));
+        assert!(
+            !deltas.requeue_failed(Instant::now()),
+            "not again before its wait"
+        );
+
+        // Its wait over, the worker makes it again by itself; it fails again, and waits
+        // twice as long.
+        assert!(deltas.requeue_failed(Instant::now() + Duration::from_secs(60)));
+        run_queue(&deltas);
+        assert!(matches!(deltas.lookup(&from, &to, GNU), Lookup::Failed));
+        let failures = deltas.lock().failed.values().map(|f| f.failures).max();
+        assert_eq!(failures, Some(2));
+        assert!(!deltas.requeue_failed(Instant::now() + Duration::from_secs(60)));
+
+        // Repaired, and its wait over: an agent asking queues it at once.
+        fs::copy(&made[0], &base).expect("repair");
+        deltas.retry_first = Duration::ZERO;
+        assert!(matches!(deltas.lookup(&from, &to, GNU), Lookup::Making));
+        run_queue(&deltas);
+        assert!(
+            matches!(deltas.lookup(&from, &to, GNU), Lookup::Ready(_)),
+            "{:?}",
+            deltas.lookup(&from, &to, GNU)
+        );
+        assert!(deltas.lock().failed.is_empty());
     }
 
     #[test]

@@ -69,15 +69,18 @@ pub(super) fn choose<'a>(
     path: &str,
     primary_ok: bool,
 ) -> Result<&'a Arc<ServedBundle>, Box<Response>> {
-    let platforms = release.platforms().join(", ");
+    // Only a refusal names the platforms: the common answer (every `/version` an agent
+    // polls) allocates nothing here.
+    let platforms = || release.platforms().join(", ");
     let asked = ask.platform.as_deref();
     match pick(release, asked, primary_ok) {
         Pick::Bundle(b) => Ok(b),
         Pick::Choose => Err(Box::new(multiple_choices(&s.public_url, release, path))),
         Pick::BadPlatform => Err(Box::new(
             ApiError::bad_request(format!(
-            "platform must be a Rust target triple such as {}; this release has {platforms}",
-            layout::PLATFORM
+            "platform must be a Rust target triple such as {}; this release has {}",
+            layout::PLATFORM,
+            platforms()
         ))
             .into_response(),
         )),
@@ -85,9 +88,10 @@ pub(super) fn choose<'a>(
             ApiError::new(
             StatusCode::NOT_FOUND,
             format!(
-                "this release ({}) has no bundle for {} nor a static musl one of its architecture; it has {platforms}",
+                "this release ({}) has no bundle for {} nor a static musl one of its architecture; it has {}",
                 release.version(),
-                asked.unwrap_or_default()
+                asked.unwrap_or_default(),
+                platforms()
             ),
         )
             .into_response(),
