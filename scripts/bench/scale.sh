@@ -9,8 +9,9 @@
 declare -F start_pg >/dev/null || source scripts/bench/cloud.sh
 
 # scale_metric PORT NAME: the sum of a metric's samples (every label) on one server.
+# A server too busy to answer counts 0 (the caller polls again).
 scale_metric() {
-    curl -fsS --max-time 20 "http://127.0.0.1:$1/metrics" 2>/dev/null |
+    { curl -fsS --max-time 20 "http://127.0.0.1:$1/metrics" 2>/dev/null || true; } |
         awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $2 } END { printf "%.0f\n", s }'
 }
 
@@ -21,7 +22,7 @@ scale_page() {
     admin=$(curl -fsS -o /dev/null --max-time 120 -w '%{time_total} %{size_download}' \
         -H "Authorization: Bearer bench" "$base/admin/agents" || echo "fail 0")
     rm -f "$jar"
-    csrf=$(curl -fsS -c "$jar" "$base/" | grep -o 'name="csrf" value="[^"]*"' | head -1 | sed 's/.*value="//; s/"$//')
+    csrf=$({ curl -fsS --max-time 60 -c "$jar" "$base/" || true; } | grep -o 'name="csrf" value="[^"]*"' | head -1 | sed 's/.*value="//; s/"$//' || true)
     curl -fsS -o /dev/null -b "$jar" -c "$jar" -H "Origin: $base" \
         --data-urlencode "csrf=$csrf" --data-urlencode "token=bench" "$base/signin" || true
     page=$(curl -fsS -o /dev/null --max-time 120 -b "$jar" -w '%{time_total} %{size_download}' "$base/agents" || echo "fail 0")
@@ -101,8 +102,9 @@ bench_scale() {
         hold_rss+=("$(status_mib VmRSS "${spids[$i]}")")
     done
     local pg_cpu pg_conns
-    pg_cpu=$(awk -v a="$p0" -v b="$p1" 'BEGIN { printf "%.1f", (b - a) / 60 * 100 }')
-    pg_conns=$(psql -h 127.0.0.1 -p "$pgport" -U postgres -X -qAt -c "SELECT count(*) FROM pg_stat_activity WHERE datname = 'fleet'")
+    # Backends that ended meanwhile take their CPU with them: then it cannot be told.
+    pg_cpu=$(awk -v a="$p0" -v b="$p1" 'BEGIN { d = (b - a) / 60 * 100; if (d < 0) print "n/a (backends came and went)"; else printf "%.1f", d }')
+    pg_conns=$(psql -h 127.0.0.1 -p "$pgport" -U postgres -X -qAt -c "SELECT count(*) FROM pg_stat_activity WHERE datname = 'fleet'" || echo "?")
     note "holding: server CPU ${hold_cpu[*]} %, RSS ${hold_rss[*]} MiB; PostgreSQL CPU $pg_cpu %, $pg_conns connections"
     # The list of every agent, by the admin API and on the page, at this size.
     local listing
@@ -114,7 +116,7 @@ bench_scale() {
     pub=$(date +%s.%N)
     for pid in "${simpids[@]}"; do wait "$pid" || true; done
     local rollout
-    rollout=$(curl -fsS -H "Authorization: Bearer bench" "http://127.0.0.1:${ports[0]}/admin/rollout")
+    rollout=$(curl -fsS --max-time 60 -H "Authorization: Bearer bench" "http://127.0.0.1:${ports[0]}/admin/rollout" || echo '{"waves": []}')
     echo "$rollout" >"$work/scale-rollout.json"
     # Kept past the run (the scratch directory goes): the simulators' summaries and
     # progress, the rollout, the servers' warnings.
@@ -124,7 +126,7 @@ bench_scale() {
     for i in "${!ports[@]}"; do grep -v ' INFO ' "$work/ss-$i.log" | tail -n 200 >"$keep/server-$i.log"; done
     local peak=()
     for pid in "${spids[@]}"; do peak+=("$(hwm_mib "$pid")"); done
-    pg_conns_end=$(psql -h 127.0.0.1 -p "$pgport" -U postgres -X -qAt -c "SELECT count(*) FROM pg_stat_activity WHERE datname = 'fleet'")
+    pg_conns_end=$(psql -h 127.0.0.1 -p "$pgport" -U postgres -X -qAt -c "SELECT count(*) FROM pg_stat_activity WHERE datname = 'fleet'" || echo "?")
     local waves errors state
     state=$(jq -r '"\(.state)\(if .reason then " (" + .reason + ")" else "" end)"' <<<"$rollout")
     waves=$(jq -r '[.waves[] | "\(.size) (\(.agents) agents) \(if .completed_at and .opened_at then ((.completed_at - .opened_at) * 10 | round / 10 | tostring) + " s" else "not completed (\(.pending) pending)" end)"] | join(", ")' <<<"$rollout")
@@ -155,7 +157,7 @@ One run (bounded at $bound s); everything shares the machine's two cores.
 
 | | |
 |---|---|
-| registered (all known and held) | ${reg_secs:-not all: $known known, $held held} s from the first start |
+| registered (all known and held) | ${reg_secs:+$reg_secs s from the first start}${reg_secs:-not all within $((ramp + 300)) s: at the last look $known known (/metrics of the first server; 0 when it did not answer), $held held} |
 | rollout | $state, ${rollout_secs:-?} s from the release; $waves |
 | errors seen by the agents | $errors${kinds:+ ($kinds)} |
 | register p50 / p99 (per process) | $(pctl register p50_ms) / $(pctl register p99_ms) |

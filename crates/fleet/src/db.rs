@@ -36,15 +36,15 @@ pub struct Db {
 /// memory (see `outage`).
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// What the pool's `after_release` returns: whether to keep the connection.
+type Kept<'c> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, sqlx::Error>> + Send + 'c>>;
+
 /// The pool's `after_release`: stamps the progress, keeps the connection.
 fn on_release(
     progress: Arc<Progress>,
-) -> impl for<'c> Fn(
-    &'c mut sqlx::AnyConnection,
-    sqlx::pool::PoolConnectionMetadata,
-) -> std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<bool, sqlx::Error>> + Send + 'c>,
-> + Send
+) -> impl for<'c> Fn(&'c mut sqlx::AnyConnection, sqlx::pool::PoolConnectionMetadata) -> Kept<'c>
++ Send
 + Sync
 + 'static {
     move |_, _| {
