@@ -34,6 +34,13 @@
 #   networks an update over HTTPS through squid (CONNECT, basic auth) vs direct, alternating
 #            rounds (NETWORKS_ROUNDS, NETWORKS_MIB); a fleet-sim rollout to NETWORKS_AGENTS
 #            (10000): bundle bytes the server sent with an nginx download source vs without
+#   maintenance fleet-sim at 10,000 agents (MAINTENANCE_AGENTS, MAINTENANCE_ROUNDS): a
+#            rollout whose group's window opens a minute after the release vs no window:
+#            bytes sent before the opening, opening (or release) to the last INSTALLED
+#   scale    fleet-sim processes of up to 19,800 long-polling agents (SCALE_PER_PROC)
+#            against SCALE_SERVERS servers on one PostgreSQL, SCALE_AGENTS in all
+#            (99,000 on 5), waves 1%,10%,100% with deltas: registration, waves, errors,
+#            latencies, server RSS and CPU while holding, PostgreSQL's CPU and connections
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
 # BENCH_BASELINE=DIR: a checkout of an earlier commit with target/release built; update,
 # fleet and longpoll's held agents then measure it too, alternating with this tree.
@@ -41,15 +48,15 @@
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 sections=()
 for arg in "$@"; do
     case "$arg" in
-    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config | platforms | delta | networks | releases) sections+=("$arg") ;;
-    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config platforms delta networks releases) ;;
+    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config | platforms | delta | networks | maintenance | scale | releases) sections+=("$arg") ;;
+    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config platforms delta networks maintenance scale releases) ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown section $arg" >&2; usage >&2; exit 2 ;;
     esac

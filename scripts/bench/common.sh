@@ -173,11 +173,13 @@ free_port() {
         shuf -i 20000-60000 -n 1
 }
 
-# start_server HOME PORT [ENV...]: starts update-server in the background.
+# start_server HOME PORT [ENV...]: starts update-server in the background, with the
+# arguments in the array server_args when set (a --config, say).
 start_server() {
     local home=$1 port=$2
     shift 2
-    env "$@" "${server_bin:-$bin}/update-server" --home "$home" --listen "127.0.0.1:$port" >"$home.log" 2>&1 &
+    env "$@" "${server_bin:-$bin}/update-server" --home "$home" --listen "127.0.0.1:$port" \
+        ${server_args[@]+"${server_args[@]}"} >"$home.log" 2>&1 &
     pids+=($!)
     server_pid=$!
     wait_http "${health_url:-http://127.0.0.1:$port/healthz}"

@@ -352,3 +352,96 @@ fn a_bad_maintenance_window_stops_the_server_naming_the_key() {
         );
     }
 }
+
+/// fleet-sim's agents behave as real ones at a window: told the release and the opening,
+/// they fetch it ahead (the server's bytes are all sent before the opening), nothing
+/// installs early, and all install when the server wakes their held connects.
+#[test]
+fn fleet_sim_agents_fetch_ahead_of_their_window_and_install_when_it_opens() {
+    const AGENTS: u64 = 20;
+    let ctx = TestContext::new();
+    let opens = (now_secs() + LEAD).div_ceil(60) * 60;
+    let (key, _) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let b2 = ctx.pack(&ctx.dist("d2"), "2.0.0", "2", &key, "b2");
+    let config = ctx.path("server.toml");
+    let window = format!(
+        "[[maintenance]]\ngroups = [\"db\"]\nstart = \"{}\"\nduration = \"10m\"\n",
+        hhmm(opens)
+    );
+    fs::write(&config, window).unwrap();
+    let config = config.display().to_string();
+    let server = ctx.server_with(
+        "srv",
+        free_port(),
+        &["--config", &config],
+        &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)],
+    );
+    ctx.publish_served(&server, &b1);
+    let summary = ctx.path("sim.json");
+    let mut sim = ctx.cmd("fleet-sim");
+    sim.args(["--server", &server.url(""), "--agents", &AGENTS.to_string()])
+        .args(["--group", "db=1", "--long-poll", "--heartbeat", "30s"])
+        .args(["--ramp", "1s", "--install-time", "1s", "--download", "full"])
+        .args(["--deltas", "--until-rollout-end", "--token", TOKEN])
+        .args(["--duration", "240s", "--json"])
+        .arg(&summary)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let pid = ctx.spawn(sim);
+    wait_until(LONG, "the simulated agents to register", || {
+        admin_agents(server.port, TOKEN).len() as u64 == AGENTS
+    });
+    ctx.republish(&server, &b2);
+    assert!(
+        now_secs() + 10 < opens,
+        "setup took too long: the window opens at {opens}, it is {}",
+        now_secs()
+    );
+    let sent = || {
+        e2e::metric(&server, "agentupdate_bytes_sent_total{kind=\"bundle\"}")
+            + e2e::metric(&server, "agentupdate_bytes_sent_total{kind=\"delta\"}")
+    };
+    wait_until(
+        LONG,
+        "the simulated agents to wait for their window",
+        || {
+            let agents = admin_agents(server.port, TOKEN);
+            agents
+                .iter()
+                .all(|a| a["update_status"] == "WAITING_WINDOW" && a["version"] == OLD)
+        },
+    );
+    // Fetched ahead: the bytes stop growing before the opening.
+    wait_until(LONG, "the fetches ahead", || sent() > 0.0);
+    let mut before = sent();
+    while now_secs() + 2 < opens {
+        std::thread::sleep(Duration::from_secs(1));
+        assert!(
+            admin_agents(server.port, TOKEN)
+                .iter()
+                .all(|a| a["version"] == OLD),
+            "an agent updated before its window"
+        );
+        before = sent();
+    }
+    wait_until(LONG, "fleet-sim to finish", || e2e::pid_gone(pid));
+    let report: Value = serde_json::from_str(&read_file(&summary)).unwrap();
+    assert_eq!(report["rollout"]["state"], "completed", "{report}");
+    assert_eq!(report["versions"][NEW], AGENTS, "{report}");
+    assert_eq!(report["ahead_taken"], AGENTS, "{report}");
+    let ahead = report["ahead_bytes"].as_u64().unwrap();
+    assert!(ahead > 0, "{report}");
+    assert_eq!(
+        ahead,
+        report["bundle_bytes"].as_u64().unwrap() + report["delta_bytes"].as_u64().unwrap(),
+        "every byte was fetched ahead: {report}"
+    );
+    assert_eq!(sent(), before, "the server sent bytes after the opening");
+    let ended = report["rollout"]["ended_at"].as_f64().unwrap();
+    assert!(
+        ended >= opens as f64,
+        "the rollout ended at {ended}, before the window opened at {opens}"
+    );
+    assert_eq!(report["errors"], serde_json::json!({}), "{report}");
+}

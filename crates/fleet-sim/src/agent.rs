@@ -5,6 +5,9 @@
 //! bundle, as a real agent would not). It runs the configuration set the server sends
 //! it: it says `APPLIED` at once and sends the set's hash from then on. With `--deltas` it
 //! asks for a delta from the bundle it runs before the bundle itself, as real agents do.
+//! Told of a release behind its maintenance window (a `200` carrying `"window"`), it
+//! fetches it ahead as a real agent with `update.download-ahead` does, says so in its next
+//! held connects (`ahead=`), and installs without fetching again when the window opens.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -13,7 +16,7 @@ use std::time::{Duration, Instant};
 use agent_protocol::AgentVersion;
 use agent_protocol::wire::{
     self, AgentHello, ConfigOutcome, ConfigPayload, ConfigStatus, ConnectBody, NotSupported,
-    Report, UpdateStatus,
+    Report, UpdateStatus, WindowOffer,
 };
 use futures_util::StreamExt;
 use rand::Rng;
@@ -47,6 +50,13 @@ pub struct SimAgent {
     pub platform: String,
     /// The sha256 of the bundle it runs, when known: what it asks a delta from.
     running: Option<String>,
+    /// The release behind a maintenance window it last acted on (fetched ahead, or
+    /// failed to): what its held connects say with `ahead=`.
+    ahead_acted: Option<String>,
+    /// The release it holds fetched ahead: installed without fetching it again.
+    ahead_ready: Option<String>,
+    /// A fetch ahead of a window is under way: its bytes are counted as such too.
+    fetching_ahead: bool,
 }
 
 /// What a register or connect came back with.
@@ -56,6 +66,8 @@ struct Hello {
     held: bool,
     /// The directive differs from the one before, or a configuration set came.
     changed: bool,
+    /// Accepted until its maintenance window opens: the release it installs then.
+    window: Option<WindowOffer>,
 }
 
 /// One request to make.
@@ -135,6 +147,9 @@ impl SimAgent {
             config_hash: String::new(),
             platform: agent_protocol::layout::PLATFORM.to_owned(),
             running: None,
+            ahead_acted: None,
+            ahead_ready: None,
+            fetching_ahead: false,
         }
     }
 
@@ -201,8 +216,16 @@ impl SimAgent {
         while let Some(chunk) = stream.next().await {
             match chunk {
                 // A whole bundle (or a delta) is counted, not kept.
-                Ok(c) if drain == Some(Drain::Bundle) => shared.add_bytes(c.len() as u64),
-                Ok(c) if drain == Some(Drain::Delta) => shared.add_delta_bytes(c.len() as u64),
+                Ok(c) if drain.is_some() => {
+                    let n = c.len() as u64;
+                    match drain {
+                        Some(Drain::Delta) => shared.add_delta_bytes(n),
+                        _ => shared.add_bytes(n),
+                    }
+                    if self.fetching_ahead {
+                        shared.add_ahead_bytes(n);
+                    }
+                }
                 Ok(c) => body.extend_from_slice(&c),
                 Err(_) => {
                     shared.stats.error(format!("{endpoint}: body cut off"));
@@ -267,6 +290,12 @@ impl SimAgent {
             {
                 path.push_str(&format!("&{}={sha}", wire::KNOWN_QUERY));
             }
+            // As a real agent with `update.download-ahead` (its default): a release
+            // behind its window is news until it has fetched that one.
+            if shared.options.download_ahead {
+                let have = self.ahead_acted.as_deref().unwrap_or("1");
+                path.push_str(&format!("&{}={have}", wire::AHEAD_QUERY));
+            }
             ("connect (held)", path)
         } else if self.registered {
             ("connect", wire::CONNECT_PATH.to_owned())
@@ -285,6 +314,7 @@ impl SimAgent {
             directive: None,
             held: false,
             changed: false,
+            window: None,
         };
         let Some(answer) = answer else {
             self.fail_over(shared);
@@ -296,6 +326,14 @@ impl SimAgent {
             s if s.is_success() => {
                 self.registered = true;
                 hello.changed = self.apply_config(shared, &answer.body).await;
+                hello.window = serde_json::from_slice::<serde_json::Value>(&answer.body)
+                    .ok()
+                    .and_then(|mut json| json.get_mut("window").map(serde_json::Value::take))
+                    .and_then(|w| serde_json::from_value::<WindowOffer>(w).ok());
+                hello.changed |= hello
+                    .window
+                    .as_ref()
+                    .is_some_and(|w| self.ahead_acted.as_deref() != Some(w.sha256.as_str()));
                 Some(Ok(()))
             }
             StatusCode::CONFLICT => {
@@ -539,6 +577,49 @@ impl SimAgent {
         false
     }
 
+    /// Accepted until `window` opens: fetches its release now, once per release, as a real
+    /// agent with `update.download-ahead` does (what it is offered, from
+    /// `/agentupdate/version`, then the delta or the bundle). A failure is left to the
+    /// update at the opening, which fetches as always.
+    async fn fetch_ahead(&mut self, shared: &Shared, window: &WindowOffer) {
+        if !shared.options.download_ahead
+            || self.ahead_acted.as_deref() == Some(window.sha256.as_str())
+        {
+            return;
+        }
+        self.ahead_acted = Some(window.sha256.clone());
+        let Ok(expected) = window.expected.parse::<AgentVersion>() else {
+            shared
+                .stats
+                .error("connect: the window names no version".into());
+            return;
+        };
+        if expected == self.version || self.bad.contains(&window.sha256) {
+            return;
+        }
+        let path = wire::for_platform(wire::VERSION_PATH, &self.platform);
+        let offered = self
+            .call(shared, Call::new("version", Method::GET, &path))
+            .await
+            .filter(|a| a.status.is_success())
+            .and_then(|a| {
+                let text = String::from_utf8(a.body).ok()?;
+                let props = agent_protocol::properties::Properties::parse(&text).ok()?;
+                wire::VersionInfo::from_properties(&props).ok()
+            });
+        // The bundle may be changing: the update at the opening tries again.
+        if offered.is_none_or(|info| info.agent != expected || info.sha256 != window.sha256) {
+            return;
+        }
+        self.fetching_ahead = true;
+        let fetched = self.fetch(shared).await;
+        self.fetching_ahead = false;
+        if fetched {
+            self.ahead_ready = Some(window.sha256.clone());
+            shared.count_ahead();
+        }
+    }
+
     /// Refused with `ns`: update, unless that very bundle failed here before.
     async fn update(&mut self, shared: &Shared, ns: NotSupported) {
         let Ok(expected) = ns.expected.parse::<AgentVersion>() else {
@@ -550,8 +631,15 @@ impl SimAgent {
         if self.bad.contains(&bundle) {
             return;
         }
-        let bundle_from = self.try_source(shared).await;
-        if bundle_from != Some(wire::FROM_SOURCE) && !self.fetch(shared).await {
+        // Fetched ahead of its window: installed from what it has, as a real agent
+        // reuses a complete download of the same bundle.
+        let ready = sha256.is_some() && self.ahead_ready == sha256;
+        let bundle_from = if ready {
+            None
+        } else {
+            self.try_source(shared).await
+        };
+        if !ready && bundle_from != Some(wire::FROM_SOURCE) && !self.fetch(shared).await {
             return;
         }
         self.report_from(
@@ -580,6 +668,7 @@ impl SimAgent {
             // The new version starts and registers; its INSTALLED waits in its outbox.
             self.version = expected.clone();
             self.running = sha256;
+            self.ahead_ready = None;
             self.registered = false;
             let report = Report {
                 id: self.id.clone(),
@@ -619,8 +708,14 @@ impl SimAgent {
             };
             let took = asked.elapsed();
             let registered = !was_registered && self.registered;
-            if let Some(Err(ns)) = hello.directive {
-                self.update(&shared, ns).await;
+            match hello.directive {
+                Some(Err(ns)) => self.update(&shared, ns).await,
+                Some(Ok(())) => {
+                    if let Some(window) = &hello.window {
+                        self.fetch_ahead(&shared, window).await;
+                    }
+                }
+                None => {}
             }
             let wait = if registered && shared.options.long_poll {
                 // As real agents do: the first held connect follows the register at once.

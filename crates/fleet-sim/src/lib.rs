@@ -6,7 +6,8 @@
 //! installs nothing: the install is a wait, and its outcome a coin with the chosen odds.
 //! It prints a progress line while it runs and a summary at the end: calls per second,
 //! latency percentiles per endpoint, errors by kind, bytes received as bundles and as
-//! deltas (`--deltas`), and the time to the rollout's end.
+//! deltas (`--deltas`), and of them fetched ahead of a maintenance window, and the time
+//! to the rollout's end.
 //!
 //! It never writes a file except the `--json` summary it is asked for.
 
@@ -88,6 +89,9 @@ pub struct Options {
     /// Native agents take a whole bundle from the download source `/agentupdate/version`
     /// names (`downloads.public-url`), the server when it fails.
     pub download_source: bool,
+    /// Native agents told of a release behind their maintenance window fetch it then
+    /// (`update.download-ahead`, on by default in real agents), not when it opens.
+    pub download_ahead: bool,
 }
 
 /// What every simulated agent shares.
@@ -101,6 +105,10 @@ pub struct Shared {
     versions: Mutex<BTreeMap<String, usize>>,
     bytes: AtomicU64,
     delta_bytes: AtomicU64,
+    /// Of the bytes of bundles and deltas, those fetched ahead of a maintenance window;
+    /// and how many agents had their release so before their window opened.
+    ahead_bytes: AtomicU64,
+    ahead_taken: AtomicU64,
     /// Updates that came as a delta, and delta requests answered `404` (the bundle then).
     deltas_taken: AtomicU64,
     delta_fallbacks: AtomicU64,
@@ -145,6 +153,16 @@ impl Shared {
     /// Bytes of deltas received.
     pub fn add_delta_bytes(&self, n: u64) {
         self.delta_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Bytes (of a bundle or a delta) fetched ahead of a maintenance window.
+    pub fn add_ahead_bytes(&self, n: u64) {
+        self.ahead_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// An agent holds its release, fetched ahead of its window.
+    pub fn count_ahead(&self) {
+        self.ahead_taken.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn count_delta_taken(&self) {
@@ -210,6 +228,10 @@ pub struct RolloutSeen {
     pub reason: Option<String>,
     /// From its start (as the server recorded it) to its end (as seen here).
     pub seconds: Option<f64>,
+    /// Its start and end, unix seconds (the server's record; the end as seen here when
+    /// the server gives none).
+    pub started_at: Option<f64>,
+    pub ended_at: Option<f64>,
     pub wave: u64,
     pub waves: Vec<serde_json::Value>,
 }
@@ -231,6 +253,10 @@ pub struct Report {
     pub deltas_taken: u64,
     /// Delta requests answered `404`: those agents downloaded the bundle.
     pub delta_fallbacks: u64,
+    /// Bytes of bundles and deltas fetched ahead of a maintenance window (counted in
+    /// `bundle_bytes` and `delta_bytes` too), and the agents that fetched their release so.
+    pub ahead_bytes: u64,
+    pub ahead_taken: u64,
     pub busy_503: u64,
     pub simulated_failures: u64,
     /// `409`s to registers and connects.
@@ -305,6 +331,8 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         versions: Mutex::new(BTreeMap::new()),
         bytes: AtomicU64::new(0),
         delta_bytes: AtomicU64::new(0),
+        ahead_bytes: AtomicU64::new(0),
+        ahead_taken: AtomicU64::new(0),
         deltas_taken: AtomicU64::new(0),
         delta_fallbacks: AtomicU64::new(0),
         busy: AtomicU64::new(0),
@@ -376,7 +404,9 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
                                 .map(|d| d.as_secs_f64())
                                 .unwrap_or(0.0);
                             let end = status["completed_at"].as_f64().unwrap_or(now);
-                            seen.seconds = status["started_at"].as_f64().map(|s| end - s);
+                            seen.started_at = status["started_at"].as_f64();
+                            seen.ended_at = Some(end);
+                            seen.seconds = seen.started_at.map(|s| end - s);
                         }
                         if ended && options.until_rollout_end {
                             break;
@@ -406,6 +436,8 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         delta_bytes: shared.delta_bytes.load(Ordering::Relaxed),
         deltas_taken: shared.deltas_taken.load(Ordering::Relaxed),
         delta_fallbacks: shared.delta_fallbacks.load(Ordering::Relaxed),
+        ahead_bytes: shared.ahead_bytes.load(Ordering::Relaxed),
+        ahead_taken: shared.ahead_taken.load(Ordering::Relaxed),
         busy_503: shared.busy.load(Ordering::Relaxed),
         simulated_failures: shared.failed.load(Ordering::Relaxed),
         refused: shared.refused.load(Ordering::Relaxed),
@@ -521,6 +553,13 @@ pub fn render(report: &Report) -> String {
             report.deltas_taken,
             report.delta_fallbacks,
             report.bundle_bytes + report.delta_bytes
+        );
+    }
+    if report.ahead_taken > 0 || report.ahead_bytes > 0 {
+        let _ = writeln!(
+            out,
+            "fetched ahead of a maintenance window: {} bytes by {} agents",
+            report.ahead_bytes, report.ahead_taken
         );
     }
     let _ = writeln!(

@@ -97,6 +97,10 @@ struct Cli {
     /// do, from the server when that fails; their INSTALLING report says which.
     #[arg(long)]
     download_source: bool,
+    /// Agents told of a release behind their maintenance window do not fetch it before
+    /// the window opens (a real agent's `update.download-ahead = false`).
+    #[arg(long)]
+    no_download_ahead: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -211,6 +215,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         enrollment_token: cli.enrollment_token,
         deltas: cli.deltas,
         download_source: cli.download_source,
+        download_ahead: !cli.no_download_ahead,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let report = runtime.block_on(fleet_sim::run(options))?;

@@ -9,6 +9,8 @@
 //! on start.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agent_protocol::wire::Report;
@@ -27,6 +29,44 @@ pub enum Backend {
 pub struct Db {
     pool: AnyPool,
     backend: Backend,
+    progress: Arc<Progress>,
+}
+
+/// How long a query waits for a free PostgreSQL connection before it is answered from
+/// memory (see `outage`).
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What the pool's `after_release` returns: whether to keep the connection.
+type Kept<'c> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, sqlx::Error>> + Send + 'c>>;
+
+/// The pool's `after_release`: stamps the progress, keeps the connection.
+fn on_release(
+    progress: Arc<Progress>,
+) -> impl for<'c> Fn(&'c mut sqlx::AnyConnection, sqlx::pool::PoolConnectionMetadata) -> Kept<'c>
++ Send
++ Sync
++ 'static {
+    move |_, _| {
+        progress.answered(now_ms());
+        Box::pin(async { Ok(true) })
+    }
+}
+
+/// When a connection last came back to the pool (unix milliseconds; 0: never): while
+/// connections keep coming back, a pool with none free is busy, not cut off from its
+/// database.
+#[derive(Debug, Default)]
+pub struct Progress(AtomicI64);
+
+impl Progress {
+    pub fn answered(&self, at_ms: i64) {
+        self.0.store(at_ms, Ordering::Relaxed);
+    }
+
+    pub fn last_ms(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 pub fn now_secs() -> i64 {
@@ -175,10 +215,13 @@ impl Db {
                 "database.url {url:?}: use a postgres:// URL, a sqlite: URL, or leave it empty for a file under the server's home"
             )));
         };
+        let progress = Arc::new(Progress::default());
+        let released = on_release(Arc::clone(&progress));
         let pool = match backend {
             Backend::Sqlite => {
                 AnyPoolOptions::new()
                     .max_connections(4)
+                    .after_release(released)
                     // WAL lets readers run beside the writer; NORMAL syncs at checkpoints,
                     // which WAL makes safe against corruption (a power cut loses at most
                     // the last commits, never the file).
@@ -207,7 +250,8 @@ impl Db {
                     .max_connections(pool_size)
                     // Short: while the database is away, agents are answered from memory
                     // once a query has waited this long (see `outage`).
-                    .acquire_timeout(Duration::from_secs(3))
+                    .acquire_timeout(ACQUIRE_TIMEOUT)
+                    .after_release(released)
                     .connect(&url)
                     .await
                     .map_err(|e| FleetError::Config(target.explain(&e)))?
@@ -217,7 +261,16 @@ impl Db {
             Backend::Sqlite => sqlx::migrate!("./migrations/sqlite").run(&pool).await?,
             Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(&pool).await?,
         }
-        Ok(Self { pool, backend })
+        Ok(Self {
+            pool,
+            backend,
+            progress,
+        })
+    }
+
+    /// When this pool last had a connection back from a query.
+    pub fn progress(&self) -> Arc<Progress> {
+        Arc::clone(&self.progress)
     }
 
     pub fn pool(&self) -> &AnyPool {

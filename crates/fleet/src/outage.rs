@@ -20,14 +20,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use agent_protocol::wire::{ConfigStatus, Report};
 use serde::{Deserialize, Serialize};
 
-use crate::db::Credentials;
+use crate::db::{Credentials, Progress};
 use crate::error::FleetError;
 
 /// Most entries kept; past it, new contacts are dropped (reports and `409` records never
@@ -176,7 +176,26 @@ pub struct Outage {
     /// the database is away.
     credentials: Mutex<HashMap<String, Credentials>>,
     outages: AtomicU64,
+    /// The pool's last answered query: tells a busy database from one that is away.
+    progress: Option<Arc<Progress>>,
+    /// Queries answered from memory because every connection was busy, and when that
+    /// was last said.
+    busy: AtomicU64,
+    busy_said: Mutex<Option<Instant>>,
 }
+
+/// Whether a failure means a busy database rather than one that is away: no connection
+/// came free within the acquire timeout, yet one came back from a query within the last
+/// `window_ms` (the database answers, there are more queries than connections). A
+/// database cut off or hung answers nothing, and one that refuses fails otherwise.
+pub fn busy_not_away(e: &FleetError, last_answer_ms: i64, now_ms: i64, window_ms: i64) -> bool {
+    matches!(e, FleetError::Database(sqlx::Error::PoolTimedOut))
+        && last_answer_ms > 0
+        && now_ms.saturating_sub(last_answer_ms) <= window_ms
+}
+
+/// How often a busy database is said in the log.
+const BUSY_SAID_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -205,7 +224,21 @@ impl Outage {
             file,
             credentials: Mutex::new(HashMap::new()),
             outages: AtomicU64::new(0),
+            progress: None,
+            busy: AtomicU64::new(0),
+            busy_said: Mutex::new(None),
         }
+    }
+
+    /// Tells a busy database from one that is away by the pool's progress.
+    pub fn watching(mut self, progress: Arc<Progress>) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+
+    /// Queries answered from memory because the database was busy (not away).
+    pub fn busy_count(&self) -> u64 {
+        self.busy.load(Ordering::Relaxed)
     }
 
     /// True from the first failure for want of the database until the spool is
@@ -215,7 +248,29 @@ impl Outage {
     }
 
     /// A query failed for want of the database: say so once, and answer from memory.
+    /// A busy pool (see [`busy_not_away`]) is not an outage: this one query is answered
+    /// from memory, and the server stays with its database.
     pub fn went_down(&self, e: &FleetError) {
+        if let Some(progress) = &self.progress
+            && busy_not_away(
+                e,
+                progress.last_ms(),
+                crate::db::now_ms(),
+                i64::try_from(crate::db::ACQUIRE_TIMEOUT.as_millis()).unwrap_or(i64::MAX),
+            )
+        {
+            self.busy.fetch_add(1, Ordering::Relaxed);
+            let mut said = lock(&self.busy_said);
+            if said.is_none_or(|at| at.elapsed() >= BUSY_SAID_EVERY) {
+                *said = Some(Instant::now());
+                tracing::warn!(
+                    "the fleet database is busy: no connection came free within {:?} while queries are being answered ({} answered from memory so far); raise database.pool-size if PostgreSQL has room, or add servers",
+                    crate::db::ACQUIRE_TIMEOUT,
+                    self.busy_count()
+                );
+            }
+            return;
+        }
         if self.down.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -327,6 +382,43 @@ fn read_spool_file(path: &Path) -> Vec<Deferred> {
 mod tests {
     use super::*;
     use agent_protocol::wire::UpdateStatus;
+
+    #[test]
+    fn a_pool_with_no_connection_free_is_busy_while_queries_come_back() {
+        let timed_out = FleetError::Database(sqlx::Error::PoolTimedOut);
+        // A query came back 1 s ago: busy.
+        assert!(busy_not_away(&timed_out, 9_000, 10_000, 3_000));
+        assert!(busy_not_away(&timed_out, 7_000, 10_000, 3_000));
+        // Nothing came back for longer than the timeout (hung, cut off): away.
+        assert!(!busy_not_away(&timed_out, 6_999, 10_000, 3_000));
+        // Nothing ever came back: away.
+        assert!(!busy_not_away(&timed_out, 0, 10_000, 3_000));
+        // A refused or broken connection is away however recent the last answer.
+        let refused = FleetError::Database(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert!(!busy_not_away(&refused, 9_999, 10_000, 3_000));
+        assert!(!busy_not_away(
+            &FleetError::Database(sqlx::Error::PoolClosed),
+            9_999,
+            10_000,
+            3_000
+        ));
+    }
+
+    #[test]
+    fn a_busy_pool_answers_from_memory_without_an_outage() {
+        let progress = Arc::new(Progress::default());
+        let outage = Outage::new(None).watching(Arc::clone(&progress));
+        progress.answered(crate::db::now_ms());
+        outage.went_down(&FleetError::Database(sqlx::Error::PoolTimedOut));
+        assert!(!outage.is_down());
+        assert_eq!(outage.busy_count(), 1);
+        // Then nothing answers for longer than the acquire timeout: away.
+        progress.answered(crate::db::now_ms() - 10_000);
+        outage.went_down(&FleetError::Database(sqlx::Error::PoolTimedOut));
+        assert!(outage.is_down());
+    }
 
     fn contact(id: &str, version: &str, at: i64) -> Deferred {
         Deferred::Contact {

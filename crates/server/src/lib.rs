@@ -118,7 +118,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
     if let store::Current::Ready(release) = store.current() {
         rollouts.serve(served(&release)).await?;
     }
-    let outage = Arc::new(Outage::new(Some(home.join(SPOOL_FILE))));
+    let outage = Arc::new(Outage::new(Some(home.join(SPOOL_FILE))).watching(db.progress()));
     let configs = Arc::new(Configs::new(
         db.clone(),
         config.rollout_plan().map_err(ServerError::Config)?,
