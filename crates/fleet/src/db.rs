@@ -305,6 +305,22 @@ impl Db {
         Ok(row.map(|r| r.get::<String, _>(0)))
     }
 
+    /// Every setting whose key starts with `prefix` (of plain characters: no `%` or `_`
+    /// meant literally).
+    pub async fn settings_with_prefix(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, String)>, FleetError> {
+        let rows = sqlx::query("SELECT key, value FROM settings WHERE key LIKE $1")
+            .bind(format!("{prefix}%"))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<String, _>(0), r.get::<String, _>(1)))
+            .collect())
+    }
+
     pub async fn set_setting(&self, key: &str, value: &str) -> Result<(), FleetError> {
         sqlx::query(
             "INSERT INTO settings (key, value) VALUES ($1, $2)

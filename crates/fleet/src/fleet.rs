@@ -56,6 +56,9 @@ pub struct Fleet {
     verified: Mutex<HashMap<String, String>>,
     /// The credentials revision as last read (see [`settings::CREDENTIALS_REVISION`]).
     credentials_revision: Mutex<Option<String>>,
+    /// The release each agent's update locks were overridden for, as last read: asked at
+    /// every refused connect, so it is read with the settings, not per connect.
+    lock_overrides: Mutex<HashMap<String, String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -72,6 +75,7 @@ impl Fleet {
     ) -> Result<Self, FleetError> {
         let on = settings::auto_update_on(db.setting(settings::AUTO_UPDATE).await?.as_deref());
         let revision = db.setting(settings::CREDENTIALS_REVISION).await?;
+        let overrides = lock_overrides(&db).await?;
         Ok(Self {
             db,
             outage,
@@ -83,7 +87,25 @@ impl Fleet {
             in_flush: Mutex::default(),
             verified: Mutex::default(),
             credentials_revision: Mutex::new(revision),
+            lock_overrides: Mutex::new(overrides),
         })
+    }
+
+    /// Whether an operator overrode `agent`'s update locks for the release `version`
+    /// (on any server of the fleet, as of the last settings read).
+    pub fn locks_overridden(&self, agent: &str, version: &str) -> bool {
+        lock(&self.lock_overrides)
+            .get(agent)
+            .is_some_and(|v| v == version)
+    }
+
+    /// An operator lets the release `version` through `agent`'s update locks; every
+    /// server of the fleet knows within a settings read.
+    pub async fn override_locks(&self, agent: &str, version: &str) -> Result<(), FleetError> {
+        let key = format!("{}{agent}", settings::OVERRIDE_LOCKS_PREFIX);
+        self.db.set_setting(&key, version).await?;
+        lock(&self.lock_overrides).insert(agent.to_owned(), version.to_owned());
+        Ok(())
     }
 
     /// The operators' named tokens.
@@ -342,9 +364,27 @@ impl Fleet {
                     Err(e) if e.is_unavailable() => fleet.outage.went_down(&e),
                     Err(e) => tracing::warn!("reading the fleet's settings: {e}"),
                 }
+                match lock_overrides(&fleet.db).await {
+                    Ok(overrides) => *lock(&fleet.lock_overrides) = overrides,
+                    Err(e) if e.is_unavailable() => fleet.outage.went_down(&e),
+                    Err(e) => tracing::warn!("reading the fleet's settings: {e}"),
+                }
             }
         });
     }
+}
+
+/// The overridden update locks, by agent id.
+async fn lock_overrides(db: &Db) -> Result<HashMap<String, String>, FleetError> {
+    Ok(db
+        .settings_with_prefix(settings::OVERRIDE_LOCKS_PREFIX)
+        .await?
+        .into_iter()
+        .filter_map(|(key, value)| {
+            key.strip_prefix(settings::OVERRIDE_LOCKS_PREFIX)
+                .map(|id| (id.to_owned(), value))
+        })
+        .collect())
 }
 
 /// The row a queued contact writes, with the health it reported.

@@ -10,6 +10,10 @@ pub const DOWNLOAD_LIMIT: &str = "downloads.limit";
 /// drops the tokens it verified lately (see `Fleet::verified`) within a settings poll.
 pub const CREDENTIALS_REVISION: &str = "credentials.revision";
 
+/// `override-locks:<agent id>` = the release an operator let through that agent's update
+/// locks (`POST /admin/agents/<id>/override-locks`).
+pub const OVERRIDE_LOCKS_PREFIX: &str = "override-locks:";
+
 /// Each server's own download limit, keyed by its `server.name`.
 pub fn download_limit_key(server: &str) -> String {
     format!("{DOWNLOAD_LIMIT}@{server}")

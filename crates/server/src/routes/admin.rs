@@ -229,10 +229,7 @@ pub(super) async fn override_locks(
     };
     // The release the fleet is told to run (the rollout's target).
     let version = release.version().to_string();
-    s.fleet
-        .db
-        .set_setting(&super::agents::override_key(&id), &version)
-        .await?;
+    s.fleet.override_locks(&id, &version).await?;
     s.fleet.rollouts.news().publish("update locks overridden");
     tracing::warn!(agent = %id, by = %caller.name, "an operator overrode the agent's update locks");
     caller

@@ -405,7 +405,9 @@ async fn decide(
         inc(&s.metrics.registrations_refused);
     }
     tracing::info!(agent = %hello.hello.id, version = %hello.version, expected = %expected, "refused agent");
-    let override_locks = locks_overridden(s, &hello.hello.id, &expected.to_string()).await;
+    let override_locks = s
+        .fleet
+        .locks_overridden(&hello.hello.id, &expected.to_string());
     Ok(Greeting::Refused(NotSupported {
         error: wire::NOT_SUPPORTED.to_owned(),
         expected: expected.to_string(),
@@ -606,25 +608,6 @@ async fn store_token(s: &Shared, id: &str, hash: String) -> Result<bool, ApiErro
         }
         Err(e) => Err(e.into()),
     }
-}
-
-/// The settings key under which an operator's override of an agent's update locks is
-/// kept: its value is the release (`VERSION+BUILD`) it was given for, so it ends with
-/// that release.
-pub(super) fn override_key(id: &str) -> String {
-    format!("override-locks:{id}")
-}
-
-/// Whether an operator overrode `id`'s update locks for the release `version`. A
-/// database that does not answer overrides nothing.
-async fn locks_overridden(s: &Shared, id: &str, version: &str) -> bool {
-    s.fleet
-        .db
-        .setting(&override_key(id))
-        .await
-        .ok()
-        .flatten()
-        .is_some_and(|v| v == version)
 }
 
 /// `POST /agent/leave`: the agent uninstalls itself. Its credentials are revoked (`401`
