@@ -30,7 +30,9 @@
 #   delta    bytes of a delta vs the whole bundle for three kinds of release, beside bsdiff,
 #            zstd --patch-from and xdelta3; time and memory to make and apply one
 #   releases a real agent's `release rollback` to the version it kept vs its forward update
-#            to a new release, alternating rounds (RELEASES_ROUNDS, RELEASES_MIB)
+#            to a new release, alternating rounds (RELEASES_ROUNDS, RELEASES_MIB); then
+#            RELEASES_AGENTS (10000) fleet-sim agents' rollback vs a forward rollout of the
+#            same release (RELEASES_FLEET_ROUNDS)
 #   networks an update over HTTPS through squid (CONNECT, basic auth) vs direct, alternating
 #            rounds (NETWORKS_ROUNDS, NETWORKS_MIB); a fleet-sim rollout to NETWORKS_AGENTS
 #            (10000): bundle bytes the server sent with an nginx download source vs without
@@ -48,7 +50,7 @@
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 

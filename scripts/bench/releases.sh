@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/bench.sh releases: a real agent's `release rollback` to the version it kept vs its
-# forward update to a new release, alternating, with the bundle bytes each sent
+# forward update to a new release, alternating, with the bundle bytes each sent; then
+# 10,000 fleet-sim agents' rollback vs a forward rollout of the same release
 # Sourced by scripts/bench.sh after scripts/bench/common.sh; run alone, it hands itself
 # to scripts/bench.sh releases.
 # shellcheck disable=SC2154,SC2034 # the globals (work, bin, ...) are common.sh's
@@ -30,9 +31,81 @@ bundle_bytes() {
     curl -fsS "$1/metrics" | awk -F' ' '/^agentupdate_bytes_sent_total\{kind="(bundle|delta)"\}/ { s += $2 } END { printf "%d", s }'
 }
 
+# rollout_done URL VERSION: prints "seconds" (completed_at - started_at) once the fleet's
+# rollout of VERSION has completed; polls for at most ten minutes.
+rollout_done() {
+    local end=$((SECONDS + 600)) r
+    while ((SECONDS < end)); do
+        r=$(curl -fsS -H "Authorization: Bearer bench" "$1/admin/rollout" 2>/dev/null || true)
+        if jq -e --arg v "$2" '.version == $v and .state == "completed"' <<<"$r" >/dev/null 2>&1; then
+            jq -r '.completed_at - .started_at' <<<"$r"
+            return 0
+        fi
+        sleep 0.2
+    done
+    echo "bench.sh: the rollout of $2 did not complete; last: $r" >&2
+    return 1
+}
+
+# The fleet half: RELEASES_AGENTS fleet-sim agents (long polls, deltas) on one server. Each
+# round rolls forward to B (timed), forward again to C, then back to B, which every agent
+# kept (timed): the same release's rollout forward and as a rollback. Appends "forward
+# rollback forward_bytes rollback_bytes" per round to $work/releases-fleet.txt.
+releases_fleet() {
+    local n=$1 rounds=$2 port url
+    ulimit -Hn $((n * 2 + 4096)) 2>/dev/null || true
+    ulimit -n "$(ulimit -Hn)"
+    make_dist "$work/relf-dist" 1
+    local b1
+    b1=$(pack 1.0.0 "$work/relf-dist" "$work/relf-b1")
+    port=$(free_port)
+    url=http://127.0.0.1:$port
+    sim_server "$work/relf-server" "$port" "$b1" UPDATE_SERVER_BUNDLE_PUBLIC_KEY="$work/keys/update.pub"
+    local release=("$bin/update-server" release --server "$url" --token bench)
+    "$bin/fleet-sim" --server "$url" --agents "$n" --agent-version 1.0.0+1 --heartbeat 30s --long-poll \
+        --ramp 30s --install-time 2s --download full --deltas --duration 3600s --token bench \
+        --json "$work/relf.json" >/dev/null 2>"$work/relf.err" &
+    local sim=$!
+    pids+=("$sim")
+    local end=$((SECONDS + 300))
+    until [[ $(curl -fsS "$url/metrics" | awk '/^agentupdate_agents\{/ { s += $2 } END { print s + 0 }') -ge $n ]]; do
+        ((SECONDS < end)) || { echo "bench.sh: the simulated fleet never registered" >&2; return 1; }
+        sleep 1
+    done
+    : >"$work/releases-fleet.txt"
+    local r b c t0 b0 forward back fbytes bbytes
+    for r in $(seq 1 "$rounds"); do
+        sleep 1 # signed-at has one-second resolution: each release is newer
+        echo "b $r" >"$work/relf-dist/lib/round.txt"
+        b=$(pack "2.0.$r" "$work/relf-dist" "$work/relf-b-$r")
+        b0=$(bundle_bytes "$url")
+        "${release[@]}" publish "$b" >/dev/null
+        forward=$(rollout_done "$url" "2.0.$r+1")
+        fbytes=$(($(bundle_bytes "$url") - b0))
+        sleep 1
+        echo "c $r" >"$work/relf-dist/lib/round.txt"
+        c=$(pack "3.0.$r" "$work/relf-dist" "$work/relf-c-$r")
+        "${release[@]}" publish "$c" >/dev/null
+        rollout_done "$url" "3.0.$r+1" >/dev/null
+        rm -rf "$work/relf-back"
+        "${release[@]}" export --release "2.0.$r+1" --out "$work/relf-back" >/dev/null
+        "$bin/agent-bundle" sign --key "$work/keys/update.key" "$work/relf-back/agent-bundle-2.0.$r" >/dev/null
+        b0=$(bundle_bytes "$url")
+        "${release[@]}" rollback --to "2.0.$r+1" --signatures "$work/relf-back" >/dev/null
+        back=$(rollout_done "$url" "2.0.$r+1")
+        bbytes=$(($(bundle_bytes "$url") - b0))
+        note "fleet round $r: forward ${forward}s ($fbytes bytes), rollback ${back}s ($bbytes bytes)"
+        echo "$forward $back $fbytes $bbytes" >>"$work/releases-fleet.txt"
+    done
+    kill "$sim" 2>/dev/null || true
+    wait "$sim" 2>/dev/null || true
+    stop_server
+}
+
 bench_releases() {
     echo "releases: rollback to the kept version vs a forward update, one real agent" >&2
-    local rounds=${RELEASES_ROUNDS:-5} mib=${RELEASES_MIB:-20}
+    local rounds=${RELEASES_ROUNDS:-5} mib=${RELEASES_MIB:-20} agents=${RELEASES_AGENTS:-10000}
+    local fleet_rounds=${RELEASES_FLEET_ROUNDS:-3}
     keys
     local home=$work/releases-server port url
     mkdir -p "$home/downloads/agent"
@@ -86,6 +159,11 @@ bench_releases() {
         sleep 1 # signed-at has one-second resolution: the next release is newer
     done
     stop_home "$work/rel-agent/agent"
+    kill "$server_pid" 2>/dev/null || true
+    releases_fleet "$agents" "$fleet_rounds"
+    local fleet_f fleet_b
+    fleet_f=$(awk '{ print $1 }' "$work/releases-fleet.txt" | median_of)
+    fleet_b=$(awk '{ print $2 }' "$work/releases-fleet.txt" | median_of)
     local mf mb size
     mf=$(awk '{ print $1 }' "$work/releases.txt" | median_of)
     mb=$(awk '{ print $2 }' "$work/releases.txt" | median_of)
@@ -113,7 +191,25 @@ bundle byte: the agent verifies the kept bundle against the new signature, switc
 checks health, which the forward update does too after its download (or delta).
 Each forward release differs from the one before by one small file, so a forward update
 mostly takes a delta of a few hundred bytes (a round whose delta was not made yet
-downloads the whole bundle): even against a delta, the kept version is about twice as
-fast, and against a whole download on a real network the gap only grows.
+downloads the whole bundle): even against a delta of a few hundred bytes the kept
+version is faster, and against a whole download on a real network the gap only grows.
+
+**A fleet.** $agents \`fleet-sim\` agents (long polls, \`--deltas\`, installs of 2 s, every
+agent keeping the bundle it ran before, as real agents do) on one release update-server;
+waves \`["100%"]\`. Each of $fleet_rounds rounds rolls forward to release B (timed), forward
+again to C, then \`release rollback\` to B (timed): the same release, rolled out forward and
+as a rollback. Time is the server's, from the rollout's start to its last agent
+\`INSTALLED\`; bytes as above.
+
+| | rollout time | bundle + delta bytes sent |
+|---|---|---|
+| forward rollout of B | $(awk '{ print $1 }' "$work/releases-fleet.txt" | spread) | $(awk '{ print $3 }' "$work/releases-fleet.txt" | spread_as %.0f) |
+| \`release rollback\` to B | $(awk '{ print $2 }' "$work/releases-fleet.txt" | spread) | $(awk '{ print $4 }' "$work/releases-fleet.txt" | spread_as %.0f) |
+
+The fleet's rollback takes $(ratio "$fleet_b" "$fleet_f") of the forward rollout's time (medians) and sends
+no byte. Here the forward rollouts take deltas of under a kilobyte per agent, so both
+are paced by the server taking 10,000 agents' reports (SQLite, one server), not by
+bytes: what the rollback saves a fleet is the whole of the bytes (and a download source
+or delta worker it would otherwise need), and its time where bytes are the limit.
 EOF
 }

@@ -50,6 +50,9 @@ pub struct SimAgent {
     pub platform: String,
     /// The sha256 of the bundle it runs, when known: what it asks a delta from.
     running: Option<String>,
+    /// The sha256 of the bundle it ran before (`versions/<v>/bundle` of a real agent): a
+    /// way back to it takes no download.
+    kept: Option<String>,
     /// The release behind a maintenance window it last acted on (fetched ahead, or
     /// failed to): what its held connects say with `ahead=`.
     ahead_acted: Option<String>,
@@ -147,6 +150,7 @@ impl SimAgent {
             config_hash: String::new(),
             platform: agent_protocol::layout::PLATFORM.to_owned(),
             running: None,
+            kept: None,
             ahead_acted: None,
             ahead_ready: None,
             fetching_ahead: false,
@@ -631,9 +635,14 @@ impl SimAgent {
         if self.bad.contains(&bundle) {
             return;
         }
-        // Fetched ahead of its window: installed from what it has, as a real agent
-        // reuses a complete download of the same bundle.
-        let ready = sha256.is_some() && self.ahead_ready == sha256;
+        // Fetched ahead of its window, or the version it kept (a rollback): installed
+        // from what it has, as a real agent reuses a complete download of the same
+        // bundle and switches back to a kept one without a download.
+        let kept = sha256.is_some() && self.kept == sha256;
+        if kept {
+            shared.count_kept();
+        }
+        let ready = kept || (sha256.is_some() && self.ahead_ready == sha256);
         let bundle_from = if ready {
             None
         } else {
@@ -667,7 +676,7 @@ impl SimAgent {
             let from = self.version.clone();
             // The new version starts and registers; its INSTALLED waits in its outbox.
             self.version = expected.clone();
-            self.running = sha256;
+            self.kept = std::mem::replace(&mut self.running, sha256);
             self.ahead_ready = None;
             self.registered = false;
             let report = Report {

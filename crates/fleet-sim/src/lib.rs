@@ -111,6 +111,8 @@ pub struct Shared {
     ahead_taken: AtomicU64,
     /// Updates that came as a delta, and delta requests answered `404` (the bundle then).
     deltas_taken: AtomicU64,
+    /// Updates to a bundle the agent kept (a rollback): nothing fetched.
+    kept_taken: AtomicU64,
     delta_fallbacks: AtomicU64,
     busy: AtomicU64,
     failed: AtomicU64,
@@ -163,6 +165,10 @@ impl Shared {
     /// An agent holds its release, fetched ahead of its window.
     pub fn count_ahead(&self) {
         self.ahead_taken.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count_kept(&self) {
+        self.kept_taken.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn count_delta_taken(&self) {
@@ -251,6 +257,8 @@ pub struct Report {
     pub delta_bytes: u64,
     /// Updates that came as a delta.
     pub deltas_taken: u64,
+    /// Updates to a bundle the agent kept, with nothing fetched.
+    pub kept_taken: u64,
     /// Delta requests answered `404`: those agents downloaded the bundle.
     pub delta_fallbacks: u64,
     /// Bytes of bundles and deltas fetched ahead of a maintenance window (counted in
@@ -334,6 +342,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         ahead_bytes: AtomicU64::new(0),
         ahead_taken: AtomicU64::new(0),
         deltas_taken: AtomicU64::new(0),
+        kept_taken: AtomicU64::new(0),
         delta_fallbacks: AtomicU64::new(0),
         busy: AtomicU64::new(0),
         failed: AtomicU64::new(0),
@@ -435,6 +444,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         bundle_bytes: shared.bytes.load(Ordering::Relaxed),
         delta_bytes: shared.delta_bytes.load(Ordering::Relaxed),
         deltas_taken: shared.deltas_taken.load(Ordering::Relaxed),
+        kept_taken: shared.kept_taken.load(Ordering::Relaxed),
         delta_fallbacks: shared.delta_fallbacks.load(Ordering::Relaxed),
         ahead_bytes: shared.ahead_bytes.load(Ordering::Relaxed),
         ahead_taken: shared.ahead_taken.load(Ordering::Relaxed),
