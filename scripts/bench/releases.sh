@@ -177,8 +177,7 @@ bundles of $(awk -v s="$size" 'BEGIN { printf "%.1f", s / 1048576 }') MiB, the k
 new release (\`release publish\`) and times it to the agent's \`INSTALLED\` on it, then
 rolls back to 1.5.0, which the agent kept (\`release export --release\`, \`agent-bundle
 sign\`, \`release rollback\`), timed from the rollback command to \`INSTALLED\` on 1.5.0.
-The machine was shared with other builds while it ran. Forward
-and rollback alternate, $rounds rounds; median (min–max). Bytes are the server's bundle
+Forward and rollback alternate, $rounds rounds; median (min–max). Bytes are the server's bundle
 and delta bytes sent (\`agentupdate_bytes_sent_total\`) during each.
 
 | | time to INSTALLED | bundle + delta bytes sent |
