@@ -60,7 +60,7 @@ fn name_of(named: &Path) -> Option<String> {
 /// there is no instant at which `current` does not exist.
 pub fn point(current: &Path, name: &str) -> Result<()> {
     let is_file = fs::symlink_metadata(current).is_ok_and(|m| m.file_type().is_file());
-    if is_file || !imp::LINKS {
+    if is_file || !crate::os::CURRENT_IS_LINK {
         write_file(current, name)
     } else {
         crate::atomic::replace_symlink(current, &Path::new("versions").join(name))
@@ -80,18 +80,6 @@ fn write_file(current: &Path, name: &str) -> Result<()> {
     write().at(&tmp)?;
     crate::os::replace_file(&tmp, current).at(current)?;
     crate::atomic::fsync_dir(dir)
-}
-
-#[cfg(unix)]
-mod imp {
-    /// Unix flips a symlink by rename(2).
-    pub(super) const LINKS: bool = true;
-}
-
-#[cfg(windows)]
-mod imp {
-    /// Windows cannot swap a directory link atomically, and Wine cannot make one.
-    pub(super) const LINKS: bool = false;
 }
 
 #[cfg(test)]

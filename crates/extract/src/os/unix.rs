@@ -6,6 +6,9 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// A path from the raw bytes an archive names it with.
+/// `current` is a symlink, flipped by rename(2).
+pub const CURRENT_IS_LINK: bool = true;
+
 pub fn path_from_bytes(bytes: &[u8]) -> Result<PathBuf, String> {
     Ok(PathBuf::from(OsStr::from_bytes(bytes)))
 }

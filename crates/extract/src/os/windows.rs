@@ -15,6 +15,10 @@ use windows_sys::Win32::Storage::FileSystem::{
 
 /// A path from the raw bytes an archive names it with: UTF-8 only (Windows names are
 /// UTF-16; any other encoding would be guessed).
+/// `current` is a file naming the version: Windows cannot swap a directory link
+/// atomically, and Wine cannot make one.
+pub const CURRENT_IS_LINK: bool = false;
+
 pub fn path_from_bytes(bytes: &[u8]) -> Result<PathBuf, String> {
     let text = std::str::from_utf8(bytes).map_err(|_| "a name that is not UTF-8".to_owned())?;
     if text.contains('\\') {

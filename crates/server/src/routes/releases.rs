@@ -48,7 +48,7 @@ pub(super) async fn publish(
             e.body_text()
         ))
     })?;
-    let incoming = publisher(s).incoming().map_err(release_error)?;
+    let incoming = publisher(s).incoming().map_err(ApiError::from)?;
     let mut names: Vec<String> = Vec::new();
     while let Some(mut field) = multipart
         .next_field()
@@ -104,7 +104,7 @@ pub(super) async fn publish(
             Ok((StatusCode::CREATED, Json(entry_json(&entry, true))).into_response())
         }
         Err(e) => {
-            let e = release_error(e);
+            let e = ApiError::from(e);
             caller
                 .refused(
                     s,
@@ -134,28 +134,24 @@ async fn refuse(
     Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, why))
 }
 
-fn release_error(e: ReleaseError) -> ApiError {
-    match e {
-        ReleaseError::Refused(refused) => {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, refused.to_string())
-        }
-        ReleaseError::NoTrust => ApiError::new(StatusCode::CONFLICT, e.to_string()),
-        ReleaseError::NotKept(why) => ApiError::new(StatusCode::NOT_FOUND, why),
-        ReleaseError::Signatures(why) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, why),
-        ReleaseError::Fleet(e) => ApiError::from(e),
-        ReleaseError::Io(detail) => {
-            tracing::error!("release: {detail}");
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the server could not keep the release (its log says why); nothing changed",
-            )
-        }
-    }
-}
-
 impl From<ReleaseError> for ApiError {
     fn from(e: ReleaseError) -> Self {
-        release_error(e)
+        match e {
+            ReleaseError::Refused(refused) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, refused.to_string())
+            }
+            ReleaseError::NoTrust => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+            ReleaseError::NotKept(why) => ApiError::new(StatusCode::NOT_FOUND, why),
+            ReleaseError::Signatures(why) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, why),
+            ReleaseError::Fleet(e) => ApiError::from(e),
+            ReleaseError::Io(detail) => {
+                tracing::error!("release: {detail}");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the server could not keep the release (its log says why); nothing changed",
+                )
+            }
+        }
     }
 }
 
@@ -262,7 +258,7 @@ pub(super) async fn rollback(
             Ok(Json(entry_json(&entry, true)).into_response())
         }
         Err(e) => {
-            let e = release_error(e);
+            let e = ApiError::from(e);
             caller
                 .refused(
                     s,

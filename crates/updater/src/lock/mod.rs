@@ -60,24 +60,4 @@ mod tests {
         assert_eq!(holder(&path), None);
         assert_eq!(holder(&dir.path().join("none")), None);
     }
-
-    #[cfg(unix)]
-    #[test]
-    fn proc_locks_lines_parse() {
-        use super::unix::holds;
-        let line = "1: FLOCK  ADVISORY  WRITE 22768 fe:00:5366268 0 EOF";
-        assert!(holds(line, 22768, 5366268));
-        assert!(!holds(line, 22769, 5366268));
-        assert!(!holds(line, 22768, 5366267));
-        assert!(!holds(
-            "2: FLOCK  ADVISORY  READ 22768 fe:00:5366268 0 EOF",
-            22768,
-            5366268
-        ));
-        assert!(!holds(
-            "3: POSIX  ADVISORY  WRITE 22768 fe:00:5366268 0 EOF",
-            22768,
-            5366268
-        ));
-    }
 }

@@ -65,3 +65,26 @@ pub(super) fn holds(line: &str, pid: u32, inode: u64) -> bool {
                 && dev_inode.rsplit(':').next().and_then(|i| i.parse().ok()) == Some(inode)
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::holds;
+
+    #[test]
+    fn proc_locks_lines_parse() {
+        let line = "1: FLOCK  ADVISORY  WRITE 22768 fe:00:5366268 0 EOF";
+        assert!(holds(line, 22768, 5366268));
+        assert!(!holds(line, 22769, 5366268));
+        assert!(!holds(line, 22768, 5366267));
+        assert!(!holds(
+            "2: FLOCK  ADVISORY  READ 22768 fe:00:5366268 0 EOF",
+            22768,
+            5366268
+        ));
+        assert!(!holds(
+            "3: POSIX  ADVISORY  WRITE 22768 fe:00:5366268 0 EOF",
+            22768,
+            5366268
+        ));
+    }
+}
