@@ -42,7 +42,13 @@
 #   scale    fleet-sim processes of up to 19,800 long-polling agents (SCALE_PER_PROC)
 #            against SCALE_SERVERS servers on one PostgreSQL, SCALE_AGENTS in all
 #            (99,000 on 5), waves 1%,10%,100% with deltas: registration, waves, errors,
-#            latencies, server RSS and CPU while holding, PostgreSQL's CPU and connections
+#            latencies, server RSS and CPU while holding, PostgreSQL's CPU and connections;
+#            SCALE_HTTP2=N shares N HTTP/2 connections a process (100,000: SCALE_AGENTS=100000
+#            SCALE_PER_PROC=20000 SCALE_HTTP2=128)
+#   windows  the Windows bundle beside the Linux one; the Windows agent's update as a
+#            service under Wine vs the Linux agent's, alternating rounds (WINDOWS_ROUNDS);
+#            the service's and agent's memory under Wine (WINDOWS_ONLY=size|update: one
+#            part, printed, BENCHMARKS.md untouched)
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
 # BENCH_BASELINE=DIR: a checkout of an earlier commit with target/release built; update,
 # fleet and longpoll's held agents then measure it too, alternating with this tree.
@@ -50,15 +56,15 @@
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,56p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 sections=()
 for arg in "$@"; do
     case "$arg" in
-    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config | platforms | delta | networks | maintenance | scale | releases) sections+=("$arg") ;;
-    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config platforms delta networks maintenance scale releases) ;;
+    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config | platforms | delta | networks | maintenance | scale | releases | windows) sections+=("$arg") ;;
+    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config platforms delta networks maintenance scale releases windows) ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown section $arg" >&2; usage >&2; exit 2 ;;
     esac

@@ -90,10 +90,13 @@ fi
 CC_x86_64_unknown_linux_musl=musl-gcc cargo build --target x86_64-unknown-linux-musl -p agent -p agent-bundle --locked
 CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
     cargo build --target aarch64-unknown-linux-gnu -p agent -p agent-bundle --locked
-# The Windows tests: the agent, its service and the stub for Windows (debug); the tests
-# make their Wine prefix once under target/wine.
+# The Windows tests: the agent, its service and the stub for Windows (debug), and the
+# stub with the fault points for the crash campaign; the tests make their Wine prefix
+# once under target/wine.
 CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc \
     cargo build --target x86_64-pc-windows-gnu -p agent -p agent-bundle -p agent-service --locked
+CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc \
+    cargo build --target x86_64-pc-windows-gnu -p agent-bundle --features failpoints --locked --target-dir target/failpoints
 scripts/binfmt-aarch64.sh
 scripts/debian-root.sh target/debian-systemd-root
 if cargo nextest --version >/dev/null 2>&1; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/bench.sh scale: fleet-sim processes of up to SCALE_PER_PROC long-polling agents
-#   against SCALE_SERVERS servers on one PostgreSQL, waves 1%,10%,100% (with deltas)
+#   against SCALE_SERVERS servers on one PostgreSQL, waves 1%,10%,100% (with deltas);
+#   SCALE_HTTP2=N: each process's agents share N HTTP/2 connections (fleet-sim --http2)
 # Sourced by scripts/bench.sh after scripts/bench/common.sh (and cloud.sh, for its
 # PostgreSQL helpers); run alone, it hands itself to scripts/bench.sh scale.
 # shellcheck disable=SC2154,SC2034 # the globals (work, bin, server_bin, ...) are common.sh's
@@ -31,16 +32,25 @@ scale_page() {
 
 bench_scale() {
     local total=${SCALE_AGENTS:-99000} nserv=${SCALE_SERVERS:-5} per=${SCALE_PER_PROC:-19800}
-    local ramp=${SCALE_RAMP:-120} bound=${SCALE_SECONDS:-900}
+    local ramp=${SCALE_RAMP:-120} bound=${SCALE_SECONDS:-900} h2=${SCALE_HTTP2:-0}
     echo "scale: $total simulated agents on $nserv servers and one PostgreSQL" >&2
-    # Each fleet-sim process and each server needs a descriptor per held agent.
     ulimit -Hn $((per + 4096)) 2>/dev/null || true
     ulimit -n "$(ulimit -Hn)"
-    local fits=$(($(ulimit -n) - 200))
-    ((per > fits)) && per=$fits
-    local nproc_sim=$(((total + per - 1) / per))
-    ((total / nserv + 128 > $(ulimit -n))) &&
-        note "warning: $((total / nserv)) agents per server do not fit its file limit of $(ulimit -n); the rest queue"
+    local nproc_sim
+    if ((h2 > 0)); then
+        # Each process's agents share h2 HTTP/2 connections (fleet-sim --http2): a held
+        # agent is a stream, not a descriptor.
+        nproc_sim=$(((total + per - 1) / per))
+    else
+        # Each fleet-sim process and each server needs a descriptor per held agent.
+        local fits=$(($(ulimit -n) - 200))
+        ((per > fits)) && per=$fits
+        nproc_sim=$(((total + per - 1) / per))
+        ((total / nserv + 128 > $(ulimit -n))) &&
+            note "warning: $((total / nserv)) agents per server do not fit its file limit of $(ulimit -n); the rest queue"
+    fi
+    local h2_args=()
+    ((h2 > 0)) && h2_args=(--http2 "$h2")
     keys
     make_dist "$work/sd" 0
     local b1 b2
@@ -71,7 +81,7 @@ bench_scale() {
         left=$((left - n))
         "$bin/fleet-sim" --agents "$n" --agent-version 1.0.0+1 --heartbeat 30s --long-poll \
             --ramp "${ramp}s" --download head --deltas --install-time 10s --token bench \
-            --progress 30s "${urls[@]}" --until-rollout-end --duration "${bound}s" \
+            --progress 30s "${urls[@]}" ${h2_args[@]+"${h2_args[@]}"} --until-rollout-end --duration "${bound}s" \
             --json "$work/scale-$i.json" >/dev/null 2>"$work/scale-$i.err" &
         simpids+=($!)
     done
@@ -138,7 +148,7 @@ bench_scale() {
         for i in $(seq 0 $((nproc_sim - 1))); do jq ".endpoints[\"$1\"].$2 // empty" "$work/scale-$i.json"; done | spread_ms
     }
     local knobs=() knob
-    for knob in SCALE_AGENTS SCALE_SERVERS SCALE_PER_PROC SCALE_RAMP SCALE_SECONDS; do
+    for knob in SCALE_AGENTS SCALE_SERVERS SCALE_PER_PROC SCALE_RAMP SCALE_SECONDS SCALE_HTTP2; do
         [[ -n ${!knob:-} ]] && knobs+=("$knob=${!knob}")
     done
     local rollout_secs
@@ -147,8 +157,7 @@ bench_scale() {
 ## Scale: $total agents on $nserv servers and one PostgreSQL
 
 \`${knobs[*]:+${knobs[*]} }$(bench_command scale)\` on $(machine). $nproc_sim \`fleet-sim\`
-processes of up to $per agents each (the file limit here is $(ulimit -n) descriptors a
-process, and a held agent takes one in its simulator and one in its server), long-polling
+processes of up to $per agents each ($(if ((h2 > 0)); then echo "each process's agents sharing $h2 HTTP/2 connections (\`--http2 $h2\`, h2c): a held agent is a stream of its own, not a descriptor, so the file limit of $(ulimit -n) a process holds"; else echo "the file limit here is $(ulimit -n) descriptors a process, and a held agent takes one in its simulator and one in its server"; fi)), long-polling
 (heartbeat 30 s), started over $ramp s, spread over $nserv release update-servers on one
 PostgreSQL $("$(pg_bin)/postgres" --version | awk '{ print $3 }') (\`synchronous_commit = off\`, database pool 16
 a server); \`--download head --deltas\`, installs of 10 s, no failures. Then 2.0.0 is

@@ -69,3 +69,72 @@ fn fleet_sim_follows_a_staged_rollout_to_its_end_and_reports_it() {
     assert!(report["endpoints"]["connect"]["count"].as_u64().unwrap() > 40);
     assert_eq!(report["errors"], serde_json::json!({}), "{report}");
 }
+
+/// `--http2 N`: a process's agents share N HTTP/2 connections, so one process holds more
+/// agents than it has descriptors. Every agent still registers, is held and updates.
+#[test]
+fn fleet_sim_agents_held_over_shared_http2_connections_register_and_update() {
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let b2 = ctx.pack(&ctx.dist("d2"), "2.0.0", "2", &key, "b2");
+    let server = ctx.server(
+        "srv",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", "t"),
+            ("UPDATE_SERVER_ROLLOUT_WAVES", "100%"),
+        ],
+    );
+    ctx.publish_served(&server, &b1);
+    let summary = ctx.path("sim.json");
+    let mut sim = ctx.cmd("fleet-sim");
+    sim.args(["--server", &server.url(""), "--agents", "300"])
+        .args(["--heartbeat", "20s", "--long-poll", "--http2", "2"])
+        .args([
+            "--ramp",
+            "1s",
+            "--install-time",
+            "200ms",
+            "--download",
+            "head",
+        ])
+        .args(["--fail-rate", "0", "--until-rollout-end", "--token", "t"])
+        .args(["--duration", "120s", "--json"])
+        .arg(&summary)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let pid = ctx.spawn(sim);
+    wait_until(
+        Duration::from_secs(60),
+        "300 agents held over two connections",
+        || e2e::metric(&server, "agentupdate_connects_held") >= 300.0,
+    );
+    // The 300 held connects are streams of two connections (and the test's own).
+    let open = e2e::metric(&server, "agentupdate_connections_open");
+    assert!(open <= 4.0, "{open} connections open for 300 held agents");
+    assert_eq!(e2e::admin_agents(server.port, "t").len(), 300);
+    ctx.republish(&server, &b2);
+    wait_until(Duration::from_secs(120), "fleet-sim to finish", || {
+        e2e::pid_gone(pid)
+    });
+    let report: serde_json::Value =
+        serde_json::from_str(&e2e::read_file(&summary)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report["rollout"]["state"], "completed", "{report}");
+    assert_eq!(report["versions"]["2.0.0+2"], 300, "{report}");
+    assert_eq!(report["errors"], serde_json::json!({}), "{report}");
+}
+
+/// More held agents a connection than the server's streams allow is refused at once,
+/// saying how many connections would do.
+#[test]
+fn fleet_sim_refuses_more_held_agents_a_connection_than_the_server_allows() {
+    let ctx = TestContext::new();
+    let out = e2e::run(
+        ctx.cmd("fleet-sim")
+            .args(["--server", "http://127.0.0.1:1", "--agents", "1000"])
+            .args(["--long-poll", "--http2", "2", "--duration", "1s"]),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("use --http2 7 or more"), "{err}");
+}

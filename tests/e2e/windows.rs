@@ -12,13 +12,15 @@ use e2e::{ServerProc, TestContext, admin_agents, http, read_file, stdout, wait_u
 
 use crate::update::TOKEN;
 
+mod crash;
+
 /// Wine starts processes several times slower than Linux, and a debug agent is large.
-const WAIT: Duration = Duration::from_secs(120);
+pub(crate) const WAIT: Duration = Duration::from_secs(120);
 
 /// A Windows distribution: the Windows agent (with `marker` appended: PE files ignore
 /// trailing bytes, so each version's program is its own), the service, the stub, and
 /// short timings for the tests.
-fn dist(ctx: &TestContext, dir: &str, marker: &str, key_pub: &Path) -> PathBuf {
+pub(crate) fn dist(ctx: &TestContext, dir: &str, marker: &str, key_pub: &Path) -> PathBuf {
     let root = ctx.path(dir);
     fs::create_dir_all(root.join("bin")).unwrap();
     fs::create_dir_all(root.join("conf.default")).unwrap();
@@ -48,9 +50,26 @@ fn dist(ctx: &TestContext, dir: &str, marker: &str, key_pub: &Path) -> PathBuf {
 
 /// Packs `dist` with the Windows stub as `agent-bundle-<v>-x86_64-pc-windows-gnu.exe`
 /// and its `.exe.minisig`, as scripts/build-dist.sh names them.
-fn pack(ctx: &TestContext, dist: &Path, version: &str, build: &str, key: &Path) -> PathBuf {
+pub(crate) fn pack(
+    ctx: &TestContext,
+    dist: &Path,
+    version: &str,
+    build: &str,
+    key: &Path,
+) -> PathBuf {
+    pack_with_stub(ctx, dist, version, build, key, &windows_bin("agent-bundle"))
+}
+
+/// [`pack`] with another Windows stub (the one with the updater's fault points).
+pub(crate) fn pack_with_stub(
+    ctx: &TestContext,
+    dist: &Path,
+    version: &str,
+    build: &str,
+    key: &Path,
+    stub: &Path,
+) -> PathBuf {
     let out = format!("out-{version}");
-    let stub = windows_bin("agent-bundle");
     let packed = ctx.pack_with(
         dist,
         version,
@@ -71,17 +90,17 @@ fn pack(ctx: &TestContext, dist: &Path, version: &str, build: &str, key: &Path) 
     named
 }
 
-struct Fleet {
-    ctx: TestContext,
-    key: PathBuf,
-    key_pub: PathBuf,
-    server: ServerProc,
-    machine: WinMachine,
+pub(crate) struct Fleet {
+    pub(crate) ctx: TestContext,
+    pub(crate) key: PathBuf,
+    pub(crate) key_pub: PathBuf,
+    pub(crate) server: ServerProc,
+    pub(crate) machine: WinMachine,
 }
 
 /// A server serving 1.0.0 for Windows, and a Windows machine that installed it as a
 /// service pointed at that server.
-fn installed() -> Fleet {
+pub(crate) fn installed() -> Fleet {
     let ctx = TestContext::new();
     let (key, key_pub) = ctx.keygen("keys");
     let d1 = dist(&ctx, "d1", "agent 1.0.0", &key_pub);
@@ -109,7 +128,7 @@ fn row(server: &ServerProc) -> Option<serde_json::Value> {
     admin_agents(server.port, TOKEN).into_iter().next()
 }
 
-fn wait_row(
+pub(crate) fn wait_row(
     fleet: &Fleet,
     what: &str,
     cond: impl Fn(&serde_json::Value) -> bool,

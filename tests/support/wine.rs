@@ -13,15 +13,9 @@ use crate::{TestContext, describe, in_target_dir, run_ok, signal, wait_until};
 pub const WINDOWS: &str = "x86_64-pc-windows-gnu";
 
 /// Wine 8's `bcryptprimitives.dll` lacks `ProcessPrng`, which Rust's std imports for its
-/// random numbers: this one answers it with `RtlGenRandom` (`SystemFunction036`).
-const SHIM: &str = r#"#include <windows.h>
-BOOLEAN WINAPI SystemFunction036(PVOID buffer, ULONG length);
-__declspec(dllexport) BOOL WINAPI ProcessPrng(PBYTE data, SIZE_T len) {
-    for (; len > 0x40000000; data += 0x40000000, len -= 0x40000000)
-        if (!SystemFunction036(data, 0x40000000)) return FALSE;
-    return SystemFunction036(data, (ULONG)len) ? TRUE : FALSE;
-}
-"#;
+/// random numbers: this one answers it with `RtlGenRandom` (`SystemFunction036`). The
+/// Windows benchmark (scripts/bench/windows.sh) builds its prefix with the same file.
+const SHIM: &str = include_str!("wine/bcryptprimitives.c");
 
 /// A workload for Windows tests: runs while `app.conf` in the directory it is given does
 /// not say "bad", saying what it read, until `app.exe --stop DIR` (its stop command)
@@ -89,6 +83,18 @@ pub fn windows_bin(name: &str) -> PathBuf {
     assert!(
         path.exists(),
         "{} is missing: run scripts/test.sh, or CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc cargo build --target {WINDOWS} -p agent -p agent-bundle -p agent-service",
+        path.display()
+    );
+    path
+}
+
+/// The Windows `agent-bundle.exe` with the updater's fault points (`scripts/test.sh`
+/// builds it beside the Linux one).
+pub fn windows_failpoints_stub() -> PathBuf {
+    let path = in_target_dir(&format!("failpoints/{WINDOWS}/debug/agent-bundle.exe"));
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test.sh, or CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc cargo build --target {WINDOWS} -p agent-bundle --features failpoints --target-dir target/failpoints",
         path.display()
     );
     path
@@ -343,6 +349,19 @@ impl WinMachine {
             .trim()
             .parse()
             .ok()
+    }
+
+    /// A power cut and a boot: every process of this machine is killed where it stands,
+    /// the Wine session (its service manager with it) ends, and a new one boots, whose
+    /// service manager starts the automatic services, this machine's among them.
+    pub fn power_cut_and_boot(&self) {
+        for pid in self.processes() {
+            signal(pid, "KILL");
+        }
+        stop_server(&self.prefix);
+        prefix();
+        // The first program of a session boots it (wineboot starts the service manager).
+        let _ = output(self.cmd("sc").args(["query", &self.service]));
     }
 
     /// `agent-service.exe status` says the agent runs.

@@ -195,7 +195,13 @@ impl SimAgent {
         } else {
             format!("{}{path}", self.base(shared))
         };
-        let mut request = shared.http.request(method, &url);
+        // A download source is another host: plain HTTP/1.1, as a real agent fetches it.
+        let client = if elsewhere {
+            &shared.http
+        } else {
+            shared.client(self.index)
+        };
+        let mut request = client.request(method, &url);
         if !elsewhere {
             request = request.header(wire::AGENT_VERSION_HEADER, self.version.to_string());
         }

@@ -92,6 +92,12 @@ pub struct Options {
     /// Native agents told of a release behind their maintenance window fetch it then
     /// (`update.download-ahead`, on by default in real agents), not when it opens.
     pub download_ahead: bool,
+    /// Native agents' requests to the servers go over this many HTTP/2 connections (h2c
+    /// with prior knowledge, or ALPN over TLS), agent `i` on connection `i mod n`: a
+    /// process can then hold more agents than it has file descriptors, each agent still
+    /// its own requests and held connects. 0: HTTP/1.1, a connection per request in
+    /// flight, as real agents connect.
+    pub http2_connections: usize,
 }
 
 /// What every simulated agent shares.
@@ -99,6 +105,9 @@ pub struct Shared {
     pub options: Options,
     pub servers: Vec<String>,
     pub http: reqwest::Client,
+    /// The HTTP/2 clients agents' requests to the servers share (`http2_connections`);
+    /// empty: `http` for everything.
+    pub http2: Vec<reqwest::Client>,
     pub stats: Stats,
     stop: watch::Receiver<bool>,
     measuring: std::sync::atomic::AtomicBool,
@@ -121,6 +130,14 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The client agent `index` sends its requests to the servers with.
+    pub fn client(&self, index: usize) -> &reqwest::Client {
+        match self.http2.len() {
+            0 => &self.http,
+            n => &self.http2[index % n],
+        }
+    }
+
     /// Sleeps, or returns true at once when the simulation ends.
     pub async fn sleep(&self, wait: Duration) -> bool {
         let mut stop = self.stop.clone();
@@ -302,6 +319,9 @@ pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
+/// Streams update-server (hyper's default) lets one HTTP/2 connection have open.
+const H2_STREAMS: usize = 200;
+
 pub async fn run(options: Options) -> anyhow::Result<Report> {
     if options.servers.is_empty() {
         anyhow::bail!("name at least one server (--server URL)");
@@ -324,6 +344,29 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         // As the agent: let go of idle connections before the server's keep-alive does.
         .pool_idle_timeout(Duration::from_secs(45))
         .build()?;
+    if options.http2_connections > 0
+        && options.long_poll
+        && options.agents.div_ceil(options.http2_connections) > H2_STREAMS
+    {
+        anyhow::bail!(
+            "--http2 {}: {} held agents a connection is more than the {H2_STREAMS} streams update-server allows one; use --http2 {} or more",
+            options.http2_connections,
+            options.agents.div_ceil(options.http2_connections),
+            options.agents.div_ceil(H2_STREAMS * 3 / 4)
+        );
+    }
+    // One client each: a client keeps one HTTP/2 connection per server, and puts every
+    // request on it while its streams last.
+    let http2 = (0..options.http2_connections)
+        .map(|_| {
+            reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .connect_timeout(Duration::from_secs(10))
+                .http2_prior_knowledge()
+                .http2_keep_alive_interval(Duration::from_secs(30))
+                .build()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Arc::new(Shared {
         servers: options
@@ -333,6 +376,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
             .collect(),
         options: options.clone(),
         http: http.clone(),
+        http2,
         stats: Stats::default(),
         stop: stop_rx,
         measuring: std::sync::atomic::AtomicBool::new(options.warmup.is_zero()),

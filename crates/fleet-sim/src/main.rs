@@ -101,6 +101,11 @@ struct Cli {
     /// the window opens (a real agent's `update.download-ahead = false`).
     #[arg(long)]
     no_download_ahead: bool,
+    /// Native agents share N HTTP/2 connections to the servers (h2c), agent i on the
+    /// i mod N-th, instead of a connection per request: one process then simulates more
+    /// held agents than its file limit allows. 0: HTTP/1.1, as real agents connect.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    http2: usize,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -216,6 +221,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         deltas: cli.deltas,
         download_source: cli.download_source,
         download_ahead: !cli.no_download_ahead,
+        http2_connections: cli.http2,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let report = runtime.block_on(fleet_sim::run(options))?;

@@ -83,6 +83,13 @@ pub struct Releases {
     db: Db,
 }
 
+/// The refusal of a release id published before with other bytes.
+pub fn other_bytes(id: &str) -> FleetError {
+    FleetError::Conflict(format!(
+        "release {id} was published before with other bytes: one build number is one set of bytes; give the new build its own build number"
+    ))
+}
+
 impl Releases {
     pub fn new(db: Db) -> Self {
         Self { db }
@@ -116,10 +123,7 @@ impl Releases {
             Some(row) => {
                 let identity: String = row.try_get("identity")?;
                 if identity != release.identity {
-                    return Err(FleetError::Conflict(format!(
-                        "release {} was published before with other bytes: one build number is one set of bytes; give the new build its own build number",
-                        release.id
-                    )));
+                    return Err(other_bytes(&release.id));
                 }
                 for file in &release.files {
                     sqlx::query(

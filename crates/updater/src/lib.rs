@@ -10,6 +10,8 @@
 
 pub mod effects;
 pub mod error;
+#[cfg(any(feature = "failpoints", test))]
+mod faults;
 pub mod health;
 pub mod lock;
 pub mod log;
@@ -50,7 +52,7 @@ pub struct Request<'a> {
 /// the update was rolled back or could not run.
 pub fn run_update(req: &Request<'_>) -> Result<String> {
     #[cfg(feature = "failpoints")]
-    let _faults = fail::FailScenario::setup();
+    let _faults = faults::setup(req.home);
 
     // Outlive the agent that started us, and its session.
     process::detach();

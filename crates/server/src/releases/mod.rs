@@ -20,6 +20,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use agent_extract::atomic;
 use agent_fleet::FleetError;
@@ -69,7 +70,12 @@ pub struct Publisher {
     keep: usize,
     /// One publish, rollback or follow at a time on this server.
     busy: tokio::sync::Mutex<()>,
+    /// The history entry this server last installed ([`INSTALLED_FILE`], read once at
+    /// start; `follow` asks every second); [`NONE_INSTALLED`] for none.
+    installed: AtomicI64,
 }
+
+const NONE_INSTALLED: i64 = i64::MIN;
 
 impl Publisher {
     pub fn new(
@@ -94,6 +100,10 @@ impl Publisher {
                 }
             }
         }
+        let installed = atomic::read_text(&dir.join(INSTALLED_FILE), 64)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(NONE_INSTALLED);
         Ok(Self {
             dir,
             store,
@@ -102,6 +112,7 @@ impl Publisher {
             served_key,
             keep,
             busy: tokio::sync::Mutex::new(()),
+            installed: AtomicI64::new(installed),
         })
     }
 
@@ -138,11 +149,7 @@ impl Publisher {
         if let Some(known) = self.releases.release(&record.id).await?
             && known.identity != record.identity
         {
-            return Err(FleetError::Conflict(format!(
-                "release {} was published before with other bytes: one build number is one set of bytes; give the new build its own build number",
-                record.id
-            ))
-            .into());
+            return Err(agent_fleet::releases::other_bytes(&record.id).into());
         }
         let kept = self.dir.join(&record.id);
         let incoming_path = incoming.path().to_owned();
@@ -349,6 +356,7 @@ impl Publisher {
         blocking(move || install(&store, &kept, &names)).await?;
         let path = self.dir.join(INSTALLED_FILE);
         atomic::write(&path, entry.seq.to_string().as_bytes()).map_err(|e| io_error(&path, e))?;
+        self.installed.store(entry.seq, Ordering::Release);
         tracing::info!(
             release = %entry.release.id,
             kind = entry.kind.as_str(),
@@ -360,9 +368,7 @@ impl Publisher {
     }
 
     fn installed_seq(&self) -> Option<i64> {
-        atomic::read_text(&self.dir.join(INSTALLED_FILE), 64)
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
+        Some(self.installed.load(Ordering::Acquire)).filter(|&seq| seq != NONE_INSTALLED)
     }
 
     /// Removes the kept directories of releases the history no longer keeps.

@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# scripts/bench.sh windows: the Windows bundle beside the Linux one; the Windows agent's update under Wine vs the Linux agent's, alternating rounds; the Windows service's and agent's memory under Wine
+#   WINDOWS_ROUNDS (default 5); WINDOWS_ONLY=size|update runs one part and prints it,
+#   BENCHMARKS.md untouched
+# Sourced by scripts/bench.sh after scripts/bench/common.sh; run alone, it hands itself
+# to scripts/bench.sh windows.
+# shellcheck disable=SC2154,SC2034 # the globals (work, bin, root, ...) are common.sh's
+[[ ${BASH_SOURCE[0]} != "$0" ]] || exec "$(dirname "$0")/../bench.sh" windows "$@"
+
+WINDOWS_TARGET=x86_64-pc-windows-gnu
+WINE64=/usr/lib/wine/wine64
+WINESERVER=/usr/lib/wine/wineserver
+
+# Debian's 64-bit Wine and the mingw cross compiler (the linker, and the C compiler for
+# ring's C code), and the rustup target.
+windows_tools() {
+    local pkgs=()
+    [[ -x $WINE64 ]] || pkgs+=(wine64)
+    command -v x86_64-w64-mingw32-gcc >/dev/null || pkgs+=(gcc-mingw-w64-x86-64)
+    if ((${#pkgs[@]})); then
+        if [[ $(id -u) -ne 0 ]]; then
+            echo "bench.sh windows: missing ${pkgs[*]}; install them (apt-get install ${pkgs[*]})" >&2
+            exit 1
+        fi
+        apt-get install -y -qq "${pkgs[@]}" >/dev/null
+    fi
+    rustup target add "$WINDOWS_TARGET" >/dev/null 2>&1 || {
+        echo "bench.sh windows: rustup target add $WINDOWS_TARGET failed" >&2
+        exit 1
+    }
+}
+
+# wine_env CMD...: runs a Wine command in the benchmark's prefix, quietly.
+wine_env() {
+    WINEPREFIX=$wine_prefix WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml=" DISPLAY='' "$@"
+}
+
+# The benchmark's Wine prefix, made once under target/ (as the tests make theirs): booted
+# once, with the ProcessPrng shim Rust's std needs under Wine 8 (the tests' own file),
+# and one server kept up for the run.
+windows_prefix() {
+    wine_prefix=$root/target/wine-bench/prefix
+    if [[ ! -f $wine_prefix/.ready ]]; then
+        wine_env "$WINESERVER" -k 2>/dev/null || true
+        rm -rf "$wine_prefix"
+        mkdir -p "$wine_prefix"
+        wine_env "$WINESERVER" -p
+        wine_env "$WINE64" wineboot -i </dev/null >/dev/null 2>&1
+        x86_64-w64-mingw32-gcc -shared -O2 -o "$wine_prefix/drive_c/windows/system32/bcryptprimitives.dll" \
+            tests/support/wine/bcryptprimitives.c -ladvapi32
+        # A new prefix boots twice (two service managers): end that session, boot once.
+        wine_env "$WINESERVER" -k 2>/dev/null || true
+        wine_env "$WINESERVER" -w 2>/dev/null || true
+        touch "$wine_prefix/.ready"
+    fi
+    wine_env "$WINESERVER" -p
+    on_exit+=("wine_env $WINESERVER -k")
+}
+
+# windows_release V B: release builds of this tree packed by scripts/build-dist.sh as
+# version V build B, for Linux (this machine's glibc) and for Windows, under
+# $work/windows/V.
+windows_release() {
+    local version=$1 build=$2 out=$work/windows/$1
+    AGENT_BIN_DIR=$bin AGENT_DIST_ROOT=$work/windows/dist-$1 scripts/build-dist.sh --version "$version" \
+        --build "$build" --key "$work/keys/update.key" --out "$out" >/dev/null
+    AGENT_BIN_DIR=$bin AGENT_DIST_ROOT=$work/windows/dist-$1 scripts/build-dist.sh --version "$version" \
+        --build "$build" --key "$work/keys/update.key" --out "$out" --target "$WINDOWS_TARGET" >/dev/null
+}
+
+# until_ok SECONDS WHAT COMMAND...: polls COMMAND every 50 ms; fails saying WHAT after SECONDS.
+until_ok() {
+    local secs=$1 what=$2
+    local end=$((SECONDS + secs))
+    shift 2
+    until "$@"; do
+        if ((SECONDS > end)); then
+            echo "bench.sh windows: timed out after $secs s waiting for $what" >&2
+            return 1
+        fi
+        sleep 0.05
+    done
+}
+
+# one_agent_at PORT VERSION: whether the server's one agent reports VERSION.
+one_agent_at() {
+    curl -fsS -H "Authorization: Bearer bench" "http://127.0.0.1:$1/admin/agents" 2>/dev/null |
+        jq -e --arg v "$2" 'length == 1 and .[0].version == $v' >/dev/null
+}
+
+# into_downloads DIR BUNDLE: makes BUNDLE (and its signature) the download directory's
+# one release, each file renamed into place whole, signature first.
+into_downloads() {
+    local dir=$1 bundle=$2 name
+    name=$(basename "$bundle")
+    rm -f "$dir"/agent-bundle-*
+    cp "$bundle.minisig" "$dir/.part.minisig"
+    cp "$bundle" "$dir/.part"
+    mv "$dir/.part.minisig" "$dir/$name.minisig"
+    mv "$dir/.part" "$dir/$name"
+}
+
+# The settings both agents run with: a 1 s heartbeat and stability window, as the
+# end-to-end tests use (the update reports after the window).
+agent_conf() {
+    printf '[server]\nurls = ["http://127.0.0.1:%s"]\n[agent]\nheartbeat = "1s"\n[update]\nstability-window = "1s"\n' "$1"
+}
+
+# rss_of_cmdline TEXT: resident MiB of the processes whose command line contains TEXT
+# (under Wine, a Windows program's process shows its Windows command line).
+rss_of_cmdline() {
+    local pid total=0 kb
+    for pid in $(pgrep -f -- "$1" || true); do
+        kb=$(awk '$1 == "VmRSS:" { print $2 }' "/proc/$pid/status" 2>/dev/null || echo 0)
+        total=$((total + ${kb:-0}))
+    done
+    awk -v k="$total" 'BEGIN { printf "%.1f", k / 1024 }'
+}
+
+# windows_update KIND ROUND: seconds from 2.0.0's bundle for KIND (linux or windows)
+# renamed into the download directory of a server that serves 1.0.0 to the agent
+# (installed from KIND's 1.0.0 bundle: the wrapper, or the Windows service under Wine),
+# to the agent reporting 2.0.0+2. Then, with 2.0.0 settled, the resident memory of the
+# agent and of its supervisor (the wrapper script, or agent-service.exe) as
+# "seconds agent_mib supervisor_mib".
+windows_update() {
+    local kind=$1 round=$2 port home=$work/wu-server-$1-$2 prefix=$work/wu-agent-$1-$2 t0 t1
+    local v1=$work/windows/1.0.0 v2=$work/windows/2.0.0 b1 b2 service=agent-bench-$2
+    if [[ $kind == windows ]]; then
+        b1=$v1/agent-bundle-1.0.0-$WINDOWS_TARGET.exe b2=$v2/agent-bundle-2.0.0-$WINDOWS_TARGET.exe
+    else
+        b1=$v1/agent-bundle-1.0.0 b2=$v2/agent-bundle-2.0.0
+    fi
+    port=$(free_port)
+    sim_server "$home" "$port" "$b1"
+    rm -rf "$prefix"
+    mkdir -p "$prefix"
+    if [[ $kind == windows ]]; then
+        local win_root="Z:${prefix//\//\\}"
+        wine_env "$WINE64" "$b1" --install="$win_root" --service-name "$service" --no-service \
+            </dev/null >"$work/wu-install-$round.out" 2>&1
+        agent_conf "$port" >"$prefix/agent/conf/agent.toml"
+        # Registered and started as --install would, once the settings are in place.
+        wine_env "$WINE64" "$prefix/agent/bin/agent-service.exe" install --service-name "$service" \
+            --home "$win_root\\agent" </dev/null >>"$work/wu-install-$round.out" 2>&1
+    else
+        "$b1" --install="$prefix" >/dev/null
+        agent_conf "$port" >"$prefix/agent/conf/agent.toml"
+        "$prefix/agent/current/bin/agent-wrapper.sh" start >/dev/null
+    fi
+    until_ok 120 "the $kind agent to report 1.0.0+1" one_agent_at "$port" 1.0.0+1 || {
+        tail -n 20 "$work/wu-install-$round.out" "$prefix/agent/logs/"*.log >&2 2>/dev/null || true
+        return 1
+    }
+    t0=$(date +%s.%N)
+    into_downloads "$home/downloads/agent" "$b2"
+    if ! until_ok 300 "the $kind agent to report 2.0.0+2" one_agent_at "$port" 2.0.0+2; then
+        tail -n 20 "$prefix/agent/logs/update.log" "$prefix/agent/logs/"{wrapper,service}.log >&2 2>/dev/null || true
+        return 1
+    fi
+    t1=$(date +%s.%N)
+    # Settled: the updater has ended and the new agent runs its loop.
+    sleep "${WINDOWS_SETTLE:-3}"
+    local agent_mib supervisor_mib
+    if [[ $kind == windows ]]; then
+        agent_mib=$(rss_of_cmdline "agent\\versions\\2.0.0+2\\bin\\agent.exe")
+        supervisor_mib=$(rss_of_cmdline "agent\\bin\\agent-service.exe")
+        wine_env "$WINE64" net stop "$service" </dev/null >/dev/null 2>&1 || true
+        wine_env "$WINE64" sc delete "$service" </dev/null >/dev/null 2>&1 || true
+        pkill -KILL -f -- "${prefix//\//\\}" 2>/dev/null || true
+    else
+        agent_mib=$(rss_of_cmdline "$prefix/agent/versions/2.0.0+2/bin/agent")
+        supervisor_mib=$(rss_of_cmdline "$prefix/agent/current/bin/agent-wrapper.sh")
+        stop_home "$prefix/agent"
+    fi
+    stop_server
+    awk -v a="$t0" -v b="$t1" -v m="$agent_mib" -v s="$supervisor_mib" 'BEGIN { printf "%.3f %s %s\n", b - a, m, s }'
+}
+
+bench_windows() {
+    local only=${WINDOWS_ONLY:-} rounds=${WINDOWS_ROUNDS:-5}
+    echo "windows: the Windows agent under Wine beside the Linux agent${only:+ ($only only)}" >&2
+    windows_tools
+    keys
+    windows_release 1.0.0 1
+    sleep 1 # signed-at has one-second resolution: 2.0.0 must be signed after 1.0.0
+    windows_release 2.0.0 2
+    local lin_b=$work/windows/1.0.0/agent-bundle-1.0.0 win_b=$work/windows/1.0.0/agent-bundle-1.0.0-$WINDOWS_TARGET.exe
+    local lin_kib win_kib lin_agent_kib win_agent_kib win_service_kib
+    lin_kib=$(($(stat -c %s "$lin_b") / 1024))
+    win_kib=$(($(stat -c %s "$win_b") / 1024))
+    lin_agent_kib=$(($(stat -c %s "$bin/agent") / 1024))
+    win_agent_kib=$(($(stat -c %s "target/$WINDOWS_TARGET/release/agent.exe") / 1024))
+    win_service_kib=$(($(stat -c %s "target/$WINDOWS_TARGET/release/agent-service.exe") / 1024))
+    note "bundle: Linux $lin_kib KiB, Windows $win_kib KiB"
+    local size_row
+    size_row="| bundle | $lin_kib KiB | $win_kib KiB | $(ratio "$win_kib" "$lin_kib") |
+| agent program | $lin_agent_kib KiB (\`agent\`) | $win_agent_kib KiB (\`agent.exe\`) | $(ratio "$win_agent_kib" "$lin_agent_kib") |"
+
+    local lin_t=() win_t=() lin_a=() win_a=() lin_s=() win_s=() r out
+    if [[ $only != size ]]; then
+        windows_prefix
+        for ((r = 1; r <= rounds; r++)); do
+            # Alternated, the first of each round swapped, so the noise falls on both.
+            local order=(linux windows)
+            ((r % 2 == 0)) && order=(windows linux)
+            local kind
+            for kind in "${order[@]}"; do
+                out=$(windows_update "$kind" "$r") || exit 1
+                read -r t a s <<<"$out"
+                if [[ $kind == windows ]]; then win_t+=("$t") win_a+=("$a") win_s+=("$s"); else lin_t+=("$t") lin_a+=("$a") lin_s+=("$s"); fi
+            done
+            note "round $r: update Linux ${lin_t[-1]} s, Windows under Wine ${win_t[-1]} s; agent RSS ${lin_a[-1]} / ${win_a[-1]} MiB, supervisor ${lin_s[-1]} / ${win_s[-1]} MiB"
+        done
+    fi
+    local update_row="" memory_rows=""
+    if ((${#lin_t[@]})); then
+        update_row="| update, 2.0.0 dropped in → agent reports it | $(printf '%s\n' "${lin_t[@]}" | spread) | $(printf '%s\n' "${win_t[@]}" | spread) | $(ratio "$(printf '%s\n' "${win_t[@]}" | median_of)" "$(printf '%s\n' "${lin_t[@]}" | median_of)") |"
+        memory_rows="| agent RSS, 2.0.0 settled | $(printf '%s\n' "${lin_a[@]}" | spread_as %.1f " MiB") | $(printf '%s\n' "${win_a[@]}" | spread_as %.1f " MiB") | $(ratio "$(printf '%s\n' "${win_a[@]}" | median_of)" "$(printf '%s\n' "${lin_a[@]}" | median_of)") |
+| supervisor RSS (agent-wrapper.sh / agent-service.exe) | $(printf '%s\n' "${lin_s[@]}" | spread_as %.1f " MiB") | $(printf '%s\n' "${win_s[@]}" | spread_as %.1f " MiB") | $(ratio "$(printf '%s\n' "${win_s[@]}" | median_of)" "$(printf '%s\n' "${lin_s[@]}" | median_of)") |"
+    fi
+    if [[ -n $only ]]; then
+        printf '%s\n%s\n%s\n' "$size_row" "$update_row" "$memory_rows"
+        echo "windows: WINDOWS_ONLY=$only, BENCHMARKS.md left as it was" >&2
+        return
+    fi
+
+    write_section windows <<EOF
+## Windows: the agent as a Windows service, under Wine, beside the Linux agent
+
+\`WINDOWS_ROUNDS=$rounds $(bench_command windows)\` on $(machine), Wine $(wine_env "$WINE64" --version 2>/dev/null || echo "?").
+Release builds of this tree packed by \`scripts/build-dist.sh\` (the Linux bundle for this
+machine, \`--target $WINDOWS_TARGET\` for Windows, cross-built with mingw); median
+(min–max) over the rounds, Linux and Windows alternated within each round (the first of
+each round swapped).
+
+| | Linux (x86_64 glibc) | Windows (x86_64, under Wine 8) | ratio (Windows / Linux) |
+|---|---|---|---|
+$size_row
+| \`agent-service.exe\` (the service; Linux has \`agent-wrapper.sh\`) | – | $win_service_kib KiB | – |
+$update_row
+$memory_rows
+
+Update: a server serving 1.0.0 and the agent installed from that platform's 1.0.0 bundle
+(Linux: started by its wrapper; Windows: \`--install\` under Wine, then registered and
+started as a Windows service; both long-polling, 1 s heartbeat and stability window), then
+2.0.0's bundle renamed into the download directory; the time until \`/admin/agents\` shows
+the agent at 2.0.0+2 (the server's scan, the held connect answered, a delta, verification,
+the swap, the new agent's start through its wrapper or service, the stability window and
+its report). The two releases carry the same programs, so the deltas are small and the
+time is the update's machinery, not its bytes.
+
+**Wine is in the way.** Every Windows process here is a Linux process running Wine's
+loader: a start costs several times what it does on Windows (Wine maps its own DLLs and
+talks to \`wineserver\` for every handle), and the resident memory counts Wine's DLLs and
+heaps beside the program's. The Windows figures bound what a real Windows machine does;
+they are not a measure of it.
+EOF
+}
