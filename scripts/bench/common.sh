@@ -309,3 +309,36 @@ stop_server() {
     kill "$server_pid" 2>/dev/null || true
     wait "$server_pid" 2>/dev/null || true
 }
+
+# until_true SECONDS WHAT COMMAND...: polls COMMAND every 50 ms; fails saying WHAT after
+# SECONDS.
+until_true() {
+    local secs=$1 what=$2
+    local end=$((SECONDS + secs))
+    shift 2
+    until "$@"; do
+        if ((SECONDS > end)); then
+            echo "bench.sh: timed out after $secs s waiting for $what" >&2
+            return 1
+        fi
+        sleep 0.05
+    done
+}
+
+# one_agent_at PORT VERSION: whether the server's one agent reports VERSION.
+one_agent_at() {
+    curl -fsS -H "Authorization: Bearer bench" "http://127.0.0.1:$1/admin/agents" 2>/dev/null |
+        jq -e --arg v "$2" 'length == 1 and .[0].version == $v' >/dev/null
+}
+
+# drop_bundle DIR BUNDLE: puts BUNDLE (and its signature) into the download directory DIR
+# as the only release, each file renamed into place whole, signature first.
+drop_bundle() {
+    local dir=$1 bundle=$2 name
+    name=$(basename "$bundle")
+    rm -f "$dir"/agent-bundle-*
+    cp "$bundle.minisig" "$dir/.part.minisig"
+    cp "$bundle" "$dir/.part"
+    mv "$dir/.part.minisig" "$dir/$name.minisig"
+    mv "$dir/.part" "$dir/$name"
+}

@@ -59,39 +59,6 @@ platform_rss() {
     wait "$pid" 2>/dev/null || true
 }
 
-# until_true SECONDS WHAT COMMAND...: polls COMMAND every 50 ms; fails saying WHAT after
-# SECONDS.
-until_true() {
-    local secs=$1 what=$2
-    local end=$((SECONDS + secs))
-    shift 2
-    until "$@"; do
-        if ((SECONDS > end)); then
-            echo "bench.sh platforms: timed out after $secs s waiting for $what" >&2
-            return 1
-        fi
-        sleep 0.05
-    done
-}
-
-# agent_at PORT VERSION: whether the server's one agent reports VERSION.
-agent_at() {
-    curl -fsS -H "Authorization: Bearer bench" "http://127.0.0.1:$1/admin/agents" 2>/dev/null |
-        jq -e --arg v "$2" 'length == 1 and .[0].version == $v' >/dev/null
-}
-
-# drop_bundle DIR BUNDLE: puts BUNDLE (and its signature) into the download directory DIR
-# as the only release, each file renamed into place whole, signature first.
-drop_bundle() {
-    local dir=$1 bundle=$2 name
-    name=$(basename "$bundle")
-    rm -f "$dir"/agent-bundle-*
-    cp "$bundle.minisig" "$dir/.part.minisig"
-    cp "$bundle" "$dir/.part"
-    mv "$dir/.part.minisig" "$dir/$name.minisig"
-    mv "$dir/.part" "$dir/$name"
-}
-
 # platform_update TARGET ROUND: seconds from 2.0.0's bundle for TARGET appearing in the download
 # directory of a server that serves 1.0.0 to the agent (installed from 1.0.0's bundle for
 # TARGET, long-polling as agents do by default) reporting 2.0.0+2 to that server: the
@@ -108,10 +75,10 @@ platform_update() {
     # As the end-to-end tests run it: a 1 s stability window (the update reports after it).
     printf 'export AGENT_UPDATE_STABILITY_WINDOW=1s\n' >"$prefix/agent/conf/agent-env.sh"
     "$prefix/agent/current/bin/agent-wrapper.sh" start >/dev/null
-    until_true 30 "the $target agent to report 1.0.0+1" agent_at "$port" 1.0.0+1
+    until_true 30 "the $target agent to report 1.0.0+1" one_agent_at "$port" 1.0.0+1
     t0=$(date +%s.%N)
     drop_bundle "$home/downloads/agent" "$b2"
-    if ! until_true 120 "the $target agent to report 2.0.0+2" agent_at "$port" 2.0.0+2; then
+    if ! until_true 120 "the $target agent to report 2.0.0+2" one_agent_at "$port" 2.0.0+2; then
         # No number for an update that did not happen: what the agent says, then stop.
         tail -n 20 "$prefix/agent/logs/update.log" "$prefix/agent/logs/wrapper.log" >&2 || true
         stop_home "$prefix/agent"

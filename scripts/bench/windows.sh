@@ -68,38 +68,6 @@ windows_release() {
         --build "$build" --key "$work/keys/update.key" --out "$out" --target "$WINDOWS_TARGET" >/dev/null
 }
 
-# until_ok SECONDS WHAT COMMAND...: polls COMMAND every 50 ms; fails saying WHAT after SECONDS.
-until_ok() {
-    local secs=$1 what=$2
-    local end=$((SECONDS + secs))
-    shift 2
-    until "$@"; do
-        if ((SECONDS > end)); then
-            echo "bench.sh windows: timed out after $secs s waiting for $what" >&2
-            return 1
-        fi
-        sleep 0.05
-    done
-}
-
-# one_agent_at PORT VERSION: whether the server's one agent reports VERSION.
-one_agent_at() {
-    curl -fsS -H "Authorization: Bearer bench" "http://127.0.0.1:$1/admin/agents" 2>/dev/null |
-        jq -e --arg v "$2" 'length == 1 and .[0].version == $v' >/dev/null
-}
-
-# into_downloads DIR BUNDLE: makes BUNDLE (and its signature) the download directory's
-# one release, each file renamed into place whole, signature first.
-into_downloads() {
-    local dir=$1 bundle=$2 name
-    name=$(basename "$bundle")
-    rm -f "$dir"/agent-bundle-*
-    cp "$bundle.minisig" "$dir/.part.minisig"
-    cp "$bundle" "$dir/.part"
-    mv "$dir/.part.minisig" "$dir/$name.minisig"
-    mv "$dir/.part" "$dir/$name"
-}
-
 # The settings both agents run with: a 1 s heartbeat and stability window, as the
 # end-to-end tests use (the update reports after the window).
 agent_conf() {
@@ -148,13 +116,13 @@ windows_update() {
         agent_conf "$port" >"$prefix/agent/conf/agent.toml"
         "$prefix/agent/current/bin/agent-wrapper.sh" start >/dev/null
     fi
-    until_ok 120 "the $kind agent to report 1.0.0+1" one_agent_at "$port" 1.0.0+1 || {
+    until_true 120 "the $kind agent to report 1.0.0+1" one_agent_at "$port" 1.0.0+1 || {
         tail -n 20 "$work/wu-install-$round.out" "$prefix/agent/logs/"*.log >&2 2>/dev/null || true
         return 1
     }
     t0=$(date +%s.%N)
-    into_downloads "$home/downloads/agent" "$b2"
-    if ! until_ok 300 "the $kind agent to report 2.0.0+2" one_agent_at "$port" 2.0.0+2; then
+    drop_bundle "$home/downloads/agent" "$b2"
+    if ! until_true 300 "the $kind agent to report 2.0.0+2" one_agent_at "$port" 2.0.0+2; then
         tail -n 20 "$prefix/agent/logs/update.log" "$prefix/agent/logs/"{wrapper,service}.log >&2 2>/dev/null || true
         return 1
     fi

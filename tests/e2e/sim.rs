@@ -1,26 +1,35 @@
 //! fleet-sim against a real server: simulated agents go through a staged rollout, and
 //! the summary says what happened.
 
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use e2e::{TestContext, wait_until};
 
-#[test]
-fn fleet_sim_follows_a_staged_rollout_to_its_end_and_reports_it() {
-    let ctx = TestContext::new();
+/// A server (admin token `t`, `env` besides) serving 1.0.0+1, and 2.0.0+2's bundle to
+/// publish next.
+fn serving_1_0_0(ctx: &TestContext, env: &[(&str, &str)]) -> (e2e::ServerProc, PathBuf) {
     let (key, _) = ctx.keygen("keys");
     let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
     let b2 = ctx.pack(&ctx.dist("d2"), "2.0.0", "2", &key, "b2");
-    let server = ctx.server(
-        "srv",
+    let mut all = vec![("UPDATE_SERVER_ADMIN_TOKEN", "t")];
+    all.extend_from_slice(env);
+    let server = ctx.server("srv", &all);
+    ctx.publish_served(&server, &b1);
+    (server, b2)
+}
+
+#[test]
+fn fleet_sim_follows_a_staged_rollout_to_its_end_and_reports_it() {
+    let ctx = TestContext::new();
+    let (server, b2) = serving_1_0_0(
+        &ctx,
         &[
-            ("UPDATE_SERVER_ADMIN_TOKEN", "t"),
             ("UPDATE_SERVER_ROLLOUT_WAVES", "10%,100%"),
             ("UPDATE_SERVER_ROLLOUT_MAX_FAILURES", "50%"),
         ],
     );
-    ctx.publish_served(&server, &b1);
     let summary = ctx.path("sim.json");
     let mut sim = ctx.cmd("fleet-sim");
     sim.args([
@@ -75,17 +84,7 @@ fn fleet_sim_follows_a_staged_rollout_to_its_end_and_reports_it() {
 #[test]
 fn fleet_sim_agents_held_over_shared_http2_connections_register_and_update() {
     let ctx = TestContext::new();
-    let (key, _) = ctx.keygen("keys");
-    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
-    let b2 = ctx.pack(&ctx.dist("d2"), "2.0.0", "2", &key, "b2");
-    let server = ctx.server(
-        "srv",
-        &[
-            ("UPDATE_SERVER_ADMIN_TOKEN", "t"),
-            ("UPDATE_SERVER_ROLLOUT_WAVES", "100%"),
-        ],
-    );
-    ctx.publish_served(&server, &b1);
+    let (server, b2) = serving_1_0_0(&ctx, &[("UPDATE_SERVER_ROLLOUT_WAVES", "100%")]);
     let summary = ctx.path("sim.json");
     let mut sim = ctx.cmd("fleet-sim");
     sim.args(["--server", &server.url(""), "--agents", "300"])
