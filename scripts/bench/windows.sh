@@ -74,12 +74,16 @@ agent_conf() {
     printf '[server]\nurls = ["http://127.0.0.1:%s"]\n[agent]\nheartbeat = "1s"\n[update]\nstability-window = "1s"\n' "$1"
 }
 
-# rss_of_cmdline TEXT: resident MiB of the processes whose command line contains TEXT
-# (under Wine, a Windows program's process shows its Windows command line).
-rss_of_cmdline() {
-    local pid total=0 kb
-    for pid in $(pgrep -f -- "$1" || true); do
-        kb=$(awk '$1 == "VmRSS:" { print $2 }' "/proc/$pid/status" 2>/dev/null || echo 0)
+# rss_of TEXT [COMM]: resident MiB of the processes whose command line contains TEXT (a
+# plain string), and that are named COMM when it is given. Under Wine a Windows program's
+# process shows its Windows command line, and a Rust program's is named "main" (its main
+# thread's name), so the Windows ones are told by their command line alone.
+rss_of() {
+    local dir total=0 kb
+    for dir in /proc/[0-9]*; do
+        [[ -z ${2:-} || $(cat "$dir/comm" 2>/dev/null) == "$2" ]] || continue
+        tr '\0' ' ' <"$dir/cmdline" 2>/dev/null | grep -qF -- "$1" || continue
+        kb=$(awk '$1 == "VmRSS:" { print $2 }' "$dir/status" 2>/dev/null || echo 0)
         total=$((total + ${kb:-0}))
     done
     awk -v k="$total" 'BEGIN { printf "%.1f", k / 1024 }'
@@ -105,7 +109,7 @@ windows_update() {
     mkdir -p "$prefix"
     if [[ $kind == windows ]]; then
         local win_root="Z:${prefix//\//\\}"
-        wine_env "$WINE64" "$b1" --install="$win_root" --service-name "$service" --no-service \
+        wine_env "$WINE64" "$b1" --install="$win_root" --no-service \
             </dev/null >"$work/wu-install-$round.out" 2>&1
         agent_conf "$port" >"$prefix/agent/conf/agent.toml"
         # Registered and started as --install would, once the settings are in place.
@@ -131,14 +135,14 @@ windows_update() {
     sleep "${WINDOWS_SETTLE:-3}"
     local agent_mib supervisor_mib
     if [[ $kind == windows ]]; then
-        agent_mib=$(rss_of_cmdline "agent\\versions\\2.0.0+2\\bin\\agent.exe")
-        supervisor_mib=$(rss_of_cmdline "agent\\bin\\agent-service.exe")
+        agent_mib=$(rss_of "$win_root\\agent\\versions\\2.0.0+2\\bin\\agent.exe run")
+        supervisor_mib=$(rss_of "$win_root\\agent\\bin\\agent-service.exe run")
         wine_env "$WINE64" net stop "$service" </dev/null >/dev/null 2>&1 || true
         wine_env "$WINE64" sc delete "$service" </dev/null >/dev/null 2>&1 || true
         pkill -KILL -f -- "${prefix//\//\\}" 2>/dev/null || true
     else
-        agent_mib=$(rss_of_cmdline "$prefix/agent/versions/2.0.0+2/bin/agent")
-        supervisor_mib=$(rss_of_cmdline "$prefix/agent/current/bin/agent-wrapper.sh")
+        agent_mib=$(rss_of "$prefix/agent/" agent)
+        supervisor_mib=$(rss_of "$prefix/agent/" agent-wrapper.s)
         stop_home "$prefix/agent"
     fi
     stop_server
@@ -196,7 +200,7 @@ bench_windows() {
     write_section windows <<EOF
 ## Windows: the agent as a Windows service, under Wine, beside the Linux agent
 
-\`WINDOWS_ROUNDS=$rounds $(bench_command windows)\` on $(machine), Wine $(wine_env "$WINE64" --version 2>/dev/null || echo "?").
+\`WINDOWS_ROUNDS=$rounds $(bench_command windows)\` on $(machine), Wine $(wine_env "$WINE64" --version 2>/dev/null || echo "?"), at commit $(git -C "$root" rev-parse --short HEAD).
 Release builds of this tree packed by \`scripts/build-dist.sh\` (the Linux bundle for this
 machine, \`--target $WINDOWS_TARGET\` for Windows, cross-built with mingw); median
 (min–max) over the rounds, Linux and Windows alternated within each round (the first of
@@ -206,8 +210,13 @@ each round swapped).
 |---|---|---|---|
 $size_row
 | \`agent-service.exe\` (the service; Linux has \`agent-wrapper.sh\`) | – | $win_service_kib KiB | – |
+
 $update_row
 $memory_rows
+
+The Windows bundle carries three programs where the Linux one carries one and a script:
+\`agent.exe\`, the service \`agent-service.exe\`, and \`agent-bundle.exe\` (the updater,
+run from a copy since a running program's file cannot be replaced), besides its own stub.
 
 Update: a server serving 1.0.0 and the agent installed from that platform's 1.0.0 bundle
 (Linux: started by its wrapper; Windows: \`--install\` under Wine, then registered and
