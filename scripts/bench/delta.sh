@@ -59,9 +59,13 @@ delta_fleet() {
     stop_server
 }
 
-# The [profile.release] settings the binaries were built with, on one line.
+# The [profile.release] settings the binaries were built with, and each package's
+# overrides ([profile.release.package.NAME]), on one line.
 release_profile() {
-    awk '/^\[profile.release\]/ { on = 1; next } /^\[/ { on = 0 } on && /=/ { gsub(/ /, ""); printf "%s%s", sep, $0; sep = ", " }' "$root/Cargo.toml"
+    awk '/^\[profile.release\]/ { on = 1; next }
+        /^\[profile.release.package./ { on = 1; name = $0; gsub(/^\[profile.release.package.|"|\]$/, "", name); printf "; %s: ", name; sep = ""; next }
+        /^\[/ { on = 0 }
+        on && /=/ { gsub(/ /, ""); printf "%s%s", sep, $0; sep = ", " }' "$root/Cargo.toml"
 }
 
 bench_delta() {
