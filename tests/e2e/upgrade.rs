@@ -18,6 +18,19 @@ const ENV: [(&str, &str); 3] = [
     ("UPDATE_SERVER_ROLLOUT_AGENT_DEADLINE", "86400"),
 ];
 
+/// The fixtures' agents were told when the fixtures were made, and the plan gives them a
+/// day to answer: moved to now, so that the rollouts are under way whenever the test runs
+/// (not timed out a day after the fixtures were made).
+fn told_now() -> String {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    format!(
+        "UPDATE rollout_agents SET told_at = {now_ms} WHERE told_at IS NOT NULL; UPDATE config_rollout_agents SET told_at = {now_ms} WHERE told_at IS NOT NULL;"
+    )
+}
+
 fn fixture(name: &str) -> PathBuf {
     repo_root().join("crates/fleet/tests/fixtures").join(name)
 }
@@ -98,6 +111,13 @@ fn a_sqlite_fleet_of_the_release_before_keeps_its_rollouts() {
     let home = ctx.path("srv");
     fs::create_dir_all(&home).unwrap();
     fs::copy(fixture("fleet-0006.sqlite"), home.join("fleet.db")).unwrap();
+    // No SQLite client in the tests' tools but Python's own module.
+    run_ok(
+        Command::new("python3")
+            .args(["-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.executescript(sys.argv[2]); c.commit()"])
+            .arg(home.join("fleet.db"))
+            .arg(told_now()),
+    );
     let server = ctx.server("srv", &ENV);
     finds_the_rollouts_where_they_were(&server, "fleet-0006.sqlite");
 }
@@ -120,6 +140,22 @@ fn a_postgres_fleet_of_the_release_before_keeps_its_rollouts() {
             ])
             .arg("-f")
             .arg(fixture("fleet-0006.sql"))
+            .env("PGPASSWORD", PG_PASSWORD),
+    );
+    run_ok(
+        Command::new("psql")
+            .args(["-h", "127.0.0.1", "-p", &pg.port.to_string()])
+            .args([
+                "-U",
+                "postgres",
+                "-d",
+                "fleet",
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+            ])
+            .args(["-c", &told_now()])
             .env("PGPASSWORD", PG_PASSWORD),
     );
     let ctx = TestContext::new();
