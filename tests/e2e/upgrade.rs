@@ -125,39 +125,16 @@ fn a_sqlite_fleet_of_the_release_before_keeps_its_rollouts() {
 #[test]
 fn a_postgres_fleet_of_the_release_before_keeps_its_rollouts() {
     let pg = Postgres::start();
-    run_ok(
-        Command::new("psql")
-            .args(["-h", "127.0.0.1", "-p", &pg.port.to_string()])
-            .args([
-                "-U",
-                "postgres",
-                "-d",
-                "fleet",
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-            ])
-            .arg("-f")
-            .arg(fixture("fleet-0006.sql"))
-            .env("PGPASSWORD", PG_PASSWORD),
-    );
-    run_ok(
-        Command::new("psql")
-            .args(["-h", "127.0.0.1", "-p", &pg.port.to_string()])
-            .args([
-                "-U",
-                "postgres",
-                "-d",
-                "fleet",
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-            ])
-            .args(["-c", &told_now()])
-            .env("PGPASSWORD", PG_PASSWORD),
-    );
+    let psql = || {
+        let mut cmd = Command::new("psql");
+        cmd.args(["-h", "127.0.0.1", "-p", &pg.port.to_string()])
+            .args(["-U", "postgres", "-d", "fleet", "-X", "-q"])
+            .args(["-v", "ON_ERROR_STOP=1"])
+            .env("PGPASSWORD", PG_PASSWORD);
+        cmd
+    };
+    run_ok(psql().arg("-f").arg(fixture("fleet-0006.sql")));
+    run_ok(psql().args(["-c", &told_now()]));
     let ctx = TestContext::new();
     let url = pg.url();
     let mut env = ENV.to_vec();
