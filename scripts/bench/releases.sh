@@ -16,16 +16,7 @@ agent_at() {
 }
 
 # wait_agent URL ID VERSION [STATUS]: polls until agent_at, for at most two minutes.
-wait_agent() {
-    local end=$((SECONDS + 120))
-    until agent_at "$@"; do
-        if ((SECONDS > end)); then
-            echo "bench.sh: agent $2 never reported $3 INSTALLED" >&2
-            return 1
-        fi
-        sleep 0.05
-    done
-}
+wait_agent() { until_true 120 "agent $2 to report $3${4:+ $4}" agent_at "$@"; }
 
 bundle_bytes() {
     curl -fsS "$1/metrics" | awk -F' ' '/^agentupdate_bytes_sent_total\{kind="(bundle|delta)"\}/ { s += $2 } END { printf "%d", s }'

@@ -1,8 +1,8 @@
 //! fleet-sim against a real server: simulated agents go through a staged rollout, and
 //! the summary says what happened.
 
-use std::path::PathBuf;
-use std::process::Stdio;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use e2e::{TestContext, wait_until};
@@ -20,6 +20,27 @@ fn serving_1_0_0(ctx: &TestContext, env: &[(&str, &str)]) -> (e2e::ServerProc, P
     (server, b2)
 }
 
+/// fleet-sim against `server` with `args` (the fleet and how it behaves), agents
+/// started over a second, installs of 200 ms, until the rollout ends (at most two
+/// minutes), its summary written to `summary`.
+fn fleet_sim(
+    ctx: &TestContext,
+    server: &e2e::ServerProc,
+    summary: &Path,
+    args: &[&str],
+) -> Command {
+    let mut sim = ctx.cmd("fleet-sim");
+    sim.args(["--server", &server.url("")])
+        .args(args)
+        .args(["--ramp", "1s", "--install-time", "200ms"])
+        .args(["--until-rollout-end", "--token", "t"])
+        .args(["--duration", "120s", "--json"])
+        .arg(summary)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    sim
+}
+
 #[test]
 fn fleet_sim_follows_a_staged_rollout_to_its_end_and_reports_it() {
     let ctx = TestContext::new();
@@ -31,28 +52,21 @@ fn fleet_sim_follows_a_staged_rollout_to_its_end_and_reports_it() {
         ],
     );
     let summary = ctx.path("sim.json");
-    let mut sim = ctx.cmd("fleet-sim");
-    sim.args([
-        "--server",
-        &server.url(""),
-        "--agents",
-        "40",
-        "--heartbeat",
-        "300ms",
-    ])
-    .args([
-        "--ramp",
-        "1s",
-        "--install-time",
-        "200ms",
-        "--download",
-        "full",
-    ])
-    .args(["--fail-rate", "0.1", "--until-rollout-end", "--token", "t"])
-    .args(["--duration", "120s", "--json"])
-    .arg(&summary)
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
+    let sim = fleet_sim(
+        &ctx,
+        &server,
+        &summary,
+        &[
+            "--agents",
+            "40",
+            "--heartbeat",
+            "300ms",
+            "--download",
+            "full",
+            "--fail-rate",
+            "0.1",
+        ],
+    );
     let pid = ctx.spawn(sim);
     wait_until(
         Duration::from_secs(30),
@@ -86,22 +100,24 @@ fn fleet_sim_agents_held_over_shared_http2_connections_register_and_update() {
     let ctx = TestContext::new();
     let (server, b2) = serving_1_0_0(&ctx, &[("UPDATE_SERVER_ROLLOUT_WAVES", "100%")]);
     let summary = ctx.path("sim.json");
-    let mut sim = ctx.cmd("fleet-sim");
-    sim.args(["--server", &server.url(""), "--agents", "300"])
-        .args(["--heartbeat", "20s", "--long-poll", "--http2", "2"])
-        .args([
-            "--ramp",
-            "1s",
-            "--install-time",
-            "200ms",
+    let sim = fleet_sim(
+        &ctx,
+        &server,
+        &summary,
+        &[
+            "--agents",
+            "300",
+            "--heartbeat",
+            "20s",
             "--download",
             "head",
-        ])
-        .args(["--fail-rate", "0", "--until-rollout-end", "--token", "t"])
-        .args(["--duration", "120s", "--json"])
-        .arg(&summary)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+            "--fail-rate",
+            "0",
+            "--long-poll",
+            "--http2",
+            "2",
+        ],
+    );
     let pid = ctx.spawn(sim);
     wait_until(
         Duration::from_secs(60),

@@ -79,22 +79,28 @@ pub fn windows_app() -> PathBuf {
 
 /// `target/x86_64-pc-windows-gnu/debug/<name>.exe`, or a panic that says how to build it.
 pub fn windows_bin(name: &str) -> PathBuf {
-    let path = in_target_dir(&format!("{WINDOWS}/debug/{name}.exe"));
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/test.sh, or CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc cargo build --target {WINDOWS} -p agent -p agent-bundle -p agent-service",
-        path.display()
-    );
-    path
+    built(
+        &format!("{WINDOWS}/debug/{name}.exe"),
+        "-p agent -p agent-bundle -p agent-service",
+    )
 }
 
 /// The Windows `agent-bundle.exe` with the updater's fault points (`scripts/test.sh`
 /// builds it beside the Linux one).
 pub fn windows_failpoints_stub() -> PathBuf {
-    let path = in_target_dir(&format!("failpoints/{WINDOWS}/debug/agent-bundle.exe"));
+    built(
+        &format!("failpoints/{WINDOWS}/debug/agent-bundle.exe"),
+        "-p agent-bundle --features failpoints --target-dir target/failpoints",
+    )
+}
+
+/// `rel` under the target directory, or a panic naming the cross build (`args`) that
+/// makes it.
+fn built(rel: &str, args: &str) -> PathBuf {
+    let path = in_target_dir(rel);
     assert!(
         path.exists(),
-        "{} is missing: run scripts/test.sh, or CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc cargo build --target {WINDOWS} -p agent-bundle --features failpoints --target-dir target/failpoints",
+        "{} is missing: run scripts/test.sh, or CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc cargo build --target {WINDOWS} {args}",
         path.display()
     );
     path
