@@ -349,7 +349,7 @@ impl Db {
     ) -> Result<(), FleetError> {
         let statements: Vec<_> = touch_batches(contacts)
             .into_iter()
-            .map(|(shape, rows)| (touch_sql(self.backend, shape, rows.len()), rows))
+            .map(|(shape, rows)| (touch_sql(self.backend, shape, rows.len(), false), rows))
             .collect();
         match statements.as_slice() {
             [] => {}
@@ -493,25 +493,23 @@ impl Revocation {
 
 impl Db {
     pub async fn credentials(&self, id: &str) -> Result<Credentials, FleetError> {
-        let revoked = sqlx::query("SELECT how FROM agents_revoked WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
-        if let Some(r) = revoked {
-            return Ok(Credentials::Revoked(Revocation::parse(
-                &r.get::<String, _>(0),
-            )));
+        // One round trip: a register asks this of every agent it does not know, and a
+        // fleet coming up registers all of them at once. A known agent without a token
+        // reads as '' (a token's hash is never empty), one the fleet never saw as NULL.
+        let row = sqlx::query(
+            "SELECT (SELECT how FROM agents_revoked WHERE id = $1),
+                    (SELECT COALESCE(token_hash, '') FROM agents WHERE id = $1)",
+        )
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await?;
+        if let Some(how) = row.get::<Option<String>, _>(0) {
+            return Ok(Credentials::Revoked(Revocation::parse(&how)));
         }
-        let row = sqlx::query("SELECT token_hash FROM agents WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(match row {
+        Ok(match row.get::<Option<String>, _>(1) {
             None => Credentials::Unknown,
-            Some(r) => match r.get::<Option<String>, _>(0) {
-                Some(hash) => Credentials::Hash(hash),
-                None => Credentials::None,
-            },
+            Some(hash) if hash.is_empty() => Credentials::None,
+            Some(hash) => Credentials::Hash(hash),
         })
     }
 
@@ -525,6 +523,35 @@ impl Db {
                 .execute(&self.pool)
                 .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// A first contact and its credentials in one statement: the agent's row is made
+    /// (or its contact recorded) with `hash` as its token, unless it has one (another
+    /// server, or a concurrent try of the same register, just gave it one). True if the
+    /// id now holds `hash`. This is [`Db::touch_agents`] and [`Db::issue_token`] in one
+    /// round trip: a fleet coming up enrolls every agent at once.
+    pub async fn enroll(
+        &self,
+        contact: &Contact<'_>,
+        health: Option<&agent_protocol::wire::AgentHealth>,
+        hash: &str,
+    ) -> Result<bool, FleetError> {
+        let row = (*contact, health);
+        let shape = TouchShape {
+            group: contact.group.is_some(),
+            config_hash: contact.config_hash.is_some(),
+            health: health.is_some(),
+        };
+        let sql = touch_sql(self.backend, shape, 1, true);
+        let held = touch_query(&sql, &[&row])
+            .bind(hash)
+            .fetch_optional(&self.pool)
+            .await?;
+        match held {
+            Some(r) => Ok(r.get::<Option<String>, _>(0).as_deref() == Some(hash)),
+            // A newer contact is recorded (the row was left as it was): the token alone.
+            None => self.issue_token(contact.id, hash).await,
+        }
     }
 
     /// An operator's reset: the id's next register gets a new token. False if unknown.
@@ -696,16 +723,24 @@ fn touch_query<'q>(
 /// changes nothing (it was queued during an outage that another server did not have).
 /// SQLite gets anonymous `?` placeholders: it looks up each named one (`$7`) among
 /// those before it, which makes a statement of thousands quadratic.
-fn touch_sql(backend: Backend, shape: TouchShape, rows: usize) -> String {
-    const PER_ROW: usize = 10;
+/// With `token`, a statement of one row also binds a token's hash after the row's
+/// fields: the row gets it unless it has one, and the statement returns the row's token.
+fn touch_sql(backend: Backend, shape: TouchShape, rows: usize, token: bool) -> String {
+    const FIELDS: usize = 10;
+    let per_row = FIELDS + usize::from(token);
     let mut sql = String::with_capacity(400 + rows * 48);
     sql.push_str(
         "INSERT INTO agents (id, name, platform, version, last_contact, agent_group, config_hash, \
-         health, healthy, workload_restarts) VALUES ",
+         health, healthy, workload_restarts",
     );
+    sql.push_str(if token {
+        ", token_hash) VALUES "
+    } else {
+        ") VALUES "
+    });
     for r in 0..rows {
         sql.push_str(if r == 0 { "(" } else { ", (" });
-        for p in 0..PER_ROW {
+        for p in 0..per_row {
             if p > 0 {
                 sql.push_str(", ");
             }
@@ -713,7 +748,7 @@ fn touch_sql(backend: Backend, shape: TouchShape, rows: usize) -> String {
                 Backend::Sqlite => sql.push('?'),
                 Backend::Postgres => {
                     sql.push('$');
-                    sql.push_str(&(r * PER_ROW + p + 1).to_string());
+                    sql.push_str(&(r * per_row + p + 1).to_string());
                 }
             }
         }
@@ -738,7 +773,13 @@ fn touch_sql(backend: Backend, shape: TouchShape, rows: usize) -> String {
         given(shape.health, "workload_restarts"),
     ];
     sql.push_str(&updates.join(", "));
+    if token {
+        sql.push_str(", token_hash = COALESCE(agents.token_hash, excluded.token_hash)");
+    }
     sql.push_str(" WHERE agents.last_contact <= excluded.last_contact");
+    if token {
+        sql.push_str(" RETURNING token_hash");
+    }
     sql
 }
 
@@ -852,6 +893,41 @@ mod tests {
         // b's older contact (from a spool) changed nothing.
         let b = db.agent("b").await.unwrap().unwrap();
         assert_eq!((b.last_contact, b.health), (10, None));
+    }
+
+    #[tokio::test]
+    async fn an_enrolment_writes_the_contact_and_the_first_token_only() {
+        let home = tempfile::tempdir().unwrap();
+        let db = Db::open("", home.path(), 1).await.unwrap();
+        assert_eq!(db.credentials("a").await.unwrap(), Credentials::Unknown);
+        assert!(db.enroll(&contact("a", 10), None, "h1").await.unwrap());
+        assert_eq!(db.agent("a").await.unwrap().unwrap().last_contact, 10);
+        assert_eq!(
+            db.credentials("a").await.unwrap(),
+            Credentials::Hash("h1".into())
+        );
+        // A second try with another token (another server's) keeps the first.
+        assert!(!db.enroll(&contact("a", 11), None, "h2").await.unwrap());
+        assert_eq!(db.agent("a").await.unwrap().unwrap().last_contact, 11);
+        assert_eq!(
+            db.credentials("a").await.unwrap(),
+            Credentials::Hash("h1".into())
+        );
+        // Forgotten, it takes the next; a contact older than the one recorded is not
+        // written, and the token still is.
+        assert!(db.forget_token("a").await.unwrap());
+        assert_eq!(db.credentials("a").await.unwrap(), Credentials::None);
+        assert!(db.enroll(&contact("a", 5), None, "h3").await.unwrap());
+        assert_eq!(db.agent("a").await.unwrap().unwrap().last_contact, 11);
+        assert_eq!(
+            db.credentials("a").await.unwrap(),
+            Credentials::Hash("h3".into())
+        );
+        assert!(db.revoke("a", Revocation::Left, 12).await.unwrap());
+        assert!(matches!(
+            db.credentials("a").await.unwrap(),
+            Credentials::Revoked(_)
+        ));
     }
 
     #[tokio::test]

@@ -211,17 +211,48 @@ impl Fleet {
     /// agent waiting for its batch is written first, so the agent's writes keep their
     /// order.
     pub async fn save(&self, w: Deferred) -> Result<(), FleetError> {
+        self.flush_earlier(w.agent()).await?;
+        self.save_now(w).await
+    }
+
+    /// Writes a new agent's first contact as [`Fleet::save`] does, with `hash` as its
+    /// token unless it has one (see [`Db::enroll`]): true if the id now holds `hash`.
+    /// While the database is away the contact is queued and the agent gets no token
+    /// (false): it is given one at a later register.
+    pub async fn enroll(&self, w: Deferred, hash: &str) -> Result<bool, FleetError> {
+        self.flush_earlier(w.agent()).await?;
+        let Some((contact, health)) = contact_row(&w) else {
+            return self.save_now(w).await.map(|()| false);
+        };
+        if self.outage.is_down() {
+            self.outage.defer(w);
+            return Ok(false);
+        }
+        match self.db.enroll(&contact, health, hash).await {
+            Ok(held) => Ok(held),
+            Err(e) if e.is_unavailable() => {
+                self.outage.went_down(&e);
+                self.outage.defer(w);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes the agent's contact waiting for the next batch now, or waits for the
+    /// batch under way that holds it: what comes after must not be overwritten by it.
+    async fn flush_earlier(&self, agent: &str) -> Result<(), FleetError> {
         let (earlier, in_flush) = {
             let mut contacts = lock(&self.contacts);
-            let in_flush = lock(&self.in_flush).contains(w.agent());
-            (contacts.remove(w.agent()), in_flush)
+            let in_flush = lock(&self.in_flush).contains(agent);
+            (contacts.remove(agent), in_flush)
         };
         if let Some(contact) = earlier {
             self.save_now(contact).await?;
         } else if in_flush {
             drop(self.flushing.lock().await);
         }
-        self.save_now(w).await
+        Ok(())
     }
 
     async fn save_now(&self, w: Deferred) -> Result<(), FleetError> {

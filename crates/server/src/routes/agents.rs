@@ -323,27 +323,12 @@ async fn greet(s: &Shared, hello: &Hello, headers: &HeaderMap) -> Result<Greetin
         at: now_secs(),
         health: hello.hello.health.clone().map(bounded_health),
     };
-    if issue {
-        // Its row must exist before its token is written into it.
-        s.fleet.save(contact).await?;
+    let token = if issue {
+        enroll(s, headers, contact).await?
     } else {
         // A known agent's contact goes with the next batch: a held connect a heartbeat
         // costs no write of its own.
         s.fleet.contact(contact).await?;
-    }
-    // Credentials are issued once, in the database; while it is away, the agent gets
-    // its token at a later register.
-    let token = if issue && !s.fleet.outage.is_down() {
-        match bearer(headers).filter(|t| agent_protocol::credentials::is_agent_token(t)) {
-            // The agent made its own secret: adopted, so a retry after a lost answer (on
-            // this server or another of the fleet) proves the same secret; nothing to send.
-            Some(own) => {
-                store_token(s, &hello.hello.id, credentials::hash_token(own)).await?;
-                None
-            }
-            None => issue_token(s, &hello.hello.id).await?,
-        }
-    } else {
         None
     };
     decide(s, hello, &release, token, true).await
@@ -580,34 +565,42 @@ pub(super) fn unauthorized(id: &str, why: &'static str) -> ApiError {
     ApiError::new(StatusCode::UNAUTHORIZED, why)
 }
 
-/// A token for an id that has none; `None` if another server just gave it one.
-async fn issue_token(s: &Shared, id: &str) -> Result<Option<String>, ApiError> {
-    let token = credentials::new_token().map_err(|e| {
-        tracing::error!("no randomness for a token: {e}");
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no randomness")
-    })?;
-    let stored = store_token(s, id, credentials::hash_token(&token)).await?;
-    Ok(stored.then_some(token))
-}
-
-/// Makes `hash` the credentials of an id that has none; false if another server (or a
-/// concurrent try of the same register) just did, or the database is away.
-async fn store_token(s: &Shared, id: &str, hash: String) -> Result<bool, ApiError> {
-    match s.fleet.db.issue_token(id, &hash).await {
-        Ok(true) => {
-            tracing::info!(agent = %id, "the agent's credentials are set");
-            s.fleet
-                .outage
-                .remember_credentials(id, &Credentials::Hash(hash));
-            Ok(true)
-        }
-        Ok(false) => Ok(false),
-        Err(e) if e.is_unavailable() => {
-            s.fleet.outage.went_down(&e);
-            Ok(false)
-        }
-        Err(e) => Err(e.into()),
+/// The first contact of an agent without credentials, and its token, written together
+/// (credentials are issued once, in the database: while it is away, the agent gets its
+/// token at a later register). The token to send it, if this server made one.
+async fn enroll(
+    s: &Shared,
+    headers: &HeaderMap,
+    contact: Deferred,
+) -> Result<Option<String>, ApiError> {
+    if s.fleet.outage.is_down() {
+        s.fleet.save(contact).await?;
+        return Ok(None);
     }
+    let id = contact.agent().to_owned();
+    let (hash, token) =
+        match bearer(headers).filter(|t| agent_protocol::credentials::is_agent_token(t)) {
+            // The agent made its own secret: adopted, so a retry after a lost answer (on
+            // this server or another of the fleet) proves the same secret; nothing to send.
+            Some(own) => (credentials::hash_token(own), None),
+            None => {
+                let token = credentials::new_token().map_err(|e| {
+                    tracing::error!("no randomness for a token: {e}");
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no randomness")
+                })?;
+                (credentials::hash_token(&token), Some(token))
+            }
+        };
+    // `false` if another server (or a concurrent try of the same register) just gave it
+    // another token, or the database went away.
+    if !s.fleet.enroll(contact, &hash).await? {
+        return Ok(None);
+    }
+    tracing::info!(agent = %id, "the agent's credentials are set");
+    s.fleet
+        .outage
+        .remember_credentials(&id, &Credentials::Hash(hash));
+    Ok(token)
 }
 
 /// `POST /agent/leave`: the agent uninstalls itself. Its credentials are revoked (`401`
