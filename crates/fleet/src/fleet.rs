@@ -35,6 +35,8 @@ pub const SETTINGS_INTERVAL: Duration = Duration::from_secs(2);
 /// How long a known agent's contact may wait in memory before it is written: the
 /// `last_contact` another server (or the database itself) sees is at most this late.
 pub const CONTACT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// Queued contacts the drain writes in one transaction (statements of `TOUCH_CHUNK`).
+const DRAIN_CONTACTS: usize = 2000;
 
 /// The fleet as one server sees it: its database, what waits for the database, the
 /// rollouts and the fleet-wide switch as last read.
@@ -288,7 +290,7 @@ impl Fleet {
     }
 
     /// Writes the contacts waiting for their batch, in one transaction; while the
-    /// database is away they join the spool. Called every [`CONTACT_FLUSH_INTERVAL`],
+    /// database is away they wait for the next. Called every [`CONTACT_FLUSH_INTERVAL`],
     /// before the agents' rows are read for people, and when the server stops.
     pub async fn flush_contacts(&self) {
         let _flushing = self.flushing.lock().await;
@@ -301,8 +303,7 @@ impl Fleet {
             return;
         }
         if self.outage.is_down() {
-            batch.into_iter().for_each(|w| self.outage.defer(w));
-            lock(&self.in_flush).clear();
+            self.keep_for_next_batch(batch);
             return;
         }
         let rows: Vec<_> = batch.iter().filter_map(contact_row).collect();
@@ -311,7 +312,8 @@ impl Fleet {
             Ok(()) => {}
             Err(e) if e.is_unavailable() => {
                 self.outage.went_down(&e);
-                batch.into_iter().for_each(|w| self.outage.defer(w));
+                self.keep_for_next_batch(batch);
+                return;
             }
             Err(e) => {
                 // One row the database refuses must not cost the others their contact.
@@ -325,6 +327,18 @@ impl Fleet {
                     }
                 }
             }
+        }
+        lock(&self.in_flush).clear();
+    }
+
+    /// While the database is away, the contacts of known agents wait in the batch, not
+    /// in the spool: one per agent (a newer one that came meanwhile wins), never
+    /// dropped, written by the first batch after the spool. The contact guard
+    /// (`last_contact`) keeps one older than a queued report from undoing it.
+    fn keep_for_next_batch(&self, batch: Vec<Deferred>) {
+        let mut contacts = lock(&self.contacts);
+        for w in batch {
+            contacts.entry(w.agent().to_owned()).or_insert(w);
         }
         lock(&self.in_flush).clear();
     }
@@ -483,6 +497,23 @@ pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Out
         }
     }
     while let Some((seq, w)) = outage.front() {
+        if matches!(w, Deferred::Contact { .. }) {
+            let run = outage.front_contacts(DRAIN_CONTACTS);
+            let rows: Vec<_> = run.iter().filter_map(|(_, w)| contact_row(w)).collect();
+            match db.touch_agents(&rows).await {
+                Ok(()) => {
+                    run.iter().for_each(|(seq, _)| outage.written(*seq));
+                    continue;
+                }
+                Err(e) if e.is_unavailable() => {
+                    outage.went_down(&e);
+                    return;
+                }
+                // One row the database refuses: each is written alone, below, and only
+                // that one is dropped.
+                Err(_) => {}
+            }
+        }
         match write(db, rollouts, configs, &w).await {
             Ok(()) => outage.written(seq),
             Err(e) if e.is_unavailable() => {
@@ -686,7 +717,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn contacts_join_the_spool_while_the_database_is_away() {
+    async fn contacts_wait_in_their_batch_while_the_database_is_away() {
         let home = tempfile::tempdir().unwrap();
         let fleet = fleet(home.path()).await;
         fleet.save(contact("a", "1.0.0+1", 10)).await.unwrap();
@@ -695,9 +726,38 @@ mod tests {
             .outage
             .went_down(&FleetError::Config("test: the database went away".into()));
         fleet.flush_contacts().await;
-        assert_eq!((fleet.contacts_pending(), fleet.outage.queued()), (0, 1));
+        assert_eq!((fleet.contacts_pending(), fleet.outage.queued()), (1, 0));
+        // A heartbeat later replaces it; what is saved goes to the spool.
+        fleet.contact(contact("a", "1.0.0+1", 30)).await.unwrap();
+        fleet.flush_contacts().await;
+        fleet.save(contact("b", "1.0.0+1", 25)).await.unwrap();
+        assert_eq!((fleet.contacts_pending(), fleet.outage.queued()), (1, 1));
         fleet.drain().await;
-        assert_eq!(fleet.db.agent("a").await.unwrap().unwrap().last_contact, 20);
+        assert!(!fleet.outage.is_down());
+        fleet.flush_contacts().await;
+        assert_eq!(fleet.db.agent("a").await.unwrap().unwrap().last_contact, 30);
+        assert_eq!(fleet.db.agent("b").await.unwrap().unwrap().last_contact, 25);
+        assert_eq!((fleet.contacts_pending(), fleet.outage.queued()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_spool_of_thousands_of_contacts_drains_in_batches() {
+        let home = tempfile::tempdir().unwrap();
+        let fleet = fleet(home.path()).await;
+        fleet
+            .outage
+            .went_down(&FleetError::Config("test: the database went away".into()));
+        for i in 0..(DRAIN_CONTACTS * 2 + 5) {
+            fleet
+                .save(contact(&format!("agent-{i}"), "1.0.0+1", 10))
+                .await
+                .unwrap();
+        }
+        fleet.drain().await;
+        assert!(!fleet.outage.is_down());
+        let (by_version, _) = fleet.db.fleet_counts().await.unwrap();
+        let expected = i64::try_from(DRAIN_CONTACTS * 2 + 5).unwrap();
+        assert_eq!(by_version, vec![("1.0.0+1".to_owned(), expected)]);
     }
 
     #[tokio::test]

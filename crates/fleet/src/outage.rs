@@ -16,7 +16,7 @@
 //!
 //! It owns the spool file and nothing else; it never decides a directive itself.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -126,6 +126,31 @@ impl Spool {
         self.entries
             .first_key_value()
             .map(|(seq, w)| (*seq, w.clone()))
+    }
+
+    /// Up to `max` queued contacts that may be written now, together, oldest first: none
+    /// of an agent with an older write of another kind still queued, which must go
+    /// first. A spool is mostly heartbeats, and written one by one it may fill faster
+    /// than it empties (a fleet of 100,000 calls in thousands of times a second).
+    pub fn front_contacts(&self, max: usize) -> Vec<(u64, Deferred)> {
+        let mut waiting: HashSet<&str> = HashSet::new();
+        let mut run = Vec::new();
+        // Bounded, so a spool of reports is not walked whole for a few contacts.
+        for (seq, w) in self.entries.iter().take(max.saturating_mul(4)) {
+            if run.len() >= max {
+                break;
+            }
+            match w {
+                Deferred::Contact { .. } if !waiting.contains(w.agent()) => {
+                    run.push((*seq, w.clone()));
+                }
+                Deferred::Contact { .. } => {}
+                _ => {
+                    waiting.insert(w.agent());
+                }
+            }
+        }
+        run
     }
 
     /// `seq` was written (or is given up): forget it.
@@ -304,6 +329,11 @@ impl Outage {
         lock(&self.spool).front()
     }
 
+    /// Queued contacts to write together (see [`Spool::front_contacts`]).
+    pub fn front_contacts(&self, max: usize) -> Vec<(u64, Deferred)> {
+        lock(&self.spool).front_contacts(max)
+    }
+
     pub fn written(&self, seq: u64) {
         lock(&self.spool).done(seq);
     }
@@ -466,6 +496,38 @@ mod tests {
         assert_eq!(
             drain(&mut spool),
             vec![contact("a", "1.0.0+1", 100), contact("b", "1.0.0+1", 100)]
+        );
+    }
+
+    #[test]
+    fn contacts_are_taken_together_except_behind_their_agents_report() {
+        let mut spool = Spool::default();
+        spool.push(contact("a", "1.0.0+1", 1));
+        spool.push(report("b", 2000));
+        spool.push(contact("c", "1.0.0+1", 2));
+        spool.push(contact("b", "2.0.0+2", 3));
+        spool.push(contact("d", "1.0.0+1", 4));
+        let run: Vec<_> = spool
+            .front_contacts(10)
+            .into_iter()
+            .map(|(_, w)| w)
+            .collect();
+        assert_eq!(
+            run,
+            vec![
+                contact("a", "1.0.0+1", 1),
+                contact("c", "1.0.0+1", 2),
+                contact("d", "1.0.0+1", 4)
+            ]
+        );
+        assert_eq!(spool.front_contacts(2).len(), 2);
+        for (seq, _) in spool.front_contacts(10) {
+            spool.done(seq);
+        }
+        // What is left keeps b's order: its report, then its contact.
+        assert_eq!(
+            drain(&mut spool),
+            vec![report("b", 2000), contact("b", "2.0.0+2", 3)]
         );
     }
 
