@@ -219,6 +219,13 @@ pub fn busy_not_away(e: &FleetError, last_answer_ms: i64, now_ms: i64, window_ms
         && now_ms.saturating_sub(last_answer_ms) <= window_ms
 }
 
+/// A database that answered a query this recently is busy, not away. Five acquire
+/// timeouts: 100,000 agents coming up on five servers and a PostgreSQL sharing two
+/// cores had statements take over 3 s, and a window of one timeout sent every server in
+/// and out of outage mode every 40 s. A hung database is still found away within it.
+const BUSY_WINDOW: std::time::Duration = std::time::Duration::from_secs(15);
+const _: () = assert!(BUSY_WINDOW.as_secs() >= crate::db::ACQUIRE_TIMEOUT.as_secs());
+
 /// How often a busy database is said in the log.
 const BUSY_SAID_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -281,7 +288,7 @@ impl Outage {
                 e,
                 progress.last_ms(),
                 crate::db::now_ms(),
-                i64::try_from(crate::db::ACQUIRE_TIMEOUT.as_millis()).unwrap_or(i64::MAX),
+                i64::try_from(BUSY_WINDOW.as_millis()).unwrap_or(i64::MAX),
             )
         {
             self.busy.fetch_add(1, Ordering::Relaxed);
@@ -444,8 +451,12 @@ mod tests {
         outage.went_down(&FleetError::Database(sqlx::Error::PoolTimedOut));
         assert!(!outage.is_down());
         assert_eq!(outage.busy_count(), 1);
-        // Then nothing answers for longer than the acquire timeout: away.
+        // Slow statements (the last answer 10 s ago) are still a busy database.
         progress.answered(crate::db::now_ms() - 10_000);
+        outage.went_down(&FleetError::Database(sqlx::Error::PoolTimedOut));
+        assert!(!outage.is_down());
+        // Then nothing answers for longer than the window: away.
+        progress.answered(crate::db::now_ms() - 20_000);
         outage.went_down(&FleetError::Database(sqlx::Error::PoolTimedOut));
         assert!(outage.is_down());
     }
