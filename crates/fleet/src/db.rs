@@ -57,15 +57,27 @@ fn on_release(
 /// connections keep coming back, a pool with none free is busy, not cut off from its
 /// database.
 #[derive(Debug, Default)]
-pub struct Progress(AtomicI64);
+pub struct Progress {
+    last_ms: AtomicI64,
+    pool: std::sync::OnceLock<AnyPool>,
+}
 
 impl Progress {
     pub fn answered(&self, at_ms: i64) {
-        self.0.store(at_ms, Ordering::Relaxed);
+        self.last_ms.store(at_ms, Ordering::Relaxed);
     }
 
     pub fn last_ms(&self) -> i64 {
-        self.0.load(Ordering::Relaxed)
+        self.last_ms.load(Ordering::Relaxed)
+    }
+
+    /// Whether every connection the pool may have is open and taken: queries are in
+    /// flight. A database that went away (stopped, refusing) closes connections, and
+    /// the pool cannot open new ones. True before the pool is watched.
+    pub fn all_in_use(&self) -> bool {
+        self.pool.get().is_none_or(|pool| {
+            pool.num_idle() == 0 && pool.size() >= pool.options().get_max_connections()
+        })
     }
 }
 
@@ -248,6 +260,11 @@ impl Db {
                 let _ = sqlx::Connection::close(first).await;
                 AnyPoolOptions::new()
                     .max_connections(pool_size)
+                    // Opened at start and kept: a pool that opens connections while
+                    // thousands of queries wait for one times them out as it opens them
+                    // (sqlx #3132), and the outage rule reads a pool short of its
+                    // connections as a database gone.
+                    .min_connections(pool_size)
                     // Short: while the database is away, agents are answered from memory
                     // once a query has waited this long (see `outage`).
                     .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -261,6 +278,7 @@ impl Db {
             Backend::Sqlite => sqlx::migrate!("./migrations/sqlite").run(&pool).await?,
             Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(&pool).await?,
         }
+        let _ = progress.pool.set(pool.clone());
         Ok(Self {
             pool,
             backend,

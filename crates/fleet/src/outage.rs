@@ -210,11 +210,19 @@ pub struct Outage {
 }
 
 /// Whether a failure means a busy database rather than one that is away: no connection
-/// came free within the acquire timeout, yet one came back from a query within the last
-/// `window_ms` (the database answers, there are more queries than connections). A
-/// database cut off or hung answers nothing, and one that refuses fails otherwise.
-pub fn busy_not_away(e: &FleetError, last_answer_ms: i64, now_ms: i64, window_ms: i64) -> bool {
+/// came free within the acquire timeout, every connection is open and taken
+/// (`all_in_use`), and one came back from a query within the last `window_ms` (the
+/// database answers, there are more queries than connections). A database cut off or
+/// hung answers nothing, and one stopped or refusing loses the pool its connections.
+pub fn busy_not_away(
+    e: &FleetError,
+    all_in_use: bool,
+    last_answer_ms: i64,
+    now_ms: i64,
+    window_ms: i64,
+) -> bool {
     matches!(e, FleetError::Database(sqlx::Error::PoolTimedOut))
+        && all_in_use
         && last_answer_ms > 0
         && now_ms.saturating_sub(last_answer_ms) <= window_ms
 }
@@ -286,6 +294,7 @@ impl Outage {
         if let Some(progress) = &self.progress
             && busy_not_away(
                 e,
+                progress.all_in_use(),
                 progress.last_ms(),
                 crate::db::now_ms(),
                 i64::try_from(BUSY_WINDOW.as_millis()).unwrap_or(i64::MAX),
@@ -424,19 +433,22 @@ mod tests {
     fn a_pool_with_no_connection_free_is_busy_while_queries_come_back() {
         let timed_out = FleetError::Database(sqlx::Error::PoolTimedOut);
         // A query came back 1 s ago: busy.
-        assert!(busy_not_away(&timed_out, 9_000, 10_000, 3_000));
-        assert!(busy_not_away(&timed_out, 7_000, 10_000, 3_000));
+        assert!(busy_not_away(&timed_out, true, 9_000, 10_000, 3_000));
+        assert!(busy_not_away(&timed_out, true, 7_000, 10_000, 3_000));
         // Nothing came back for longer than the timeout (hung, cut off): away.
-        assert!(!busy_not_away(&timed_out, 6_999, 10_000, 3_000));
+        assert!(!busy_not_away(&timed_out, true, 6_999, 10_000, 3_000));
+        // Connections lost (the database stopped): away, however recent the last answer.
+        assert!(!busy_not_away(&timed_out, false, 9_000, 10_000, 3_000));
         // Nothing ever came back: away.
-        assert!(!busy_not_away(&timed_out, 0, 10_000, 3_000));
+        assert!(!busy_not_away(&timed_out, true, 0, 10_000, 3_000));
         // A refused or broken connection is away however recent the last answer.
         let refused = FleetError::Database(sqlx::Error::Io(std::io::Error::from(
             std::io::ErrorKind::ConnectionRefused,
         )));
-        assert!(!busy_not_away(&refused, 9_999, 10_000, 3_000));
+        assert!(!busy_not_away(&refused, true, 9_999, 10_000, 3_000));
         assert!(!busy_not_away(
             &FleetError::Database(sqlx::Error::PoolClosed),
+            true,
             9_999,
             10_000,
             3_000

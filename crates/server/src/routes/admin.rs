@@ -347,15 +347,7 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
     let (by_version, by_status, waves, health) = if s.fleet.outage.is_down() {
         Default::default()
     } else {
-        s.fleet.flush_contacts().await;
-        let (by_version, by_status) = s.fleet.db.fleet_counts().await?;
-        let health = Some(s.fleet.db.health_counts().await?);
-        (
-            by_version,
-            by_status,
-            s.fleet.rollouts.wave_counts().await?,
-            health,
-        )
+        without_a_busy_database(fleet_counts(s).await)?
     };
     let current = s.fleet.rollouts.current();
     let gauges = RolloutGauges {
@@ -371,7 +363,7 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
     let config_gauges = if s.fleet.outage.is_down() {
         Default::default()
     } else {
-        s.fleet.configs.gauges().await?
+        without_a_busy_database(s.fleet.configs.gauges().await)?
     };
     let mut text = s.metrics.render(
         s.limiter.in_flight(),
@@ -387,6 +379,43 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, A
         None => text,
     };
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+type FleetCounts = (
+    Vec<(String, i64)>,
+    Vec<(String, i64)>,
+    Vec<agent_fleet::rollout::step::WaveStatus>,
+    Option<(i64, i64)>,
+);
+
+/// The fleet's counts for /metrics: agents by version and by update status, the waves,
+/// and health.
+async fn fleet_counts(s: &Shared) -> Result<FleetCounts, agent_fleet::FleetError> {
+    s.fleet.flush_contacts().await;
+    let (by_version, by_status) = s.fleet.db.fleet_counts().await?;
+    let health = Some(s.fleet.db.health_counts().await?);
+    Ok((
+        by_version,
+        by_status,
+        s.fleet.rollouts.wave_counts().await?,
+        health,
+    ))
+}
+
+/// A database too busy to count the fleet leaves the fleet's gauges out of this scrape,
+/// as an outage does: the server's own counters are what an operator watches then, and
+/// a scrape that failed whole would hide them (100,000 agents on five servers did).
+fn without_a_busy_database<T: Default>(
+    counted: Result<T, agent_fleet::FleetError>,
+) -> Result<T, ApiError> {
+    match counted {
+        Ok(counts) => Ok(counts),
+        Err(e) if e.is_unavailable() => {
+            tracing::debug!("/metrics without the fleet's counts: {e}");
+            Ok(T::default())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `ok` (the server serves its bundle and answers agents), or `degraded` with the

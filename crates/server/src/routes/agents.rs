@@ -502,11 +502,18 @@ async fn config_directive(
     }
 }
 
+/// How many acquire timeouts a credential check waits through while the database is
+/// busy (answering, with no connection free) before it answers `503`.
+const BUSY_TRIES: usize = 3;
+
 /// What the fleet knows of the id's credentials: from the database, or, while it is
 /// away, as this server last read them. An id this server never checked cannot be
 /// checked then: `503`, and the agent tries again (or another server).
 async fn known_credentials(s: &Shared, id: &str) -> Result<Credentials, ApiError> {
-    if !s.fleet.outage.is_down() {
+    for _ in 0..BUSY_TRIES {
+        if s.fleet.outage.is_down() {
+            break;
+        }
         match s.fleet.db.credentials(id).await {
             Ok(known) => {
                 s.fleet.outage.remember_credentials(id, &known);
@@ -515,6 +522,12 @@ async fn known_credentials(s: &Shared, id: &str) -> Result<Credentials, ApiError
             Err(e) if e.is_unavailable() => s.fleet.outage.went_down(&e),
             Err(e) => return Err(e.into()),
         }
+        if let Some(known) = s.fleet.outage.known_credentials(id) {
+            return Ok(known);
+        }
+        // Busy, and memory cannot answer: the agent waits for a connection rather than
+        // hear 503, which sends it to the next server to register there, where it is
+        // not known either (100,000 agents registered ten times each that way).
     }
     s.fleet.outage.known_credentials(id).ok_or_else(|| {
         ApiError::unavailable(
