@@ -17,16 +17,16 @@ scale_metric() {
 }
 
 # scale_page PORT OUT: signs in to the server's page with the admin token and fetches the
-# agents' list; prints "seconds bytes" of GET /admin/agents and of the page's /agents.
+# agents' list; prints "status seconds bytes" of GET /admin/agents and of the page's /agents.
 scale_page() {
     local port=$1 jar=$work/scale-jar base="http://127.0.0.1:$1" csrf admin page
-    admin=$(curl -fsS -o /dev/null --max-time 120 -w '%{time_total} %{size_download}' \
-        -H "Authorization: Bearer bench" "$base/admin/agents" || echo "fail 0")
+    admin=$(curl -sS -o /dev/null --max-time 120 -w '%{http_code} %{time_total}s %{size_download}B' \
+        -H "Authorization: Bearer bench" "$base/admin/agents" || true)
     rm -f "$jar"
     csrf=$({ curl -fsS --max-time 60 -c "$jar" "$base/" || true; } | grep -o 'name="csrf" value="[^"]*"' | head -1 | sed 's/.*value="//; s/"$//' || true)
     curl -fsS -o /dev/null -b "$jar" -c "$jar" -H "Origin: $base" \
         --data-urlencode "csrf=$csrf" --data-urlencode "token=bench" "$base/signin" || true
-    page=$(curl -fsS -o /dev/null --max-time 120 -b "$jar" -w '%{time_total} %{size_download}' "$base/agents" || echo "fail 0")
+    page=$(curl -sS -o /dev/null --max-time 120 -b "$jar" -w '%{http_code} %{time_total}s %{size_download}B' "$base/agents" || true)
     echo "$admin $page"
 }
 
@@ -119,7 +119,7 @@ bench_scale() {
     # The list of every agent, by the admin API and on the page, at this size.
     local listing
     listing=$(scale_page "${ports[0]}")
-    note "/admin/agents and the page's /agents: $listing (seconds bytes, each)"
+    note "/admin/agents and the page's /agents: $listing (status seconds bytes, each)"
     # The release, dropped in on every server (as cloud.sh does).
     for i in "${!ports[@]}"; do serve_bundle "$work/ss-$i" "${ports[$i]}" "$b2"; done
     local pub
@@ -175,6 +175,6 @@ One run (bounded at $bound s); everything shares the machine's two cores.
 | server RSS while holding / peak (each) | ${hold_rss[*]} / ${peak[*]} MiB (goal < 512) |
 | PostgreSQL CPU while holding | $pg_cpu % of a core |
 | PostgreSQL connections (fleet) | $pg_conns holding, $pg_conns_end at the end |
-| \`GET /admin/agents\`, the page's \`/agents\` (seconds, bytes) | $listing |
+| \`GET /admin/agents\`, the page's \`/agents\` (status, seconds, bytes) | $listing |
 EOF2
 }
