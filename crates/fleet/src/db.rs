@@ -555,12 +555,7 @@ impl Db {
         hash: &str,
     ) -> Result<bool, FleetError> {
         let row = (*contact, health);
-        let shape = TouchShape {
-            group: contact.group.is_some(),
-            config_hash: contact.config_hash.is_some(),
-            health: health.is_some(),
-        };
-        let sql = touch_sql(self.backend, shape, 1, true);
+        let sql = touch_sql(self.backend, TouchShape::of(&row), 1, true);
         let held = touch_query(&sql, &[&row])
             .bind(hash)
             .fetch_optional(&self.pool)
@@ -670,6 +665,16 @@ struct TouchShape {
     health: bool,
 }
 
+impl TouchShape {
+    fn of((contact, health): &(Contact<'_>, Option<&agent_protocol::wire::AgentHealth>)) -> Self {
+        TouchShape {
+            group: contact.group.is_some(),
+            config_hash: contact.config_hash.is_some(),
+            health: health.is_some(),
+        }
+    }
+}
+
 type TouchRow<'a, 'b> = &'b (Contact<'a>, Option<&'a agent_protocol::wire::AgentHealth>);
 
 /// The contacts by shape, in statements of at most [`TOUCH_CHUNK`], an agent at most once
@@ -698,12 +703,7 @@ fn touch_batches<'a, 'b>(
     let mut by_shape: std::collections::BTreeMap<TouchShape, Vec<TouchRow<'a, 'b>>> =
         std::collections::BTreeMap::new();
     for row in kept {
-        let shape = TouchShape {
-            group: row.0.group.is_some(),
-            config_hash: row.0.config_hash.is_some(),
-            health: row.1.is_some(),
-        };
-        by_shape.entry(shape).or_default().push(row);
+        by_shape.entry(TouchShape::of(row)).or_default().push(row);
     }
     by_shape
         .into_iter()

@@ -223,22 +223,11 @@ impl Fleet {
     /// (false): it is given one at a later register.
     pub async fn enroll(&self, w: Deferred, hash: &str) -> Result<bool, FleetError> {
         self.flush_earlier(w.agent()).await?;
-        let Some((contact, health)) = contact_row(&w) else {
+        let Some((contact, health)) = contact_row(&w).filter(|_| !self.outage.is_down()) else {
             return self.save_now(w).await.map(|()| false);
         };
-        if self.outage.is_down() {
-            self.outage.defer(w);
-            return Ok(false);
-        }
-        match self.db.enroll(&contact, health, hash).await {
-            Ok(held) => Ok(held),
-            Err(e) if e.is_unavailable() => {
-                self.outage.went_down(&e);
-                self.outage.defer(w);
-                Ok(false)
-            }
-            Err(e) => Err(e),
-        }
+        let held = self.db.enroll(&contact, health, hash).await;
+        self.queued_if_away(w, held, false)
     }
 
     /// Writes the agent's contact waiting for the next batch now, or waits for the
@@ -262,14 +251,25 @@ impl Fleet {
             self.outage.defer(w);
             return Ok(());
         }
-        match write(&self.db, &self.rollouts, &self.configs, &w).await {
-            Ok(()) => Ok(()),
+        let written = write(&self.db, &self.rollouts, &self.configs, &w).await;
+        self.queued_if_away(w, written, ())
+    }
+
+    /// What a write that failed for want of the database becomes: `w` queued and the
+    /// outage noted, answered with `queued`.
+    fn queued_if_away<T>(
+        &self,
+        w: Deferred,
+        written: Result<T, FleetError>,
+        queued: T,
+    ) -> Result<T, FleetError> {
+        match written {
             Err(e) if e.is_unavailable() => {
                 self.outage.went_down(&e);
                 self.outage.defer(w);
-                Ok(())
+                Ok(queued)
             }
-            Err(e) => Err(e),
+            other => other,
         }
     }
 
@@ -487,6 +487,30 @@ pub async fn write(
 
 /// Writes the spool back, oldest first, while the database answers; then lets calls go
 /// to the database again.
+/// Writes one queued write and forgets it, or drops it if the database refuses it for
+/// good (it would block the spool for ever); false if the database went away again.
+async fn write_queued(
+    db: &Db,
+    rollouts: &Rollouts,
+    configs: &Configs,
+    outage: &Outage,
+    seq: u64,
+    w: &Deferred,
+) -> bool {
+    match write(db, rollouts, configs, w).await {
+        Ok(()) => outage.written(seq),
+        Err(e) if e.is_unavailable() => {
+            outage.went_down(&e);
+            return false;
+        }
+        Err(e) => {
+            tracing::error!("a queued write is refused by the database ({e}); dropping it: {w:?}");
+            outage.written(seq);
+        }
+    }
+    true
+}
+
 pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Outage) {
     if outage.is_down() && outage.queued() == 0 {
         if let Err(e) = db.ping().await {
@@ -497,8 +521,12 @@ pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Out
         }
     }
     while let Some((seq, w)) = outage.front() {
-        if matches!(w, Deferred::Contact { .. }) {
-            let run = outage.front_contacts(DRAIN_CONTACTS);
+        let run = if matches!(w, Deferred::Contact { .. }) {
+            outage.front_contacts(DRAIN_CONTACTS)
+        } else {
+            vec![(seq, w)]
+        };
+        if run.len() > 1 {
             let rows: Vec<_> = run.iter().filter_map(|(_, w)| contact_row(w)).collect();
             match db.touch_agents(&rows).await {
                 Ok(()) => {
@@ -509,23 +537,14 @@ pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Out
                     outage.went_down(&e);
                     return;
                 }
-                // One row the database refuses: each is written alone, below, and only
+                // A row the database refuses: each is written alone, below, and only
                 // that one is dropped.
                 Err(_) => {}
             }
         }
-        match write(db, rollouts, configs, &w).await {
-            Ok(()) => outage.written(seq),
-            Err(e) if e.is_unavailable() => {
-                outage.went_down(&e);
+        for (seq, w) in run {
+            if !write_queued(db, rollouts, configs, outage, seq, &w).await {
                 return;
-            }
-            Err(e) => {
-                // A write the database refuses for good would block the spool for ever.
-                tracing::error!(
-                    "a queued write is refused by the database ({e}); dropping it: {w:?}"
-                );
-                outage.written(seq);
             }
         }
     }
