@@ -53,16 +53,26 @@ fn on_release(
     }
 }
 
-/// When a connection last came back to the pool (unix milliseconds; 0: never): while
-/// connections keep coming back, a pool with none free is busy, not cut off from its
-/// database.
+/// When a connection last came back to the pool (unix milliseconds; 0: never), and
+/// where a probe connection goes: together they tell a busy database from one that is
+/// away (see `outage`).
 #[derive(Debug, Default)]
 pub struct Progress {
     last_ms: AtomicI64,
-    pool: std::sync::OnceLock<AnyPool>,
+    url: std::sync::OnceLock<String>,
 }
 
+/// How long a probe connection, opened beside the pool, may take to answer.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl Progress {
+    /// Probes `url` (see [`Progress::probe`]).
+    pub fn for_url(url: &str) -> Self {
+        let progress = Self::default();
+        let _ = progress.url.set(url.to_owned());
+        progress
+    }
+
     pub fn answered(&self, at_ms: i64) {
         self.last_ms.store(at_ms, Ordering::Relaxed);
     }
@@ -71,13 +81,27 @@ impl Progress {
         self.last_ms.load(Ordering::Relaxed)
     }
 
-    /// Whether every connection the pool may have is open and taken: queries are in
-    /// flight. A database that went away (stopped, refusing) closes connections, and
-    /// the pool cannot open new ones. True before the pool is watched.
-    pub fn all_in_use(&self) -> bool {
-        self.pool.get().is_none_or(|pool| {
-            pool.num_idle() == 0 && pool.size() >= pool.options().get_max_connections()
-        })
+    /// Opens one connection outside the pool and runs a query on it. A database that is
+    /// up answers, however busy its pool is (an error it answers with, such as too many
+    /// clients, is an answer too); one stopped, refusing or cut off does not within
+    /// [`PROBE_TIMEOUT`]. Without a URL there is nothing to probe: answered.
+    pub async fn probe(&self) -> Result<(), String> {
+        let Some(url) = self.url.get() else {
+            return Ok(());
+        };
+        let attempt = async {
+            let mut conn = sqlx::AnyConnection::connect(url).await?;
+            sqlx::query("SELECT 1").execute(&mut conn).await?;
+            let _ = conn.close().await;
+            Ok::<(), sqlx::Error>(())
+        };
+        match tokio::time::timeout(PROBE_TIMEOUT, attempt).await {
+            Ok(Ok(())) | Ok(Err(sqlx::Error::Database(_))) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!(
+                "a new connection did not answer within {PROBE_TIMEOUT:?}"
+            )),
+        }
     }
 }
 
@@ -227,7 +251,7 @@ impl Db {
                 "database.url {url:?}: use a postgres:// URL, a sqlite: URL, or leave it empty for a file under the server's home"
             )));
         };
-        let progress = Arc::new(Progress::default());
+        let progress = Arc::new(Progress::for_url(&url));
         let released = on_release(Arc::clone(&progress));
         let pool = match backend {
             Backend::Sqlite => {
@@ -262,8 +286,7 @@ impl Db {
                     .max_connections(pool_size)
                     // Opened at start and kept: a pool that opens connections while
                     // thousands of queries wait for one times them out as it opens them
-                    // (sqlx #3132), and the outage rule reads a pool short of its
-                    // connections as a database gone.
+                    // (sqlx #3132).
                     .min_connections(pool_size)
                     // Short: while the database is away, agents are answered from memory
                     // once a query has waited this long (see `outage`).
@@ -278,7 +301,6 @@ impl Db {
             Backend::Sqlite => sqlx::migrate!("./migrations/sqlite").run(&pool).await?,
             Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(&pool).await?,
         }
-        let _ = progress.pool.set(pool.clone());
         Ok(Self {
             pool,
             backend,

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -201,38 +201,100 @@ pub struct Outage {
     /// the database is away.
     credentials: Mutex<HashMap<String, Credentials>>,
     outages: AtomicU64,
-    /// The pool's last answered query: tells a busy database from one that is away.
+    /// The pool's last answered query, and the probe beside it: they tell a busy
+    /// database from one that is away.
     progress: Option<Arc<Progress>>,
+    probe: Arc<ProbeState>,
     /// Queries answered from memory because every connection was busy, and when that
     /// was last said.
     busy: AtomicU64,
     busy_said: Mutex<Option<Instant>>,
 }
 
-/// Whether a failure means a busy database rather than one that is away: no connection
-/// came free within the acquire timeout, every connection is open and taken
-/// (`all_in_use`), and one came back from a query within the last `window_ms` (the
-/// database answers, there are more queries than connections). A database cut off or
-/// hung answers nothing, and one stopped or refusing loses the pool its connections.
-pub fn busy_not_away(
-    e: &FleetError,
-    all_in_use: bool,
-    last_answer_ms: i64,
-    now_ms: i64,
-    window_ms: i64,
-) -> bool {
-    matches!(e, FleetError::Database(sqlx::Error::PoolTimedOut))
-        && all_in_use
-        && last_answer_ms > 0
-        && now_ms.saturating_sub(last_answer_ms) <= window_ms
+/// What a probe connection (see [`Progress::probe`]) last found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probed {
+    Never,
+    InFlight,
+    Answered { at_ms: i64 },
+    Failed { at_ms: i64 },
 }
 
-/// A database that answered a query this recently is busy, not away. Five acquire
+/// What a query that failed for want of the database means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The database answers, there are more queries than connections: answer this one
+    /// from memory and stay with the database.
+    Busy,
+    /// Stopped, refusing, cut off or hung: an outage.
+    Away,
+    /// No probe says which yet: busy while one is made.
+    Probe,
+}
+
+/// Whether a failure means a busy database rather than one that is away. Only a query
+/// that found no connection free within the acquire timeout can be busy, and only while
+/// a connection came back from a query within the last `window_ms`. Then a probe
+/// connection opened beside the pool decides: it answers from a busy database and not
+/// from one stopped or refusing (whose pool still holds connections it has not yet
+/// found dead). What a probe found holds for [`PROBE_FRESH`].
+pub fn busy_or_away(
+    e: &FleetError,
+    last_answer_ms: i64,
+    probed: Probed,
+    now_ms: i64,
+    window_ms: i64,
+) -> Verdict {
+    let fresh = |at_ms: i64| now_ms.saturating_sub(at_ms) <= PROBE_FRESH_MS;
+    if !matches!(e, FleetError::Database(sqlx::Error::PoolTimedOut))
+        || last_answer_ms <= 0
+        || now_ms.saturating_sub(last_answer_ms) > window_ms
+    {
+        return Verdict::Away;
+    }
+    match probed {
+        Probed::InFlight => Verdict::Busy,
+        Probed::Answered { at_ms } if fresh(at_ms) => Verdict::Busy,
+        Probed::Failed { at_ms } if fresh(at_ms) => Verdict::Away,
+        _ => Verdict::Probe,
+    }
+}
+
+/// A database that answered a query this recently may be busy, not away. Five acquire
 /// timeouts: 100,000 agents coming up on five servers and a PostgreSQL sharing two
 /// cores had statements take over 3 s, and a window of one timeout sent every server in
 /// and out of outage mode every 40 s. A hung database is still found away within it.
 const BUSY_WINDOW: std::time::Duration = std::time::Duration::from_secs(15);
 const _: () = assert!(BUSY_WINDOW.as_secs() >= crate::db::ACQUIRE_TIMEOUT.as_secs());
+
+/// How long a probe's finding holds: about one acquire timeout, so a busy server probes
+/// every few seconds, and a database that stops while busy is found away soon after.
+const PROBE_FRESH_MS: i64 = 3_000;
+
+/// The latest probe of this server's database.
+#[derive(Debug, Default)]
+struct ProbeState {
+    in_flight: AtomicBool,
+    answered_ms: AtomicI64,
+    failed_ms: AtomicI64,
+    /// Why the last probe failed.
+    failure: Mutex<String>,
+}
+
+impl ProbeState {
+    fn probed(&self) -> Probed {
+        if self.in_flight.load(Ordering::Acquire) {
+            return Probed::InFlight;
+        }
+        let answered = self.answered_ms.load(Ordering::Acquire);
+        let failed = self.failed_ms.load(Ordering::Acquire);
+        match (answered, failed) {
+            (0, 0) => Probed::Never,
+            (a, f) if a >= f => Probed::Answered { at_ms: a },
+            (_, f) => Probed::Failed { at_ms: f },
+        }
+    }
+}
 
 /// How often a busy database is said in the log.
 const BUSY_SAID_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
@@ -265,6 +327,7 @@ impl Outage {
             credentials: Mutex::new(HashMap::new()),
             outages: AtomicU64::new(0),
             progress: None,
+            probe: Arc::default(),
             busy: AtomicU64::new(0),
             busy_said: Mutex::new(None),
         }
@@ -288,35 +351,36 @@ impl Outage {
     }
 
     /// A query failed for want of the database: say so once, and answer from memory.
-    /// A busy pool (see [`busy_not_away`]) is not an outage: this one query is answered
-    /// from memory, and the server stays with its database.
+    /// A busy database (see [`busy_or_away`]) is not an outage: this one query is
+    /// answered from memory, and the server stays with its database.
     pub fn went_down(&self, e: &FleetError) {
-        if let Some(progress) = &self.progress
-            && busy_not_away(
+        if let Some(progress) = &self.progress {
+            let verdict = busy_or_away(
                 e,
-                progress.all_in_use(),
                 progress.last_ms(),
+                self.probe.probed(),
                 crate::db::now_ms(),
                 i64::try_from(BUSY_WINDOW.as_millis()).unwrap_or(i64::MAX),
-            )
-        {
-            self.busy.fetch_add(1, Ordering::Relaxed);
-            let mut said = lock(&self.busy_said);
-            if said.is_none_or(|at| at.elapsed() >= BUSY_SAID_EVERY) {
-                *said = Some(Instant::now());
-                tracing::warn!(
-                    "the fleet database is busy: no connection came free within {:?} while queries are being answered ({} answered from memory so far); raise database.pool-size if PostgreSQL has room, or add servers",
-                    crate::db::ACQUIRE_TIMEOUT,
-                    self.busy_count()
-                );
+            );
+            if verdict == Verdict::Probe {
+                self.start_probe(progress);
             }
-            return;
+            if verdict != Verdict::Away {
+                self.said_busy();
+                return;
+            }
         }
         if self.down.swap(true, Ordering::AcqRel) {
             return;
         }
         self.outages.fetch_add(1, Ordering::Relaxed);
         let reason = match e {
+            FleetError::Database(e @ sqlx::Error::PoolTimedOut) => match self.probe.probed() {
+                Probed::Failed { .. } => {
+                    format!("{e}, and a new connection: {}", lock(&self.probe.failure))
+                }
+                _ => e.to_string(),
+            },
             FleetError::Database(e) => e.to_string(),
             other => other.to_string(),
         };
@@ -324,6 +388,43 @@ impl Outage {
             "the fleet database is unreachable ({reason}); answering agents from what this server knows and queueing their writes until it is back"
         );
         *lock(&self.since) = Some((Instant::now(), reason));
+    }
+
+    /// Opens a probe connection in the background unless one is open; what it finds
+    /// decides the next failure (see [`busy_or_away`]).
+    fn start_probe(&self, progress: &Arc<Progress>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.probe.in_flight.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (progress, state) = (Arc::clone(progress), Arc::clone(&self.probe));
+        runtime.spawn(async move {
+            let found = progress.probe().await;
+            let at_ms = crate::db::now_ms();
+            match found {
+                Ok(()) => state.answered_ms.store(at_ms, Ordering::Release),
+                Err(e) => {
+                    *lock(&state.failure) = e;
+                    state.failed_ms.store(at_ms, Ordering::Release);
+                }
+            }
+            state.in_flight.store(false, Ordering::Release);
+        });
+    }
+
+    fn said_busy(&self) {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        let mut said = lock(&self.busy_said);
+        if said.is_none_or(|at| at.elapsed() >= BUSY_SAID_EVERY) {
+            *said = Some(Instant::now());
+            tracing::warn!(
+                "the fleet database is busy: no connection came free within {:?} while queries are being answered ({} answered from memory so far); raise database.pool-size if PostgreSQL has room, or add servers",
+                crate::db::ACQUIRE_TIMEOUT,
+                self.busy_count()
+            );
+        }
     }
 
     /// Queues a write for the database.
@@ -430,39 +531,89 @@ mod tests {
     use agent_protocol::wire::UpdateStatus;
 
     #[test]
-    fn a_pool_with_no_connection_free_is_busy_while_queries_come_back() {
+    fn a_pool_with_no_connection_free_is_busy_while_queries_come_back_and_a_probe_answers() {
         let timed_out = FleetError::Database(sqlx::Error::PoolTimedOut);
-        // A query came back 1 s ago: busy.
-        assert!(busy_not_away(&timed_out, true, 9_000, 10_000, 3_000));
-        assert!(busy_not_away(&timed_out, true, 7_000, 10_000, 3_000));
-        // Nothing came back for longer than the timeout (hung, cut off): away.
-        assert!(!busy_not_away(&timed_out, true, 6_999, 10_000, 3_000));
-        // Connections lost (the database stopped): away, however recent the last answer.
-        assert!(!busy_not_away(&timed_out, false, 9_000, 10_000, 3_000));
+        let answered = Probed::Answered { at_ms: 9_500 };
+        // A query came back 1 s ago, a probe answered: busy.
+        assert_eq!(
+            busy_or_away(&timed_out, 9_000, answered, 10_000, 3_000),
+            Verdict::Busy
+        );
+        assert_eq!(
+            busy_or_away(&timed_out, 7_000, answered, 10_000, 3_000),
+            Verdict::Busy
+        );
+        // A probe on its way: busy until it says otherwise.
+        assert_eq!(
+            busy_or_away(&timed_out, 9_000, Probed::InFlight, 10_000, 3_000),
+            Verdict::Busy
+        );
+        // No probe yet, or its finding is old: make one.
+        assert_eq!(
+            busy_or_away(&timed_out, 9_000, Probed::Never, 10_000, 3_000),
+            Verdict::Probe
+        );
+        let old = Probed::Answered {
+            at_ms: 10_000 - PROBE_FRESH_MS - 1,
+        };
+        assert_eq!(
+            busy_or_away(&timed_out, 9_000, old, 10_000, 3_000),
+            Verdict::Probe
+        );
+        // The probe found no database (stopped, refusing), however recent the last answer.
+        let failed = Probed::Failed { at_ms: 9_900 };
+        assert_eq!(
+            busy_or_away(&timed_out, 9_999, failed, 10_000, 3_000),
+            Verdict::Away
+        );
+        // Nothing came back for longer than the window (hung, cut off): away.
+        assert_eq!(
+            busy_or_away(&timed_out, 6_999, answered, 10_000, 3_000),
+            Verdict::Away
+        );
         // Nothing ever came back: away.
-        assert!(!busy_not_away(&timed_out, true, 0, 10_000, 3_000));
+        assert_eq!(
+            busy_or_away(&timed_out, 0, answered, 10_000, 3_000),
+            Verdict::Away
+        );
         // A refused or broken connection is away however recent the last answer.
         let refused = FleetError::Database(sqlx::Error::Io(std::io::Error::from(
             std::io::ErrorKind::ConnectionRefused,
         )));
-        assert!(!busy_not_away(&refused, true, 9_999, 10_000, 3_000));
-        assert!(!busy_not_away(
-            &FleetError::Database(sqlx::Error::PoolClosed),
-            true,
-            9_999,
-            10_000,
-            3_000
-        ));
+        assert_eq!(
+            busy_or_away(&refused, 9_999, answered, 10_000, 3_000),
+            Verdict::Away
+        );
+        let closed = FleetError::Database(sqlx::Error::PoolClosed);
+        assert_eq!(
+            busy_or_away(&closed, 9_999, answered, 10_000, 3_000),
+            Verdict::Away
+        );
     }
 
-    #[test]
-    fn a_busy_pool_answers_from_memory_without_an_outage() {
-        let progress = Arc::new(Progress::default());
+    /// Waits until the probe `outage` started has come back.
+    async fn probe_back(outage: &Outage) {
+        for _ in 0..500 {
+            if !matches!(outage.probe.probed(), Probed::InFlight | Probed::Never) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the probe did not come back: {:?}", outage.probe.probed());
+    }
+
+    #[tokio::test]
+    async fn a_busy_database_answers_from_memory_without_an_outage() {
+        // An in-memory SQLite database always takes a new connection: the probe answers.
+        sqlx::any::install_default_drivers();
+        let progress = Arc::new(Progress::for_url("sqlite::memory:"));
         let outage = Outage::new(None).watching(Arc::clone(&progress));
         progress.answered(crate::db::now_ms());
         outage.went_down(&FleetError::Database(sqlx::Error::PoolTimedOut));
         assert!(!outage.is_down());
         assert_eq!(outage.busy_count(), 1);
+        probe_back(&outage).await;
+        assert!(matches!(outage.probe.probed(), Probed::Answered { .. }));
         // Slow statements (the last answer 10 s ago) are still a busy database.
         progress.answered(crate::db::now_ms() - 10_000);
         outage.went_down(&FleetError::Database(sqlx::Error::PoolTimedOut));
@@ -471,6 +622,36 @@ mod tests {
         progress.answered(crate::db::now_ms() - 20_000);
         outage.went_down(&FleetError::Database(sqlx::Error::PoolTimedOut));
         assert!(outage.is_down());
+    }
+
+    #[tokio::test]
+    async fn a_pool_timeout_from_a_stopped_database_is_an_outage_once_the_probe_is_refused() {
+        // Nothing listens there: a stopped PostgreSQL whose pool still holds connections.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        sqlx::any::install_default_drivers();
+        let progress = Arc::new(Progress::for_url(&format!(
+            "postgres://fleet@127.0.0.1:{port}/fleet"
+        )));
+        let outage = Outage::new(None).watching(Arc::clone(&progress));
+        progress.answered(crate::db::now_ms());
+        // The first timeout cannot tell yet: answered from memory, and a probe goes out.
+        outage.went_down(&FleetError::Database(sqlx::Error::PoolTimedOut));
+        assert!(!outage.is_down());
+        probe_back(&outage).await;
+        assert!(matches!(outage.probe.probed(), Probed::Failed { .. }));
+        outage.went_down(&FleetError::Database(sqlx::Error::PoolTimedOut));
+        assert!(outage.is_down());
+        let status = outage.status();
+        assert!(
+            status
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains("a new connection")),
+            "{status:?}"
+        );
     }
 
     fn contact(id: &str, version: &str, at: i64) -> Deferred {
