@@ -71,16 +71,22 @@ export OPAMP_PYTHON="$PWD/target/opamp-clients/venv/bin/python"
 export OPAMP_NODE_MODULES="$PWD/target/opamp-clients/npm/node_modules"
 
 # The end-to-end tests spawn the built binaries; the crash tests also need a stub with
-# the updater's fault points compiled in (kept apart so no other binary has them).
+# the updater's fault points compiled in, kept apart so no other binary has them. It is
+# built in the same target directory, which shares the dependencies (a directory of its
+# own compiled them all again), and copied out before the plain build puts the plain
+# stub back (cargo links a binary out again when its features switch back).
 # The delta tests pack a second build of the agent, one small change apart, as the next
 # release: the same source with AGENT_BUILD_NOTE compiled in (`agent --version` shows it).
-# Built first, as the whole workspace (the same features as below), so the build below
-# puts the plain agent back and the two differ by that note alone.
+# Built as the whole workspace (the same features as below), so the build below puts
+# the plain agent back and the two differ by that note alone.
 target_dir=${CARGO_TARGET_DIR:-target}
+# set_aside BINARY DIR: a copy of a binary just built, kept in DIR out of cargo's way.
+set_aside() { mkdir -p "$2" && cp "$1" "$2/"; }
+cargo build -p agent-bundle --features failpoints --locked
+set_aside "$target_dir/debug/agent-bundle" "$target_dir/failpoints/debug"
 AGENT_BUILD_NOTE=rebuilt cargo build --workspace --bins --locked
-mkdir -p "$target_dir/rebuilt" && cp "$target_dir/debug/agent" "$target_dir/rebuilt/agent"
+set_aside "$target_dir/debug/agent" "$target_dir/rebuilt"
 cargo build --workspace --bins --locked
-cargo build -p agent-bundle --features failpoints --locked --target-dir target/failpoints
 # The install tests: the static agent a busybox machine runs, and the Debian they boot
 # (each made once; later runs find them). The platform tests: that static agent, and the
 # glibc aarch64 one (debug, like the rest; cargo rebuilds only what changed).
@@ -90,13 +96,14 @@ fi
 CC_x86_64_unknown_linux_musl=musl-gcc cargo build --target x86_64-unknown-linux-musl -p agent -p agent-bundle --locked
 CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
     cargo build --target aarch64-unknown-linux-gnu -p agent -p agent-bundle --locked
-# The Windows tests: the agent, its service and the stub for Windows (debug), and the
-# stub with the fault points for the crash campaign; the tests make their Wine prefix
-# once under target/wine.
-CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc \
-    cargo build --target x86_64-pc-windows-gnu -p agent -p agent-bundle -p agent-service --locked
-CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc \
-    cargo build --target x86_64-pc-windows-gnu -p agent-bundle --features failpoints --locked --target-dir target/failpoints
+# The Windows tests: the stub with the fault points for the crash campaign (set aside
+# as above), then the agent, its service and the stub for Windows (debug); the tests
+# make their Wine prefix once under target/wine.
+export CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
+windows=x86_64-pc-windows-gnu
+cargo build --target "$windows" -p agent-bundle --features failpoints --locked
+set_aside "$target_dir/$windows/debug/agent-bundle.exe" "$target_dir/failpoints/$windows/debug"
+cargo build --target "$windows" -p agent -p agent-bundle -p agent-service --locked
 scripts/binfmt-aarch64.sh
 scripts/debian-root.sh target/debian-systemd-root
 if cargo nextest --version >/dev/null 2>&1; then
