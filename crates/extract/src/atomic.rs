@@ -23,7 +23,7 @@ pub fn write_with_mode(path: &Path, contents: &[u8], mode: Option<u32>) -> Resul
         crate::os::set_file_mode(tmp.as_file(), mode).at(path)?;
     }
     tmp.as_file().sync_all().at(path)?;
-    tmp.persist(path).map_err(|e| e.error).at(path)?;
+    put_in_place(tmp, path)?;
     fsync_dir(&dir)
 }
 
@@ -147,9 +147,21 @@ pub fn copy_file(src: &Path, dest: &Path) -> Result<u64> {
     let n = io::copy(&mut input, tmp.as_file_mut()).at(dest)?;
     tmp.as_file().set_permissions(perms).at(dest)?;
     tmp.as_file().sync_all().at(dest)?;
-    tmp.persist(dest).map_err(|e| e.error).at(dest)?;
+    put_in_place(tmp, dest)?;
     fsync_dir(&dir)?;
     Ok(n)
+}
+
+/// Moves a written temp file over `dest` by the platform's replace, not tempfile's
+/// persist: on Windows a reader that has `dest` open for a moment (an agent reading the
+/// journal while its updater writes it) refuses a plain move, and the replace waits that
+/// moment out. The temp file is removed if the move fails.
+fn put_in_place(tmp: tempfile::NamedTempFile, dest: &Path) -> Result<()> {
+    let tmp = tmp.into_temp_path();
+    crate::os::replace_file(&tmp, dest).at(dest)?;
+    // Moved: nothing is left at the temp path to remove.
+    let _ = tmp.keep();
+    Ok(())
 }
 
 /// Makes `dest` a second name of `src` when both lie on one filesystem (no bytes copied),
