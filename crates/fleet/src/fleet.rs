@@ -7,8 +7,11 @@
 //! may have turned) and the contact batch: a known agent's contact (every held connect
 //! and heartbeat) is kept in memory and written with the others once a
 //! [`CONTACT_FLUSH_INTERVAL`], in one transaction, so a fleet of long-polling agents costs
-//! a commit a second, not one per connect. Whatever reads the agents' rows for people
-//! (the admin API, the page) flushes first; a server that stops flushes last.
+//! a commit a second, not one per connect. A contact that says what the agent's last
+//! written one said is not written again until that one is [`Fleet::with_contact_refresh`]
+//! old: a long-polling agent re-holds every heartbeat, and its row needs only its
+//! `last_contact` kept fresh enough for the page. Whatever reads the agents' rows for
+//! people (the admin API, the page) flushes first; a server that stops flushes last.
 //!
 //! It also remembers the tokens it verified (an agent's re-held connect is checked
 //! against memory, not the database) until an operator forgets a token anywhere in the
@@ -16,7 +19,7 @@
 //! them all. It never answers a request.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,6 +53,12 @@ pub struct Fleet {
     auto_update: AtomicBool,
     /// Contacts not written yet: the latest of each agent (only `Deferred::Contact`).
     contacts: Mutex<HashMap<String, Deferred>>,
+    /// What each agent's last contact put in the batch said ([`fingerprint`]) and its
+    /// time: an unchanged contact younger than `contact_refresh` seconds is not written.
+    batched: Mutex<HashMap<String, (u64, i64)>>,
+    contact_refresh: i64,
+    /// When `batched` was last rid of old contacts.
+    batched_pruned: AtomicI64,
     /// Held while a batch is written; with the ids of that batch, so that a later write
     /// of one of them (a report) waits for it and never lands before its earlier contact.
     flushing: tokio::sync::Mutex<()>,
@@ -85,12 +94,23 @@ impl Fleet {
             configs,
             auto_update: AtomicBool::new(on),
             contacts: Mutex::default(),
+            batched: Mutex::default(),
+            contact_refresh: 0,
+            batched_pruned: AtomicI64::new(0),
             flushing: tokio::sync::Mutex::new(()),
             in_flush: Mutex::default(),
             verified: Mutex::default(),
             credentials_revision: Mutex::new(revision),
             lock_overrides: Mutex::new(overrides),
         })
+    }
+
+    /// Writes a contact that says what the agent's last one said only once that one is
+    /// `every` old (without this, every contact is written). Keep `every` plus the
+    /// agents' heartbeat under the silence the page calls stale.
+    pub fn with_contact_refresh(mut self, every: Duration) -> Self {
+        self.contact_refresh = i64::try_from(every.as_secs()).unwrap_or(i64::MAX);
+        self
     }
 
     /// Whether an operator overrode `agent`'s update locks for the release `version`
@@ -152,6 +172,7 @@ impl Fleet {
     pub async fn revoke(&self, agent: &str, how: Revocation) -> Result<bool, FleetError> {
         // A contact still batched must not write the row back after it is forgotten.
         lock(&self.contacts).remove(agent);
+        lock(&self.batched).remove(agent);
         let known = self.db.revoke(agent, how, now_secs()).await?;
         lock(&self.verified).remove(agent);
         if known {
@@ -277,8 +298,16 @@ impl Fleet {
     /// (see [`CONTACT_FLUSH_INTERVAL`]); it replaces the agent's contact waiting there.
     /// Anything else is written as [`Fleet::save`] does.
     pub async fn contact(&self, w: Deferred) -> Result<(), FleetError> {
-        if !matches!(w, Deferred::Contact { .. }) {
+        let (Some(said), Deferred::Contact { at, .. }) = (fingerprint(&w), &w) else {
             return self.save(w).await;
+        };
+        {
+            let mut batched = lock(&self.batched);
+            let last = batched.get(w.agent()).copied();
+            if !worth_writing(last, (said, *at), self.contact_refresh) {
+                return Ok(());
+            }
+            batched.insert(w.agent().to_owned(), (said, *at));
         }
         lock(&self.contacts).insert(w.agent().to_owned(), w);
         Ok(())
@@ -294,6 +323,7 @@ impl Fleet {
     /// before the agents' rows are read for people, and when the server stops.
     pub async fn flush_contacts(&self) {
         let _flushing = self.flushing.lock().await;
+        self.forget_old_contacts(now_secs());
         let batch: Vec<Deferred> = {
             let mut contacts = lock(&self.contacts);
             *lock(&self.in_flush) = contacts.keys().cloned().collect();
@@ -329,6 +359,17 @@ impl Fleet {
             }
         }
         lock(&self.in_flush).clear();
+    }
+
+    /// Forgets what contacts said once they are old enough that the next is written
+    /// anyway: agents that left this server take no memory for long.
+    fn forget_old_contacts(&self, now: i64) {
+        // Looked at once a refresh, not at every flush.
+        if now.saturating_sub(self.batched_pruned.load(Ordering::Relaxed)) < self.contact_refresh {
+            return;
+        }
+        self.batched_pruned.store(now, Ordering::Relaxed);
+        lock(&self.batched).retain(|_, (_, at)| now.saturating_sub(*at) < self.contact_refresh);
     }
 
     /// While the database is away, the contacts of known agents wait in the batch, not
@@ -433,6 +474,34 @@ async fn lock_overrides(db: &Db) -> Result<HashMap<String, String>, FleetError> 
 }
 
 /// The row a queued contact writes, with the health it reported.
+/// What a contact says of its agent apart from when: contacts with equal fingerprints
+/// write the same row. None for any other write.
+fn fingerprint(w: &Deferred) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let Deferred::Contact {
+        id: _,
+        name,
+        platform,
+        version,
+        group,
+        config_hash,
+        at: _,
+        health,
+    } = w
+    else {
+        return None;
+    };
+    let mut hasher = std::hash::DefaultHasher::new();
+    (name, platform, version, group, config_hash, health).hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// Whether a known agent's contact (`now`: its fingerprint and time) goes in the batch,
+/// after `last` went: when it says something new, or `last` is `refresh` seconds old.
+fn worth_writing(last: Option<(u64, i64)>, now: (u64, i64), refresh: i64) -> bool {
+    last.is_none_or(|(said, at)| said != now.0 || now.1.saturating_sub(at) >= refresh)
+}
+
 fn contact_row(w: &Deferred) -> Option<(Contact<'_>, Option<&agent_protocol::wire::AgentHealth>)> {
     match w {
         Deferred::Contact {
@@ -678,6 +747,72 @@ mod tests {
         assert_eq!(fleet.contacts_pending(), 0);
         assert_eq!(fleet.db.agent("a").await.unwrap().unwrap().last_contact, 30);
         assert_eq!(fleet.db.agent("b").await.unwrap().unwrap().name, "host-b");
+    }
+
+    #[test]
+    fn an_unchanged_contact_is_written_once_a_refresh() {
+        // The first contact, and one that says something new, are written at once.
+        assert!(worth_writing(None, (1, 100), 45));
+        assert!(worth_writing(Some((1, 100)), (2, 101), 45));
+        // The same again: not before the last one is a refresh old.
+        assert!(!worth_writing(Some((1, 100)), (1, 130), 45));
+        assert!(!worth_writing(Some((1, 100)), (1, 144), 45));
+        assert!(worth_writing(Some((1, 100)), (1, 145), 45));
+        // No refresh: every contact.
+        assert!(worth_writing(Some((1, 100)), (1, 100), 0));
+    }
+
+    #[tokio::test]
+    async fn a_re_held_connect_that_says_nothing_new_waits_for_the_refresh() {
+        let home = tempfile::tempdir().unwrap();
+        let fleet = fleet(home.path())
+            .await
+            .with_contact_refresh(Duration::from_secs(45));
+        // Times as the server stamps them: old contacts are forgotten by the clock.
+        let t = now_secs();
+        fleet.save(contact("a", "1.0.0+1", t)).await.unwrap();
+        // Batched: the first contact this server had of it.
+        fleet
+            .contact(contact("a", "1.0.0+1", t + 10))
+            .await
+            .unwrap();
+        fleet.flush_contacts().await;
+        assert_eq!(
+            fleet.db.agent("a").await.unwrap().unwrap().last_contact,
+            t + 10
+        );
+        // A heartbeat later, nothing new: not written.
+        fleet
+            .contact(contact("a", "1.0.0+1", t + 40))
+            .await
+            .unwrap();
+        assert_eq!(fleet.contacts_pending(), 0);
+        // Its health changed: written at once.
+        let mut sick = contact("a", "1.0.0+1", t + 45);
+        if let Deferred::Contact { health, .. } = &mut sick {
+            *health = Some(agent_protocol::wire::AgentHealth {
+                healthy: false,
+                ..agent_protocol::wire::AgentHealth::no_workload()
+            });
+        }
+        fleet.contact(sick.clone()).await.unwrap();
+        fleet.flush_contacts().await;
+        let row = fleet.db.agent("a").await.unwrap().unwrap();
+        assert_eq!(row.last_contact, t + 45);
+        // The same again a refresh after the last written one: written, so the page
+        // never sees a live agent go stale.
+        if let Deferred::Contact { at, .. } = &mut sick {
+            *at = t + 90;
+        }
+        fleet.contact(sick).await.unwrap();
+        fleet.flush_contacts().await;
+        assert_eq!(
+            fleet.db.agent("a").await.unwrap().unwrap().last_contact,
+            t + 90
+        );
+        // A removed agent that comes back is written at once.
+        fleet.revoke("a", Revocation::Removed).await.unwrap();
+        assert!(fleet.batched.lock().unwrap().is_empty());
     }
 
     #[tokio::test]

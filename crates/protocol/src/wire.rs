@@ -191,7 +191,7 @@ pub struct AgentHello {
 }
 
 /// Where the workload (the operator's program the agent runs) stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WorkloadState {
     /// Up, and healthy or being checked.
@@ -219,7 +219,7 @@ impl WorkloadState {
 }
 
 /// `"health"` of a `connect` or `register` body, and of `/admin/agents` rows.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AgentHealth {
     /// The agent runs and its workload runs and passes its check (or there is none).
     pub healthy: bool,

@@ -126,7 +126,9 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         Arc::clone(rollouts.news()),
     ));
     configs.refresh().await?;
-    let fleet = Fleet::new(db, outage, rollouts, configs).await?;
+    let fleet = Fleet::new(db, outage, rollouts, configs)
+        .await?
+        .with_contact_refresh(contact_refresh(config.agents.heartbeat));
     let server_name = config.server_name();
     let metrics: Arc<metrics::Metrics> = Arc::default();
     let deltas = Arc::new(deltas::Deltas::new(home, Arc::clone(&metrics))?);
@@ -222,6 +224,17 @@ pub const ROLLOUT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Keeps the fleet's rollouts moving (the bundle's and each configuration set's):
 /// follows the served bundle, times out agents, opens and completes waves.
+/// How often an agent's unchanged contact is written, in half heartbeats: every
+/// heartbeat and a half. A long-polling agent re-holds every heartbeat, so its row is
+/// written every other connect and is at most two and a half heartbeats old: under the
+/// silence the page calls stale.
+const CONTACT_REFRESH_HALF_BEATS: u64 = 3;
+const _: () = assert!(CONTACT_REFRESH_HALF_BEATS + 2 < 2 * web::model::STALE_HEARTBEATS as u64);
+
+fn contact_refresh(heartbeat_secs: u64) -> Duration {
+    Duration::from_secs(heartbeat_secs.saturating_mul(CONTACT_REFRESH_HALF_BEATS) / 2)
+}
+
 /// Hands held agents their turns to be told, as download slots free up (see [`pacer`]).
 fn spawn_pacer(state: &AppState) {
     let s = Arc::clone(&state.inner);
