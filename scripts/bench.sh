@@ -44,19 +44,21 @@
 #            (99,000 on 5), waves 1%,10%,100% with deltas: registration, waves, errors,
 #            latencies, server RSS and CPU while holding, PostgreSQL's CPU and connections;
 #            SCALE_HTTP2=N shares N HTTP/2 connections a process (100,000: SCALE_AGENTS=100000
-#            SCALE_PER_PROC=20000 SCALE_HTTP2=128)
+#            SCALE_PER_PROC=20000 SCALE_HTTP2=128); SCALE_ONLY=hold: CPU of SCALE_SERVERS (1)
+#            servers holding SCALE_AGENTS (20,000) on HTTP/2, rounds alternating with
+#            BENCH_BASELINE (SCALE_HOLD_ROUNDS, 3)
 #   windows  the Windows bundle beside the Linux one; the Windows agent's update as a
 #            service under Wine vs the Linux agent's, alternating rounds (WINDOWS_ROUNDS);
 #            the service's and agent's memory under Wine (WINDOWS_ONLY=size|update: one
 #            part, printed, BENCHMARKS.md untouched)
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
 # BENCH_BASELINE=DIR: a checkout of an earlier commit with target/release built; update,
-# fleet and longpoll's held agents then measure it too, alternating with this tree.
+# fleet, longpoll's held agents and SCALE_ONLY=hold then measure it too, alternating.
 # Needs: hyperfine, wrk, nginx, jq, minisign, python3, GNU time (installed with apt-get when
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,56p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,58p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 

@@ -30,7 +30,101 @@ scale_page() {
     echo "$admin $page"
 }
 
+# scale_hold: SCALE_HOLD_ROUNDS rounds, each alternating this tree's servers with
+# BENCH_BASELINE's (when given): a fresh PostgreSQL, SCALE_SERVERS servers, SCALE_AGENTS
+# long-polling agents in one fleet-sim process a server, and once every agent is held,
+# each server's CPU over 60 s. The cost of holding a server's share of the fleet, apart
+# from a rollout and from a machine the whole 100,000 saturate.
+scale_hold() {
+    local total=${SCALE_AGENTS:-20000} nserv=${SCALE_SERVERS:-1} h2=${SCALE_HTTP2:-128}
+    local ramp=${SCALE_RAMP:-60} rounds=${SCALE_HOLD_ROUNDS:-3}
+    local per=$(((total + nserv - 1) / nserv))
+    echo "scale hold: $total agents held by $nserv server(s) on one PostgreSQL, $rounds round(s)" >&2
+    ulimit -Hn $((per + 4096)) 2>/dev/null || true
+    ulimit -n "$(ulimit -Hn)"
+    keys
+    make_dist "$work/hd" 0
+    local b1
+    b1=$(pack 1.0.0 "$work/hd" "$work/hb1")
+    local variants=(ours) variant round i port pgport
+    [[ -n $baseline ]] && variants+=(baseline)
+    declare -A cpu=() pgcpu=()
+    for round in $(seq "$rounds"); do
+        for variant in "${variants[@]}"; do
+            server_bin=$bin
+            [[ $variant == baseline ]] && server_bin=$baseline/target/release
+            pgport=$(free_port)
+            start_pg "$pgport"
+            fresh_db "$pgport"
+            local url="postgres://postgres@127.0.0.1:$pgport/fleet" ports=() spids=() simpids=()
+            for ((i = 0; i < nserv; i++)); do
+                port=$(free_port)
+                sim_server "$work/hs-$i" "$port" "$b1" "UPDATE_SERVER_DATABASE_URL=$url" "UPDATE_SERVER_SERVER_NAME=s$i"
+                ports+=("$port") spids+=("$server_pid")
+                "$bin/fleet-sim" --agents "$per" --agent-version 1.0.0+1 --heartbeat 30s --long-poll \
+                    --ramp "${ramp}s" --download head --server "http://127.0.0.1:$port" \
+                    --http2 "$h2" --duration "$((ramp + 400))s" >/dev/null 2>"$work/hs-sim-$i.err" &
+                simpids+=($!)
+            done
+            local held=0 end=$((SECONDS + ramp + 240))
+            while ((SECONDS < end)); do
+                held=0
+                for port in "${ports[@]}"; do held=$((held + $(scale_metric "$port" agentupdate_connects_held))); done
+                ((held >= total * 99 / 100)) && break
+                sleep 2
+            done
+            sleep 10
+            local c0=() c1=() p0 p1 pid
+            for pid in "${spids[@]}"; do c0+=("$(cpu_secs "$pid")"); done
+            p0=$(pg_cpu_secs)
+            sleep 60
+            for pid in "${spids[@]}"; do c1+=("$(cpu_secs "$pid")"); done
+            p1=$(pg_cpu_secs)
+            local each=()
+            for i in "${!spids[@]}"; do
+                each+=("$(awk -v a="${c0[$i]}" -v b="${c1[$i]}" 'BEGIN { printf "%.1f", (b - a) / 60 * 100 }')")
+            done
+            cpu[$variant]+="${each[*]} "
+            pgcpu[$variant]+="$(awk -v a="$p0" -v b="$p1" 'BEGIN { printf "%.1f", (b - a) / 60 * 100 }') "
+            note "round $round, $variant: $held held; server CPU ${each[*]} %, PostgreSQL CPU $(awk -v a="$p0" -v b="$p1" 'BEGIN { printf "%.1f", (b - a) / 60 * 100 }') %"
+            for pid in "${simpids[@]}"; do kill "$pid" 2>/dev/null || true; done
+            for pid in "${simpids[@]}" "${spids[@]}"; do
+                kill "$pid" 2>/dev/null || true
+                wait "$pid" 2>/dev/null || true
+            done
+            runuser -u postgres -- "$(pg_bin)/pg_ctl" -D "$pgdir/data" -m fast stop >/dev/null 2>&1 || true
+            rm -rf "$pgdir"
+            pgdir=
+        done
+    done
+    local ours_cpu base_cpu line
+    ours_cpu=$(tr ' ' '\n' <<<"${cpu[ours]}" | grep . | spread_as %.1f " %%")
+    line="| this tree | $ours_cpu | $(tr ' ' '\n' <<<"${pgcpu[ours]}" | grep . | spread_as %.1f " %%") |"
+    if [[ -n $baseline ]]; then
+        base_cpu=$(tr ' ' '\n' <<<"${cpu[baseline]}" | grep . | spread_as %.1f " %%")
+        line+=$'\n'"| baseline $(git -C "$baseline" rev-parse --short HEAD) | $base_cpu | $(tr ' ' '\n' <<<"${pgcpu[baseline]}" | grep . | spread_as %.1f " %%") |"
+    fi
+    write_section scale-hold <<EOF2
+## Holding a server's share of the fleet: $per agents a server
+
+\`SCALE_ONLY=hold ${SCALE_AGENTS:+SCALE_AGENTS=$SCALE_AGENTS }${SCALE_SERVERS:+SCALE_SERVERS=$SCALE_SERVERS }${SCALE_HOLD_ROUNDS:+SCALE_HOLD_ROUNDS=$SCALE_HOLD_ROUNDS }$(bench_command scale)\` on $(machine).
+$nserv release update-server(s) on one PostgreSQL, each with $per long-polling agents
+(heartbeat 30 s, started over $ramp s) of one \`fleet-sim\` process on $h2 HTTP/2
+connections, the share of one server in the 100,000-agent run below, without the four
+other servers and simulators that saturate the machine there. Once 99 % are held, 10 s,
+then each server's CPU over 60 s (100 % is one core) and PostgreSQL's. $rounds round(s)$([[ -n $baseline ]] && echo ", alternating with the baseline's servers"); median (min–max) of every server of every round.
+
+| server | server CPU while holding | PostgreSQL CPU |
+|---|---|---|
+$line
+EOF2
+}
+
 bench_scale() {
+    if [[ ${SCALE_ONLY:-} == hold ]]; then
+        scale_hold
+        return
+    fi
     local total=${SCALE_AGENTS:-99000} nserv=${SCALE_SERVERS:-5} per=${SCALE_PER_PROC:-19800}
     local ramp=${SCALE_RAMP:-120} bound=${SCALE_SECONDS:-900} h2=${SCALE_HTTP2:-0}
     echo "scale: $total simulated agents on $nserv servers and one PostgreSQL" >&2
