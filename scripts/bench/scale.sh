@@ -103,6 +103,11 @@ scale_hold() {
     if [[ -n $baseline ]]; then
         base_cpu=$(tr ' ' '\n' <<<"${cpu[baseline]}" | grep . | spread_as %.1f " %%")
         line+=$'\n'"| baseline $(git -C "$baseline" rev-parse --short HEAD) | $base_cpu | $(tr ' ' '\n' <<<"${pgcpu[baseline]}" | grep . | spread_as %.1f " %%") |"
+        local m=() v
+        for v in ours baseline; do
+            m+=("$(tr ' ' '\n' <<<"${cpu[$v]}" | grep . | median_of)" "$(tr ' ' '\n' <<<"${pgcpu[$v]}" | grep . | median_of)")
+        done
+        line+=$'\n'"| this tree / baseline (medians) | $(ratio "${m[0]}" "${m[2]}") | $(ratio "${m[1]}" "${m[3]}") |"
     fi
     write_section scale-hold <<EOF2
 ## Holding a server's share of the fleet: $per agents a server
@@ -110,8 +115,8 @@ scale_hold() {
 \`SCALE_ONLY=hold ${SCALE_AGENTS:+SCALE_AGENTS=$SCALE_AGENTS }${SCALE_SERVERS:+SCALE_SERVERS=$SCALE_SERVERS }${SCALE_HOLD_ROUNDS:+SCALE_HOLD_ROUNDS=$SCALE_HOLD_ROUNDS }$(bench_command scale)\` on $(machine).
 $nserv release update-server(s) on one PostgreSQL, each with $per long-polling agents
 (heartbeat 30 s, started over $ramp s) of one \`fleet-sim\` process on $h2 HTTP/2
-connections, the share of one server in the 100,000-agent run below, without the four
-other servers and simulators that saturate the machine there. Once 99 % are held, 10 s,
+connections: one server's share of the 100,000-agent run (the scale section), without
+the four other servers and simulators that saturate the machine there. Once 99 % are held, 10 s,
 then each server's CPU over 60 s (100 % is one core) and PostgreSQL's. $rounds round(s)$([[ -n $baseline ]] && echo ", alternating with the baseline's servers"); median (min–max) of every server of every round.
 
 | server | server CPU while holding | PostgreSQL CPU |
