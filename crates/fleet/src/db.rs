@@ -83,11 +83,13 @@ impl Progress {
 
     /// Opens one connection outside the pool and runs a query on it. A database that is
     /// up answers, however busy its pool is (an error it answers with, such as too many
-    /// clients, is an answer too); one stopped, refusing or cut off does not within
-    /// [`PROBE_TIMEOUT`]. Without a URL there is nothing to probe: answered.
-    pub async fn probe(&self) -> Result<(), String> {
+    /// clients, is an answer too); one stopped or refusing fails at once. No answer
+    /// within [`PROBE_TIMEOUT`] tells nothing: a machine so loaded that a new connection
+    /// takes that long is not a database gone (and a hung one is found away when no
+    /// query comes back either). Without a URL there is nothing to probe: answered.
+    pub async fn probe(&self) -> Probe {
         let Some(url) = self.url.get() else {
-            return Ok(());
+            return Probe::Answered;
         };
         let attempt = async {
             let mut conn = sqlx::AnyConnection::connect(url).await?;
@@ -96,13 +98,19 @@ impl Progress {
             Ok::<(), sqlx::Error>(())
         };
         match tokio::time::timeout(PROBE_TIMEOUT, attempt).await {
-            Ok(Ok(())) | Ok(Err(sqlx::Error::Database(_))) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!(
-                "a new connection did not answer within {PROBE_TIMEOUT:?}"
-            )),
+            Ok(Ok(())) | Ok(Err(sqlx::Error::Database(_))) => Probe::Answered,
+            Ok(Err(e)) => Probe::Refused(e.to_string()),
+            Err(_) => Probe::NoAnswer,
         }
     }
+}
+
+/// What a probe connection found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    Answered,
+    Refused(String),
+    NoAnswer,
 }
 
 pub fn now_secs() -> i64 {

@@ -27,7 +27,7 @@ use std::time::Instant;
 use agent_protocol::wire::{ConfigStatus, Report};
 use serde::{Deserialize, Serialize};
 
-use crate::db::{Credentials, Progress};
+use crate::db::{Credentials, Probe, Progress};
 use crate::error::FleetError;
 
 /// Most entries kept; past it, new contacts are dropped (reports and `409` records never
@@ -404,11 +404,14 @@ impl Outage {
             let found = progress.probe().await;
             let at_ms = crate::db::now_ms();
             match found {
-                Ok(()) => state.answered_ms.store(at_ms, Ordering::Release),
-                Err(e) => {
+                Probe::Answered => state.answered_ms.store(at_ms, Ordering::Release),
+                Probe::Refused(e) => {
                     *lock(&state.failure) = e;
                     state.failed_ms.store(at_ms, Ordering::Release);
                 }
+                // Nothing learnt: the next timeout probes again, and the busy window
+                // decides meanwhile.
+                Probe::NoAnswer => {}
             }
             state.in_flight.store(false, Ordering::Release);
         });
@@ -622,6 +625,30 @@ mod tests {
         progress.answered(crate::db::now_ms() - 20_000);
         outage.went_down(&FleetError::Database(sqlx::Error::PoolTimedOut));
         assert!(outage.is_down());
+    }
+
+    #[tokio::test]
+    async fn a_probe_that_gets_no_answer_in_time_leaves_the_database_busy() {
+        // Something accepts connections there and says nothing: a machine too loaded
+        // to start a PostgreSQL backend within the probe's timeout.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let port = silent.local_addr().expect("its address").port();
+        sqlx::any::install_default_drivers();
+        let progress = Arc::new(Progress::for_url(&format!(
+            "postgres://fleet@127.0.0.1:{port}/fleet"
+        )));
+        assert_eq!(progress.probe().await, Probe::NoAnswer);
+        let outage = Outage::new(None).watching(Arc::clone(&progress));
+        progress.answered(crate::db::now_ms());
+        outage.went_down(&FleetError::Database(sqlx::Error::PoolTimedOut));
+        // The probe learns nothing: the next timeout is busy again, and probes again.
+        while outage.probe.in_flight.load(Ordering::Acquire) {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(outage.probe.probed(), Probed::Never);
+        outage.went_down(&FleetError::Database(sqlx::Error::PoolTimedOut));
+        assert!(!outage.is_down());
+        assert_eq!(outage.busy_count(), 2);
     }
 
     #[tokio::test]
