@@ -8,10 +8,12 @@
 //! and heartbeat) is kept in memory and written with the others once a
 //! [`CONTACT_FLUSH_INTERVAL`], in one transaction, so a fleet of long-polling agents costs
 //! a commit a second, not one per connect. A contact that says what the agent's last
-//! written one said is not written again until that one is [`Fleet::with_contact_refresh`]
-//! old: a long-polling agent re-holds every heartbeat, and its row needs only its
-//! `last_contact` kept fresh enough for the page. Whatever reads the agents' rows for
-//! people (the admin API, the page) flushes first; a server that stops flushes last.
+//! batched one said is kept aside, not batched, until that one is
+//! [`Fleet::with_contact_refresh`] old: a long-polling agent re-holds every heartbeat,
+//! and its row needs only its `last_contact` kept fresh enough for the rollouts and
+//! the other servers. Whatever reads the agents' rows for people (the admin API, the
+//! page) flushes everything first, what was kept aside included, so people read every
+//! contact as it came; a server that stops flushes last.
 //!
 //! It also remembers the tokens it verified (an agent's re-held connect is checked
 //! against memory, not the database) until an operator forgets a token anywhere in the
@@ -54,8 +56,11 @@ pub struct Fleet {
     /// Contacts not written yet: the latest of each agent (only `Deferred::Contact`).
     contacts: Mutex<HashMap<String, Deferred>>,
     /// What each agent's last contact put in the batch said ([`fingerprint`]) and its
-    /// time: an unchanged contact younger than `contact_refresh` seconds is not written.
+    /// time: an unchanged contact younger than `contact_refresh` seconds is kept aside.
     batched: Mutex<HashMap<String, (u64, i64)>>,
+    /// The latest contact of each agent kept aside: written when people read the
+    /// agents, or once the agent has said nothing for `contact_refresh`.
+    quiet: Mutex<HashMap<String, Deferred>>,
     contact_refresh: i64,
     /// When `batched` was last rid of old contacts.
     batched_pruned: AtomicI64,
@@ -95,6 +100,7 @@ impl Fleet {
             auto_update: AtomicBool::new(on),
             contacts: Mutex::default(),
             batched: Mutex::default(),
+            quiet: Mutex::default(),
             contact_refresh: 0,
             batched_pruned: AtomicI64::new(0),
             flushing: tokio::sync::Mutex::new(()),
@@ -173,6 +179,7 @@ impl Fleet {
         // A contact still batched must not write the row back after it is forgotten.
         lock(&self.contacts).remove(agent);
         lock(&self.batched).remove(agent);
+        lock(&self.quiet).remove(agent);
         let known = self.db.revoke(agent, how, now_secs()).await?;
         lock(&self.verified).remove(agent);
         if known {
@@ -254,10 +261,12 @@ impl Fleet {
     /// Writes the agent's contact waiting for the next batch now, or waits for the
     /// batch under way that holds it: what comes after must not be overwritten by it.
     async fn flush_earlier(&self, agent: &str) -> Result<(), FleetError> {
+        // One kept aside came after the batched one.
+        let aside = lock(&self.quiet).remove(agent);
         let (earlier, in_flush) = {
             let mut contacts = lock(&self.contacts);
             let in_flush = lock(&self.in_flush).contains(agent);
-            (contacts.remove(agent), in_flush)
+            (aside.or(contacts.remove(agent)), in_flush)
         };
         if let Some(contact) = earlier {
             self.save_now(contact).await?;
@@ -305,10 +314,12 @@ impl Fleet {
             let mut batched = lock(&self.batched);
             let last = batched.get(w.agent()).copied();
             if !worth_writing(last, (said, *at), self.contact_refresh) {
+                lock(&self.quiet).insert(w.agent().to_owned(), w);
                 return Ok(());
             }
             batched.insert(w.agent().to_owned(), (said, *at));
         }
+        lock(&self.quiet).remove(w.agent());
         lock(&self.contacts).insert(w.agent().to_owned(), w);
         Ok(())
     }
@@ -318,12 +329,25 @@ impl Fleet {
         lock(&self.contacts).len()
     }
 
-    /// Writes the contacts waiting for their batch, in one transaction; while the
-    /// database is away they wait for the next. Called every [`CONTACT_FLUSH_INTERVAL`],
-    /// before the agents' rows are read for people, and when the server stops.
+    /// Writes the contacts waiting for their batch and every contact kept aside, in one
+    /// transaction; while the database is away they wait for the next. Called before
+    /// the agents' rows are read for people, and when the server stops.
     pub async fn flush_contacts(&self) {
+        self.flush(Aside::All).await;
+    }
+
+    /// Writes the contact batch, and of the contacts kept aside those of agents silent
+    /// for a refresh since: what [`Fleet::spawn_contact_flush`] does every
+    /// [`CONTACT_FLUSH_INTERVAL`].
+    pub async fn flush_due_contacts(&self) {
+        self.flush(Aside::Due).await;
+    }
+
+    async fn flush(&self, aside: Aside) {
         let _flushing = self.flushing.lock().await;
-        self.forget_old_contacts(now_secs());
+        let now = now_secs();
+        self.forget_old_contacts(now);
+        self.batch_aside(aside, now);
         let batch: Vec<Deferred> = {
             let mut contacts = lock(&self.contacts);
             *lock(&self.in_flush) = contacts.keys().cloned().collect();
@@ -361,6 +385,37 @@ impl Fleet {
         lock(&self.in_flush).clear();
     }
 
+    /// Moves contacts kept aside into the batch: every one, or those of agents silent for
+    /// a refresh since (a live agent's next contact comes first and is batched itself).
+    fn batch_aside(&self, which: Aside, now: i64) {
+        let moved: Vec<Deferred> = {
+            let mut quiet = lock(&self.quiet);
+            match which {
+                Aside::All => quiet.drain().map(|(_, w)| w).collect(),
+                Aside::Due => {
+                    let due: Vec<String> = quiet
+                        .iter()
+                        .filter(|(_, w)| {
+                            matches!(w, Deferred::Contact { at, .. } if now.saturating_sub(*at) >= self.contact_refresh)
+                        })
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    due.iter().filter_map(|id| quiet.remove(id)).collect()
+                }
+            }
+        };
+        if moved.is_empty() {
+            return;
+        }
+        let mut contacts = lock(&self.contacts);
+        for w in moved {
+            let newer = |pending: &Deferred| contact_at(pending) >= contact_at(&w);
+            if !contacts.get(w.agent()).is_some_and(newer) {
+                contacts.insert(w.agent().to_owned(), w);
+            }
+        }
+    }
+
     /// Forgets what contacts said once they are old enough that the next is written
     /// anyway: agents that left this server take no memory for long.
     fn forget_old_contacts(&self, now: i64) {
@@ -392,7 +447,7 @@ impl Fleet {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                fleet.flush_contacts().await;
+                fleet.flush_due_contacts().await;
             }
         });
     }
@@ -474,6 +529,21 @@ async fn lock_overrides(db: &Db) -> Result<HashMap<String, String>, FleetError> 
 }
 
 /// The row a queued contact writes, with the health it reported.
+/// Which contacts kept aside a flush writes.
+#[derive(Debug, Clone, Copy)]
+enum Aside {
+    All,
+    Due,
+}
+
+/// When a contact was made (0 for any other write).
+fn contact_at(w: &Deferred) -> i64 {
+    match w {
+        Deferred::Contact { at, .. } => *at,
+        _ => 0,
+    }
+}
+
 /// What a contact says of its agent apart from when: contacts with equal fingerprints
 /// write the same row. None for any other write.
 fn fingerprint(w: &Deferred) -> Option<u64> {
@@ -768,6 +838,8 @@ mod tests {
         let fleet = fleet(home.path())
             .await
             .with_contact_refresh(Duration::from_secs(45));
+        let last_contact =
+            async |fleet: &Fleet| fleet.db.agent("a").await.unwrap().unwrap().last_contact;
         // Times as the server stamps them: old contacts are forgotten by the clock.
         let t = now_secs();
         fleet.save(contact("a", "1.0.0+1", t)).await.unwrap();
@@ -776,18 +848,17 @@ mod tests {
             .contact(contact("a", "1.0.0+1", t + 10))
             .await
             .unwrap();
-        fleet.flush_contacts().await;
-        assert_eq!(
-            fleet.db.agent("a").await.unwrap().unwrap().last_contact,
-            t + 10
-        );
-        // A heartbeat later, nothing new: not written.
+        fleet.flush_due_contacts().await;
+        assert_eq!(last_contact(&fleet).await, t + 10);
+        // A heartbeat later, nothing new: kept aside, not batched.
         fleet
             .contact(contact("a", "1.0.0+1", t + 40))
             .await
             .unwrap();
         assert_eq!(fleet.contacts_pending(), 0);
-        // Its health changed: written at once.
+        fleet.flush_due_contacts().await;
+        assert_eq!(last_contact(&fleet).await, t + 10);
+        // Its health changed: batched at once.
         let mut sick = contact("a", "1.0.0+1", t + 45);
         if let Deferred::Contact { health, .. } = &mut sick {
             *health = Some(agent_protocol::wire::AgentHealth {
@@ -796,23 +867,52 @@ mod tests {
             });
         }
         fleet.contact(sick.clone()).await.unwrap();
+        fleet.flush_due_contacts().await;
+        assert_eq!(last_contact(&fleet).await, t + 45);
+        // The same again a refresh after the last batched one: batched, so no other
+        // server sees a live agent go stale.
+        let at_time = |mut w: Deferred, when: i64| {
+            if let Deferred::Contact { at, .. } = &mut w {
+                *at = when;
+            }
+            w
+        };
+        fleet.contact(at_time(sick.clone(), t + 90)).await.unwrap();
+        fleet.flush_due_contacts().await;
+        assert_eq!(last_contact(&fleet).await, t + 90);
+        // Kept aside, then people read the agents: they read every contact as it came.
+        fleet.contact(at_time(sick, t + 100)).await.unwrap();
+        fleet.flush_due_contacts().await;
+        assert_eq!(last_contact(&fleet).await, t + 90);
         fleet.flush_contacts().await;
-        let row = fleet.db.agent("a").await.unwrap().unwrap();
-        assert_eq!(row.last_contact, t + 45);
-        // The same again a refresh after the last written one: written, so the page
-        // never sees a live agent go stale.
-        if let Deferred::Contact { at, .. } = &mut sick {
-            *at = t + 90;
-        }
-        fleet.contact(sick).await.unwrap();
-        fleet.flush_contacts().await;
-        assert_eq!(
-            fleet.db.agent("a").await.unwrap().unwrap().last_contact,
-            t + 90
-        );
-        // A removed agent that comes back is written at once.
+        assert_eq!(last_contact(&fleet).await, t + 100);
+        // A removed agent that comes back is batched at once.
         fleet.revoke("a", Revocation::Removed).await.unwrap();
         assert!(fleet.batched.lock().unwrap().is_empty());
+        assert!(fleet.quiet.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_contact_kept_aside_is_written_once_its_agent_stays_silent_for_a_refresh() {
+        let home = tempfile::tempdir().unwrap();
+        let fleet = fleet(home.path())
+            .await
+            .with_contact_refresh(Duration::from_secs(45));
+        let t = now_secs();
+        fleet.save(contact("a", "1.0.0+1", t - 100)).await.unwrap();
+        fleet
+            .contact(contact("a", "1.0.0+1", t - 90))
+            .await
+            .unwrap();
+        // Nothing new 20 s later: kept aside; then the agent says nothing more.
+        fleet
+            .contact(contact("a", "1.0.0+1", t - 70))
+            .await
+            .unwrap();
+        fleet.flush_due_contacts().await;
+        let row = fleet.db.agent("a").await.unwrap().unwrap();
+        assert_eq!(row.last_contact, t - 70);
+        assert!(fleet.quiet.lock().unwrap().is_empty());
     }
 
     #[tokio::test]
