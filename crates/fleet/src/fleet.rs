@@ -395,9 +395,7 @@ impl Fleet {
                 Aside::Due => {
                     let due: Vec<String> = quiet
                         .iter()
-                        .filter(|(_, w)| {
-                            matches!(w, Deferred::Contact { at, .. } if now.saturating_sub(*at) >= self.contact_refresh)
-                        })
+                        .filter(|(_, w)| now.saturating_sub(contact_at(w)) >= self.contact_refresh)
                         .map(|(id, _)| id.clone())
                         .collect();
                     due.iter().filter_map(|id| quiet.remove(id)).collect()
@@ -528,7 +526,6 @@ async fn lock_overrides(db: &Db) -> Result<HashMap<String, String>, FleetError> 
         .collect())
 }
 
-/// The row a queued contact writes, with the health it reported.
 /// Which contacts kept aside a flush writes.
 #[derive(Debug, Clone, Copy)]
 enum Aside {
@@ -572,6 +569,7 @@ fn worth_writing(last: Option<(u64, i64)>, now: (u64, i64), refresh: i64) -> boo
     last.is_none_or(|(said, at)| said != now.0 || now.1.saturating_sub(at) >= refresh)
 }
 
+/// The row a queued contact writes, with the health it reported.
 fn contact_row(w: &Deferred) -> Option<(Contact<'_>, Option<&agent_protocol::wire::AgentHealth>)> {
     match w {
         Deferred::Contact {
@@ -624,8 +622,6 @@ pub async fn write(
     }
 }
 
-/// Writes the spool back, oldest first, while the database answers; then lets calls go
-/// to the database again.
 /// Writes one queued write and forgets it, or drops it if the database refuses it for
 /// good (it would block the spool for ever); false if the database went away again.
 async fn write_queued(
@@ -650,6 +646,8 @@ async fn write_queued(
     true
 }
 
+/// Writes the spool back, oldest first, while the database answers; then lets calls go
+/// to the database again.
 pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Outage) {
     if outage.is_down() && outage.queued() == 0 {
         if let Err(e) = db.ping().await {

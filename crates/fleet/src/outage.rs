@@ -237,7 +237,7 @@ pub enum Verdict {
 /// a connection came back from a query within the last `window_ms`. Then a probe
 /// connection opened beside the pool decides: it answers from a busy database and not
 /// from one stopped or refusing (whose pool still holds connections it has not yet
-/// found dead). What a probe found holds for [`PROBE_FRESH`].
+/// found dead). What a probe found holds for [`PROBE_FRESH_MS`].
 pub fn busy_or_away(
     e: &FleetError,
     last_answer_ms: i64,
@@ -536,62 +536,36 @@ mod tests {
     #[test]
     fn a_pool_with_no_connection_free_is_busy_while_queries_come_back_and_a_probe_answers() {
         let timed_out = FleetError::Database(sqlx::Error::PoolTimedOut);
+        // At 10 s, with a window of 3 s: `last` is when a query last came back.
+        let verdict = |e: &FleetError, last: i64, probed: Probed| {
+            busy_or_away(e, last, probed, 10_000, 3_000)
+        };
         let answered = Probed::Answered { at_ms: 9_500 };
         // A query came back 1 s ago, a probe answered: busy.
-        assert_eq!(
-            busy_or_away(&timed_out, 9_000, answered, 10_000, 3_000),
-            Verdict::Busy
-        );
-        assert_eq!(
-            busy_or_away(&timed_out, 7_000, answered, 10_000, 3_000),
-            Verdict::Busy
-        );
+        assert_eq!(verdict(&timed_out, 9_000, answered), Verdict::Busy);
+        assert_eq!(verdict(&timed_out, 7_000, answered), Verdict::Busy);
         // A probe on its way: busy until it says otherwise.
-        assert_eq!(
-            busy_or_away(&timed_out, 9_000, Probed::InFlight, 10_000, 3_000),
-            Verdict::Busy
-        );
+        assert_eq!(verdict(&timed_out, 9_000, Probed::InFlight), Verdict::Busy);
         // No probe yet, or its finding is old: make one.
-        assert_eq!(
-            busy_or_away(&timed_out, 9_000, Probed::Never, 10_000, 3_000),
-            Verdict::Probe
-        );
+        assert_eq!(verdict(&timed_out, 9_000, Probed::Never), Verdict::Probe);
         let old = Probed::Answered {
             at_ms: 10_000 - PROBE_FRESH_MS - 1,
         };
-        assert_eq!(
-            busy_or_away(&timed_out, 9_000, old, 10_000, 3_000),
-            Verdict::Probe
-        );
+        assert_eq!(verdict(&timed_out, 9_000, old), Verdict::Probe);
         // The probe found no database (stopped, refusing), however recent the last answer.
         let failed = Probed::Failed { at_ms: 9_900 };
-        assert_eq!(
-            busy_or_away(&timed_out, 9_999, failed, 10_000, 3_000),
-            Verdict::Away
-        );
+        assert_eq!(verdict(&timed_out, 9_999, failed), Verdict::Away);
         // Nothing came back for longer than the window (hung, cut off): away.
-        assert_eq!(
-            busy_or_away(&timed_out, 6_999, answered, 10_000, 3_000),
-            Verdict::Away
-        );
+        assert_eq!(verdict(&timed_out, 6_999, answered), Verdict::Away);
         // Nothing ever came back: away.
-        assert_eq!(
-            busy_or_away(&timed_out, 0, answered, 10_000, 3_000),
-            Verdict::Away
-        );
+        assert_eq!(verdict(&timed_out, 0, answered), Verdict::Away);
         // A refused or broken connection is away however recent the last answer.
         let refused = FleetError::Database(sqlx::Error::Io(std::io::Error::from(
             std::io::ErrorKind::ConnectionRefused,
         )));
-        assert_eq!(
-            busy_or_away(&refused, 9_999, answered, 10_000, 3_000),
-            Verdict::Away
-        );
+        assert_eq!(verdict(&refused, 9_999, answered), Verdict::Away);
         let closed = FleetError::Database(sqlx::Error::PoolClosed);
-        assert_eq!(
-            busy_or_away(&closed, 9_999, answered, 10_000, 3_000),
-            Verdict::Away
-        );
+        assert_eq!(verdict(&closed, 9_999, answered), Verdict::Away);
     }
 
     /// Waits until the probe `outage` started has come back.
