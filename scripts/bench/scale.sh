@@ -16,6 +16,23 @@ scale_metric() {
         awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $2 } END { printf "%.0f\n", s }'
 }
 
+# scale_cpu PID...: once the fleet is held, 10 s to settle, then each process's CPU over
+# 60 s and PostgreSQL's after them, in % of a core, on one line. PostgreSQL's is
+# negative when backends that ended meanwhile took their CPU with them.
+scale_cpu() {
+    local c0=() p0 pid i=0 out=()
+    sleep 10
+    for pid in "$@"; do c0+=("$(cpu_secs "$pid")"); done
+    p0=$(pg_cpu_secs)
+    sleep 60
+    for pid in "$@"; do
+        out+=("$(awk -v a="${c0[$i]}" -v b="$(cpu_secs "$pid")" 'BEGIN { printf "%.1f", (b - a) / 60 * 100 }')")
+        i=$((i + 1))
+    done
+    out+=("$(awk -v a="$p0" -v b="$(pg_cpu_secs)" 'BEGIN { printf "%.1f", (b - a) / 60 * 100 }')")
+    echo "${out[*]}"
+}
+
 # scale_page PORT OUT: signs in to the server's page with the admin token and fetches the
 # agents' list; prints "status seconds bytes" of GET /admin/agents and of the page's /agents.
 scale_page() {
@@ -73,20 +90,13 @@ scale_hold() {
                 ((held >= total * 99 / 100)) && break
                 sleep 2
             done
-            sleep 10
-            local c0=() c1=() p0 p1 pid
-            for pid in "${spids[@]}"; do c0+=("$(cpu_secs "$pid")"); done
-            p0=$(pg_cpu_secs)
-            sleep 60
-            for pid in "${spids[@]}"; do c1+=("$(cpu_secs "$pid")"); done
-            p1=$(pg_cpu_secs)
-            local each=()
-            for i in "${!spids[@]}"; do
-                each+=("$(awk -v a="${c0[$i]}" -v b="${c1[$i]}" 'BEGIN { printf "%.1f", (b - a) / 60 * 100 }')")
-            done
+            local each=() pid
+            read -r -a each <<<"$(scale_cpu "${spids[@]}")"
+            local pg=${each[-1]}
+            unset 'each[-1]'
             cpu[$variant]+="${each[*]} "
-            pgcpu[$variant]+="$(awk -v a="$p0" -v b="$p1" 'BEGIN { printf "%.1f", (b - a) / 60 * 100 }') "
-            note "round $round, $variant: $held held; server CPU ${each[*]} %, PostgreSQL CPU $(awk -v a="$p0" -v b="$p1" 'BEGIN { printf "%.1f", (b - a) / 60 * 100 }') %"
+            pgcpu[$variant]+="$pg "
+            note "round $round, $variant: $held held; server CPU ${each[*]} %, PostgreSQL CPU $pg %"
             for pid in "${simpids[@]}"; do kill "$pid" 2>/dev/null || true; done
             for pid in "${simpids[@]}" "${spids[@]}"; do
                 kill "$pid" 2>/dev/null || true
@@ -200,21 +210,13 @@ bench_scale() {
     done
     note "registered: ${reg_secs:-not all} s; $known known, $held held"
     # Holding: 60 s of CPU per server and of PostgreSQL, RSS, PostgreSQL connections.
-    sleep 10
-    local c0=() c1=() p0 p1 pid
-    for pid in "${spids[@]}"; do c0+=("$(cpu_secs "$pid")"); done
-    p0=$(pg_cpu_secs)
-    sleep 60
-    for pid in "${spids[@]}"; do c1+=("$(cpu_secs "$pid")"); done
-    p1=$(pg_cpu_secs)
-    local hold_cpu=() hold_rss=()
-    for i in "${!spids[@]}"; do
-        hold_cpu+=("$(awk -v a="${c0[$i]}" -v b="${c1[$i]}" 'BEGIN { printf "%.1f", (b - a) / 60 * 100 }')")
-        hold_rss+=("$(status_mib VmRSS "${spids[$i]}")")
-    done
-    local pg_cpu pg_conns
+    local hold_cpu=() hold_rss=() pid
+    read -r -a hold_cpu <<<"$(scale_cpu "${spids[@]}")"
+    local pg_cpu=${hold_cpu[-1]} pg_conns
+    unset 'hold_cpu[-1]'
+    for pid in "${spids[@]}"; do hold_rss+=("$(status_mib VmRSS "$pid")"); done
     # Backends that ended meanwhile take their CPU with them: then it cannot be told.
-    pg_cpu=$(awk -v a="$p0" -v b="$p1" 'BEGIN { d = (b - a) / 60 * 100; if (d < 0) print "n/a (backends came and went)"; else printf "%.1f", d }')
+    [[ $pg_cpu == -* ]] && pg_cpu="n/a (backends came and went)"
     pg_conns=$(psql -h 127.0.0.1 -p "$pgport" -U postgres -X -qAt -c "SELECT count(*) FROM pg_stat_activity WHERE datname = 'fleet'" || echo "?")
     note "holding: server CPU ${hold_cpu[*]} %, RSS ${hold_rss[*]} MiB; PostgreSQL CPU $pg_cpu %, $pg_conns connections"
     # The list of every agent, by the admin API and on the page, at this size.
