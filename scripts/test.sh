@@ -64,9 +64,23 @@ if ((${#missing[@]})); then
     fi
 fi
 
-# The OpAMP tests run the two registry OpAMP clients (crates/opamp/tests/clients): a
-# Python virtual environment and an npm directory, made once under target/ and reused.
-scripts/opamp-clients.sh target/opamp-clients
+# Made once under target/ and reused, while the builds below compile (they wait on the
+# network, the builds on the processor); the tests wait for them. The OpAMP tests run
+# the two registry OpAMP clients (crates/opamp/tests/clients): a Python virtual
+# environment and an npm directory. The install tests boot a Debian root.
+mkdir -p target
+scripts/opamp-clients.sh target/opamp-clients >target/opamp-clients.log 2>&1 &
+clients=$!
+scripts/debian-root.sh target/debian-systemd-root >target/debian-root.log 2>&1 &
+debian=$!
+# made PID WHAT LOG: waits for a setup started above; its log and exit if it failed.
+made() {
+    if ! wait "$1"; then
+        echo "test.sh: making $2 failed; the end of $3:" >&2
+        tail -n 20 "$3" >&2
+        exit 1
+    fi
+}
 export OPAMP_PYTHON="$PWD/target/opamp-clients/venv/bin/python"
 export OPAMP_NODE_MODULES="$PWD/target/opamp-clients/npm/node_modules"
 
@@ -105,7 +119,8 @@ cargo build --target "$windows" -p agent-bundle --features failpoints --locked
 set_aside "$target_dir/$windows/debug/agent-bundle.exe" "$target_dir/failpoints/$windows/debug"
 cargo build --target "$windows" -p agent -p agent-bundle -p agent-service --locked
 scripts/binfmt-aarch64.sh
-scripts/debian-root.sh target/debian-systemd-root
+made "$clients" "the OpAMP clients" target/opamp-clients.log
+made "$debian" "the Debian root" target/debian-root.log
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}" "$@"
 else
