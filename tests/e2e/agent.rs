@@ -145,6 +145,56 @@ fn assert_nothing_executed(home: &Path) {
 
 const LOG_WAIT: Duration = Duration::from_secs(30);
 
+/// A server whose fleet database is busy answers `503` with `Retry-After`: the agent asks
+/// it again after that wait (a failover at once would register on the next server of the
+/// same fleet, a write more for the busy database), and moves on only after three busy
+/// answers in a row.
+#[test]
+fn a_busy_server_is_asked_again_after_its_wait_and_left_after_three_busy_answers() {
+    let Installed { ctx, home, .. } = installed();
+    let busy_answer = |_: &Request, _: usize, s: &mut TcpStream| {
+        respond(
+            s,
+            503,
+            &[("Retry-After", "1"), ("Content-Type", "application/json")],
+            br#"{"error":"the fleet database is unreachable; try again shortly"}"#,
+        )
+    };
+    let mut routes: HashMap<&'static str, Handler> = HashMap::new();
+    routes.insert("/agent/register", Box::new(busy_answer));
+    routes.insert("/agent/connect", Box::new(busy_answer));
+    let busy = FakeServer::start(routes);
+    let accepting = |_: &Request, _: usize, s: &mut TcpStream| respond(s, 200, &[], b"{}");
+    let mut routes: HashMap<&'static str, Handler> = HashMap::new();
+    routes.insert("/agent/register", Box::new(accepting));
+    routes.insert("/agent/connect", Box::new(accepting));
+    let next = FakeServer::start(routes);
+
+    run_agent(&ctx, &home, &format!("{}, {}", busy.url(), next.url()));
+    wait_until(LOG_WAIT, "the agent to connect to the next server", || {
+        next.requests("/agent/connect").len() >= 2
+    });
+    let asked = busy.requests("/agent/register");
+    assert_eq!(asked.len(), 3, "registers on the busy server: {asked:?}");
+    assert!(busy.requests("/agent/connect").is_empty());
+    for pair in asked.windows(2) {
+        let gap = pair[1].at - pair[0].at;
+        assert!(
+            gap >= Duration::from_millis(950),
+            "asked again after {gap:?}, before the 1 s the server asked for"
+        );
+    }
+    // It registered once on the next server, after the third busy answer.
+    let registered = next.requests("/agent/register");
+    assert_eq!(registered.len(), 1, "{registered:?}");
+    assert!(registered[0].at > asked[2].at);
+    let log = wait_log(&home, "agent.log", "failing over to", LOG_WAIT);
+    assert!(
+        log.contains("busy (503: {\"error\":\"the fleet database is unreachable; try again shortly\"}), asks to come back in 1s; trying again in 1."),
+        "{log}"
+    );
+}
+
 #[test]
 fn matching_agent_registers_and_heartbeats_with_a_real_server() {
     let t = installed();

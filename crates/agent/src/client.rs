@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use agent_protocol::busy::{self, AfterBusy};
 use agent_protocol::minisign::Signature;
 use agent_protocol::properties::Properties;
 use agent_protocol::wire::{
@@ -18,6 +19,7 @@ use agent_protocol::wire::{
 use agent_protocol::{AgentVersion, layout};
 use futures_util::StreamExt;
 use reqwest::StatusCode;
+use reqwest::header::RETRY_AFTER;
 
 use crate::proxy::Proxies;
 
@@ -43,6 +45,14 @@ pub enum CommError {
     },
     #[error("{url}: {message}")]
     Garbage { url: String, message: String },
+    /// `503` with `Retry-After` to a register or connect: the server is up and asks to
+    /// be asked again later (see [`agent_protocol::busy`]).
+    #[error("{url}: busy (503{detail}), asks to come back in {}s", retry_after.as_secs())]
+    Busy {
+        url: String,
+        retry_after: Duration,
+        detail: String,
+    },
     /// Which servers were tried; `why` keeps each one's failure for `agent status` and
     /// the wrapper (the log has said each failure once already, so the message does
     /// not repeat them).
@@ -51,6 +61,14 @@ pub enum CommError {
 }
 
 impl CommError {
+    /// The wait a busy server asked for.
+    pub fn busy_for(&self) -> Option<Duration> {
+        match self {
+            CommError::Busy { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
     /// The whole reason, for a person asking why: each server's failure when none
     /// answered.
     pub fn why(&self) -> String {
@@ -151,6 +169,8 @@ pub struct Client {
     last_failure: Mutex<HashMap<String, String>>,
     /// What the server last said of a release without a bundle for this platform.
     no_bundle: Mutex<Option<String>>,
+    /// Busy answers in a row from the current server.
+    busy_in_a_row: u32,
 }
 
 impl Client {
@@ -216,6 +236,7 @@ impl Client {
             token: Mutex::new(token),
             last_failure: Mutex::new(HashMap::new()),
             no_bundle: Mutex::new(None),
+            busy_in_a_row: 0,
         })
     }
 
@@ -384,7 +405,9 @@ impl Client {
 
     /// `connect` (or `register` when `first`) to the current server; on network
     /// trouble or a 5xx, fails over to the next server in order and registers there,
-    /// so the new server checks the version again.
+    /// so the new server checks the version again. A busy server (`503` with
+    /// `Retry-After`) is asked again after its wait, and failed over from only when
+    /// it is busy [`busy::BUSY_ROUNDS`] times in a row.
     pub async fn hello(&mut self, first: bool) -> Result<Directive, CommError> {
         self.contact(first, None).await.map(|a| a.directive)
     }
@@ -403,11 +426,21 @@ impl Client {
             let held = if register { None } else { hold };
             match self.hello_once(path, register, held).await {
                 Ok(d) => {
+                    self.busy_in_a_row = 0;
                     self.say_success(self.base());
                     return Ok(d);
                 }
                 Err(e) => {
                     self.say_failure(self.base(), &e);
+                    if e.busy_for().is_some() {
+                        self.busy_in_a_row += 1;
+                        if busy::after_busy(self.busy_in_a_row, self.urls.len())
+                            == AfterBusy::AskAgain
+                        {
+                            return Err(e);
+                        }
+                    }
+                    self.busy_in_a_row = 0;
                     tried.push((self.base().to_owned(), e.to_string()));
                     if self.urls.len() > 1 {
                         self.current = (self.current + 1) % self.urls.len();
@@ -506,6 +539,17 @@ impl Client {
                 }
                 self.keep_token(ns.token.as_deref());
                 Ok(answer(Directive::Refused(ns)))
+            }
+            StatusCode::SERVICE_UNAVAILABLE if resp.headers().contains_key(RETRY_AFTER) => {
+                let retry_after = crate::download::retry_after_of(&resp, Duration::ZERO);
+                match status_error(&url, status, resp).await {
+                    CommError::Status { detail, .. } => Err(CommError::Busy {
+                        url,
+                        retry_after,
+                        detail,
+                    }),
+                    other => Err(other),
+                }
             }
             s => Err(status_error(&url, s, resp).await),
         }

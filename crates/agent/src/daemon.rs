@@ -4,10 +4,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_protocol::AgentVersion;
+use agent_protocol::busy;
 use agent_protocol::journal::Health;
 use agent_protocol::layout::{self, AgentHome};
 use agent_protocol::wire::{AgentHello, Report, UpdateStatus};
 use agent_updater::{lock, state};
+use rand::Rng;
 use tokio::sync::watch;
 
 use crate::ahead::Ahead;
@@ -316,7 +318,11 @@ async fn serve(
             }
             Err(e) => {
                 last_errors::record(&home, last_errors::Kind::Contact, &e.why());
-                tracing::warn!("{e}; trying again in {:?}", heartbeat)
+                // A busy server is asked again when it asked to be, if that is sooner.
+                if let Some(asked_for) = e.busy_for() {
+                    wait = busy::busy_wait(asked_for, heartbeat, rand::rng().random::<f64>());
+                }
+                tracing::warn!("{e}; trying again in {:.1}s", wait.as_secs_f64())
             }
         }
         // The heartbeat is the longest silence: a change of the workload's health, a

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_protocol::AgentVersion;
+use agent_protocol::busy::{self, AfterBusy};
 use agent_protocol::wire::{
     self, AgentHello, ConfigOutcome, ConfigPayload, ConfigStatus, ConnectBody, NotSupported,
     Report, UpdateStatus, WindowOffer,
@@ -60,6 +61,8 @@ pub struct SimAgent {
     ahead_ready: Option<String>,
     /// A fetch ahead of a window is under way: its bytes are counted as such too.
     fetching_ahead: bool,
+    /// Busy answers in a row from its current server.
+    busy_in_a_row: u32,
 }
 
 /// What a register or connect came back with.
@@ -71,6 +74,8 @@ struct Hello {
     changed: bool,
     /// Accepted until its maintenance window opens: the release it installs then.
     window: Option<WindowOffer>,
+    /// The server was busy and asked to be asked again after this (`Retry-After`).
+    busy: Option<Duration>,
 }
 
 /// One request to make.
@@ -154,6 +159,7 @@ impl SimAgent {
             ahead_acted: None,
             ahead_ready: None,
             fetching_ahead: false,
+            busy_in_a_row: 0,
         }
     }
 
@@ -325,6 +331,7 @@ impl SimAgent {
             held: false,
             changed: false,
             window: None,
+            busy: None,
         };
         let Some(answer) = answer else {
             self.fail_over(shared);
@@ -352,12 +359,27 @@ impl SimAgent {
                     .ok()
                     .map(Err)
             }
+            // As a real agent: a busy server is asked again after its wait, and left
+            // only when it is busy three times in a row (`agent_protocol::busy`).
+            StatusCode::SERVICE_UNAVAILABLE if crate::retry_after(&answer.headers).is_some() => {
+                self.busy_in_a_row += 1;
+                if busy::after_busy(self.busy_in_a_row, shared.servers.len()) == AfterBusy::AskAgain
+                {
+                    hello.busy = crate::retry_after(&answer.headers);
+                } else {
+                    self.fail_over(shared);
+                }
+                None
+            }
             s if s.is_server_error() => {
                 self.fail_over(shared);
                 None
             }
             _ => None,
         };
+        if hello.busy.is_none() {
+            self.busy_in_a_row = 0;
+        }
         if let Some(directive) = &hello.directive {
             let key = directive
                 .as_ref()
@@ -732,7 +754,9 @@ impl SimAgent {
                 }
                 None => {}
             }
-            let wait = if registered && shared.options.long_poll {
+            let wait = if let Some(asked_for) = hello.busy {
+                busy::busy_wait(asked_for, heartbeat, rand::rng().random::<f64>())
+            } else if registered && shared.options.long_poll {
                 // As real agents do: the first held connect follows the register at once.
                 Duration::ZERO
             } else if hello.held {

@@ -3,12 +3,14 @@
 //! Everything that more than one binary reads or writes is defined here exactly once:
 //! the `VERSION+BUILD` identity and the version directive, `.properties` files, the
 //! names inside a bundle and inside an installed agent, minisign keys and signatures,
-//! the digests of a bundle, and the JSON bodies exchanged with the server.
+//! the digests of a bundle, the JSON bodies exchanged with the server, and what its busy
+//! answer asks of an agent.
 //!
 //! This crate does no I/O of its own beyond `Read`/`Write` values handed to it: it
 //! never opens a file, a socket or a process, so every format can be tested in memory.
 
 pub mod blame;
+pub mod busy;
 pub mod config_set;
 pub mod credentials;
 pub mod digest;
