@@ -120,43 +120,48 @@ pub(super) async fn agents(
         .await?;
     let members = s.fleet.rollouts.members().await?;
     let opamp = s.fleet.db.opamp_agents().await?;
-    let records: Vec<AgentRecord> = rows
-        .into_iter()
-        .filter(|a| in_group(&a.group, filter.group.as_deref()))
-        .map(|a| {
-            let member = members.get(&a.id);
-            AgentRecord {
-                last_contact: httpdate::fmt_http_date(
-                    std::time::UNIX_EPOCH
-                        + std::time::Duration::from_secs(a.last_contact.max(0) as u64),
-                ),
-                wave: member.map(|m| m.0),
-                told_at: member.and_then(|m| m.1),
-                id: a.id,
-                name: a.name,
-                platform: a.platform,
-                version: a.version,
-                group: a.group,
-                update_status: a.update_status,
-                update_error: a.update_error,
-                config_hash: a.config_hash,
-                config_status: a.config_status,
-                config_error: a.config_error,
-                health: a.health.and_then(|h| serde_json::from_str(&h).ok()),
-            }
-        })
-        .collect();
     let now = agent_fleet::db::now_ms();
-    let rows: Vec<serde_json::Value> = records
+    // Each row is written as it is made: at 100,000 agents a JSON value per agent, all
+    // held before the first was written, took a server from 330 to 654 MiB.
+    let mut body = Vec::with_capacity(rows.len() * 320 + 2);
+    body.push(b'[');
+    let listed = rows
         .into_iter()
-        .map(|r| {
-            let stored = opamp.get(&r.id);
-            let mut row = serde_json::to_value(r).unwrap_or_default();
-            crate::opamp::admin::add_fields(&mut row, stored, now);
-            row
-        })
-        .collect();
-    Ok(Json(rows).into_response())
+        .filter(|a| in_group(&a.group, filter.group.as_deref()));
+    for (i, a) in listed.enumerate() {
+        let member = members.get(&a.id);
+        let stored = opamp.get(&a.id);
+        let record = AgentRecord {
+            last_contact: httpdate::fmt_http_date(
+                std::time::UNIX_EPOCH
+                    + std::time::Duration::from_secs(a.last_contact.max(0) as u64),
+            ),
+            wave: member.map(|m| m.0),
+            told_at: member.and_then(|m| m.1),
+            id: a.id,
+            name: a.name,
+            platform: a.platform,
+            version: a.version,
+            group: a.group,
+            update_status: a.update_status,
+            update_error: a.update_error,
+            config_hash: a.config_hash,
+            config_status: a.config_status,
+            config_error: a.config_error,
+            health: a.health.and_then(|h| serde_json::from_str(&h).ok()),
+        };
+        let mut row = serde_json::to_value(record).unwrap_or_default();
+        crate::opamp::admin::add_fields(&mut row, stored, now);
+        if i > 0 {
+            body.push(b',');
+        }
+        serde_json::to_writer(&mut body, &row).map_err(|e| {
+            tracing::error!("an agent's row would not serialize: {e}");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+        })?;
+    }
+    body.push(b']');
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 fn unknown_agent(id: &str) -> ApiError {
