@@ -8,6 +8,15 @@ use std::time::{Duration, SystemTime};
 
 use rand::Rng;
 
+/// The wait a `503` names in `Retry-After`, or `otherwise` when it names none.
+pub(crate) fn retry_after_of(resp: &reqwest::Response, otherwise: Duration) -> Duration {
+    resp.headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| parse_retry_after(v, SystemTime::now()))
+        .unwrap_or(otherwise)
+}
+
 /// Parses `Retry-After`: delta-seconds or an HTTP date. `None` for anything else.
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();

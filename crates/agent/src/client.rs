@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use agent_protocol::busy::{self, AfterBusy};
 use agent_protocol::minisign::Signature;
@@ -541,12 +541,7 @@ impl Client {
                 Ok(answer(Directive::Refused(ns)))
             }
             StatusCode::SERVICE_UNAVAILABLE if resp.headers().contains_key(RETRY_AFTER) => {
-                let retry_after = resp
-                    .headers()
-                    .get(RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| crate::backoff::parse_retry_after(v, SystemTime::now()))
-                    .unwrap_or(Duration::ZERO);
+                let retry_after = crate::backoff::retry_after_of(&resp, Duration::ZERO);
                 match status_error(&url, status, resp).await {
                     CommError::Status { detail, .. } => Err(CommError::Busy {
                         url,

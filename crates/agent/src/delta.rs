@@ -282,7 +282,7 @@ async fn transfer(
     match resp.status() {
         StatusCode::OK | StatusCode::PARTIAL_CONTENT => {}
         StatusCode::SERVICE_UNAVAILABLE => {
-            return Err(Transfer::Busy(download::retry_after_of(
+            return Err(Transfer::Busy(crate::backoff::retry_after_of(
                 &resp,
                 Duration::from_secs(5),
             )));

@@ -9,16 +9,16 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use agent_protocol::digest::{self, Digests, MultiHasher};
 use agent_protocol::layout;
 use agent_protocol::wire::{self, VersionInfo};
 use reqwest::StatusCode;
-use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, IF_RANGE, RANGE, RETRY_AFTER};
+use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, IF_RANGE, RANGE};
 use tokio::sync::mpsc;
 
-use crate::backoff::parse_retry_after;
+use crate::backoff::retry_after_of;
 use crate::client::error_chain;
 
 /// Hash in batches this large so BLAKE2b runs beside md5 + sha256 on a second core.
@@ -51,15 +51,6 @@ impl BatchedHasher {
         self.hasher.update(&self.batch);
         self.hasher
     }
-}
-
-/// The wait a `503` names in `Retry-After`, or `otherwise` when it names none.
-pub(crate) fn retry_after_of(resp: &reqwest::Response, otherwise: Duration) -> Duration {
-    resp.headers()
-        .get(RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| parse_retry_after(v, SystemTime::now()))
-        .unwrap_or(otherwise)
 }
 
 #[derive(Debug, thiserror::Error)]
