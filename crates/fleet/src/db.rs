@@ -15,9 +15,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agent_protocol::wire::Report;
 use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::migrate::Migrator;
 use sqlx::{AnyPool, Connection, Row};
 
 use crate::error::FleetError;
+use crate::migrations;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -324,10 +326,10 @@ impl Db {
                     .map_err(|e| FleetError::Config(target.explain(&e)))?
             }
         };
-        match backend {
-            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite").run(&pool).await?,
-            Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(&pool).await?,
-        }
+        Migrator::new(migrations::Embedded::of(backend))
+            .await?
+            .run(&pool)
+            .await?;
         Ok(Self {
             pool,
             backend,

@@ -21,6 +21,7 @@ pub mod error;
 pub mod fleet;
 pub mod history;
 pub mod maintenance;
+mod migrations;
 pub mod news;
 pub mod opamp;
 pub mod operators;
