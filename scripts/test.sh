@@ -101,28 +101,59 @@ set_aside "$target_dir/debug/agent-bundle" "$target_dir/failpoints/debug"
 AGENT_BUILD_NOTE=rebuilt cargo build --workspace --bins --locked
 set_aside "$target_dir/debug/agent" "$target_dir/rebuilt"
 cargo build --workspace --bins --locked
-# The install tests: the static agent a busybox machine runs, and the Debian they boot
-# (each made once; later runs find them). The platform tests: that static agent, and the
-# glibc aarch64 one (debug, like the rest; cargo rebuilds only what changed).
+
+# The other platforms' agents, for the install, platform and Windows tests alone: built
+# while the other tests run, at the lowest priority (so they take only the processor the
+# tests leave idle), in a target directory of their own (cargo locks a target directory
+# while it builds, and the tests' own build would wait). The install tests: the static
+# agent a busybox machine runs. The platform tests: that static agent and the glibc
+# aarch64 one (debug, like the rest; cargo rebuilds only what changed). The Windows
+# tests: the stub with the fault points for the crash campaign (set aside as above),
+# then the agent, its service and the stub for Windows; the tests make their Wine
+# prefix once under target/wine.
 if command -v rustup >/dev/null 2>&1; then
     rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-gnu x86_64-pc-windows-gnu >/dev/null
 fi
-CC_x86_64_unknown_linux_musl=musl-gcc cargo build --target x86_64-unknown-linux-musl -p agent -p agent-bundle --locked
-CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
-    cargo build --target aarch64-unknown-linux-gnu -p agent -p agent-bundle --locked
-# The Windows tests: the stub with the fault points for the crash campaign (set aside
-# as above), then the agent, its service and the stub for Windows (debug); the tests
-# make their Wine prefix once under target/wine.
-export CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
+cross_dir=$target_dir/cross
 windows=x86_64-pc-windows-gnu
-cargo build --target "$windows" -p agent-bundle --features failpoints --locked
-set_aside "$target_dir/$windows/debug/agent-bundle.exe" "$target_dir/failpoints/$windows/debug"
-cargo build --target "$windows" -p agent -p agent-bundle -p agent-service --locked
+build_cross() {
+    CC_x86_64_unknown_linux_musl=musl-gcc \
+        cargo build --target-dir "$cross_dir" --target x86_64-unknown-linux-musl -p agent -p agent-bundle --locked
+    CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+        cargo build --target-dir "$cross_dir" --target aarch64-unknown-linux-gnu -p agent -p agent-bundle --locked
+    export CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
+    cargo build --target-dir "$cross_dir" --target "$windows" -p agent-bundle --features failpoints --locked
+    set_aside "$cross_dir/$windows/debug/agent-bundle.exe" "$target_dir/failpoints/$windows/debug"
+    cargo build --target-dir "$cross_dir" --target "$windows" -p agent -p agent-bundle -p agent-service --locked
+}
+(
+    renice -n 19 -p "$BASHPID" >/dev/null
+    set -e
+    build_cross
+) >"$target_dir/cross-build.log" 2>&1 &
+cross=$!
 scripts/binfmt-aarch64.sh
 made "$clients" "the OpAMP clients" target/opamp-clients.log
-made "$debian" "the Debian root" target/debian-root.log
-if cargo nextest --version >/dev/null 2>&1; then
+# The tests of the other platforms (and the Debian root's install tests) run last, once
+# their builds are done.
+other_platforms='package(e2e) and test(/^(windows|platforms|install)::/)'
+all_made() {
+    if kill -0 "$cross" 2>/dev/null; then
+        echo "test.sh: waiting for the other platforms' agents to build ($target_dir/cross-build.log)" >&2
+    fi
+    made "$cross" "the other platforms' agents" "$target_dir/cross-build.log"
+    made "$debian" "the Debian root" target/debian-root.log
+}
+if ! cargo nextest --version >/dev/null 2>&1; then
+    all_made
+    cargo test --workspace --locked "$@"
+elif (($#)); then
+    all_made
     cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}" "$@"
 else
-    cargo test --workspace --locked "$@"
+    failed=0
+    cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}" -E "not ($other_platforms)" || failed=$?
+    all_made
+    cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}" -E "$other_platforms" || failed=$?
+    exit "$failed"
 fi

@@ -4,9 +4,9 @@
 //!
 //! The Debian root is made once (`scripts/test.sh`, by `debootstrap`) and cached as
 //! `target/debian-systemd-root`; each machine boots a copy of its own, so tests do not
-//! leak into each other. The static musl agent is built by `scripts/test.sh` too, under
-//! `target/x86_64-unknown-linux-musl/debug`, and so is the aarch64 one the platform tests
-//! run under qemu, under `target/aarch64-unknown-linux-gnu/debug`.
+//! leak into each other. The static musl agent is built by `scripts/test.sh` too, in the
+//! target directory of the cross builds (`target/cross`), and so is the aarch64 one the
+//! platform tests run under qemu.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -26,12 +26,13 @@ pub fn debian_root() -> PathBuf {
     root
 }
 
-/// `target/x86_64-unknown-linux-musl/debug/<name>`, or a panic that says how to build it.
+/// `target/cross/x86_64-unknown-linux-musl/debug/<name>`, or a panic that says how to
+/// build it.
 pub fn musl_bin(name: &str) -> PathBuf {
-    let path = crate::in_target_dir(&format!("x86_64-unknown-linux-musl/debug/{name}"));
+    let path = crate::in_target_dir(&format!("cross/x86_64-unknown-linux-musl/debug/{name}"));
     assert!(
         path.exists(),
-        "{} is missing: run scripts/test.sh, or CC_x86_64_unknown_linux_musl=musl-gcc cargo build --target x86_64-unknown-linux-musl -p agent -p agent-bundle",
+        "{} is missing: run scripts/test.sh, or CC_x86_64_unknown_linux_musl=musl-gcc cargo build --target-dir target/cross --target x86_64-unknown-linux-musl -p agent -p agent-bundle",
         path.display()
     );
     path
@@ -41,14 +42,14 @@ pub fn musl_bin(name: &str) -> PathBuf {
 /// binary's interpreter and libraries from under it (`QEMU_LD_PREFIX`).
 pub const AARCH64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
 
-/// `target/aarch64-unknown-linux-gnu/debug/<name>`, once it is sure this machine runs
+/// `target/cross/aarch64-unknown-linux-gnu/debug/<name>`, once it is sure this machine runs
 /// it (qemu registered with binfmt_misc, the aarch64 glibc there); else a panic that
 /// says what to do.
 pub fn aarch64_bin(name: &str) -> PathBuf {
-    let path = crate::in_target_dir(&format!("aarch64-unknown-linux-gnu/debug/{name}"));
+    let path = crate::in_target_dir(&format!("cross/aarch64-unknown-linux-gnu/debug/{name}"));
     assert!(
         path.exists(),
-        "{} is missing: run scripts/test.sh, or CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc cargo build --target aarch64-unknown-linux-gnu -p agent -p agent-bundle",
+        "{} is missing: run scripts/test.sh, or CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc cargo build --target-dir target/cross --target aarch64-unknown-linux-gnu -p agent -p agent-bundle",
         path.display()
     );
     let binfmt = Path::new("/proc/sys/fs/binfmt_misc/qemu-aarch64");

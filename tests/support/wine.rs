@@ -77,11 +77,12 @@ pub fn windows_app() -> PathBuf {
     exe
 }
 
-/// `target/x86_64-pc-windows-gnu/debug/<name>.exe`, or a panic that says how to build it.
+/// `target/cross/x86_64-pc-windows-gnu/debug/<name>.exe`, or a panic that says how to
+/// build it.
 pub fn windows_bin(name: &str) -> PathBuf {
     built(
-        &format!("{WINDOWS}/debug/{name}.exe"),
-        "-p agent -p agent-bundle -p agent-service",
+        &format!("cross/{WINDOWS}/debug/{name}.exe"),
+        "--target-dir target/cross -p agent -p agent-bundle -p agent-service",
     )
 }
 
