@@ -40,12 +40,12 @@ migrations!(
 
 /// One backend's migrations, as a source for sqlx's `Migrator`.
 #[derive(Debug, Clone, Copy)]
-pub struct Embedded {
+pub(crate) struct Embedded {
     files: &'static [(&'static str, &'static str)],
 }
 
 impl Embedded {
-    pub fn of(backend: Backend) -> Self {
+    pub(crate) fn of(backend: Backend) -> Self {
         let files = match backend {
             Backend::Sqlite => SQLITE,
             Backend::Postgres => POSTGRES,
