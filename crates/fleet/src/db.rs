@@ -326,10 +326,11 @@ impl Db {
                     .map_err(|e| FleetError::Config(target.explain(&e)))?
             }
         };
-        Migrator::new(migrations::Embedded::of(backend))
-            .await?
-            .run(&pool)
-            .await?;
+        let embedded = match backend {
+            Backend::Sqlite => migrations::SQLITE,
+            Backend::Postgres => migrations::POSTGRES,
+        };
+        Migrator::new(embedded).await?.run(&pool).await?;
         Ok(Self {
             pool,
             backend,

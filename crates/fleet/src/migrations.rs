@@ -13,15 +13,17 @@ use std::pin::Pin;
 use sqlx::error::BoxDynError;
 use sqlx::migrate::{Migration, MigrationSource, MigrationType};
 
-use crate::db::Backend;
-
 /// Adding a migration: its file in both directories, and its name here.
 macro_rules! migrations {
     ($($file:literal),+ $(,)?) => {
-        const SQLITE: &[(&str, &str)] =
-            &[$(($file, include_str!(concat!("../migrations/sqlite/", $file, ".sql")))),+];
-        const POSTGRES: &[(&str, &str)] =
-            &[$(($file, include_str!(concat!("../migrations/postgres/", $file, ".sql")))),+];
+        /// The SQLite backend's migrations.
+        pub(crate) const SQLITE: Embedded = Embedded {
+            files: &[$(($file, include_str!(concat!("../migrations/sqlite/", $file, ".sql")))),+],
+        };
+        /// The PostgreSQL backend's migrations.
+        pub(crate) const POSTGRES: Embedded = Embedded {
+            files: &[$(($file, include_str!(concat!("../migrations/postgres/", $file, ".sql")))),+],
+        };
     };
 }
 
@@ -45,14 +47,6 @@ pub(crate) struct Embedded {
 }
 
 impl Embedded {
-    pub(crate) fn of(backend: Backend) -> Self {
-        let files = match backend {
-            Backend::Sqlite => SQLITE,
-            Backend::Postgres => POSTGRES,
-        };
-        Self { files }
-    }
-
     fn migrations(self) -> Result<Vec<Migration>, BoxDynError> {
         self.files
             .iter()
@@ -99,12 +93,12 @@ mod tests {
     /// fails here.
     #[tokio::test]
     async fn each_backend_runs_what_sqlx_reads_from_its_directory() {
-        for (backend, dir) in [(Backend::Sqlite, "sqlite"), (Backend::Postgres, "postgres")] {
+        for (embedded, dir) in [(SQLITE, "sqlite"), (POSTGRES, "postgres")] {
             let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("migrations")
                 .join(dir);
             let read = path.resolve().await.expect("sqlx reads the directory");
-            let embedded = Embedded::of(backend).migrations().expect("embedded");
+            let embedded = embedded.migrations().expect("embedded");
             let key = |m: &Migration| {
                 (
                     m.version,
