@@ -69,6 +69,15 @@ fi
 # the two registry OpAMP clients (crates/opamp/tests/clients): a Python virtual
 # environment and an npm directory. The install tests boot a Debian root.
 mkdir -p target
+# A run that ends early (a failure, ^C) leaves none of the setups and builds below behind.
+stop_background() {
+    local job
+    for job in $(jobs -p); do
+        pkill -TERM -P "$job" 2>/dev/null || true
+        kill "$job" 2>/dev/null || true
+    done
+}
+trap stop_background EXIT
 scripts/opamp-clients.sh target/opamp-clients >target/opamp-clients.log 2>&1 &
 clients=$!
 scripts/debian-root.sh target/debian-systemd-root >target/debian-root.log 2>&1 &
