@@ -159,16 +159,17 @@ all_made() {
     made "$cross_build" "the other platforms' agents" "$target_dir/cross-build.log"
     made "$debian" "the Debian root" target/debian-root.log
 }
+nextest() { cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}" "$@"; }
 if ! cargo nextest --version >/dev/null 2>&1; then
     all_made
     cargo test --workspace --locked "$@"
 elif (($#)); then
     all_made
-    cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}" "$@"
+    nextest "$@"
 else
     failed=0
-    cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}" -E "not ($other_platforms)" || failed=$?
+    nextest -E "not ($other_platforms)" || failed=$?
     all_made
-    cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}" -E "$other_platforms" || failed=$?
+    nextest -E "$other_platforms" || failed=$?
     exit "$failed"
 fi
