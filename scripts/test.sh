@@ -97,7 +97,10 @@ export OPAMP_NODE_MODULES="$PWD/target/opamp-clients/npm/node_modules"
 # the updater's fault points compiled in, kept apart so no other binary has them. It is
 # built in the same target directory, which shares the dependencies (a directory of its
 # own compiled them all again), and copied out before the plain build puts the plain
-# stub back (cargo links a binary out again when its features switch back).
+# stub back (cargo links a binary out again when its features switch back). It is built
+# as a binary of the whole workspace, not of its package alone: features are unified
+# over the packages named, and with the stub's package alone some forty dependencies
+# came out with other features and were compiled twice.
 # The delta tests pack a second build of the agent, one small change apart, as the next
 # release: the same source with AGENT_BUILD_NOTE compiled in (`agent --version` shows it).
 # Built as the whole workspace (the same features as below), so the build below puts
@@ -105,7 +108,7 @@ export OPAMP_NODE_MODULES="$PWD/target/opamp-clients/npm/node_modules"
 target_dir=${CARGO_TARGET_DIR:-target}
 # set_aside BINARY DIR: a copy of a binary just built, kept in DIR out of cargo's way.
 set_aside() { mkdir -p "$2" && cp "$1" "$2/"; }
-cargo build -p agent-bundle --features failpoints --locked
+cargo build --workspace --bin agent-bundle --features agent-bundle/failpoints --locked
 set_aside "$target_dir/debug/agent-bundle" "$target_dir/failpoints/debug"
 AGENT_BUILD_NOTE=rebuilt cargo build --workspace --bins --locked
 set_aside "$target_dir/debug/agent" "$target_dir/rebuilt"
@@ -137,7 +140,7 @@ build_cross() {
     CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
         cargo build "${cross[@]}" --target aarch64-unknown-linux-gnu -p agent -p agent-bundle
     export CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
-    cargo build "${cross[@]}" --target "$windows" -p agent-bundle --features failpoints
+    cargo build "${cross[@]}" --target "$windows" -p agent -p agent-bundle -p agent-service --bin agent-bundle --features agent-bundle/failpoints
     set_aside "$target_dir/cross/$windows/debug/agent-bundle.exe" "$target_dir/failpoints/$windows/debug"
     cargo build "${cross[@]}" --target "$windows" -p agent -p agent-bundle -p agent-service
 }
