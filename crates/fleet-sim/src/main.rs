@@ -6,6 +6,11 @@ use agent_protocol::settings::parse_duration;
 use clap::{Parser, ValueEnum};
 use fleet_sim::{DownloadMode, Options};
 
+/// The simulators share the machine with the servers they load: the server's allocator,
+/// so that a simulated agent costs as little processor as a served one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Simulates a fleet of agents against update-servers and reports what it measured.
 #[derive(Debug, Parser)]
 #[command(name = "fleet-sim", version)]
