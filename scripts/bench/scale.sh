@@ -209,9 +209,8 @@ bench_scale() {
         sleep 2
     done
     note "registered: ${reg_secs:-not all} s; $known known, $held held"
-    # (Not `${reg_secs:-…}` in the table: that prints the seconds a second time.)
     local registered="not all within $((ramp + 300)) s: at the last look $known known (rows in the database), $held held"
-    [[ -n $reg_secs ]] && registered="$reg_secs s from the first start ($known known, $held held)"
+    if [[ -n $reg_secs ]]; then registered="$reg_secs s from the first start ($known known, $held held)"; fi
     # Holding: 60 s of CPU per server and of PostgreSQL, RSS, PostgreSQL connections.
     local hold_cpu=() hold_rss=() pid
     read -r -a hold_cpu <<<"$(scale_cpu "${spids[@]}")"
