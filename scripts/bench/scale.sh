@@ -239,6 +239,11 @@ bench_scale() {
     rm -rf "$keep" && mkdir -p "$keep"
     cp "$work"/scale-*.json "$work"/scale-*.err "$keep/"
     for i in "${!ports[@]}"; do grep -v ' INFO ' "$work/ss-$i.log" | tail -n 200 >"$keep/server-$i.log"; done
+    # Who a wave still waits for, as the database has it: told (and the report not in)
+    # or never told.
+    psql -h 127.0.0.1 -p "$pgport" -U postgres -X -d fleet -c \
+        "SELECT wave, told_at IS NOT NULL AS told, count(*) FROM rollout_agents WHERE outcome IS NULL GROUP BY 1, 2 ORDER BY 1, 2" \
+        >"$keep/pending.txt" 2>&1 || true
     local peak=()
     for pid in "${spids[@]}"; do peak+=("$(hwm_mib "$pid")"); done
     pg_conns_end=$(psql -h 127.0.0.1 -p "$pgport" -U postgres -X -qAt -c "SELECT count(*) FROM pg_stat_activity WHERE datname = 'fleet'" || echo "?")

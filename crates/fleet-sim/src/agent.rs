@@ -8,8 +8,10 @@
 //! Told of a release behind its maintenance window (a `200` carrying `"window"`), it
 //! fetches it ahead as a real agent with `update.download-ahead` does, says so in its next
 //! held connects (`ahead=`), and installs without fetching again when the window opens.
+//! Its reports go through an outbox, as a real agent's do: one no server takes (a `503`
+//! while the fleet database is busy) is sent again, in order, until one does.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +35,9 @@ const DOWNLOAD_TRIES: u32 = 20;
 const RECONNECT_JITTER: Duration = Duration::from_secs(5);
 /// The first bytes fetched in `head` mode.
 const FIRST_BYTES: u64 = 64 * 1024;
+/// After a report no server took, the next try is this much later (a real agent's
+/// outbox waits as long).
+const UNSENT_RETRY: Duration = Duration::from_secs(5);
 
 pub struct SimAgent {
     pub index: usize,
@@ -63,6 +68,9 @@ pub struct SimAgent {
     fetching_ahead: bool,
     /// Busy answers in a row from its current server.
     busy_in_a_row: u32,
+    /// Reports no server took yet, oldest first, with where the bundle came from: a real
+    /// agent's `data/outbox/`, sent in order until one is refused for a while.
+    outbox: VecDeque<(Report, Option<&'static str>)>,
 }
 
 /// What a register or connect came back with.
@@ -160,6 +168,7 @@ impl SimAgent {
             ahead_ready: None,
             fetching_ahead: false,
             busy_in_a_row: 0,
+            outbox: VecDeque::new(),
         }
     }
 
@@ -427,7 +436,7 @@ impl SimAgent {
     }
 
     async fn report(
-        &self,
+        &mut self,
         shared: &Shared,
         to: &AgentVersion,
         status: UpdateStatus,
@@ -436,9 +445,10 @@ impl SimAgent {
         self.report_from(shared, to, status, error, None).await;
     }
 
-    /// [`SimAgent::report`] saying where the bundle's bytes came from.
+    /// [`SimAgent::report`] saying where the bundle's bytes came from: into the outbox,
+    /// then one try at sending it (and whatever waits before it).
     async fn report_from(
-        &self,
+        &mut self,
         shared: &Shared,
         to: &AgentVersion,
         status: UpdateStatus,
@@ -452,18 +462,51 @@ impl SimAgent {
             status,
             error,
         };
-        let body = serde_json::to_value(report).ok();
-        let from: Vec<(&str, String)> = bundle_from
-            .map(|f| (wire::BUNDLE_FROM_HEADER, f.to_owned()))
-            .into_iter()
-            .collect();
-        self.call(
-            shared,
-            Call::new("report", Method::POST, wire::REPORT_PATH)
-                .json(body)
-                .headers(&from),
-        )
-        .await;
+        self.outbox.push_back((report, bundle_from));
+        self.flush_outbox(shared).await;
+    }
+
+    /// Sends the outbox in order, as a real agent's does: a report leaves it once a
+    /// server takes it (or refuses it as malformed, which it always would); the first
+    /// that is not taken stays, with those after it. True when nothing is left.
+    async fn flush_outbox(&mut self, shared: &Shared) -> bool {
+        while let Some((report, from)) = self.outbox.front() {
+            let body = serde_json::to_value(report).ok();
+            let from: Vec<(&str, String)> = from
+                .map(|f| (wire::BUNDLE_FROM_HEADER, f.to_owned()))
+                .into_iter()
+                .collect();
+            let answer = self
+                .call(
+                    shared,
+                    Call::new("report", Method::POST, wire::REPORT_PATH)
+                        .json(body)
+                        .headers(&from),
+                )
+                .await;
+            let taken = answer.is_some_and(|a| {
+                a.status.is_success()
+                    || matches!(
+                        a.status,
+                        StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY
+                    )
+            });
+            if !taken {
+                return false;
+            }
+            self.outbox.pop_front();
+        }
+        true
+    }
+
+    /// Sends the outbox until a server takes all of it (or the simulation ends), a try
+    /// every [`UNSENT_RETRY`]: an outcome the rollout waits for is never given up.
+    async fn deliver_outbox(&mut self, shared: &Shared) {
+        while !self.flush_outbox(shared).await {
+            if shared.sleep(UNSENT_RETRY).await {
+                return;
+            }
+        }
     }
 
     /// With `--download-source`: the bundle from the download source the server names,
@@ -698,6 +741,7 @@ impl SimAgent {
                 Some("simulated: the new version did not come up healthy".into()),
             )
             .await;
+            self.deliver_outbox(shared).await;
             self.bad.insert(bundle);
             shared.count_failed();
         } else {
@@ -715,12 +759,8 @@ impl SimAgent {
                 error: None,
             };
             let _ = self.hello(shared).await;
-            let body = serde_json::to_value(report).ok();
-            self.call(
-                shared,
-                Call::new("report", Method::POST, wire::REPORT_PATH).json(body),
-            )
-            .await;
+            self.outbox.push_back((report, None));
+            self.deliver_outbox(shared).await;
             shared.moved(&from, &expected);
         }
     }
