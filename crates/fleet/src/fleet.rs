@@ -42,6 +42,12 @@ pub const SETTINGS_INTERVAL: Duration = Duration::from_secs(2);
 pub const CONTACT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// Queued contacts the drain writes in one transaction (statements of `TOUCH_CHUNK`).
 const DRAIN_CONTACTS: usize = 2000;
+/// Queued writes of other kinds (reports, mostly) the drain takes at a time, and how
+/// many agents' it writes at once: a report is a few statements, and written one after
+/// another, the reports a busy database left queued while a wave of 90,000 installed
+/// took many minutes to write (five servers, one PostgreSQL), the wave waiting for them.
+const DRAIN_RUN: usize = 512;
+const DRAIN_AGENTS_AT_ONCE: usize = 8;
 
 /// The fleet as one server sees it: its database, what waits for the database, the
 /// rollouts and the fleet-wide switch as last read.
@@ -646,6 +652,47 @@ async fn write_queued(
     true
 }
 
+/// Writes `run` (queued writes, oldest first), [`DRAIN_AGENTS_AT_ONCE`] agents at a
+/// time, each agent's writes in their order: an agent's write that does not go leaves
+/// its later ones queued behind it, and no other agent's is begun after it (a database
+/// that went away would make each wait out its timeout). False if one did not go.
+async fn write_by_agent(
+    db: &Db,
+    rollouts: &Rollouts,
+    configs: &Configs,
+    outage: &Outage,
+    run: Vec<(u64, Deferred)>,
+) -> bool {
+    use futures_util::StreamExt;
+    let mut agents: Vec<Vec<(u64, Deferred)>> = Vec::new();
+    let mut slot: HashMap<String, usize> = HashMap::new();
+    for (seq, w) in run {
+        let i = *slot.entry(w.agent().to_owned()).or_insert_with(|| {
+            agents.push(Vec::new());
+            agents.len() - 1
+        });
+        agents[i].push((seq, w));
+    }
+    let stopped = AtomicBool::new(false);
+    let stopped = &stopped;
+    futures_util::stream::iter(agents)
+        .map(|writes| async move {
+            for (seq, w) in writes {
+                if stopped.load(Ordering::Acquire) {
+                    return;
+                }
+                if !write_queued(db, rollouts, configs, outage, seq, &w).await {
+                    stopped.store(true, Ordering::Release);
+                    return;
+                }
+            }
+        })
+        .buffer_unordered(DRAIN_AGENTS_AT_ONCE)
+        .collect::<()>()
+        .await;
+    !stopped.load(Ordering::Acquire)
+}
+
 /// Writes the spool back, oldest first, while the database answers; then lets calls go
 /// to the database again.
 pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Outage) {
@@ -657,12 +704,15 @@ pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Out
             return;
         }
     }
-    while let Some((seq, w)) = outage.front() {
-        let run = if matches!(w, Deferred::Contact { .. }) {
-            outage.front_contacts(DRAIN_CONTACTS)
-        } else {
-            vec![(seq, w)]
-        };
+    while let Some((_, w)) = outage.front() {
+        if !matches!(w, Deferred::Contact { .. }) {
+            if !write_by_agent(db, rollouts, configs, outage, outage.front_run(DRAIN_RUN)).await
+            {
+                return;
+            }
+            continue;
+        }
+        let run = outage.front_contacts(DRAIN_CONTACTS);
         if run.len() > 1 {
             let rows: Vec<_> = run.iter().filter_map(|(_, w)| contact_row(w)).collect();
             match db.touch_agents(&rows).await {
@@ -1010,6 +1060,40 @@ mod tests {
         let (by_version, _) = fleet.db.fleet_counts().await.unwrap();
         let expected = i64::try_from(DRAIN_CONTACTS * 2 + 5).unwrap();
         assert_eq!(by_version, vec![("1.0.0+1".to_owned(), expected)]);
+    }
+
+    #[tokio::test]
+    async fn queued_reports_of_many_agents_drain_together_each_agents_in_its_order() {
+        let home = tempfile::tempdir().unwrap();
+        let fleet = fleet(home.path()).await;
+        fleet
+            .outage
+            .went_down(&FleetError::Config("test: the database went away".into()));
+        let agents = DRAIN_RUN + 40;
+        let report = |i: usize, status| Deferred::Report {
+            report: Report {
+                id: format!("agent-{i}"),
+                from: "1.0.0+1".into(),
+                to: "2.0.0+1".into(),
+                status,
+                error: None,
+            },
+            at_ms: 60_000,
+        };
+        // Interleaved as a wave's reports come: every agent's INSTALLING, then each one's
+        // INSTALLED; the first run of the drain ends between an agent's two.
+        for status in [UpdateStatus::Installing, UpdateStatus::Installed] {
+            for i in 0..agents {
+                fleet.save(report(i, status)).await.unwrap();
+            }
+        }
+        fleet.drain().await;
+        assert!(!fleet.outage.is_down());
+        assert_eq!(fleet.outage.queued(), 0);
+        let (by_version, by_status) = fleet.db.fleet_counts().await.unwrap();
+        let all = i64::try_from(agents).unwrap();
+        assert_eq!(by_version, vec![("2.0.0+1".to_owned(), all)]);
+        assert_eq!(by_status, vec![("INSTALLED".to_owned(), all)]);
     }
 
     #[tokio::test]

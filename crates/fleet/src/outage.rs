@@ -153,6 +153,15 @@ impl Spool {
         run
     }
 
+    /// The oldest `max` writes, whatever their kind: each agent's in its order.
+    pub fn front_run(&self, max: usize) -> Vec<(u64, Deferred)> {
+        self.entries
+            .iter()
+            .take(max)
+            .map(|(seq, w)| (*seq, w.clone()))
+            .collect()
+    }
+
     /// `seq` was written (or is given up): forget it.
     pub fn done(&mut self, seq: u64) {
         if let Some(write) = self.entries.remove(&seq) {
@@ -452,6 +461,11 @@ impl Outage {
     /// Queued contacts to write together (see [`Spool::front_contacts`]).
     pub fn front_contacts(&self, max: usize) -> Vec<(u64, Deferred)> {
         lock(&self.spool).front_contacts(max)
+    }
+
+    /// The oldest queued writes (see [`Spool::front_run`]).
+    pub fn front_run(&self, max: usize) -> Vec<(u64, Deferred)> {
+        lock(&self.spool).front_run(max)
     }
 
     pub fn written(&self, seq: u64) {

@@ -679,16 +679,20 @@ impl Rollouts {
         if report.to.parse::<AgentVersion>().ok().as_ref() != Some(&current.subject.version) {
             return Ok(());
         }
-        let group = self
-            .db()
-            .agent(&report.id)
-            .await?
-            .map(|a| a.group)
-            .unwrap_or_default();
-        let on_target = outcome == store::INSTALLED;
-        self.engine
-            .membership(&current, &report.id, &group, on_target)
-            .await?;
+        // Its group places an agent this server has not placed yet (most were, when told):
+        // a report costs no read of the agent's row then.
+        if self.engine.known(current.id, &report.id).is_none() {
+            let group = self
+                .db()
+                .agent(&report.id)
+                .await?
+                .map(|a| a.group)
+                .unwrap_or_default();
+            let on_target = outcome == store::INSTALLED;
+            self.engine
+                .membership(&current, &report.id, &group, on_target)
+                .await?;
+        }
         self.engine
             .outcome(current.id, &report.id, outcome, report.error.as_deref(), at)
             .await
