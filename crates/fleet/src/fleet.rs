@@ -48,6 +48,9 @@ const DRAIN_CONTACTS: usize = 2000;
 /// took many minutes to write (five servers, one PostgreSQL), the wave waiting for them.
 const DRAIN_RUN: usize = 512;
 const DRAIN_AGENTS_AT_ONCE: usize = 8;
+/// While this server holds a queued write a deadline waits for, it says so again this
+/// often (well within [`settings::SPOOL_OLDEST_FRESH_MS`]).
+const SPOOL_SAY_EVERY_MS: i64 = 10_000;
 
 /// The fleet as one server sees it: its database, what waits for the database, the
 /// rollouts and the fleet-wide switch as last read.
@@ -81,6 +84,9 @@ pub struct Fleet {
     /// The release each agent's update locks were overridden for, as last read: asked at
     /// every refused connect, so it is read with the settings, not per connect.
     lock_overrides: Mutex<HashMap<String, String>>,
+    /// What this server last told the fleet it holds queued (see
+    /// [`settings::SPOOL_OLDEST_PREFIX`]), and when; `None` before it said anything.
+    spool_said: Mutex<Option<(Option<i64>, i64)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -114,6 +120,7 @@ impl Fleet {
             verified: Mutex::default(),
             credentials_revision: Mutex::new(revision),
             lock_overrides: Mutex::new(overrides),
+            spool_said: Mutex::default(),
         })
     }
 
@@ -462,6 +469,30 @@ impl Fleet {
         drain(&self.db, &self.rollouts, &self.configs, &self.outage).await;
     }
 
+    /// Tells the fleet the arrival of the oldest write this server holds queued that an
+    /// agent's deadline waits for (a report it answered `queued`), so no server times
+    /// that agent out meanwhile: when it changes, and again every [`SPOOL_SAY_EVERY_MS`]
+    /// while there is one. Nothing while the database is away: it could not be written,
+    /// and once it is stale the others judge deadlines at their own time again.
+    pub async fn say_spool(&self) {
+        if self.outage.is_down() {
+            return;
+        }
+        let oldest = self.outage.oldest_awaited_ms();
+        let now = crate::db::now_ms();
+        if !spool_worth_saying(*lock(&self.spool_said), oldest, now) {
+            return;
+        }
+        let key = settings::spool_oldest_key(self.rollouts.server());
+        let value = settings::spool_oldest_value(oldest, now);
+        match self.db.set_setting(&key, &value).await {
+            Ok(()) => *lock(&self.spool_said) = Some((oldest, now)),
+            // Said at the next tick.
+            Err(e) if e.is_unavailable() => {}
+            Err(e) => tracing::warn!("cannot tell the fleet what this server holds queued: {e}"),
+        }
+    }
+
     /// Drains the spool every [`PROBE_INTERVAL`] when there is something to write or the
     /// database is away.
     pub fn spawn_drain(self: &Arc<Self>) {
@@ -474,6 +505,7 @@ impl Fleet {
                 if fleet.outage.is_down() || fleet.outage.queued() > 0 {
                     fleet.drain().await;
                 }
+                fleet.say_spool().await;
             }
         });
     }
@@ -537,6 +569,15 @@ async fn lock_overrides(db: &Db) -> Result<HashMap<String, String>, FleetError> 
 enum Aside {
     All,
     Due,
+}
+
+/// Whether what this server holds queued (`oldest`) is worth telling the fleet at
+/// `now`, after it last said `last`: never said, changed, or (while it holds something)
+/// said [`SPOOL_SAY_EVERY_MS`] ago.
+fn spool_worth_saying(last: Option<(Option<i64>, i64)>, oldest: Option<i64>, now: i64) -> bool {
+    last.is_none_or(|(said, at)| {
+        said != oldest || (oldest.is_some() && now.saturating_sub(at) >= SPOOL_SAY_EVERY_MS)
+    })
 }
 
 /// When a contact was made (0 for any other write).
@@ -706,8 +747,7 @@ pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Out
     }
     while let Some((_, w)) = outage.front() {
         if !matches!(w, Deferred::Contact { .. }) {
-            if !write_by_agent(db, rollouts, configs, outage, outage.front_run(DRAIN_RUN)).await
-            {
+            if !write_by_agent(db, rollouts, configs, outage, outage.front_run(DRAIN_RUN)).await {
                 return;
             }
             continue;
@@ -1094,6 +1134,103 @@ mod tests {
         let all = i64::try_from(agents).unwrap();
         assert_eq!(by_version, vec![("2.0.0+1".to_owned(), all)]);
         assert_eq!(by_status, vec![("INSTALLED".to_owned(), all)]);
+    }
+
+    #[tokio::test]
+    async fn no_server_times_an_agent_out_while_a_server_holds_its_report_queued() {
+        let home = tempfile::tempdir().unwrap();
+        let db = Db::open("", home.path(), 1).await.unwrap();
+        // Every agent told is past its deadline at once.
+        let plan = Plan {
+            agent_deadline: 0,
+            ..Plan::default()
+        };
+        let rollouts = Arc::new(Rollouts::new(
+            db.clone(),
+            plan.clone(),
+            AcceptPolicy::default(),
+            "s1".into(),
+        ));
+        let configs = Arc::new(Configs::new(
+            db.clone(),
+            plan,
+            "s1".into(),
+            Arc::clone(rollouts.news()),
+        ));
+        let fleet = Fleet::new(
+            db,
+            Arc::new(Outage::new(None)),
+            Arc::clone(&rollouts),
+            configs,
+        )
+        .await
+        .unwrap();
+        for id in ["a", "b"] {
+            fleet
+                .save(contact(id, "1.0.0+1", now_secs()))
+                .await
+                .unwrap();
+        }
+        // The INSTALLED of `a` waits in this server's spool (the database was busy); it
+        // came a second before now, which keeps the test off the clock.
+        fleet.outage.defer(Deferred::Report {
+            report: Report {
+                id: "a".into(),
+                from: "1.0.0+1".into(),
+                to: "2.0.0+2".into(),
+                status: UpdateStatus::Installed,
+                error: None,
+            },
+            at_ms: crate::db::now_ms() - 1000,
+        });
+        fleet.say_spool().await;
+        // The rollout starts (its first decision opens the wave), and `a` is told.
+        rollouts
+            .serve(crate::rollout::Served {
+                sha256: "b".repeat(64),
+                signed_at: 1,
+                version: "2.0.0+2".parse().unwrap(),
+                platforms: Vec::new(),
+            })
+            .await
+            .unwrap();
+        rollouts.decide().await.unwrap();
+        let v1: AgentVersion = "1.0.0+1".parse().unwrap();
+        let told = rollouts.answer("a", "", &v1, true).await.unwrap().unwrap();
+        assert!(!told.accepted, "{told:?}");
+        // Another server decides: nobody is timed out while the report is queued.
+        let there = Rollouts::new(
+            fleet.db.clone(),
+            Plan {
+                agent_deadline: 0,
+                ..Plan::default()
+            },
+            AcceptPolicy::default(),
+            "s2".into(),
+        );
+        there.refresh().await.unwrap();
+        there.decide().await.unwrap();
+        let waves = there.wave_counts().await.unwrap();
+        assert_eq!((waves[0].installed, waves[0].timed_out), (0, 0));
+        // Written: `a` installed; nothing holds the deadlines back, and `b`, which never
+        // called in, is timed out.
+        fleet.drain().await;
+        fleet.say_spool().await;
+        there.decide().await.unwrap();
+        let waves = there.wave_counts().await.unwrap();
+        assert_eq!((waves[0].installed, waves[0].timed_out), (1, 1));
+    }
+
+    #[test]
+    fn a_server_says_what_it_holds_queued_when_it_changes_and_while_it_lasts() {
+        let every = SPOOL_SAY_EVERY_MS;
+        assert!(spool_worth_saying(None, None, 0), "said once at start");
+        assert!(!spool_worth_saying(Some((None, 0)), None, 10 * every));
+        assert!(spool_worth_saying(Some((None, 0)), Some(5), 1));
+        assert!(!spool_worth_saying(Some((Some(5), 0)), Some(5), every - 1));
+        assert!(spool_worth_saying(Some((Some(5), 0)), Some(5), every));
+        assert!(spool_worth_saying(Some((Some(5), 0)), None, 1));
+        assert!(every * 3 < settings::SPOOL_OLDEST_FRESH_MS);
     }
 
     #[tokio::test]

@@ -77,6 +77,18 @@ impl Deferred {
         }
     }
 
+    /// When an agent's rollout deadline may wait for this write, its arrival (unix
+    /// milliseconds): an outcome, or the first `409` that starts the deadline. A contact
+    /// settles no deadline.
+    pub fn awaited_since_ms(&self) -> Option<i64> {
+        match self {
+            Deferred::Contact { .. } => None,
+            Deferred::Report { at_ms, .. }
+            | Deferred::ConfigStatus { at_ms, .. }
+            | Deferred::Told { at_ms, .. } => Some(*at_ms),
+        }
+    }
+
     /// Kept on disk: what a later heartbeat would not say again.
     fn durable(&self) -> bool {
         !matches!(self, Deferred::Contact { .. })
@@ -160,6 +172,14 @@ impl Spool {
             .take(max)
             .map(|(seq, w)| (*seq, w.clone()))
             .collect()
+    }
+
+    /// The arrival of the oldest queued write a rollout deadline may wait for.
+    pub fn oldest_awaited_ms(&self) -> Option<i64> {
+        self.entries
+            .values()
+            .filter_map(Deferred::awaited_since_ms)
+            .min()
     }
 
     /// `seq` was written (or is given up): forget it.
@@ -461,6 +481,11 @@ impl Outage {
     /// Queued contacts to write together (see [`Spool::front_contacts`]).
     pub fn front_contacts(&self, max: usize) -> Vec<(u64, Deferred)> {
         lock(&self.spool).front_contacts(max)
+    }
+
+    /// See [`Spool::oldest_awaited_ms`].
+    pub fn oldest_awaited_ms(&self) -> Option<i64> {
+        lock(&self.spool).oldest_awaited_ms()
     }
 
     /// The oldest queued writes (see [`Spool::front_run`]).

@@ -24,6 +24,7 @@ use crate::rollout::order::{self, Member};
 use crate::rollout::plan::Plan;
 use crate::rollout::step::{self, Decision, HaltCause, Progress, State, WaveStatus};
 use crate::rollout::store::{self, Membership, NewRollout, Rollout, Subject};
+use crate::settings;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -135,7 +136,9 @@ impl<S: Subject> Engine<S> {
     /// committed. True if anything changed (or the rollout ended meanwhile).
     pub async fn decide(&self, id: i64) -> Result<bool, FleetError> {
         let _one = self.deciding.lock().await;
-        if !self.due(id).await? {
+        let now = now_ms();
+        let heard = self.heard_until(now).await?;
+        if !self.due(id, now, heard).await? {
             return Ok(false);
         }
         let mut tx = self.db.begin_write().await?;
@@ -147,8 +150,7 @@ impl<S: Subject> Engine<S> {
             tx.commit().await?;
             return Ok(true);
         }
-        let now = now_ms();
-        let timed_out = store::time_out(&mut tx, S::KIND, row.id, &row.plan, now).await?;
+        let timed_out = store::time_out(&mut tx, S::KIND, row.id, &row.plan, heard, now).await?;
         let mut decided = Vec::new();
         // Each wave opens and completes at most once, plus a soak, a halt, the end.
         let most = 3 * row.plan.waves.len() + 3;
@@ -184,18 +186,28 @@ impl<S: Subject> Engine<S> {
         Ok(!decided.is_empty() || !timed_out.is_empty())
     }
 
+    /// The time agent deadlines are judged at: now, or the arrival of the oldest report
+    /// a server of the fleet still holds queued (see [`settings::heard_until`]). Read
+    /// before any transaction is begun (SQLite's pool may have one connection).
+    async fn heard_until(&self, now: i64) -> Result<i64, FleetError> {
+        let said = self
+            .db
+            .settings_with_prefix(settings::SPOOL_OLDEST_PREFIX)
+            .await?;
+        Ok(settings::heard_until(now, &said))
+    }
+
     /// Whether anything is due in rollout `id`: an agent past its deadline or a
     /// transition. Most looks (one per outcome) find nothing; this one reads without the
     /// write lock, so on SQLite the reports themselves are not held up behind it. What
     /// it finds due is read again under the lock before anything is written.
-    async fn due(&self, id: i64) -> Result<bool, FleetError> {
+    async fn due(&self, id: i64, now: i64, heard: i64) -> Result<bool, FleetError> {
         let mut tx = self.db.pool().begin().await?;
-        let now = now_ms();
         let due = match store::get::<S>(&mut *tx, id).await? {
             None => false,
             Some(row) if matches!(row.state, State::Halted | State::Completed) => false,
             Some(row) => {
-                store::overdue(&mut tx, row.id, &row.plan, now).await? || {
+                store::overdue(&mut tx, row.id, &row.plan, heard).await? || {
                     let progress = store::progress(&mut tx, &row).await?;
                     step::next(&row.plan, &progress, now).is_some()
                 }

@@ -151,6 +151,11 @@ impl Rollouts {
         self.engine.halts(cause)
     }
 
+    /// The name this server decides under (its `server.name`).
+    pub fn server(&self) -> &str {
+        self.engine.server()
+    }
+
     /// Resolves when a report may have changed what happens next.
     pub async fn woken(&self) {
         self.engine.woken().await;

@@ -575,13 +575,16 @@ pub async fn overdue(
     Ok(row.is_some())
 }
 
-/// Marks `TIMED_OUT` every agent of an open wave that was told (or, never reached, whose
-/// wave opened) `agent-deadline` ago or more without an outcome; returns their ids.
+/// Marks `TIMED_OUT` (at `now`) every agent of an open wave that was told (or, never
+/// reached, whose wave opened) `agent-deadline` or more before `heard` without an
+/// outcome; returns their ids. `heard`: the time up to which the fleet has written every
+/// report it took (`now` unless a server still holds some queued).
 pub async fn time_out(
     tx: &mut sqlx::Transaction<'static, Any>,
     kind: Kind,
     rollout: i64,
     plan: &Plan,
+    heard: i64,
     now: i64,
 ) -> Result<Vec<String>, sqlx::Error> {
     let ids: Vec<String> = sqlx::query(&format!(
@@ -591,7 +594,7 @@ pub async fn time_out(
          RETURNING agent_id"
     ))
     .bind(rollout)
-    .bind(deadline_cutoff(plan, now))
+    .bind(deadline_cutoff(plan, heard))
     .bind(now)
     .fetch_all(&mut **tx)
     .await?
