@@ -354,6 +354,10 @@ fn a_set_for_default_turns_on_basic_auth_on_every_real_exporter() {
         assert_eq!(row["config_status"], "APPLIED", "{row}");
         assert_eq!(row["config_hash"], json!(hash), "{row}");
     }
+    // The rollout completes at the server's next look after the last APPLIED.
+    wait_until(WAIT, "the config rollout to complete", || {
+        fleet.config_set("default")["rollout"]["state"] == "completed"
+    });
     let set = fleet.config_set("default");
     assert_eq!(set["applied"], 3, "{set}");
     assert_eq!(set["rollout"]["state"], "completed", "{set}");

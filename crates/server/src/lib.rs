@@ -221,10 +221,24 @@ pub fn served(release: &store::Release) -> rollout::Served {
 /// How often the rollout is looked at (deadlines, soaks, another server's decisions),
 /// besides soon after a report.
 pub const ROLLOUT_INTERVAL: Duration = Duration::from_secs(1);
-/// The least time from one look to the next that a report wakes: each look counts the
-/// rollout's agents in the database, and while a wave of 90,000 installs, every server
-/// is woken by reports many times a second (looks back to back kept PostgreSQL busy).
-const ROLLOUT_WAKE_GAP: Duration = Duration::from_millis(500);
+/// Looks a second the loop makes at once when reports wake it; past that, a woken look
+/// waits for the second to end. Each look counts the rollout's agents in the database,
+/// and while a wave of 90,000 installs every server is woken by reports many times a
+/// second (looks back to back kept PostgreSQL busy); a few reports are looked at at once.
+const ROLLOUT_LOOKS_PER_SECOND: usize = 4;
+
+/// When a look that a report woke at `now` begins, given when the last looks began
+/// (oldest first): at once, unless [`ROLLOUT_LOOKS_PER_SECOND`] of them began within the
+/// last second; then once that second has passed since the earliest of those.
+fn woken_look_at(
+    recent: &std::collections::VecDeque<tokio::time::Instant>,
+    now: tokio::time::Instant,
+) -> tokio::time::Instant {
+    match recent.len().checked_sub(ROLLOUT_LOOKS_PER_SECOND) {
+        Some(i) => (recent[i] + Duration::from_secs(1)).max(now),
+        None => now,
+    }
+}
 
 /// How often an agent's unchanged contact is written, in half heartbeats: every
 /// heartbeat and a half. A long-polling agent re-holds every heartbeat, so its row is
@@ -264,7 +278,7 @@ fn spawn_rollout_loop(state: &AppState) {
         let mut tick = tokio::time::interval(ROLLOUT_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_error = String::new();
-        let mut looked = tokio::time::Instant::now();
+        let mut recent = std::collections::VecDeque::with_capacity(ROLLOUT_LOOKS_PER_SECOND + 1);
         loop {
             let woken = tokio::select! {
                 _ = tick.tick() => false,
@@ -274,9 +288,12 @@ fn spawn_rollout_loop(state: &AppState) {
             if woken {
                 // Reports that come meanwhile are in this look too: their wake-ups
                 // coalesce while it waits.
-                tokio::time::sleep_until(looked + ROLLOUT_WAKE_GAP).await;
+                tokio::time::sleep_until(woken_look_at(&recent, tokio::time::Instant::now())).await;
             }
-            looked = tokio::time::Instant::now();
+            recent.push_back(tokio::time::Instant::now());
+            if recent.len() > ROLLOUT_LOOKS_PER_SECOND {
+                recent.pop_front();
+            }
             let result = async {
                 if let store::Current::Ready(release) = store.current() {
                     rollouts.serve(served(&release)).await?;
@@ -569,6 +586,26 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_few_reports_are_looked_at_at_once_and_a_stream_of_them_a_few_times_a_second() {
+        let t0 = tokio::time::Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut recent = std::collections::VecDeque::new();
+        // Fewer looks than the second allows: at once.
+        for n in 0..ROLLOUT_LOOKS_PER_SECOND as u64 {
+            assert_eq!(woken_look_at(&recent, ms(n * 10)), ms(n * 10));
+            recent.push_back(ms(n * 10));
+        }
+        // The second is used up: the next waits until a second after its first look.
+        assert_eq!(woken_look_at(&recent, ms(50)), ms(1000));
+        // Woken after that: at once.
+        assert_eq!(woken_look_at(&recent, ms(1200)), ms(1200));
+        // The window slides: once the oldest is dropped, the second's earliest is 10 ms.
+        recent.pop_front();
+        recent.push_back(ms(1000));
+        assert_eq!(woken_look_at(&recent, ms(1001)), ms(1010));
+    }
 
     #[test]
     fn a_lock_held_for_a_pid_that_exited_is_waited_for_and_a_live_one_is_not() {
