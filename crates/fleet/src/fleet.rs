@@ -786,17 +786,22 @@ mod tests {
     use agent_protocol::{AcceptPolicy, AgentVersion};
 
     async fn fleet(home: &std::path::Path) -> Fleet {
+        fleet_with(home, Plan::default(), "s").await
+    }
+
+    /// A fleet over `home`'s database whose rollouts follow `plan`, decided as `server`.
+    async fn fleet_with(home: &std::path::Path, plan: Plan, server: &str) -> Fleet {
         let db = Db::open("", home, 1).await.unwrap();
         let rollouts = Arc::new(Rollouts::new(
             db.clone(),
-            Plan::default(),
+            plan.clone(),
             AcceptPolicy::default(),
-            "s".into(),
+            server.into(),
         ));
         let configs = Arc::new(Configs::new(
             db.clone(),
-            Plan::default(),
-            "s".into(),
+            plan,
+            server.into(),
             Arc::clone(rollouts.news()),
         ));
         Fleet::new(db, Arc::new(Outage::new(None)), rollouts, configs)
@@ -1139,32 +1144,13 @@ mod tests {
     #[tokio::test]
     async fn no_server_times_an_agent_out_while_a_server_holds_its_report_queued() {
         let home = tempfile::tempdir().unwrap();
-        let db = Db::open("", home.path(), 1).await.unwrap();
         // Every agent told is past its deadline at once.
         let plan = Plan {
             agent_deadline: 0,
             ..Plan::default()
         };
-        let rollouts = Arc::new(Rollouts::new(
-            db.clone(),
-            plan.clone(),
-            AcceptPolicy::default(),
-            "s1".into(),
-        ));
-        let configs = Arc::new(Configs::new(
-            db.clone(),
-            plan,
-            "s1".into(),
-            Arc::clone(rollouts.news()),
-        ));
-        let fleet = Fleet::new(
-            db,
-            Arc::new(Outage::new(None)),
-            Arc::clone(&rollouts),
-            configs,
-        )
-        .await
-        .unwrap();
+        let fleet = fleet_with(home.path(), plan.clone(), "s1").await;
+        let rollouts = Arc::clone(&fleet.rollouts);
         for id in ["a", "b"] {
             fleet
                 .save(contact(id, "1.0.0+1", now_secs()))
@@ -1199,15 +1185,7 @@ mod tests {
         let told = rollouts.answer("a", "", &v1, true).await.unwrap().unwrap();
         assert!(!told.accepted, "{told:?}");
         // Another server decides: nobody is timed out while the report is queued.
-        let there = Rollouts::new(
-            fleet.db.clone(),
-            Plan {
-                agent_deadline: 0,
-                ..Plan::default()
-            },
-            AcceptPolicy::default(),
-            "s2".into(),
-        );
+        let there = Rollouts::new(fleet.db.clone(), plan, AcceptPolicy::default(), "s2".into());
         there.refresh().await.unwrap();
         there.decide().await.unwrap();
         let waves = there.wave_counts().await.unwrap();
