@@ -8,6 +8,7 @@
 //! [`Db::backend`]. Each backend has its own migrations, and the schema migrates itself
 //! on start.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -453,23 +454,43 @@ impl Db {
 
     /// Records a report received at `at` (unix seconds).
     pub async fn record_report(&self, report: &Report, at: i64) -> Result<(), FleetError> {
-        let version = match report.status {
-            agent_protocol::wire::UpdateStatus::Installed => &report.to,
-            _ => &report.from,
-        };
-        sqlx::query(
-            "INSERT INTO agents (id, name, platform, version, last_contact, update_status, update_error)
-             VALUES ($1, '', '', $2, $3, $4, $5)
-             ON CONFLICT (id) DO UPDATE SET version = excluded.version, last_contact = excluded.last_contact,
-               update_status = excluded.update_status, update_error = excluded.update_error",
-        )
-        .bind(&report.id)
-        .bind(version)
-        .bind(at)
-        .bind(report.status.as_str())
-        .bind(&report.error)
-        .execute(&self.pool)
-        .await?;
+        self.record_reports(&[(report, at)]).await
+    }
+
+    /// Records reports (each with when it was received, unix seconds), oldest first, a
+    /// statement per [`REPORT_CHUNK`] agents: an agent's last report is what its row
+    /// keeps, as if each had been written in turn. A report older than the agent's last
+    /// contact sets its update status, not its version: a report queued on a busy
+    /// server must not set back the version a later contact recorded.
+    pub async fn record_reports(&self, reports: &[(&Report, i64)]) -> Result<(), FleetError> {
+        let latest = latest_per_agent(reports, |(r, _)| r.id.as_str());
+        for chunk in latest.chunks(REPORT_CHUNK) {
+            let sql = format!(
+                "INSERT INTO agents (id, name, platform, version, last_contact, update_status, update_error)
+                 VALUES {}
+                 ON CONFLICT (id) DO UPDATE SET
+                   version = CASE WHEN agents.last_contact <= excluded.last_contact
+                             THEN excluded.version ELSE agents.version END,
+                   last_contact = CASE WHEN agents.last_contact <= excluded.last_contact
+                                  THEN excluded.last_contact ELSE agents.last_contact END,
+                   update_status = excluded.update_status, update_error = excluded.update_error",
+                value_rows(self.backend, chunk.len(), &["$", "''", "''", "$", "$", "$", "$"])
+            );
+            let mut query = sqlx::query(&sql).persistent(chunk.len() == 1);
+            for (report, at) in chunk {
+                let version = match report.status {
+                    agent_protocol::wire::UpdateStatus::Installed => &report.to,
+                    _ => &report.from,
+                };
+                query = query
+                    .bind(&report.id)
+                    .bind(version)
+                    .bind(*at)
+                    .bind(report.status.as_str())
+                    .bind(&report.error);
+            }
+            query.execute(&self.pool).await?;
+        }
         Ok(())
     }
 
@@ -708,6 +729,58 @@ async fn credentials_changed(
 /// PostgreSQL's 65,535).
 const TOUCH_CHUNK: usize = 100;
 
+/// Reports per statement of [`Db::record_reports`] (5 parameters each).
+const REPORT_CHUNK: usize = 500;
+
+/// `items` with each key's last one only, in the order of those last ones: what a
+/// statement that may not touch a row twice (PostgreSQL's upsert) writes of them.
+pub(crate) fn latest_per_agent<T: Copy, K: Eq + std::hash::Hash>(
+    items: &[T],
+    key: impl Fn(&T) -> K,
+) -> Vec<T> {
+    let mut last: HashMap<K, usize> = HashMap::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        last.insert(key(item), i);
+    }
+    items
+        .iter()
+        .enumerate()
+        .filter(|(i, item)| last.get(&key(item)) == Some(i))
+        .map(|(_, item)| *item)
+        .collect()
+}
+
+/// The `VALUES` rows of a statement of `rows` rows shaped by `row`: each `"$"` is a
+/// parameter, anything else is written as it is. SQLite gets anonymous `?`
+/// placeholders: it looks up each named one (`$7`) among those before it, which makes
+/// a statement of thousands quadratic.
+pub(crate) fn value_rows(backend: Backend, rows: usize, row: &[&str]) -> String {
+    let mut sql = String::with_capacity(rows * row.len() * 6);
+    let mut n = 0;
+    for r in 0..rows {
+        sql.push_str(if r == 0 { "(" } else { ", (" });
+        for (i, field) in row.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            if *field != "$" {
+                sql.push_str(field);
+                continue;
+            }
+            n += 1;
+            match backend {
+                Backend::Sqlite => sql.push('?'),
+                Backend::Postgres => {
+                    sql.push('$');
+                    sql.push_str(&n.to_string());
+                }
+            }
+        }
+        sql.push(')');
+    }
+    sql
+}
+
 /// Which of a contact's optional fields it gives: those it does not give keep what is
 /// recorded. Contacts of one shape share a statement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -791,8 +864,6 @@ fn touch_query<'q>(
 
 /// An upsert of `rows` contacts of one shape. A contact older than the one recorded
 /// changes nothing (it was queued during an outage that another server did not have).
-/// SQLite gets anonymous `?` placeholders: it looks up each named one (`$7`) among
-/// those before it, which makes a statement of thousands quadratic.
 /// With `token`, a statement of one row also binds a token's hash after the row's
 /// fields: the row gets it unless it has one, and the statement returns the row's token.
 fn touch_sql(backend: Backend, shape: TouchShape, rows: usize, token: bool) -> String {
@@ -808,22 +879,7 @@ fn touch_sql(backend: Backend, shape: TouchShape, rows: usize, token: bool) -> S
     } else {
         ") VALUES "
     });
-    for r in 0..rows {
-        sql.push_str(if r == 0 { "(" } else { ", (" });
-        for p in 0..per_row {
-            if p > 0 {
-                sql.push_str(", ");
-            }
-            match backend {
-                Backend::Sqlite => sql.push('?'),
-                Backend::Postgres => {
-                    sql.push('$');
-                    sql.push_str(&(r * per_row + p + 1).to_string());
-                }
-            }
-        }
-        sql.push(')');
-    }
+    sql.push_str(&value_rows(backend, rows, &vec!["$"; per_row]));
     let given = |yes: bool, column: &str| {
         if yes {
             format!("{column} = excluded.{column}")
@@ -909,6 +965,81 @@ mod tests {
             config_hash: None,
             at,
         }
+    }
+
+    #[tokio::test]
+    async fn reports_written_together_keep_each_agents_last_and_never_set_a_version_back() {
+        use agent_protocol::wire::UpdateStatus;
+        let home = tempfile::tempdir().unwrap();
+        let db = Db::open("", home.path(), 1).await.unwrap();
+        // `a` called in on 2.0.0 at 100; its INSTALLING of 90 was queued meanwhile.
+        db.touch_agents(&[(
+            Contact {
+                version: "2.0.0",
+                ..contact("a", 100)
+            },
+            None,
+        )])
+        .await
+        .unwrap();
+        let report = |id: &str, status| Report {
+            id: id.into(),
+            from: "1.0.0".into(),
+            to: "2.0.0".into(),
+            status,
+            error: None,
+        };
+        let (a, b1, b2) = (
+            report("a", UpdateStatus::Installing),
+            report("b", UpdateStatus::Installing),
+            report("b", UpdateStatus::Installed),
+        );
+        // More than a statement's worth, `b` twice: PostgreSQL refuses an upsert that
+        // touches a row twice.
+        let many: Vec<Report> = (0..REPORT_CHUNK + 3)
+            .map(|i| report(&format!("c{i}"), UpdateStatus::Installed))
+            .collect();
+        let mut rows = vec![(&a, 90), (&b1, 90), (&b2, 95)];
+        rows.extend(many.iter().map(|r| (r, 95)));
+        db.record_reports(&rows).await.unwrap();
+        let a = db.agent("a").await.unwrap().unwrap();
+        assert_eq!(
+            (
+                a.version.as_str(),
+                a.last_contact,
+                a.update_status.as_deref()
+            ),
+            ("2.0.0", 100, Some("INSTALLING"))
+        );
+        let b = db.agent("b").await.unwrap().unwrap();
+        assert_eq!(
+            (
+                b.version.as_str(),
+                b.last_contact,
+                b.update_status.as_deref()
+            ),
+            ("2.0.0", 95, Some("INSTALLED"))
+        );
+        let (by_version, _) = db.fleet_counts().await.unwrap();
+        let installed = i64::try_from(REPORT_CHUNK + 3 + 2).unwrap();
+        assert_eq!(by_version, vec![("2.0.0".to_owned(), installed)]);
+    }
+
+    #[test]
+    fn value_rows_number_postgres_parameters_and_leave_sqlites_anonymous() {
+        assert_eq!(
+            value_rows(Backend::Postgres, 2, &["$", "''", "$"]),
+            "($1, '', $2), ($3, '', $4)"
+        );
+        assert_eq!(
+            value_rows(Backend::Sqlite, 2, &["$", "''"]),
+            "(?, ''), (?, '')"
+        );
+        let items = [("a", 1), ("b", 2), ("a", 3)];
+        assert_eq!(
+            latest_per_agent(&items, |(k, _)| *k),
+            vec![("b", 2), ("a", 3)]
+        );
     }
 
     #[tokio::test]

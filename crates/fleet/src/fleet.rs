@@ -258,6 +258,42 @@ impl Fleet {
         self.save_now(w).await
     }
 
+    /// [`Fleet::save`], answered within `within`: a write still under way then goes on
+    /// in the background (written, or queued if the database turns out away) and is
+    /// answered [`Saved::Queued`]. A busy database kept reports past the agents'
+    /// request clock (answered `408`, sent again, and written twice).
+    pub async fn save_within(
+        self: &Arc<Self>,
+        w: Deferred,
+        within: Duration,
+    ) -> Result<Saved, FleetError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let fleet = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            if let Err(Err(e)) = tx.send(fleet.save(w).await) {
+                tracing::error!("a write answered `queued` is refused by the database: {e}");
+            }
+        });
+        match tokio::time::timeout(within, rx).await {
+            Ok(Ok(saved)) => saved.map(|()| self.saved()),
+            Err(_) => Ok(Saved::Queued),
+            // The task ended without a word: it panicked (said where it did).
+            Ok(Err(_)) => match task.await {
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                _ => Ok(Saved::Queued),
+            },
+        }
+    }
+
+    /// How a write just saved went: queued while the database is away.
+    pub fn saved(&self) -> Saved {
+        if self.outage.is_down() {
+            Saved::Queued
+        } else {
+            Saved::Written
+        }
+    }
+
     /// Writes a new agent's first contact as [`Fleet::save`] does, with `hash` as its
     /// token unless it has one (see [`Db::enroll`]): true if the id now holds `hash`.
     /// While the database is away the contact is queued and the agent gets no token
@@ -290,7 +326,9 @@ impl Fleet {
     }
 
     async fn save_now(&self, w: Deferred) -> Result<(), FleetError> {
-        if self.outage.is_down() {
+        // Behind a write of the same agent still queued (a busy database): written
+        // before it, an INSTALLING drained later would undo the INSTALLED that followed.
+        if self.outage.is_down() || self.outage.holds(w.agent()) {
             self.outage.defer(w);
             return Ok(());
         }
@@ -564,6 +602,24 @@ async fn lock_overrides(db: &Db) -> Result<HashMap<String, String>, FleetError> 
         .collect())
 }
 
+/// What a server answers of a write it took: in the database, or queued (for the
+/// spool, or still under way): either way the agent may forget it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    Written,
+    Queued,
+}
+
+impl Saved {
+    /// The `"status"` of the answer.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Saved::Written => "recorded",
+            Saved::Queued => "queued",
+        }
+    }
+}
+
 /// Which contacts kept aside a flush writes.
 #[derive(Debug, Clone, Copy)]
 enum Aside {
@@ -734,6 +790,71 @@ async fn write_by_agent(
     !stopped.load(Ordering::Acquire)
 }
 
+/// Writes `run` (queued writes, oldest first): its reports and `409`s together, a few
+/// statements for the run (a busy database left thousands queued, and one at a time
+/// the spool drained at 150 writes a second), then the rest by agent
+/// ([`write_by_agent`]). False if the database went away meanwhile.
+async fn write_run(
+    db: &Db,
+    rollouts: &Rollouts,
+    configs: &Configs,
+    outage: &Outage,
+    run: Vec<(u64, Deferred)>,
+) -> bool {
+    let (together, mut rest): (Vec<_>, Vec<_>) = run
+        .into_iter()
+        .partition(|(_, w)| matches!(w, Deferred::Report { .. } | Deferred::Told { .. }));
+    if !together.is_empty() {
+        match write_together(db, rollouts, &together).await {
+            Ok(()) => together.iter().for_each(|(seq, _)| outage.written(*seq)),
+            Err(e) if e.is_unavailable() => {
+                outage.went_down(&e);
+                return false;
+            }
+            // A row the database refuses: each is written alone, and only that one is
+            // dropped.
+            Err(e) => {
+                tracing::warn!(
+                    "writing {} queued reports together failed ({e}); writing them one by one",
+                    together.len()
+                );
+                rest.extend(together);
+                rest.sort_by_key(|(seq, _)| *seq);
+            }
+        }
+    }
+    write_by_agent(db, rollouts, configs, outage, rest).await
+}
+
+/// Writes queued reports and `409`s, each kind in a statement per few hundred agents.
+/// An agent's later write of a kind wins over its earlier one, as written in turn.
+async fn write_together(
+    db: &Db,
+    rollouts: &Rollouts,
+    run: &[(u64, Deferred)],
+) -> Result<(), FleetError> {
+    let mut reports: Vec<(&agent_protocol::wire::Report, i64)> = Vec::new();
+    let mut told: Vec<(i64, &str, i64)> = Vec::new();
+    for (_, w) in run {
+        match w {
+            Deferred::Report { report, at_ms } => reports.push((report, *at_ms)),
+            Deferred::Told {
+                rollout,
+                agent,
+                at_ms,
+            } => told.push((*rollout, agent, *at_ms)),
+            Deferred::Contact { .. } | Deferred::ConfigStatus { .. } => {}
+        }
+    }
+    let received: Vec<_> = reports
+        .iter()
+        .map(|&(r, at_ms)| (r, at_ms / 1000))
+        .collect();
+    db.record_reports(&received).await?;
+    rollouts.reports(&reports).await?;
+    rollouts.record_told_many(&told).await
+}
+
 /// Writes the spool back, oldest first, while the database answers; then lets calls go
 /// to the database again.
 pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Outage) {
@@ -747,7 +868,7 @@ pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Out
     }
     while let Some((_, w)) = outage.front() {
         if !matches!(w, Deferred::Contact { .. }) {
-            if !write_by_agent(db, rollouts, configs, outage, outage.front_run(DRAIN_RUN)).await {
+            if !write_run(db, rollouts, configs, outage, outage.front_run(DRAIN_RUN)).await {
                 return;
             }
             continue;
@@ -1139,6 +1260,77 @@ mod tests {
         let all = i64::try_from(agents).unwrap();
         assert_eq!(by_version, vec![("2.0.0+1".to_owned(), all)]);
         assert_eq!(by_status, vec![("INSTALLED".to_owned(), all)]);
+    }
+
+    #[tokio::test]
+    async fn a_report_of_an_agent_with_a_write_queued_is_queued_behind_it() {
+        let home = tempfile::tempdir().unwrap();
+        let fleet = fleet(home.path()).await;
+        fleet.save(contact("a", "1.0.0+1", 10)).await.unwrap();
+        let report = |status| Deferred::Report {
+            report: Report {
+                id: "a".into(),
+                from: "1.0.0+1".into(),
+                to: "2.0.0+1".into(),
+                status,
+                error: None,
+            },
+            at_ms: 20_000,
+        };
+        // A busy database left its INSTALLING queued; the database answers again.
+        fleet.outage.defer(report(UpdateStatus::Installing));
+        fleet.save(report(UpdateStatus::Installed)).await.unwrap();
+        assert_eq!(fleet.outage.queued(), 2);
+        fleet.save(contact("b", "1.0.0+1", 20)).await.unwrap();
+        assert_eq!(
+            fleet.outage.queued(),
+            2,
+            "an agent with nothing queued is written"
+        );
+        fleet.drain().await;
+        let a = fleet.db.agent("a").await.unwrap().unwrap();
+        assert_eq!(
+            (a.version.as_str(), a.update_status.as_deref()),
+            ("2.0.0+1", Some("INSTALLED"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_report_not_written_in_time_is_answered_queued_and_written_meanwhile() {
+        let home = tempfile::tempdir().unwrap();
+        let fleet = Arc::new(fleet(home.path()).await);
+        fleet.save(contact("a", "1.0.0+1", 10)).await.unwrap();
+        let report = Deferred::Report {
+            report: Report {
+                id: "a".into(),
+                from: "1.0.0+1".into(),
+                to: "2.0.0+1".into(),
+                status: UpdateStatus::Installed,
+                error: None,
+            },
+            at_ms: 20_000,
+        };
+        // Every connection of the pool busy.
+        let pool = fleet.db.pool();
+        let mut busy = Vec::new();
+        for _ in 0..pool.options().get_max_connections() {
+            busy.push(pool.acquire().await.unwrap());
+        }
+        let saved = fleet.save_within(report, Duration::from_millis(100)).await;
+        assert_eq!(saved.unwrap(), Saved::Queued);
+        drop(busy);
+        let started = std::time::Instant::now();
+        loop {
+            let a = fleet.db.agent("a").await.unwrap().unwrap();
+            if a.update_status.as_deref() == Some("INSTALLED") {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "never written");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let contact = contact("a", "2.0.0+1", 30);
+        let saved = fleet.save_within(contact, Duration::from_secs(10)).await;
+        assert_eq!(saved.unwrap(), Saved::Written);
     }
 
     #[tokio::test]

@@ -105,6 +105,8 @@ pub struct Spool {
     /// Sequence number of each agent's latest entry, and of its latest contact.
     latest: HashMap<String, u64>,
     contact: HashMap<String, u64>,
+    /// How many writes of each agent are queued.
+    held: HashMap<String, usize>,
     dropped: u64,
 }
 
@@ -129,6 +131,7 @@ impl Spool {
         if let Deferred::Contact { .. } = write {
             self.contact.insert(agent.clone(), seq);
         }
+        *self.held.entry(agent.clone()).or_default() += 1;
         self.latest.insert(agent, seq);
         self.entries.insert(seq, write);
     }
@@ -182,6 +185,11 @@ impl Spool {
             .min()
     }
 
+    /// Whether a write of `agent` is queued.
+    pub fn holds(&self, agent: &str) -> bool {
+        self.held.contains_key(agent)
+    }
+
     /// `seq` was written (or is given up): forget it.
     pub fn done(&mut self, seq: u64) {
         if let Some(write) = self.entries.remove(&seq) {
@@ -191,6 +199,12 @@ impl Spool {
             }
             if self.contact.get(agent) == Some(&seq) {
                 self.contact.remove(agent);
+            }
+            if let Some(n) = self.held.get_mut(agent) {
+                *n -= 1;
+                if *n == 0 {
+                    self.held.remove(agent);
+                }
             }
         }
     }
@@ -491,6 +505,11 @@ impl Outage {
     /// The oldest queued writes (see [`Spool::front_run`]).
     pub fn front_run(&self, max: usize) -> Vec<(u64, Deferred)> {
         lock(&self.spool).front_run(max)
+    }
+
+    /// See [`Spool::holds`].
+    pub fn holds(&self, agent: &str) -> bool {
+        lock(&self.spool).holds(agent)
     }
 
     pub fn written(&self, seq: u64) {

@@ -446,12 +446,32 @@ impl<S: Subject> Engine<S> {
         error: Option<&str>,
         at: i64,
     ) -> Result<(), FleetError> {
-        store::set_outcome(self.db.pool(), rollout, agent, outcome, error, at).await?;
-        let failed = outcome == S::KIND.failed();
-        self.remember(rollout, agent, |m| {
-            m.done = true;
-            m.failed = failed;
-        });
+        let one = store::Outcome {
+            agent,
+            outcome,
+            error,
+            at,
+        };
+        self.outcomes(rollout, &[one]).await
+    }
+
+    /// [`Engine::outcome`] for many agents at once (each at most once).
+    pub async fn outcomes(
+        &self,
+        rollout: i64,
+        outcomes: &[store::Outcome<'_>],
+    ) -> Result<(), FleetError> {
+        if outcomes.is_empty() {
+            return Ok(());
+        }
+        store::set_outcomes(self.db.pool(), self.db.backend(), rollout, outcomes).await?;
+        for o in outcomes {
+            let failed = o.outcome == S::KIND.failed();
+            self.remember(rollout, o.agent, |m| {
+                m.done = true;
+                m.failed = failed;
+            });
+        }
         self.wake.notify_one();
         Ok(())
     }

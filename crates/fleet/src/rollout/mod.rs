@@ -669,43 +669,68 @@ impl Rollouts {
     /// An `INSTALLED` or `INSTALL_FAILED` for the rollout's target counts in its wave;
     /// `at` (unix milliseconds) is when it was received.
     pub async fn report(&self, report: &Report, at: i64) -> Result<(), FleetError> {
+        self.reports(&[(report, at)]).await
+    }
+
+    /// [`Rollouts::report`] for reports in the order they came (written from a
+    /// server's queue): an agent's last one counts.
+    pub async fn reports(&self, reports: &[(&Report, i64)]) -> Result<(), FleetError> {
         let Some(current) = self.current() else {
             return Ok(());
         };
-        let outcome = match report.status {
-            UpdateStatus::Installed => store::INSTALLED,
-            UpdateStatus::InstallFailed => store::INSTALL_FAILED,
-            // The machine's fault: the agent tries again; only its deadline counts.
-            UpdateStatus::Installing
-            | UpdateStatus::Retrying
-            | UpdateStatus::Deferred
-            | UpdateStatus::WaitingWindow => return Ok(()),
-        };
-        if report.to.parse::<AgentVersion>().ok().as_ref() != Some(&current.subject.version) {
-            return Ok(());
+        let counted: Vec<(&Report, &'static str, i64)> = reports
+            .iter()
+            .filter_map(|&(report, at)| Some((report, counted_outcome(report, &current)?, at)))
+            .collect();
+        let counted = crate::db::latest_per_agent(&counted, |(r, _, _)| r.id.as_str());
+        for &(report, outcome, _) in &counted {
+            // Its group places an agent this server has not placed yet (most were, when
+            // told): a report costs no read of the agent's row then.
+            if self.engine.known(current.id, &report.id).is_none() {
+                let group = self
+                    .db()
+                    .agent(&report.id)
+                    .await?
+                    .map(|a| a.group)
+                    .unwrap_or_default();
+                let on_target = outcome == store::INSTALLED;
+                self.engine
+                    .membership(&current, &report.id, &group, on_target)
+                    .await?;
+            }
         }
-        // Its group places an agent this server has not placed yet (most were, when told):
-        // a report costs no read of the agent's row then.
-        if self.engine.known(current.id, &report.id).is_none() {
-            let group = self
-                .db()
-                .agent(&report.id)
-                .await?
-                .map(|a| a.group)
-                .unwrap_or_default();
-            let on_target = outcome == store::INSTALLED;
-            self.engine
-                .membership(&current, &report.id, &group, on_target)
-                .await?;
-        }
-        self.engine
-            .outcome(current.id, &report.id, outcome, report.error.as_deref(), at)
-            .await
+        let outcomes: Vec<store::Outcome<'_>> = counted
+            .iter()
+            .map(|&(report, outcome, at)| store::Outcome {
+                agent: &report.id,
+                outcome,
+                error: report.error.as_deref(),
+                at,
+            })
+            .collect();
+        self.engine.outcomes(current.id, &outcomes).await
     }
 
     /// Records a `409` given while the database was away.
     pub async fn record_told(&self, rollout: i64, agent: &str, at: i64) -> Result<(), FleetError> {
         Ok(store::mark_told(self.db().pool(), rollout, agent, at).await?)
+    }
+
+    /// Records `409`s given while the database was away or busy, in the order they
+    /// were given (rollout, agent, when): the first to each agent counts.
+    pub async fn record_told_many(&self, told: &[(i64, &str, i64)]) -> Result<(), FleetError> {
+        let mut by_rollout: std::collections::BTreeMap<i64, Vec<(&str, i64)>> =
+            std::collections::BTreeMap::new();
+        let mut seen = std::collections::HashSet::new();
+        for &(rollout, agent, at) in told {
+            if seen.insert((rollout, agent)) {
+                by_rollout.entry(rollout).or_default().push((agent, at));
+            }
+        }
+        for (rollout, agents) in by_rollout {
+            store::mark_told_many(self.db().pool(), self.db().backend(), rollout, &agents).await?;
+        }
+        Ok(())
     }
 
     /// `POST /admin/rollout/halt`.
@@ -810,6 +835,22 @@ fn initial_state(
         ),
         _ => (State::Running, None, None),
     }
+}
+
+/// The outcome `report` records in `current`: an `INSTALLED` or `INSTALL_FAILED` for
+/// its target. Any other status is the machine's fault or progress: the agent tries
+/// again, and only its deadline counts.
+fn counted_outcome(report: &Report, current: &RolloutRow) -> Option<&'static str> {
+    let outcome = match report.status {
+        UpdateStatus::Installed => store::INSTALLED,
+        UpdateStatus::InstallFailed => store::INSTALL_FAILED,
+        UpdateStatus::Installing
+        | UpdateStatus::Retrying
+        | UpdateStatus::Deferred
+        | UpdateStatus::WaitingWindow => return None,
+    };
+    let target = report.to.parse::<AgentVersion>().ok();
+    (target.as_ref() == Some(&current.subject.version)).then_some(outcome)
 }
 
 #[cfg(test)]

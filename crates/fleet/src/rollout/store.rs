@@ -504,26 +504,66 @@ pub async fn mark_told<'e>(
     Ok(())
 }
 
-/// What the agent reported (or, for the kind's success, showed by running the target).
-pub async fn set_outcome<'e>(
-    e: impl Executor<'e, Database = Any>,
+/// Agents per statement of [`set_outcomes`] and [`mark_told_many`].
+const OUTCOME_CHUNK: usize = 500;
+
+/// What agents reported (or, for the kind's success, showed by running the target),
+/// a statement per [`OUTCOME_CHUNK`]: an agent's outcome changes (and takes the time
+/// and error given) unless it is that outcome already. An agent at most once in `rows`.
+pub async fn set_outcomes(
+    pool: &sqlx::AnyPool,
+    backend: Backend,
     rollout: i64,
-    agent: &str,
-    outcome: &str,
-    error: Option<&str>,
-    now: i64,
+    rows: &[Outcome<'_>],
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE rollout_agents SET outcome = $3, outcome_at = $4, error = $5
-         WHERE rollout_id = $1 AND agent_id = $2 AND (outcome IS NULL OR outcome <> $3)",
-    )
-    .bind(rollout)
-    .bind(agent)
-    .bind(outcome)
-    .bind(now)
-    .bind(error)
-    .execute(e)
-    .await?;
+    for chunk in rows.chunks(OUTCOME_CHUNK) {
+        let sql = format!(
+            "UPDATE rollout_agents SET outcome = v.column2, outcome_at = v.column3, error = v.column4
+             FROM (VALUES {}) AS v
+             WHERE rollout_agents.rollout_id = {rollout} AND rollout_agents.agent_id = v.column1
+               AND (rollout_agents.outcome IS NULL OR rollout_agents.outcome <> v.column2)",
+            crate::db::value_rows(backend, chunk.len(), &["$"; 4])
+        );
+        let mut query = sqlx::query(&sql).persistent(chunk.len() == 1);
+        for o in chunk {
+            query = query.bind(o.agent).bind(o.outcome).bind(o.at).bind(o.error);
+        }
+        query.execute(pool).await?;
+    }
+    Ok(())
+}
+
+/// One agent's outcome in a rollout, as [`set_outcomes`] writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome<'a> {
+    pub agent: &'a str,
+    pub outcome: &'a str,
+    pub error: Option<&'a str>,
+    /// Unix milliseconds.
+    pub at: i64,
+}
+
+/// [`mark_told`] for many agents of one rollout (each with the time it was told), a
+/// statement per [`OUTCOME_CHUNK`]; an agent at most once.
+pub async fn mark_told_many(
+    pool: &sqlx::AnyPool,
+    backend: Backend,
+    rollout: i64,
+    told: &[(&str, i64)],
+) -> Result<(), sqlx::Error> {
+    for chunk in told.chunks(OUTCOME_CHUNK) {
+        let sql = format!(
+            "UPDATE rollout_agents SET told_at = v.column2 FROM (VALUES {}) AS v
+             WHERE rollout_agents.rollout_id = {rollout} AND rollout_agents.agent_id = v.column1
+               AND rollout_agents.told_at IS NULL",
+            crate::db::value_rows(backend, chunk.len(), &["$"; 2])
+        );
+        let mut query = sqlx::query(&sql).persistent(false);
+        for (agent, at) in chunk {
+            query = query.bind(*agent).bind(*at);
+        }
+        query.execute(pool).await?;
+    }
     Ok(())
 }
 
@@ -955,6 +995,79 @@ pub async fn events<'e>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn outcomes_and_told_marks_of_many_agents_are_written_in_one_go() {
+        let home = tempfile::tempdir().unwrap();
+        let db = crate::db::Db::open("", home.path(), 1).await.unwrap();
+        let pool = db.pool();
+        for (agent, told, outcome) in [
+            ("a", None, None),
+            ("b", Some(5), None),
+            ("c", None, Some(INSTALLED)),
+        ] {
+            sqlx::query(
+                "INSERT INTO rollout_agents (rollout_id, agent_id, wave, told_at, outcome, outcome_at)
+                 VALUES (7, $1, 0, $2, $3, $4)",
+            )
+            .bind(agent)
+            .bind(told)
+            .bind(outcome)
+            .bind(outcome.map(|_| 1_i64))
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+        mark_told_many(pool, db.backend(), 7, &[("a", 10), ("b", 10), ("x", 10)])
+            .await
+            .unwrap();
+        let outcome = |agent, outcome, error| Outcome {
+            agent,
+            outcome,
+            error,
+            at: 20,
+        };
+        set_outcomes(
+            pool,
+            db.backend(),
+            7,
+            &[
+                outcome("a", INSTALL_FAILED, Some("bad signature")),
+                outcome("c", INSTALLED, None),
+            ],
+        )
+        .await
+        .unwrap();
+        type Row = (
+            String,
+            Option<i64>,
+            Option<String>,
+            Option<i64>,
+            Option<String>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT agent_id, told_at, outcome, outcome_at, error FROM rollout_agents
+                 WHERE rollout_id = 7 ORDER BY agent_id",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        let failed = (
+            Some(INSTALL_FAILED.into()),
+            Some(20),
+            Some("bad signature".into()),
+        );
+        assert_eq!(
+            rows,
+            vec![
+                ("a".into(), Some(10), failed.0, failed.1, failed.2),
+                // Told before: the first 409 counts.
+                ("b".into(), Some(5), None, None, None),
+                // INSTALLED already: it keeps its time.
+                ("c".into(), None, Some(INSTALLED.into()), Some(1), None),
+            ]
+        );
+    }
 
     #[test]
     fn each_kind_names_its_outcomes_and_its_rollouts() {

@@ -17,7 +17,7 @@ use agent_fleet::db::{Credentials, Revocation, now_ms, now_secs};
 use agent_fleet::outage::Deferred;
 use agent_fleet::rollout::Answer;
 
-use super::{AppState, Shared, json_body, ready};
+use super::{ANSWER_WITHIN, AppState, Shared, json_body, ready};
 use crate::error::ApiError;
 use crate::metrics::{Holding, inc};
 use crate::store::Release;
@@ -688,21 +688,13 @@ pub(super) async fn report(
         .metrics
         .bundle_from(from.and_then(|v| v.to_str().ok()));
     tracing::info!(agent = %report.id, from = %report.from, to = %report.to, status = report.status.as_str(), error = ?report.error, "update report");
-    state
-        .inner
-        .fleet
-        .save(Deferred::Report {
-            report,
-            at_ms: now_ms(),
-        })
-        .await?;
-    // Queued or written, it is the server's now: the agent may forget it.
-    let status = if state.inner.fleet.outage.is_down() {
-        "queued"
-    } else {
-        "recorded"
+    let report = Deferred::Report {
+        report,
+        at_ms: now_ms(),
     };
-    Ok(Json(serde_json::json!({ "status": status })).into_response())
+    let saved = state.inner.fleet.save_within(report, ANSWER_WITHIN).await?;
+    // Queued or written, it is the server's now: the agent may forget it.
+    Ok(Json(serde_json::json!({ "status": saved.as_str() })).into_response())
 }
 
 #[cfg(test)]

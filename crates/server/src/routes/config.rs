@@ -240,16 +240,10 @@ pub(super) async fn status(
     }
     inc(&s.metrics.config_statuses);
     tracing::info!(agent = %status.id, hash = %status.hash, status = status.status.as_str(), error = ?status.error, "configuration status");
-    s.fleet
-        .save(Deferred::ConfigStatus {
-            status,
-            at_ms: now_ms(),
-        })
-        .await?;
-    let answer = if s.fleet.outage.is_down() {
-        "queued"
-    } else {
-        "recorded"
+    let status = Deferred::ConfigStatus {
+        status,
+        at_ms: now_ms(),
     };
-    Ok(Json(serde_json::json!({ "status": answer })).into_response())
+    let saved = s.fleet.save_within(status, super::ANSWER_WITHIN).await?;
+    Ok(Json(serde_json::json!({ "status": saved.as_str() })).into_response())
 }

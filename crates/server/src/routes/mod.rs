@@ -33,6 +33,10 @@ use crate::store::{Current, Release};
 /// How long a release upload may take, its bytes included.
 const UPLOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// How long a report or configuration status waits for the database before it is
+/// answered `queued` (and written meanwhile): well within an agent's request clock.
+pub const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Largest JSON body accepted; larger ones get `413`.
 pub const MAX_BODY: usize = 64 * 1024;
 
