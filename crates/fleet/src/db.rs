@@ -422,21 +422,24 @@ impl Db {
             .into_iter()
             .map(|(shape, rows)| (touch_sql(self.backend, shape, rows.len(), false), rows))
             .collect();
-        match statements.as_slice() {
-            [] => {}
-            // One statement is a transaction of its own: no lock taken for a register.
-            [(sql, rows)] => {
-                touch_query(sql, rows).execute(&self.pool).await?;
-            }
-            _ => {
-                let mut tx = self.begin_write().await?;
-                for (sql, rows) in &statements {
-                    touch_query(sql, rows).execute(&mut *tx).await?;
+        retrying_lost_races(|| async {
+            match statements.as_slice() {
+                [] => {}
+                // One statement is a transaction of its own: no lock taken for a register.
+                [(sql, rows)] => {
+                    touch_query(sql, rows).execute(&self.pool).await?;
                 }
-                tx.commit().await?;
+                _ => {
+                    let mut tx = self.begin_write().await?;
+                    for (sql, rows) in &statements {
+                        touch_query(sql, rows).execute(&mut *tx).await?;
+                    }
+                    tx.commit().await?;
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
+        .await
     }
 
     /// (agents whose last reported health is unhealthy, workload restarts the agents
@@ -463,7 +466,10 @@ impl Db {
     /// contact sets its update status, not its version: a report queued on a busy
     /// server must not set back the version a later contact recorded.
     pub async fn record_reports(&self, reports: &[(&Report, i64)]) -> Result<(), FleetError> {
-        let latest = latest_per_agent(reports, |(r, _)| r.id.as_str());
+        let mut latest = latest_per_agent(reports, |(r, _)| r.id.as_str());
+        // Rows in one order in every statement that writes many: two servers' writes
+        // then wait for each other's rows, never each for the other's.
+        latest.sort_by(|(a, _), (b, _)| a.id.cmp(&b.id));
         for chunk in latest.chunks(REPORT_CHUNK) {
             let sql = format!(
                 "INSERT INTO agents (id, name, platform, version, last_contact, update_status, update_error)
@@ -476,20 +482,24 @@ impl Db {
                    update_status = excluded.update_status, update_error = excluded.update_error",
                 value_rows(self.backend, chunk.len(), &["$", "''", "''", "$", "$", "$", "$"])
             );
-            let mut query = sqlx::query(&sql).persistent(chunk.len() == 1);
-            for (report, at) in chunk {
-                let version = match report.status {
-                    agent_protocol::wire::UpdateStatus::Installed => &report.to,
-                    _ => &report.from,
-                };
-                query = query
-                    .bind(&report.id)
-                    .bind(version)
-                    .bind(*at)
-                    .bind(report.status.as_str())
-                    .bind(&report.error);
-            }
-            query.execute(&self.pool).await?;
+            let sql = &sql;
+            retrying_lost_races(|| async {
+                let mut query = sqlx::query(sql).persistent(chunk.len() == 1);
+                for (report, at) in chunk {
+                    let version = match report.status {
+                        agent_protocol::wire::UpdateStatus::Installed => &report.to,
+                        _ => &report.from,
+                    };
+                    query = query
+                        .bind(&report.id)
+                        .bind(version)
+                        .bind(*at)
+                        .bind(report.status.as_str())
+                        .bind(&report.error);
+                }
+                Ok(query.execute(&self.pool).await?)
+            })
+            .await?;
         }
         Ok(())
     }
@@ -729,6 +739,31 @@ async fn credentials_changed(
 /// PostgreSQL's 65,535).
 const TOUCH_CHUNK: usize = 100;
 
+/// Runs `write` again (up to [`LOST_RACE_TRIES`] in all) while PostgreSQL ends it for
+/// a deadlock or a serialization failure: five servers' batches of contacts and
+/// reports meet on the agents' rows, and the one PostgreSQL picks to end would go the
+/// next time.
+pub(crate) async fn retrying_lost_races<T, F, Fut>(mut write: F) -> Result<T, FleetError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, FleetError>>,
+{
+    let mut tries = 1;
+    loop {
+        match write().await {
+            Err(FleetError::Database(e))
+                if tries < LOST_RACE_TRIES && crate::error::is_lost_race(&e) =>
+            {
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How many times a write that lost a race for rows is tried.
+const LOST_RACE_TRIES: u32 = 3;
+
 /// Reports per statement of [`Db::record_reports`] (5 parameters each).
 const REPORT_CHUNK: usize = 500;
 
@@ -825,6 +860,8 @@ fn touch_batches<'a, 'b>(
             }
         }
     }
+    // One order of rows in every statement (see `Db::record_reports`).
+    kept.sort_by(|a, b| a.0.id.cmp(b.0.id));
     let mut by_shape: std::collections::BTreeMap<TouchShape, Vec<TouchRow<'a, 'b>>> =
         std::collections::BTreeMap::new();
     for row in kept {
@@ -1023,6 +1060,68 @@ mod tests {
         let (by_version, _) = db.fleet_counts().await.unwrap();
         let installed = i64::try_from(REPORT_CHUNK + 3 + 2).unwrap();
         assert_eq!(by_version, vec![("2.0.0".to_owned(), installed)]);
+    }
+
+    /// A PostgreSQL error with SQLSTATE `code`.
+    #[derive(Debug)]
+    struct Pg(&'static str);
+
+    impl std::fmt::Display for Pg {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "SQLSTATE {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Pg {}
+
+    impl sqlx::error::DatabaseError for Pg {
+        fn message(&self) -> &str {
+            self.0
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_that_lost_a_race_for_rows_is_tried_again_and_no_other_failure_is() {
+        let fails = |code: &'static str, times: u32| {
+            let tries = std::cell::Cell::new(0);
+            async move {
+                let result = retrying_lost_races(|| {
+                    tries.set(tries.get() + 1);
+                    let fail = tries.get() <= times;
+                    async move {
+                        if fail {
+                            return Err(FleetError::Database(sqlx::Error::Database(Box::new(Pg(
+                                code,
+                            )))));
+                        }
+                        Ok(())
+                    }
+                })
+                .await;
+                (result.is_ok(), tries.get())
+            }
+        };
+        // A deadlock, then a serialization failure: the third try goes.
+        assert_eq!(fails("40P01", 2).await, (true, 3));
+        assert_eq!(fails("40001", 1).await, (true, 2));
+        // Three lost races in a row are the caller's; a unique violation is never tried again.
+        assert_eq!(fails("40P01", 5).await, (false, LOST_RACE_TRIES));
+        assert_eq!(fails("23505", 1).await, (false, 1));
     }
 
     #[test]

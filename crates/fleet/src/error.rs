@@ -43,6 +43,12 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether `e` is PostgreSQL ending a statement that lost a race for rows to another
+/// (a deadlock, or a serialization failure): the same statement again may well go.
+pub fn is_lost_race(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c == "40P01" || c == "40001"))
+}
+
 /// PostgreSQL's SQLSTATE classes of a database that is going or gone: connection
 /// exceptions (08), insufficient resources (53), operator intervention such as a
 /// shutdown (57P).

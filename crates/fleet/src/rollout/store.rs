@@ -16,7 +16,8 @@ use agent_protocol::AgentVersion;
 use sqlx::any::AnyRow;
 use sqlx::{Any, AnyConnection, Executor, Row as _};
 
-use crate::db::Backend;
+use crate::db::{Backend, retrying_lost_races};
+use crate::error::FleetError;
 use crate::rollout::plan::Plan;
 use crate::rollout::step::{Decision, HaltCause, Progress, State, WaveStatus};
 
@@ -515,7 +516,10 @@ pub async fn set_outcomes(
     backend: Backend,
     rollout: i64,
     rows: &[Outcome<'_>],
-) -> Result<(), sqlx::Error> {
+) -> Result<(), FleetError> {
+    // One order of rows in every statement (see `Db::record_reports`).
+    let mut rows = rows.to_vec();
+    rows.sort_by_key(|o| o.agent);
     for chunk in rows.chunks(OUTCOME_CHUNK) {
         let sql = format!(
             "UPDATE rollout_agents SET outcome = v.column2, outcome_at = v.column3, error = v.column4
@@ -524,11 +528,15 @@ pub async fn set_outcomes(
                AND (rollout_agents.outcome IS NULL OR rollout_agents.outcome <> v.column2)",
             crate::db::value_rows(backend, chunk.len(), &["$"; 4])
         );
-        let mut query = sqlx::query(&sql).persistent(chunk.len() == 1);
-        for o in chunk {
-            query = query.bind(o.agent).bind(o.outcome).bind(o.at).bind(o.error);
-        }
-        query.execute(pool).await?;
+        let sql = &sql;
+        retrying_lost_races(|| async {
+            let mut query = sqlx::query(sql).persistent(chunk.len() == 1);
+            for o in chunk {
+                query = query.bind(o.agent).bind(o.outcome).bind(o.at).bind(o.error);
+            }
+            Ok(query.execute(pool).await?)
+        })
+        .await?;
     }
     Ok(())
 }
@@ -550,7 +558,9 @@ pub async fn mark_told_many(
     backend: Backend,
     rollout: i64,
     told: &[(&str, i64)],
-) -> Result<(), sqlx::Error> {
+) -> Result<(), FleetError> {
+    let mut told = told.to_vec();
+    told.sort_unstable();
     for chunk in told.chunks(OUTCOME_CHUNK) {
         let sql = format!(
             "UPDATE rollout_agents SET told_at = v.column2 FROM (VALUES {}) AS v
@@ -558,11 +568,15 @@ pub async fn mark_told_many(
                AND rollout_agents.told_at IS NULL",
             crate::db::value_rows(backend, chunk.len(), &["$"; 2])
         );
-        let mut query = sqlx::query(&sql).persistent(false);
-        for (agent, at) in chunk {
-            query = query.bind(*agent).bind(*at);
-        }
-        query.execute(pool).await?;
+        let sql = &sql;
+        retrying_lost_races(|| async {
+            let mut query = sqlx::query(sql).persistent(false);
+            for (agent, at) in chunk {
+                query = query.bind(*agent).bind(*at);
+            }
+            Ok(query.execute(pool).await?)
+        })
+        .await?;
     }
     Ok(())
 }
