@@ -275,22 +275,19 @@ impl Fleet {
             }
         });
         match tokio::time::timeout(within, rx).await {
-            Ok(Ok(saved)) => saved.map(|()| self.saved()),
+            Ok(Ok(saved)) => saved.map(|()| {
+                if self.outage.is_down() {
+                    Saved::Queued
+                } else {
+                    Saved::Written
+                }
+            }),
             Err(_) => Ok(Saved::Queued),
             // The task ended without a word: it panicked (said where it did).
             Ok(Err(_)) => match task.await {
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                 _ => Ok(Saved::Queued),
             },
-        }
-    }
-
-    /// How a write just saved went: queued while the database is away.
-    pub fn saved(&self) -> Saved {
-        if self.outage.is_down() {
-            Saved::Queued
-        } else {
-            Saved::Written
         }
     }
 

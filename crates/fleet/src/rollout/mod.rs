@@ -713,7 +713,7 @@ impl Rollouts {
 
     /// Records a `409` given while the database was away.
     pub async fn record_told(&self, rollout: i64, agent: &str, at: i64) -> Result<(), FleetError> {
-        Ok(store::mark_told(self.db().pool(), rollout, agent, at).await?)
+        self.record_told_many(&[(rollout, agent, at)]).await
     }
 
     /// Records `409`s given while the database was away or busy, in the order they
