@@ -26,6 +26,10 @@ SUPERVISOR_PID_FILE="$RUN/wrapper.pid"
 # `start` and the updater read it to tell a crash from a slow start.
 EXIT_FILE="$RUN/agent.exit"
 HEALTH_FILE="$RUN/health.json"
+# "<unix seconds> <who asked>": a stop that was asked for, written by `stop` before it
+# signals anything and removed by every `start`. An updater judging a new version reads
+# it: a version stopped on request is not a failed one (its next start judges it).
+STOP_REQUEST_FILE="$RUN/stop-requested"
 # An flock(2) the updater holds for the whole update; the kernel drops it when it dies.
 LOCK_FILE="$RUN/update.lock"
 # The workload the agent runs in its own process group, and that process's start time
@@ -256,6 +260,8 @@ exit_code_of() {
 
 start() {
     mkdir -p "$RUN" "$LOGS"
+    # A start ends whatever stop was asked for before it.
+    rm -f "$STOP_REQUEST_FILE"
     recover
     if pid=$(read_pid "$PID_FILE") && is_agent "$pid"; then
         echo "agent is already running (pid $pid)"
@@ -329,6 +335,12 @@ start() {
 stop() {
     sup=
     pid=
+    # Said before anything is signalled, so that an updater watching a new version sees
+    # why it ends. The updater's own stops (a rollback) are not requests: they are not said.
+    if [ -z "${AGENT_UPDATER_ACTIVE:-}" ]; then
+        mkdir -p "$RUN" 2>/dev/null
+        { echo "$(now) agent-wrapper.sh stop" >"$STOP_REQUEST_FILE"; } 2>/dev/null
+    fi
     if s=$(read_pid "$SUPERVISOR_PID_FILE") && is_supervisor "$s"; then sup=$s; fi
     if p=$(read_pid "$PID_FILE") && is_agent "$p"; then pid=$p; fi
     if [ -z "$sup" ] && [ -z "$pid" ]; then

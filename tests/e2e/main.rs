@@ -32,6 +32,7 @@ mod opamp_sim;
 mod operator_day;
 mod operators;
 mod page;
+mod planned_stop;
 mod platforms;
 mod quickstart;
 mod releases;

@@ -170,6 +170,7 @@ mod tests {
             trust: None,
             ended_at: None,
             abandoned: false,
+            planned_stop: None,
         }
     }
 

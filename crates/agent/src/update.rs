@@ -501,6 +501,7 @@ pub async fn hand_off(ctx: &UpdateContext<'_>, ready: &Ready) -> Result<u32, Str
             .map(|chain| state::trust_change(chain, &ctx.config.public_key_path(home.root()))),
         ended_at: None,
         abandoned: false,
+        planned_stop: None,
     };
     let link = home.update_dir().join(layout::updater_file_name());
     let file_name = ready
@@ -709,6 +710,7 @@ mod tests {
             trust: None,
             ended_at: None,
             abandoned: phase == Phase::RolledBack,
+            planned_stop: None,
         }))
     }
 

@@ -67,6 +67,11 @@ pub struct Journal {
     /// installed one, and the bundle is not held against (it is tried again).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub abandoned: bool,
+    /// The judgement of the new version was cut short by a stop that was asked for (who
+    /// asked, and when): not a failure of the version. The next start judges it again,
+    /// and that start is not counted in `boot_count`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planned_stop: Option<String>,
 }
 
 /// The trust an update hands over to a new signing key.
@@ -88,6 +93,43 @@ impl Journal {
     pub fn to_json(&self) -> String {
         // A struct of strings and numbers always serialises.
         serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+/// `run/stop-requested` (`layout::STOP_REQUEST_FILE`): a stop of the agent that was asked
+/// for, one line `<unix seconds> <who asked>`. Written before the stop, removed by every
+/// start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopRequest {
+    /// Unix seconds at which the stop was asked for.
+    pub at: u64,
+    /// Who asked, in words: `agent-wrapper.sh stop`, `the service manager`.
+    pub by: String,
+}
+
+impl StopRequest {
+    pub fn parse(text: &str) -> Option<Self> {
+        let line = text.lines().next()?.trim();
+        let (at, by) = line.split_once(' ').unwrap_or((line, ""));
+        let by = by.trim();
+        Some(Self {
+            at: at.parse().ok()?,
+            by: if by.is_empty() {
+                "an unnamed stop".to_owned()
+            } else {
+                by.to_owned()
+            },
+        })
+    }
+
+    pub fn to_line(&self) -> String {
+        format!("{} {}\n", self.at, self.by)
+    }
+
+    /// Asked for at or after `since` (unix seconds): an older request is stale, left by a
+    /// stop whose start did not remove it, and explains nothing after `since`.
+    pub fn since(&self, since: u64) -> bool {
+        self.at >= since
     }
 }
 
@@ -151,9 +193,25 @@ mod tests {
             }),
             ended_at: Some(2),
             abandoned: true,
+            planned_stop: Some("agent-wrapper.sh stop".into()),
         };
         assert_eq!(Journal::parse(&j.to_json()).unwrap(), j);
         assert!(Journal::parse("{").is_err());
         assert!(Phase::Committed.is_final() && !Phase::Switched.is_final());
+        // A journal from before planned stops reads as none.
+        let old = j.to_json().replace("\"planned_stop\"", "\"unknown_field\"");
+        assert_eq!(Journal::parse(&old).unwrap().planned_stop, None);
+    }
+
+    #[test]
+    fn stop_requests_round_trip_and_stale_ones_are_told_apart() {
+        let r = StopRequest::parse("1700000000 agent-wrapper.sh stop\n").unwrap();
+        assert_eq!(r.at, 1_700_000_000);
+        assert_eq!(r.by, "agent-wrapper.sh stop");
+        assert_eq!(StopRequest::parse(&r.to_line()), Some(r.clone()));
+        assert_eq!(StopRequest::parse("17").unwrap().by, "an unnamed stop");
+        assert_eq!(StopRequest::parse(""), None);
+        assert_eq!(StopRequest::parse("soon stop"), None);
+        assert!(r.since(1_700_000_000) && !r.since(1_700_000_001));
     }
 }

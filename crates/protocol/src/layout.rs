@@ -35,6 +35,12 @@ pub const COMPLETE_MARKER: &str = ".complete";
 /// `run/agent.exit`: `<pid> <exit code> <unix seconds>` of the agent's last exit, written
 /// by the wrapper's supervisor; the updater reads it to tell a crash from a slow start.
 pub const AGENT_EXIT_FILE: &str = "agent.exit";
+/// `run/stop-requested`: `<unix seconds> <who asked>`, written by whatever stops the agent
+/// on purpose (`agent-wrapper.sh stop`, and so systemd's stop and a shutdown; the Windows
+/// service when it is stopped, `net stop` or a shutdown) before it stops it, and removed
+/// by every start. The updater reads it to tell a stop that was asked for from a crash:
+/// a new version stopped on request during its judgement is not a failed version.
+pub const STOP_REQUEST_FILE: &str = "stop-requested";
 /// Exit code of `agent run` for a configuration it refuses (sysexits' `EX_CONFIG`): the
 /// wrapper does not restart it, since restarting cannot fix a typo.
 pub const EXIT_CONFIG: u8 = 78;
@@ -157,6 +163,11 @@ impl AgentHome {
         self.run().join(AGENT_EXIT_FILE)
     }
 
+    /// `run/stop-requested` ([`STOP_REQUEST_FILE`]).
+    pub fn stop_request(&self) -> PathBuf {
+        self.run().join(STOP_REQUEST_FILE)
+    }
+
     pub fn journal(&self) -> PathBuf {
         self.data().join("update-journal.json")
     }
@@ -211,5 +222,9 @@ mod tests {
             Path::new("/opt/agent/versions/2.2.0+1234")
         );
         assert_eq!(home.pid_file(), Path::new("/opt/agent/run/agent.pid"));
+        assert_eq!(
+            home.stop_request(),
+            Path::new("/opt/agent/run/stop-requested")
+        );
     }
 }

@@ -7,6 +7,13 @@
 //! timeout. Failed, at once rather than at the timeout: the process exits or is
 //! restarted before it is healthy, exits during the window, or a server refuses it.
 //!
+//! Not every end is a failure. A stop that was asked for (`run/stop-requested`: the
+//! wrapper's or the service's stop, and so systemd's, `net stop` and a shutdown) ends the
+//! judgement with no verdict ([`Judgement::Stopped`]): the version is judged again at its
+//! next start. A server that refuses the new version because it now offers a *newer* one
+//! does not fail it either: it is judged to the end, and takes the newer one once it has
+//! committed.
+//!
 //! The new version's workload counts too: the agent is healthy only once its workload
 //! runs and passes its check (the agent gives up on a start after the workload's
 //! `start-timeout`); a workload that exits, fails to start, restarts or turns unhealthy
@@ -33,13 +40,20 @@ pub struct Observation {
     pub agent_alive: bool,
     /// `(pid, exit code)` of the agent's last exit (`run/agent.exit`).
     pub last_exit: Option<(u32, i32)>,
+    /// A stop asked for since the new version was started (`run/stop-requested`): who
+    /// asked, in words.
+    pub stop_requested: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Judgement {
     Wait,
-    Healthy { pid: u32 },
+    Healthy {
+        pid: u32,
+    },
     Failed(String),
+    /// Stopped on request before a verdict: no failure of the version (why, in words).
+    Stopped(String),
 }
 
 /// Judges one start of `expected`; feed it observations until it stops answering `Wait`.
@@ -58,6 +72,8 @@ pub struct Judge {
     restarts_at_stable: u64,
     /// The verdict blames the workload (its log is worth showing).
     workload_failed: bool,
+    /// The newer version a server asks for instead, once one has (for the log).
+    superseded_by: Option<String>,
 }
 
 /// The new version's workload, if it has one (an agent from before workloads, or one
@@ -79,7 +95,14 @@ impl Judge {
             announced: false,
             restarts_at_stable: 0,
             workload_failed: false,
+            superseded_by: None,
         }
+    }
+
+    /// The newer version a server asked for instead while this one was judged, if one
+    /// did: not a failure of this one, which takes it after it commits.
+    pub fn superseded_by(&self) -> Option<&str> {
+        self.superseded_by.as_deref()
     }
 
     /// True when the failure is the workload's: its exit or failing check.
@@ -100,6 +123,9 @@ impl Judge {
     pub fn observe(&mut self, obs: &Observation) -> Judgement {
         let to = &self.expected;
         let secs = obs.elapsed.as_secs_f64();
+        if let Some(stopped) = self.stopped_on_request(obs) {
+            return Judgement::Stopped(stopped);
+        }
         if let Some(pid) = obs.agent_pid {
             match self.watched {
                 None => self.watched = Some(pid),
@@ -118,9 +144,12 @@ impl Judge {
             .filter(|h| h.version == *to && obs.health_pid_alive);
         if let Some(h) = healthy_now {
             if let Some(expected) = &h.refused_by_server {
-                return Judgement::Failed(format!(
-                    "the server refuses {to}: it expects {expected}"
-                ));
+                if !supersedes(expected, to) {
+                    return Judgement::Failed(format!(
+                        "the server refuses {to}: it expects {expected}"
+                    ));
+                }
+                self.superseded_by = Some(expected.clone());
             }
             let workload = workload_of(h);
             if let Some(w) = workload
@@ -215,6 +244,43 @@ impl Judge {
         }
         Judgement::Wait
     }
+}
+
+impl Judge {
+    /// The new agent ended (or ends, or was replaced) after a stop was asked for: the
+    /// stop's doing, not the version's. While it still runs, a stop under way is waited
+    /// for like anything else.
+    fn stopped_on_request(&self, obs: &Observation) -> Option<String> {
+        let by = obs.stop_requested.as_deref()?;
+        let running = obs.agent_pid.is_some() && obs.agent_alive;
+        let replaced = matches!((self.watched, obs.agent_pid), (Some(a), Some(b)) if a != b);
+        if running && !replaced {
+            return None;
+        }
+        let secs = obs.elapsed.as_secs_f64();
+        let which = self
+            .watched
+            .or(self.stable.map(|(pid, _)| pid))
+            .map(|pid| format!(" (pid {pid})"))
+            .unwrap_or_default();
+        let when = if self.stable.is_some() {
+            "during the stability window"
+        } else {
+            "before it was healthy"
+        };
+        Some(format!(
+            "the new agent{which} was stopped on request ({by}) {secs:.1}s after start, {when}"
+        ))
+    }
+}
+
+/// Whether a server that asks for `expected` instead of `to` asks for a newer release:
+/// `to` is then superseded, not refused (a release published during its stability window).
+/// An older version, the same one, or one that does not parse is a refusal.
+pub fn supersedes(expected: &str, to: &AgentVersion) -> bool {
+    expected
+        .parse::<AgentVersion>()
+        .is_ok_and(|e| e.version() > to.version())
 }
 
 fn exit_detail(pid: u32, last_exit: Option<(u32, i32)>) -> String {
@@ -345,7 +411,8 @@ mod tests {
         let mut j = judge();
         let mut o = healthy(1.0, 7);
         if let Some(h) = o.health.as_mut() {
-            h.refused_by_server = Some("3.0.0+3".into());
+            // The server went back to the old release: 2.0.0 is refused, not superseded.
+            h.refused_by_server = Some("1.0.0+1".into());
         }
         assert!(matches!(j.observe(&o), Judgement::Failed(w) if w.contains("refuses")));
     }
@@ -454,6 +521,94 @@ mod tests {
             "{why}"
         );
         assert!(j.workload_failed());
+    }
+
+    fn asked(mut o: Observation) -> Observation {
+        o.stop_requested = Some("agent-wrapper.sh stop".into());
+        o
+    }
+
+    #[test]
+    fn a_stop_asked_for_during_the_window_is_no_verdict() {
+        let mut j = judge();
+        assert_eq!(j.observe(&healthy(0.5, 7)), Judgement::Wait);
+        // The stop is under way: the agent still runs.
+        assert_eq!(j.observe(&asked(healthy(1.0, 7))), Judgement::Wait);
+        // It exited 0, as a stopped agent does; the wrapper removed run/agent.pid.
+        let gone = Observation {
+            agent_pid: None,
+            last_exit: Some((7, 0)),
+            health: healthy(1.1, 7).health,
+            ..at(1.1)
+        };
+        let Judgement::Stopped(why) = j.observe(&asked(gone.clone())) else {
+            panic!("a planned stop failed the update");
+        };
+        assert!(
+            why.contains("(pid 7) was stopped on request (agent-wrapper.sh stop) 1.1s after start, during the stability window"),
+            "{why}"
+        );
+        // The same exit with no stop asked for is the version's failure.
+        let mut j = judge();
+        assert_eq!(j.observe(&healthy(0.5, 7)), Judgement::Wait);
+        assert!(
+            matches!(j.observe(&gone), Judgement::Failed(w) if w.contains("during the stability window"))
+        );
+    }
+
+    #[test]
+    fn a_stop_asked_for_before_healthy_or_with_any_exit_code_is_no_verdict() {
+        let mut j = judge();
+        let starting = Observation {
+            agent_pid: Some(7),
+            agent_alive: true,
+            ..at(0.2)
+        };
+        assert_eq!(j.observe(&starting), Judgement::Wait);
+        // Killed after the wrapper's stop timeout: still the stop's doing.
+        let Judgement::Stopped(why) = j.observe(&asked(dead(0.4, 7, 137))) else {
+            panic!("not a planned stop");
+        };
+        assert!(why.contains("before it was healthy"), "{why}");
+        // Stopped and started again (a restart) before this updater looked.
+        let mut j = judge();
+        assert_eq!(j.observe(&healthy(0.5, 7)), Judgement::Wait);
+        assert!(matches!(
+            j.observe(&asked(healthy(1.5, 8))),
+            Judgement::Stopped(_)
+        ));
+        // Nothing ever started, and a stop was asked for.
+        assert!(matches!(
+            judge().observe(&asked(at(0.1))),
+            Judgement::Stopped(_)
+        ));
+    }
+
+    #[test]
+    fn a_newer_release_offered_during_the_window_does_not_fail_the_update() {
+        let refused = |secs, expected: &str| {
+            let mut o = healthy(secs, 7);
+            if let Some(h) = o.health.as_mut() {
+                h.refused_by_server = Some(expected.into());
+            }
+            o
+        };
+        let mut j = judge();
+        assert_eq!(j.observe(&healthy(0.5, 7)), Judgement::Wait);
+        assert_eq!(j.observe(&refused(2.0, "3.0.0+3")), Judgement::Wait);
+        assert_eq!(j.superseded_by(), Some("3.0.0+3"));
+        assert_eq!(
+            j.observe(&refused(10.6, "3.0.0+3")),
+            Judgement::Healthy { pid: 7 }
+        );
+        // An older version, another build of the same one, or nonsense: refused.
+        for expected in ["1.0.0+1", "2.0.0+9", "2.0.0+2", "latest"] {
+            let mut j = judge();
+            assert!(
+                matches!(j.observe(&refused(1.0, expected)), Judgement::Failed(w) if w.contains("refuses")),
+                "{expected}"
+            );
+        }
     }
 
     #[test]

@@ -155,6 +155,10 @@ fn locked(
         Verdict::RolledBack(reason) => Err(UpdateError::Failed(format!(
             "update to {to} rolled back, {from} runs again: {reason}. See logs/update.log"
         ))),
+        // Ok: the installation is where it was asked to be (stopped); nothing to start.
+        Verdict::PutOff(reason) => Ok(format!(
+            "the update to {to} is not judged yet: {reason}; the next start judges it"
+        )),
         Verdict::Unrecorded(reason) => Err(UpdateError::Failed(format!(
             "{to} is healthy and runs, but the commit could not be recorded: {reason}; it is recorded once the disk has room. See logs/update.log"
         ))),
@@ -228,6 +232,7 @@ fn new_transaction(home: &AgentHome, bundle: &Path, fx: &dyn Effects) -> Result<
             .map(|chain| state::trust_change(chain, &key_path)),
         ended_at: None,
         abandoned: false,
+        planned_stop: None,
     };
     fx.write_journal(home, &journal)?;
     Ok(journal)

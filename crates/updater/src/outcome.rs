@@ -90,6 +90,10 @@ pub fn describe(journal: &Journal, now: u64, updater_running: bool) -> String {
         ),
         Phase::RolledBack => format!("last {from} -> {to} rolled back{when}: {reason}"),
         phase if updater_running => format!("{from} -> {to} under way (phase {phase:?})"),
+        _ if journal.planned_stop.is_some() => format!(
+            "{from} -> {to} waits for a verdict: {}; {to} is installed, and its next start judges it",
+            journal.planned_stop.as_deref().unwrap_or_default()
+        ),
         phase => format!(
             "{from} -> {to} interrupted at phase {phase:?} (no updater runs): the agent, or the next start through the wrapper, finishes it or rolls it back{}",
             if reason.is_empty() {
@@ -181,6 +185,7 @@ mod tests {
             trust: None,
             ended_at: Some(1_000),
             abandoned: phase == Phase::RolledBack,
+            planned_stop: None,
         }
     }
 
@@ -209,5 +214,19 @@ mod tests {
             "{stale}"
         );
         assert!(stale.contains("last reason: the disk is full"), "{stale}");
+        let put_off = Journal {
+            planned_stop: Some(
+                "the new agent was stopped on request (agent-wrapper.sh stop)".into(),
+            ),
+            reason: None,
+            ..journal(Phase::Switched)
+        };
+        let line = describe(&put_off, 0, false);
+        assert!(
+            line.starts_with(
+                "1.0.0+1 -> 2.0.0+2 waits for a verdict: the new agent was stopped on request"
+            ) && line.ends_with("its next start judges it"),
+            "{line}"
+        );
     }
 }

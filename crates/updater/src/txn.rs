@@ -22,7 +22,7 @@ use agent_extract::payload::{self, Payload};
 use agent_extract::unpack::{self, Options};
 use agent_extract::{atomic, current};
 use agent_protocol::AgentVersion;
-use agent_protocol::journal::{Health, Journal, Phase};
+use agent_protocol::journal::{Health, Journal, Phase, StopRequest};
 use agent_protocol::layout::{self, AgentHome};
 use agent_protocol::minisign::{KeyId, PublicKey};
 use agent_protocol::wire::{Report, UpdateStatus};
@@ -71,6 +71,19 @@ pub enum Verdict {
     /// The new version is healthy and runs, but the journal could not record the commit
     /// (the reason): it stays, and a later recovery records it.
     Unrecorded(String),
+    /// A stop that was asked for ended the judgement (the reason): the new version stays
+    /// installed and stopped, and its next start judges it. Nothing is reported or held
+    /// against the bundle.
+    PutOff(String),
+}
+
+/// What watching one start of the new version found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Judged {
+    Healthy,
+    Failed(String),
+    /// Stopped on request before a verdict.
+    Stopped(String),
 }
 
 /// Starts of the old version through its wrapper before the updater gives up (a second
@@ -194,8 +207,15 @@ impl Transaction<'_> {
                 }
                 Phase::Switched => {
                     // A recovery that finds the new version running judges it; only one
-                    // that has to start it again counts a start.
-                    if self.recovering && self.fx.running_agent(self.home).is_none() {
+                    // that has to start it again counts a start, and not after a stop
+                    // that was asked for: that start is the one the stop put off.
+                    if let Some(stop) = self.journal.planned_stop.take() {
+                        self.log.step(&format!(
+                            "judging {} again: its last judgement ended with a stop asked for ({stop}); not counted as a failed start",
+                            self.journal.to
+                        ));
+                        self.try_record(Phase::Switched);
+                    } else if self.recovering && self.fx.running_agent(self.home).is_none() {
                         self.journal.boot_count += 1;
                         self.try_record(Phase::Switched);
                         if self.journal.boot_count > self.settings.max_boots {
@@ -207,12 +227,14 @@ impl Transaction<'_> {
                         }
                     }
                     return Ok(match self.start_and_judge() {
-                        Ok(()) => self.commit(),
-                        Err(reason) => match outcome::blame(&reason, self.fx.free_bytes(self.home))
-                        {
-                            Blame::Bundle => self.rollback(reason, true),
-                            Blame::Disk(reason) => self.rollback(reason, false),
-                        },
+                        Judged::Healthy => self.commit(),
+                        Judged::Stopped(reason) => self.put_off(reason),
+                        Judged::Failed(reason) => {
+                            match outcome::blame(&reason, self.fx.free_bytes(self.home)) {
+                                Blame::Bundle => self.rollback(reason, true),
+                                Blame::Disk(reason) => self.rollback(reason, false),
+                            }
+                        }
                     });
                 }
                 Phase::RollingBack => {
@@ -451,28 +473,42 @@ impl Transaction<'_> {
     }
 
     /// Starts the new version through its wrapper and waits for a verdict (step 5).
-    fn start_and_judge(&mut self) -> std::result::Result<(), String> {
+    fn start_and_judge(&mut self) -> Judged {
         let to = self.journal.to.clone();
         let _ = fs::remove_file(self.home.health_file());
         let start = Instant::now();
+        // A stop asked for from this second on ends the judgement without a verdict.
+        let since = state::now_secs();
         if self.fx.running_agent(self.home).is_none() {
             // The wrapper only launches it; the judge below watches it come up, so
             // `start` need not wait long for a slow one.
             let within = self.settings.health_timeout.min(WRAPPER_START_WAIT);
-            let out = self
+            match self
                 .fx
                 .start_agent(self.home, &self.version_dir(&to), Some(within))
-                .map_err(|e| format!("{to} did not start through its wrapper: {e}"))?;
-            self.log
-                .step(&format!("started {to} through its wrapper: {out}"));
+            {
+                Ok(out) => self
+                    .log
+                    .step(&format!("started {to} through its wrapper: {out}")),
+                Err(e) => {
+                    let failed = format!("{to} did not start through its wrapper: {e}");
+                    return match self.stop_requested(since) {
+                        Some(by) => {
+                            Judged::Stopped(format!("{failed}, while a stop was asked for ({by})"))
+                        }
+                        None => Judged::Failed(failed),
+                    };
+                }
+            }
         }
         let mut judge = Judge::new(
             to.clone(),
             self.settings.health_timeout,
             self.settings.stability_window,
         );
+        let mut superseded_said = false;
         loop {
-            let observation = self.observe(start.elapsed());
+            let observation = self.observe(start.elapsed(), since);
             match judge.observe(&observation) {
                 Judgement::Wait => {}
                 Judgement::Healthy { pid } => {
@@ -480,12 +516,19 @@ impl Transaction<'_> {
                         "{to} healthy (pid {pid}): version, components and {:?} of stability",
                         self.settings.stability_window
                     ));
-                    return Ok(());
+                    return Judged::Healthy;
                 }
                 Judgement::Failed(reason) if judge.workload_failed() => {
-                    return Err(with_workload_log(self.home, reason));
+                    return Judged::Failed(with_workload_log(self.home, reason));
                 }
-                Judgement::Failed(reason) => return Err(reason),
+                Judgement::Failed(reason) => return Judged::Failed(reason),
+                Judgement::Stopped(reason) => return Judged::Stopped(reason),
+            }
+            if !superseded_said && let Some(newer) = judge.superseded_by() {
+                superseded_said = true;
+                self.log.step(&format!(
+                    "the server now offers {newer}: not a failure of {to}, which is judged to the end and takes {newer} after it commits"
+                ));
             }
             if !judge.announced
                 && let Some((pid, since)) = judge.stable_since()
@@ -502,8 +545,19 @@ impl Transaction<'_> {
         }
     }
 
-    /// What the judge needs to know, read from `run/`.
-    fn observe(&self, elapsed: Duration) -> Observation {
+    /// Who asked for a stop of the agent at or after `since` (unix seconds), if anyone
+    /// did (`run/stop-requested`).
+    fn stop_requested(&self, since: u64) -> Option<String> {
+        atomic::read_text(&self.home.stop_request(), 1024)
+            .ok()
+            .and_then(|t| StopRequest::parse(&t))
+            .filter(|r| r.since(since))
+            .map(|r| r.by)
+    }
+
+    /// What the judge needs to know, read from `run/`; `since`: when the judgement began
+    /// (unix seconds), for the stop requests that count.
+    fn observe(&self, elapsed: Duration, since: u64) -> Observation {
         let health = atomic::read_text(&self.home.health_file(), 64 * 1024)
             .ok()
             .and_then(|t| serde_json::from_str::<Health>(&t).ok());
@@ -519,6 +573,7 @@ impl Transaction<'_> {
             agent_pid,
             agent_alive: agent_pid.is_some_and(process::is_alive),
             last_exit,
+            stop_requested: self.stop_requested(since),
         }
     }
 
@@ -659,6 +714,21 @@ impl Transaction<'_> {
         for entry in entries.flatten() {
             let _ = agent_extract::os::remove_or_set_aside(&entry.path());
         }
+    }
+
+    /// A stop that was asked for (the operator's, systemd's, a shutdown) ended the new
+    /// version before a verdict: not its failure. `current` keeps naming it and nothing is
+    /// started (a stopped agent stays stopped); the journal stays at `Switched`, saying
+    /// why, and the updater's link stays in `data/update/`, so the next start through the
+    /// wrapper or the service judges it again (and does not count that start).
+    fn put_off(&mut self, reason: String) -> Verdict {
+        self.journal.planned_stop = Some(reason.clone());
+        self.try_record(Phase::Switched);
+        self.log.step(&format!(
+            "no verdict on {}: {reason}; it stays installed and stopped, nothing is held against it, and its next start judges it",
+            self.journal.to
+        ));
+        Verdict::PutOff(reason)
     }
 
     /// Nothing was switched yet: `current` still names the old version. Close the

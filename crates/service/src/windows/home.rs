@@ -61,6 +61,22 @@ pub(crate) fn installed_exe(home: &AgentHome) -> PathBuf {
     home.root().join("bin").join(layout::SERVICE_EXE)
 }
 
+/// Writes `run\stop-requested` (`<unix seconds> <who asked>`), before a stop that was
+/// asked for; a write that fails only loses the words (the stop goes on).
+pub(crate) fn request_stop(home: &AgentHome, by: &str) {
+    let asked = agent_protocol::journal::StopRequest {
+        at: now_secs(),
+        by: by.to_owned(),
+    };
+    let _ = std::fs::create_dir_all(home.run());
+    let _ = agent_extract::atomic::write(&home.stop_request(), asked.to_line().as_bytes());
+}
+
+/// Removes `run\stop-requested`: a start ends whatever stop was asked for before it.
+pub(crate) fn clear_stop_request(home: &AgentHome) {
+    let _ = std::fs::remove_file(home.stop_request());
+}
+
 /// `run\service.request`: `start` or `stop`, written by `agent-service.exe start|stop`
 /// on the updater's behalf and taken by the running service.
 pub(crate) fn request_file(home: &AgentHome) -> PathBuf {

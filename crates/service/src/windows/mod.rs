@@ -126,6 +126,7 @@ fn start(name: &str, home: &AgentHome) -> anyhow::Result<ExitCode> {
     }
     let _ = std::fs::remove_file(home.pid_file());
     let _ = std::fs::remove_file(home.run().join(agent_protocol::layout::AGENT_EXIT_FILE));
+    home::clear_stop_request(home);
     let service_up = running(name);
     if for_updater() || service_up {
         home::write_request(home, Request::Start)?;
@@ -215,8 +216,16 @@ fn stop(name: &str, home: &AgentHome) -> anyhow::Result<ExitCode> {
                 home.logs().join("service.log").display()
             );
         }
-    } else if scm::state(name).is_some() {
-        scm::stop(name, stop_timeout + Duration::from_secs(10))?;
+    } else {
+        // Asked for by whoever runs this, not an updater: said before anything stops
+        // (the service says it too, for `net stop` and a shutdown, which do not come
+        // through here).
+        if !for_updater() {
+            home::request_stop(home, "agent-service.exe stop");
+        }
+        if scm::state(name).is_some() {
+            scm::stop(name, stop_timeout + Duration::from_secs(10))?;
+        }
     }
     // Whatever else runs of this installation goes too (a service that died, under Wine).
     if let Some(pid) = agent.filter(|&p| process::is_alive(p)) {

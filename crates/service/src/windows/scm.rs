@@ -209,8 +209,14 @@ fn status(state: ServiceState, accept: ServiceControlAccept, code: u32) -> Servi
 fn serve(name: &str, home: &AgentHome) -> anyhow::Result<()> {
     let (tx, rx) = mpsc::channel();
     let handler = move |control| match control {
-        ServiceControl::Stop | ServiceControl::Shutdown => {
-            let _ = tx.send(());
+        // Who asked, for run\stop-requested: an updater judging a new version must know
+        // that this stop was asked for (`net stop`, a shutdown), not a crash.
+        ServiceControl::Stop => {
+            let _ = tx.send("the service manager (service stop)");
+            ServiceControlHandlerResult::NoError
+        }
+        ServiceControl::Shutdown => {
+            let _ = tx.send("the service manager (shutdown)");
             ServiceControlHandlerResult::NoError
         }
         ServiceControl::Interrogate => ServiceControlHandlerResult::NoError,

@@ -67,10 +67,12 @@ impl Supervisor {
         })
     }
 
-    /// Supervises until `stop` says so (or its sender is gone).
-    pub(crate) fn run(&mut self, stop: &Receiver<()>) -> Ended {
+    /// Supervises until `stop` says so, naming who asked (or its sender is gone).
+    pub(crate) fn run(&mut self, stop: &Receiver<&'static str>) -> Ended {
         remove_relocated(&self.home);
         let _ = std::fs::create_dir_all(self.home.run());
+        // The service runs again: whatever stop was asked for before is over.
+        home::clear_stop_request(&self.home);
         let _ = std::fs::write(
             self.home.run().join("service.pid"),
             format!("{}\n", std::process::id()),
@@ -79,15 +81,20 @@ impl Supervisor {
             &self.home,
             &format!("service {} started", self.service_name),
         );
-        loop {
+        let by = loop {
             match stop.recv_timeout(TICK) {
-                Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+                Ok(by) => break by,
+                Err(RecvTimeoutError::Disconnected) => break "the service manager",
                 Err(RecvTimeoutError::Timeout) => {}
             }
             if self.turn() == Some(Ended::Replaced) {
                 return Ended::Replaced;
             }
-        }
+        };
+        // Said before the agent is stopped: an updater judging a new version sees that
+        // this stop was asked for, puts its verdict off to the next start, and starts
+        // nothing (the service stays stopped).
+        home::request_stop(&self.home, by);
         self.stop_agent("the service is stopping");
         log(
             &self.home,

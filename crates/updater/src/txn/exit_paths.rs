@@ -160,6 +160,7 @@ fn journal(home: &AgentHome, phase: Phase) -> Journal {
         trust: None,
         ended_at: None,
         abandoned: false,
+        planned_stop: None,
     }
 }
 
@@ -400,4 +401,93 @@ fn a_hand_run_update_that_never_began_starts_nothing() {
     .unwrap_err();
     assert!(!err.to_string().is_empty());
     assert!(fx.events().is_empty(), "{:?}", fx.events());
+}
+
+/// A pid that names no process: a child that ran and was reaped.
+fn dead_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+#[test]
+fn a_stop_asked_for_during_the_judgement_puts_it_off_to_the_next_start() {
+    let (_dir, home) = installation(true);
+    symlink(format!("versions/{NEW}"), home.root().join("current.new")).unwrap();
+    fs::rename(home.root().join("current.new"), home.current()).unwrap();
+    let mut fx = Fake::new(false);
+    // The new version comes up healthy, and the operator stops it at once: its pid is
+    // gone and the wrapper's stop left its request.
+    let run_dir = home.run();
+    let gone = dead_pid();
+    fx.on_start_new = Some(Box::new(move || {
+        fs::create_dir_all(&run_dir).unwrap();
+        fs::write(run_dir.join("agent.exit"), format!("{gone} 0 1")).unwrap();
+        fs::write(
+            run_dir.join("health.json"),
+            format!(
+                r#"{{"version":"{NEW}","pid":{gone},"components_started":true,"last_contact":null}}"#
+            ),
+        )
+        .unwrap();
+        let asked = agent_protocol::journal::StopRequest {
+            at: state::now_secs(),
+            by: "agent-wrapper.sh stop".into(),
+        };
+        fs::write(run_dir.join("stop-requested"), asked.to_line()).unwrap();
+    }));
+    let verdict = run(
+        &home,
+        &fx,
+        journal(&home, Phase::Switched),
+        false,
+        settings(),
+    );
+    let Verdict::PutOff(reason) = &verdict else {
+        panic!("{verdict:?}: {:?}", fx.events())
+    };
+    assert!(
+        reason.contains("stopped on request (agent-wrapper.sh stop)"),
+        "{reason}"
+    );
+    // Nothing reported, nothing held against the bundle, nothing started after the stop.
+    assert_eq!(
+        fx.events(),
+        [format!("start:{NEW}"), "journal:Switched".to_owned()]
+    );
+    assert_eq!(current(&home), format!("versions/{NEW}"));
+    let kept = state::read_journal(&home).unwrap().unwrap();
+    assert_eq!(kept.phase, Phase::Switched);
+    assert_eq!(kept.planned_stop.as_deref(), Some(reason.as_str()));
+    assert!(fs::symlink_metadata(home.update_dir().join("updater")).is_ok());
+
+    // The next start (a recovery, nothing running): judged again, not counted, committed.
+    let mut fx = Fake::new(false);
+    let run_dir = home.run();
+    fx.on_start_new = Some(Box::new(move || {
+        let pid = std::process::id();
+        fs::write(run_dir.join("agent.pid"), pid.to_string()).unwrap();
+        fs::write(
+            run_dir.join("health.json"),
+            format!(
+                r#"{{"version":"{NEW}","pid":{pid},"components_started":true,"last_contact":null}}"#
+            ),
+        )
+        .unwrap();
+    }));
+    let s = Settings {
+        max_boots: 0,
+        ..settings()
+    };
+    let verdict = run(&home, &fx, kept, true, s);
+    assert_eq!(verdict, Verdict::Committed, "{:?}", fx.events());
+    let done = state::read_journal(&home).unwrap().unwrap();
+    assert_eq!((done.phase, done.boot_count), (Phase::Committed, 0));
+    assert_eq!(done.planned_stop, None);
+    assert!(
+        fx.position("report:INSTALLED").is_some(),
+        "{:?}",
+        fx.events()
+    );
 }
