@@ -169,3 +169,24 @@ fn a_release_published_during_the_stability_window_is_taken_after_the_commit() {
     let agent = read_file(&home.join("logs/agent.log"));
     assert!(!agent.contains("INSTALL_FAILED"), "{agent}");
 }
+
+#[test]
+fn a_restart_during_the_stability_window_keeps_the_new_version_and_commits_it() {
+    let (s, server) = with_server(WINDOW, |_| {}, None);
+    let home = &s.home;
+    start(home);
+    wait_log(home, "update.log", &format!("{NEW} is up (pid"), WAIT);
+    run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("restart"));
+
+    wait_server_status(&server, NEW, "INSTALLED", home);
+    wait_running(home, NEW);
+    let log = read_file(&home.join("logs/update.log"));
+    assert!(log.contains(&format!("no verdict on {NEW}")), "{log}");
+    assert!(!log.contains("rolling back"), "{log}");
+    assert!(!held_against(home, &s.b2));
+    assert_eq!(current(home), format!("versions/{NEW}"));
+    assert_eq!(journal(home)["phase"], "committed");
+    wait_until(Duration::from_secs(20), "one agent process", || {
+        agents_running(home).len() == 1
+    });
+}

@@ -480,6 +480,14 @@ impl Transaction<'_> {
         // A stop asked for from this second on ends the judgement without a verdict.
         let since = state::now_secs();
         if self.fx.running_agent(self.home).is_none() {
+            // A stop asked for during this update (the old agent stopped while the new
+            // version was unpacked, say) and not ended by a start since: nothing is
+            // started, and the next start judges the new version.
+            if let Some(by) = self.stop_asked_during_update() {
+                return Judged::Stopped(format!(
+                    "a stop was asked for ({by}) before {to} was started"
+                ));
+            }
             // The wrapper only launches it; the judge below watches it come up, so
             // `start` need not wait long for a slow one.
             let within = self.settings.health_timeout.min(WRAPPER_START_WAIT);
@@ -553,6 +561,17 @@ impl Transaction<'_> {
             .and_then(|t| StopRequest::parse(&t))
             .filter(|r| r.since(since))
             .map(|r| r.by)
+    }
+
+    /// A stop asked for since this update began and not ended by a start since (every
+    /// start removes the request). None for an update run by hand on an installation
+    /// (no agent handed it over, no recovery): running it is asking for a start, even
+    /// right after a stop.
+    fn stop_asked_during_update(&self) -> Option<String> {
+        if self.wait_pid.is_none() && !self.recovering {
+            return None;
+        }
+        self.stop_requested(self.journal.started_at)
     }
 
     /// What the judge needs to know, read from `run/`; `since`: when the judgement began
@@ -842,6 +861,16 @@ impl Transaction<'_> {
     fn start_old(&mut self) {
         let from = self.journal.from.clone();
         let old_dir = self.home.versions().join(self.old_dir_name());
+        // A stopped agent stays stopped: a stop asked for during this update, and not
+        // ended by a start since, outranks the rule that the updater leaves one running.
+        if self.fx.running_agent(self.home).is_none()
+            && let Some(by) = self.stop_asked_during_update()
+        {
+            self.log.step(&format!(
+                "not starting {from}: a stop was asked for ({by}); the next start runs it"
+            ));
+            return;
+        }
         for attempt in 1..=START_ATTEMPTS {
             if let Some(pid) = self.fx.running_agent(self.home) {
                 if attempt == 1 {

@@ -187,6 +187,21 @@ fn run(home: &AgentHome, fx: &Fake, journal: Journal, recovering: bool, s: Setti
     txn.run()
 }
 
+/// [`run`] as the agent's hand-off does it (`--wait-pid`), with [`settings`].
+fn run_handed_over(home: &AgentHome, fx: &Fake, journal: Journal) -> Verdict {
+    let mut log = UpdateLog::open(&home.update_log());
+    let mut txn = Transaction {
+        home,
+        journal,
+        settings: settings(),
+        log: &mut log,
+        wait_pid: Some(dead_pid()),
+        recovering: false,
+        fx,
+    };
+    txn.run()
+}
+
 fn current(home: &AgentHome) -> String {
     fs::read_link(home.current()).unwrap().display().to_string()
 }
@@ -411,6 +426,16 @@ fn dead_pid() -> u32 {
     pid
 }
 
+/// `run/stop-requested` as the wrapper's `stop` writes it, now.
+fn ask_for_a_stop(run_dir: &Path) {
+    let asked = agent_protocol::journal::StopRequest {
+        at: state::now_secs(),
+        by: "agent-wrapper.sh stop".into(),
+    };
+    fs::create_dir_all(run_dir).unwrap();
+    fs::write(run_dir.join("stop-requested"), asked.to_line()).unwrap();
+}
+
 #[test]
 fn a_stop_asked_for_during_the_judgement_puts_it_off_to_the_next_start() {
     let (_dir, home) = installation(true);
@@ -431,11 +456,7 @@ fn a_stop_asked_for_during_the_judgement_puts_it_off_to_the_next_start() {
             ),
         )
         .unwrap();
-        let asked = agent_protocol::journal::StopRequest {
-            at: state::now_secs(),
-            by: "agent-wrapper.sh stop".into(),
-        };
-        fs::write(run_dir.join("stop-requested"), asked.to_line()).unwrap();
+        ask_for_a_stop(&run_dir);
     }));
     let verdict = run(
         &home,
@@ -462,7 +483,9 @@ fn a_stop_asked_for_during_the_judgement_puts_it_off_to_the_next_start() {
     assert_eq!(kept.planned_stop.as_deref(), Some(reason.as_str()));
     assert!(fs::symlink_metadata(home.update_dir().join("updater")).is_ok());
 
-    // The next start (a recovery, nothing running): judged again, not counted, committed.
+    // A start through the wrapper ends the stop request and recovers: nothing runs, and
+    // the new version is judged again, not counted, and committed.
+    fs::remove_file(home.stop_request()).unwrap();
     let mut fx = Fake::new(false);
     let run_dir = home.run();
     fx.on_start_new = Some(Box::new(move || {
@@ -487,6 +510,60 @@ fn a_stop_asked_for_during_the_judgement_puts_it_off_to_the_next_start() {
     assert_eq!(done.planned_stop, None);
     assert!(
         fx.position("report:INSTALLED").is_some(),
+        "{:?}",
+        fx.events()
+    );
+}
+
+#[test]
+fn a_stop_asked_for_before_the_switch_starts_neither_version() {
+    // The operator stopped the old agent while the new version was unpacked: the update
+    // switches, starts nothing, and leaves the new version to its next start.
+    let (_dir, home) = installation(true);
+    symlink(format!("versions/{NEW}"), home.root().join("current.new")).unwrap();
+    fs::rename(home.root().join("current.new"), home.current()).unwrap();
+    ask_for_a_stop(&home.run());
+    let fx = Fake::new(false);
+    let mut j = journal(&home, Phase::Switched);
+    j.started_at = state::now_secs();
+    let verdict = run_handed_over(&home, &fx, j);
+    assert!(
+        matches!(&verdict, Verdict::PutOff(r) if r.contains("before 2.0.0+2 was started")),
+        "{verdict:?}"
+    );
+    assert_eq!(fx.events(), ["journal:Switched"]);
+    // An update run by hand on the stopped installation is asked to start it.
+    let mut fx = Fake::new(false);
+    fx.on_start_new = Some(Box::new(|| {}));
+    let mut j = journal(&home, Phase::Switched);
+    j.started_at = state::now_secs();
+    let s = Settings {
+        health_timeout: Duration::from_millis(200),
+        ..settings()
+    };
+    run(&home, &fx, j, false, s);
+    assert_eq!(fx.events()[0], format!("start:{NEW}"), "{:?}", fx.events());
+    // Nor does a rollback start the old version the operator stopped.
+    let fx = Fake::new(false);
+    let mut j = journal(&home, Phase::RollingBack);
+    j.started_at = state::now_secs();
+    j.reason = Some("it crashed".into());
+    let verdict = run(&home, &fx, j, true, settings());
+    assert!(matches!(verdict, Verdict::RolledBack(_)), "{verdict:?}");
+    assert!(
+        fx.events().iter().all(|e| !e.starts_with("start:")),
+        "{:?}",
+        fx.events()
+    );
+    assert_eq!(current(&home), format!("versions/{OLD}"));
+    // A request from before the update is stale: it stops nothing.
+    let fx = Fake::new(false);
+    let mut j = journal(&home, Phase::RollingBack);
+    j.started_at = state::now_secs() + 60;
+    j.reason = Some("it crashed".into());
+    run(&home, &fx, j, true, settings());
+    assert!(
+        fx.position(&format!("start:{OLD}")).is_some(),
         "{:?}",
         fx.events()
     );
