@@ -185,6 +185,40 @@ fn install_twice_changes_nothing_and_says_so() {
         "the agent was restarted"
     );
     assert_eq!(agents(&server).len(), 1);
+
+    // A stopped agent is no joined machine: the script says so and fails.
+    run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("stop"));
+    let out = one_liner_here(&server, &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a stopped agent: {stderr}");
+    assert!(stderr.contains("not running"), "{stderr}");
+
+    // What an uninstall leaves (conf/, data/, logs/) is no installed agent: the
+    // one-liner installs again, with a new identity, keeping conf/.
+    let old_id = read_file(&home.join("data/agent-id")).trim().to_owned();
+    fs::write(home.join("conf/operator-note.txt"), "mine").unwrap();
+    run_ok(Command::new(home.join("current/bin/agent")).args(["uninstall", "--yes"]));
+    assert!(!home.join("current").exists());
+    let out = one_liner_here(&server, &args);
+    assert!(
+        out.status.success(),
+        "the run after an uninstall: {}",
+        describe(&Command::new("sh"), &out)
+    );
+    assert!(home.join("current/bin/agent").exists());
+    assert_eq!(read_file(&home.join("conf/operator-note.txt")), "mine");
+    wait_until(
+        WAIT,
+        "the machine to join again with a new identity",
+        || {
+            agents(&server).iter().any(|a| {
+                a["id"] != old_id.as_str()
+                    && a["version"] == "1.0.0+1"
+                    && a["update_status"] != "LEFT"
+            })
+        },
+    );
+    run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("status"));
 }
 
 #[test]

@@ -49,6 +49,12 @@ enum Command {
         #[command(subcommand)]
         action: LockAction,
     },
+    /// Check the configuration (conf/agent.toml, or FILE) without starting anything:
+    /// what `agent-wrapper.sh restart` and the service run before they stop the agent.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
     /// Leave the fleet: tell the server, stop the agent and its workload, remove the
     /// systemd unit and the installed versions; conf/, data/ and logs/ stay.
     Uninstall {
@@ -58,6 +64,17 @@ enum Command {
         /// Do not ask.
         #[arg(long, short = 'y')]
         yes: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigAction {
+    /// Parse the configuration as the agent would: exit 0 if it would start, else the
+    /// file, line and key at fault and exit 78.
+    Check {
+        /// The file to check (default: the installation's conf/agent.toml).
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
     },
 }
 
@@ -132,6 +149,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    if let Some(Command::Config {
+        action: ConfigAction::Check { file },
+    }) = &cli.command
+    {
+        let path = file.clone().unwrap_or_else(|| install.home.agent_toml());
+        Config::load(&path, &ProcessEnv)?;
+        println!(
+            "{}: the configuration is good; the agent would start with it",
+            path.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let config = load_config(&install.home)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -164,7 +193,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime.block_on(crate::manual::update(&install, &config, check))
         }
         Some(Command::Lock { action }) => lock(&install.home, action),
-        Some(Command::Uninstall { .. }) => unreachable_uninstall(),
+        Some(Command::Uninstall { .. } | Command::Config { .. }) => handled_earlier(),
     }
 }
 
@@ -206,9 +235,10 @@ fn lock(home: &AgentHome, action: LockAction) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Handled before an installation is looked for: it may have none left.
-fn unreachable_uninstall() -> anyhow::Result<ExitCode> {
-    anyhow::bail!("agent uninstall is handled before the installation is read")
+/// `uninstall` (before an installation is looked for: it may have none left) and
+/// `config check` (before the configuration is loaded) are handled above.
+fn handled_earlier() -> anyhow::Result<ExitCode> {
+    anyhow::bail!("this command is handled before the configuration is read")
 }
 
 /// `agent uninstall`: the home from `--home`, or from this binary's place in it; a home

@@ -15,9 +15,17 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agent_protocol::layout::AgentHome;
+use agent_protocol::shown::shown;
 
 /// A lock file bigger than this is read only this far.
 const MAX_LOCK_TEXT: usize = 4096;
+/// A lock's reason is shown (and reported) cut to this many characters.
+const MAX_REASON_CHARS: usize = 200;
+/// A lock's name as shown, at most (a name `agent lock take` writes has 64 at most).
+const MAX_NAME_CHARS: usize = 64;
+/// The locks' text in one `DEFERRED` report, at most: well within what the server takes
+/// (a 4.6 kB lock file made the server refuse the report, and the agent dropped it).
+pub const MAX_REPORT_TEXT: usize = 1024;
 const EXPIRES: &str = "expires-at=";
 
 /// A lock as read from its file.
@@ -30,12 +38,14 @@ pub struct Lock {
 }
 
 impl Lock {
-    /// `name (reason)`, or the name alone.
+    /// `name (reason)`, or the name alone: control characters escaped (a name with an
+    /// ESC or a newline cannot move a terminal's cursor or forge a line), each cut.
     pub fn describe(&self) -> String {
+        let name = shown(&self.name, MAX_NAME_CHARS);
         if self.reason.is_empty() {
-            self.name.clone()
+            name
         } else {
-            format!("{} ({})", self.name, self.reason)
+            format!("{name} ({})", shown(&self.reason, MAX_REASON_CHARS))
         }
     }
 }
@@ -78,7 +88,7 @@ pub fn held(home: &AgentHome, now: u64) -> (Vec<Lock>, Vec<String>) {
                 Err(_) => {
                     warnings.push(format!(
                         "update lock {} is not UTF-8 text; it holds updates all the same (its text is the reason: write it as text)",
-                        entry.path().display()
+                        shown(&entry.path().display().to_string(), 300)
                     ));
                     Lock {
                         name: name.clone(),
@@ -90,7 +100,7 @@ pub fn held(home: &AgentHome, now: u64) -> (Vec<Lock>, Vec<String>) {
             Err(e) => {
                 warnings.push(format!(
                     "update lock {} cannot be read ({e}); it holds updates all the same",
-                    entry.path().display()
+                    shown(&entry.path().display().to_string(), 300)
                 ));
                 Lock {
                     name: name.clone(),
@@ -107,13 +117,42 @@ pub fn held(home: &AgentHome, now: u64) -> (Vec<Lock>, Vec<String>) {
     (locks, warnings)
 }
 
+/// A lock file's text, up to [`MAX_LOCK_TEXT`] bytes. Only a regular file with one link
+/// is read: its text is published to the fleet's viewers, and a hard link to a file
+/// the agent's user may read but the lock's writer may not (a root-only file) would
+/// publish that file. The check is made on the opened file, not its name.
 fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other(
+            "not a regular file; its text is not read",
+        ));
+    }
+    let links = platform::link_count(&meta);
+    if links != 1 {
+        return Err(std::io::Error::other(format!(
+            "it has {links} links (a hard link to another file); its text is not read"
+        )));
+    }
     let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_LOCK_TEXT as u64)
-        .read_to_end(&mut bytes)?;
+    file.take(MAX_LOCK_TEXT as u64).read_to_end(&mut bytes)?;
     Ok(bytes)
+}
+
+/// How many names a file has: the one fact about a lock file that differs by system.
+mod platform {
+    #[cfg(unix)]
+    pub(super) fn link_count(meta: &std::fs::Metadata) -> u64 {
+        std::os::unix::fs::MetadataExt::nlink(meta)
+    }
+
+    /// Windows' link count is not in stable std; a lock file there is read as one.
+    #[cfg(windows)]
+    pub(super) fn link_count(_meta: &std::fs::Metadata) -> u64 {
+        1
+    }
 }
 
 /// A lock name is a plain file name a person can type.
@@ -210,9 +249,59 @@ pub fn describe_all(locks: &[Lock]) -> String {
         .join(", ")
 }
 
+/// [`describe_all`] cut to [`MAX_REPORT_TEXT`] bytes, for a report the server takes.
+pub fn describe_for_report(locks: &[Lock]) -> String {
+    let all = describe_all(locks);
+    if all.len() <= MAX_REPORT_TEXT {
+        return all;
+    }
+    let cut = agent_protocol::shown::cut_to_bytes(&all, MAX_REPORT_TEXT - 40);
+    format!("{cut}… ({} locks in all)", locks.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_and_reasons_are_shown_escaped_and_cut() {
+        let l = parse("evil\u{1b}[2Jname\n", &"r".repeat(4600));
+        let shown = l.describe();
+        assert!(
+            !shown.contains('\u{1b}') && !shown.contains('\n'),
+            "{shown:?}"
+        );
+        assert!(shown.contains("\\u{1b}"), "{shown:?}");
+        assert!(shown.len() < 400, "{} bytes", shown.len());
+        let many: Vec<Lock> = (0..50)
+            .map(|i| parse(&format!("lock{i}"), &"why ".repeat(100)))
+            .collect();
+        let report = describe_for_report(&many);
+        assert!(report.len() <= MAX_REPORT_TEXT, "{} bytes", report.len());
+        assert!(report.ends_with("(50 locks in all)"), "{report}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_hard_link_is_held_but_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = AgentHome::new(dir.path());
+        std::fs::create_dir_all(home.update_locks()).unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "root's secret").unwrap();
+        std::fs::hard_link(&secret, home.update_locks().join("linked")).unwrap();
+        std::fs::write(home.update_locks().join("plain"), "backup").unwrap();
+        let (held, warnings) = held(&home, 0);
+        assert_eq!(held.len(), 2, "{held:?}");
+        let linked = held.iter().find(|l| l.name == "linked").unwrap();
+        assert!(!linked.reason.contains("secret"), "{linked:?}");
+        assert!(linked.reason.contains("links"), "{linked:?}");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(
+            held.iter().find(|l| l.name == "plain").unwrap().reason,
+            "backup"
+        );
+    }
 
     #[test]
     fn a_lock_files_text_is_its_reason_and_a_last_expires_line_its_expiry() {

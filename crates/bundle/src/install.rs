@@ -142,7 +142,10 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
     remove_stale_staging(&prefix);
     let home = AgentHome::new(prefix.join(layout::DIST_ROOT));
     let exists = home.root().exists();
-    if exists && !req.force {
+    // What `agent uninstall` leaves (conf/, data/, logs/, no `current`) is no installed
+    // agent: installed over, keeping the operator's files, without --force.
+    let leftovers = exists && fs::symlink_metadata(home.current()).is_err();
+    if exists && !req.force && !leftovers {
         return Err(BundleError::Exists(home.root().to_path_buf()));
     }
     if exists {

@@ -62,12 +62,20 @@ pub fn decide(
         Credentials::Revoked(Revocation::Removed) => Verdict::Deny(
             "an operator removed this agent from the fleet and its credentials are revoked; install the agent again (a new id) to enroll this machine",
         ),
-        // From before credentials, or reset by an operator: it gets a token now.
-        Credentials::None => Verdict::Allow { issue: true },
+        // Reset by an operator (forget-token), or from before credentials: it gets a token
+        // now, but a forgotten id is not open to anyone: with an enrollment token set,
+        // re-adoption needs it, as a new id does (ids are visible to every viewer).
+        Credentials::None => {
+            if enrolls(enrollment_required, enrollment_presented) {
+                Verdict::Allow { issue: true }
+            } else {
+                Verdict::Deny(
+                    "this agent id's credentials were reset (forget-token) and this server adopts it again only with its enrollment token: set server.enrollment-token in conf/agent.toml (or install with --enroll-token) and restart the agent",
+                )
+            }
+        }
         Credentials::Unknown => {
-            if enrollment_required.is_empty()
-                || enrollment_presented.is_some_and(|e| same(e, enrollment_required))
-            {
+            if enrolls(enrollment_required, enrollment_presented) {
                 Verdict::Allow { issue: true }
             } else {
                 Verdict::Deny(
@@ -76,6 +84,12 @@ pub fn decide(
             }
         }
     }
+}
+
+/// Whether a request may take an id without credentials: enrollment is open, or it
+/// presents the enrollment token.
+fn enrolls(required: &str, presented: Option<&str>) -> bool {
+    required.is_empty() || presented.is_some_and(|e| same(e, required))
 }
 
 #[cfg(test)]
@@ -125,9 +139,13 @@ mod tests {
             decide(&Credentials::None, None, "", None),
             Verdict::Allow { issue: true }
         );
-        // Enrollment concerns new ids only: an agent from before credentials keeps updating.
-        assert_eq!(
+        // A forgotten id is not open to anyone: with an enrollment token set, it is needed.
+        assert!(matches!(
             decide(&Credentials::None, None, "secret", None),
+            Verdict::Deny(why) if why.contains("enrollment token")
+        ));
+        assert_eq!(
+            decide(&Credentials::None, None, "secret", Some("secret")),
             Verdict::Allow { issue: true }
         );
     }

@@ -133,6 +133,29 @@ pub fn now_ms() -> i64 {
 
 /// `sqlite://` URL of a file path, with the characters the URL parser would take for
 /// its own percent-encoded.
+/// Creates the SQLite file readable by its owner alone (it holds agents' token hashes
+/// and the audit log), or makes an existing one so. SQLite gives its `-wal` and `-shm`
+/// files the database file's mode.
+fn owner_only(path: &Path) -> Result<(), FleetError> {
+    let io = |e: std::io::Error| FleetError::Config(format!("{}: {e}", path.display()));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(io)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (path, io);
+    }
+    Ok(())
+}
+
 fn sqlite_url(path: &Path) -> String {
     let mut url = String::from("sqlite://");
     for b in path.display().to_string().bytes() {
@@ -254,10 +277,15 @@ impl Db {
     pub async fn open(url: &str, home: &Path, pool_size: u32) -> Result<Self, FleetError> {
         sqlx::any::install_default_drivers();
         let (url, backend) = if url.is_empty() {
-            (sqlite_url(&home.join("fleet.db")), Backend::Sqlite)
+            let path = home.join("fleet.db");
+            owner_only(&path)?;
+            (sqlite_url(&path), Backend::Sqlite)
         } else if let Some(rest) = url.strip_prefix("sqlite:") {
             let path = rest.trim_start_matches("//");
             let path = path.split('?').next().unwrap_or(path);
+            if !path.starts_with(":memory:") {
+                owner_only(Path::new(path))?;
+            }
             (sqlite_url(Path::new(path)), Backend::Sqlite)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             (url.to_owned(), Backend::Postgres)

@@ -848,8 +848,9 @@ async fn write_together(
         .map(|&(r, at_ms)| (r, at_ms / 1000))
         .collect();
     db.record_reports(&received).await?;
-    rollouts.reports(&reports).await?;
-    rollouts.record_told_many(&told).await
+    // The 409s first: a report counts in a rollout only from an agent it told.
+    rollouts.record_told_many(&told).await?;
+    rollouts.reports(&reports).await
 }
 
 /// Writes the spool back, oldest first, while the database answers; then lets calls go

@@ -24,6 +24,7 @@ pub mod properties;
 pub mod rotation;
 pub mod server_url;
 pub mod settings;
+pub mod shown;
 pub mod version;
 pub mod wire;
 

@@ -339,7 +339,39 @@ pub enum UpdateStatus {
     WaitingWindow,
 }
 
+/// The status of an agent that left the fleet (`agent uninstall`), beside the update
+/// statuses in `/admin/agents`.
+pub const LEFT_STATUS: &str = "LEFT";
+
 impl UpdateStatus {
+    pub const ALL: [UpdateStatus; 6] = [
+        UpdateStatus::Installing,
+        UpdateStatus::Installed,
+        UpdateStatus::InstallFailed,
+        UpdateStatus::Retrying,
+        UpdateStatus::Deferred,
+        UpdateStatus::WaitingWindow,
+    ];
+
+    /// A status an agent list may be filtered by (any case), as the API spells it; or
+    /// the refusal that lists the known ones.
+    pub fn filter_name(text: &str) -> Result<String, String> {
+        let upper = text.trim().to_ascii_uppercase();
+        if upper == LEFT_STATUS || Self::ALL.iter().any(|s| s.as_str() == upper) {
+            return Ok(upper);
+        }
+        let known: Vec<&str> = Self::ALL
+            .iter()
+            .map(|s| s.as_str())
+            .chain([LEFT_STATUS])
+            .collect();
+        Err(format!(
+            "no agent status is called {:?}; the statuses are {}",
+            crate::shown::shown(text, 40),
+            known.join(", ")
+        ))
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             UpdateStatus::Installing => "INSTALLING",

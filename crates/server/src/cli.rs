@@ -59,6 +59,15 @@ impl AdminClient {
         self.send(base, request).await
     }
 
+    /// `POST /admin/agents/{id}/override-locks`.
+    pub async fn override_locks(&self, id: &str) -> anyhow::Result<Value> {
+        let base = self.base()?;
+        let request = self
+            .http()?
+            .post(format!("{base}/admin/agents/{id}/override-locks"));
+        self.send(base, request).await
+    }
+
     /// `DELETE /admin/agents/{id}`.
     pub async fn remove_agent(&self, id: &str) -> anyhow::Result<Value> {
         let base = self.base()?;
@@ -592,4 +601,10 @@ pub fn render_agents(list: &Value) -> String {
         if rows.len() == 1 { "" } else { "s" }
     );
     out
+}
+
+/// `--status` of `agents list`, checked before anything is asked (a typo answered "no
+/// agents match").
+pub fn known_status(text: &str) -> anyhow::Result<String> {
+    agent_protocol::wire::UpdateStatus::filter_name(text).map_err(anyhow::Error::msg)
 }

@@ -433,21 +433,16 @@ impl Registry {
     /// idle one first, then one still sending its head); a request under way is never
     /// cut. False if every connection is busy.
     fn evict_one(&self) -> bool {
-        let mut candidates: Vec<Arc<ConnState>> = self
+        // The keys are read once, here: other connections change `head_since` while
+        // this sorts, and a sort whose keys change under it panics (it took a server of
+        // 20,000 agents down at its connection limit).
+        let candidates: Vec<(EvictionKey, Arc<ConnState>)> = self
             .lock()
             .values()
             .filter(|c| c.active.load(Ordering::Acquire) == 0)
-            .cloned()
+            .map(|c| (EvictionKey::of(c), Arc::clone(c)))
             .collect();
-        // Idle (no byte of a head yet) before half-sent heads, oldest first.
-        candidates.sort_by_key(|c| {
-            (
-                c.head_since.load(Ordering::Acquire) != 0
-                    && c.head_since.load(Ordering::Acquire) != NONE,
-                c.opened,
-            )
-        });
-        for c in candidates {
+        for c in eviction_order(candidates) {
             if c.claim_for_eviction() {
                 c.evict.notify_one();
                 return true;
@@ -455,6 +450,30 @@ impl Registry {
         }
         false
     }
+}
+
+/// What an eviction orders connections by, read once per connection: idle (no byte of
+/// a head yet) before half-sent heads, then oldest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct EvictionKey {
+    sending_head: bool,
+    opened: Instant,
+}
+
+impl EvictionKey {
+    fn of(c: &ConnState) -> Self {
+        let head_since = c.head_since.load(Ordering::Acquire);
+        Self {
+            sending_head: head_since != 0 && head_since != NONE,
+            opened: c.opened,
+        }
+    }
+}
+
+/// The candidates in the order they are evicted (pure: keys are a snapshot).
+fn eviction_order<T>(mut candidates: Vec<(EvictionKey, T)>) -> impl Iterator<Item = T> {
+    candidates.sort_by_key(|(key, _)| *key);
+    candidates.into_iter().map(|(_, c)| c)
 }
 
 /// Raises this process's soft file limit to its hard limit; returns the soft limit now
@@ -663,7 +682,9 @@ pub async fn serve(
         let slot = match Arc::clone(&slots).try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
-                if registry.evict_one() {
+                if crate::panics::catch("choosing a connection to evict", || registry.evict_one())
+                    == Some(true)
+                {
                     inc(&metrics.evicted);
                 }
                 tokio::select! {
@@ -759,6 +780,71 @@ mod tests {
         assert_eq!(new_idle.active.load(Ordering::Acquire), EVICTED);
         registry.lock().remove(&3);
         assert!(!registry.evict_one(), "only a busy connection is left");
+    }
+
+    /// At the limit, connections change their heads while an eviction looks at them:
+    /// the choice is made on a snapshot, and never panics (a sort on live keys did).
+    #[test]
+    fn eviction_survives_connections_that_change_while_it_chooses() {
+        let registry = Arc::new(Registry::default());
+        let conns: Vec<Arc<ConnState>> = (0..3000).map(|i| Arc::new(ConnState::new(i))).collect();
+        for c in &conns {
+            registry.lock().insert(c.id, Arc::clone(c));
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let changers: Vec<_> = (0..2)
+            .map(|t| {
+                let conns = conns.clone();
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let mut n: u64 = t;
+                    while !stop.load(Ordering::Relaxed) {
+                        for c in &conns {
+                            n = n.wrapping_mul(6364136223846793005).wrapping_add(1);
+                            let value = match n >> 62 {
+                                0 => 0,
+                                1 => NONE,
+                                _ => n >> 40,
+                            };
+                            c.head_since.store(value, Ordering::Release);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..300 {
+            assert!(
+                registry.evict_one(),
+                "an idle connection is always there to evict"
+            );
+            // Let the evicted one serve again, so every round chooses among them all.
+            for c in &conns {
+                let _ = c
+                    .active
+                    .compare_exchange(EVICTED, 0, Ordering::AcqRel, Ordering::Acquire);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in changers {
+            t.join().expect("a changer thread");
+        }
+    }
+
+    #[test]
+    fn eviction_orders_idle_before_half_sent_heads_then_oldest_first() {
+        let t0 = Instant::now();
+        let key = |sending_head, after_ms| EvictionKey {
+            sending_head,
+            opened: t0 + Duration::from_millis(after_ms),
+        };
+        let order: Vec<&str> = eviction_order(vec![
+            (key(true, 1), "old head"),
+            (key(false, 5), "new idle"),
+            (key(false, 2), "old idle"),
+            (key(true, 9), "new head"),
+        ])
+        .collect();
+        assert_eq!(order, ["old idle", "new idle", "old head", "new head"]);
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
     pub retry_after: Option<u64>,
+    /// The refusal is in the audit log already (see [`crate::routes::refusals`]).
+    pub audited: bool,
 }
 
 impl ApiError {
@@ -30,7 +32,15 @@ impl ApiError {
             status,
             message: message.into(),
             retry_after: None,
+            audited: false,
         }
+    }
+
+    /// Marks a refusal its handler recorded in the audit log.
+    #[must_use]
+    pub fn audited(mut self) -> Self {
+        self.audited = true;
+        self
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -84,6 +94,11 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        if self.audited {
+            response
+                .extensions_mut()
+                .insert(crate::routes::refusals::Audited);
         }
         response
     }

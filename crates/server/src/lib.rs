@@ -21,6 +21,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod opamp;
 pub mod pacer;
+pub mod panics;
 pub mod refusal;
 pub mod releases;
 pub mod routes;
@@ -254,16 +255,19 @@ fn contact_refresh(heartbeat_secs: u64) -> Duration {
 /// Hands held agents their turns to be told, as download slots free up (see [`pacer`]).
 fn spawn_pacer(state: &AppState) {
     let s = Arc::clone(&state.inner);
-    tokio::spawn(async move {
-        s.pacer
-            .run(|| {
-                pacer::free_slots(
-                    s.download_limit.load(std::sync::atomic::Ordering::Relaxed),
-                    s.limiter.in_flight(),
-                    s.fleet.auto_update(),
-                )
-            })
-            .await;
+    panics::spawn_restarting("pacer", move || {
+        let s = Arc::clone(&s);
+        async move {
+            s.pacer
+                .run(|| {
+                    pacer::free_slots(
+                        s.download_limit.load(std::sync::atomic::Ordering::Relaxed),
+                        s.limiter.in_flight(),
+                        s.fleet.auto_update(),
+                    )
+                })
+                .await;
+        }
     });
 }
 
@@ -274,7 +278,22 @@ fn spawn_rollout_loop(state: &AppState) {
     let rollouts = Arc::clone(&state.inner.fleet.rollouts);
     let outage = Arc::clone(&state.inner.fleet.outage);
     let configs = Arc::clone(&state.inner.fleet.configs);
-    tokio::spawn(async move {
+    panics::spawn_restarting("rollout loop", move || {
+        let store = Arc::clone(&store);
+        let rollouts = Arc::clone(&rollouts);
+        let outage = Arc::clone(&outage);
+        let configs = Arc::clone(&configs);
+        rollout_loop(store, rollouts, outage, configs)
+    });
+}
+
+async fn rollout_loop(
+    store: Arc<store::BundleStore>,
+    rollouts: Arc<agent_fleet::rollout::Rollouts>,
+    outage: Arc<agent_fleet::outage::Outage>,
+    configs: Arc<agent_fleet::config::Configs>,
+) {
+    {
         let mut tick = tokio::time::interval(ROLLOUT_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_error = String::new();
@@ -318,7 +337,29 @@ fn spawn_rollout_loop(state: &AppState) {
                 }
             }
         }
-    });
+    }
+}
+
+/// Follows the fleet's published release and scans the download directory, each second.
+async fn release_scan(store: Arc<store::BundleStore>, publisher: Arc<releases::Publisher>) {
+    let mut tick = tokio::time::interval(SCAN_INTERVAL);
+    let mut said: Option<String> = None;
+    loop {
+        tick.tick().await;
+        // A release published on another server of the fleet, then the directory.
+        match publisher.follow().await {
+            Err(e) if said.as_deref() != Some(e.to_string().as_str()) => {
+                tracing::error!(
+                    "cannot serve the fleet's published release (tried again every second): {e}"
+                );
+                said = Some(e.to_string());
+            }
+            Err(_) => {}
+            Ok(_) => said = None,
+        }
+        let store = Arc::clone(&store);
+        let _ = tokio::task::spawn_blocking(move || store.scan()).await;
+    }
 }
 
 /// Serves until `shutdown` resolves, then lets running downloads finish for the grace
@@ -328,6 +369,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let addr = config.listen_addr().map_err(ServerError::Config)?;
+    panics::install_hook();
     // Connections are capped below the file limit, so that a flood of them never leaves
     // the server without a descriptor for its bundle or its database.
     let fd_limit = conn::raise_fd_limit(
@@ -410,30 +452,22 @@ pub async fn serve(
     state.inner.fleet.spawn_settings_poll();
     let store = Arc::clone(&state.inner.store);
     let publisher = Arc::clone(&state.inner.releases);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(SCAN_INTERVAL);
-        let mut said: Option<String> = None;
-        loop {
-            tick.tick().await;
-            // A release published on another server of the fleet, then the directory.
-            match publisher.follow().await {
-                Err(e) if said.as_deref() != Some(e.to_string().as_str()) => {
-                    tracing::error!(
-                        "cannot serve the fleet's published release (tried again every second): {e}"
-                    );
-                    said = Some(e.to_string());
-                }
-                Err(_) => {}
-                Ok(_) => said = None,
-            }
-            let store = Arc::clone(&store);
-            let _ = tokio::task::spawn_blocking(move || store.scan()).await;
-        }
+    panics::spawn_restarting("release scan", move || {
+        let store = Arc::clone(&store);
+        let publisher = Arc::clone(&publisher);
+        release_scan(store, publisher)
     });
 
     // The page signs people in with admin.token or a named operator token: with
     // neither, its sign-in refuses every token.
-    let router = app(state.clone()).merge(web::router(state, page_options(&config)));
+    let router = app(state.clone())
+        .merge(web::router(state.clone(), page_options(&config)))
+        // Outside every route's own layers: it sees their refusals too (a body over the
+        // limit, a request past its clock).
+        .layer(axum::middleware::from_fn_with_state(
+            state,
+            routes::refusals::audit,
+        ));
     let router = router.layer(
         // 503 (limit) and 409 (directive) are answers the server means to give; a
         // fleet produces thousands, so they are not logged as errors.

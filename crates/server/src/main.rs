@@ -213,6 +213,12 @@ enum Agents {
         /// The agent's id (data/agent-id, or `id` in GET /admin/agents).
         id: String,
     },
+    /// Let the fleet's current release through the agent's update locks now (an
+    /// operator's; audited): it updates at its next contact.
+    OverrideLocks {
+        /// The agent's id (data/agent-id, or `id` in GET /admin/agents).
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -299,9 +305,12 @@ fn main() -> ExitCode {
                         status,
                         group,
                     } => {
+                        let status = status
+                            .map(|s| update_server::cli::known_status(&s))
+                            .transpose()?;
                         let query = AgentQuery {
                             version,
-                            status: status.map(|s| s.to_ascii_uppercase()),
+                            status,
                             group,
                         };
                         let answer = runtime.block_on(client.agents(&query))?;
@@ -314,6 +323,19 @@ fn main() -> ExitCode {
                             "forgot the credentials of agent {id}; its next register gets new ones"
                         ),
                     ),
+                    Agents::OverrideLocks { id } => {
+                        let answer = runtime.block_on(client.override_locks(&id))?;
+                        let release = answer["override_locks"]
+                            .as_str()
+                            .unwrap_or("the current release")
+                            .to_owned();
+                        (
+                            answer,
+                            format!(
+                                "agent {id} takes {release} despite its update locks, at its next contact"
+                            ),
+                        )
+                    }
                     Agents::Remove { id } => (
                         runtime.block_on(client.remove_agent(&id))?,
                         format!(

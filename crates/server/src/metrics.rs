@@ -313,6 +313,12 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
+            "# HELP agentupdate_panics_total Panics the server caught and went on after (each is in its log with a backtrace)."
+        );
+        let _ = writeln!(out, "# TYPE agentupdate_panics_total counter");
+        let _ = writeln!(out, "agentupdate_panics_total {}", crate::panics::count());
+        let _ = writeln!(
+            out,
             "# HELP agentupdate_connections_open Client connections open now."
         );
         let _ = writeln!(out, "# TYPE agentupdate_connections_open gauge");

@@ -366,9 +366,15 @@ impl Configs {
             return Ok(());
         };
         let on_target = outcome == rstore::APPLIED;
-        self.engine
+        let member = self
+            .engine
             .membership(&rollout, &status.id, &group, on_target)
             .await?;
+        // A status of a set this rollout never sent the agent counts for the agent only.
+        if !member.told {
+            tracing::info!(agent = %status.id, hash = %status.hash, "a configuration status of a set this rollout did not send the agent: recorded against the agent, not counted in the rollout");
+            return Ok(());
+        }
         self.engine
             .outcome(rollout.id, &status.id, outcome, error, at)
             .await

@@ -683,23 +683,40 @@ impl Rollouts {
             .filter_map(|&(report, at)| Some((report, counted_outcome(report, &current)?, at)))
             .collect();
         let counted = crate::db::latest_per_agent(&counted, |(r, _, _)| r.id.as_str());
-        for &(report, outcome, _) in &counted {
+        let mut told = Vec::with_capacity(counted.len());
+        for &(report, outcome, at) in &counted {
             // Its group places an agent this server has not placed yet (most were, when
             // told): a report costs no read of the agent's row then.
-            if self.engine.known(current.id, &report.id).is_none() {
-                let group = self
-                    .db()
-                    .agent(&report.id)
-                    .await?
-                    .map(|a| a.group)
-                    .unwrap_or_default();
-                let on_target = outcome == store::INSTALLED;
-                self.engine
-                    .membership(&current, &report.id, &group, on_target)
-                    .await?;
+            let member = match self.engine.known(current.id, &report.id) {
+                Some(m) => m,
+                None => {
+                    let group = self
+                        .db()
+                        .agent(&report.id)
+                        .await?
+                        .map(|a| a.group)
+                        .unwrap_or_default();
+                    let on_target = outcome == store::INSTALLED;
+                    self.engine
+                        .membership(&current, &report.id, &group, on_target)
+                        .await?
+                }
+            };
+            // Only what this rollout told the agent counts toward its wave: a report of
+            // a release the agent was never sent (made up, or from an update an operator
+            // ran by hand) is the agent's news, not the release's verdict.
+            if member.told {
+                told.push((report, outcome, at));
+            } else {
+                tracing::info!(
+                    agent = %report.id,
+                    to = %report.to,
+                    status = report.status.as_str(),
+                    "a report of a release this rollout did not tell the agent: recorded against the agent, not counted in the rollout"
+                );
             }
         }
-        let outcomes: Vec<store::Outcome<'_>> = counted
+        let outcomes: Vec<store::Outcome<'_>> = told
             .iter()
             .map(|&(report, outcome, at)| store::Outcome {
                 agent: &report.id,
@@ -729,6 +746,9 @@ impl Rollouts {
         }
         for (rollout, agents) in by_rollout {
             store::mark_told_many(self.db().pool(), self.db().backend(), rollout, &agents).await?;
+            for (agent, _) in agents {
+                self.engine.remember(rollout, agent, |m| m.told = true);
+            }
         }
         Ok(())
     }

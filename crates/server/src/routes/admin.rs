@@ -111,12 +111,19 @@ pub(super) async fn agents(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     auth.require(s, Action::Read, "agents.read").await?;
+    let status = filter
+        .status
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .map(agent_protocol::wire::UpdateStatus::filter_name)
+        .transpose()
+        .map_err(ApiError::bad_request)?;
     // What people read is as fresh as what the server heard.
     s.fleet.flush_contacts().await;
     let rows = s
         .fleet
         .db
-        .agents(filter.version.as_deref(), filter.status.as_deref())
+        .agents(filter.version.as_deref(), status.as_deref())
         .await?;
     let members = s.fleet.rollouts.members().await?;
     let opamp = s.fleet.db.opamp_agents().await?;
@@ -182,6 +189,26 @@ pub(super) async fn forget_token(
     let caller = auth
         .require(s, Action::Change, "agent.forget_token")
         .await?;
+    // A revoked id stays revoked: forgetting its token would change nothing, and an
+    // answer of "forgotten" would say otherwise.
+    if let Credentials::Revoked(how) = s.fleet.db.credentials(&id).await? {
+        let why = match how {
+            Revocation::Left => format!(
+                "agent {id} left the fleet (agent uninstall) and its credentials stay revoked: there is no token to forget; install the agent on that machine again (it enrolls with a new id)"
+            ),
+            Revocation::Removed => format!(
+                "agent {id} was removed from the fleet and its credentials stay revoked: there is no token to forget; install the agent on that machine again (it enrolls with a new id)"
+            ),
+        };
+        caller
+            .refused(
+                s,
+                "agent.forget_token",
+                serde_json::json!({ "agent": id, "reason": why }),
+            )
+            .await;
+        return Err(ApiError::new(StatusCode::CONFLICT, why).audited());
+    }
     if !s.fleet.forget_token(&id).await? {
         return Err(unknown_agent(&id));
     }
@@ -190,7 +217,12 @@ pub(super) async fn forget_token(
     caller
         .record(s, "agent.forget_token", serde_json::json!({ "agent": id }))
         .await;
-    Ok(Json(serde_json::json!({ "id": id, "token": "forgotten" })).into_response())
+    let next = if s.enrollment_token.is_empty() {
+        "the agent's next register (with a fresh data/agent-token, or none) gets new credentials"
+    } else {
+        "the agent's next register gets new credentials only if it presents this server's enrollment token (server.enrollment-token in its conf/agent.toml); until then the id is refused"
+    };
+    Ok(Json(serde_json::json!({ "id": id, "token": "forgotten", "next": next })).into_response())
 }
 
 /// `DELETE /admin/agents/{id}`: forgets a lost machine. Its credentials are refused from
@@ -341,7 +373,11 @@ async fn operator_answer(
             caller.record(s, what, details).await;
             rollout_json(s).await
         }
-        Err(Refusal(why)) => Err(ApiError::new(StatusCode::CONFLICT, why)),
+        Err(Refusal(why)) => {
+            details["reason"] = serde_json::Value::String(why.clone());
+            caller.refused(s, what, details).await;
+            Err(ApiError::new(StatusCode::CONFLICT, why).audited())
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use agent_fleet::db::{Credentials, Revocation, now_ms, now_secs};
 use agent_fleet::outage::Deferred;
 use agent_fleet::rollout::Answer;
 
+use super::operators::ConnAddress;
 use super::{ANSWER_WITHIN, AppState, Shared, json_body, ready};
 use crate::error::ApiError;
 use crate::metrics::{Holding, inc};
@@ -573,6 +574,37 @@ pub(super) async fn authenticate(
     Ok(verdict)
 }
 
+/// Refuses (`401`) a call from anyone but an agent that registered and presents the
+/// credentials it got then: open enrollment lets anyone *register*, never *report* or
+/// speak for an id (a made-up id's failure report halted a rollout). `not_enrolled`
+/// says what an id without credentials is told.
+pub(super) async fn authenticate_enrolled(
+    s: &Shared,
+    id: &str,
+    headers: &HeaderMap,
+    not_enrolled: &'static str,
+) -> Result<(), ApiError> {
+    match authenticate(s, id, headers).await? {
+        Verdict::Allow { issue: false } => Ok(()),
+        Verdict::Allow { issue: true } => Err(unauthorized(id, not_enrolled)),
+        Verdict::Deny(why) => Err(unauthorized(id, why)),
+    }
+}
+
+/// The longest `error` of a report or configuration status the server takes, in bytes.
+pub(super) const MAX_ERROR_TEXT: usize = 4096;
+
+/// The refusal of an `error` over [`MAX_ERROR_TEXT`]: which field, how long, what to do.
+pub(super) fn too_long_error(error: &str, what: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "the {what}'s \"error\" field is {} bytes, over the {MAX_ERROR_TEXT} this server takes; send it shorter (agents from this release cut it themselves)",
+        error.len()
+    ))
+}
+
+/// What an id with no credentials hears when it reports.
+pub(super) const REPORT_NOT_ENROLLED: &str = "this agent id has not registered with this fleet (or its credentials were reset): an agent reports only with the credentials it got at register (Authorization: Bearer, from data/agent-token); register first";
+
 pub(super) fn unauthorized(id: &str, why: &'static str) -> ApiError {
     tracing::warn!(agent = %id, "refused a call without the agent's credentials: {why}");
     ApiError::new(StatusCode::UNAUTHORIZED, why)
@@ -620,6 +652,7 @@ async fn enroll(
 /// from then on), it is listed `LEFT`, and no wave waits for it.
 pub(super) async fn leave(
     State(state): State<AppState>,
+    ConnAddress(address): ConnAddress,
     headers: HeaderMap,
     body: Result<Json<wire::Leave>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -627,16 +660,13 @@ pub(super) async fn leave(
     check_id(&leave.id)?;
     let s = &state.inner;
     // Only the agent itself, proving its credentials, may take itself out of the fleet.
-    match authenticate(s, &leave.id, &headers).await? {
-        Verdict::Allow { issue: false } => {}
-        Verdict::Allow { issue: true } => {
-            return Err(unauthorized(
-                &leave.id,
-                "this agent id has no credentials with this fleet: nothing to leave",
-            ));
-        }
-        Verdict::Deny(why) => return Err(unauthorized(&leave.id, why)),
-    }
+    authenticate_enrolled(
+        s,
+        &leave.id,
+        &headers,
+        "this agent id has no credentials with this fleet: nothing to leave",
+    )
+    .await?;
     s.fleet.revoke(&leave.id, Revocation::Left).await?;
     tracing::info!(agent = %leave.id, "the agent left the fleet (agent uninstall); its credentials are revoked");
     let who = format!("agent:{}", leave.id);
@@ -644,7 +674,7 @@ pub(super) async fn leave(
         s,
         agent_fleet::audit::Change {
             who: &who,
-            address: "",
+            address: &address,
             action: "agent.leave",
             outcome: agent_fleet::audit::Outcome::Done,
             details: serde_json::json!({ "agent": leave.id }),
@@ -663,14 +693,21 @@ pub(super) async fn report(
     let mut report = json_body(body)?;
     check_id(&report.id)?;
     // Nobody reports for an agent but that agent: a forged failure could halt a rollout.
-    if let Verdict::Deny(why) = authenticate(&state.inner, &report.id, &headers).await? {
-        return Err(unauthorized(&report.id, why));
-    }
-    if report.error.as_ref().is_some_and(|e| e.len() > 4096) {
-        return Err(ApiError::bad_request(
-            "error text is longer than 4096 bytes",
+    authenticate_enrolled(&state.inner, &report.id, &headers, REPORT_NOT_ENROLLED).await?;
+    if report
+        .error
+        .as_ref()
+        .is_some_and(|e| e.len() > MAX_ERROR_TEXT)
+    {
+        return Err(too_long_error(
+            report.error.as_deref().unwrap_or_default(),
+            "report",
         ));
     }
+    // Shown in terminals and logs: no control character gets through as it is.
+    report.error = report
+        .error
+        .map(|e| agent_protocol::shown::shown(&e, MAX_ERROR_TEXT));
     // Agents from before RETRYING report a full disk as INSTALL_FAILED: a machine's
     // fault never counts against the bundle.
     if report.status == UpdateStatus::InstallFailed

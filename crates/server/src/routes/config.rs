@@ -19,7 +19,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::agents::{authenticate, check_id, unauthorized};
+use super::agents::{MAX_ERROR_TEXT, authenticate_enrolled, check_id, too_long_error};
 use super::operators::Auth;
 use super::{AppState, Shared, json_body};
 use crate::error::ApiError;
@@ -94,7 +94,7 @@ pub(super) async fn put(
                     serde_json::json!({ "group": group, "files": names, "reason": why }),
                 )
                 .await;
-            return Err(ApiError::new(StatusCode::CONFLICT, why));
+            return Err(ApiError::new(StatusCode::CONFLICT, why).audited());
         }
         other => other?,
     };
@@ -223,21 +223,26 @@ pub(super) async fn status(
     body: Result<Json<ConfigStatus>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let s: &Shared = &state.inner;
-    let status = json_body(body)?;
+    let mut status = json_body(body)?;
     check_id(&status.id)?;
-    if let agent_fleet::credentials::Verdict::Deny(why) =
-        authenticate(s, &status.id, &headers).await?
-    {
-        return Err(unauthorized(&status.id, why));
-    }
+    authenticate_enrolled(s, &status.id, &headers, super::agents::REPORT_NOT_ENROLLED).await?;
     if status.hash.len() != 64 || !status.hash.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(ApiError::bad_request("hash must be 64 hex digits"));
     }
-    if status.error.as_ref().is_some_and(|e| e.len() > 4096) {
-        return Err(ApiError::bad_request(
-            "error text is longer than 4096 bytes",
+    if status
+        .error
+        .as_ref()
+        .is_some_and(|e| e.len() > MAX_ERROR_TEXT)
+    {
+        return Err(too_long_error(
+            status.error.as_deref().unwrap_or_default(),
+            "configuration status",
         ));
     }
+    // Shown in terminals and logs: no control character gets through as it is.
+    status.error = status
+        .error
+        .map(|e| agent_protocol::shown::shown(&e, MAX_ERROR_TEXT));
     inc(&s.metrics.config_statuses);
     tracing::info!(agent = %status.id, hash = %status.hash, status = status.status.as_str(), error = ?status.error, "configuration status");
     let status = Deferred::ConfigStatus {

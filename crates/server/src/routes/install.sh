@@ -64,11 +64,27 @@ PREFIX=${PREFIX%/}
 [ -n "$PREFIX" ] || PREFIX=/
 HOME_DIR=${PREFIX%/}/agent
 
-# Run twice, change nothing.
-if [ -e "$HOME_DIR" ] || [ -L "$HOME_DIR" ]; then
-    say "an agent is already installed at $HOME_DIR; nothing was changed."
-    say "See it with: $HOME_DIR/current/bin/agent status"
-    exit 0
+# Run twice, change nothing; but only a running agent counts as joined (automation
+# reads the exit status). What `agent uninstall` leaves (conf/, data/, logs/) is no
+# installed agent: the agent is installed again over it, keeping conf/.
+LEFTOVERS=
+if [ -e "$HOME_DIR/current" ] || [ -L "$HOME_DIR/current" ]; then
+    if [ -d /run/systemd/system ] && systemctl is-active --quiet "$UNIT_NAME" 2>/dev/null; then
+        running=1
+    elif "$HOME_DIR/current/bin/agent-wrapper.sh" status >/dev/null 2>&1; then
+        running=1
+    else
+        running=
+    fi
+    if [ -n "$running" ]; then
+        say "an agent is already installed and running at $HOME_DIR; nothing was changed."
+        say "See it with: $HOME_DIR/current/bin/agent status"
+        exit 0
+    fi
+    fail "an agent is installed at $HOME_DIR but is not running; nothing was changed. Start it (systemctl start $UNIT_NAME, or $HOME_DIR/current/bin/agent-wrapper.sh start), or remove it first ($HOME_DIR/current/bin/agent uninstall --yes) and run this again"
+elif [ -e "$HOME_DIR" ] || [ -L "$HOME_DIR" ]; then
+    LEFTOVERS=1
+    say "$HOME_DIR holds what an uninstalled agent left (conf/, data/, logs/): installing again over it, keeping conf/ (the machine joins with a new identity)"
 fi
 
 # The proxy goes into curl's and wget's environment (busybox's wget reads only that)
@@ -171,7 +187,12 @@ cleanup() {
         fi
         if [ -n "$INSTALLED" ]; then
             "$HOME_DIR/current/bin/agent-wrapper.sh" kill >/dev/null 2>&1 || true
-            rm -rf "$HOME_DIR"
+            if [ -n "$LEFTOVERS" ]; then
+                # What was there before this run (conf/, data/, logs/) is the operator's.
+                rm -rf "$HOME_DIR/current" "$HOME_DIR/versions" "$HOME_DIR/run"
+            else
+                rm -rf "$HOME_DIR"
+            fi
         fi
         if [ -n "$INSTALLED$UNIT_WRITTEN" ]; then
             printf 'install.sh: %s\n' "removed what this run had installed; nothing is left of it" >&2

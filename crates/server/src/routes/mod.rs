@@ -12,6 +12,7 @@ mod download;
 mod install;
 mod maintenance;
 pub mod operators;
+pub mod refusals;
 pub(crate) mod releases;
 
 use std::sync::Arc;
@@ -155,6 +156,14 @@ fn ready(state: &Shared) -> Result<Arc<Release>, Box<Response>> {
 fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     match body {
         Ok(Json(v)) => Ok(v),
+        Err(JsonRejection::BytesRejection(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            Err(ApiError::new(
+                e.status(),
+                format!(
+                    "the body is over this server's limit of {MAX_BODY} bytes for a JSON request; send less"
+                ),
+            ))
+        }
         Err(JsonRejection::BytesRejection(e)) => Err(ApiError::new(
             e.status(),
             format!("body refused: {}", e.body_text()),

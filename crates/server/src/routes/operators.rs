@@ -23,7 +23,7 @@ use crate::conn::ClientAddr;
 use crate::error::ApiError;
 
 /// The name refused calls without a valid token are recorded under.
-const NOBODY: &str = "-";
+pub const NOBODY: &str = "-";
 
 /// The admin API is off: no `admin.token` and no named token.
 const API_OFF: &str =
@@ -51,9 +51,25 @@ pub fn client_address(extensions: &axum::http::Extensions) -> String {
         .unwrap_or_default()
 }
 
+/// The address a request came from, as an extractor (empty when unknown).
+#[derive(Debug)]
+pub struct ConnAddress(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for ConnAddress {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(ConnAddress(client_address(&parts.extensions)))
+    }
+}
+
 fn bearer(parts: &Parts) -> Option<&str> {
-    parts
-        .headers
+    bearer_of(&parts.headers)
+}
+
+/// The bearer token of a request, if it sends one.
+pub fn bearer_of(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
@@ -123,8 +139,9 @@ impl Auth {
             }
             Err(e) => (NOBODY.to_owned(), e),
         };
-        let (who, e) = refusal;
+        let (who, mut e) = refusal;
         if action != Action::Read && e.status != StatusCode::SERVICE_UNAVAILABLE {
+            e = e.audited();
             record(
                 s,
                 Change {

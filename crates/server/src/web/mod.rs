@@ -233,10 +233,24 @@ fn same_origin(headers: &HeaderMap, request_host: Option<&str>) -> bool {
 }
 
 fn refused(status: StatusCode, message: &str) -> Response {
-    render(
+    let mut response = render(
         status,
         &views::Message::new(Frame::new("Refused", "", now_secs()), message),
-    )
+    );
+    // The audit layer records it with these words (the body is the page's HTML).
+    response
+        .extensions_mut()
+        .insert(crate::routes::refusals::Reason(message.to_owned()));
+    response
+}
+
+/// A refusal this page's handler recorded in the audit log itself.
+fn refused_and_audited(status: StatusCode, message: &str) -> Response {
+    let mut response = refused(status, message);
+    response
+        .extensions_mut()
+        .insert(crate::routes::refusals::Audited);
+    response
 }
 
 /// The sign-in form, with a fresh CSRF pair (cookie and field).
@@ -254,6 +268,9 @@ fn sign_in_form(page: &Page, status: StatusCode, message: &str) -> Response {
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         response.headers_mut().append(header::SET_COOKIE, v);
     }
+    response
+        .extensions_mut()
+        .insert(crate::routes::refusals::Reason(message.to_owned()));
     response
 }
 
@@ -584,7 +601,7 @@ async fn act(
         details["status"] = serde_json::Value::from(StatusCode::FORBIDDEN.as_u16());
         record(Outcome::Refused, details).await;
         tracing::warn!(name = %signed.who.name, "fleet page: {what} refused to the role {}", signed.who.role);
-        return Ok(refused(
+        return Ok(refused_and_audited(
             StatusCode::FORBIDDEN,
             &format!(
                 "refused: you are signed in as {} with the role {}, which may not halt, resume or advance; ask an operator",
@@ -598,7 +615,16 @@ async fn act(
             record(Outcome::Done, details).await;
             Ok(Redirect::to("/rollouts").into_response())
         }
-        Err(why) => rollouts_page(&page, &signed, StatusCode::CONFLICT, &why).await,
+        Err(why) => {
+            let mut details = details;
+            details["reason"] = serde_json::Value::String(why.clone());
+            record(Outcome::Refused, details).await;
+            let mut response = rollouts_page(&page, &signed, StatusCode::CONFLICT, &why).await?;
+            response
+                .extensions_mut()
+                .insert(crate::routes::refusals::Audited);
+            Ok(response)
+        }
     }
 }
 
@@ -636,7 +662,7 @@ async fn remove_agent(
     };
     if !allowed {
         record(Outcome::Refused, details).await;
-        return Ok(refused(
+        return Ok(refused_and_audited(
             StatusCode::FORBIDDEN,
             &format!(
                 "refused: you are signed in as {} with the role {}, which may not remove agents; ask an operator",
