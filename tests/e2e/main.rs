@@ -33,6 +33,7 @@ mod operator_day;
 mod operators;
 mod outside;
 mod page;
+mod planned_stop;
 mod platforms;
 mod quickstart;
 mod releases;
