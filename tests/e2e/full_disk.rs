@@ -579,3 +579,63 @@ fn an_agent_that_exits_0_is_restarted_unless_an_updater_holds_the_lock() {
     );
     drop(lock);
 }
+
+/// Issue 59: on a small disk, a kept previous version (its bundle and its files) stopped
+/// every later update ("not enough disk space … need 4 × the bundle"). The agent now
+/// frees what it may lose (versions it does not run, their kept bundles first) and
+/// updates; the running version is never touched.
+#[test]
+fn a_small_disk_frees_a_version_the_agent_does_not_run_and_updates() {
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let d2 = ctx.dist("d2");
+    let mut bin = fs::read(d2.join("bin/agent")).unwrap();
+    bin.extend_from_slice(b"agent 2.0.0 marker");
+    fs::write(d2.join("bin/agent"), bin).unwrap();
+    let b2 = ctx.pack(&d2, "2.0.0", "2", &key, "b2");
+    let dir = ctx.path("small");
+    let bundle_bytes = fs::metadata(&b2).unwrap().len();
+    let _disk = Tmpfs::mount(&dir, 400 << 20);
+    let home = ctx.install(&b1, "small");
+    fs::write(home.join("conf/agent-env.sh"), QUICK).unwrap();
+    // A version kept from before, as an update leaves it: its files and its bundle.
+    let kept = home.join("versions/0.9.0+1");
+    fs::create_dir_all(kept.join("bin")).unwrap();
+    fs::write(kept.join("bin/agent"), vec![7u8; 40 << 20]).unwrap();
+    fs::write(kept.join("bundle"), vec![7u8; 40 << 20]).unwrap();
+    // The rest of the disk is taken, but for the bundle's size: enough to download, not
+    // to unpack as well, unless the kept version goes.
+    let filler = Filler { dir: dir.clone() };
+    filler.fill();
+    let path = dir.join("filler");
+    let len = fs::metadata(&path).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len.saturating_sub(bundle_bytes + (1 << 20)))
+        .unwrap();
+
+    let server = crate::update::serve_to(&ctx, &home, &b1);
+    crate::update::start(&home);
+    e2e::wait_until(WAIT, "1.0.0+1 to register", || {
+        crate::update::agent_record(&server).is_some_and(|a| a["version"] == "1.0.0+1")
+    });
+    ctx.republish(&server, &b2);
+    crate::update::wait_server_status(&server, "2.0.0+2", "INSTALLED", &home);
+    assert!(current(&home).ends_with("2.0.0+2"), "{}", current(&home));
+    assert!(!kept.join("bundle").exists(), "the kept bundle went first");
+    let log = read_file(&home.join("logs/agent.log"));
+    assert!(
+        log.contains("the disk was short for the update to 2.0.0+2: deleted"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("running degraded: not enough disk space"),
+        "{log}"
+    );
+    // 1.0.0 ran while the room was made: it is kept (the version to roll back to).
+    assert!(home.join("versions/1.0.0+1/bin/agent").exists());
+    run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("stop"));
+}

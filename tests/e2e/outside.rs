@@ -242,8 +242,9 @@ fn refused_operator_actions_are_audited_with_who_where_and_why() {
     assert!(answer.status >= 400, "{}", answer.text());
     assert!(
         answer.text().len() < 1500,
-        "the answer is cut: {} bytes",
-        answer.text().len()
+        "the answer is cut: {} bytes: {}",
+        answer.text().len(),
+        answer.text()
     );
     // A truncated body: the part never ends.
     let (ct, body) = multipart("agent-bundle-9.0.0", b"half a bundle");

@@ -799,7 +799,7 @@ async fn may_start(
                 status: UpdateStatus::Deferred,
                 error: Some(format!(
                     "held off by update locks: {}",
-                    locks::describe_all(&held)
+                    locks::describe_for_report(&held)
                 )),
             };
             tell(install, client, report, retry).await;

@@ -133,21 +133,6 @@ fn part_path(dir: &Path, info: &VersionInfo) -> PathBuf {
     dir.join(format!("bundle-{}.part", info.sha256))
 }
 
-/// Refuses to start when the disk cannot hold the bundle and its unpacked copy.
-pub fn check_disk_space(dir: &Path, bundle_size: u64) -> Result<(), DownloadError> {
-    let free = agent_extract::os::free_bytes(dir).map_err(|e| DownloadError::io(dir, e))?;
-    // The bundle, plus its unpacked distribution (compressed, so allow three times its size).
-    let need = bundle_size.saturating_mul(4);
-    if free < need {
-        return Err(DownloadError::DiskSpace {
-            dir: dir.to_owned(),
-            need,
-            free,
-        });
-    }
-    Ok(())
-}
-
 /// Downloads the bundle `info` describes from the server at `base` into `dir`, resuming
 /// a partial file, and checks size, md5 and sha256. On any mismatch the file is deleted.
 pub async fn fetch(
@@ -535,13 +520,5 @@ mod tests {
             .unwrap();
         assert_eq!(third.fetched, body.len() as u64);
         assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 2);
-    }
-
-    #[test]
-    fn disk_space_check_refuses_absurd_sizes() {
-        let dir = tempfile::tempdir().unwrap();
-        assert!(check_disk_space(dir.path(), 1024).is_ok());
-        let err = check_disk_space(dir.path(), u64::MAX / 8).unwrap_err();
-        assert!(err.to_string().contains("not enough disk space"), "{err}");
     }
 }

@@ -32,6 +32,7 @@ pub mod proxy;
 pub mod recovery;
 pub mod remote_config;
 pub mod retry;
+pub mod room;
 pub mod sleep;
 pub mod source;
 pub mod status;

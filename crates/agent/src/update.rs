@@ -137,7 +137,30 @@ pub async fn fetch_verified(
     } = check_offer(ctx.client, ctx.config, ctx.install, &info).await?;
     let dir = home.update_dir();
     download::prepare_dir(&dir).map_err(|e| degraded(e.to_string()))?;
-    download::check_disk_space(&dir, info.size).map_err(|e| degraded(e.to_string()))?;
+    // Room for this update: the bundle and its unpacked copy; what the agent may lose
+    // (versions it does not run) is freed first, and said.
+    match crate::room::make_room(home, &ctx.install.version_dir, info.size) {
+        Ok(freed) => {
+            for f in freed {
+                tracing::warn!(
+                    "the disk was short for the update to {}: deleted {} ({} bytes), which this agent does not run",
+                    info.agent,
+                    f.path.display(),
+                    f.bytes
+                );
+            }
+        }
+        Err(short) => {
+            return Err(degraded(
+                download::DownloadError::DiskSpace {
+                    dir: dir.clone(),
+                    need: short.need,
+                    free: short.free,
+                }
+                .to_string(),
+            ));
+        }
+    }
 
     tracing::info!(
         "downloading agent {} ({} bytes) from {}",
