@@ -81,8 +81,7 @@ pub fn write_op(out: &mut impl Write, op: &Op) -> io::Result<()> {
             u64s(out, &[*offset, *len])
         }
         Op::Literal(bytes) => {
-            out.write_all(&[2])?;
-            u64s(out, &[bytes.len() as u64])?;
+            write_literal_start(out, bytes.len() as u64)?;
             out.write_all(bytes)
         }
         Op::Patch { offset, len, patch } => {
@@ -101,6 +100,13 @@ pub fn write_op(out: &mut impl Write, op: &Op) -> io::Result<()> {
             out.write_all(patch)
         }
     }
+}
+
+/// The start of a literal of `len` bytes, whose bytes the caller writes next (a literal
+/// too large to hold, written from where it lies).
+pub fn write_literal_start(out: &mut impl Write, len: u64) -> io::Result<()> {
+    out.write_all(&[2])?;
+    out.write_all(&len.to_le_bytes())
 }
 
 pub fn write_end(out: &mut impl Write) -> io::Result<()> {

@@ -6,16 +6,21 @@
 //! bsdiff of its uncompressed bytes, which the agent compresses again; anything else that
 //! changed is a bsdiff of the part, or the part itself where that is smaller.
 //!
-//! Memory: both bundles, the two tarballs uncompressed, and bsdiff's suffix array over
-//! the old file being diffed (about five times that file). Files larger than
-//! [`Limits::max_diff_input`] are sent whole instead of diffed, which bounds the suffix
-//! sort; one core is used, since the server has agents to answer meanwhile.
+//! Memory is bounded by [`Limits::max_diff_input`], never by the bundles' sizes or what
+//! they inflate to: the bundles are read from their files a piece at a time, their
+//! tarballs are taken apart as they are inflated (see [`Layout::scan`]), an entry is
+//! recognised by the sha256 of its compressed bytes, the delta is written as it is made
+//! (a literal straight from the new bundle's file), and only the two sides of one diff
+//! are ever held: a changed file (or part) and its predecessor, at most
+//! `max_diff_input` each, with bsdiff's suffix array over the old one (about five times
+//! its size). Files larger than that are sent whole instead of diffed; one core is used,
+//! since the server has agents to answer meanwhile.
 
 use std::collections::HashMap;
-use std::fs;
-use std::io::Write;
+use std::fs::File;
+use std::io::{self, Write};
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use agent_extract::payload::Payload;
 use qbsdiff::{Bsdiff, ParallelScheme};
@@ -23,7 +28,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{DeltaError, IoContext, Result};
 use crate::format::{self, Header, Op};
-use crate::segmented::{GZIP_HEADER, LEVEL, Segmented};
+use crate::segmented::{GZIP_HEADER, LEVEL, Layout, ReadAt};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -58,15 +63,16 @@ pub struct Made {
 }
 
 /// The four parts of a bundle file, as byte ranges.
+#[derive(Debug, Clone)]
 struct Parts {
-    stub: Range<usize>,
-    before_dist: Range<usize>,
-    dist: Range<usize>,
-    after_dist: Range<usize>,
+    stub: Range<u64>,
+    before_dist: Range<u64>,
+    dist: Range<u64>,
+    after_dist: Range<u64>,
 }
 
 impl Parts {
-    fn of(path: &Path, len: usize) -> Result<Parts> {
+    fn of(path: &Path, len: u64) -> Result<Parts> {
         let unreadable = |reason: String| DeltaError::Bundle {
             path: path.to_owned(),
             reason,
@@ -76,11 +82,8 @@ impl Parts {
         let dist = payload
             .dist_range(&facts.version)
             .map_err(|e| unreadable(e.to_string()))?;
-        let stub = usize::try_from(payload.stub_len()).unwrap_or(usize::MAX);
-        let (start, end) = (
-            usize::try_from(dist.start).unwrap_or(usize::MAX),
-            usize::try_from(dist.end).unwrap_or(usize::MAX),
-        );
+        let stub = payload.stub_len();
+        let (start, end) = (dist.start, dist.end);
         if !(stub <= start && start <= end && end <= len) {
             return Err(unreadable(format!(
                 "the distribution lies at {start}..{end}, outside the zip of a {len}-byte file"
@@ -95,47 +98,180 @@ impl Parts {
     }
 }
 
-/// Operations in the order they write the new bundle; neighbouring copies and literals
-/// are merged.
-#[derive(Default)]
-struct Ops {
-    ops: Vec<Op>,
-    made: Made,
+/// One bundle file, open, with its parts and its distribution's layout.
+struct Bundle {
+    path: PathBuf,
+    file: File,
+    len: u64,
+    parts: Parts,
+    layout: Option<Layout>,
+    sha256: [u8; 32],
 }
 
-impl Ops {
-    fn copy(&mut self, offset: usize, len: usize) {
-        self.made.copied += len as u64;
-        if let Some(Op::Copy {
+impl Bundle {
+    fn open(path: &Path) -> Result<Bundle> {
+        let file = File::open(path).at(path)?;
+        let len = file.metadata().at(path)?.len();
+        let sha256 = sha256_of(&file, len).at(path)?;
+        let parts = Parts::of(path, len)?;
+        let layout = Layout::scan(&file, parts.dist.clone()).at(path)?;
+        Ok(Bundle {
+            path: path.to_owned(),
+            file,
+            len,
+            parts,
+            layout,
+            sha256,
+        })
+    }
+
+    /// Bytes `range` of the file, read whole (for a diff: never more than the limit).
+    fn read(&self, range: &Range<u64>) -> Result<Vec<u8>> {
+        let len = usize::try_from(range.end - range.start).map_err(|_| DeltaError::Bundle {
+            path: self.path.clone(),
+            reason: "a part larger than memory".into(),
+        })?;
+        let mut buf = vec![0u8; len];
+        self.file
+            .read_exact_at(&mut buf, range.start)
+            .at(&self.path)?;
+        Ok(buf)
+    }
+}
+
+/// The sha256 of the first `len` bytes of `file`, read a chunk at a time.
+fn sha256_of(file: &File, len: u64) -> io::Result<[u8; 32]> {
+    let mut hasher = Sha256::new();
+    let mut chunk = vec![0u8; CHUNK];
+    let mut at = 0;
+    while at < len {
+        let n = usize::try_from(len - at).unwrap_or(usize::MAX).min(CHUNK);
+        file.read_exact_at(&mut chunk[..n], at)?;
+        hasher.update(&chunk[..n]);
+        at += n as u64;
+    }
+    Ok(hasher.finalize().into())
+}
+
+/// Bytes read from a bundle at a time, where they are not held for a diff.
+const CHUNK: usize = 1 << 20;
+
+/// Whether `a` of `old` and `b` of `new` hold the same bytes, compared a chunk at a time.
+fn same_bytes(old: &Bundle, a: &Range<u64>, new: &Bundle, b: &Range<u64>) -> Result<bool> {
+    if a.end - a.start != b.end - b.start {
+        return Ok(false);
+    }
+    let (mut left, mut right) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
+    let (mut at, mut bt) = (a.start, b.start);
+    while at < a.end {
+        let n = usize::try_from(a.end - at).unwrap_or(usize::MAX).min(CHUNK);
+        old.file.read_exact_at(&mut left[..n], at).at(&old.path)?;
+        new.file.read_exact_at(&mut right[..n], bt).at(&new.path)?;
+        if left[..n] != right[..n] {
+            return Ok(false);
+        }
+        at += n as u64;
+        bt += n as u64;
+    }
+    Ok(true)
+}
+
+/// A copy or literal not written yet: the next operation may extend it.
+enum Pending {
+    Copy {
+        offset: u64,
+        len: u64,
+    },
+    /// Bytes of the new bundle, sent as they are.
+    Literal(Range<u64>),
+}
+
+/// Writes the operations as they are decided, in the order they write the new bundle;
+/// neighbouring copies and literals are merged. A literal is read from the new bundle's
+/// file when it is written, never held.
+struct Ops<'a, W: Write> {
+    out: &'a mut W,
+    new: &'a Bundle,
+    pending: Option<Pending>,
+    made: Made,
+    written: u64,
+}
+
+impl<W: Write> Ops<'_, W> {
+    fn copy(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.made.copied += len;
+        if let Some(Pending::Copy {
             offset: prev,
             len: prev_len,
-        }) = self.ops.last_mut()
-            && *prev + *prev_len == offset as u64
+        }) = &mut self.pending
+            && *prev + *prev_len == offset
         {
-            *prev_len += len as u64;
-            return;
+            *prev_len += len;
+            return Ok(());
         }
-        self.ops.push(Op::Copy {
-            offset: offset as u64,
-            len: len as u64,
-        });
+        self.flush()?;
+        self.pending = Some(Pending::Copy { offset, len });
+        Ok(())
     }
 
-    fn literal(&mut self, bytes: &[u8]) {
-        self.made.literal += bytes.len() as u64;
-        if let Some(Op::Literal(prev)) = self.ops.last_mut() {
-            prev.extend_from_slice(bytes);
-            return;
+    /// Bytes `range` of the new bundle, sent as they are: always the bytes that follow
+    /// what the operations before wrote, so a literal after a literal extends it.
+    fn literal(&mut self, range: Range<u64>) -> Result<()> {
+        self.made.literal += range.end - range.start;
+        if let Some(Pending::Literal(prev)) = &mut self.pending
+            && prev.end == range.start
+        {
+            prev.end = range.end;
+            return Ok(());
         }
-        self.ops.push(Op::Literal(bytes.to_vec()));
+        self.flush()?;
+        self.pending = Some(Pending::Literal(range));
+        Ok(())
     }
 
-    fn patched(&mut self, op: Op, patch_len: usize) {
+    fn patched(&mut self, op: Op, patch_len: usize) -> Result<()> {
         self.made.patch_bytes += patch_len as u64;
         self.made.patched += 1;
-        self.ops.push(op);
+        self.flush()?;
+        self.write(&op)
+    }
+
+    fn write(&mut self, op: &Op) -> Result<()> {
+        format::write_op(self.out, op).at(OUT)?;
+        self.written += op.encoded_len();
+        Ok(())
+    }
+
+    /// Writes the pending copy or literal.
+    fn flush(&mut self) -> Result<()> {
+        match self.pending.take() {
+            None => Ok(()),
+            Some(Pending::Copy { offset, len }) => self.write(&Op::Copy { offset, len }),
+            Some(Pending::Literal(range)) => {
+                let len = range.end - range.start;
+                format::write_literal_start(self.out, len).at(OUT)?;
+                let mut chunk = vec![0u8; usize::try_from(len).unwrap_or(CHUNK).min(CHUNK)];
+                let mut at = range.start;
+                while at < range.end {
+                    let n = usize::try_from(range.end - at)
+                        .unwrap_or(usize::MAX)
+                        .min(CHUNK);
+                    self.new
+                        .file
+                        .read_exact_at(&mut chunk[..n], at)
+                        .at(&self.new.path)?;
+                    self.out.write_all(&chunk[..n]).at(OUT)?;
+                    at += n as u64;
+                }
+                self.written += Op::Literal(Vec::new()).encoded_len() + len;
+                Ok(())
+            }
+        }
     }
 }
+
+/// What errors writing the delta are said to be about.
+const OUT: &str = "the delta";
 
 fn bsdiff(source: &[u8], target: &[u8]) -> std::io::Result<Vec<u8>> {
     let mut patch = Vec::new();
@@ -150,45 +286,35 @@ fn bsdiff(source: &[u8], target: &[u8]) -> std::io::Result<Vec<u8>> {
 /// than this is not worth the agent's work.
 const OP_OVERHEAD: usize = 25;
 
-/// A new bundle taken apart once: its bytes, its parts, its tarball uncompressed and its
-/// sha256. A server makes deltas to one release from several bases; each is made from
+/// A new bundle taken apart once: its file held open, its parts, its tarball's layout and
+/// its sha256. A server makes deltas to one release from several bases; each is made from
 /// the same `Target`, so the new bundle is read, inflated and hashed once per release,
-/// not once per base.
+/// not once per base. It holds no bundle bytes: a few hundred bytes per tar entry.
 pub struct Target {
-    bytes: Vec<u8>,
-    parts: Parts,
-    segmented: Option<Segmented>,
-    sha256: [u8; 32],
+    bundle: Bundle,
 }
 
 impl Target {
-    /// Reads and takes apart the bundle at `path`.
+    /// Opens and takes apart the bundle at `path`.
     pub fn open(path: &Path) -> Result<Target> {
-        let bytes = fs::read(path).at(path)?;
-        let parts = Parts::of(path, bytes.len())?;
-        let segmented = Segmented::parse(&bytes[parts.dist.clone()]);
-        let sha256 = Sha256::digest(&bytes).into();
         Ok(Target {
-            bytes,
-            parts,
-            segmented,
-            sha256,
+            bundle: Bundle::open(path)?,
         })
     }
 
     /// The bundle's sha256, hex.
     pub fn sha256_hex(&self) -> String {
-        hex::encode(self.sha256)
+        hex::encode(self.bundle.sha256)
     }
 
     /// The bundle's size in bytes.
     pub fn len(&self) -> u64 {
-        self.bytes.len() as u64
+        self.bundle.len
     }
 
     /// True for an empty file (which no bundle is).
     pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
+        self.bundle.len == 0
     }
 }
 
@@ -197,125 +323,121 @@ pub fn make(old: &Path, new: &Path, out: &mut impl Write, limits: Limits) -> Res
     make_to(old, &Target::open(new)?, out, limits)
 }
 
-/// Makes the delta from bundle `old` to the bundle `target` took apart into `out`.
+/// Makes the delta from bundle `old` to the bundle `target` took apart into `out`, which
+/// is written as the delta is made (on an error, what it holds is no delta).
 pub fn make_to(old: &Path, target: &Target, out: &mut impl Write, limits: Limits) -> Result<Made> {
-    let old_bytes = fs::read(old).at(old)?;
-    let new_bytes = &target.bytes;
-    let old_parts = Parts::of(old, old_bytes.len())?;
-    let new_parts = &target.parts;
-    let mut ops = Ops::default();
-    let diffable = |a: &[u8], b: &[u8]| {
-        !a.is_empty()
-            && a.len() <= limits.max_diff_input.min(qbsdiff::bsdiff::MAX_LENGTH)
-            && b.len() <= limits.max_diff_input
+    let old = Bundle::open(old)?;
+    let new = &target.bundle;
+    let header = Header {
+        from: old.sha256,
+        to: new.sha256,
+        to_size: new.len,
+        level: LEVEL,
     };
+    format::write_header(out, &header).at(OUT)?;
+    let mut ops = Ops {
+        out,
+        new,
+        pending: None,
+        made: Made::default(),
+        written: format::HEADER_LEN,
+    };
+    let max = limits.max_diff_input as u64;
+    let diffable =
+        |a: u64, b: u64| a != 0 && a <= max.min(qbsdiff::bsdiff::MAX_LENGTH as u64) && b <= max;
+    let span = |r: &Range<u64>| r.end - r.start;
 
-    let region = |ops: &mut Ops, old_range: Range<usize>, new: &[u8]| -> Result<()> {
-        let before = &old_bytes[old_range.clone()];
-        if new.is_empty() {
-        } else if before == new {
-            ops.copy(old_range.start, new.len());
-        } else if diffable(before, new) {
-            let patch = bsdiff(before, new).at(old)?;
-            if patch.len() + OP_OVERHEAD < new.len() {
+    let region = |ops: &mut Ops<'_, _>, before: &Range<u64>, after: &Range<u64>| -> Result<()> {
+        if after.is_empty() {
+        } else if same_bytes(&old, before, new, after)? {
+            ops.copy(before.start, span(after))?;
+        } else if diffable(span(before), span(after)) {
+            let after_bytes = new.read(after)?;
+            let patch = bsdiff(&old.read(before)?, &after_bytes).at(&old.path)?;
+            if patch.len() + OP_OVERHEAD < after_bytes.len() {
                 let len = patch.len();
-                ops.patched(
-                    Op::Patch {
-                        offset: old_range.start as u64,
-                        len: old_range.len() as u64,
-                        patch,
-                    },
-                    len,
-                );
+                let op = Op::Patch {
+                    offset: before.start,
+                    len: span(before),
+                    patch,
+                };
+                ops.patched(op, len)?;
             } else {
-                ops.literal(new);
+                ops.literal(after.clone())?;
             }
         } else {
-            ops.literal(new);
+            ops.literal(after.clone())?;
         }
         Ok(())
     };
 
-    region(
-        &mut ops,
-        old_parts.stub.clone(),
-        &new_bytes[new_parts.stub.clone()],
-    )?;
-    region(
-        &mut ops,
-        old_parts.before_dist.clone(),
-        &new_bytes[new_parts.before_dist.clone()],
-    )?;
-    let old_gz = &old_bytes[old_parts.dist.clone()];
-    let new_gz = &new_bytes[new_parts.dist.clone()];
-    match (Segmented::parse(old_gz), target.segmented.as_ref()) {
+    region(&mut ops, &old.parts.stub, &new.parts.stub)?;
+    region(&mut ops, &old.parts.before_dist, &new.parts.before_dist)?;
+    let (old_dist, new_dist) = (&old.parts.dist, &new.parts.dist);
+    match (&old.layout, &new.layout) {
         (Some(before), Some(after)) => {
-            let base = old_parts.dist.start;
-            let by_bytes: HashMap<&[u8], usize> = before
+            let base = old_dist.start;
+            // An entry whose compressed bytes are in the old bundle is named there (the
+            // last of equal ones, as a map of them keeps).
+            let by_bytes: HashMap<(u64, [u8; 32]), u64> = before
                 .parts
                 .iter()
-                .map(|p| (&old_gz[p.packed.clone()], base + p.packed.start))
+                .map(|p| ((span(&p.packed), p.packed_sha256), base + p.packed.start))
                 .collect();
             let mut by_name = HashMap::new();
             for part in &before.parts {
                 by_name.entry(part.name.as_slice()).or_insert(part);
             }
-            ops.literal(&new_gz[..GZIP_HEADER.len()]);
+            ops.literal(new_dist.start..new_dist.start + GZIP_HEADER.len() as u64)?;
             for (i, part) in after.parts.iter().enumerate() {
-                let packed = &new_gz[part.packed.clone()];
-                if let Some(offset) = by_bytes.get(packed) {
-                    ops.copy(*offset, packed.len());
+                let packed = span(&part.packed);
+                if let Some(offset) = by_bytes.get(&(packed, part.packed_sha256)) {
+                    ops.copy(*offset, packed)?;
                     continue;
                 }
-                let plain = &after.tar[part.plain.clone()];
                 let patch = match by_name.get(part.name.as_slice()) {
-                    Some(was) if diffable(&before.tar[was.plain.clone()], plain) => {
-                        let patch = bsdiff(&before.tar[was.plain.clone()], plain).at(old)?;
-                        (patch.len() + OP_OVERHEAD < packed.len()).then_some((was, patch))
+                    Some(was) if diffable(span(&was.plain), span(&part.plain)) => {
+                        let plain_before = was.plain_bytes(&old.file, base).at(&old.path)?;
+                        let plain_after =
+                            part.plain_bytes(&new.file, new_dist.start).at(&new.path)?;
+                        match (plain_before, plain_after) {
+                            (Some(before), Some(after)) => {
+                                let patch = bsdiff(&before, &after).at(&old.path)?;
+                                (((patch.len() + OP_OVERHEAD) as u64) < packed)
+                                    .then_some((was, patch))
+                            }
+                            _ => None,
+                        }
                     }
                     _ => None,
                 };
                 match patch {
                     Some((was, patch)) => {
                         let len = patch.len();
-                        ops.patched(
-                            Op::Deflate {
-                                offset: (base + was.packed.start) as u64,
-                                len: was.packed.len() as u64,
-                                patch,
-                                last: i + 1 == after.parts.len(),
-                            },
-                            len,
-                        );
+                        let op = Op::Deflate {
+                            offset: base + was.packed.start,
+                            len: span(&was.packed),
+                            patch,
+                            last: i + 1 == after.parts.len(),
+                        };
+                        ops.patched(op, len)?;
                     }
-                    None => ops.literal(packed),
+                    None => ops.literal(
+                        new_dist.start + part.packed.start..new_dist.start + part.packed.end,
+                    )?,
                 }
             }
-            ops.literal(&new_gz[new_gz.len() - 8..]);
+            ops.literal(new_dist.end - 8..new_dist.end)?;
         }
-        _ => region(&mut ops, old_parts.dist.clone(), new_gz)?,
+        _ => region(&mut ops, old_dist, new_dist)?,
     }
-    region(
-        &mut ops,
-        old_parts.after_dist.clone(),
-        &new_bytes[new_parts.after_dist.clone()],
-    )?;
+    region(&mut ops, &old.parts.after_dist, &new.parts.after_dist)?;
 
-    let header = Header {
-        from: Sha256::digest(&old_bytes).into(),
-        to: target.sha256,
-        to_size: new_bytes.len() as u64,
-        level: LEVEL,
-    };
-    let out_path = Path::new("the delta");
-    format::write_header(out, &header).at(out_path)?;
-    for op in &ops.ops {
-        format::write_op(out, op).at(out_path)?;
-    }
-    format::write_end(out).at(out_path)?;
+    ops.flush()?;
+    format::write_end(ops.out).at(OUT)?;
     let mut made = ops.made;
-    made.size = format::HEADER_LEN + ops.ops.iter().map(Op::encoded_len).sum::<u64>() + 1;
-    made.bundle_size = new_bytes.len() as u64;
+    made.size = ops.written + 1;
+    made.bundle_size = new.len;
     made.base_sha256 = hex::encode(header.from);
     made.sha256 = hex::encode(header.to);
     Ok(made)
