@@ -35,6 +35,7 @@ mod outside;
 mod page;
 mod planned_stop;
 mod platforms;
+mod publish_bounds;
 mod quickstart;
 mod releases;
 mod remote_config;

@@ -230,6 +230,33 @@ impl Payload {
         })
     }
 
+    /// How many bytes the distribution tarball inflates to, counted as it is inflated
+    /// (never held) and no further than `stop`: a bomb costs the time to inflate `stop`
+    /// bytes, nothing more. A result of `stop` means "at least `stop`".
+    pub fn dist_unpacked_size(&mut self, version: &AgentVersion, stop: u64) -> Result<u64> {
+        let path = self.path.clone();
+        let name = layout::dist_entry(version);
+        let dist = self.dist(version)?;
+        let mut decoder =
+            flate2::bufread::GzDecoder::new(std::io::BufReader::with_capacity(256 * 1024, dist))
+                .take(stop);
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut total = 0u64;
+        loop {
+            match decoder.read(&mut buf) {
+                Ok(0) => return Ok(total),
+                Ok(n) => total += n as u64,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(Error::NotABundle {
+                        path,
+                        reason: format!("entry {name} does not inflate: {e}"),
+                    });
+                }
+            }
+        }
+    }
+
     /// Where the distribution tarball's bytes lie in the bundle file. The entry is stored
     /// (the tarball is compressed already), so these are the tarball's own bytes.
     pub fn dist_range(&mut self, version: &AgentVersion) -> Result<std::ops::Range<u64>> {

@@ -20,6 +20,16 @@ use agent_protocol::rotation::{self, Chain, ChainError};
 use crate::error::{Error, IoContext, Result};
 use crate::payload::{BundleFacts, Payload};
 
+/// The largest `.minisig` file read: minisign's are a few hundred bytes (two comments of
+/// at most 1 KiB each, two signatures), so anything larger is refused unread, never held.
+pub const MAX_SIGNATURE_FILE: u64 = 8 * 1024;
+
+/// Reads a `.minisig` file, refusing one over [`MAX_SIGNATURE_FILE`] without reading
+/// the rest of it.
+pub fn read_signature_file(path: &Path) -> Result<String> {
+    crate::atomic::read_text(path, MAX_SIGNATURE_FILE)
+}
+
 /// Largest bundle verified with the legacy (non-prehashed) variant, which needs the
 /// whole file in memory.
 const MAX_LEGACY_BYTES: u64 = 256 * 1024 * 1024;

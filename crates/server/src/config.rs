@@ -17,6 +17,10 @@ pub const ENV_PREFIX: &str = "UPDATE_SERVER";
 /// the process's file limit allows, said once in the log; set, lowering it is a warning.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 25_000;
 
+/// `releases.max-unpacked` by default, in MiB: a published bundle's distribution may
+/// inflate to this much. Agents' own distributions are tens of MiB.
+pub const DEFAULT_MAX_UNPACKED_MIB: u64 = 512;
+
 /// The longest `agents.max-wait` accepted.
 pub const MAX_WAIT_CAP: u64 = 3600;
 
@@ -37,6 +41,7 @@ pub const KEYS: &[Key] = &[
     key("bundle", "public-key", Kind::Str),
     key("releases", "trusted-keys", Kind::List),
     key("releases", "keep", Kind::Int),
+    key("releases", "max-unpacked", Kind::Int),
     key("agents", "accept", Kind::Str),
     key("agents", "enrollment-token", Kind::Str),
     key("agents", "max-wait", Kind::Seconds),
@@ -132,6 +137,8 @@ pub struct ReleasesSection {
     pub trusted_keys: Vec<String>,
     /// Releases kept before the current one, for `release list` and `release rollback`.
     pub keep: usize,
+    /// MiB a published bundle's distribution may inflate to; a bundle over it is refused.
+    pub max_unpacked: u64,
 }
 
 impl Default for ReleasesSection {
@@ -139,7 +146,15 @@ impl Default for ReleasesSection {
         Self {
             trusted_keys: Vec::new(),
             keep: agent_fleet::releases::DEFAULT_KEEP,
+            max_unpacked: DEFAULT_MAX_UNPACKED_MIB,
         }
+    }
+}
+
+impl ReleasesSection {
+    /// `max-unpacked` in bytes.
+    pub fn max_unpacked_bytes(&self) -> u64 {
+        self.max_unpacked.saturating_mul(1024 * 1024)
     }
 }
 
@@ -300,6 +315,14 @@ impl Config {
             return Err(format!(
                 "agents.max-wait ({}) is more than {MAX_WAIT_CAP} seconds; proxies and agents would give up on such holds first (0 turns holds off)",
                 self.agents.max_wait
+            ));
+        }
+        let agents_unpack = agent_extract::unpack::Limits::default().max_bytes;
+        if self.releases.max_unpacked == 0 || self.releases.max_unpacked_bytes() > agents_unpack {
+            return Err(format!(
+                "releases.max-unpacked ({}) is in MiB, from 1 to {} (what agents unpack at most); the default is {DEFAULT_MAX_UNPACKED_MIB}",
+                self.releases.max_unpacked,
+                agents_unpack / (1024 * 1024)
             ));
         }
         if self.database.pool_size == 0 {
@@ -467,6 +490,35 @@ mod tests {
         let bad_policy =
             |k: &str| (k == "UPDATE_SERVER_AGENTS_ACCEPT").then(|| "sometimes".to_owned());
         assert!(Config::load(None, &bad_policy).is_err());
+    }
+
+    #[test]
+    fn max_unpacked_is_in_mib_and_within_what_agents_unpack() {
+        let c = Config::load(None, &VarMap::default()).unwrap();
+        assert_eq!(c.releases.max_unpacked, DEFAULT_MAX_UNPACKED_MIB);
+        assert_eq!(c.releases.max_unpacked_bytes(), 512 << 20);
+        let set = |value: &'static str| {
+            move |k: &str| (k == "UPDATE_SERVER_RELEASES_MAX_UNPACKED").then(|| value.to_owned())
+        };
+        assert_eq!(
+            Config::load(None, &set("64"))
+                .unwrap()
+                .releases
+                .max_unpacked_bytes(),
+            64 << 20
+        );
+        for bad in ["0", "4097"] {
+            let err = Config::load(None, &set(bad)).unwrap_err().to_string();
+            assert!(
+                err.contains("releases.max-unpacked") && err.contains("MiB"),
+                "{err}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("server.toml");
+        std::fs::write(&file, "[releases]\nmax-unpacked = 100\n").unwrap();
+        let c = Config::load(Some(&file), &VarMap::default()).unwrap();
+        assert_eq!(c.releases.max_unpacked, 100);
     }
 
     /// Regression: `UPDATE_SERVER_DOWNLOADS_LIMT=5` was silently ignored while the same

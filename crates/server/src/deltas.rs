@@ -15,10 +15,11 @@
 //! under `bases/`, never from the operator's files, and a made delta is never written
 //! again (only unlinked), so a running answer's map of it cannot change.
 //!
-//! Making one reads both bundles whole and runs bsdiff on changed files (see
-//! [`agent_delta::make`]): about 135 MB and 1–2 s for two 13 MB bundles, so one is made at
-//! a time, on a blocking thread. The served bundle is taken apart (read, inflated, hashed)
-//! once for all the deltas to it, not once per base. A delta whose making failed (a disk
+//! Making one reads both bundles a piece at a time and runs bsdiff on changed files (see
+//! [`agent_delta::make`]): its memory is bounded by bsdiff's limit on one file (64 MiB a
+//! side), whatever the bundles' sizes or what they inflate to; 1–2 s for two 13 MB
+//! bundles, so one is made at a time, on a blocking thread. The served bundle is taken
+//! apart (read, inflated, hashed) once for all the deltas to it, not once per base. A delta whose making failed (a disk
 //! full, a base unreadable) is made again after [`retry_wait`], without a restart;
 //! meanwhile agents asking for it download the bundle. The worker decides nothing about
 //! who may download: the route ([`crate::routes`]) answers under the download limit.
@@ -330,7 +331,11 @@ impl Deltas {
                     && me.lock().planned.as_deref() != Some(release.identity().as_str())
                 {
                     let worker = Arc::clone(&me);
-                    let done = tokio::task::spawn_blocking(move || worker.refresh(&release)).await;
+                    let copies = Arc::clone(&store);
+                    let done = tokio::task::spawn_blocking(move || {
+                        worker.refresh(&release, Some(&copies))
+                    })
+                    .await;
                     match done {
                         Ok(Err(e)) if e.to_string() != last_error => {
                             tracing::error!("deltas: {e}; trying again each second");
@@ -444,9 +449,10 @@ impl Deltas {
         Ok(target)
     }
 
-    /// Keeps the served bundles as bases, drops old bases and deltas no longer wanted,
-    /// and plans the deltas of `release`. Blocking.
-    fn refresh(&self, release: &Release) -> Result<(), ServerError> {
+    /// Keeps the served bundles as bases (copied from `store`'s private copies where it
+    /// has them), drops old bases and deltas no longer wanted, and plans the deltas of
+    /// `release`. Blocking.
+    fn refresh(&self, release: &Release, store: Option<&BundleStore>) -> Result<(), ServerError> {
         let first = self.lock().planned.is_none();
         if first {
             remove_temps(&self.root);
@@ -455,7 +461,7 @@ impl Deltas {
         let mut bases = self.read_bases();
         for bundle in release.bundles() {
             if !bases.iter().any(|b| b.sha256 == bundle.info.sha256) {
-                bases.push(self.keep_base(bundle)?);
+                bases.push(self.keep_base(bundle, store)?);
             }
         }
         let served: Vec<(&str, &str)> = release
@@ -567,7 +573,14 @@ impl Deltas {
     }
 
     /// Copies a served bundle (its verified private bytes) into `bases/`, then its record.
-    fn keep_base(&self, bundle: &store::ServedBundle) -> Result<Base, ServerError> {
+    /// The copy is made file to file from the store's private copy where there is one
+    /// (the kernel copies; the mapped bytes are not read into this process), else from
+    /// the mapped bytes.
+    fn keep_base(
+        &self,
+        bundle: &store::ServedBundle,
+        store: Option<&BundleStore>,
+    ) -> Result<Base, ServerError> {
         let sha = &bundle.info.sha256;
         let path = self.bases_dir.join(sha);
         let io = |e: std::io::Error| ServerError::Io(format!("{}: {e}", path.display()));
@@ -575,7 +588,14 @@ impl Deltas {
             .prefix(TEMP_PREFIX)
             .tempfile_in(&self.bases_dir)
             .map_err(io)?;
-        tmp.write_all(&bundle.data).map_err(io)?;
+        let copied = store.is_some_and(|store| {
+            fs::copy(store.private_copy(sha), tmp.path())
+                .is_ok_and(|len| len == bundle.data.len() as u64)
+        });
+        if !copied {
+            tmp.as_file_mut().set_len(0).map_err(io)?;
+            tmp.write_all(&bundle.data).map_err(io)?;
+        }
         tmp.as_file().sync_all().map_err(io)?;
         read_only(tmp.as_file());
         tmp.persist(&path).map_err(|e| io(e.error))?;

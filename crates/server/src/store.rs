@@ -296,6 +296,12 @@ impl BundleStore {
         }
     }
 
+    /// This server's private, write-once copy of the served bundle `sha256` (what its
+    /// bytes are mapped from).
+    pub fn private_copy(&self, sha256: &str) -> PathBuf {
+        self.cache_dir.join(format!("bundle-{sha256}"))
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -573,10 +579,24 @@ impl BundleStore {
         let digests = hasher.finish();
 
         let sig_path = PathBuf::from(format!("{shown}.minisig"));
-        let signature_text = match fs::read_to_string(&sig_path) {
+        // Read no further than a signature can be long: a huge file beside a bundle is
+        // refused, never held.
+        let signature_text = match verify::read_signature_file(&sig_path) {
             Ok(text) => Some(text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(Refused::Io(format!("{}: {e}", sig_path.display()))),
+            Err(agent_extract::Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                None
+            }
+            Err(agent_extract::Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::InvalidData =>
+            {
+                return Err(Refused::Content(format!(
+                    "{}: {source}, which no minisign signature is (a few hundred bytes); {shown} is not served until it has its own .minisig",
+                    sig_path.display()
+                )));
+            }
+            Err(e) => return Err(Refused::Io(e.to_string())),
         };
         if let Some(key) = &self.public_key {
             let Some(text) = &signature_text else {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
+use agent_extract::payload::Payload;
 use agent_extract::verify::{self, Trust};
 use agent_protocol::minisign::{PublicKey, Signature};
 use agent_protocol::{AgentVersion, layout, platform};
@@ -94,12 +95,14 @@ pub fn check_name(name: &str) -> Result<(), String> {
 /// Checks the files of `dir` (each name already passed [`check_name`]) against `keys`
 /// (any one may vouch for a bundle, through a rotation chain the bundle carries) and,
 /// when set, `served_key` (the key this server checks what it serves against: a release
-/// it would refuse to serve is refused here).
+/// it would refuse to serve is refused here) and `max_unpacked` (bytes a bundle's
+/// distribution may inflate to: `releases.max-unpacked`).
 pub fn check_dir(
     dir: &Path,
     names: &[String],
     keys: &[PublicKey],
     served_key: Option<&PublicKey>,
+    max_unpacked: Option<u64>,
 ) -> Result<Checked, Refused> {
     let mut refusals = Vec::new();
     let mut bundles = Vec::new();
@@ -110,7 +113,7 @@ pub fn check_dir(
             }
             continue;
         }
-        match check_bundle(dir, name, names, keys, served_key) {
+        match check_bundle(dir, name, names, keys, served_key, max_unpacked) {
             Ok(bundle) => bundles.push(bundle),
             Err(reason) => refusals.push(refuse(name, reason)),
         }
@@ -133,6 +136,7 @@ fn check_bundle(
     names: &[String],
     keys: &[PublicKey],
     served_key: Option<&PublicKey>,
+    max_unpacked: Option<u64>,
 ) -> Result<CheckedBundle, String> {
     let sig_name = layout::signature_file_name(name);
     if !names.contains(&sig_name) {
@@ -140,8 +144,13 @@ fn check_bundle(
             "no signature {sig_name} beside it: sign it (agent-bundle sign --key K {name}) and give both"
         ));
     }
-    let text = std::fs::read_to_string(dir.join(&sig_name))
-        .map_err(|e| format!("its signature cannot be read: {e}"))?;
+    let text = verify::read_signature_file(&dir.join(&sig_name)).map_err(|e| {
+        format!(
+            "its signature {sig_name} cannot be read ({}): give the .minisig that `agent-bundle sign` or `minisign -S` wrote, a few hundred bytes (at most {} KiB are read)",
+            io_reason(&e),
+            verify::MAX_SIGNATURE_FILE / 1024
+        )
+    })?;
     let signature =
         Signature::parse(&text).map_err(|e| format!("its signature is not minisign's: {e}"))?;
     let path = dir.join(name);
@@ -158,6 +167,9 @@ fn check_bundle(
     let platform = verified.facts.platform.clone();
     if !platform::is_target(&platform) {
         return Err(format!("it names no plain platform ({platform:?})"));
+    }
+    if let Some(max) = max_unpacked {
+        check_unpacked(&path, &verified.facts.version, verified.digests.size, max)?;
     }
     let version = verified.facts.version.clone();
     let expected = format!("agent-bundle-{}", version.version_str());
@@ -178,6 +190,53 @@ fn check_bundle(
         signature: text,
         signed_at: verified.claim.signed_at,
     })
+}
+
+/// Refuses a bundle whose distribution inflates to more than `max` bytes, counted as it
+/// is inflated (one byte past `max` is enough to know), after the signature checked out:
+/// an unsigned bundle costs no inflating.
+fn check_unpacked(path: &Path, version: &AgentVersion, size: u64, max: u64) -> Result<(), String> {
+    let unpacked = Payload::open(path)
+        .and_then(|mut payload| payload.dist_unpacked_size(version, max.saturating_add(1)))
+        .map_err(|e| format!("its distribution cannot be read: {}", extract_reason(&e)))?;
+    if unpacked > max {
+        return Err(format!(
+            "its distribution unpacks to more than {} (the bundle is {}): over releases.max-unpacked = {} in server.toml, the most a release may unpack to. If this build is meant to be that large, raise releases.max-unpacked and restart the server; else publish a build without what made it so",
+            mib(max),
+            mib(size),
+            max / MIB
+        ));
+    }
+    Ok(())
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// Bytes as MiB for a message: `512 MiB`, `1.3 MiB`.
+fn mib(bytes: u64) -> String {
+    if bytes % MIB == 0 {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / MIB as f64)
+    }
+}
+
+/// An unpacking error without the server's private path.
+fn extract_reason(e: &agent_extract::Error) -> String {
+    match e {
+        agent_extract::Error::NotABundle { reason, .. }
+        | agent_extract::Error::NoZip { reason, .. } => reason.clone(),
+        agent_extract::Error::Io { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// An I/O error of a read file, without the server's private path.
+fn io_reason(e: &agent_extract::Error) -> String {
+    match e {
+        agent_extract::Error::Io { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
 }
 
 fn verify_under_any(
@@ -271,6 +330,83 @@ mod tests {
         ] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A signed bundle whose distribution holds `zeros` bytes of zeros, packed into
+    /// `<dir>/out`; returns the directory, the names of the bundle and its signature, and
+    /// the key.
+    fn packed(zeros: u64) -> (tempfile::TempDir, Vec<String>, PublicKey) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dist = dir.path().join("dist");
+        std::fs::create_dir_all(dist.join("bin")).expect("bin");
+        std::fs::write(dist.join("bin/agent"), "#!/bin/sh\n").expect("agent");
+        std::fs::write(dist.join("README.txt"), "readme\n").expect("readme");
+        std::fs::write(dist.join("LICENSE"), "license\n").expect("license");
+        std::fs::File::create(dist.join("zeros"))
+            .and_then(|f| f.set_len(zeros))
+            .expect("zeros");
+        let key = agent_protocol::minisign::SecretKey::generate().expect("key");
+        let out = dir.path().join("out");
+        let packed = agent_bundle::pack::pack(&agent_bundle::pack::PackRequest {
+            dist: &dist,
+            version: AgentVersion::new("1.0.0", "1").expect("version"),
+            platform: "x86_64-unknown-linux-gnu".to_owned(),
+            key: &key,
+            out_dir: &out,
+            stub: Path::new("/bin/true"),
+            signed_at: Some(1_700_000_000),
+            rotations: &[],
+            allow_other_key: false,
+        })
+        .expect("pack");
+        let names = [&packed.bundle, &packed.signature]
+            .iter()
+            .map(|p| p.file_name().expect("name").to_string_lossy().into_owned())
+            .collect();
+        (dir, names, key.public_key())
+    }
+
+    #[test]
+    fn endless_data_a_distribution_over_the_limit_is_refused_with_the_limit() {
+        let (dir, names, key) = packed(3 << 20);
+        let release = dir.path().join("out");
+        let keys = [key];
+        let checked = check_dir(&release, &names, &keys, None, Some(4 << 20));
+        assert!(checked.is_ok(), "{checked:?}");
+        let refused =
+            check_dir(&release, &names, &keys, None, Some(2 << 20)).expect_err("over the limit");
+        let text = refused.to_string();
+        assert_eq!(refused.0.len(), 1, "{text}");
+        assert_eq!(refused.0[0].file, names[0]);
+        for word in [
+            "unpacks to more than 2 MiB",
+            "releases.max-unpacked = 2 in server.toml",
+            "raise releases.max-unpacked",
+            "nothing changed",
+        ] {
+            assert!(text.contains(word), "{word:?} missing: {text}");
+        }
+        // A rollback's check takes kept bytes as they are.
+        assert!(check_dir(&release, &names, &keys, None, None).is_ok());
+    }
+
+    #[test]
+    fn a_signature_larger_than_a_signature_is_refused_unread() {
+        let (dir, names, key) = packed(0);
+        let release = dir.path().join("out");
+        let keys = [key];
+        let signature = release.join(&names[1]);
+        let text = std::fs::read_to_string(&signature).expect("signature");
+        let mut padded = text.clone().into_bytes();
+        padded.resize(64 << 20, b'\n');
+        std::fs::write(&signature, padded).expect("pad");
+        let refused = check_dir(&release, &names, &keys, None, None)
+            .expect_err("too large")
+            .to_string();
+        assert!(refused.contains("larger than 8192 bytes"), "{refused}");
+        assert!(refused.contains("agent-bundle sign"), "{refused}");
+        std::fs::write(&signature, text).expect("restore");
+        assert!(check_dir(&release, &names, &keys, None, None).is_ok());
     }
 
     fn bundle(name: &str, version: &str, platform: &str) -> CheckedBundle {

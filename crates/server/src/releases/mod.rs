@@ -68,6 +68,10 @@ pub struct Publisher {
     keys: Vec<PublicKey>,
     served_key: Option<PublicKey>,
     keep: usize,
+    /// Bytes a published bundle's distribution may inflate to (`releases.max-unpacked`).
+    max_unpacked: u64,
+    /// Uploads being received or checked now, at most [`UPLOADS_AT_ONCE`].
+    uploads: Arc<tokio::sync::Semaphore>,
     /// One publish, rollback or follow at a time on this server.
     busy: tokio::sync::Mutex<()>,
     /// The history entry this server last installed ([`INSTALLED_FILE`], read once at
@@ -76,6 +80,19 @@ pub struct Publisher {
 }
 
 const NONE_INSTALLED: i64 = i64::MIN;
+
+/// Uploads a server receives at once: each may write up to the upload limit to disk, so
+/// more answer `503` with [`UPLOAD_RETRY_AFTER`].
+pub const UPLOADS_AT_ONCE: usize = 2;
+
+/// Seconds a publish turned away because [`UPLOADS_AT_ONCE`] are running is asked to
+/// wait.
+pub const UPLOAD_RETRY_AFTER: u64 = 10;
+
+/// The right to upload a release now: held until the upload is published or refused.
+pub struct UploadSlot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
 
 impl Publisher {
     pub fn new(
@@ -111,9 +128,31 @@ impl Publisher {
             keys,
             served_key,
             keep,
+            max_unpacked: crate::config::DEFAULT_MAX_UNPACKED_MIB * 1024 * 1024,
+            uploads: Arc::new(tokio::sync::Semaphore::new(UPLOADS_AT_ONCE)),
             busy: tokio::sync::Mutex::new(()),
             installed: AtomicI64::new(installed),
         })
+    }
+
+    /// Sets the bytes a published bundle's distribution may inflate to
+    /// (`releases.max-unpacked`; [`crate::config::DEFAULT_MAX_UNPACKED_MIB`] unless set).
+    #[must_use]
+    pub fn with_max_unpacked(mut self, bytes: u64) -> Self {
+        self.max_unpacked = bytes;
+        self
+    }
+
+    pub fn max_unpacked(&self) -> u64 {
+        self.max_unpacked
+    }
+
+    /// A slot to receive an upload in, if fewer than [`UPLOADS_AT_ONCE`] are running.
+    pub fn upload_slot(&self) -> Option<UploadSlot> {
+        Arc::clone(&self.uploads)
+            .try_acquire_owned()
+            .ok()
+            .map(|permit| UploadSlot { _permit: permit })
     }
 
     pub fn releases(&self) -> &Releases {
@@ -144,7 +183,9 @@ impl Publisher {
             return Err(ReleaseError::NoTrust);
         }
         let _busy = self.busy.lock().await;
-        let checked = self.check(incoming.path(), names).await?;
+        let checked = self
+            .check(incoming.path(), names, Some(self.max_unpacked))
+            .await?;
         let record = record_of(&checked);
         if let Some(known) = self.releases.release(&record.id).await?
             && known.identity != record.identity
@@ -213,7 +254,8 @@ impl Publisher {
             all.push(file.name.clone());
             all.push(sig_name);
         }
-        let checked = self.check(scratch.path(), all).await?;
+        // Kept bytes were taken once: a limit lowered since does not stand in the way back.
+        let checked = self.check(scratch.path(), all, None).await?;
         let served_signed_at = match self.store.current() {
             Current::Ready(release) => crate::served(&release).signed_at,
             Current::Unavailable(_) => 0,
@@ -275,7 +317,12 @@ impl Publisher {
         Ok(Some(self.dir.join(id).join(name)))
     }
 
-    async fn check(&self, dir: &Path, names: Vec<String>) -> Result<Checked, ReleaseError> {
+    async fn check(
+        &self,
+        dir: &Path,
+        names: Vec<String>,
+        max_unpacked: Option<u64>,
+    ) -> Result<Checked, ReleaseError> {
         let dir = dir.to_owned();
         let mut keys = self.keys.clone();
         if keys.is_empty() {
@@ -283,7 +330,7 @@ impl Publisher {
         }
         let served_key = self.served_key.clone();
         tokio::task::spawn_blocking(move || {
-            check::check_dir(&dir, &names, &keys, served_key.as_ref())
+            check::check_dir(&dir, &names, &keys, served_key.as_ref(), max_unpacked)
         })
         .await
         .map_err(|e| ReleaseError::Io(format!("the release check stopped: {e}")))?

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use agent_extract::verify::MAX_SIGNATURE_FILE;
 use agent_fleet::operators::Action;
 use agent_fleet::releases::HistoryEntry;
 use axum::Json;
@@ -21,7 +22,7 @@ use super::operators::{Auth, Caller};
 use super::{AppState, Shared, json_body};
 use crate::error::ApiError;
 use crate::releases::check::check_name;
-use crate::releases::{Publisher, ReleaseError};
+use crate::releases::{Publisher, ReleaseError, UPLOAD_RETRY_AFTER, UPLOADS_AT_ONCE};
 use crate::store::Current;
 
 /// Largest upload: the bundles of every platform of one release, with room to spare.
@@ -42,6 +43,22 @@ pub(super) async fn publish(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     let caller = auth.require(s, Action::Change, "release.publish").await?;
+    // Held until the release is published or refused: what this upload writes to disk
+    // and checks counts against the uploads one server takes at once. One over that is
+    // read and dropped (no disk, no check), so its client, still sending, reads the
+    // answer rather than a broken pipe.
+    let Some(_slot) = publisher(s).upload_slot() else {
+        if let Ok(mut multipart) = multipart {
+            drain(&mut multipart).await;
+        }
+        let why = format!(
+            "the release is refused, nothing changed: this server is receiving {UPLOADS_AT_ONCE} uploads already; publish again in {UPLOAD_RETRY_AFTER} s"
+        );
+        caller
+            .refused(s, "release.publish", json!({ "files": [], "reason": why }))
+            .await;
+        return Err(ApiError::unavailable(why, UPLOAD_RETRY_AFTER).audited());
+    };
     let mut multipart = multipart.map_err(|e| {
         ApiError::bad_request(format!(
             "send the release as multipart/form-data, one part per file (curl -F f=@agent-bundle-…): {}",
@@ -50,21 +67,23 @@ pub(super) async fn publish(
     })?;
     let incoming = publisher(s).incoming().map_err(ApiError::from)?;
     let mut names: Vec<String> = Vec::new();
-    while let Some(mut field) = multipart
-        .next_field()
-        .await
-        .map_err(|e| ApiError::bad_request(format!("the upload was cut or malformed: {e}")))?
-    {
+    while let Some(mut field) = multipart.next_field().await.map_err(upload_error)? {
         let name = field
             .file_name()
             .or_else(|| field.name())
             .unwrap_or_default()
             .to_owned();
         if let Err(why) = check_name(&name) {
-            return refuse(s, &caller, &names, format!("{name:?}: {why}")).await;
+            return refuse(s, &caller, &names, format!("{}: {why}", shown_name(&name))).await;
         }
         if names.contains(&name) {
-            return refuse(s, &caller, &names, format!("{name} is given twice")).await;
+            return refuse(
+                s,
+                &caller,
+                &names,
+                format!("{} is given twice", shown_name(&name)),
+            )
+            .await;
         }
         if names.len() >= MAX_FILES {
             return refuse(s, &caller, &names, format!("more than {MAX_FILES} files")).await;
@@ -73,11 +92,26 @@ pub(super) async fn publish(
         let mut file = tokio::fs::File::create(&path)
             .await
             .map_err(|e| ApiError::from(ReleaseError::Io(format!("{}: {e}", path.display()))))?;
-        while let Some(chunk) = field
-            .chunk()
-            .await
-            .map_err(|e| ApiError::bad_request(format!("the upload of {name} was cut: {e}")))?
-        {
+        // A signature is a few hundred bytes: one larger is refused as it arrives, not
+        // written whole and then read back.
+        let most = if name.ends_with(".minisig") {
+            MAX_SIGNATURE_FILE
+        } else {
+            u64::MAX
+        };
+        let mut written = 0u64;
+        while let Some(chunk) = field.chunk().await.map_err(upload_error)? {
+            written += chunk.len() as u64;
+            if written > most {
+                drop(field);
+                drain(&mut multipart).await;
+                let why = format!(
+                    "{}: a signature of more than {} KiB, which no minisign signature is (a few hundred bytes); give the .minisig that `agent-bundle sign` or `minisign -S` wrote beside its bundle",
+                    shown_name(&name),
+                    MAX_SIGNATURE_FILE / 1024
+                );
+                return refuse(s, &caller, &names, why).await;
+            }
             file.write_all(&chunk).await.map_err(|e| {
                 ApiError::from(ReleaseError::Io(format!("{}: {e}", path.display())))
             })?;
@@ -112,8 +146,45 @@ pub(super) async fn publish(
                     json!({ "files": names, "reason": e.message }),
                 )
                 .await;
-            Err(e)
+            Err(e.audited())
         }
+    }
+}
+
+/// An upload that could not be read: over the limit (which it names), or cut or
+/// malformed on the way.
+fn upload_error(e: axum::extract::multipart::MultipartError) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the release is refused, nothing changed: the upload is over the limit of {} MiB for one release; publish fewer platforms at once",
+                MAX_RELEASE_BODY / (1024 * 1024)
+            ),
+        );
+    }
+    ApiError::new(
+        e.status(),
+        format!(
+            "the release is refused, nothing changed: the upload was cut or malformed: {}",
+            e.body_text()
+        ),
+    )
+}
+
+/// A file name as a refusal shows it: quoted, control characters escaped, cut.
+fn shown_name(name: &str) -> String {
+    format!("\"{}\"", agent_protocol::shown::shown(name, 120))
+}
+
+/// Reads the rest of an upload refused while it arrives and drops it, so a client still
+/// sending reads the answer rather than a broken pipe. Nothing is kept; the upload limit
+/// and the request's time bound what is read.
+/// (The field being read when it was refused is dropped first: the next one is found by
+/// reading past what is left of it.)
+async fn drain(multipart: &mut Multipart) {
+    while let Ok(Some(mut next)) = multipart.next_field().await {
+        while let Ok(Some(_)) = next.chunk().await {}
     }
 }
 
@@ -131,7 +202,7 @@ async fn refuse(
             json!({ "files": names, "reason": why }),
         )
         .await;
-    Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, why))
+    Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, why).audited())
 }
 
 impl From<ReleaseError> for ApiError {
@@ -266,7 +337,7 @@ pub(super) async fn rollback(
                     json!({ "release": body.to, "reason": e.message }),
                 )
                 .await;
-            Err(e)
+            Err(e.audited())
         }
     }
 }
