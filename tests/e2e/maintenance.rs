@@ -196,6 +196,22 @@ catch-up = "at-once"
             a["update_status"] == "WAITING_WINDOW" && a["update_error"] == waiting.as_str()
         })
     });
+    // On the machine, `agent status` and `agent update --check` say it too, with the
+    // opening the server named (issue 59: they said nothing, and "would install").
+    let opening = httpdate::fmt_http_date(std::time::UNIX_EPOCH + Duration::from_secs(opens));
+    let said = |args: &[&str]| {
+        String::from_utf8(
+            e2e::run_ok(Command::new(on_time[0].join("current/bin/agent")).args(args)).stdout,
+        )
+        .unwrap()
+    };
+    wait_until(LONG, "agent status to name the window", || {
+        said(&["status"]).contains(&format!(
+            "waits for this machine's maintenance window: it opens {opening}"
+        ))
+    });
+    let check = said(&["update", "--check"]);
+    assert!(check.contains(&format!("it opens {opening}")), "{check}");
     // Counted in /metrics like every update status.
     let by_status = "agentupdate_agents_by_update_status{status=\"WAITING_WINDOW\"}";
     assert_eq!(e2e::metric(&server, by_status), 2.0);

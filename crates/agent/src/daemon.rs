@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use agent_protocol::AgentVersion;
 use agent_protocol::busy;
-use agent_protocol::journal::Health;
+use agent_protocol::journal::{Health, WaitingWindow};
 use agent_protocol::layout::{self, AgentHome};
 use agent_protocol::wire::{AgentHello, Report, UpdateStatus};
 use agent_updater::{lock, state};
@@ -121,6 +121,7 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
             last_contact: None,
             refused_by_server: None,
             workload: Some(crate::workload::initial_report(&spec)),
+            waiting_window: None,
         },
     ));
     let dirs = Dirs::new(&home, &config.workload.config_dir);
@@ -273,6 +274,10 @@ async fn serve(
                         board.update(|h| {
                             h.last_contact = Some(contact);
                             h.refused_by_server = None;
+                            h.waiting_window = window.as_ref().map(|w| WaitingWindow {
+                                expected: w.expected.clone(),
+                                opens_at: w.opens_at,
+                            });
                         });
                         retry.reset();
                         if let Some(set) = offered {
@@ -288,6 +293,7 @@ async fn serve(
                         board.update(|h| {
                             h.last_contact = Some(contact);
                             h.refused_by_server = Some(ns.expected.clone());
+                            h.waiting_window = None;
                         });
                         let offer = Offer {
                             expected: ns.expected.clone(),

@@ -34,6 +34,24 @@ pub async fn update(
             info.size,
             info.sha256
         );
+        // What the running agent last heard: a window the fleet holds this update for,
+        // and the locks on this machine, as the server has them.
+        let health = agent_extract::atomic::read_text(&install.home.health_file(), 64 * 1024)
+            .ok()
+            .and_then(|t| serde_json::from_str::<agent_protocol::journal::Health>(&t).ok());
+        if let Some(window) = health.and_then(|h| h.waiting_window) {
+            println!("{}", window.describe(state::now_secs()));
+            println!(
+                "the fleet installs it when that window opens; `agent update` would install it now, outside the window"
+            );
+        }
+        let (held, _) = crate::locks::held(&install.home, state::now_secs());
+        if !held.is_empty() {
+            println!(
+                "update locks held here: {}; the fleet's update waits for them (`agent update` does not)",
+                crate::locks::describe_all(&held)
+            );
+        }
         if info.agent == install.version {
             println!("up to date");
         } else if state::is_bad(&install.home, &info.sha256)? {

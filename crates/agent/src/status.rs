@@ -58,6 +58,9 @@ pub fn render(install: &Installation, config: &Config) -> String {
             if let Some(expected) = &h.refused_by_server {
                 let _ = writeln!(out, "directive: refused; the server expects {expected}");
             }
+            if let Some(window) = &h.waiting_window {
+                let _ = writeln!(out, "window:   {}", window.describe(state::now_secs()));
+            }
             let (held, _) = crate::locks::held(home, state::now_secs());
             if !held.is_empty() {
                 let _ = writeln!(

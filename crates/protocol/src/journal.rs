@@ -148,6 +148,38 @@ pub struct Health {
     /// (which the updater judges as having none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<WorkloadReport>,
+    /// The release the server holds for this agent's maintenance window, as the server
+    /// said it at the last contact (`agent status` and `agent update --check` show it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_window: Option<WaitingWindow>,
+}
+
+/// A release held for a maintenance window that is not open yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingWindow {
+    pub expected: String,
+    /// Unix seconds.
+    pub opens_at: i64,
+}
+
+impl WaitingWindow {
+    /// "2.0.0+2 waits for the maintenance window: it opens Sun, 29 Nov 2026 02:00:00
+    /// GMT (in 3h 5m)", at `now` (unix seconds).
+    pub fn describe(&self, now: u64) -> String {
+        let opens = u64::try_from(self.opens_at).unwrap_or(0);
+        let when =
+            httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(opens));
+        let left = opens.saturating_sub(now);
+        let relative = if left == 0 {
+            "now".to_owned()
+        } else {
+            format!("in {}h {}m", left / 3600, left % 3600 / 60)
+        };
+        format!(
+            "{} waits for this machine's maintenance window: it opens {when} ({relative})",
+            self.expected
+        )
+    }
 }
 
 /// The workload in `run/health.json`: what `connect` reports, and what `agent status`

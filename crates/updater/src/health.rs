@@ -329,6 +329,7 @@ mod tests {
                 last_contact: None,
                 refused_by_server: None,
                 workload: None,
+                waiting_window: None,
             }),
             health_pid_alive: true,
             agent_pid: Some(pid),
