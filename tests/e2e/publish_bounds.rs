@@ -223,6 +223,44 @@ fn a_signature_larger_than_a_signature_is_refused_unread() {
     assert!(said.contains("published release 2.0.0+2"), "{said}");
 }
 
+#[test]
+fn a_huge_signature_dropped_beside_a_bundle_is_refused_unread() {
+    let ctx = TestContext::new();
+    let (key, public) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d"), "1.0.0", "1", &key, "b1");
+    let server = server(&ctx, &public);
+    let before = peak_rss(&server);
+    let dir = server.download_dir();
+    fs::copy(&b1, dir.join("agent-bundle-1.0.0")).unwrap();
+    let huge = fs::File::create(dir.join("agent-bundle-1.0.0.minisig")).unwrap();
+    huge.set_len(700 * MIB).unwrap();
+    e2e::wait_until(Duration::from_secs(30), "the store to look", || {
+        e2e::http(server.port, "GET", "/healthz", &[])
+            .unwrap()
+            .text()
+            .contains("larger than 8192 bytes")
+    });
+    let health = e2e::http(server.port, "GET", "/healthz", &[])
+        .unwrap()
+        .text();
+    assert!(health.contains("agent-bundle-1.0.0.minisig"), "{health}");
+    assert!(health.contains("not served"), "{health}");
+    assert!(served_sha256(&server).is_none());
+    let grew = peak_rss(&server).saturating_sub(before);
+    assert!(
+        grew < 64 * MIB,
+        "the server's peak memory grew by {} MiB looking at a huge signature",
+        grew / MIB
+    );
+    // Its own signature beside it, the bundle is served.
+    fs::copy(
+        format!("{}.minisig", b1.display()),
+        dir.join("agent-bundle-1.0.0.minisig"),
+    )
+    .unwrap();
+    server.wait_serving(&sha256_file(&b1));
+}
+
 /// Opens an upload and sends its start, then holds it: the server is receiving it.
 fn held_upload(server: &ServerProc) -> TcpStream {
     let boundary = "held";
