@@ -332,6 +332,16 @@ start() {
     done
 }
 
+# A configuration the new agent would refuse (exit 78) must not cost the running one:
+# restart checks it first, with the agent's own parser, and keeps the agent if it fails.
+check_config() {
+    if ! said=$("$AGENT_HOME/current/bin/agent" --home "$AGENT_HOME" config check 2>&1); then
+        printf '%s\n' "$said" >&2
+        echo "agent-wrapper.sh: the configuration is refused (above); nothing was stopped, the running agent keeps its configuration. Fix it, check it with: $AGENT_HOME/current/bin/agent config check" >&2
+        return 78
+    fi
+}
+
 stop() {
     sup=
     pid=
@@ -404,7 +414,7 @@ status() {
 case "$1" in
 start) start ;;
 stop) stop ;;
-restart) stop && start ;;
+restart) check_config && stop && start ;;
 status) status ;;
 kill) kill_all ;;
 __supervise) supervise ;;

@@ -157,7 +157,7 @@ scripts/binfmt-aarch64.sh
 made "$clients" "the OpAMP clients" target/opamp-clients.log
 # The tests of the other platforms (and the Debian root's install tests) run last, once
 # their builds are done.
-other_platforms='package(e2e) and test(/^(windows|platforms|install)::/)'
+other_platforms='package(e2e) and test(/^(windows::|platforms::|install::|planned_stop::windows_)/)'
 all_made() {
     if kill -0 "$cross_build" 2>/dev/null; then
         echo "test.sh: waiting for the other platforms' agents to build ($target_dir/cross-build.log)" >&2

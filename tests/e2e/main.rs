@@ -44,6 +44,7 @@ mod rollout;
 mod server;
 mod sim;
 mod stamp;
+mod traps;
 mod trust;
 mod update;
 mod upgrade;

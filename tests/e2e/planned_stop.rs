@@ -192,13 +192,10 @@ fn a_restart_during_the_stability_window_keeps_the_new_version_and_commits_it() 
 }
 
 /// Under Wine: `net stop` during 2.0.0's stability window. Measured before: rolled back,
-/// and the updater started the service the operator had stopped. Ignored in the plain
-/// run: scripts/test.sh runs the Windows tests (`windows::`) after the cross build it
-/// starts in the background, and this name is not among them; run it with
-/// `cargo test -p e2e --test e2e planned_stop::windows -- --ignored` once
-/// `target/cross/x86_64-pc-windows-gnu/debug/` holds the Windows programs.
+/// and the updater started the service the operator had stopped. scripts/test.sh runs
+/// it with the Windows tests (its name starts `planned_stop::windows_`), after the cross
+/// build of the Windows programs.
 #[test]
-#[ignore = "needs the Windows cross build and Wine; see the doc comment"]
 fn windows_net_stop_during_the_stability_window_is_no_failure_and_the_service_stays_stopped() {
     use crate::windows::{WAIT as WIN_WAIT, dist, installed, pack, wait_row};
     use e2e::wine::run_ok_wine;

@@ -98,7 +98,8 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         public_key,
         config.releases.keep,
     )
-    .map_err(|e| ServerError::Io(format!("{}: {e}", home.join("releases").display())))?;
+    .map_err(|e| ServerError::Io(format!("{}: {e}", home.join("releases").display())))?
+    .with_max_unpacked(config.releases.max_unpacked_bytes());
     // A release published while this server was away is served from its first answer.
     if let Err(e) = publisher.follow().await {
         tracing::error!("cannot serve the fleet's published release: {e}");
