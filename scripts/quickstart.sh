@@ -62,7 +62,7 @@ probe=$host
 [[ $reach == all ]] && probe=127.0.0.1
 if (exec 3<>"/dev/tcp/$probe/$port") 2>/dev/null; then
     echo "quickstart.sh: something already listens on $listen (an update-server from an earlier quickstart?)." >&2
-    echo "  Nothing was changed. Stop it, or run with --listen 127.0.0.1:7081 and QUICKSTART_HOME=server-home-2" >&2
+    echo "  Nothing was changed. Stop it, or run with --listen $host:$((port + 1)) and QUICKSTART_HOME=$home-2" >&2
     exit 1
 fi
 if [[ -f "$home/update-server.lock" ]] && command -v flock >/dev/null &&

@@ -272,6 +272,22 @@ pub fn normalize_seconds(table: &mut toml::Table, keys: &[Key]) -> Result<(), St
     Ok(())
 }
 
+/// A duration as people write it, in the largest unit that divides it exactly
+/// (`2h`, `90m`, `45s`, `250ms`): what [`parse_duration`] reads back.
+pub fn format_duration(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 != 0 {
+        return format!("{ms}ms");
+    }
+    let secs = d.as_secs();
+    for (unit, size) in [("d", 86_400), ("h", 3600), ("m", 60)] {
+        if secs >= size && secs % size == 0 {
+            return format!("{}{unit}", secs / size);
+        }
+    }
+    format!("{secs}s")
+}
+
 /// Durations written as `30s`, `5m`, `1h`, `250ms`, `1d`.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     use std::time::Duration;
@@ -299,6 +315,25 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_are_written_as_people_write_them_and_read_back() {
+        for (secs, text) in [
+            (7200, "2h"),
+            (5400, "90m"),
+            (45, "45s"),
+            (86_400, "1d"),
+            (0, "0s"),
+        ] {
+            let d = std::time::Duration::from_secs(secs);
+            assert_eq!(format_duration(d), text);
+            assert_eq!(parse_duration(text), Ok(d));
+        }
+        assert_eq!(
+            format_duration(std::time::Duration::from_millis(250)),
+            "250ms"
+        );
+    }
 
     #[test]
     fn overrides_each_kind_and_names_bad_variables() {

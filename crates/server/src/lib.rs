@@ -397,18 +397,30 @@ pub async fn serve(
     // A certificate that cannot serve is an error before anything listens.
     let tls = match config.tls_files() {
         Some((cert, key)) => {
-            let certificates = tls::Certificates::open(&cert, &key)?;
-            let server_config = certificates.server_config()?;
-            tls::watch(certificates);
-            Some(server_config)
+            let opened = tls::Certificates::open(&cert, &key)
+                .and_then(|c| c.server_config().map(|config| (c, config)));
+            match opened {
+                Ok((certificates, server_config)) => {
+                    tls::watch(certificates);
+                    Some(server_config)
+                }
+                Err(e) => {
+                    home_lock.abandon();
+                    return Err(e);
+                }
+            }
         }
         None => None,
     };
-    let listener = listen(addr).map_err(|e| {
-        ServerError::Io(format!(
-            "cannot listen on {addr}: {e}; is another server running there?"
-        ))
-    })?;
+    let listener = match listen(addr) {
+        Ok(listener) => listener,
+        Err(e) => {
+            home_lock.abandon();
+            return Err(ServerError::Io(format!(
+                "cannot listen on {addr}: {e}; is another server running there? Nothing was changed"
+            )));
+        }
+    };
     let local = listener
         .local_addr()
         .map_err(|e| ServerError::Io(e.to_string()))?;
@@ -527,6 +539,9 @@ fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener
 /// drops it if the process dies). It names the holder for whoever finds it taken.
 pub struct HomeLock {
     file: nix::fcntl::Flock<std::fs::File>,
+    /// The lock file, when this server made it: a server that gives up before it
+    /// serves (its port taken, say) leaves the home as it found it.
+    made: Option<std::path::PathBuf>,
 }
 
 pub const HOME_LOCK: &str = "update-server.lock";
@@ -537,6 +552,7 @@ impl HomeLock {
         std::fs::create_dir_all(home)
             .map_err(|e| ServerError::Io(format!("{}: {e}", home.display())))?;
         let path = home.join(HOME_LOCK);
+        let made = (!path.exists()).then(|| path.clone());
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -551,7 +567,7 @@ impl HomeLock {
         let mut file = file;
         loop {
             match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-                Ok(file) => return Ok(Self { file }),
+                Ok(file) => return Ok(Self { file, made }),
                 Err((mut held, _)) => {
                     let mut holder = String::new();
                     let _ = held
@@ -569,6 +585,14 @@ impl HomeLock {
                     )));
                 }
             }
+        }
+    }
+
+    /// Gives the lock up without having served: a lock file this server made is
+    /// removed (the server said it changed nothing).
+    pub fn abandon(self) {
+        if let Some(path) = &self.made {
+            let _ = std::fs::remove_file(path);
         }
     }
 
@@ -667,5 +691,41 @@ mod tests {
         assert!(err.to_string().contains("another update-server"), "{err}");
         // Not the ten seconds an exiting holder is given.
         assert!(asked.elapsed() < std::time::Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_server_that_gives_up_before_serving_leaves_no_lock_file_it_made() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let path = home.path().join(HOME_LOCK);
+        HomeLock::acquire(home.path()).expect("lock").abandon();
+        assert!(!path.exists(), "the lock file this server made is gone");
+        // One a server before it made is the home's own: kept.
+        std::fs::write(&path, "pid 1 listening on 127.0.0.1:7080").expect("write");
+        HomeLock::acquire(home.path()).expect("lock").abandon();
+        assert!(path.exists());
+    }
+
+    /// A port already taken: the server says nothing changed, and leaves no lock behind.
+    #[tokio::test]
+    async fn a_port_clash_leaves_no_lock_file() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = taken.local_addr().expect("addr").port();
+        let vars = agent_protocol::settings::VarMap(vec![
+            (
+                "UPDATE_SERVER_SERVER_HOME".into(),
+                home.path().display().to_string(),
+            ),
+            (
+                "UPDATE_SERVER_SERVER_LISTEN".into(),
+                format!("127.0.0.1:{port}"),
+            ),
+        ]);
+        let config = Config::load(None, &vars).expect("config");
+        let err = serve(config, std::future::pending())
+            .await
+            .expect_err("the port is taken");
+        assert!(err.to_string().contains("Nothing was changed"), "{err}");
+        assert!(!home.path().join(HOME_LOCK).exists());
     }
 }

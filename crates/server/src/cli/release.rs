@@ -76,8 +76,9 @@ impl AdminClient {
             form = form.part(name, part);
         }
         eprintln!(
-            "uploading {} files ({:.1} MiB) to {base} …",
+            "uploading {} file{} ({:.1} MiB) to {base} …",
             files.len(),
+            if files.len() == 1 { "" } else { "s" },
             total as f64 / (1024.0 * 1024.0)
         );
         let request = self
