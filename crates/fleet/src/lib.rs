@@ -14,6 +14,7 @@
 //! credentials verdict) stay pure functions, unit tested without a database.
 
 pub mod audit;
+pub mod backup;
 pub mod config;
 pub mod credentials;
 pub mod db;

@@ -72,6 +72,13 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Write a consistent copy of the fleet database (SQLite) to FILE, beside a running
+    /// server; for PostgreSQL, says the pg_dump command to use instead.
+    Backup {
+        /// The new backup file (an existing one is refused).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
     /// The audit log: every change, who made it and from where, newest first.
     Audit {
         /// Only entries by this token name (or server:NAME).
@@ -449,6 +456,12 @@ fn main() -> ExitCode {
                         group,
                         dir,
                         allow_empty,
+            Some(Command::Backup { out }) => {
+                println!(
+                    "{}",
+                    runtime.block_on(update_server::cli::backup(&config, &out))?
+                );
+            }
                         replace_all,
                     } => ConfigAction::Push {
                         group,
