@@ -558,6 +558,13 @@ fn readme_first_release_walkthrough_runs_as_written() {
         said.contains("the canary's dashboards look wrong"),
         "{said}"
     );
+    // Back to 1.0.0 by the README's rollback: signed again, the canary switched back.
+    assert!(
+        said.contains("Skipped") && said.contains("1.1.0+2 -> 1.0.0+1 committed"),
+        "the rollback did not bring the canary back:
+{said}
+{trace}"
+    );
 }
 
 /// `agent status` names the last update error, with its time: here a bundle signed by a
