@@ -434,6 +434,12 @@ fn main() -> ExitCode {
                     println!("{said}");
                 }
             }
+            Some(Command::Backup { out }) => {
+                println!(
+                    "{}",
+                    runtime.block_on(update_server::cli::backup(&config, &out))?
+                );
+            }
             Some(Command::Audit {
                 who,
                 action,
@@ -456,12 +462,6 @@ fn main() -> ExitCode {
                         group,
                         dir,
                         allow_empty,
-            Some(Command::Backup { out }) => {
-                println!(
-                    "{}",
-                    runtime.block_on(update_server::cli::backup(&config, &out))?
-                );
-            }
                         replace_all,
                     } => ConfigAction::Push {
                         group,
