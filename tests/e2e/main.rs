@@ -11,6 +11,7 @@ mod bundle;
 mod cloud;
 mod config;
 mod config_exporter;
+mod day_two;
 mod delta;
 mod delta_server;
 mod first_day;

@@ -169,7 +169,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .context("cannot start the async runtime")?;
     match cli.command {
         Some(Command::Run) | None => {
-            let _guard = init_logging(install.home.root(), "agent.log");
+            let _guard = init_logging(install.home.root(), "agent.log", config.log.limits());
             let end = runtime.block_on(daemon::run(install, config))?;
             if let RunEnd::HandedOff { to } = &end {
                 tracing::info!("exiting so the updater can install {to}");
@@ -189,7 +189,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Update { check, .. }) => {
-            let _guard = init_logging(install.home.root(), "agent.log");
+            let _guard = init_logging(install.home.root(), "agent.log", config.log.limits());
             runtime.block_on(crate::manual::update(&install, &config, check))
         }
         Some(Command::Lock { action }) => lock(&install.home, action),
@@ -266,8 +266,14 @@ fn uninstall(home: Option<&Path>, purge: bool, yes: bool) -> anyhow::Result<Exit
     }
 }
 
-/// Logs to stderr and to `logs/<file>`; the guard flushes the file on drop.
-fn init_logging(home: &Path, file: &str) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+/// Logs to stderr and to `logs/<file>`, rotated by size with stderr's `logs/agent.out`,
+/// after rotating the other logs past `[log] max-size` (see [`crate::logfiles`]); the
+/// guard flushes the file on drop.
+fn init_logging(
+    home: &Path,
+    file: &str,
+    limits: crate::logfiles::Limits,
+) -> Option<tracing_appender::non_blocking::WorkerGuard> {
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -279,9 +285,13 @@ fn init_logging(home: &Path, file: &str) -> Option<tracing_appender::non_blockin
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false);
     let logs = home.join("logs");
-    let (file_layer, guard) = match std::fs::create_dir_all(&logs) {
-        Ok(()) => {
-            let appender = tracing_appender::rolling::never(&logs, file);
+    let opened = std::fs::create_dir_all(&logs).and_then(|()| {
+        crate::logfiles::rotate_at_start(&logs, limits);
+        let console = logs.join("agent.out");
+        crate::logfiles::RotatingFile::open(&logs.join(file), limits, Some(&console))
+    });
+    let (file_layer, guard) = match opened {
+        Ok(appender) => {
             let (writer, guard) = tracing_appender::non_blocking(appender);
             (
                 Some(

@@ -16,6 +16,37 @@ pub struct Config {
     pub agent: AgentSection,
     pub update: UpdateSection,
     pub workload: WorkloadSection,
+    pub log: LogSection,
+}
+
+/// The agent's log files and their rotation by size (see [`crate::logfiles`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct LogSection {
+    /// A log file past this is rotated (`"10MiB"`, `"512KiB"`, bytes; `"0"`: never).
+    pub max_size: String,
+    /// Rotated copies kept of each log file (`agent.log.1` … `agent.log.<keep>`).
+    pub keep: u32,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        Self {
+            max_size: "10MiB".into(),
+            keep: 5,
+        }
+    }
+}
+
+impl LogSection {
+    /// The limits, read (`max-size` was checked when the file was loaded).
+    pub fn limits(&self) -> crate::logfiles::Limits {
+        crate::logfiles::Limits {
+            max_size: crate::logfiles::parse_size(&self.max_size)
+                .unwrap_or(crate::logfiles::Limits::default().max_size),
+            keep: self.keep,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -282,6 +313,8 @@ pub const KEYS: &[Key] = &[
     key("workload", "config-dir", Kind::Str),
     key("workload", "check-command", Kind::List),
     key("workload", "reload", Kind::Str),
+    key("log", "max-size", Kind::Str),
+    key("log", "keep", Kind::Int),
 ];
 
 pub const ENV_PREFIX: &str = "AGENT";
@@ -329,6 +362,8 @@ impl Config {
             }
         }
         config.workload.validate().map_err(bad)?;
+        crate::logfiles::parse_size(&config.log.max_size)
+            .map_err(|e| bad(format!("log.max-size: {e}")))?;
         crate::proxy::Setting::parse(&config.server.proxy).map_err(bad)?;
         Ok(config)
     }
@@ -525,6 +560,39 @@ reload = "signal:HUP"
                 .to_string();
             assert!(!err.contains("hunter2"), "{text}: {err}");
             assert!(err.contains("a.toml"), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn log_rotation_is_configured_in_the_file_or_the_environment() {
+        let defaults = Config::default().log.limits();
+        assert_eq!((defaults.max_size, defaults.keep), (10 << 20, 5));
+        let c = Config::parse(
+            "[log]\nmax-size = \"512KiB\"\nkeep = 2\n",
+            Path::new("a.toml"),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(c.log.limits().max_size, 512 << 10);
+        assert_eq!(c.log.limits().keep, 2);
+        let env = VarMap(vec![
+            ("AGENT_LOG_MAX_SIZE".into(), "1MiB".into()),
+            ("AGENT_LOG_KEEP".into(), "9".into()),
+        ]);
+        let c = Config::parse("", Path::new("a.toml"), &env).unwrap();
+        assert_eq!((c.log.limits().max_size, c.log.keep), (1 << 20, 9));
+        for (text, needle) in [
+            ("[log]\nmax-size = \"lots\"\n", "log.max-size"),
+            ("[log]\nkeep = -1\n", "keep"),
+            ("[log]\nmaxsize = \"1MiB\"\n", "maxsize"),
+        ] {
+            let err = Config::parse(text, Path::new("/h/agent.toml"), &no_env)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(needle) && err.contains("/h/agent.toml"),
+                "{text}: {err}"
+            );
         }
     }
 

@@ -25,6 +25,7 @@ pub mod home;
 pub mod identity;
 pub mod last_errors;
 pub mod locks;
+pub mod logfiles;
 pub mod manual;
 pub mod os;
 pub mod pacing;
