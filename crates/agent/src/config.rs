@@ -80,6 +80,10 @@ pub struct AgentSection {
     /// Sent when registering: rollout waves written `group:NAME` take these agents
     /// first (a canary group, say). Empty: no group.
     pub group: String,
+    /// `labels = { env = "prod", region = "eu" }`: sent with every register and
+    /// connect, for selectors (`env=prod`) to choose agents by. Spelling rules:
+    /// [`agent_protocol::labels`]. The server's own labels win on the same key.
+    pub labels: agent_protocol::labels::Labels,
 }
 
 impl AgentSection {
@@ -262,6 +266,7 @@ impl Default for AgentSection {
             long_poll: true,
             name: String::new(),
             group: String::new(),
+            labels: Default::default(),
         }
     }
 }
@@ -382,6 +387,8 @@ impl Config {
         (!self.server.ca_file.trim().is_empty()).then(|| home.join(self.server.ca_file.trim()))
     }
 }
+        agent_protocol::labels::check(&config.agent.labels)
+            .map_err(|e| bad(format!("agent.labels: {e}")))?;
 
 pub use agent_protocol::settings::parse_duration;
 
@@ -448,6 +455,37 @@ max-retry-after = "1h"
 
     #[test]
     fn environment_overrides_file() {
+    #[test]
+    fn labels_are_read_from_the_agent_section_and_a_bad_one_is_named() {
+        let c = Config::parse(
+            "[agent]\nlabels = { env = \"prod\", region = \"eu\" }\n",
+            Path::new("a.toml"),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(c.agent.labels["env"], "prod");
+        assert_eq!(c.agent.labels.len(), 2);
+        let e = Config::parse(
+            "[agent]\nlabels = { os = \"linux\" }\n",
+            Path::new("a.toml"),
+            &no_env,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("a.toml") && e.contains("label os is built in"),
+            "{e}"
+        );
+        let e = Config::parse(
+            "[agent]\nlabels = { env = \"pr od\" }\n",
+            Path::new("a.toml"),
+            &no_env,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("agent.labels: label env="), "{e}");
+    }
+
         let env = |k: &str| match k {
             "AGENT_UPDATE_ENABLED" => Some("false".to_owned()),
             "AGENT_SERVER_URLS" => Some("http://a:1, http://b:2".to_owned()),

@@ -167,6 +167,7 @@ async fn serve(
         platform: layout::PLATFORM.to_owned(),
         group: config.agent.group(),
         health: None,
+        labels: Some(config.agent.labels.clone()),
     };
     let mut client = Client::new(
         config.server.urls.clone(),

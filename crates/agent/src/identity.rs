@@ -55,6 +55,7 @@ pub fn hello(id: &str, config: &crate::config::Config) -> agent_protocol::wire::
         platform: agent_protocol::layout::PLATFORM.to_owned(),
         group: config.agent.group(),
         health: None,
+        labels: Some(config.agent.labels.clone()),
     }
 }
 

@@ -65,6 +65,11 @@ pub struct Cli {
     #[arg(long, value_name = "NAME", requires = "install")]
     group: Option<String>,
 
+    /// With --install: a label of this agent (agent.labels), `KEY=VALUE`; repeat it for
+    /// more (`--label env=prod --label region=eu`). Selectors choose agents by them.
+    #[arg(long = "label", value_name = "KEY=VALUE", requires = "install")]
+    labels: Vec<String>,
+
     /// With --install: the update server the agent talks to (server.urls).
     #[arg(long, value_name = "URL", requires = "install")]
     server_url: Option<String>,
@@ -304,6 +309,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 group: cli.group.as_deref(),
                 server_url: cli.server_url.as_deref(),
                 proxy: cli.proxy.as_deref(),
+                labels: &cli.labels,
             },
         );
     }
@@ -545,6 +551,13 @@ fn run_install(service: &ServiceRequest<'_>, request: &InstallRequest<'_>) -> Re
     if request.enroll_token.is_some() {
         let _ = writeln!(
             out,
+    if !request.labels.is_empty() {
+        let _ = writeln!(
+            out,
+            "Its labels: {} (agent.labels).",
+            request.labels.join(", ")
+        );
+    }
             "The enrollment token is in {home}/conf/agent.toml (server.enrollment-token)."
         );
     }

@@ -40,6 +40,8 @@ pub struct InstallRequest<'a> {
     pub server_url: Option<&'a str>,
     /// `server.proxy`: `http://[user:password@]host:port` or `none`.
     pub proxy: Option<&'a str>,
+    /// `--label KEY=VALUE`s, as given: set in `agent.labels` (others there are kept).
+    pub labels: &'a [String],
 }
 
 /// Where `--ca-file` is kept, relative to AGENT_HOME.
@@ -109,6 +111,8 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
             "--group {group:?}: a group name is letters, digits, '.', '_' and '-' (at most 64)"
         )));
     }
+    let labels = agent_protocol::labels::parse_assignments(req.labels)
+        .map_err(|e| BundleError::Invalid(format!("--label: {e}")))?;
     if let Some(url) = req.server_url
         && (!(url.starts_with("http://") || url.starts_with("https://"))
             || url.contains(|c: char| c.is_whitespace() || c == '"'))
@@ -200,6 +204,7 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
         group: req.group,
         server_url: req.server_url,
         proxy: req.proxy,
+        labels: &labels,
     };
     if exists {
         let operator_key = match trust {
@@ -266,6 +271,7 @@ struct ServerSettings<'a> {
     group: Option<&'a str>,
     server_url: Option<&'a str>,
     proxy: Option<&'a str>,
+    labels: &'a agent_protocol::labels::Labels,
 }
 
 impl ServerSettings<'_> {
@@ -278,6 +284,7 @@ impl ServerSettings<'_> {
             && self.group.is_none()
             && self.server_url.is_none()
             && self.proxy.is_none()
+            && self.labels.is_empty()
         {
             return Ok(());
         }
@@ -313,6 +320,20 @@ impl ServerSettings<'_> {
                 doc["agent"] = toml_edit::table();
             }
             doc["agent"]["group"] = toml_edit::value(group);
+        }
+        if !self.labels.is_empty() {
+            if !doc.contains_table("agent") {
+                doc["agent"] = toml_edit::table();
+            }
+            let kept = doc["agent"]
+                .get("labels")
+                .is_some_and(|l| l.is_inline_table() || l.is_table());
+            if !kept {
+                doc["agent"]["labels"] = toml_edit::value(toml_edit::InlineTable::new());
+            }
+            for (key, value) in self.labels {
+                doc["agent"]["labels"][key.as_str()] = toml_edit::value(value.as_str());
+            }
         }
         fs::create_dir_all(home.conf()).at(home.conf())?;
         atomic::write_with_mode(&conf, doc.to_string().as_bytes(), Some(0o600))?;
@@ -669,6 +690,53 @@ fn set_private(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn labels_are_set_in_agent_toml_beside_what_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = AgentHome::new(dir.path());
+        fs::create_dir_all(home.conf()).unwrap();
+        fs::write(
+            home.agent_toml(),
+            "[agent]\nname = \"web-1\"\nlabels = { region = \"eu\", env = \"dev\" }\n",
+        )
+        .unwrap();
+        let labels =
+            agent_protocol::labels::parse_assignments(&["env=prod", "team.example/owner=ops"])
+                .unwrap();
+        let settings = ServerSettings {
+            ca_pem: None,
+            enroll_token: None,
+            group: None,
+            server_url: None,
+            proxy: None,
+            labels: &labels,
+        };
+        settings.apply(&home).unwrap();
+        let text = fs::read_to_string(home.agent_toml()).unwrap();
+        let doc: toml_edit::DocumentMut = text.parse().unwrap();
+        let agent = &doc["agent"];
+        assert_eq!(agent["name"].as_str(), Some("web-1"), "{text}");
+        let written = &agent["labels"];
+        assert_eq!(written["env"].as_str(), Some("prod"), "{text}");
+        assert_eq!(written["region"].as_str(), Some("eu"), "{text}");
+        assert_eq!(
+            written["team.example/owner"].as_str(),
+            Some("ops"),
+            "{text}"
+        );
+        // A fresh install: no [agent] table, no labels yet.
+        fs::write(home.agent_toml(), "[server]\nurls = [\"http://s:1\"]\n").unwrap();
+        settings.apply(&home).unwrap();
+        let text = fs::read_to_string(home.agent_toml()).unwrap();
+        let doc: toml_edit::DocumentMut = text.parse().unwrap();
+        assert_eq!(
+            doc["agent"]["labels"]["env"].as_str(),
+            Some("prod"),
+            "{text}"
+        );
+        assert!(text.contains("labels = {"), "{text}");
+    }
 
     #[test]
     fn a_proxy_is_checked_and_shown_without_its_password() {

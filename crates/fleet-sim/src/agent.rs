@@ -190,6 +190,7 @@ impl SimAgent {
             platform: self.platform.clone(),
             group: self.group.clone(),
             health: None,
+            labels: None,
         }
     }
 

@@ -179,6 +179,8 @@ pub struct Contact<'a> {
     pub group: Option<&'a str>,
     /// The configuration set it runs; kept as recorded unless given.
     pub config_hash: Option<&'a str>,
+    /// The labels it reports (JSON, see `labels::to_json`); kept as recorded unless given.
+    pub labels: Option<&'a str>,
     /// Unix seconds.
     pub at: i64,
 }
@@ -201,6 +203,21 @@ pub struct AgentRow {
     pub config_error: Option<String>,
     /// The `"health"` object it last reported (JSON), if any.
     pub health: Option<String>,
+    /// The labels it reported last (none from an agent from before labels).
+    pub labels: crate::labels::Labels,
+    /// The labels operators set on the server, which win on the same key.
+    pub server_labels: crate::labels::Labels,
+}
+
+impl AgentRow {
+    /// Its labels as a selector sees them: its own, the server's, the built-ins.
+    pub fn effective_labels(&self) -> crate::labels::Labels {
+        crate::labels::effective(
+            &self.labels,
+            &self.server_labels,
+            crate::labels::built_in(&self.platform, &self.group, &self.version),
+        )
+    }
 }
 
 /// Where a PostgreSQL URL points, for messages: never its password.
@@ -556,6 +573,40 @@ impl Db {
         Ok(rows.iter().map(agent_row).collect())
     }
 
+    /// An operator's change to the agent's server labels (see [`crate::labels::Edit`]),
+    /// read and written in one write transaction: the labels before and after, or `None`
+    /// if the fleet does not know the agent. A change that breaks the rules is
+    /// [`FleetError::Invalid`], naming the label.
+    pub async fn set_server_labels(
+        &self,
+        id: &str,
+        edit: &crate::labels::Edit,
+    ) -> Result<Option<(crate::labels::Labels, crate::labels::Labels)>, FleetError> {
+        let mut tx = self.begin_write().await?;
+        let lock = match self.backend {
+            Backend::Postgres => " FOR UPDATE",
+            Backend::Sqlite => "",
+        };
+        let row = sqlx::query(&format!(
+            "SELECT server_labels FROM agents WHERE id = $1{lock}"
+        ))
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let before = crate::labels::from_json(row.get::<Option<String>, _>(0).as_deref());
+        let after = edit.apply(&before).map_err(FleetError::Invalid)?;
+        sqlx::query("UPDATE agents SET server_labels = $2 WHERE id = $1")
+            .bind(id)
+            .bind(crate::labels::to_json(&after))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some((before, after)))
+    }
+
     /// (label, count) of agents by version and by last update status, for /metrics.
     pub async fn fleet_counts(
         &self,
@@ -763,7 +814,7 @@ async fn credentials_changed(
 }
 
 /// Contacts per statement: a flush of a second of 20,000 long-polling agents is a few
-/// statements, none large (10 parameters a contact, far below SQLite's 32,766 and
+/// statements, none large (11 parameters a contact, far below SQLite's 32,766 and
 /// PostgreSQL's 65,535).
 const TOUCH_CHUNK: usize = 100;
 
@@ -850,6 +901,7 @@ pub(crate) fn value_rows(backend: Backend, rows: usize, row: &[&str]) -> String 
 struct TouchShape {
     group: bool,
     config_hash: bool,
+    labels: bool,
     health: bool,
 }
 
@@ -858,6 +910,7 @@ impl TouchShape {
         TouchShape {
             group: contact.group.is_some(),
             config_hash: contact.config_hash.is_some(),
+            labels: contact.labels.is_some(),
             health: health.is_some(),
         }
     }
@@ -920,6 +973,7 @@ fn touch_query<'q>(
             .bind(c.at)
             .bind(c.group.unwrap_or(""))
             .bind(c.config_hash.unwrap_or(""))
+            .bind(c.labels)
             .bind(health.map(|h| serde_json::to_string(h).unwrap_or_default()))
             .bind(health.map(|h| i64::from(h.healthy)))
             .bind(health.map(|h| i64::try_from(h.restarts).unwrap_or(i64::MAX)));
@@ -932,12 +986,12 @@ fn touch_query<'q>(
 /// With `token`, a statement of one row also binds a token's hash after the row's
 /// fields: the row gets it unless it has one, and the statement returns the row's token.
 fn touch_sql(backend: Backend, shape: TouchShape, rows: usize, token: bool) -> String {
-    const FIELDS: usize = 10;
+    const FIELDS: usize = 11;
     let per_row = FIELDS + usize::from(token);
     let mut sql = String::with_capacity(400 + rows * 48);
     sql.push_str(
         "INSERT INTO agents (id, name, platform, version, last_contact, agent_group, config_hash, \
-         health, healthy, workload_restarts",
+         labels, health, healthy, workload_restarts",
     );
     sql.push_str(if token {
         ", token_hash) VALUES "
@@ -959,6 +1013,7 @@ fn touch_sql(backend: Backend, shape: TouchShape, rows: usize, token: bool) -> S
     let updates = [
         given(shape.group, "agent_group"),
         given(shape.config_hash, "config_hash"),
+        given(shape.labels, "labels"),
         given(shape.health, "health"),
         given(shape.health, "healthy"),
         given(shape.health, "workload_restarts"),
@@ -974,7 +1029,7 @@ fn touch_sql(backend: Backend, shape: TouchShape, rows: usize, token: bool) -> S
     sql
 }
 
-const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error, config_hash, config_status, config_error, health FROM agents";
+const AGENT_COLUMNS: &str = "SELECT id, name, platform, version, agent_group, last_contact, update_status, update_error, config_hash, config_status, config_error, health, labels, server_labels FROM agents";
 
 fn agent_row(r: &AnyRow) -> AgentRow {
     AgentRow {
@@ -990,6 +1045,8 @@ fn agent_row(r: &AnyRow) -> AgentRow {
         config_status: r.get(9),
         config_error: r.get(10),
         health: r.get(11),
+        labels: crate::labels::from_json(r.get::<Option<String>, _>(12).as_deref()),
+        server_labels: crate::labels::from_json(r.get::<Option<String>, _>(13).as_deref()),
     }
 }
 
@@ -1028,6 +1085,7 @@ mod tests {
             version: "1.0.0+1",
             group: None,
             config_hash: None,
+            labels: None,
             at,
         }
     }
@@ -1277,6 +1335,56 @@ mod tests {
         let statements = touch_batches(&rows);
         assert_eq!(statements.len(), 3, "two full statements and the rest");
         assert!(statements.iter().all(|(_, rows)| rows.len() <= TOUCH_CHUNK));
+    }
+
+    #[tokio::test]
+    async fn labels_an_agent_reports_are_kept_until_it_says_others_and_the_servers_win() {
+        let home = tempfile::tempdir().unwrap();
+        let db = Db::open("", home.path(), 1).await.unwrap();
+        let prod = crate::labels::to_json(&[("env".to_owned(), "prod".to_owned())].into());
+        db.touch_agent(&Contact {
+            labels: Some(&prod),
+            ..contact("a", 10)
+        })
+        .await
+        .unwrap();
+        // A contact that says no labels (an agent from before them) keeps them.
+        db.touch_agent(&contact("a", 11)).await.unwrap();
+        let a = db.agent("a").await.unwrap().unwrap();
+        assert_eq!(a.labels["env"], "prod");
+        let edit = crate::labels::Edit::parse(&["env=staging", "tier=web"]).unwrap();
+        let (before, after) = db.set_server_labels("a", &edit).await.unwrap().unwrap();
+        assert!(before.is_empty());
+        assert_eq!(after.len(), 2);
+        let labels = db.agent("a").await.unwrap().unwrap().effective_labels();
+        assert_eq!(
+            (labels["env"].as_str(), labels["tier"].as_str()),
+            ("staging", "web")
+        );
+        assert_eq!(labels["version"], "1.0.0+1");
+        // The agent says other labels: the server's still win on env.
+        db.touch_agent(&Contact {
+            labels: Some("{}"),
+            ..contact("a", 12)
+        })
+        .await
+        .unwrap();
+        let a = db.agent("a").await.unwrap().unwrap();
+        assert!(a.labels.is_empty());
+        assert_eq!(a.effective_labels()["env"], "staging");
+        let remove = crate::labels::Edit::parse(&["env-"]).unwrap();
+        db.set_server_labels("a", &remove).await.unwrap().unwrap();
+        assert!(
+            !db.agent("a")
+                .await
+                .unwrap()
+                .unwrap()
+                .effective_labels()
+                .contains_key("env")
+        );
+        assert_eq!(db.set_server_labels("b", &remove).await.unwrap(), None);
+        let bad = crate::labels::Edit::parse(&["os-"]);
+        assert!(bad.is_err() || db.set_server_labels("a", &bad.unwrap()).await.is_err());
     }
 
     #[test]

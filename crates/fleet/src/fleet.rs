@@ -652,6 +652,7 @@ fn fingerprint(w: &Deferred) -> Option<u64> {
         version,
         group,
         config_hash,
+        labels,
         at: _,
         health,
     } = w
@@ -659,7 +660,7 @@ fn fingerprint(w: &Deferred) -> Option<u64> {
         return None;
     };
     let mut hasher = std::hash::DefaultHasher::new();
-    (name, platform, version, group, config_hash, health).hash(&mut hasher);
+    (name, platform, version, group, config_hash, labels, health).hash(&mut hasher);
     Some(hasher.finish())
 }
 
@@ -679,6 +680,7 @@ fn contact_row(w: &Deferred) -> Option<(Contact<'_>, Option<&agent_protocol::wir
             version,
             group,
             config_hash,
+            labels,
             at,
             health,
         } => Some((
@@ -689,6 +691,7 @@ fn contact_row(w: &Deferred) -> Option<(Contact<'_>, Option<&agent_protocol::wir
                 version,
                 group: group.as_deref(),
                 config_hash: config_hash.as_deref(),
+                labels: labels.as_deref(),
                 at: *at,
             },
             health.as_ref(),
@@ -936,6 +939,7 @@ mod tests {
             version: version.into(),
             group: None,
             config_hash: Some(String::new()),
+            labels: None,
             at,
             health: None,
         }
@@ -959,6 +963,7 @@ mod tests {
                     version: "1.0.0+1".into(),
                     group: None,
                     config_hash: Some(String::new()),
+                    labels: None,
                     at: now,
                     health: None,
                 })

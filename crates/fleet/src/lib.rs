@@ -21,6 +21,7 @@ pub mod db;
 pub mod error;
 pub mod fleet;
 pub mod history;
+pub mod labels;
 pub mod maintenance;
 mod migrations;
 pub mod news;
@@ -29,6 +30,7 @@ pub mod operators;
 pub mod outage;
 pub mod releases;
 pub mod rollout;
+pub mod selector;
 pub mod settings;
 
 pub use error::FleetError;

@@ -38,6 +38,7 @@ migrations!(
     "0008_operators",
     "0009_leaving",
     "0010_releases",
+    "0011_labels",
 );
 
 /// One backend's migrations, as a source for sqlx's `Migrator`.
@@ -113,7 +114,7 @@ mod tests {
                 read.iter().map(key).collect::<Vec<_>>(),
                 "{dir}"
             );
-            assert_eq!(embedded.len(), 10, "{dir}");
+            assert_eq!(embedded.len(), 11, "{dir}");
         }
     }
 

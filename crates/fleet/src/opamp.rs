@@ -203,6 +203,7 @@ mod tests {
             version: "2.0.0+1",
             group: None,
             config_hash: None,
+            labels: None,
             at: 10,
         })
         .await

@@ -49,6 +49,10 @@ pub enum Deferred {
         /// configuration (kept as recorded).
         #[serde(default)]
         config_hash: Option<String>,
+        /// The labels it reports, as JSON (`labels::to_json`); absent from an agent from
+        /// before labels, and in spools from before them (kept as recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        labels: Option<String>,
         at: i64,
         /// The agent's and its workload's health, when it reported one.
         #[serde(default)]
@@ -721,6 +725,7 @@ mod tests {
             version: version.into(),
             group: None,
             config_hash: None,
+            labels: None,
             at,
             health: None,
         }

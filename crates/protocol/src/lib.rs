@@ -16,6 +16,7 @@ pub mod credentials;
 pub mod digest;
 pub mod error;
 pub mod journal;
+pub mod labels;
 pub mod layout;
 pub mod minisign;
 pub mod names;

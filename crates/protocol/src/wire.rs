@@ -188,6 +188,10 @@ pub struct AgentHello {
     /// The agent's and its workload's health, as of this call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<AgentHealth>,
+    /// `agent.labels` (see [`crate::labels`]); `None` from an agent from before labels,
+    /// whose labels the server keeps as recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<crate::labels::Labels>,
 }
 
 /// Where the workload (the operator's program the agent runs) stands.

@@ -225,6 +225,7 @@ mod tests {
                 version: "1.0.0+1",
                 group: Some(group),
                 config_hash: Some(""),
+                labels: None,
                 at: now_secs(),
             };
             db.touch_agents(&[(contact, None)]).await.unwrap();

@@ -53,6 +53,9 @@ fn check_hello(hello: &AgentHello) -> Result<(), ApiError> {
     if hello.group.as_ref().is_some_and(|g| g.len() > 64) {
         return Err(ApiError::bad_request("group is longer than 64 characters"));
     }
+    if let Some(labels) = &hello.labels {
+        agent_fleet::labels::check(labels).map_err(ApiError::bad_request)?;
+    }
     Ok(())
 }
 
@@ -321,6 +324,11 @@ async fn greet(s: &Shared, hello: &Hello, headers: &HeaderMap) -> Result<Greetin
         version: hello.version.to_string(),
         group: hello.hello.group.clone(),
         config_hash: Some(hello.config_hash.clone()),
+        labels: hello
+            .hello
+            .labels
+            .as_ref()
+            .map(agent_fleet::labels::to_json),
         at: now_secs(),
         health: hello.hello.health.clone().map(bounded_health),
     };

@@ -1,7 +1,7 @@
 
 # What follows is the same for every server; the lines above are this server's.
 #
-# usage: sh install.sh [--prefix DIR] [--enroll-token TOKEN] [--group NAME] [--proxy URL] [--no-systemd]
+# usage: sh install.sh [--prefix DIR] [--enroll-token TOKEN] [--group NAME] [--label KEY=VALUE]... [--proxy URL] [--no-systemd]
 #
 # Joins this machine to the fleet: finds its platform, downloads the bundle for it
 # from the server, checks its sha256 against the value above, installs the agent as
@@ -11,7 +11,8 @@
 # It needs a POSIX shell and what busybox has: uname, mktemp, sha256sum, and curl or wget.
 # Behind an HTTP proxy, --proxy http://[user:password@]host:port is used for its own
 # downloads and written to the agent's server.proxy; without it, curl and wget read
-# https_proxy and no_proxy from the environment as always.
+# https_proxy and no_proxy from the environment as always. Each --label KEY=VALUE
+# (repeatable) goes to the agent's agent.labels.
 set -eu
 
 # All of it is one function, read whole before it runs: a command below that reads
@@ -21,6 +22,7 @@ main() {
 PREFIX=/opt
 ENROLL_TOKEN=
 GROUP=
+LABELS=
 PROXY=
 NO_SYSTEMD=
 UNIT_NAME=agent.service
@@ -32,8 +34,19 @@ fail() {
     exit 1
 }
 usage() {
-    echo "usage: sh install.sh [--prefix DIR] [--enroll-token TOKEN] [--group NAME] [--proxy URL] [--no-systemd]"
+    echo "usage: sh install.sh [--prefix DIR] [--enroll-token TOKEN] [--group NAME] [--label KEY=VALUE]... [--proxy URL] [--no-systemd]"
     echo "  e.g. curl -fsSL $SERVER_URL/install.sh | sh -s -- --enroll-token TOKEN"
+}
+# A label is checked in full by the installer; here only that it is one plain word.
+add_label() {
+    case "$1" in
+    *=*) ;;
+    *) fail "--label $1: give KEY=VALUE, e.g. --label env=prod" ;;
+    esac
+    case "$1" in
+    *[!A-Za-z0-9._/=-]*) fail "--label $1: a label is KEY=VALUE of letters, digits, '-', '_' and '.' (and one prefix/ in the key)" ;;
+    esac
+    LABELS="$LABELS $1"
 }
 
 while [ $# -gt 0 ]; do
@@ -44,6 +57,8 @@ while [ $# -gt 0 ]; do
     --enroll-token=*) ENROLL_TOKEN=${1#--enroll-token=}; shift ;;
     --group) [ $# -ge 2 ] || fail "--group needs a name"; GROUP=$2; shift 2 ;;
     --group=*) GROUP=${1#--group=}; shift ;;
+    --label) [ $# -ge 2 ] || fail "--label needs KEY=VALUE, e.g. --label env=prod"; add_label "$2"; shift 2 ;;
+    --label=*) add_label "${1#--label=}"; shift ;;
     --proxy) [ $# -ge 2 ] || fail "--proxy needs a URL such as http://proxy.example:3128"; PROXY=$2; shift 2 ;;
     --proxy=*) PROXY=${1#--proxy=}; shift ;;
     --no-systemd) NO_SYSTEMD=1; shift ;;
@@ -250,6 +265,10 @@ chmod +x "$BUNDLE"
 set -- --install="$PREFIX" --server-url "$SERVER_URL"
 [ -z "$ENROLL_TOKEN" ] || set -- "$@" --enroll-token "$ENROLL_TOKEN"
 [ -z "$GROUP" ] || set -- "$@" --group "$GROUP"
+# Plain words (add_label), so splitting $LABELS at spaces is safe.
+for label in $LABELS; do
+    set -- "$@" --label "$label"
+done
 [ -z "$PROXY" ] || set -- "$@" --proxy "$PROXY"
 [ -z "$CA_PEM" ] || set -- "$@" --ca-file "$WORK/ca.pem"
 # agent-bundle --install builds the tree beside it and renames it into place: it leaves
