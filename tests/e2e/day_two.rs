@@ -134,7 +134,7 @@ fn an_agent_rotates_its_logs_by_size_and_keeps_keep_copies() {
     configure_agent(
         &home,
         &[server.url("")],
-        "\n[log]\nmax-size = \"2KiB\"\nkeep = 2\n",
+        "\n[log]\nmax-size = \"1KiB\"\nkeep = 2\n",
     );
     let logs = home.join("logs");
     // The updater's output of updates long past: rotated when the agent starts.
@@ -167,12 +167,18 @@ fn an_agent_rotates_its_logs_by_size_and_keeps_keep_copies() {
         let path = logs.join(format!("agent.log.{n}"));
         let text = read_file(&path);
         assert!(
-            text.len() <= 2048 || text.lines().count() == 1,
+            text.len() <= 1024 || text.lines().count() == 1,
             "{} holds {} bytes, past max-size",
             path.display(),
             text.len()
         );
     }
+    // The console goes on in the new agent.out (stderr was pointed at it).
+    wait_until(
+        Duration::from_secs(30),
+        "lines in the new agent.out",
+        || fs::metadata(logs.join("agent.out")).is_ok_and(|m| m.len() > 0),
+    );
     let old = read_file(&logs.join("update.out.1"));
     assert_eq!(old, "an old update\n".repeat(500));
     assert!(!logs.join("update.out").exists(), "{names:?}");
