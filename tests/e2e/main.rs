@@ -21,6 +21,7 @@ mod handlers;
 mod hostile_archives;
 mod hostile_clients;
 mod install;
+mod labels;
 mod leaving;
 mod locks;
 mod long_poll;

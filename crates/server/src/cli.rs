@@ -574,10 +574,24 @@ pub struct AgentQuery {
     pub version: Option<String>,
     pub status: Option<String>,
     pub group: Option<String>,
+    /// A label selector (`env=prod,region in (eu)`).
+    pub selector: Option<String>,
 }
 
 impl AdminClient {
-    /// `GET /admin/agents?version=&status=&group=`.
+    /// `POST /admin/agents/{id}/labels`: `args` as `kubectl label` reads them (`k=v`
+    /// sets, `k-` removes), checked before anything is sent.
+    pub async fn label_agent(&self, id: &str, args: &[String]) -> anyhow::Result<Value> {
+        let edit = agent_fleet::labels::Edit::parse(args).map_err(anyhow::Error::msg)?;
+        let base = self.base()?;
+        let request = self
+            .http()?
+            .post(format!("{base}/admin/agents/{id}/labels"))
+            .json(&edit);
+        self.send(base, request).await
+    }
+
+    /// `GET /admin/agents?version=&status=&group=&selector=`.
     pub async fn agents(&self, query: &AgentQuery) -> anyhow::Result<Value> {
         let base = self.base()?;
         let mut pairs = Vec::new();
@@ -585,6 +599,7 @@ impl AdminClient {
             ("version", &query.version),
             ("status", &query.status),
             ("group", &query.group),
+            ("selector", &query.selector),
         ] {
             if let Some(v) = value {
                 pairs.push((name, v.clone()));
@@ -607,8 +622,8 @@ pub fn render_agents(list: &Value) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<36}  {:<20} {:<16} {:<10} {:<15} {:<29} error",
-        "id", "name", "version", "group", "status", "last contact"
+        "{:<36}  {:<20} {:<16} {:<10} {:<15} {:<29} {:<24} error",
+        "id", "name", "version", "group", "status", "last contact", "labels"
     );
     for a in rows {
         let group = match text(a, "group") {
@@ -622,13 +637,14 @@ pub fn render_agents(list: &Value) -> String {
         let error: String = text(a, "update_error").chars().take(60).collect();
         let _ = writeln!(
             out,
-            "{:<36}  {:<20} {:<16} {:<10} {:<15} {:<29} {}",
+            "{:<36}  {:<20} {:<16} {:<10} {:<15} {:<29} {:<24} {}",
             text(a, "id"),
             text(a, "name"),
             text(a, "version"),
             group,
             status,
             text(a, "last_contact"),
+            own_labels(a),
             error,
         );
     }
@@ -639,6 +655,45 @@ pub fn render_agents(list: &Value) -> String {
         if rows.len() == 1 { "" } else { "s" }
     );
     out
+}
+
+/// A row's labels but the built-in ones (which the other columns show), `k=v,k=v`;
+/// `-` for none.
+fn own_labels(row: &Value) -> String {
+    let own: Vec<String> = row["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| !agent_fleet::labels::is_built_in(k))
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    if own.is_empty() {
+        "-".to_owned()
+    } else {
+        own.join(",")
+    }
+}
+
+/// `agent label ID k=v k2-` as a person reads it.
+pub fn render_labels(id: &str, answer: &Value) -> String {
+    let shown = |v: &Value| {
+        let pairs: Vec<String> = v
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+            .collect();
+        if pairs.is_empty() {
+            "none".to_owned()
+        } else {
+            pairs.join(", ")
+        }
+    };
+    format!(
+        "agent {id}: server labels {}\nlabels: {}",
+        shown(&answer["server_labels"]),
+        shown(&answer["labels"])
+    )
 }
 
 /// `--status` of `agents list`, checked before anything is asked (a typo answered "no

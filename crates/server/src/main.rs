@@ -207,6 +207,21 @@ enum Agents {
         /// Only agents of this group (`default`: also those with none).
         #[arg(long)]
         group: Option<String>,
+        /// Only agents whose labels this selector matches, as `kubectl -l` writes it:
+        /// `env=prod`, `env!=prod`, `env in (prod,staging)`, `env notin (dev)`, `region`,
+        /// `!canary`, terms joined by `,`.
+        #[arg(long, short = 'l', value_name = "SELECTOR")]
+        selector: Option<String>,
+    },
+    /// Set or remove the server's own labels of an agent, as `kubectl label` does:
+    /// `env=prod` sets, `tier-` removes; they win over the agent's labels of the same
+    /// key (an operator's; audited).
+    Label {
+        /// The agent's id (data/agent-id, or `id` in GET /admin/agents).
+        id: String,
+        /// `KEY=VALUE` to set, `KEY-` to remove.
+        #[arg(required = true, value_name = "KEY=VALUE|KEY-")]
+        labels: Vec<String>,
     },
     /// Forget an agent's credentials (it lost data/agent-token); its next register gets
     /// new ones.
@@ -311,6 +326,7 @@ fn main() -> ExitCode {
                         version,
                         status,
                         group,
+                        selector,
                     } => {
                         let status = status
                             .map(|s| update_server::cli::known_status(&s))
@@ -319,10 +335,16 @@ fn main() -> ExitCode {
                             version,
                             status,
                             group,
+                            selector,
                         };
                         let answer = runtime.block_on(client.agents(&query))?;
                         let table = update_server::cli::render_agents(&answer);
                         (answer, table.trim_end().to_owned())
+                    }
+                    Agents::Label { id, labels } => {
+                        let answer = runtime.block_on(client.label_agent(&id, &labels))?;
+                        let said = update_server::cli::render_labels(&id, &answer);
+                        (answer, said)
                     }
                     Agents::ForgetToken { id } => (
                         runtime.block_on(client.forget_token(&id))?,

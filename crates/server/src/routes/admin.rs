@@ -12,8 +12,10 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use agent_fleet::db::{Credentials, Revocation};
+use agent_fleet::labels;
 use agent_fleet::rollout::Refusal;
 use agent_fleet::rollout::step::HaltCause;
+use agent_fleet::selector::Selector;
 
 use super::operators::Auth;
 use super::{AppState, Shared, json_body};
@@ -94,6 +96,13 @@ pub(super) struct AgentFilter {
     status: Option<String>,
     /// `agent.group`; `default` also matches agents with no group.
     group: Option<String>,
+    /// A label selector (`env=prod,region in (eu)`; see `agent_fleet::selector`).
+    selector: Option<String>,
+}
+
+/// `?selector=`, read: a bad one is a `400` that names the column.
+fn selector_of(text: Option<&str>) -> Result<Selector, ApiError> {
+    Selector::parse(text.unwrap_or("")).map_err(|e| ApiError::bad_request(format!("selector: {e}")))
 }
 
 /// Whether an agent of `group` is in the group `wanted` asks for.
@@ -118,6 +127,7 @@ pub(super) async fn agents(
         .map(agent_protocol::wire::UpdateStatus::filter_name)
         .transpose()
         .map_err(ApiError::bad_request)?;
+    let selector = selector_of(filter.selector.as_deref())?;
     // What people read is as fresh as what the server heard.
     s.fleet.flush_contacts().await;
     let rows = s
@@ -135,9 +145,14 @@ pub(super) async fn agents(
     let listed = rows
         .into_iter()
         .filter(|a| in_group(&a.group, filter.group.as_deref()));
-    for (i, a) in listed.enumerate() {
+    let mut first = true;
+    for a in listed {
         let member = members.get(&a.id);
         let stored = opamp.get(&a.id);
+        let labels = labels::of_agent(&a, stored.map(|o| o.view.as_str()));
+        if !selector.matches(&labels) {
+            continue;
+        }
         let record = AgentRecord {
             last_contact: httpdate::fmt_http_date(
                 std::time::UNIX_EPOCH
@@ -159,9 +174,11 @@ pub(super) async fn agents(
         };
         let mut row = serde_json::to_value(record).unwrap_or_default();
         crate::opamp::admin::add_fields(&mut row, stored, now);
-        if i > 0 {
+        row["labels"] = serde_json::to_value(labels).unwrap_or_default();
+        if !first {
             body.push(b',');
         }
+        first = false;
         serde_json::to_writer(&mut body, &row).map_err(|e| {
             tracing::error!("an agent's row would not serialize: {e}");
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
@@ -277,6 +294,59 @@ pub(super) async fn override_locks(
         )
         .await;
     Ok(Json(serde_json::json!({ "id": id, "override_locks": version })).into_response())
+}
+
+/// `POST /admin/agents/{id}/labels` `{"set": {…}, "remove": […]}`: the server's own
+/// labels of the agent, which win over what the agent says on the same key (an
+/// operator's; audited, a refusal too). Answers the agent's server labels and its
+/// effective ones.
+pub(super) async fn set_labels(
+    State(state): State<AppState>,
+    auth: Auth,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    body: Result<Json<labels::Edit>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    let caller = auth.require(s, Action::Change, "agent.labels").await?;
+    let edit = json_body(body)?;
+    let (before, after) = match s.fleet.db.set_server_labels(&id, &edit).await {
+        Ok(Some(changed)) => changed,
+        Ok(None) => return Err(unknown_agent(&id)),
+        Err(agent_fleet::FleetError::Invalid(why)) => {
+            caller
+                .refused(
+                    s,
+                    "agent.labels",
+                    serde_json::json!({ "agent": id, "set": edit.set, "remove": edit.remove, "reason": why }),
+                )
+                .await;
+            return Err(ApiError::bad_request(why).audited());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    tracing::info!(agent = %id, by = %caller.name, "an operator changed the agent's labels");
+    caller
+        .record(
+            s,
+            "agent.labels",
+            serde_json::json!({
+                "agent": id, "set": edit.set, "remove": edit.remove,
+                "before": before, "after": after,
+            }),
+        )
+        .await;
+    let stored = s.fleet.db.opamp_agent(&id).await?;
+    let effective = s
+        .fleet
+        .db
+        .agent(&id)
+        .await?
+        .map(|a| labels::of_agent(&a, stored.as_ref().map(|o| o.view.as_str())))
+        .unwrap_or_default();
+    Ok(
+        Json(serde_json::json!({ "id": id, "server_labels": after, "labels": effective }))
+            .into_response(),
+    )
 }
 
 pub(super) async fn rollout(

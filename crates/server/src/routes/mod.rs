@@ -105,6 +105,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
             "/admin/agents/{id}/override-locks",
             post(admin::override_locks),
         )
+        .route("/admin/agents/{id}/labels", post(admin::set_labels))
         .route(
             "/admin/agents/{id}/token",
             axum::routing::delete(admin::forget_token),

@@ -34,6 +34,8 @@ pub struct Agent {
     /// `APPLIED`, `APPLYING`, `FAILED`, when the agent has a configuration set.
     pub config_status: Option<String>,
     pub config_error: Option<String>,
+    /// Its effective labels (its own, the server's, the built-ins), for the selector.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// The label the counts and filters use for an agent that has not said.

@@ -1,9 +1,11 @@
-//! `/agents?q=&version=&status=&health=&config=&group=&protocol=&platform=&stale=1&page=N`: the
+//! `/agents?q=&version=&status=&health=&config=&group=&protocol=&platform=&selector=&stale=1&page=N`: the
 //! parsed query, which agents it matches, the page of them to show, and the links to
 //! the other pages. Pure: rows in, rows out.
 
 use std::collections::HashMap;
 use std::time::Duration;
+
+use agent_fleet::selector::Selector;
 
 use super::model::{Agent, is_stale};
 
@@ -28,6 +30,12 @@ pub struct AgentQuery {
     pub protocol: String,
     /// The platform (target triple) the agent said.
     pub platform: String,
+    /// A label selector, as written (`env=prod,region in (eu)`).
+    pub selector: String,
+    /// `selector`, read (the empty selector when it does not parse).
+    pub parsed: Selector,
+    /// Why `selector` does not parse (`column 9: …`); empty when it does.
+    pub selector_error: String,
     pub stale: bool,
     /// 1-based.
     pub page: usize,
@@ -45,6 +53,8 @@ impl AgentQuery {
                 .map_or(v.len(), |(at, _)| at);
             v[..end].to_owned()
         };
+        let selector = field("selector");
+        let parsed = Selector::parse(&selector);
         Self {
             q: field("q"),
             version: field("version"),
@@ -54,6 +64,9 @@ impl AgentQuery {
             group: field("group"),
             protocol: field("protocol"),
             platform: field("platform"),
+            selector: selector.clone(),
+            parsed: parsed.as_ref().ok().cloned().unwrap_or_default(),
+            selector_error: parsed.err().map(|e| e.to_string()).unwrap_or_default(),
             stale: matches!(field("stale").as_str(), "1" | "true" | "on" | "yes"),
             page: field("page").parse().ok().filter(|p| *p >= 1).unwrap_or(1),
         }
@@ -69,6 +82,9 @@ impl AgentQuery {
             && exact(&self.group, &agent.group)
             && exact(&self.protocol, agent.protocol_label())
             && exact(&self.platform, agent.platform_label())
+            // A selector that does not parse matches nothing (the page says why).
+            && self.selector_error.is_empty()
+            && self.parsed.matches(&agent.labels)
             && (!self.stale || is_stale(agent.last_contact, heartbeat, now))
             && (self.q.is_empty()
                 || contains_ignoring_case(&agent.id, &self.q)
@@ -97,6 +113,7 @@ impl AgentQuery {
             ("group", &self.group),
             ("protocol", &self.protocol),
             ("platform", &self.platform),
+            ("selector", &self.selector),
         ] {
             if !v.is_empty() {
                 parts.push(format!("{k}={}", encode(v)));
@@ -251,6 +268,33 @@ mod tests {
                 "{k}={v}"
             );
         }
+    }
+
+    #[test]
+    fn a_selector_filters_by_labels_and_a_bad_one_matches_nothing_and_says_where() {
+        let mut prod = agent("1", "n", "1");
+        prod.labels = [("env", "prod"), ("region", "eu")]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .into();
+        let dev = agent("2", "n", "1");
+        let q = AgentQuery::from_pairs(&pairs(&[("selector", "env=prod, region in (eu)")]));
+        assert!(q.selector_error.is_empty());
+        assert!(q.filtered());
+        assert!(q.matches(&prod, HB, NOW));
+        assert!(!q.matches(&dev, HB, NOW));
+        assert_eq!(
+            q.to_query(1),
+            "selector=env%3Dprod%2C%20region%20in%20%28eu%29"
+        );
+        let q = AgentQuery::from_pairs(&pairs(&[("selector", "!env")]));
+        assert!(q.matches(&dev, HB, NOW) && !q.matches(&prod, HB, NOW));
+        let bad = AgentQuery::from_pairs(&pairs(&[("selector", "env in (")]));
+        assert!(
+            bad.selector_error.starts_with("column 9:"),
+            "{}",
+            bad.selector_error
+        );
+        assert!(!bad.matches(&prod, HB, NOW) && !bad.matches(&dev, HB, NOW));
     }
 
     #[test]

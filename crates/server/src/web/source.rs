@@ -57,7 +57,10 @@ pub async fn agents(s: &Shared) -> Result<Vec<Agent>, FleetError> {
         .await?
         .into_iter()
         .map(|a| {
+            let labels =
+                agent_fleet::labels::of_agent(&a, opamp.get(&a.id).map(|o| o.view.as_str()));
             let mut agent = agent_of(a);
+            agent.labels = labels;
             if opamp.contains_key(&agent.id) {
                 agent.protocol = OPAMP.to_owned();
             }
@@ -91,8 +94,11 @@ pub async fn agent(s: &Shared, id: &str) -> Result<Option<Agent>, FleetError> {
     let Some(a) = s.fleet.db.agent(id).await? else {
         return Ok(None);
     };
+    let stored = s.fleet.db.opamp_agent(id).await?;
+    let labels = agent_fleet::labels::of_agent(&a, stored.as_ref().map(|o| o.view.as_str()));
     let mut agent = agent_of(a);
-    if s.fleet.db.opamp_agent(id).await?.is_some() {
+    agent.labels = labels;
+    if stored.is_some() {
         agent.protocol = OPAMP.to_owned();
     }
     let mut one = [agent];

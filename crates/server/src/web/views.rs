@@ -356,6 +356,8 @@ pub struct AgentView {
     pub config: String,
     pub config_hash: String,
     pub config_error: String,
+    /// Its labels but the built-in ones (which other columns show), `k=v, k=v`.
+    pub labels: String,
 }
 
 impl AgentView {
@@ -384,6 +386,13 @@ impl AgentView {
             config: a.config_label().to_owned(),
             config_hash: a.config_hash.clone().unwrap_or_default(),
             config_error: a.config_error.clone().unwrap_or_default(),
+            labels: a
+                .labels
+                .iter()
+                .filter(|(k, _)| !agent_fleet::labels::is_built_in(k))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
         }
     }
 }

@@ -1,0 +1,265 @@
+//! Labels and selectors (the deployments issue, items 1 and 2): an agent installed with
+//! `--label` reports them, the server keeps its own on top (`agent label ID k=v k-`,
+//! audited), and `agents list --selector`, `GET /admin/agents?selector=` choose agents
+//! by them; a selector that does not parse is refused naming the column.
+
+use std::fs;
+use std::process::Command;
+
+use e2e::{
+    ServerProc, TestContext, admin_agents, admin_call, cross_env, http, http_with_body, read_file,
+    run_fails, run_ok, stdout, wait_until,
+};
+use serde_json::Value;
+
+use crate::rollout::{LONG, OLD, TOKEN};
+
+fn cli(ctx: &TestContext, server: &ServerProc, args: &[&str]) -> Command {
+    let mut cmd = ctx.cmd("update-server");
+    cmd.args(args)
+        .arg("--server")
+        .arg(server.url(""))
+        .arg("--token")
+        .arg(TOKEN);
+    cmd
+}
+
+fn row(server: &ServerProc, id: &str) -> Value {
+    admin_agents(server.port, TOKEN)
+        .into_iter()
+        .find(|a| a["id"] == id)
+        .unwrap_or_else(|| panic!("agent {id} is not listed"))
+}
+
+/// The ids `GET /admin/agents?selector=<encoded>` lists.
+fn selected(server: &ServerProc, encoded: &str) -> Vec<String> {
+    let (status, answer) = admin_call(
+        server,
+        TOKEN,
+        "GET",
+        &format!("/admin/agents?selector={encoded}"),
+        "",
+    );
+    assert_eq!(status, 200, "{answer}");
+    let mut ids: Vec<String> = answer
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// A made-up agent registers with `labels` (JSON): the answer's status and body.
+fn register(server: &ServerProc, id: &str, labels: &str) -> (u16, String) {
+    let body = format!(
+        r#"{{"id":"{id}","name":"host-{id}","platform":"x86_64-unknown-linux-gnu","labels":{labels}}}"#
+    );
+    let answer = http_with_body(
+        server.port,
+        "POST",
+        "/agent/register",
+        &[("Agent-Version", OLD), ("Content-Type", "application/json")],
+        body.as_bytes(),
+    )
+    .unwrap();
+    (answer.status, answer.text())
+}
+
+#[test]
+fn labels_from_the_install_and_the_server_are_listed_and_selected_and_a_bad_selector_names_its_column()
+ {
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
+    ctx.publish_served(&server, &b1);
+
+    // A label that is not a plain name is refused by the installer, naming it.
+    let refused = run_fails(
+        cross_env(&mut Command::new(&b1))
+            .arg(format!("--install={}", ctx.path("bad").display()))
+            .args(["--label", "env=pr od"]),
+        1,
+    );
+    assert!(refused.contains("--label: label env="), "{refused}");
+    assert!(!ctx.path("bad/agent").exists());
+
+    let installed = run_ok(
+        cross_env(&mut Command::new(&b1))
+            .arg(format!("--install={}", ctx.path("p").display()))
+            .args(["--server-url", &server.url("")])
+            .args(["--label", "env=prod", "--label", "region=eu"]),
+    );
+    assert!(
+        stdout(&installed).contains("Its labels: env=prod, region=eu"),
+        "{}",
+        stdout(&installed)
+    );
+    let home = fs::canonicalize(ctx.path("p/agent")).unwrap();
+    let toml = read_file(&home.join("conf/agent.toml"));
+    assert!(toml.contains("labels = {"), "{toml}");
+    crate::update::start(&home);
+    wait_until(LONG, "the agent to register with its labels", || {
+        admin_agents(server.port, TOKEN)
+            .iter()
+            .any(|a| a["labels"]["env"] == "prod")
+    });
+    let id = read_file(&home.join("data/agent-id")).trim().to_owned();
+    let labels = row(&server, &id)["labels"].clone();
+    assert_eq!(labels["env"], "prod", "{labels}");
+    assert_eq!(labels["region"], "eu", "{labels}");
+    // The built-in labels every agent has.
+    assert_eq!(labels["version"], OLD, "{labels}");
+    assert_eq!(labels["os"], "linux", "{labels}");
+    assert_eq!(labels["group"], "", "{labels}");
+    assert!(
+        labels["platform"]
+            .as_str()
+            .is_some_and(|p| p.contains("linux")),
+        "{labels}"
+    );
+
+    // A second agent, from dev; one whose label is built in is refused naming it.
+    assert_eq!(register(&server, "dev-1", r#"{"env":"dev"}"#).0, 200);
+    let (status, said) = register(&server, "liar", r#"{"os":"plan9"}"#);
+    assert_eq!(status, 400, "{said}");
+    assert!(said.contains("label os is built in"), "{said}");
+
+    // The server's own labels win on the same key; `k-` removes one of them.
+    let said = stdout(&run_ok(&mut cli(
+        &ctx,
+        &server,
+        &["agent", "label", &id, "env=staging"],
+    )));
+    assert!(said.contains("server labels env=staging"), "{said}");
+    assert_eq!(row(&server, &id)["labels"]["env"], "staging");
+    let said = stdout(&run_ok(&mut cli(
+        &ctx,
+        &server,
+        &["agent", "label", &id, "tier=web", "env-"],
+    )));
+    assert!(said.contains("server labels tier=web"), "{said}");
+    let labels = row(&server, &id)["labels"].clone();
+    assert_eq!(
+        (labels["env"].as_str(), labels["tier"].as_str()),
+        (Some("prod"), Some("web")),
+        "the agent's own env is back, the server's tier is added: {labels}"
+    );
+    // Both changes are in the audit log, under the admin token's name.
+    let (status, audit) = admin_call(
+        &server,
+        TOKEN,
+        "GET",
+        "/admin/audit?action=agent.labels",
+        "",
+    );
+    assert_eq!(status, 200, "{audit}");
+    let entries = audit["entries"].as_array().unwrap();
+    let ok: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["outcome"] == "done" && e["who"] == "admin.token")
+        .collect();
+    assert_eq!(ok.len(), 2, "{audit}");
+    assert!(
+        ok.iter().all(|e| e["details"].to_string().contains(&id)),
+        "{audit}"
+    );
+    assert!(ok[0]["details"].to_string().contains("tier"), "{audit}");
+
+    // A built-in label cannot be set, nor an unknown agent labelled; the refusal names it.
+    let (status, answer) = admin_call(
+        &server,
+        TOKEN,
+        "POST",
+        &format!("/admin/agents/{id}/labels"),
+        r#"{"set": {"version": "9"}}"#,
+    );
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer.to_string().contains("label version is built in"),
+        "{answer}"
+    );
+    let (status, _) = admin_call(
+        &server,
+        TOKEN,
+        "POST",
+        "/admin/agents/nobody/labels",
+        r#"{"set": {"a": "b"}}"#,
+    );
+    assert_eq!(status, 404);
+    let said = run_fails(
+        &mut cli(&ctx, &server, &["agent", "label", &id, "Bad=x"]),
+        1,
+    );
+    assert!(said.contains("label key \"Bad\""), "{said}");
+
+    // Selectors, on the API and the command line.
+    assert_eq!(selected(&server, "env%3Dprod"), vec![id.clone()]);
+    assert_eq!(selected(&server, "env%3D%3Ddev"), vec!["dev-1".to_owned()]);
+    assert_eq!(
+        selected(&server, "tier%2Cregion%20in%20(eu)"),
+        vec![id.clone()]
+    );
+    assert_eq!(selected(&server, "!tier"), vec!["dev-1".to_owned()]);
+    assert_eq!(selected(&server, "env%20notin%20(dev)"), vec![id.clone()]);
+    assert_eq!(
+        selected(&server, "env!%3Dprod%2Cos%3Dlinux"),
+        vec!["dev-1".to_owned()]
+    );
+    assert_eq!(selected(&server, ""), {
+        let mut all = vec![id.clone(), "dev-1".to_owned()];
+        all.sort();
+        all
+    });
+    let table = stdout(&run_ok(&mut cli(
+        &ctx,
+        &server,
+        &["agents", "list", "--selector", "env=prod,region in (eu)"],
+    )));
+    assert!(table.contains(&id) && !table.contains("dev-1"), "{table}");
+    assert!(table.contains("env=prod,region=eu,tier=web"), "{table}");
+    assert!(table.contains("1 agent\n"), "{table}");
+    let json = stdout(&run_ok(&mut cli(
+        &ctx,
+        &server,
+        &[
+            "agents",
+            "list",
+            "--json",
+            "--selector",
+            "env in (dev,staging)",
+        ],
+    )));
+    let rows: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1, "{json}");
+    assert_eq!(rows[0]["id"], "dev-1", "{json}");
+
+    // A selector that does not parse is a 400 that names the column.
+    let auth = format!("Bearer {TOKEN}");
+    let answer = http(
+        server.port,
+        "GET",
+        "/admin/agents?selector=env%20in%20(",
+        &[("Authorization", &auth)],
+    )
+    .unwrap();
+    assert_eq!(answer.status, 400, "{}", answer.text());
+    assert!(
+        answer
+            .text()
+            .contains("column 9: expected a value after `in (`"),
+        "{}",
+        answer.text()
+    );
+    let said = run_fails(
+        &mut cli(
+            &ctx,
+            &server,
+            &["agents", "list", "--selector", "env=prod,,x"],
+        ),
+        1,
+    );
+    assert!(said.contains("column 10"), "{said}");
+}
