@@ -458,3 +458,85 @@ fn a_release_rollback_brings_agents_back_from_their_kept_version() {
         "{shown}"
     );
 }
+
+/// Issue 59: after a rollback to the version an agent runs, it was still listed
+/// `RETRYING … the machine is at fault` (for the release it had refused) for minutes. An
+/// agent on the fleet's target is retrying nothing.
+#[test]
+fn a_rollback_to_the_version_an_agent_runs_ends_its_retrying() {
+    let ctx = TestContext::new();
+    let (key, public) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    ctx.pack(&ctx.dist("d2"), "2.0.0", "2", &key, "b2");
+    let server = server(&ctx, "srv", &public, &[]);
+    run_ok(release(&ctx, &server, &["publish"]).arg(ctx.path("b1")));
+    let secret = "9a".repeat(32);
+    let auth = format!("Bearer {secret}");
+    let call = |path: &str, body: Value| {
+        let answer = e2e::http_with_body(
+            server.port,
+            "POST",
+            path,
+            &[
+                ("Content-Type", "application/json"),
+                ("Agent-Version", "1.0.0+1"),
+                ("Authorization", &auth),
+            ],
+            body.to_string().as_bytes(),
+        )
+        .unwrap();
+        answer.status
+    };
+    let hello = serde_json::json!({ "id": "stuck-1", "name": "stuck", "platform": e2e_platform() });
+    assert_eq!(call("/agent/register", hello.clone()), 200);
+    run_ok(release(&ctx, &server, &["publish"]).arg(ctx.path("b2")));
+    e2e::wait_rollout(&server, TOKEN, LONG, "2.0.0 to run", |r| {
+        r["version"] == "2.0.0+2"
+    });
+    // Told, and the machine's disk is full: it retries.
+    assert_eq!(call("/agent/connect", hello.clone()), 409);
+    let retrying = serde_json::json!({
+        "id": "stuck-1", "from": "1.0.0+1", "to": "2.0.0+2", "status": "RETRYING",
+        "error": "not enough disk space in /opt/agent/data/update: need 400 bytes, 12 free; free some space",
+    });
+    assert_eq!(call("/agentupdate/report", retrying), 200);
+    let status = || {
+        admin_agents(server.port, TOKEN)
+            .into_iter()
+            .find(|a| a["id"] == "stuck-1")
+            .map(|a| a["update_status"].clone())
+    };
+    wait_until(LONG, "the agent to be listed RETRYING", || {
+        status() == Some(Value::from("RETRYING"))
+    });
+
+    // Back to 1.0.0, which it runs.
+    let again = ctx.path("again");
+    run_ok(release(&ctx, &server, &["export", "--release", "1.0.0+1", "--out"]).arg(&again));
+    run_ok(
+        ctx.cmd("agent-bundle")
+            .args(["sign", "--key"])
+            .arg(&key)
+            .arg(again.join("agent-bundle-1.0.0")),
+    );
+    run_ok(
+        release(
+            &ctx,
+            &server,
+            &["rollback", "--to", "1.0.0+1", "--signatures"],
+        )
+        .arg(&again),
+    );
+    e2e::wait_rollout(&server, TOKEN, LONG, "the rollback to run", |r| {
+        r["version"] == "1.0.0+1"
+    });
+    assert_eq!(call("/agent/connect", hello), 200);
+    wait_until(LONG, "its RETRYING to end", || {
+        status() != Some(Value::from("RETRYING"))
+    });
+    drop(b1);
+}
+
+fn e2e_platform() -> &'static str {
+    agent_protocol::layout::PLATFORM
+}

@@ -281,6 +281,21 @@ async fn serve(
                             });
                         });
                         retry.reset();
+                        // Accepted as it runs, with no window to wait for: whatever it
+                        // said of moving to another release (retrying it, held off) is
+                        // over, on the machine as on the server.
+                        if window.is_none()
+                            && crate::told::last(&home).is_some_and(|t| {
+                                matches!(
+                                    t.report.status,
+                                    UpdateStatus::Retrying
+                                        | UpdateStatus::Deferred
+                                        | UpdateStatus::WaitingWindow
+                                )
+                            })
+                        {
+                            crate::told::forget(&home);
+                        }
                         if let Some(set) = offered {
                             take_config(&home, &client, &id, dirs, workload, &set).await;
                         }

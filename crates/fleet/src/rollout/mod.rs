@@ -256,6 +256,10 @@ impl Rollouts {
                     .is_ok_and(|v| self.policy.accepts(&bundle.version, &v)),
             })
             .collect();
+        // The agents already running the new target (a rollback to the version they
+        // run): what they said of moving to another release (retrying it, held off,
+        // waiting for a window) is over. One statement for the fleet.
+        store::clear_pending_status(&mut *tx, &bundle.version.to_string()).await?;
         let started = self
             .engine
             .start(&mut tx, &new, &bundle.sha256, &candidates, |placed| {

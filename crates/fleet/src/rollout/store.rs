@@ -505,6 +505,23 @@ pub async fn mark_told<'e>(
     Ok(())
 }
 
+/// Forgets the update status of the agents running `version` when it speaks of moving
+/// to another release (retrying it, held off by locks, waiting for a window, installing
+/// it): run when `version` becomes the target, which they need not move to.
+pub async fn clear_pending_status<'e>(
+    e: impl Executor<'e, Database = Any>,
+    version: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE agents SET update_status = NULL, update_error = NULL
+         WHERE version = $1 AND update_status IN ('RETRYING', 'DEFERRED', 'WAITING_WINDOW', 'INSTALLING')",
+    )
+    .bind(version)
+    .execute(e)
+    .await?;
+    Ok(())
+}
+
 /// Agents per statement of [`set_outcomes`] and [`mark_told_many`].
 const OUTCOME_CHUNK: usize = 500;
 
