@@ -463,6 +463,19 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Sign { key, bundles }) => {
             let key = keygen::read_secret_key(&key)?;
             let now = pack::now_secs();
+            // A glob over a release directory takes its signatures too
+            // (`agent-bundle-2.2.0*`): they are what this writes, not bundles.
+            let (signatures, bundles): (Vec<PathBuf>, Vec<PathBuf>) = bundles
+                .into_iter()
+                .partition(|b| b.extension().is_some_and(|e| e == "minisig"));
+            for s in &signatures {
+                println!("Skipped {}: a signature, not a bundle", s.display());
+            }
+            if bundles.is_empty() {
+                return Err(BundleError::Invalid(
+                    "no bundle to sign: only signatures were given; name the agent-bundle-<version>… files".into(),
+                ));
+            }
             for bundle in &bundles {
                 let signed = crate::sign::sign(bundle, &key, now)?;
                 println!(
@@ -538,6 +551,13 @@ fn run_install(service: &ServiceRequest<'_>, request: &InstallRequest<'_>) -> Re
     if let Some(group) = request.group {
         let _ = writeln!(out, "It joins the rollout group {group} (agent.group).");
     }
+    if !request.labels.is_empty() {
+        let _ = writeln!(
+            out,
+            "Its labels: {} (agent.labels).",
+            request.labels.join(", ")
+        );
+    }
     if let Some(url) = request.server_url {
         let _ = writeln!(out, "It talks to the update server {url} (server.urls).");
     }
@@ -551,13 +571,6 @@ fn run_install(service: &ServiceRequest<'_>, request: &InstallRequest<'_>) -> Re
     if request.enroll_token.is_some() {
         let _ = writeln!(
             out,
-    if !request.labels.is_empty() {
-        let _ = writeln!(
-            out,
-            "Its labels: {} (agent.labels).",
-            request.labels.join(", ")
-        );
-    }
             "The enrollment token is in {home}/conf/agent.toml (server.enrollment-token)."
         );
     }
