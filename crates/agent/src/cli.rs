@@ -208,10 +208,10 @@ fn lock(home: &AgentHome, action: LockAction) -> anyhow::Result<ExitCode> {
             let path = crate::locks::take(home, &name, &reason, hold_for, now)
                 .map_err(anyhow::Error::msg)?;
             let until = hold_for
-                .map(|d| format!(" for {}s", d.as_secs()))
-                .unwrap_or_else(|| " until `agent lock release` ".into());
+                .map(|d| format!("for {}", agent_protocol::settings::format_duration(d)))
+                .unwrap_or_else(|| "until `agent lock release`".into());
             println!(
-                "update lock {name} taken{until}({}): no update starts while it is held",
+                "update lock {name} taken {until} ({}): no update starts while it is held",
                 path.display()
             );
         }

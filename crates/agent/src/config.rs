@@ -324,6 +324,26 @@ pub const KEYS: &[Key] = &[
 
 pub const ENV_PREFIX: &str = "AGENT";
 
+/// A typed error (an unknown key, a wrong type) knows its key but not its place: the
+/// first line that sets that key is named, so the operator goes straight to it.
+fn with_line(text: &str, message: &str) -> String {
+    let key = message
+        .split('`')
+        .nth(1)
+        .filter(|k| !k.is_empty() && !k.contains(char::is_whitespace));
+    let line = key.and_then(|key| {
+        text.lines().position(|l| {
+            let l = l.trim_start();
+            l.strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+    });
+    match (key, line) {
+        (Some(key), Some(n)) => format!("line {}, key `{key}`: {message}", n + 1),
+        _ => message.to_owned(),
+    }
+}
+
 impl Config {
     /// Reads `path` (a missing file means defaults), then applies `env` overrides.
     pub fn load(path: &Path, env: &dyn Environment) -> Result<Self> {
@@ -353,7 +373,7 @@ impl Config {
             .map_err(bad)?;
         let config: Config = toml::Value::Table(table)
             .try_into()
-            .map_err(|e: toml::de::Error| bad(e.to_string()))?;
+            .map_err(|e: toml::de::Error| bad(with_line(text, &e.to_string())))?;
         if config.server.urls.is_empty() {
             return Err(bad(
                 "server.urls is empty; name at least one update-server".into()
@@ -367,6 +387,8 @@ impl Config {
             }
         }
         config.workload.validate().map_err(bad)?;
+        agent_protocol::labels::check(&config.agent.labels)
+            .map_err(|e| bad(format!("agent.labels: {e}")))?;
         crate::logfiles::parse_size(&config.log.max_size)
             .map_err(|e| bad(format!("log.max-size: {e}")))?;
         crate::proxy::Setting::parse(&config.server.proxy).map_err(bad)?;
@@ -387,8 +409,6 @@ impl Config {
         (!self.server.ca_file.trim().is_empty()).then(|| home.join(self.server.ca_file.trim()))
     }
 }
-        agent_protocol::labels::check(&config.agent.labels)
-            .map_err(|e| bad(format!("agent.labels: {e}")))?;
 
 pub use agent_protocol::settings::parse_duration;
 
@@ -407,6 +427,22 @@ mod humantime_str {
 mod tests {
     use super::*;
 
+    #[test]
+    fn an_unknown_key_is_named_with_its_line() {
+        let text = "[server]\nurls = [\"http://x\"]\n\n[agent]\nheartbeet = \"1s\"\n";
+        let e = Config::parse(
+            text,
+            Path::new("conf/agent.toml"),
+            &settings::VarMap(Vec::new()),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("conf/agent.toml") && e.contains("line 5, key `heartbeet`"),
+            "{e}"
+        );
+    }
+
     use agent_protocol::settings::VarMap;
 
     fn no_env(_: &str) -> Option<String> {
@@ -417,6 +453,37 @@ mod tests {
     fn empty_file_is_defaults() {
         let c = Config::parse("", Path::new("agent.toml"), &no_env).unwrap();
         assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn labels_are_read_from_the_agent_section_and_a_bad_one_is_named() {
+        let c = Config::parse(
+            "[agent]\nlabels = { env = \"prod\", region = \"eu\" }\n",
+            Path::new("a.toml"),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(c.agent.labels["env"], "prod");
+        assert_eq!(c.agent.labels.len(), 2);
+        let e = Config::parse(
+            "[agent]\nlabels = { os = \"linux\" }\n",
+            Path::new("a.toml"),
+            &no_env,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("a.toml") && e.contains("label os is built in"),
+            "{e}"
+        );
+        let e = Config::parse(
+            "[agent]\nlabels = { env = \"pr od\" }\n",
+            Path::new("a.toml"),
+            &no_env,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("agent.labels: label env="), "{e}");
     }
 
     #[test]
@@ -455,37 +522,6 @@ max-retry-after = "1h"
 
     #[test]
     fn environment_overrides_file() {
-    #[test]
-    fn labels_are_read_from_the_agent_section_and_a_bad_one_is_named() {
-        let c = Config::parse(
-            "[agent]\nlabels = { env = \"prod\", region = \"eu\" }\n",
-            Path::new("a.toml"),
-            &no_env,
-        )
-        .unwrap();
-        assert_eq!(c.agent.labels["env"], "prod");
-        assert_eq!(c.agent.labels.len(), 2);
-        let e = Config::parse(
-            "[agent]\nlabels = { os = \"linux\" }\n",
-            Path::new("a.toml"),
-            &no_env,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("a.toml") && e.contains("label os is built in"),
-            "{e}"
-        );
-        let e = Config::parse(
-            "[agent]\nlabels = { env = \"pr od\" }\n",
-            Path::new("a.toml"),
-            &no_env,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("agent.labels: label env="), "{e}");
-    }
-
         let env = |k: &str| match k {
             "AGENT_UPDATE_ENABLED" => Some("false".to_owned()),
             "AGENT_SERVER_URLS" => Some("http://a:1, http://b:2".to_owned()),
