@@ -53,6 +53,22 @@ fn selected(server: &ServerProc, encoded: &str) -> Vec<String> {
 
 /// A made-up agent registers with `labels` (JSON): the answer's status and body.
 fn register(server: &ServerProc, id: &str, labels: &str) -> (u16, String) {
+    register_with(server, id, labels, None)
+}
+
+/// [`register`], presenting the agent's credentials (`token`: what its first register
+/// answered).
+fn register_with(
+    server: &ServerProc,
+    id: &str,
+    labels: &str,
+    token: Option<&str>,
+) -> (u16, String) {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("Agent-Version", OLD), ("Content-Type", "application/json")];
+    if let Some(auth) = &auth {
+        headers.push(("Authorization", auth));
+    }
     let body = format!(
         r#"{{"id":"{id}","name":"host-{id}","platform":"x86_64-unknown-linux-gnu","labels":{labels}}}"#
     );
@@ -60,7 +76,7 @@ fn register(server: &ServerProc, id: &str, labels: &str) -> (u16, String) {
         server.port,
         "POST",
         "/agent/register",
-        &[("Agent-Version", OLD), ("Content-Type", "application/json")],
+        &headers,
         body.as_bytes(),
     )
     .unwrap();
@@ -262,4 +278,62 @@ fn labels_from_the_install_and_the_server_are_listed_and_selected_and_a_bad_sele
         1,
     );
     assert!(said.contains("column 10"), "{said}");
+}
+
+/// The same on PostgreSQL, two servers of one fleet: labels an agent reports through one
+/// are listed and selected by the other, and so are the labels an operator sets there.
+#[test]
+fn on_a_postgres_fleet_labels_said_to_one_server_are_selected_on_the_other() {
+    let pg = e2e::Postgres::start();
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let url = pg.url();
+    let env = |name: &'static str| {
+        vec![
+            ("UPDATE_SERVER_DATABASE_URL", url.clone()),
+            ("UPDATE_SERVER_SERVER_NAME", name.to_owned()),
+            ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN.to_owned()),
+        ]
+    };
+    let start = |home: &str, env: Vec<(&str, String)>| {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        ctx.server(home, &env)
+    };
+    let a = start("srv-a", env("a"));
+    let b = start("srv-b", env("b"));
+    ctx.publish_served(&a, &b1);
+    ctx.publish_served(&b, &b1);
+
+    assert_eq!(
+        register(&a, "eu-1", r#"{"env":"prod","region":"eu"}"#).0,
+        200
+    );
+    let (status, first) = register(&a, "us-1", r#"{"env":"prod","region":"us"}"#);
+    assert_eq!(status, 200, "{first}");
+    let first: Value = serde_json::from_str(&first).unwrap();
+    let token = first["token"].as_str().unwrap().to_owned();
+    assert_eq!(selected(&b, "region%3Deu"), vec!["eu-1".to_owned()]);
+    let (status, answer) = admin_call(
+        &b,
+        TOKEN,
+        "POST",
+        "/admin/agents/us-1/labels",
+        r#"{"set": {"canary": "yes"}, "remove": []}"#,
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["labels"]["region"], "us", "{answer}");
+    assert_eq!(selected(&a, "env%3Dprod%2Ccanary"), vec!["us-1".to_owned()]);
+    // The agent says other labels through b: the server's canary stays.
+    let (status, said) = register_with(&b, "us-1", r#"{"env":"staging"}"#, Some(&token));
+    assert_eq!(status, 200, "{said}");
+    // b writes what it heard with its next batch of contacts (at once when it lists).
+    assert_eq!(row(&b, "us-1")["labels"]["env"], "staging");
+    let labels = row(&a, "us-1")["labels"].clone();
+    assert_eq!(
+        (labels["env"].as_str(), labels["canary"].as_str()),
+        (Some("staging"), Some("yes")),
+        "{labels}"
+    );
+    assert!(labels.get("region").is_none(), "{labels}");
 }
