@@ -602,12 +602,17 @@ pub(super) async fn authenticate_enrolled(
 /// The longest `error` of a report or configuration status the server takes, in bytes.
 pub(super) const MAX_ERROR_TEXT: usize = 4096;
 
-/// The refusal of an `error` over [`MAX_ERROR_TEXT`]: which field, how long, what to do.
-pub(super) fn too_long_error(error: &str, what: &str) -> ApiError {
-    ApiError::bad_request(format!(
-        "the {what}'s \"error\" field is {} bytes, over the {MAX_ERROR_TEXT} this server takes; send it shorter (agents from this release cut it themselves)",
-        error.len()
-    ))
+/// The `error` of a report or configuration status (`what`) as the server keeps it:
+/// refused over [`MAX_ERROR_TEXT`] (naming the field, its length and what to do), and
+/// with its control characters escaped, since it is shown in terminals and logs.
+pub(super) fn checked_error(error: Option<String>, what: &str) -> Result<Option<String>, ApiError> {
+    match error {
+        Some(e) if e.len() > MAX_ERROR_TEXT => Err(ApiError::bad_request(format!(
+            "the {what}'s \"error\" field is {} bytes, over the {MAX_ERROR_TEXT} this server takes; send it shorter (agents from this release cut it themselves)",
+            e.len()
+        ))),
+        error => Ok(error.map(|e| agent_protocol::shown::shown(&e, MAX_ERROR_TEXT))),
+    }
 }
 
 /// What an id with no credentials hears when it reports.
@@ -702,20 +707,7 @@ pub(super) async fn report(
     check_id(&report.id)?;
     // Nobody reports for an agent but that agent: a forged failure could halt a rollout.
     authenticate_enrolled(&state.inner, &report.id, &headers, REPORT_NOT_ENROLLED).await?;
-    if report
-        .error
-        .as_ref()
-        .is_some_and(|e| e.len() > MAX_ERROR_TEXT)
-    {
-        return Err(too_long_error(
-            report.error.as_deref().unwrap_or_default(),
-            "report",
-        ));
-    }
-    // Shown in terminals and logs: no control character gets through as it is.
-    report.error = report
-        .error
-        .map(|e| agent_protocol::shown::shown(&e, MAX_ERROR_TEXT));
+    report.error = checked_error(report.error.take(), "report")?;
     // Agents from before RETRYING report a full disk as INSTALL_FAILED: a machine's
     // fault never counts against the bundle.
     if report.status == UpdateStatus::InstallFailed

@@ -19,7 +19,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::agents::{MAX_ERROR_TEXT, authenticate_enrolled, check_id, too_long_error};
+use super::agents::{authenticate_enrolled, check_id, checked_error};
 use super::operators::Auth;
 use super::{AppState, Shared, json_body};
 use crate::error::ApiError;
@@ -229,20 +229,7 @@ pub(super) async fn status(
     if status.hash.len() != 64 || !status.hash.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(ApiError::bad_request("hash must be 64 hex digits"));
     }
-    if status
-        .error
-        .as_ref()
-        .is_some_and(|e| e.len() > MAX_ERROR_TEXT)
-    {
-        return Err(too_long_error(
-            status.error.as_deref().unwrap_or_default(),
-            "configuration status",
-        ));
-    }
-    // Shown in terminals and logs: no control character gets through as it is.
-    status.error = status
-        .error
-        .map(|e| agent_protocol::shown::shown(&e, MAX_ERROR_TEXT));
+    status.error = checked_error(status.error.take(), "configuration status")?;
     inc(&s.metrics.config_statuses);
     tracing::info!(agent = %status.id, hash = %status.hash, status = status.status.as_str(), error = ?status.error, "configuration status");
     let status = Deferred::ConfigStatus {
