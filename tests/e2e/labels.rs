@@ -337,3 +337,34 @@ fn on_a_postgres_fleet_labels_said_to_one_server_are_selected_on_the_other() {
     );
     assert!(labels.get("region").is_none(), "{labels}");
 }
+
+/// OpAMP agents' non-identifying attributes that are well-formed labels are their labels:
+/// fleet-sim's say `agent.group`, `os.type`, `host.arch`, and selectors choose by them.
+#[test]
+fn opamp_agents_non_identifying_attributes_are_their_labels() {
+    let ctx = TestContext::new();
+    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
+    let mut sim = ctx.cmd("fleet-sim");
+    sim.args(["--server", &server.url(""), "--protocol", "opamp"])
+        .args(["--agents", "2", "--group", "edge=1"])
+        .args(["--heartbeat", "500ms", "--ramp", "1s", "--duration", "120s"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    ctx.spawn(sim);
+    wait_until(LONG, "two OpAMP agents listed", || {
+        admin_agents(server.port, TOKEN)
+            .iter()
+            .filter(|a| a["protocol"] == "opamp")
+            .count()
+            == 2
+    });
+    for a in admin_agents(server.port, TOKEN) {
+        let labels = &a["labels"];
+        assert_eq!(labels["agent.group"], "edge", "{a}");
+        assert_eq!(labels["group"], "edge", "{a}");
+        assert!(labels["os.type"].is_string(), "{a}");
+        assert!(labels["version"].is_string(), "{a}");
+    }
+    assert_eq!(selected(&server, "agent.group%3Dedge%2Cos.type").len(), 2);
+    assert!(selected(&server, "agent.group%3Dcore").is_empty());
+}
