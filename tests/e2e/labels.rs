@@ -368,3 +368,45 @@ fn opamp_agents_non_identifying_attributes_are_their_labels() {
     assert_eq!(selected(&server, "agent.group%3Dedge%2Cos.type").len(), 2);
     assert!(selected(&server, "agent.group%3Dcore").is_empty());
 }
+
+/// `install.sh --label` (repeatable) passes each to the installer: the agent registers
+/// with them; a label that is not one plain word is refused before anything is fetched.
+#[test]
+fn install_sh_passes_labels_to_the_installer() {
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
+    ctx.publish_served(&server, &b1);
+    let one_liner = |args: &str| {
+        e2e::run(Command::new("sh").arg("-c").arg(format!(
+            "curl -fsSL {} | sh -s -- {args}",
+            server.url("/install.sh")
+        )))
+    };
+    let prefix = ctx.path("p");
+    let bad = one_liner(&format!(
+        "--prefix {} --label 'env=a;b' --no-systemd",
+        prefix.display()
+    ));
+    assert!(!bad.status.success());
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(said.contains("--label env=a;b"), "{said}");
+    assert!(!prefix.join("agent").exists());
+
+    let out = one_liner(&format!(
+        "--prefix {} --label env=prod --label=region=eu --no-systemd",
+        prefix.display()
+    ));
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(LONG, "the agent to register with its labels", || {
+        admin_agents(server.port, TOKEN)
+            .iter()
+            .any(|a| a["labels"]["env"] == "prod" && a["labels"]["region"] == "eu")
+    });
+}
