@@ -208,8 +208,12 @@ fn a_config_typo_stops_the_supervisor_and_start_and_restart_say_why() {
     assert_eq!(log.matches("refused its configuration").count(), 1, "{log}");
     assert!(!log.contains("restarting in"), "{log}");
     assert!(pids_mentioning(&home).is_empty(), "something still runs");
-    let text = run_fails(Command::new(&wrapper).arg("restart"), 1);
-    assert!(text.contains("configuration"), "{text}");
+    // restart checks first: the configuration's exit code, the key, nothing stopped.
+    let text = run_fails(Command::new(&wrapper).arg("restart"), 78);
+    assert!(
+        text.contains("configuration") && text.contains("line 8, key `enabeld`"),
+        "{text}"
+    );
 }
 
 #[test]
