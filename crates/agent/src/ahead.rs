@@ -5,6 +5,7 @@
 //! there (a complete download of the same bundle is reused), so it installs at once.
 
 use agent_protocol::AgentVersion;
+use agent_protocol::journal::opening;
 use agent_protocol::wire::WindowOffer;
 use tokio::sync::watch;
 
@@ -88,12 +89,4 @@ impl Ahead {
             ),
         }
     }
-}
-
-/// A window's opening for the log, as an HTTP date (UTC).
-fn opening(secs: i64) -> String {
-    u64::try_from(secs)
-        .ok()
-        .map(|s| httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(s)))
-        .unwrap_or_else(|| secs.to_string())
 }

@@ -130,7 +130,7 @@ fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
             "not a regular file; its text is not read",
         ));
     }
-    let links = platform::link_count(&meta);
+    let links = crate::os::link_count(&meta);
     if links != 1 {
         return Err(std::io::Error::other(format!(
             "it has {links} links (a hard link to another file); its text is not read"
@@ -139,20 +139,6 @@ fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     file.take(MAX_LOCK_TEXT as u64).read_to_end(&mut bytes)?;
     Ok(bytes)
-}
-
-/// How many names a file has: the one fact about a lock file that differs by system.
-mod platform {
-    #[cfg(unix)]
-    pub(super) fn link_count(meta: &std::fs::Metadata) -> u64 {
-        std::os::unix::fs::MetadataExt::nlink(meta)
-    }
-
-    /// Windows' link count is not in stable std; a lock file there is read as one.
-    #[cfg(windows)]
-    pub(super) fn link_count(_meta: &std::fs::Metadata) -> u64 {
-        1
-    }
 }
 
 /// A lock name is a plain file name a person can type.

@@ -138,22 +138,13 @@ pub fn now_ms() -> i64 {
 /// files the database file's mode.
 fn owner_only(path: &Path) -> Result<(), FleetError> {
     let io = |e: std::io::Error| FleetError::Config(format!("{}: {e}", path.display()));
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(io)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (path, io);
-    }
-    Ok(())
+    // Made empty first: nothing is in it before its mode is set.
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io)?;
+    agent_extract::os::set_path_mode(path, 0o600).map_err(io)
 }
 
 fn sqlite_url(path: &Path) -> String {

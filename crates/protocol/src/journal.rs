@@ -162,14 +162,23 @@ pub struct WaitingWindow {
     pub opens_at: i64,
 }
 
+/// A window's opening (unix seconds) as an HTTP date (UTC), as the agent's log and
+/// `agent status` show it.
+pub fn opening(secs: i64) -> String {
+    u64::try_from(secs)
+        .ok()
+        .map(|s| httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(s)))
+        .unwrap_or_else(|| secs.to_string())
+}
+
 impl WaitingWindow {
     /// "2.0.0+2 waits for the maintenance window: it opens Sun, 29 Nov 2026 02:00:00
     /// GMT (in 3h 5m)", at `now` (unix seconds).
     pub fn describe(&self, now: u64) -> String {
-        let opens = u64::try_from(self.opens_at).unwrap_or(0);
-        let when =
-            httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(opens));
-        let left = opens.saturating_sub(now);
+        let when = opening(self.opens_at);
+        let left = u64::try_from(self.opens_at)
+            .unwrap_or(0)
+            .saturating_sub(now);
         let relative = if left == 0 {
             "now".to_owned()
         } else {

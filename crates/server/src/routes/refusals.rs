@@ -84,6 +84,18 @@ async fn reason_of(response: Response) -> (Response, String) {
         let why = why.clone();
         return (response, why);
     }
+    // A body too large to read back is passed on untouched, its status the reason.
+    let fits = http_body::Body::size_hint(response.body())
+        .upper()
+        .is_some_and(|n| n <= BODY_READ as u64);
+    if !fits {
+        let why = response
+            .status()
+            .canonical_reason()
+            .unwrap_or("refused")
+            .to_owned();
+        return (response, why);
+    }
     let (parts, body) = response.into_parts();
     let bytes = axum::body::to_bytes(body, BODY_READ)
         .await
