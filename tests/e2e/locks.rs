@@ -108,7 +108,7 @@ fn max_defer_overrides_a_lock_left_forever_and_says_which() {
 }
 
 #[test]
-fn an_operator_overrides_the_locks_at_once_and_a_viewer_may_not() {
+fn an_operator_overrides_the_locks_at_once_from_the_page_and_a_viewer_may_not() {
     let f = fleet_with(1, &[], &[], FLEET_AGENT_ENV, |_| {});
     let home = &f.homes[0];
     agent(
@@ -132,27 +132,82 @@ fn an_operator_overrides_the_locks_at_once_and_a_viewer_may_not() {
     let path = format!("/admin/agents/{id}/override-locks");
     let (status, _) = admin_call(&f.server, &viewer, "POST", &path, "");
     assert_eq!(status, 403);
+    // The page refuses a viewer the same way, and records it.
+    let (status, body) = press_override(f.server.port, &viewer, &id);
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("may not override"), "{body}");
     // Still held.
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(row(&f, home)["version"], OLD);
 
     let overridden = Instant::now();
-    let (status, body) = admin_call(&f.server, TOKEN, "POST", &path, "");
-    assert_eq!(status, 200, "{body}");
+    let (status, body) = press_override(f.server.port, TOKEN, &id);
+    assert_eq!(status, 303, "{body}");
     wait_until(LONG, "the overridden agent to install 2.0.0", || {
         installed(&f, home)
     });
     let took = overridden.elapsed();
     eprintln!("installed {:.1}s after the override", took.as_secs_f64());
     assert!(took < Duration::from_secs(30), "took {took:?}");
-    let (_, audit) = admin_call(&f.server, TOKEN, "GET", "/admin/audit", "");
-    assert!(
-        audit.to_string().contains("agent.override_locks"),
+    let (_, audit) = admin_call(
+        &f.server,
+        TOKEN,
+        "GET",
+        "/admin/audit?action=agent.override_locks",
+        "",
+    );
+    let entries = audit["entries"].as_array().cloned().unwrap_or_default();
+    let outcomes: Vec<(String, String)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["who"].as_str().unwrap_or_default().to_owned(),
+                e["outcome"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    // Newest first: the page's override, the page's refusal, the API's refusal.
+    assert_eq!(
+        outcomes,
+        [
+            ("admin.token".to_owned(), "done".to_owned()),
+            ("vera".to_owned(), "refused".to_owned()),
+            ("vera".to_owned(), "refused".to_owned()),
+        ],
         "{audit}"
     );
+    assert_eq!(entries[0]["details"]["via"], "page", "{audit}");
     let log = read_file(&home.join("logs/agent.log"));
     assert!(
         log.contains("an operator overrode the update locks"),
         "{log}"
     );
+}
+
+/// Signs in to the page with `token`, opens the agent's page and presses its Override
+/// locks button: the answer's status and body.
+fn press_override(port: u16, token: &str, id: &str) -> (u16, String) {
+    let cookie = crate::page::http_sign_in(port, token);
+    let page = e2e::http(
+        port,
+        "GET",
+        &format!("/agents/{id}"),
+        &[("Cookie", &cookie)],
+    )
+    .expect("the agent's page answers");
+    let html = page.text();
+    assert!(html.contains("Override locks"), "{html}");
+    let form = format!("csrf={}", crate::page::hidden_csrf(&html));
+    let answer = e2e::http_with_body(
+        port,
+        "POST",
+        &format!("/agents/{id}/override-locks"),
+        &[
+            ("Cookie", &cookie),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        form.as_bytes(),
+    )
+    .expect("the button's POST answers");
+    (answer.status, answer.text())
 }

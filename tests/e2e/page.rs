@@ -75,7 +75,7 @@ impl Answer {
     }
 }
 
-fn hidden_csrf(html: &str) -> String {
+pub(crate) fn hidden_csrf(html: &str) -> String {
     let at = html
         .find("name=\"csrf\" value=\"")
         .unwrap_or_else(|| panic!("no csrf field in {html}"));

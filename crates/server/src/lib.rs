@@ -10,6 +10,7 @@
 //! whole in memory (it maps it). It must not touch the fleet database but through
 //! [`agent_fleet`], nor decide a rollout step or a credentials verdict itself.
 
+pub mod actions;
 pub mod cli;
 pub mod config;
 pub mod conn;

@@ -11,14 +11,13 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use agent_fleet::db::{Credentials, Revocation};
 use agent_fleet::labels;
-use agent_fleet::rollout::Refusal;
 use agent_fleet::rollout::step::HaltCause;
 use agent_fleet::selector::Selector;
 
 use super::operators::Auth;
 use super::{AppState, Shared, json_body};
+use crate::actions::{self, Act, Actor, Done, Step, Target};
 use crate::error::ApiError;
 use crate::metrics::RolloutGauges;
 use agent_fleet::operators::Action;
@@ -188,77 +187,37 @@ pub(super) async fn agents(
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
-fn unknown_agent(id: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("no agent {id:?} is known; `update-server agents list` shows the fleet"),
-    )
-}
-
 /// `DELETE /admin/agents/{id}/token`: the agent lost its credentials (its `data/` was
 /// wiped); its next register gets new ones.
 pub(super) async fn forget_token(
     State(state): State<AppState>,
     auth: Auth,
-    axum::extract::Path(id): axum::extract::Path<String>,
+    axum::extract::Path(agent): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
-    let s = &state.inner;
-    let caller = auth
-        .require(s, Action::Change, "agent.forget_token")
-        .await?;
-    // A revoked id stays revoked: forgetting its token would change nothing, and an
-    // answer of "forgotten" would say otherwise.
-    if let Credentials::Revoked(how) = s.fleet.db.credentials(&id).await? {
-        let why = match how {
-            Revocation::Left => format!(
-                "agent {id} left the fleet (agent uninstall) and its credentials stay revoked: there is no token to forget; install the agent on that machine again (it enrolls with a new id)"
-            ),
-            Revocation::Removed => format!(
-                "agent {id} was removed from the fleet and its credentials stay revoked: there is no token to forget; install the agent on that machine again (it enrolls with a new id)"
-            ),
-        };
-        caller
-            .refused(
-                s,
-                "agent.forget_token",
-                serde_json::json!({ "agent": id, "reason": why }),
-            )
-            .await;
-        return Err(ApiError::new(StatusCode::CONFLICT, why).audited());
-    }
-    if !s.fleet.forget_token(&id).await? {
-        return Err(unknown_agent(&id));
-    }
-    s.fleet.outage.remember_credentials(&id, &Credentials::None);
-    tracing::warn!(agent = %id, by = %caller.name, "an operator reset the agent's credentials; its next register gets new ones");
-    caller
-        .record(s, "agent.forget_token", serde_json::json!({ "agent": id }))
-        .await;
-    let next = if s.enrollment_token.is_empty() {
-        "the agent's next register (with a fresh data/agent-token, or none) gets new credentials"
-    } else {
-        "the agent's next register gets new credentials only if it presents this server's enrollment token (server.enrollment-token in its conf/agent.toml); until then the id is refused"
+    let act = Act::ForgetToken {
+        agent: agent.clone(),
     };
-    Ok(Json(serde_json::json!({ "id": id, "token": "forgotten", "next": next })).into_response())
+    let Done::TokenForgotten { next } = perform_api(&state.inner, auth, act).await? else {
+        return Err(unexpected());
+    };
+    Ok(
+        Json(serde_json::json!({ "id": agent, "token": "forgotten", "next": next }))
+            .into_response(),
+    )
 }
 
 /// `DELETE /admin/agents/{id}`: forgets a lost machine. Its credentials are refused from
-/// then on (`401`) and no rollout waits for it.
+/// now on.
 pub(super) async fn remove_agent(
     State(state): State<AppState>,
     auth: Auth,
-    axum::extract::Path(id): axum::extract::Path<String>,
+    axum::extract::Path(agent): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
-    let s = &state.inner;
-    let caller = auth.require(s, Action::Change, "agent.remove").await?;
-    if !s.fleet.revoke(&id, Revocation::Removed).await? {
-        return Err(unknown_agent(&id));
-    }
-    tracing::warn!(agent = %id, by = %caller.name, "an operator removed the agent from the fleet; its credentials are revoked");
-    caller
-        .record(s, "agent.remove", serde_json::json!({ "agent": id }))
-        .await;
-    Ok(Json(serde_json::json!({ "id": id, "status": "REMOVED" })).into_response())
+    let act = Act::RemoveAgent {
+        agent: agent.clone(),
+    };
+    perform_api(&state.inner, auth, act).await?;
+    Ok(Json(serde_json::json!({ "id": agent, "status": "REMOVED" })).into_response())
 }
 
 /// `POST /admin/agents/{id}/override-locks`: the agent's update locks no longer hold off
@@ -266,34 +225,15 @@ pub(super) async fn remove_agent(
 pub(super) async fn override_locks(
     State(state): State<AppState>,
     auth: Auth,
-    axum::extract::Path(id): axum::extract::Path<String>,
+    axum::extract::Path(agent): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
-    let s = &state.inner;
-    let caller = auth
-        .require(s, Action::Change, "agent.override_locks")
-        .await?;
-    if s.fleet.db.agent(&id).await?.is_none() {
-        return Err(unknown_agent(&id));
-    }
-    let crate::store::Current::Ready(release) = s.store.current() else {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "the server serves no bundle: there is no update to let through",
-        ));
+    let act = Act::OverrideLocks {
+        agent: agent.clone(),
     };
-    // The release the fleet is told to run (the rollout's target).
-    let version = release.version().to_string();
-    s.fleet.override_locks(&id, &version).await?;
-    s.fleet.rollouts.news().publish("update locks overridden");
-    tracing::warn!(agent = %id, by = %caller.name, "an operator overrode the agent's update locks");
-    caller
-        .record(
-            s,
-            "agent.override_locks",
-            serde_json::json!({ "agent": id, "release": version }),
-        )
-        .await;
-    Ok(Json(serde_json::json!({ "id": id, "override_locks": version })).into_response())
+    let Done::LocksOverridden { release } = perform_api(&state.inner, auth, act).await? else {
+        return Err(unexpected());
+    };
+    Ok(Json(serde_json::json!({ "id": agent, "override_locks": release })).into_response())
 }
 
 /// `POST /admin/agents/{id}/labels` `{"set": {…}, "remove": […]}`: the server's own
@@ -303,49 +243,40 @@ pub(super) async fn override_locks(
 pub(super) async fn set_labels(
     State(state): State<AppState>,
     auth: Auth,
-    axum::extract::Path(id): axum::extract::Path<String>,
+    axum::extract::Path(agent): axum::extract::Path<String>,
     body: Result<Json<labels::Edit>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    let caller = auth.require(s, Action::Change, "agent.labels").await?;
+    let actor = auth.actor(s, "agent.labels").await?;
     let edit = json_body(body)?;
-    let (before, after) = match s.fleet.db.set_server_labels(&id, &edit).await {
-        Ok(Some(changed)) => changed,
-        Ok(None) => return Err(unknown_agent(&id)),
-        Err(agent_fleet::FleetError::Invalid(why)) => {
-            caller
-                .refused(
-                    s,
-                    "agent.labels",
-                    serde_json::json!({ "agent": id, "set": edit.set, "remove": edit.remove, "reason": why }),
-                )
-                .await;
-            return Err(ApiError::bad_request(why).audited());
-        }
-        Err(e) => return Err(e.into()),
+    let act = Act::Labels {
+        agent: agent.clone(),
+        edit,
     };
-    tracing::info!(agent = %id, by = %caller.name, "an operator changed the agent's labels");
-    caller
-        .record(
-            s,
-            "agent.labels",
-            serde_json::json!({
-                "agent": id, "set": edit.set, "remove": edit.remove,
-                "before": before, "after": after,
-            }),
-        )
-        .await;
-    let stored = s.fleet.db.opamp_agent(&id).await?;
-    let effective = s
-        .fleet
-        .db
-        .agent(&id)
-        .await?
-        .map(|a| labels::of_agent(&a, stored.as_ref().map(|o| o.view.as_str())))
-        .unwrap_or_default();
+    let Done::Labelled {
+        server_labels,
+        labels,
+    } = actions::perform(s, &actor, act).await?
+    else {
+        return Err(unexpected());
+    };
     Ok(
-        Json(serde_json::json!({ "id": id, "server_labels": after, "labels": effective }))
+        Json(serde_json::json!({ "id": agent, "server_labels": server_labels, "labels": labels }))
             .into_response(),
+    )
+}
+
+/// An operator action asked through the API, by whoever the request's token names.
+async fn perform_api(s: &Shared, auth: Auth, act: Act) -> Result<Done, ApiError> {
+    let actor = auth.actor(s, act.name()).await?;
+    Ok(actions::perform(s, &actor, act).await?)
+}
+
+/// An action answered with another action's result: a bug of this server.
+fn unexpected() -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the server answered an action with another's result; please report this",
     )
 }
 
@@ -386,19 +317,9 @@ pub(super) async fn rollout_halt(
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    let caller = auth.require(s, Action::Change, "rollout.halt").await?;
-    let halt: HaltBody = if body.iter().all(u8::is_ascii_whitespace) {
-        HaltBody::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?
-    };
-    if halt.reason.as_ref().is_some_and(|r| r.len() > 1024) {
-        return Err(ApiError::bad_request("reason is longer than 1024 bytes"));
-    }
-    let done = s.fleet.rollouts.halt(halt.reason.as_deref()).await?;
-    let details = serde_json::json!({ "reason": halt.reason });
-    operator_answer(s, &caller, "rollout.halt", details, done).await
+    let actor = auth.actor(s, "rollout.halt").await?;
+    let reason = halt_reason(&body)?;
+    rollout_step(s, &actor, Step::Halt { reason }).await
 }
 
 pub(super) async fn rollout_resume(
@@ -406,9 +327,8 @@ pub(super) async fn rollout_resume(
     auth: Auth,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    let caller = auth.require(s, Action::Change, "rollout.resume").await?;
-    let done = s.fleet.rollouts.resume().await?;
-    operator_answer(s, &caller, "rollout.resume", serde_json::json!({}), done).await
+    let actor = auth.actor(s, "rollout.resume").await?;
+    rollout_step(s, &actor, Step::Resume).await
 }
 
 pub(super) async fn rollout_advance(
@@ -416,39 +336,31 @@ pub(super) async fn rollout_advance(
     auth: Auth,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    let caller = auth.require(s, Action::Change, "rollout.advance").await?;
-    let done = s.fleet.rollouts.advance().await?;
-    operator_answer(s, &caller, "rollout.advance", serde_json::json!({}), done).await
+    let actor = auth.actor(s, "rollout.advance").await?;
+    rollout_step(s, &actor, Step::Advance).await
 }
 
-/// The rollout after an operator's request (recorded), or `409` saying why it could
-/// not be done.
-async fn operator_answer(
-    s: &Shared,
-    caller: &super::operators::Caller,
-    what: &str,
-    mut details: serde_json::Value,
-    result: Result<(), Refusal>,
-) -> Result<Response, ApiError> {
-    match result {
-        Ok(()) => {
-            if let Some(version) = s
-                .fleet
-                .rollouts
-                .current()
-                .map(|r| r.subject.version.to_string())
-            {
-                details["version"] = serde_json::Value::String(version);
-            }
-            caller.record(s, what, details).await;
-            rollout_json(s).await
-        }
-        Err(Refusal(why)) => {
-            details["reason"] = serde_json::Value::String(why.clone());
-            caller.refused(s, what, details).await;
-            Err(ApiError::new(StatusCode::CONFLICT, why).audited())
-        }
+/// The optional `{"reason": …}` of a halt (an empty body is no reason).
+pub(super) fn halt_reason(body: &[u8]) -> Result<Option<String>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
     }
+    let halt: HaltBody = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
+    if halt.reason.as_ref().is_some_and(|r| r.len() > 1024) {
+        return Err(ApiError::bad_request("reason is longer than 1024 bytes"));
+    }
+    Ok(halt.reason)
+}
+
+/// The bundle's rollout after an operator's step, or why it could not be taken.
+async fn rollout_step(s: &Shared, actor: &Actor, step: Step) -> Result<Response, ApiError> {
+    let act = Act::Rollout {
+        target: Target::Bundle,
+        step,
+    };
+    actions::perform(s, actor, act).await?;
+    rollout_json(s).await
 }
 
 pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {

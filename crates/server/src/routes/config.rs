@@ -4,11 +4,11 @@
 
 use std::collections::BTreeMap;
 
+use crate::actions::{self, Act, Step, Target};
 use agent_fleet::config::directive;
 use agent_fleet::config::guard::Consent;
 use agent_fleet::db::now_ms;
 use agent_fleet::outage::Deferred;
-use agent_fleet::rollout::Refusal;
 use agent_protocol::config_set;
 use agent_protocol::wire::ConfigStatus;
 use axum::Json;
@@ -151,12 +151,6 @@ pub(super) async fn delete(
     Ok(Json(serde_json::json!({ "group": group, "deleted": true })).into_response())
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct HaltBody {
-    reason: Option<String>,
-}
-
 /// `POST /admin/config/<group>/halt|resume|advance`.
 pub(super) async fn steer(
     State(state): State<AppState>,
@@ -173,26 +167,14 @@ pub(super) async fn steer(
             "steer"
         }
     );
-    let caller = auth.require(s, Action::Change, &what).await?;
-    let mut reason = None;
+    let actor = auth.actor(s, &what).await?;
     check_group(&group)?;
-    let configs = &s.fleet.configs;
-    let result = match action.as_str() {
-        "halt" => {
-            let halt: HaltBody = if body.iter().all(u8::is_ascii_whitespace) {
-                HaltBody::default()
-            } else {
-                serde_json::from_slice(&body)
-                    .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?
-            };
-            if halt.reason.as_ref().is_some_and(|r| r.len() > 1024) {
-                return Err(ApiError::bad_request("reason is longer than 1024 bytes"));
-            }
-            reason.clone_from(&halt.reason);
-            configs.halt(&group, halt.reason.as_deref()).await?
-        }
-        "resume" => configs.resume(&group).await?,
-        "advance" => configs.advance(&group).await?,
+    let step = match action.as_str() {
+        "halt" => Step::Halt {
+            reason: super::admin::halt_reason(&body)?,
+        },
+        "resume" => Step::Resume,
+        "advance" => Step::Advance,
         other => {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -200,19 +182,12 @@ pub(super) async fn steer(
             ));
         }
     };
-    match result {
-        Ok(()) => {
-            caller
-                .record(
-                    s,
-                    &what,
-                    serde_json::json!({ "group": group, "reason": reason }),
-                )
-                .await;
-            Ok(Json(configs.status().await?).into_response())
-        }
-        Err(Refusal(why)) => Err(ApiError::new(StatusCode::CONFLICT, why)),
-    }
+    let act = Act::Rollout {
+        target: Target::Config(group),
+        step,
+    };
+    actions::perform(s, &actor, act).await?;
+    Ok(Json(s.fleet.configs.status().await?).into_response())
 }
 
 /// `POST /agent/config-status`: what an agent made of a set (its bearer token, as for

@@ -19,6 +19,7 @@ use agent_fleet::audit::{Change, Filter, Outcome};
 use agent_fleet::operators::{Action, BOOTSTRAP, Operator, Role};
 
 use super::{AppState, Shared, json_body};
+use crate::actions::{Actor, Via};
 use crate::conn::ClientAddr;
 use crate::error::ApiError;
 
@@ -114,6 +115,21 @@ impl FromRequestParts<AppState> for Auth {
 }
 
 impl Auth {
+    /// Who asks, for an operator action ([`crate::actions::perform`] decides whether
+    /// their role may); `what` names the action in the audit log when the request
+    /// carries no valid token.
+    pub async fn actor(self, s: &Shared, what: &str) -> Result<Actor, ApiError> {
+        match self.who {
+            Ok(op) => Ok(Actor {
+                name: op.name,
+                role: op.role,
+                address: self.address,
+                via: Via::Api,
+            }),
+            Err(e) => Err(refuse_unknown(s, &self.address, what, e).await),
+        }
+    }
+
     /// The caller, if their role may do `action`; `what` names it in the audit log
     /// when it is refused (reads are not recorded).
     pub async fn require(self, s: &Shared, action: Action, what: &str) -> Result<Caller, ApiError> {
@@ -156,6 +172,27 @@ impl Auth {
         }
         Err(e)
     }
+}
+
+/// A request without a valid token, refused and recorded (a database that is away
+/// answers `503` and records nothing).
+async fn refuse_unknown(s: &Shared, address: &str, what: &str, e: ApiError) -> ApiError {
+    if e.status == StatusCode::SERVICE_UNAVAILABLE {
+        return e;
+    }
+    let e = e.audited();
+    record(
+        s,
+        Change {
+            who: NOBODY,
+            address,
+            action: what,
+            outcome: Outcome::Refused,
+            details: serde_json::json!({ "status": e.status.as_u16() }),
+        },
+    )
+    .await;
+    e
 }
 
 fn needed(action: Action) -> Role {

@@ -34,9 +34,9 @@ use axum::{Form, Router};
 use agent_fleet::FleetError;
 use agent_fleet::db::now_secs;
 
+use crate::actions::{self, Act, ActionError, Actor, Refused, Step, Target, Via};
 use crate::error::ApiError;
 use crate::state::AppState;
-use agent_fleet::audit::{Change, Outcome};
 use agent_fleet::operators::{self as ops, Role};
 use session::{COOKIE, CSRF_FIELD, SIGNIN_COOKIE, Sessions, SignedIn};
 use views::Frame;
@@ -92,6 +92,7 @@ pub fn router(app: AppState, options: Options) -> Router {
         .route("/agents", get(agents))
         .route("/agents/{id}", get(agent))
         .route("/agents/{id}/remove", post(remove_agent))
+        .route("/agents/{id}/override-locks", post(override_locks))
         .route("/rollouts", get(rollouts))
         .route("/rollouts/{action}", post(act_bundle))
         .route("/rollouts/config/{group}/{action}", post(act_config))
@@ -534,151 +535,136 @@ async fn rollouts(State(page): State<Page>, headers: HeaderMap) -> Result<Respon
 
 async fn act_bundle(
     State(page): State<Page>,
-    Path(action): Path<String>,
+    Path(step): Path<String>,
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, Trouble> {
-    act(page, source::Target::Bundle, &action, headers, request).await
+    act(page, Target::Bundle, &step, headers, request).await
 }
 
 async fn act_config(
     State(page): State<Page>,
-    Path((group, action)): Path<(String, String)>,
+    Path((group, step)): Path<(String, String)>,
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, Trouble> {
-    act(
-        page,
-        source::Target::Config(group),
-        &action,
-        headers,
-        request,
-    )
-    .await
+    act(page, Target::Config(group), &step, headers, request).await
 }
 
-/// A button: checked like every POST, then the very call the admin API makes; the
-/// rollouts page then shows the new state (or why nothing changed).
+/// A rollout's button: checked like every POST, then the very action the admin API
+/// performs; the rollouts page then shows the new state (or why nothing changed).
 async fn act(
     page: Page,
-    target: source::Target,
-    action: &str,
+    target: Target,
+    step: &str,
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, Trouble> {
-    let address = crate::routes::operators::client_address(request.extensions());
-    let (host, form) = read_form(request).await;
-    let signed = match check_post(&page, &headers, host.as_deref(), &form).await? {
-        Ok(v) => v,
-        Err(why) => return Ok(refused(StatusCode::FORBIDDEN, why)),
-    };
-    let Some(action) = source::Action::parse(action) else {
-        return Ok(refused(
-            StatusCode::NOT_FOUND,
-            "no such action: the buttons are Halt, Resume and Advance",
-        ));
-    };
-    let what = action.audit_name(&target);
-    let s = &page.app.inner;
-    let mut details = match &target {
-        source::Target::Bundle => serde_json::json!({ "via": "page" }),
-        source::Target::Config(group) => serde_json::json!({ "via": "page", "group": group }),
-    };
-    let record = |outcome, details| {
-        crate::routes::operators::record(
-            s,
-            Change {
-                who: &signed.who.name,
-                address: &address,
-                action: what,
-                outcome,
-                details,
-            },
-        )
-    };
-    if !signed.who.role.may(ops::Action::Change) {
-        details["role"] = serde_json::Value::String(signed.who.role.to_string());
-        details["status"] = serde_json::Value::from(StatusCode::FORBIDDEN.as_u16());
-        record(Outcome::Refused, details).await;
-        tracing::warn!(name = %signed.who.name, "fleet page: {what} refused to the role {}", signed.who.role);
-        return Ok(refused_and_audited(
-            StatusCode::FORBIDDEN,
-            &format!(
-                "refused: you are signed in as {} with the role {}, which may not halt, resume or advance; ask an operator",
-                signed.who.name, signed.who.role
-            ),
-        ));
-    }
-    match source::act(s, &target, action).await? {
-        Ok(()) => {
-            tracing::info!(name = %signed.who.name, "fleet page: {action:?} on {target:?}");
-            record(Outcome::Done, details).await;
-            Ok(Redirect::to("/rollouts").into_response())
+    let step = match step {
+        "halt" => Step::Halt { reason: None },
+        "resume" => Step::Resume,
+        "advance" => Step::Advance,
+        _ => {
+            return Ok(refused(
+                StatusCode::NOT_FOUND,
+                "no such action: the buttons are Halt, Resume and Advance",
+            ));
         }
-        Err(why) => {
-            let mut details = details;
-            details["reason"] = serde_json::Value::String(why.clone());
-            record(Outcome::Refused, details).await;
+    };
+    let (signed, actor) = match posted_by(&page, &headers, request).await? {
+        Ok(v) => v,
+        Err(response) => return Ok(response),
+    };
+    let s = &page.app.inner;
+    match actions::perform(s, &actor, Act::Rollout { target, step }).await {
+        Ok(_) => Ok(Redirect::to("/rollouts").into_response()),
+        Err(ActionError::Refused(Refused::Conflict(why))) => {
             let mut response = rollouts_page(&page, &signed, StatusCode::CONFLICT, &why).await?;
             response
                 .extensions_mut()
                 .insert(crate::routes::refusals::Audited);
             Ok(response)
         }
+        Err(e) => action_failed(e),
     }
 }
 
-/// The Remove button of an agent's page: checked like every POST, operators only,
-/// audited; then the fleet list, without it.
+/// The Remove button of an agent's page: checked like every POST, then the action the
+/// admin API performs; then the fleet list, without it.
 async fn remove_agent(
     State(page): State<Page>,
-    Path(id): Path<String>,
+    Path(agent): Path<String>,
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, Trouble> {
+    let (_, actor) = match posted_by(&page, &headers, request).await? {
+        Ok(v) => v,
+        Err(response) => return Ok(response),
+    };
+    match actions::perform(&page.app.inner, &actor, Act::RemoveAgent { agent }).await {
+        // An agent someone else removed first is gone all the same.
+        Ok(_) | Err(ActionError::Refused(Refused::Unknown(_))) => {
+            Ok(Redirect::to("/agents").into_response())
+        }
+        Err(e) => action_failed(e),
+    }
+}
+
+/// The Override locks button of an agent's page: the agent's update locks no longer
+/// hold off the release the fleet rolls out; back to the agent's page, which shows it.
+async fn override_locks(
+    State(page): State<Page>,
+    Path(agent): Path<String>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    let (_, actor) = match posted_by(&page, &headers, request).await? {
+        Ok(v) => v,
+        Err(response) => return Ok(response),
+    };
+    let back = format!("/agents/{}", query::encode(&agent));
+    match actions::perform(&page.app.inner, &actor, Act::OverrideLocks { agent }).await {
+        Ok(_) => Ok(Redirect::to(&back).into_response()),
+        Err(e) => action_failed(e),
+    }
+}
+
+/// A form's POST checked (session, CSRF, origin): who sent it, as the person signed in
+/// and as the actor of an operator action; or the refusal to answer.
+async fn posted_by(
+    page: &Page,
+    headers: &HeaderMap,
+    request: Request,
+) -> Result<Result<(Signed, Actor), Response>, Trouble> {
     let address = crate::routes::operators::client_address(request.extensions());
     let (host, form) = read_form(request).await;
-    let signed = match check_post(&page, &headers, host.as_deref(), &form).await? {
+    let signed = match check_post(page, headers, host.as_deref(), &form).await? {
         Ok(v) => v,
-        Err(why) => return Ok(refused(StatusCode::FORBIDDEN, why)),
+        Err(why) => return Ok(Err(refused(StatusCode::FORBIDDEN, why))),
     };
-    let s = &page.app.inner;
-    let allowed = signed.who.role.may(ops::Action::Change);
-    let mut details = serde_json::json!({ "via": "page", "agent": id });
-    if !allowed {
-        details["role"] = serde_json::Value::String(signed.who.role.to_string());
-    }
-    let record = |outcome, details| {
-        crate::routes::operators::record(
-            s,
-            Change {
-                who: &signed.who.name,
-                address: &address,
-                action: "agent.remove",
-                outcome,
-                details,
-            },
-        )
+    let actor = Actor {
+        name: signed.who.name.clone(),
+        role: signed.who.role,
+        address,
+        via: Via::Page,
     };
-    if !allowed {
-        record(Outcome::Refused, details).await;
-        return Ok(refused_and_audited(
-            StatusCode::FORBIDDEN,
-            &format!(
-                "refused: you are signed in as {} with the role {}, which may not remove agents; ask an operator",
-                signed.who.name, signed.who.role
-            ),
-        ));
+    Ok(Ok((signed, actor)))
+}
+
+/// An action refused (and already recorded) or failed, as the page answers it.
+fn action_failed(e: ActionError) -> Result<Response, Trouble> {
+    match e {
+        ActionError::Refused(refused) => {
+            let status = match refused {
+                Refused::NotAllowed(_) => StatusCode::FORBIDDEN,
+                Refused::Unknown(_) => StatusCode::NOT_FOUND,
+                Refused::Conflict(_) => StatusCode::CONFLICT,
+                Refused::Invalid(_) => StatusCode::BAD_REQUEST,
+            };
+            Ok(refused_and_audited(status, refused.message()))
+        }
+        ActionError::Fleet(e) => Err(e.into()),
     }
-    let known = s
-        .fleet
-        .revoke(&id, agent_fleet::db::Revocation::Removed)
-        .await?;
-    if known {
-        record(Outcome::Done, details).await;
-        tracing::warn!(agent = %id, name = %signed.who.name, "fleet page: removed the agent from the fleet");
-    }
-    Ok(Redirect::to("/agents").into_response())
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
