@@ -84,7 +84,12 @@ assemble() {
     if [[ -f "$pub" ]]; then
         cp "$pub" "$dist/conf.default/update.pub"
     fi
-    cp installer/README.txt "$dist/README.txt"
+    # What `--help` shows above the options: each system's own paths and commands.
+    if [[ -n "$windows" ]]; then
+        cp installer/windows/README.txt "$dist/README.txt"
+    else
+        cp installer/README.txt "$dist/README.txt"
+    fi
     cp LICENSE "$dist/LICENSE"
 }
 

@@ -71,7 +71,7 @@ pub fn render(install: &Installation, config: &Config) -> String {
             }
             if let Some(told) = crate::told::last(home) {
                 let line = crate::told::describe(&told, state::now_secs());
-                let _ = writeln!(out, "failure:  {line}");
+                let _ = writeln!(out, "{:<9} {line}", crate::told::label(&told));
             }
             out.push_str(&crate::workload::describe(h.workload.as_ref(), alive));
         }

@@ -46,6 +46,18 @@ pub fn last(home: &AgentHome) -> Option<Told> {
     serde_json::from_str(&text).ok()
 }
 
+/// The label of `agent status`'s line: a deferral or a wait is not a failure.
+pub fn label(told: &Told) -> &'static str {
+    use agent_protocol::wire::UpdateStatus;
+    match told.report.status {
+        UpdateStatus::InstallFailed => "failed:",
+        UpdateStatus::Retrying => "retrying:",
+        UpdateStatus::Deferred => "deferred:",
+        UpdateStatus::WaitingWindow => "waiting:",
+        UpdateStatus::Installing | UpdateStatus::Installed => "told:",
+    }
+}
+
 /// `agent status`'s line: what was told, how long ago.
 pub fn describe(told: &Told, now: u64) -> String {
     let r = &told.report;

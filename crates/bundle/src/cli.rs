@@ -33,7 +33,8 @@ pub struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
 
-    /// Install the carried agent as PREFIX/agent (PREFIX defaults to the current directory).
+    /// Install the carried agent as PREFIX/agent (PREFIX defaults to the current
+    /// directory; on Windows to C:\Program Files).
     #[arg(long, value_name = "PREFIX", num_args = 0..=1, default_missing_value = crate::service::DEFAULT_PREFIX, conflicts_with = "update")]
     install: Option<PathBuf>,
 
@@ -619,4 +620,24 @@ fn verify_bundle(bundle: &Path, public_key: &Path, sig: Option<&Path>) -> Result
         &signature,
         &verify::Trust::key(&key),
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    /// `--help` shows the carried README.txt: a Windows bundle's (scripts/build-dist.sh
+    /// packs installer/windows/README.txt for a Windows target) names Windows paths and
+    /// the service, never the Unix wrapper.
+    #[test]
+    fn each_systems_readme_names_its_own_paths_and_commands() {
+        let windows = include_str!("../../../installer/windows/README.txt");
+        let unix = include_str!("../../../installer/README.txt");
+        for unix_only in ["/opt", "agent-wrapper.sh", "--install="] {
+            assert!(
+                !windows.contains(unix_only),
+                "{unix_only} in the Windows README"
+            );
+        }
+        assert!(windows.contains(r"C:\Program Files\agent\bin\agent-service.exe"));
+        assert!(unix.contains("current/bin/agent-wrapper.sh start"));
+    }
 }

@@ -25,6 +25,33 @@ pub fn shown(text: &str, max_chars: usize) -> String {
     out
 }
 
+/// `text` cut to at most `max_chars` characters at the end of a word, with `…` where it
+/// was cut: for a reason a person reads (a halt's, an agent's error in a list). A
+/// single word longer than the bound is cut inside it.
+pub fn cut_at_word(text: &str, max_chars: usize) -> String {
+    let text = text.trim_end();
+    if text.chars().count() <= max_chars {
+        return text.to_owned();
+    }
+    let keep = max_chars.saturating_sub(1);
+    let end = text.char_indices().nth(keep).map_or(text.len(), |(i, _)| i);
+    let head = &text[..end];
+    // The next character decides whether the last word was whole.
+    let whole = text[end..].starts_with(char::is_whitespace);
+    let cut = if whole {
+        head
+    } else {
+        match head.rfind(char::is_whitespace) {
+            Some(space) if space > 0 => &head[..space],
+            _ => head,
+        }
+    };
+    format!(
+        "{}…",
+        cut.trim_end_matches(|c: char| c.is_whitespace() || c == ',' || c == ';')
+    )
+}
+
 /// `text` cut to at most `max_bytes` bytes at a character boundary (nothing escaped):
 /// for a field a peer bounds by size.
 pub fn cut_to_bytes(text: &str, max_bytes: usize) -> &str {
@@ -41,6 +68,18 @@ pub fn cut_to_bytes(text: &str, max_bytes: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reason_is_cut_after_a_whole_word() {
+        assert_eq!(cut_at_word("short", 10), "short");
+        assert_eq!(
+            cut_at_word("the disk is full, try again", 14),
+            "the disk is…"
+        );
+        assert_eq!(cut_at_word("the disk is full", 12), "the disk is…");
+        assert_eq!(cut_at_word("abcdefghijkl", 5), "abcd…");
+        assert!(cut_at_word(&"word ".repeat(100), 160).chars().count() <= 160);
+    }
 
     #[test]
     fn control_characters_are_escaped() {

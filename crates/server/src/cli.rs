@@ -201,8 +201,8 @@ pub fn render_status(status: &Value) -> String {
         .cloned()
         .unwrap_or_default();
     let previous = match status.get("previous").and_then(Value::as_str) {
-        Some(p) => format!("previous {p}"),
-        None => "no previous version".to_owned(),
+        Some(p) => format!("after {p}, the last completed rollout"),
+        None => "the first rollout".to_owned(),
     };
     let _ = writeln!(
         out,
@@ -630,11 +630,12 @@ pub fn render_agents(list: &Value) -> String {
             "" => "default",
             g => g,
         };
+        // As the page says it: no update asked of this agent yet.
         let status = match text(a, "update_status") {
-            "" => "-",
+            "" => "NONE",
             s => s,
         };
-        let error: String = text(a, "update_error").chars().take(60).collect();
+        let error = agent_protocol::shown::cut_at_word(text(a, "update_error"), 60);
         let _ = writeln!(
             out,
             "{:<36}  {:<20} {:<16} {:<10} {:<15} {:<29} {:<24} {}",

@@ -728,7 +728,7 @@ pub async fn progress<S: Subject>(
         } else {
             format!("{name} ({id})")
         };
-        let error: String = error.chars().take(160).collect();
+        let error = agent_protocol::shown::cut_at_word(&error, 160);
         if error.is_empty() {
             format!("{who} {outcome}")
         } else {

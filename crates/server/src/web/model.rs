@@ -111,17 +111,29 @@ pub fn is_stale(last_contact: i64, heartbeat: Duration, now: i64) -> bool {
     silent > 0 && silent.unsigned_abs() > allowed
 }
 
-/// "42 s ago", "5 min ago", "3 h ago", "2 d ago": how long ago `then` was.
+/// "42 s ago", "5 min ago", "3 h ago", "2 d ago": how long ago `then` was; a time to
+/// come reads "in 3 h" (a window's opening), and a few seconds ahead (another server's
+/// clock) "just now".
 pub fn ago(then: i64, now: i64) -> String {
     let secs = now.saturating_sub(then);
+    if secs < -CLOCK_SLACK_SECS {
+        return format!("in {}", span(secs.saturating_neg()));
+    }
     if secs < 0 {
         return "just now".to_owned();
     }
+    format!("{} ago", span(secs))
+}
+
+/// How far apart two servers' clocks may be before a time reads as the future.
+const CLOCK_SLACK_SECS: i64 = 5;
+
+fn span(secs: i64) -> String {
     match secs {
-        0..60 => format!("{secs} s ago"),
-        60..3600 => format!("{} min ago", secs / 60),
-        3600..86_400 => format!("{} h ago", secs / 3600),
-        _ => format!("{} d ago", secs / 86_400),
+        0..60 => format!("{secs} s"),
+        60..3600 => format!("{} min", secs / 60),
+        3600..86_400 => format!("{} h", secs / 3600),
+        _ => format!("{} d", secs / 86_400),
     }
 }
 
@@ -211,7 +223,8 @@ mod tests {
         assert_eq!(ago(0, 300), "5 min ago");
         assert_eq!(ago(0, 3 * 3600 + 5), "3 h ago");
         assert_eq!(ago(0, 2 * 86_400), "2 d ago");
-        assert_eq!(ago(200, 100), "just now");
+        assert_eq!(ago(103, 100), "just now");
+        assert_eq!(ago(100 + 3 * 3600, 100), "in 3 h");
     }
 
     #[test]

@@ -155,6 +155,17 @@ pub struct EventView {
     pub server: String,
 }
 
+/// An agent as a person tells it from the others: its name (the host's) and the
+/// start of its id, since several agents may run on one host; its id alone when it has
+/// no name.
+pub fn named(name: &str, id: &str) -> String {
+    if name.is_empty() {
+        return id.to_owned();
+    }
+    let short: String = id.chars().take(8).collect();
+    format!("{name} · {short}")
+}
+
 fn ms_to_secs(ms: i64) -> f64 {
     ms as f64 / 1000.0
 }
@@ -317,11 +328,7 @@ impl OverviewPage {
                 .failures
                 .iter()
                 .map(|f: &Failure| FailureRow {
-                    name: if f.name.is_empty() {
-                        f.id.clone()
-                    } else {
-                        f.name.clone()
-                    },
+                    name: named(&f.name, &f.id),
                     href: agent_href(&f.id),
                     kind: f.kind,
                     status: f.status.clone(),
@@ -364,6 +371,7 @@ impl AgentView {
     pub fn new(a: &Agent, heartbeat: std::time::Duration, now: i64) -> Self {
         Self {
             id: a.id.clone(),
+            // The list has an id column beside the name.
             name: if a.name.is_empty() {
                 a.id.clone()
             } else {
