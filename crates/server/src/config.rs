@@ -366,8 +366,8 @@ impl Config {
     }
 
     /// The clocks every connection is held to.
-    pub fn timeouts(&self) -> crate::conn::Timeouts {
-        crate::conn::Timeouts {
+    pub fn timeouts(&self) -> crate::transport::conn::Timeouts {
+        crate::transport::conn::Timeouts {
             header: std::time::Duration::from_secs(self.server.header_timeout),
             idle: std::time::Duration::from_secs(self.server.idle_timeout),
             stall: std::time::Duration::from_secs(self.downloads.stall_timeout),

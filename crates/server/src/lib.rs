@@ -13,22 +13,18 @@
 pub mod actions;
 pub mod cli;
 pub mod config;
-pub mod conn;
 pub mod deltas;
 pub mod error;
-pub mod held;
-pub mod limiter;
 pub mod maintenance;
 pub mod metrics;
 pub mod opamp;
-pub mod pacer;
 pub mod panics;
 pub mod refusal;
 pub mod releases;
 pub mod routes;
 pub mod state;
 pub mod store;
-pub mod tls;
+pub mod transport;
 pub mod web;
 
 use std::future::Future;
@@ -41,6 +37,7 @@ use agent_fleet::db::Db;
 use agent_fleet::outage::Outage;
 use agent_fleet::{Fleet, rollout};
 use agent_protocol::minisign::PublicKey;
+use transport::{conn, pacer, tls};
 
 pub use config::Config;
 pub use error::ServerError;

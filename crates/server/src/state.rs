@@ -12,10 +12,10 @@ use agent_opamp::uid::InstanceUid;
 use agent_protocol::AcceptPolicy;
 
 use crate::deltas::Deltas;
-use crate::limiter::DownloadLimiter;
 use crate::metrics::Metrics;
-use crate::pacer::Pacer;
 use crate::store::BundleStore;
+use crate::transport::limiter::DownloadLimiter;
+use crate::transport::pacer::Pacer;
 
 /// Everything the handlers share.
 #[derive(Clone)]

@@ -7,9 +7,93 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::Subcommand;
 use serde_json::Value;
 
-use super::{AdminClient, date, text};
+use super::AdminClient;
+use super::table::{date, text};
+
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+pub enum Release {
+    /// Upload a release: each agent-bundle-<v>[-<target>][.exe] with its .minisig.
+    Publish {
+        /// Directories (their agent-bundle-* files) or files.
+        #[arg(required = true, value_name = "DIR|FILE")]
+        paths: Vec<PathBuf>,
+    },
+    /// The current release and the ones kept before it.
+    List,
+    /// Make a kept release the target again, with fresh signatures over its bytes
+    /// (`agent-bundle sign --key K FILE…`).
+    Rollback {
+        /// The kept release, `<version>+<build>`.
+        #[arg(long, value_name = "VERSION+BUILD")]
+        to: String,
+        /// The directory of its fresh .minisig files.
+        #[arg(long, value_name = "DIR")]
+        signatures: PathBuf,
+    },
+    /// Write the current release's files (or a kept one's) into a directory.
+    Export {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// A kept release, `<version>+<build>`, rather than the current one.
+        #[arg(long, value_name = "VERSION+BUILD")]
+        release: Option<String>,
+    },
+}
+
+impl Release {
+    pub(super) async fn run(&self, client: &AdminClient, json: bool) -> anyhow::Result<()> {
+        let (answer, said) = match self {
+            Release::Publish { paths } => {
+                let files = release_files(paths)?;
+                let answer = client.publish(&files).await?;
+                let said = format!(
+                    "published release {} ({}); every server of the fleet serves it, and the rollout starts under [rollout]",
+                    answer["id"].as_str().unwrap_or("?"),
+                    answer["platforms"]
+                        .as_array()
+                        .map(|p| p
+                            .iter()
+                            .filter_map(|v| v.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "))
+                        .unwrap_or_default()
+                );
+                (answer, said)
+            }
+            Release::List => {
+                let answer = client.releases().await?;
+                let said = render_releases(&answer);
+                (answer, said.trim_end().to_owned())
+            }
+            Release::Rollback { to, signatures } => {
+                let answer = client.rollback(to, signatures).await?;
+                let said = format!(
+                    "release {to} is the target again; agents that keep it switch back without downloading (update-server rollout status follows it)"
+                );
+                (answer, said)
+            }
+            Release::Export { out, release } => {
+                let written = client.export(out, release.as_deref()).await?;
+                let said = format!(
+                    "wrote {} files into {}; `update-server release publish {}` takes them on another server",
+                    written.len(),
+                    out.display(),
+                    out.display()
+                );
+                (serde_json::json!({ "files": written }), said)
+            }
+        };
+        if json {
+            super::print_json(&answer)
+        } else {
+            println!("{said}");
+            Ok(())
+        }
+    }
+}
 
 /// How long a release's upload or one file's export may take.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(600);

@@ -211,7 +211,7 @@ pub(super) struct Hold {
 /// until the answer is news to the agent, `wait` (at most `agents.max-wait`) runs out,
 /// or the server stops. While it waits it costs a task and a watch receiver: it is
 /// woken by [`agent_fleet::news`], never by reading the database. An agent whose wave
-/// opened is told when [`crate::pacer`] gives it its turn; its re-held connects are
+/// opened is told when [`crate::transport::pacer`] gives it its turn; its re-held connects are
 /// checked against the token it proved before and its contact goes with the next
 /// batch, so holding a fleet costs the database a commit a second.
 pub(super) async fn connect(
@@ -246,7 +246,7 @@ pub(super) async fn connect(
             () = tokio::time::sleep_until(deadline) => break,
             _ = closing.wait_for(|c| *c) => break,
         }
-        // Its wave opened: it waits for its turn to be told (see `crate::pacer`), so
+        // Its wave opened: it waits for its turn to be told (see `crate::transport::pacer`), so
         // that a wave of thousands starts downloads the server can serve.
         if matches!(greeting, Greeting::Accepted { .. })
             && s.fleet.rollouts.would_refuse(

@@ -22,10 +22,10 @@ use futures_util::Stream;
 
 use super::{AppState, ready, unavailable};
 use crate::error::ApiError;
-use crate::limiter::Slot;
 use crate::metrics::{Metrics, Sent, inc};
 use crate::state::Shared;
 use crate::store::{Release, ServedBundle};
+use crate::transport::limiter::Slot;
 use serde::Deserialize;
 
 /// Size of the pieces a bundle body is sent in (slices of the mapped file, not copies).

@@ -20,8 +20,8 @@ use agent_fleet::operators::{Action, BOOTSTRAP, Operator, Role};
 
 use super::{AppState, Shared, json_body};
 use crate::actions::{Actor, Via};
-use crate::conn::ClientAddr;
 use crate::error::ApiError;
+use crate::transport::conn::ClientAddr;
 
 /// The name refused calls without a valid token are recorded under.
 pub const NOBODY: &str = "-";

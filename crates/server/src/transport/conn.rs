@@ -33,8 +33,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
-use crate::held;
 use crate::metrics::{Metrics, inc};
+use crate::transport::held;
 
 /// Largest request head (request line and headers) a client may send.
 pub const MAX_HEAD: usize = 16 * 1024;
@@ -527,7 +527,7 @@ async fn serve_io<I>(
     let _ = watcher.watch(conn).await;
 }
 
-/// Serves a plain connection: agents' API requests here (see `crate::held`: a held connect
+/// Serves a plain connection: agents' API requests here (see `crate::transport::held`: a held connect
 /// keeps no buffers), and from its first other request on, everything through hyper.
 async fn serve_plain(
     builder: auto::Builder<TokioExecutor>,
@@ -879,7 +879,7 @@ mod tests {
 }
 #[cfg(test)]
 mod served_beside_hyper {
-    //! The agents' requests taken off hyper (`crate::held`), over real sockets.
+    //! The agents' requests taken off hyper (`crate::transport::held`), over real sockets.
 
     use std::sync::atomic::AtomicBool;
 
