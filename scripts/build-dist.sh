@@ -103,7 +103,7 @@ fi
 
 # Each target's bundle is its own platform's executable: its stub is agent-bundle built
 # for that target, and its properties and signature name the target. ring has C code,
-# so each target needs a C compiler for it (README.md, "Keys and signing").
+# so each target needs a C compiler for it (docs/releases.md, "Keys and signing").
 for target in "${targets[@]}"; do
     case "$target" in
     x86_64-unknown-linux-musl) export CC_x86_64_unknown_linux_musl=${CC_x86_64_unknown_linux_musl:-musl-gcc} ;;

@@ -1,8 +1,8 @@
 //! Remote configuration of a real fleet: real agents running Debian's node exporter as
-//! their workload (README, "Configuring the fleet"), a real update-server, sets pushed
-//! as an operator would. A set turning on the exporter's basic auth reaches every agent
-//! and is seen from outside (`/metrics` asks for a password); a group's set reaches only
-//! that group; a set the exporter cannot start with is refused in the exporter's own
+//! their workload (docs/workload.md, "Configuring the fleet"), a real update-server, sets
+//! pushed as an operator would. A set turning on the exporter's basic auth reaches every
+//! agent and is seen from outside (`/metrics` asks for a password); a group's set reaches
+//! only that group; a set the exporter cannot start with is refused in the exporter's own
 //! words, undone, and halts its config rollout after the first wave; an agent killed at
 //! random moments of applying always comes back on one complete set with one exporter.
 
@@ -44,7 +44,7 @@ fn web_config_with_auth() -> String {
     format!("basic_auth_users:\n  {USER}: {BCRYPT}\n")
 }
 
-/// The `[workload]` of README's example: the exporter reads its web configuration and
+/// The `[workload]` of that example: the exporter reads its web configuration and
 /// its textfile metrics from `config-dir`. Healthy while it answers at all, `200` or `401`:
 /// a set may turn authentication on.
 fn workload_toml(port: u16) -> String {

@@ -1,8 +1,9 @@
-//! Networks end to end (DESIGN.md, "Networks"): agents behind Debian's squid (with a
-//! user and password, from `server.proxy` and from `HTTPS_PROXY`) talking to an HTTPS
-//! server with a pinned CA, `NO_PROXY` and `proxy = "none"`, a proxy that refuses the
-//! credentials, a proxy that goes away; and bundle bytes from an nginx download source,
-//! with a corrupted copy, a missing one and a stalled source falling back to the server.
+//! Networks end to end (docs/install.md, "Networks: proxies and download sources"):
+//! agents behind Debian's squid (with a user and password, from `server.proxy` and from
+//! `HTTPS_PROXY`) talking to an HTTPS server with a pinned CA, `NO_PROXY` and
+//! `proxy = "none"`, a proxy that refuses the credentials, a proxy that goes away; and
+//! bundle bytes from an nginx download source, with a corrupted copy, a missing one and a
+//! stalled source falling back to the server.
 
 use std::fs;
 use std::path::{Path, PathBuf};

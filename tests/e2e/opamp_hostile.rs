@@ -1,7 +1,8 @@
 //! OpAMP clients that break the protocol's rules or hold the server's resources: a
 //! `sequence_num` gap, a second agent claiming a live agent's instance_uid, and a
-//! thousand WebSockets that open and say nothing. Each is answered as DESIGN.md says
-//! ("OpAMP"), in bounded memory, while well-behaved agents are served.
+//! thousand WebSockets that open and say nothing. Each is answered as docs/opamp.md says
+//! ("What the server owes the protocol"), in bounded memory, while well-behaved agents
+//! are served.
 
 use std::time::{Duration, Instant};
 

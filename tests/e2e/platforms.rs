@@ -1,11 +1,11 @@
-//! Releases of several platforms (DESIGN.md, "Platforms"): one server, one rollout, each
-//! machine gets the bundle it runs. The fleet is three real agents, each installed from
-//! its own platform's bundle: x86_64 glibc, x86_64 static musl, and aarch64 glibc run by
-//! qemu-user through binfmt_misc (`scripts/test.sh` builds it and registers qemu). A
-//! plain download of a release of several is refused with the platforms and how to ask;
-//! a platform the release lacks is `NO_BUNDLE`, not a failure, and does not hold the
-//! rollout up; a broken bundle of one platform rolls back on that platform's machines
-//! and counts as their wave's failure.
+//! Releases of several platforms (docs/releases.md, "Releases of several platforms"): one
+//! server, one rollout, each machine gets the bundle it runs. The fleet is three real
+//! agents, each installed from its own platform's bundle: x86_64 glibc, x86_64 static
+//! musl, and aarch64 glibc run by qemu-user through binfmt_misc (`scripts/test.sh` builds
+//! it and registers qemu). A plain download of a release of several is refused with the
+//! platforms and how to ask; a platform the release lacks is `NO_BUNDLE`, not a failure,
+//! and does not hold the rollout up; a broken bundle of one platform rolls back on that
+//! platform's machines and counts as their wave's failure.
 
 use std::fs;
 use std::path::{Path, PathBuf};

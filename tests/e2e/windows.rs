@@ -1,7 +1,8 @@
-//! Windows machines (DESIGN.md, "Windows"), under Wine: the bundle installs the agent as
-//! a Windows service, the agent registers with its platform, a new release updates it
-//! through the service, a release whose agent cannot run rolls back, a killed agent is
-//! restarted by the service, and stopping the service leaves nothing running.
+//! Windows machines (docs/install.md, "Windows machines"), under Wine: the bundle
+//! installs the agent as a Windows service, the agent registers with its platform, a new
+//! release updates it through the service, a release whose agent cannot run rolls back, a
+//! killed agent is restarted by the service, and stopping the service leaves nothing
+//! running.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,8 @@
-//! Windows machines under Wine (DESIGN.md, "Windows"): one Wine prefix made once under
-//! `target/` and shared by every test (each test installs under its own directory and
-//! registers its own service name), kept up by `wineserver -p`, with the `ProcessPrng`
-//! shim that Rust's std needs under Wine 8. The shim is test equipment, never shipped.
+//! Windows machines under Wine (docs/install.md, "Windows machines"): one Wine prefix
+//! made once under `target/` and shared by every test (each test installs under its own
+//! directory and registers its own service name), kept up by `wineserver -p`, with the
+//! `ProcessPrng` shim that Rust's std needs under Wine 8. The shim is test equipment,
+//! never shipped.
 
 use std::fs;
 use std::path::{Path, PathBuf};

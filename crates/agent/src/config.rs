@@ -125,7 +125,8 @@ pub struct UpdateSection {
     pub max_defer: Duration,
 }
 
-/// The operator's program the agent runs and supervises (DESIGN.md, "The workload").
+/// The operator's program the agent runs and supervises (docs/workload.md, "Shipping
+/// your program").
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct WorkloadSection {

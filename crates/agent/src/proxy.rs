@@ -1,5 +1,5 @@
 //! Which HTTP proxy the agent's traffic goes through, decided once from `server.proxy` and
-//! the environment (DESIGN.md, "Networks").
+//! the environment (docs/install.md, "Networks: proxies and download sources").
 //!
 //! - `server.proxy = "http://[user:password@]host:port"`: every request goes through it
 //!   and the environment is not read.

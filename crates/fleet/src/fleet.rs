@@ -35,7 +35,8 @@ use crate::settings;
 /// How often the drain looks at the database while it is away (and at the spool).
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the fleet-wide settings are read again: a change made on another server
-/// is in force here within this (DESIGN.md asks for 5 s).
+/// is in force here within this (docs/operations.md, "Several servers, one fleet",
+/// promises 5 s).
 pub const SETTINGS_INTERVAL: Duration = Duration::from_secs(2);
 /// How long a known agent's contact may wait in memory before it is written: the
 /// `last_contact` another server (or the database itself) sees is at most this late.

@@ -130,7 +130,7 @@ pub fn content_type_for(name: &str) -> &'static str {
     }
 }
 
-/// The `agent` bundle as offered to OpAMP agents (DESIGN.md "OpAMP").
+/// The `agent` bundle as offered to OpAMP agents (docs/opamp.md, "OpAMP agents").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentPackage {
     /// `VERSION+BUILD` of the bundle.

@@ -1,6 +1,7 @@
-//! Configuration sets: the workload's files that the server hands to agents (DESIGN.md,
-//! "Remote configuration"). What a set may contain, and its hash, are defined here once
-//! so that the server that stores a set and the agent that applies it agree.
+//! Configuration sets: the workload's files that the server hands to agents
+//! (docs/workload.md, "Configuring the fleet"). What a set may contain, and its hash, are
+//! defined here once so that the server that stores a set and the agent that applies it
+//! agree.
 //!
 //! A set is a map of plain file names to UTF-8 text. A name is one path component:
 //! not empty, not `.` or `..`, no `/`, no `\`, no NUL, at most [`MAX_NAME`] bytes. A set

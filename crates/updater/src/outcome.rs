@@ -1,8 +1,9 @@
 //! What to do after a failure, decided from what was observed: pure functions, so that
 //! every way out of the updater is unit tested without processes or disks.
 //!
-//! The rule they serve (DESIGN, step 7): whatever fails, an agent runs again within
-//! seconds, and a state file that cannot be written is never the reason it does not.
+//! The rule they serve (docs/design.md, "The update, and what is kept", step 7):
+//! whatever fails, an agent runs again within seconds, and a state file that cannot be
+//! written is never the reason it does not.
 
 use std::time::{Duration, UNIX_EPOCH};
 

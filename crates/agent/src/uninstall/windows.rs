@@ -1,5 +1,5 @@
-//! The Windows service `--install` registered (DESIGN.md, "Windows"), removed by its
-//! own program, `bin\agent-service.exe uninstall`.
+//! The Windows service `--install` registered (docs/install.md, "Windows machines"),
+//! removed by its own program, `bin\agent-service.exe uninstall`.
 
 use std::process::{Command, Stdio};
 

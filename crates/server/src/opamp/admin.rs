@@ -1,6 +1,6 @@
 //! What `/admin/agents` shows of an agent's protocol: `"protocol"` on every row and,
 //! for OpAMP agents, their description, health, effective configuration hash and
-//! remote configuration status (DESIGN.md "OpAMP").
+//! remote configuration status (docs/opamp.md, "OpAMP agents").
 
 use agent_fleet::opamp::{PROTOCOL_NATIVE, PROTOCOL_OPAMP, StoredOpamp};
 use agent_opamp::view::AgentView;

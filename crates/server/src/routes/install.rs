@@ -1,5 +1,5 @@
 //! `GET /install.sh`: the script that joins a machine to the fleet in one command
-//! (DESIGN.md, "Joining a machine in one command"), and the enrollment check it makes
+//! (docs/install.md, "Provisioning a machine"), and the enrollment check it makes
 //! before it installs anything.
 //!
 //! The script is written per request from what this server serves now: its public URL,

@@ -1,4 +1,5 @@
-//! The HTTP interface of DESIGN.md, as an axum `Router` that tests drive without a socket.
+//! The HTTP interface (docs/reference/admin-api.md), as an axum `Router` that tests
+//! drive without a socket.
 //! By area: [`download`] (version, bundle, signature), [`delta`] (deltas between bundles), [`agents`] (register, connect,
 //! report: the version directive, and the configuration set to run), [`config`]
 //! (configuration sets, `/agent/config-status`) and [`admin`] (settings, agents,

@@ -1,6 +1,6 @@
-//! The fleet page: `GET /` and its few addresses, for people, in a browser (DESIGN.md,
-//! "The fleet page"). Server-rendered HTML from templates compiled into the binary, one
-//! stylesheet served from here, no script at all.
+//! The fleet page: `GET /` and its few addresses, for people, in a browser
+//! (docs/operations.md, "The fleet page"). Server-rendered HTML from templates compiled
+//! into the binary, one stylesheet served from here, no script at all.
 //!
 //! It owns the sessions of signed-in people and the checks on them (sign-in with the
 //! admin token, a session cookie, a CSRF token on every form). It never decides anything
