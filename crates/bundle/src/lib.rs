@@ -11,6 +11,7 @@
 //! outside the prefix or output directory it was given.
 
 pub mod cli;
+pub mod commands;
 pub mod error;
 pub mod install;
 pub mod keygen;

@@ -162,6 +162,8 @@ mod tests {
         );
     }
 
+    /// Unix: "executable" is a mode bit (on Windows, the name's extension).
+    #[cfg(unix)]
     #[test]
     fn the_program_is_found_or_named_with_what_to_do() {
         use std::os::unix::fs::PermissionsExt;
