@@ -907,7 +907,8 @@ impl Transaction<'_> {
 }
 
 /// The layout these tests build is Unix's (`current` a symlink; on Windows a file).
-#[cfg(all(test, unix))]
+#[cfg(test)]
+#[cfg(unix)]
 mod exit_paths;
 /// A workload's failure with the last lines it wrote, so the report says why.
 fn with_workload_log(home: &AgentHome, reason: String) -> String {
