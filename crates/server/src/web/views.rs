@@ -37,21 +37,21 @@ pub fn agent_href(id: &str) -> String {
 #[derive(Template)]
 #[template(path = "signin.html")]
 pub struct SignIn {
-    pub title: &'static str,
-    pub csrf: String,
-    pub server_version: &'static str,
-    pub now_utc: String,
+    /// The layout's: title, CSRF token, version, the time.
+    pub frame: Frame,
     pub signin_csrf: String,
     pub message: String,
 }
 
 impl SignIn {
     pub fn new(frame: Frame, signin_csrf: String, message: &str) -> Self {
-        Self {
-            title: frame.title,
+        // Signed out: the page's own forms are not shown.
+        let frame = Frame {
             csrf: String::new(),
-            server_version: frame.server_version,
-            now_utc: frame.now_utc,
+            ..frame
+        };
+        Self {
+            frame,
             signin_csrf,
             message: message.to_owned(),
         }
@@ -61,20 +61,15 @@ impl SignIn {
 #[derive(Template)]
 #[template(path = "message.html")]
 pub struct Message {
-    pub title: &'static str,
-    pub csrf: String,
-    pub server_version: &'static str,
-    pub now_utc: String,
+    /// The layout's: title, CSRF token, version, the time.
+    pub frame: Frame,
     pub message: String,
 }
 
 impl Message {
     pub fn new(frame: Frame, message: &str) -> Self {
         Self {
-            title: frame.title,
-            csrf: frame.csrf,
-            server_version: frame.server_version,
-            now_utc: frame.now_utc,
+            frame,
             message: message.to_owned(),
         }
     }
@@ -278,10 +273,8 @@ impl ConfigView {
 #[derive(Template)]
 #[template(path = "overview.html")]
 pub struct OverviewPage {
-    pub title: &'static str,
-    pub csrf: String,
-    pub server_version: &'static str,
-    pub now_utc: String,
+    /// The layout's: title, CSRF token, version, the time.
+    pub frame: Frame,
     pub total: usize,
     pub stale: usize,
     pub stale_after: String,
@@ -308,10 +301,7 @@ impl OverviewPage {
         now: i64,
     ) -> Self {
         Self {
-            title: frame.title,
-            csrf: frame.csrf,
-            server_version: frame.server_version,
-            now_utc: frame.now_utc,
+            frame,
             configs: configs.into_iter().filter(ConfigView::live).collect(),
             total: o.total,
             stale: o.stale,
@@ -408,10 +398,8 @@ impl AgentView {
 #[derive(Template)]
 #[template(path = "agents.html")]
 pub struct AgentsPage {
-    pub title: &'static str,
-    pub csrf: String,
-    pub server_version: &'static str,
-    pub now_utc: String,
+    /// The layout's: title, CSRF token, version, the time.
+    pub frame: Frame,
     pub query: AgentQuery,
     pub filtered: bool,
     pub versions: Vec<String>,
@@ -483,10 +471,7 @@ impl AgentsPage {
             }
         };
         Self {
-            title: frame.title,
-            csrf: frame.csrf,
-            server_version: frame.server_version,
-            now_utc: frame.now_utc,
+            frame,
             filtered: query.filtered(),
             versions: choices.versions,
             statuses: choices.statuses,
@@ -531,10 +516,8 @@ pub struct HistoryView {
 #[derive(Template)]
 #[template(path = "agent.html")]
 pub struct AgentPage {
-    pub title: &'static str,
-    pub csrf: String,
-    pub server_version: &'static str,
-    pub now_utc: String,
+    /// The layout's: title, CSRF token, version, the time.
+    pub frame: Frame,
     pub a: AgentView,
     pub history: Vec<HistoryView>,
 }
@@ -542,10 +525,7 @@ pub struct AgentPage {
 impl AgentPage {
     pub fn new(frame: Frame, a: AgentView, history: &[HistoryLine], now: i64) -> Self {
         Self {
-            title: frame.title,
-            csrf: frame.csrf,
-            server_version: frame.server_version,
-            now_utc: frame.now_utc,
+            frame,
             a,
             history: history
                 .iter()
@@ -566,10 +546,8 @@ impl AgentPage {
 #[derive(Template)]
 #[template(path = "rollouts.html")]
 pub struct RolloutsPage {
-    pub title: &'static str,
-    pub csrf: String,
-    pub server_version: &'static str,
-    pub now_utc: String,
+    /// The layout's: title, CSRF token, version, the time.
+    pub frame: Frame,
     pub message: String,
     pub rollout: Option<RolloutView>,
     pub configs: Vec<ConfigView>,
@@ -657,10 +635,7 @@ impl RolloutsPage {
         message: &str,
     ) -> Self {
         Self {
-            title: frame.title,
-            csrf: frame.csrf,
-            server_version: frame.server_version,
-            now_utc: frame.now_utc,
+            frame,
             message: message.to_owned(),
             rollout,
             configs,
@@ -688,10 +663,8 @@ pub struct AuditLine {
 #[derive(Template)]
 #[template(path = "audit.html")]
 pub struct AuditPage {
-    pub title: &'static str,
-    pub csrf: String,
-    pub server_version: &'static str,
-    pub now_utc: String,
+    /// The layout's: title, CSRF token, version, the time.
+    pub frame: Frame,
     pub who: String,
     pub action: String,
     pub total: i64,
@@ -721,10 +694,7 @@ impl AuditPage {
         };
         let last = (total + AUDIT_PER_PAGE - 1) / AUDIT_PER_PAGE;
         Self {
-            title: frame.title,
-            csrf: frame.csrf,
-            server_version: frame.server_version,
-            now_utc: frame.now_utc,
+            frame,
             prev: if filter.page > 1 {
                 href(filter.page - 1)
             } else {
