@@ -12,6 +12,7 @@
 //! It never writes a file except the `--json` summary it is asked for.
 
 pub mod agent;
+pub mod cli;
 pub mod opamp;
 pub mod stats;
 
