@@ -155,6 +155,11 @@ impl Fleet {
         crate::operators::Operators::new(self.db.clone())
     }
 
+    /// The fleet page's signed-in sessions.
+    pub fn sessions(&self) -> crate::sessions::Sessions {
+        crate::sessions::Sessions::new(self.db.clone())
+    }
+
     /// The audit log.
     pub fn audit(&self) -> crate::audit::Audit {
         crate::audit::Audit::new(self.db.clone())

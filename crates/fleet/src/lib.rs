@@ -31,6 +31,7 @@ pub mod outage;
 pub mod releases;
 pub mod rollout;
 pub mod selector;
+pub mod sessions;
 pub mod settings;
 
 pub use error::FleetError;

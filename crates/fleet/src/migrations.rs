@@ -39,6 +39,7 @@ migrations!(
     "0009_leaving",
     "0010_releases",
     "0011_labels",
+    "0012_page_sessions",
 );
 
 /// One backend's migrations, as a source for sqlx's `Migrator`.
@@ -114,7 +115,7 @@ mod tests {
                 read.iter().map(key).collect::<Vec<_>>(),
                 "{dir}"
             );
-            assert_eq!(embedded.len(), 11, "{dir}");
+            assert_eq!(embedded.len(), 12, "{dir}");
         }
     }
 

@@ -2,14 +2,15 @@
 //! (docs/operations.md, "The fleet page"). Server-rendered HTML from templates compiled
 //! into the binary, one stylesheet served from here, no script at all.
 //!
-//! It owns the sessions of signed-in people and the checks on them (sign-in with the
-//! admin token, a session cookie, a CSRF token on every form). It never decides anything
-//! about the fleet: it reads the rows the admin API lists ([`source`]) and its buttons
+//! It signs people in and checks them (sign-in with the admin token, a session cookie,
+//! a CSRF token on every form); the sessions themselves are kept in the fleet database
+//! ([`agent_fleet::sessions`]), so a restart signs no one out. It never decides
+//! anything about the fleet: it reads the rows the admin API lists ([`source`]) and its buttons
 //! call the functions the admin API calls. Every string an agent sent is untrusted text;
 //! the templates escape it and the Content-Security-Policy forbids any script.
 //!
 //! Pure parts: [`model`] (the row, staleness), [`overview`] (counts), [`query`]
-//! (filters, paging), [`session`] (sessions, CSRF, origins), [`views`] (templates).
+//! (filters, paging), [`session`] (cookies, CSRF, origins), [`views`] (templates).
 
 pub mod model;
 pub mod overview;
@@ -22,7 +23,7 @@ pub mod words;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use askama::Template;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
@@ -32,13 +33,13 @@ use axum::routing::{get, post};
 use axum::{Form, Router};
 
 use agent_fleet::FleetError;
-use agent_fleet::db::now_secs;
+use agent_fleet::db::{now_ms, now_secs};
 
 use crate::actions::{self, Act, ActionError, Actor, Refused, Step, Target, Via};
 use crate::error::ApiError;
 use crate::state::AppState;
 use agent_fleet::operators::{self as ops, Role};
-use session::{COOKIE, CSRF_FIELD, SIGNIN_COOKIE, Sessions, SignedIn};
+use session::{COOKIE, CSRF_FIELD, SIGNIN_COOKIE, SignedIn};
 use views::Frame;
 
 /// What the page needs from the server's configuration.
@@ -67,7 +68,6 @@ const STYLESHEET: &str = include_str!("../../static/fleet.css");
 #[derive(Clone)]
 struct Page {
     app: AppState,
-    sessions: Arc<Sessions>,
     /// Held while a wrong token waits, so that guesses are answered one at a time.
     wrong_tries: Arc<tokio::sync::Mutex<()>>,
     options: Arc<Options>,
@@ -81,7 +81,6 @@ pub fn router(app: AppState, options: Options) -> Router {
     );
     let page = Page {
         app,
-        sessions: Arc::default(),
         wrong_tries: Arc::default(),
         options: Arc::new(options),
     };
@@ -203,7 +202,9 @@ async fn signed_in(page: &Page, headers: &HeaderMap) -> Result<Option<Signed>, T
     else {
         return Ok(None);
     };
-    let Some((csrf, who)) = page.sessions.check(id, Instant::now()) else {
+    let sessions = page.app.inner.fleet.sessions();
+    let Some(agent_fleet::sessions::Session { csrf, who }) = sessions.check(id, now_ms()).await?
+    else {
         return Ok(None);
     };
     if let Some(hash) = &who.token_hash
@@ -216,7 +217,7 @@ async fn signed_in(page: &Page, headers: &HeaderMap) -> Result<Option<Signed>, T
             .await?
             .is_none()
     {
-        page.sessions.end(id);
+        sessions.end(id).await?;
         tracing::info!(name = %who.name, "fleet page: a session of a revoked token ended");
         return Ok(None);
     }
@@ -351,7 +352,10 @@ async fn sign_in(State(page): State<Page>, headers: HeaderMap, request: Request)
         );
     };
     tracing::info!(name = %who.name, role = %who.role, "fleet page: signed in");
-    let (id, _) = page.sessions.start(Instant::now(), who);
+    let (id, _) = match page.app.inner.fleet.sessions().start(&who, now_ms()).await {
+        Ok(started) => started,
+        Err(e) => return Trouble::from(e).into_response(),
+    };
     let mut response = Redirect::to("/").into_response();
     for cookie in [
         session::set_cookie(COOKIE, &id, session::MAX_AGE, page.options.secure),
@@ -412,7 +416,9 @@ async fn sign_out(State(page): State<Page>, headers: HeaderMap, request: Request
         Ok(Err(why)) => return refused(StatusCode::FORBIDDEN, why),
         Err(trouble) => return trouble.into_response(),
     };
-    page.sessions.end(&id);
+    if let Err(e) = page.app.inner.fleet.sessions().end(&id).await {
+        return Trouble::from(e).into_response();
+    }
     tracing::info!("fleet page: signed out");
     let mut response = Redirect::to("/").into_response();
     if let Ok(v) = HeaderValue::from_str(&session::set_cookie(

@@ -1,15 +1,15 @@
-//! Signed-in people: sessions held in this server's memory, each with its CSRF token,
-//! and the checks a request must pass (the admin token, the session cookie, the CSRF
-//! field, the origin). Pure but for the random ids and a mutex; times are passed in.
+//! The checks a request of the fleet page must pass (the admin token, the session
+//! cookie, the CSRF field, the origin) and the cookies themselves. Pure but for the
+//! random tokens.
 //!
-//! A session lives in one server's memory: a restart signs everyone out, and on a
-//! fleet of several servers a person stays on the server they signed in to.
+//! The sessions are kept in the fleet database ([`agent_fleet::sessions`]): a restart
+//! signs no one out, and every server of a PostgreSQL fleet knows them.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use subtle::ConstantTimeEq;
+
+pub use agent_fleet::sessions::SignedIn;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "fleet_session";
@@ -19,13 +19,11 @@ pub const SIGNIN_COOKIE: &str = "fleet_signin";
 pub const CSRF_FIELD: &str = "csrf";
 
 /// A session unused this long ends.
-pub const IDLE: Duration = Duration::from_secs(8 * 3600);
-/// A session ends this long after sign-in, used or not.
-pub const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
-/// Sessions held at most; the oldest goes first.
-pub const MAX_SESSIONS: usize = 1024;
+pub const IDLE: Duration = Duration::from_millis(agent_fleet::sessions::IDLE_MS as u64);
+/// A session ends this long after sign-in, used or not: the cookie's lifetime.
+pub const MAX_AGE: Duration = Duration::from_millis(agent_fleet::sessions::MAX_AGE_MS as u64);
 
-/// 32 random bytes, hex: session ids and CSRF tokens.
+/// 32 random bytes, hex: the sign-in form's CSRF nonce.
 pub fn random_token() -> String {
     let mut bytes = [0u8; 32];
     // Without randomness no id is safe to hand out; nothing to fall back on.
@@ -36,99 +34,6 @@ pub fn random_token() -> String {
 /// Compares in constant time; an empty expected value matches nothing.
 pub fn secret_matches(given: &str, expected: &str) -> bool {
     !expected.is_empty() && bool::from(given.as_bytes().ct_eq(expected.as_bytes()))
-}
-
-#[derive(Debug, Clone)]
-struct Session {
-    csrf: String,
-    started: Instant,
-    seen: Instant,
-    who: SignedIn,
-}
-
-/// Who a session is: the operator's name and role, and for a named token its hash, so
-/// every request can ask the fleet database whether it was revoked meanwhile (the
-/// token itself is never kept).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SignedIn {
-    pub name: String,
-    pub role: agent_fleet::operators::Role,
-    pub token_hash: Option<String>,
-}
-
-impl Session {
-    fn live(&self, now: Instant) -> bool {
-        now.saturating_duration_since(self.seen) < IDLE
-            && now.saturating_duration_since(self.started) < MAX_AGE
-    }
-}
-
-/// The sessions of this server.
-#[derive(Debug, Default)]
-pub struct Sessions {
-    map: Mutex<HashMap<String, Session>>,
-}
-
-impl Sessions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Session>> {
-        // A panic while holding the lock leaves a map that is still a valid map.
-        self.map
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// A new session for `who`: its id (the cookie) and its CSRF token.
-    pub fn start(&self, now: Instant, who: SignedIn) -> (String, String) {
-        let id = random_token();
-        let csrf = random_token();
-        let mut map = self.lock();
-        map.retain(|_, s| s.live(now));
-        if map.len() >= MAX_SESSIONS {
-            if let Some(oldest) = map
-                .iter()
-                .min_by_key(|(_, s)| s.seen)
-                .map(|(k, _)| k.clone())
-            {
-                map.remove(&oldest);
-            }
-        }
-        map.insert(
-            id.clone(),
-            Session {
-                csrf: csrf.clone(),
-                started: now,
-                seen: now,
-                who,
-            },
-        );
-        (id, csrf)
-    }
-
-    /// The CSRF token of the live session `id` and who it is, marking it used; `None`
-    /// for an unknown, ended or expired one.
-    pub fn check(&self, id: &str, now: Instant) -> Option<(String, SignedIn)> {
-        let mut map = self.lock();
-        let session = map.get_mut(id)?;
-        if !session.live(now) {
-            map.remove(id);
-            return None;
-        }
-        session.seen = now;
-        Some((session.csrf.clone(), session.who.clone()))
-    }
-
-    /// Signs out: the cookie is worth nothing from now on, even replayed.
-    pub fn end(&self, id: &str) {
-        self.lock().remove(id);
-    }
-
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// The value of cookie `name` in a `Cookie` header.
@@ -190,77 +95,6 @@ mod tests {
         assert!(!secret_matches("s3cre", "s3cret"));
         assert!(!secret_matches("s3cret ", "s3cret"));
         assert!(!secret_matches("", ""));
-    }
-
-    fn admin() -> SignedIn {
-        SignedIn {
-            name: "admin.token".into(),
-            role: agent_fleet::operators::Role::Admin,
-            token_hash: None,
-        }
-    }
-
-    #[test]
-    fn a_session_is_known_until_it_ends() {
-        let sessions = Sessions::default();
-        let now = Instant::now();
-        let (id, csrf) = sessions.start(now, admin());
-        assert_ne!(id, csrf);
-        assert_eq!(
-            sessions.check(&id, now).map(|(c, who)| (c, who.name)),
-            Some((csrf.clone(), "admin.token".to_owned()))
-        );
-        assert_eq!(sessions.check("nope", now), None);
-        sessions.end(&id);
-        assert_eq!(
-            sessions.check(&id, now),
-            None,
-            "a replayed cookie after sign-out"
-        );
-    }
-
-    #[test]
-    fn an_idle_session_expires_and_use_keeps_it_alive() {
-        let sessions = Sessions::default();
-        let t0 = Instant::now();
-        let (id, _) = sessions.start(t0, admin());
-        let (idle, _) = sessions.start(t0, admin());
-        let step = IDLE - Duration::from_secs(60);
-        assert!(sessions.check(&id, t0 + step).is_some());
-        assert!(sessions.check(&id, t0 + step * 2).is_some());
-        assert!(sessions.check(&idle, t0 + step * 2).is_none());
-        assert_eq!(sessions.len(), 1, "the expired one is gone");
-    }
-
-    #[test]
-    fn a_session_ends_at_its_maximum_age_however_used() {
-        let sessions = Sessions::default();
-        let t0 = Instant::now();
-        let (id, _) = sessions.start(t0, admin());
-        let mut t = t0;
-        while t < t0 + MAX_AGE - Duration::from_secs(3600) {
-            t += Duration::from_secs(3600);
-            assert!(sessions.check(&id, t).is_some());
-        }
-        assert!(sessions.check(&id, t0 + MAX_AGE).is_none());
-    }
-
-    #[test]
-    fn sessions_are_capped_the_least_recently_used_goes() {
-        let sessions = Sessions::default();
-        let t0 = Instant::now();
-        let (first, _) = sessions.start(t0, admin());
-        for i in 1..MAX_SESSIONS {
-            sessions.start(t0 + Duration::from_millis(i as u64), admin());
-        }
-        assert_eq!(sessions.len(), MAX_SESSIONS);
-        sessions.start(t0 + Duration::from_secs(5), admin());
-        assert_eq!(sessions.len(), MAX_SESSIONS);
-        assert!(
-            sessions
-                .check(&first, t0 + Duration::from_secs(5))
-                .is_none()
-        );
     }
 
     #[test]
