@@ -58,7 +58,7 @@ pub const KEYS: &[Key] = &[
     key("rollout", "agent-deadline", Kind::Seconds),
 ];
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct Config {
     pub server: ServerSection,
@@ -75,7 +75,7 @@ pub struct Config {
 }
 
 /// `[tls]`: when both are set, the server speaks HTTPS only.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct TlsSection {
     /// PEM: the certificate, then the chain to its issuer.
@@ -87,7 +87,7 @@ pub struct TlsSection {
     pub agent_ca: String,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct ServerSection {
     pub listen: String,
@@ -108,7 +108,7 @@ pub struct ServerSection {
     pub public_url: String,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct DownloadsSection {
     pub dir: PathBuf,
@@ -122,14 +122,14 @@ pub struct DownloadsSection {
     pub public_url: String,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct BundleSection {
     pub public_key: String,
 }
 
 /// `[releases]`: what `release publish` checks a release against, and how many are kept.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct ReleasesSection {
     /// Public key files any of which may vouch for a published bundle (through a
@@ -158,7 +158,7 @@ impl ReleasesSection {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct AgentsSection {
     pub accept: String,
@@ -172,13 +172,13 @@ pub struct AgentsSection {
     pub heartbeat: u64,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct AdminSection {
     pub token: String,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct DatabaseSection {
     pub url: String,
@@ -196,7 +196,7 @@ impl Default for DatabaseSection {
 }
 
 /// `[rollout]`: how a new bundle reaches the fleet.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct RolloutSection {
     /// Cumulative: a count ("1"), a share ("10%") or "group:NAME".
@@ -275,6 +275,49 @@ impl Default for AgentsSection {
     }
 }
 
+/// An error of the configuration as a whole (an unknown key, a wrong type), with the line
+/// and column of the file when the file alone has it: the environment is merged in before
+/// the whole is read, which loses where each value came from, so the file is read once
+/// more on its own to find it.
+fn located(e: &toml::de::Error, text: &str) -> String {
+    match toml::from_str::<Config>(text) {
+        Err(in_file) if in_file.message() == e.message() && in_file.span().is_some() => {
+            in_file.to_string().trim_end().to_owned()
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// Where the configuration comes from: the file and the flags that override it, so that
+/// it can be read again while the server runs (see [`crate::reload`]).
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSource {
+    /// `--config`; none: defaults and the environment only.
+    pub file: Option<PathBuf>,
+    /// `--listen`.
+    pub listen: Option<String>,
+    /// `--home`.
+    pub home: Option<PathBuf>,
+}
+
+impl ConfigSource {
+    /// Reads the file and the environment, applies the flags, checks the whole.
+    pub fn load(&self, env: &dyn Environment) -> Result<Config, ServerError> {
+        let mut config = Config::load(self.file.as_deref(), env)?;
+        if let Some(listen) = &self.listen {
+            config.server.listen = listen.clone();
+        }
+        if let Some(home) = &self.home {
+            config.server.home = home.clone();
+        }
+        config.validate().map_err(|e| match &self.file {
+            Some(file) => ServerError::Config(format!("{}: {e}", file.display())),
+            None => ServerError::Config(e),
+        })?;
+        Ok(config)
+    }
+}
+
 impl Config {
     /// Reads `path` if given, then the environment; then checks the values.
     pub fn load(path: Option<&Path>, env: &dyn Environment) -> Result<Self, ServerError> {
@@ -293,7 +336,9 @@ impl Config {
         settings::normalize_seconds(&mut table, KEYS).map_err(bad)?;
         let config: Config = toml::Value::Table(table)
             .try_into()
-            .map_err(|e: toml::de::Error| bad(e.to_string()))?;
+            .map_err(|e: toml::de::Error| bad(located(&e, &text)))?;
+        // A window's error names its table's line; the rest name their key.
+        crate::maintenance::schedule(&config.maintenance).map_err(|e| bad(e.located(&text)))?;
         config.validate().map_err(bad)?;
         Ok(config)
     }
@@ -386,7 +431,7 @@ impl Config {
 
     /// The maintenance windows new bundles wait for.
     pub fn maintenance_schedule(&self) -> Result<agent_fleet::maintenance::Schedule, String> {
-        crate::maintenance::schedule(&self.maintenance)
+        crate::maintenance::schedule(&self.maintenance).map_err(|e| e.to_string())
     }
 
     /// The URL of this server's admin API, from `server.listen` (a wildcard address is

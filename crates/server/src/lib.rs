@@ -21,7 +21,9 @@ pub mod opamp;
 pub mod panics;
 pub mod refusal;
 pub mod releases;
+pub mod reload;
 pub mod routes;
+pub mod signals;
 pub mod state;
 pub mod store;
 pub mod transport;
@@ -39,7 +41,7 @@ use agent_fleet::{Fleet, rollout};
 use agent_protocol::minisign::PublicKey;
 use transport::{conn, pacer, tls};
 
-pub use config::Config;
+pub use config::{Config, ConfigSource};
 pub use error::ServerError;
 pub use state::AppState;
 
@@ -362,11 +364,13 @@ async fn release_scan(store: Arc<store::BundleStore>, publisher: Arc<releases::P
 }
 
 /// Serves until `shutdown` resolves, then lets running downloads finish for the grace
-/// period.
+/// period. `config` was read from `source`, which a reload signal reads again.
 pub async fn serve(
     config: Config,
+    source: ConfigSource,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    let as_read = config.clone();
     let addr = config.listen_addr().map_err(ServerError::Config)?;
     panics::install_hook();
     // Connections are capped below the file limit, so that a flood of them never leaves
@@ -452,10 +456,13 @@ pub async fn serve(
     println!("listening on {local}");
 
     spawn_rollout_loop(&state);
-    maintenance::spawn_waker(
-        state.inner.fleet.rollouts.maintenance().clone(),
-        Arc::clone(&news),
-    );
+    maintenance::spawn_waker(Arc::clone(&state.inner.fleet.rollouts));
+    reload::spawn(reload::Reloader::new(
+        source,
+        as_read,
+        Arc::clone(&state.inner.fleet.rollouts),
+        Arc::clone(&state.inner.fleet.configs),
+    ));
     spawn_pacer(&state);
     state.inner.deltas.spawn(Arc::clone(&state.inner.store));
     state.inner.fleet.spawn_drain();
@@ -623,21 +630,7 @@ fn holder_is_exiting(holder: &str) -> bool {
 
 /// Resolves on SIGTERM or Ctrl-C.
 pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
+    signals::shutdown().await;
 }
 
 #[cfg(test)]
@@ -720,7 +713,7 @@ mod tests {
             ),
         ]);
         let config = Config::load(None, &vars).expect("config");
-        let err = serve(config, std::future::pending())
+        let err = serve(config, ConfigSource::default(), std::future::pending())
             .await
             .expect_err("the port is taken");
         assert!(err.to_string().contains("Nothing was changed"), "{err}");

@@ -1,16 +1,19 @@
 //! `[[maintenance]]` in server.toml (config-file only: an array of tables has no
 //! `UPDATE_SERVER_*` form) as the fleet's [`Schedule`], and the task that wakes held
 //! connects when a window opens, so an agent waiting for it learns within a second.
+//! The windows can be replaced while the server runs (see [`crate::reload`]): the task
+//! follows them.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use agent_fleet::maintenance::{Schedule, Window, WindowSpec};
-use agent_fleet::news::News;
+use agent_fleet::rollout::Rollouts;
 use serde::Deserialize;
 
 /// One `[[maintenance]]` table as written.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct MaintenanceSection {
     /// Agent groups (`agent.group`); `"*"`: every agent.
@@ -60,11 +63,60 @@ impl Seconds {
     }
 }
 
+/// A `[[maintenance]]` table that is no window: which one (counted from 1) and why,
+/// starting with its key (`start: …`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowError {
+    pub number: usize,
+    pub message: String,
+}
+
+impl fmt::Display for WindowError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "maintenance.{} (in [[maintenance]] number {})",
+            self.message, self.number
+        )
+    }
+}
+
+impl WindowError {
+    /// The error with the line of its table in `text` (the file it was read from), when
+    /// the file has that many `[[maintenance]]` headers.
+    pub fn located(&self, text: &str) -> String {
+        match table_line(text, "maintenance", self.number) {
+            Some(line) => format!(
+                "maintenance.{} (in [[maintenance]] number {}, at line {line})",
+                self.message, self.number
+            ),
+            None => self.to_string(),
+        }
+    }
+}
+
+/// The line (from 1) of the `number`th `[[name]]` header of a TOML text.
+fn table_line(text: &str, name: &str, number: usize) -> Option<usize> {
+    let header = format!("[[{name}]]");
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            let line = line.trim();
+            line.strip_prefix(&header)
+                .is_some_and(|rest| rest.is_empty() || rest.trim_start().starts_with('#'))
+        })
+        .nth(number.checked_sub(1)?)
+        .map(|(i, _)| i + 1)
+}
+
 /// Every table checked; the error names the key (`maintenance.start`) and which table.
-pub fn schedule(sections: &[MaintenanceSection]) -> Result<Schedule, String> {
+pub fn schedule(sections: &[MaintenanceSection]) -> Result<Schedule, WindowError> {
     let mut windows = Vec::with_capacity(sections.len());
     for (i, m) in sections.iter().enumerate() {
-        let at = |e: String| format!("maintenance.{e} (in [[maintenance]] number {})", i + 1);
+        let at = |message: String| WindowError {
+            number: i + 1,
+            message,
+        };
         if m.start.trim().is_empty() {
             return Err(at(
                 "start: missing; say when the window opens, as \"HH:MM\"".into(),
@@ -86,6 +138,38 @@ pub fn schedule(sections: &[MaintenanceSection]) -> Result<Schedule, String> {
         windows.push(window);
     }
     Ok(Schedule::new(windows))
+}
+
+/// One window in a line for the log: `groups db; sat, sun; 02:00 for 10800s (UTC);
+/// catch-up next-window`.
+pub fn describe(w: &Window) -> String {
+    let days = w.days();
+    format!(
+        "groups {}; {}; {} for {}s ({}); catch-up {}",
+        w.groups().join(", "),
+        if days.is_empty() || days.len() == 7 {
+            "every day".to_owned()
+        } else {
+            days.join(", ")
+        },
+        w.start(),
+        w.duration_secs(),
+        w.timezone(),
+        w.catch_up().as_str()
+    )
+}
+
+/// The windows of `schedule` for the log, `none` for none.
+pub fn describe_all(schedule: &Schedule) -> String {
+    if schedule.is_empty() {
+        return "none (updates at any time)".into();
+    }
+    schedule
+        .windows()
+        .iter()
+        .map(|w| format!("[{}]", describe(w)))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `GET /admin/maintenance`: each window as configured, whether it is open (until when)
@@ -121,25 +205,37 @@ pub fn listing(schedule: &Schedule, now: i64) -> serde_json::Value {
 const LOOK_AGAIN: Duration = Duration::from_secs(60);
 
 /// Publishes news at each window's opening: held connects work out their answer again
-/// and the agents the window lets in are told at once.
-pub fn spawn_waker(schedule: Schedule, news: Arc<News>) {
-    if schedule.is_empty() {
-        return;
-    }
+/// and the agents the window lets in are told at once. Windows replaced meanwhile are
+/// looked at at once.
+pub fn spawn_waker(rollouts: Arc<Rollouts>) {
+    let mut changes = rollouts.maintenance_changes();
+    let news = Arc::clone(rollouts.news());
+    // `changed()` fails once the rollouts are gone: the server is stopping.
     tokio::spawn(async move {
         loop {
+            let schedule = Arc::clone(&changes.borrow_and_update());
             let now = agent_fleet::db::now_ms();
-            let Some(next) = schedule.next_opening_any(now.div_euclid(1000)) else {
-                tokio::time::sleep(LOOK_AGAIN).await;
+            let wait = match schedule.next_opening_any(now.div_euclid(1000)) {
+                Some(next) => {
+                    let wait_ms = next.saturating_mul(1000).saturating_sub(now).max(0);
+                    Some((
+                        next,
+                        Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0)),
+                    ))
+                }
+                None => None,
+            };
+            let Some((next, wait)) = wait.filter(|(_, wait)| *wait <= LOOK_AGAIN) else {
+                tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { return },
+                    () = tokio::time::sleep(LOOK_AGAIN) => {}
+                }
                 continue;
             };
-            let wait_ms = next.saturating_mul(1000).saturating_sub(now).max(0);
-            let wait = Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0));
-            if wait > LOOK_AGAIN {
-                tokio::time::sleep(LOOK_AGAIN).await;
-                continue;
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return } else { continue },
+                () = tokio::time::sleep(wait) => {}
             }
-            tokio::time::sleep(wait).await;
             news.publish("a maintenance window opened");
             tracing::info!(
                 "maintenance window opened at {}",
@@ -184,20 +280,70 @@ mod tests {
     #[test]
     fn bad_tables_name_the_key_and_the_table() {
         assert!(schedule(&section(|_| {})).is_ok());
-        let e = schedule(&section(|m| m.days = vec!["funday".into()])).unwrap_err();
+        let e = schedule(&section(|m| m.days = vec!["funday".into()]))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("maintenance.days:") && e.contains("number 1"),
             "{e}"
         );
-        let e = schedule(&section(|m| m.start = "25:00".into())).unwrap_err();
+        let e = schedule(&section(|m| m.start = "25:00".into()))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("maintenance.start:"), "{e}");
-        let e = schedule(&section(|m| m.timezone = "Nowhere/Land".into())).unwrap_err();
+        let e = schedule(&section(|m| m.timezone = "Nowhere/Land".into()))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("maintenance.timezone:"), "{e}");
-        let e = schedule(&section(|m| m.duration = Seconds::Text("0m".into()))).unwrap_err();
+        let e = schedule(&section(|m| m.duration = Seconds::Text("0m".into())))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("maintenance.duration:"), "{e}");
-        let e = schedule(&section(|m| m.duration = Seconds::Text("8d".into()))).unwrap_err();
+        let e = schedule(&section(|m| m.duration = Seconds::Text("8d".into())))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("maintenance.duration:"), "{e}");
-        let e = schedule(&section(|m| m.start = String::new())).unwrap_err();
+        let e = schedule(&section(|m| m.start = String::new()))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("maintenance.start:"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_table_is_found_by_its_line() {
+        let text = "[server]\nlisten = \"x\"\n\n[[maintenance]]\nstart = \"02:00\"\n\n  [[maintenance]] # the second\nstart = \"25:00\"\n";
+        assert_eq!(table_line(text, "maintenance", 1), Some(4));
+        assert_eq!(table_line(text, "maintenance", 2), Some(7));
+        assert_eq!(table_line(text, "maintenance", 3), None);
+        assert_eq!(table_line(text, "maintenance", 0), None);
+        let e = WindowError {
+            number: 2,
+            message: "start: no such time".into(),
+        };
+        assert_eq!(
+            e.located(text),
+            "maintenance.start: no such time (in [[maintenance]] number 2, at line 7)"
+        );
+        assert_eq!(
+            e.located(""),
+            "maintenance.start: no such time (in [[maintenance]] number 2)"
+        );
+    }
+
+    #[test]
+    fn windows_are_described_in_one_line_each() {
+        let s = schedule(&section(|m| {
+            m.groups = vec!["db".into()];
+            m.days = vec!["sat".into(), "sun".into()];
+        }))
+        .unwrap();
+        assert_eq!(
+            describe_all(&s),
+            "[groups db; sat, sun; 02:00 for 10800s (UTC); catch-up next-window]"
+        );
+        assert_eq!(
+            describe_all(&Schedule::default()),
+            "none (updates at any time)"
+        );
     }
 }

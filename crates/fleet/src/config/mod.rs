@@ -61,7 +61,9 @@ pub struct GroupSet {
 
 pub struct Configs {
     engine: Engine<ConfigSet>,
-    plan: Plan,
+    /// `[rollout]`: the plan new config rollouts start under; replaced live when the
+    /// server's configuration is read again.
+    plan: RwLock<Arc<Plan>>,
     groups: RwLock<HashMap<String, GroupSet>>,
     /// Told whenever a set or its rollout moves, so held connects look again.
     news: Arc<News>,
@@ -89,7 +91,7 @@ impl Configs {
     pub fn new(db: Db, plan: Plan, server: String, news: Arc<News>) -> Self {
         Self {
             engine: Engine::new(db, server),
-            plan,
+            plan: RwLock::new(Arc::new(plan)),
             groups: RwLock::new(HashMap::new()),
             news,
         }
@@ -97,6 +99,16 @@ impl Configs {
 
     fn db(&self) -> &Db {
         self.engine.db()
+    }
+
+    /// The plan new config rollouts start under.
+    pub fn plan(&self) -> Arc<Plan> {
+        Arc::clone(&self.plan.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// New config rollouts start under `plan` from now on; a started one keeps its own.
+    pub fn set_plan(&self, plan: Plan) {
+        *self.plan.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(plan);
     }
 
     /// Each group's set and config rollout as last read.
@@ -208,8 +220,9 @@ impl Configs {
                 }));
             }
             let now = now_ms();
+            let plan = self.plan();
             store::put_set(&mut tx, group, &hash, &files, now).await?;
-            let since = now / 1000 - i64::try_from(self.plan.agent_deadline).unwrap_or(i64::MAX);
+            let since = now / 1000 - i64::try_from(plan.agent_deadline).unwrap_or(i64::MAX);
             let candidates: Vec<Candidate> = store::group_agents(&mut *tx, group, since)
                 .await?
                 .into_iter()
@@ -229,7 +242,7 @@ impl Configs {
                 state: State::Running,
                 reason: None,
                 halt_cause: None,
-                plan: &self.plan,
+                plan: &plan,
                 now,
             };
             // Each set has its own order, as each bundle does.
@@ -241,7 +254,7 @@ impl Configs {
                         "set {} of group {group} ({} files), {placed} agents placed in {} waves",
                         short(&hash),
                         files.len(),
-                        self.plan.wave_count()
+                        plan.wave_count()
                     )
                 })
                 .await?;
@@ -495,7 +508,7 @@ impl Configs {
         }
         Ok(json!({
             "sets": out,
-            "plan": plan_json(&self.plan),
+            "plan": plan_json(&self.plan()),
         }))
     }
 

@@ -79,7 +79,9 @@ pub struct Refusal(pub String);
 /// The bundle rollouts: the fleet's latest one is the one that counts.
 pub struct Rollouts {
     engine: Engine<Bundle>,
-    plan: Plan,
+    /// `[rollout]`: the plan new rollouts start under (a started one keeps its own);
+    /// replaced live when the server's configuration is read again.
+    plan: RwLock<Arc<Plan>>,
     policy: AcceptPolicy,
     current: RwLock<Option<Arc<RolloutRow>>>,
     served: Mutex<Option<Served>>,
@@ -91,8 +93,10 @@ pub struct Rollouts {
     /// The rollout and open waves last swept for agents with no bundle (see
     /// [`Rollouts::sweep_no_bundle`]).
     swept: Mutex<Option<(i64, u32)>>,
-    /// `[[maintenance]]`: when agents of a group may install (see [`windows`]).
-    schedule: Schedule,
+    /// `[[maintenance]]`: when agents of a group may install (see [`windows`]); replaced
+    /// live when the server's configuration is read again, which whoever waits for the
+    /// next opening sees.
+    schedule: tokio::sync::watch::Sender<Arc<Schedule>>,
     window_waiting: windows::Waiting,
 }
 
@@ -109,7 +113,7 @@ impl Rollouts {
     pub fn new(db: Db, plan: Plan, policy: AcceptPolicy, server: String) -> Self {
         Self {
             engine: Engine::new(db, server),
-            plan,
+            plan: RwLock::new(Arc::new(plan)),
             policy,
             current: RwLock::new(None),
             served: Mutex::new(None),
@@ -117,13 +121,24 @@ impl Rollouts {
             mismatch: RwLock::new(None),
             news: Arc::default(),
             swept: Mutex::new(None),
-            schedule: Schedule::default(),
+            schedule: tokio::sync::watch::Sender::new(Arc::default()),
             window_waiting: windows::Waiting::default(),
         }
     }
 
     fn db(&self) -> &Db {
         self.engine.db()
+    }
+
+    /// The plan new rollouts start under.
+    pub fn plan(&self) -> Arc<Plan> {
+        Arc::clone(&self.plan.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// New rollouts start under `plan` from now on; a started one keeps the plan it
+    /// started with (its row holds it).
+    pub fn set_plan(&self, plan: Plan) {
+        *self.plan.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(plan);
     }
 
     /// Where held connects learn that the rollout moved.
@@ -228,6 +243,7 @@ impl Rollouts {
             return Ok(claim);
         }
         let now = now_ms();
+        let plan = self.plan();
         let previous = store::last_completed_version(&mut *tx).await?;
         let meant = act == Some(crate::releases::Kind::Rollback);
         let (state, reason, cause) = initial_state(&bundle.version, previous.as_ref(), meant);
@@ -241,10 +257,10 @@ impl Rollouts {
             state,
             reason: reason.as_deref(),
             halt_cause: cause.map(HaltCause::as_str),
-            plan: &self.plan,
+            plan: &plan,
             now,
         };
-        let since = now / 1000 - i64::try_from(self.plan.agent_deadline).unwrap_or(i64::MAX);
+        let since = now / 1000 - i64::try_from(plan.agent_deadline).unwrap_or(i64::MAX);
         let candidates: Vec<Candidate> = store::live_agents(&mut *tx, since)
             .await?
             .into_iter()
@@ -270,9 +286,8 @@ impl Rollouts {
                         .map(ToString::to_string)
                         .unwrap_or_else(|| "no previous version".into()),
                     bundle.version,
-                    self.plan.wave_count(),
-                    self.plan
-                        .waves
+                    plan.wave_count(),
+                    plan.waves
                         .iter()
                         .map(ToString::to_string)
                         .collect::<Vec<_>>()
@@ -288,7 +303,7 @@ impl Rollouts {
             // The previous version again: nothing to roll out.
             if let Some(row) = store::lock::<Bundle>(&mut *tx, self.db().backend(), id).await? {
                 let server = self.engine.server();
-                for w in 1..=self.plan.wave_count() {
+                for w in 1..=plan.wave_count() {
                     store::apply(&mut tx, &row, &Decision::OpenWave(w), now, server).await?;
                     store::apply(&mut tx, &row, &Decision::CompleteWave(w), now, server).await?;
                 }

@@ -5,7 +5,7 @@
 //! window is open is [`crate::maintenance`]'s pure answer; this is its I/O.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use sqlx::Row;
 
@@ -30,13 +30,30 @@ pub(super) struct Waiting {
 
 impl Rollouts {
     /// The windows new updates wait for (none: any time).
-    pub fn with_maintenance(mut self, schedule: Schedule) -> Self {
-        self.schedule = schedule;
+    pub fn with_maintenance(self, schedule: Schedule) -> Self {
+        self.set_maintenance(schedule);
         self
     }
 
-    pub fn maintenance(&self) -> &Schedule {
-        &self.schedule
+    /// The windows as they are now.
+    pub fn maintenance(&self) -> Arc<Schedule> {
+        Arc::clone(&self.schedule.borrow())
+    }
+
+    /// A receiver that sees the windows replaced (whoever waits for the next opening).
+    pub fn maintenance_changes(&self) -> tokio::sync::watch::Receiver<Arc<Schedule>> {
+        self.schedule.subscribe()
+    }
+
+    /// Replaces the windows (the server read its configuration again). What was worked
+    /// out from the old ones is forgotten: waiting agents are recorded again with their
+    /// new window at their next contact, the open waves are swept again, and held
+    /// connects look again at once.
+    pub fn set_maintenance(&self, schedule: Schedule) {
+        self.schedule.send_replace(Arc::new(schedule));
+        lock(&self.window_waiting.recorded).clear();
+        *lock(&self.window_waiting.swept) = None;
+        self.news.publish("the maintenance windows changed");
     }
 
     /// When an agent of `group` that would be told now must wait: the next window's
@@ -50,19 +67,17 @@ impl Rollouts {
         now_ms: i64,
     ) -> Result<Option<i64>, FleetError> {
         let now = now_ms.div_euclid(1000);
-        let Gate::Closed { opens } = self.schedule.gate(group, now) else {
+        let schedule = self.maintenance();
+        let Gate::Closed { opens } = schedule.gate(group, now) else {
             return Ok(None);
         };
-        let at_once = self
-            .schedule
+        let at_once = schedule
             .windows()
             .iter()
             .any(|w| w.applies_to(group) && w.catch_up() == CatchUp::AtOnce);
         if at_once
             && let Some(opened_ms) = wave_opened_at(self, current.id, member.wave).await?
-            && self
-                .schedule
-                .catch_up_now(group, opened_ms.div_euclid(1000), now)
+            && schedule.catch_up_now(group, opened_ms.div_euclid(1000), now)
         {
             return Ok(None);
         }
@@ -72,7 +87,7 @@ impl Rollouts {
     /// The same without the database (while it is away): the window alone decides; a
     /// missed `at-once` window waits for the next until the database is back.
     pub(super) fn window_wait_offline(&self, group: &str) -> Option<i64> {
-        match self.schedule.gate(group, now_ms().div_euclid(1000)) {
+        match self.maintenance().gate(group, now_ms().div_euclid(1000)) {
             Gate::Closed { opens } => Some(opens),
             Gate::Any | Gate::Open { .. } => None,
         }
@@ -131,7 +146,8 @@ impl Rollouts {
             return Ok(());
         };
         let key = (current.id, current.opened);
-        if self.schedule.is_empty()
+        let schedule = self.maintenance();
+        if schedule.is_empty()
             || current.opened == 0
             || !matches!(current.state, State::Running | State::Soaking)
             || *lock(&self.window_waiting.swept) == Some(key)
@@ -150,7 +166,7 @@ impl Rollouts {
         .await?;
         for row in untold {
             let (agent, group): (String, String) = (row.get(0), row.get(1));
-            if let Gate::Closed { opens } = self.schedule.gate(&group, now) {
+            if let Gate::Closed { opens } = schedule.gate(&group, now) {
                 sqlx::query(
                     "UPDATE rollout_agents SET told_at = $3
                      WHERE rollout_id = $1 AND agent_id = $2 AND told_at IS NULL",

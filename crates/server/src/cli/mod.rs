@@ -155,17 +155,16 @@ pub fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let mut config = crate::Config::load(cli.config.as_deref(), &ProcessEnv)?;
-    if let Some(listen) = cli.listen {
-        config.server.listen = listen;
-    }
-    if let Some(home) = cli.home {
-        config.server.home = home;
-    }
-    config.validate().map_err(anyhow::Error::msg)?;
+    // Kept for the server: SIGHUP reads the same file, with the same overrides, again.
+    let source = crate::ConfigSource {
+        file: cli.config,
+        listen: cli.listen,
+        home: cli.home,
+    };
+    let config = source.load(&ProcessEnv)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let Some(command) = cli.command else {
-        runtime.block_on(crate::serve(config, crate::shutdown_signal()))?;
+        runtime.block_on(crate::serve(config, source, crate::shutdown_signal()))?;
         return Ok(());
     };
     runtime.block_on(async {

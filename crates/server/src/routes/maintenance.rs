@@ -17,7 +17,7 @@ pub(super) async fn list(State(state): State<AppState>, auth: Auth) -> Result<Re
     auth.require(s, Action::Read, "maintenance.read").await?;
     let now = now_ms().div_euclid(1000);
     Ok(Json(crate::maintenance::listing(
-        s.fleet.rollouts.maintenance(),
+        &s.fleet.rollouts.maintenance(),
         now,
     ))
     .into_response())

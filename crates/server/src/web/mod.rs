@@ -525,7 +525,7 @@ async fn rollouts_page(
             message,
         )
         .with_windows(windows::WindowView::all(
-            s.fleet.rollouts.maintenance(),
+            &s.fleet.rollouts.maintenance(),
             now,
         ))
         .with_releases(&history),
