@@ -44,6 +44,7 @@ mod remote_config;
 mod rollback;
 mod rollout;
 mod server;
+mod server_restart;
 mod sim;
 mod stamp;
 mod traps;
