@@ -30,7 +30,6 @@ pub mod operators;
 pub mod outage;
 pub mod releases;
 pub mod rollout;
-pub mod selector;
 pub mod sessions;
 pub mod settings;
 

@@ -23,6 +23,7 @@ pub mod names;
 pub mod platform;
 pub mod properties;
 pub mod rotation;
+pub mod selector;
 pub mod server_url;
 pub mod settings;
 pub mod shown;

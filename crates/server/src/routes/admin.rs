@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use agent_fleet::labels;
 use agent_fleet::rollout::step::HaltCause;
-use agent_fleet::selector::Selector;
+use agent_protocol::selector::Selector;
 
 use super::operators::Auth;
 use super::{AppState, Shared, json_body};
@@ -95,7 +95,7 @@ pub(super) struct AgentFilter {
     status: Option<String>,
     /// `agent.group`; `default` also matches agents with no group.
     group: Option<String>,
-    /// A label selector (`env=prod,region in (eu)`; see `agent_fleet::selector`).
+    /// A label selector (`env=prod,region in (eu)`; see `agent_protocol::selector`).
     selector: Option<String>,
 }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use agent_fleet::selector::Selector;
+use agent_protocol::selector::Selector;
 
 use super::model::{Agent, is_stale};
 
