@@ -221,7 +221,7 @@ impl Fleet {
             assert!(
                 start.elapsed() < WAIT,
                 "agent {i}'s exporter never answered {status}; last {last}\n{}",
-                logs(&agent.home)
+                e2e::agent_logs(&agent.home)
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -240,7 +240,14 @@ impl Fleet {
     fn logs(&self) -> String {
         self.agents
             .iter()
-            .map(|a| format!("=== {} ({})\n{}", a.id, a.home.display(), logs(&a.home)))
+            .map(|a| {
+                format!(
+                    "=== {} ({})\n{}",
+                    a.id,
+                    a.home.display(),
+                    e2e::agent_logs(&a.home)
+                )
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -253,16 +260,6 @@ impl Fleet {
         }
     }
 }
-
-fn logs(home: &Path) -> String {
-    format!(
-        "--- workload.log:\n{}\n--- agent.log:\n{}\n--- agent.out:\n{}",
-        read_file(&home.join("logs/workload.log")),
-        read_file(&home.join("logs/agent.log")),
-        read_file(&home.join("logs/agent.out")),
-    )
-}
-
 /// The regular files of `dir`, or `None` when it is missing.
 fn set_in(dir: &Path) -> Option<BTreeMap<String, String>> {
     let mut files = BTreeMap::new();
@@ -477,7 +474,12 @@ fn a_set_the_exporter_cannot_start_with_fails_in_its_words_and_halts_after_wave_
     assert_eq!(read_file(&home.join("data/config-hash")).trim(), good_hash);
     assert_eq!(read_file(&home.join("data/config-failed")).trim(), bad_hash);
     assert!(leftovers(home).is_empty(), "{:?}", leftovers(home));
-    assert_eq!(exporters(home).len(), 1, "one exporter\n{}", logs(home));
+    assert_eq!(
+        exporters(home).len(),
+        1,
+        "one exporter\n{}",
+        e2e::agent_logs(home)
+    );
 
     // The others, outside the first wave, are never told.
     for i in (0..3).filter(|&i| i != failed) {
@@ -620,7 +622,7 @@ fn an_agent_killed_at_random_moments_of_applying_keeps_one_complete_set_and_one_
             running.len(),
             1,
             "round {round} (seed {seed}): exporters {running:?}\n{}",
-            logs(home)
+            e2e::agent_logs(home)
         );
         assert_eq!(agents_running(home).len(), 1, "round {round}");
         before = new;

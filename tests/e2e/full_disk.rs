@@ -249,38 +249,13 @@ fn updater_running(home: &Path) -> bool {
             .is_ok_and(|c| String::from_utf8_lossy(&c).contains("--update="))
     })
 }
-
-fn logs(home: &Path) -> String {
-    let mut out = String::new();
-    for file in [
-        "update.log",
-        "update.out",
-        "agent.log",
-        "agent.out",
-        "wrapper.log",
-    ] {
-        let text = read_file(&home.join("logs").join(file));
-        let tail: Vec<&str> = text.lines().rev().take(40).collect();
-        out.push_str(&format!("--- {file} (last lines)\n"));
-        for line in tail.into_iter().rev() {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out.push_str(&format!(
-        "--- journal\n{}\n",
-        read_file(&home.join("data/update-journal.json"))
-    ));
-    out
-}
-
 /// The operator's files, whatever moment it is: their value, their data, the identity.
 fn assert_operator_files(home: &Path) {
     let conf = read_file(&home.join("conf/agent.toml"));
     assert!(
         conf.contains("max-retry-after = \"5m\""),
         "operator value lost:\n{conf}\n{}",
-        logs(home)
+        e2e::agent_logs(home)
     );
     assert_eq!(read_file(&home.join("data/keep.txt")), "operator data");
     assert!(!read_file(&home.join("data/agent-id")).trim().is_empty());
@@ -353,7 +328,7 @@ fn one_run(b: &Bundles, moment: Moment, n: usize) {
         assert!(
             Instant::now() < end,
             "{moment:?} run {n}: the update never reached the moment\n{}",
-            logs(&home)
+            e2e::agent_logs(&home)
         );
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -381,7 +356,7 @@ fn one_run(b: &Bundles, moment: Moment, n: usize) {
             assert!(
                 now - since < NO_AGENT_LIMIT,
                 "{moment:?} run {n}: no agent has run for {NO_AGENT_LIMIT:?} (updater running: {updater})\n{}",
-                logs(&home)
+                e2e::agent_logs(&home)
             );
         } else {
             absent_since = None;
@@ -392,7 +367,7 @@ fn one_run(b: &Bundles, moment: Moment, n: usize) {
         assert!(
             now < filled_at + WAIT,
             "{moment:?} run {n}: the agent did not settle (agents {agents:?}, updater running: {updater})\n{}",
-            logs(&home)
+            e2e::agent_logs(&home)
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -403,13 +378,13 @@ fn one_run(b: &Bundles, moment: Moment, n: usize) {
     assert!(
         running == OLD || (running == NEW && judged_healthy),
         "{moment:?} run {n}: the agent runs {running:?}, not a version that was healthy\n{}",
-        logs(&home)
+        e2e::agent_logs(&home)
     );
     assert!(
         current(&home).ends_with(&running),
         "{moment:?} run {n}: current is {} but {running} runs\n{}",
         current(&home),
-        logs(&home)
+        e2e::agent_logs(&home)
     );
     assert_operator_files(&home);
     if running == OLD {
@@ -434,7 +409,7 @@ fn one_run(b: &Bundles, moment: Moment, n: usize) {
                 && status.contains("ago): the disk is full (")
                 && status.contains("1.0.0+1 kept running"),
             "{moment:?} run {n}: agent status does not say the update was abandoned on a full disk:\n{status}\n{}",
-            logs(&home)
+            e2e::agent_logs(&home)
         );
     }
     eprintln!(
@@ -459,7 +434,7 @@ fn one_run(b: &Bundles, moment: Moment, n: usize) {
     assert!(
         done,
         "{moment:?} run {n}: the update did not go through once the disk had room\n{}",
-        logs(&home)
+        e2e::agent_logs(&home)
     );
     assert_operator_files(&home);
     assert!(read_file(&home.join("conf/agent.toml")).contains("stability-window"));

@@ -50,21 +50,6 @@ fn failed_rounds(home: &Path) -> usize {
         })
         .count()
 }
-
-fn logs(home: &Path) -> String {
-    let mut out = String::new();
-    for file in ["agent.log", "update.log", "wrapper.log"] {
-        let text = read_file(&home.join("logs").join(file));
-        let tail: Vec<&str> = text.lines().rev().take(40).collect();
-        out.push_str(&format!("--- {file} (last lines)\n"));
-        for line in tail.into_iter().rev() {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
 /// Polls `cond` for [`LONG`]; on timeout, fails showing the agent's logs.
 fn wait_logged(home: &Path, what: &str, mut cond: impl FnMut() -> bool) {
     let end = Instant::now() + LONG;
@@ -72,7 +57,7 @@ fn wait_logged(home: &Path, what: &str, mut cond: impl FnMut() -> bool) {
         assert!(
             Instant::now() < end,
             "timed out after {LONG:?} waiting for {what}\n{}",
-            logs(home)
+            e2e::agent_logs(home)
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -146,7 +131,7 @@ fn full_disk_cycles(long_poll: bool) {
             assert!(
                 Instant::now() < end,
                 "cycle {cycle}: the hand-off to {new} was never written\n{}",
-                logs(&home)
+                e2e::agent_logs(&home)
             );
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -174,13 +159,13 @@ fn full_disk_cycles(long_poll: bool) {
             running.len(),
             1,
             "cycle {cycle}: agents {running:?}\n{}",
-            logs(&home)
+            e2e::agent_logs(&home)
         );
         assert_eq!(
             version_of(running[0]).as_deref(),
             Some(old.as_str()),
             "cycle {cycle}: the agent does not run its old version\n{}",
-            logs(&home)
+            e2e::agent_logs(&home)
         );
 
         filler.free();
@@ -209,7 +194,7 @@ fn full_disk_cycles(long_poll: bool) {
                 "had not gone through"
             },
             took.as_secs_f64(),
-            logs(&home)
+            e2e::agent_logs(&home)
         );
         eprintln!(
             "cycle {cycle} (long polls {long_poll}): {new} installed {:.1}s after the space returned",
@@ -336,7 +321,12 @@ fn failed_update_told_at_once(long_poll: bool) {
             .filter(|l| l.contains("agent 1.0.0+1 started"))
             .filter_map(log_time)
             .next_back()
-            .unwrap_or_else(|| panic!("the old agent did not start again\n{}", logs(home)));
+            .unwrap_or_else(|| {
+                panic!(
+                    "the old agent did not start again\n{}",
+                    e2e::agent_logs(home)
+                )
+            });
         eprintln!(
             "long polls {long_poll}, round {round}: the old agent started again at {restarted:.3}; INSTALL_FAILED counted {:+.3}s, halted {:+.3}s",
             reported_at - restarted,
@@ -346,13 +336,13 @@ fn failed_update_told_at_once(long_poll: bool) {
             reported_at - restarted < 1.0,
             "round {round}: INSTALL_FAILED reached the server {:.3}s after the rolled-back agent started (limit 1 s)\n{}",
             reported_at - restarted,
-            logs(home)
+            e2e::agent_logs(home)
         );
         assert!(
             halted_at - restarted < 5.0,
             "round {round}: the rollout halted {:.3}s after the rollback (limit 5 s)\n{}",
             halted_at - restarted,
-            logs(home)
+            e2e::agent_logs(home)
         );
         // The other agents were never told: they stay on 1.0.0.
         for a in admin_agents(server.port, TOKEN) {

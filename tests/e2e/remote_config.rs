@@ -32,16 +32,6 @@ start-timeout = "4s"
 stop-timeout = "2s"
 "#
 }
-
-fn logs(home: &Path) -> String {
-    format!(
-        "--- workload.log:\n{}\n--- agent.log:\n{}\n--- agent.out:\n{}",
-        read_file(&home.join("logs/workload.log")),
-        read_file(&home.join("logs/agent.log")),
-        read_file(&home.join("logs/agent.out")),
-    )
-}
-
 fn push(ctx: &TestContext, server: &e2e::ServerProc, name: &str, app_conf: &str) -> String {
     let dir = ctx.path(name);
     fs::create_dir_all(&dir).unwrap();
@@ -71,7 +61,7 @@ fn wait_config(server: &e2e::ServerProc, home: &Path, hash: &str, status: &str) 
     assert!(
         ok,
         "server never listed config {hash} {status}; last {last:?}\n{}",
-        logs(home)
+        e2e::agent_logs(home)
     );
     last.unwrap()
 }
@@ -127,7 +117,7 @@ fn a_pushed_set_is_applied_and_a_set_the_workload_refuses_is_undone() {
     assert!(
         read_file(&home.join("logs/workload.log")).contains("app: running with good 1"),
         "{}",
-        logs(&home)
+        e2e::agent_logs(&home)
     );
 
     let bad = push(&ctx, &server, "bad", "bad\n");
@@ -140,7 +130,7 @@ fn a_pushed_set_is_applied_and_a_set_the_workload_refuses_is_undone() {
         error.contains("app.conf says bad, refusing to run")
             && error.contains("exited with code 1"),
         "FAILED without the workload's words: {row}\n{}",
-        logs(&home)
+        e2e::agent_logs(&home)
     );
     assert_eq!(read_file(&home.join("conf/workload/app.conf")), "good 1\n");
     wait_workload_healthy(&home);
@@ -162,7 +152,7 @@ fn a_pushed_set_is_applied_and_a_set_the_workload_refuses_is_undone() {
         refusals(),
         before,
         "the bad set was applied again\n{}",
-        logs(&home)
+        e2e::agent_logs(&home)
     );
     assert_eq!(read_file(&home.join("conf/workload/app.conf")), "good 1\n");
     run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("stop"));
@@ -295,7 +285,7 @@ fn an_agent_killed_while_applying_comes_back_on_the_set_that_worked() {
         read_file(&home.join("logs/agent.log"))
             .contains("was being applied when the agent stopped"),
         "{}",
-        logs(&home)
+        e2e::agent_logs(&home)
     );
     run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("stop"));
 }

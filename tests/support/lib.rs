@@ -234,6 +234,34 @@ pub fn read_file(path: &Path) -> String {
     fs::read_to_string(path).unwrap_or_default()
 }
 
+/// The last lines of every log an installed agent writes (agent, updater, supervisor,
+/// workload), each under its name: what a failing test shows of the machine.
+pub fn agent_logs(home: &Path) -> String {
+    const FILES: [&str; 6] = [
+        "agent.log",
+        "agent.out",
+        "update.log",
+        "update.out",
+        "wrapper.log",
+        "workload.log",
+    ];
+    let mut out = String::new();
+    for file in FILES {
+        let text = read_file(&home.join("logs").join(file));
+        if text.is_empty() {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(60)..];
+        out.push_str(&format!("--- {file} (last {} lines)\n", tail.len()));
+        for line in tail {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// Waits until `home/logs/<file>` contains `needle`; on timeout shows the log.
 pub fn wait_log(home: &Path, file: &str, needle: &str, timeout: Duration) -> String {
     let path = home.join("logs").join(file);
