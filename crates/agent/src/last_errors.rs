@@ -47,7 +47,7 @@ pub struct LastError {
 const MAX_MESSAGE: usize = 2000;
 
 pub fn file(home: &AgentHome) -> PathBuf {
-    home.data().join("last-errors.json")
+    home.last_errors()
 }
 
 /// The last error of each kind, as recorded; empty when none was (or the file is

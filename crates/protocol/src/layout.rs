@@ -47,6 +47,19 @@ pub const EXIT_CONFIG: u8 = 78;
 /// Exit code of `agent run` when the server refuses its version and updates are disabled.
 pub const EXIT_REFUSED: u8 = 3;
 
+/// `bin/agent-wrapper.sh` in each Unix version: the supported way to run the agent
+/// (`start|stop|restart|status|kill`); it reads `conf/agent-env.sh` and hands the
+/// command to [`SERVICE_BIN`] beside it.
+pub const WRAPPER_SCRIPT: &str = "agent-wrapper.sh";
+/// `bin/agent-service` in each Unix version: the supervisor and the commands behind the
+/// wrapper (the Unix half of what [`SERVICE_EXE`] is on Windows).
+pub const SERVICE_BIN: &str = "agent-service";
+/// The hidden command of [`SERVICE_BIN`] (and of the wrapper before it) that is the
+/// supervisor: what a process's command line is checked for before it is signalled.
+pub const SUPERVISE_COMMAND: &str = "__supervise";
+/// The agent's program on Unix (`bin/agent`).
+pub const AGENT_BIN: &str = "agent";
+
 /// The Windows service's program: `bin\agent-service.exe` in each version, and the
 /// installed copy in `<home>\bin\` that the service runs (its binPath).
 pub const SERVICE_EXE: &str = "agent-service.exe";
@@ -144,6 +157,39 @@ impl AgentHome {
 
     pub fn pid_file(&self) -> PathBuf {
         self.run().join("agent.pid")
+    }
+
+    /// `run/wrapper.pid`: the supervisor that runs the agent on Unix (the name is the
+    /// wrapper script's, which was the supervisor before `agent-service`).
+    pub fn supervisor_pid_file(&self) -> PathBuf {
+        self.run().join("wrapper.pid")
+    }
+
+    /// `run/workload.pid`: the workload's pid (its process group), one number.
+    pub fn workload_pid_file(&self) -> PathBuf {
+        self.run().join("workload.pid")
+    }
+
+    /// `run/workload.starttime`: `<pid> <start time in clock ticks>` of the process
+    /// [`Self::workload_pid_file`] names, so that a pid recycled by another program is
+    /// never taken for the workload.
+    pub fn workload_start_file(&self) -> PathBuf {
+        self.run().join("workload.starttime")
+    }
+
+    /// `logs/agent.out`: the agent's console (its stdout and stderr).
+    pub fn agent_out(&self) -> PathBuf {
+        self.logs().join("agent.out")
+    }
+
+    /// `logs/wrapper.log`: the supervisor's and the wrapper's lines.
+    pub fn wrapper_log(&self) -> PathBuf {
+        self.logs().join("wrapper.log")
+    }
+
+    /// `data/last-errors.json`: the last error of each kind the agent met.
+    pub fn last_errors(&self) -> PathBuf {
+        self.data().join("last-errors.json")
     }
 
     /// Update locks: a file here (its text the reason) holds off bundle updates.

@@ -14,6 +14,7 @@ pub mod busy;
 pub mod config_set;
 pub mod credentials;
 pub mod digest;
+pub mod env_vars;
 pub mod error;
 pub mod journal;
 pub mod labels;

@@ -39,7 +39,7 @@ pub fn running_agent(home: &AgentHome) -> Option<u32> {
 }
 
 pub fn running_supervisor(home: &AgentHome) -> Option<u32> {
-    read_pid(&home.run().join("wrapper.pid")).filter(|&p| is_supervisor(p))
+    read_pid(&home.supervisor_pid_file()).filter(|&p| is_supervisor(p))
 }
 
 /// Asks `pid` to end (TERM on Unix, its stop event on Windows).

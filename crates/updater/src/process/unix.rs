@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use agent_protocol::layout::AgentHome;
+use agent_protocol::layout::{AgentHome, SERVICE_BIN, SUPERVISE_COMMAND, WRAPPER_SCRIPT};
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 
@@ -30,8 +30,20 @@ pub fn is_agent(pid: u32, home: &AgentHome) -> bool {
         })
 }
 
+/// True if `pid` supervises an agent: `agent-service __supervise`, or the supervisor of
+/// a version from before `agent-service` (`agent-wrapper.sh __supervise`), which an
+/// update from such a version finds running.
 pub fn is_supervisor(pid: u32) -> bool {
-    is_alive(pid) && cmdline(pid).is_some_and(|c| c.contains("agent-wrapper.sh __supervise"))
+    is_alive(pid) && cmdline(pid).is_some_and(|c| supervises(&c))
+}
+
+/// Whether a command line (arguments joined by spaces) is a supervisor's.
+fn supervises(cmdline: &str) -> bool {
+    let mut words = cmdline.split(' ');
+    let program = words.next().unwrap_or_default();
+    let service = format!("/{SERVICE_BIN}");
+    (program.ends_with(&service) && words.any(|w| w == SUPERVISE_COMMAND))
+        || cmdline.contains(&format!("{WRAPPER_SCRIPT} {SUPERVISE_COMMAND}"))
 }
 
 pub(super) fn find_agent(home: &AgentHome) -> Option<u32> {
@@ -67,4 +79,24 @@ pub(super) fn wrapper_command(_home: &AgentHome, version_dir: &Path) -> (PathBuf
 
 pub(super) fn detach() {
     let _ = nix::unistd::setsid();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::supervises;
+
+    #[test]
+    fn supervisors_old_and_new_are_known_by_their_command_line() {
+        assert!(supervises(
+            "/opt/agent/versions/1.0.0+1/bin/agent-service __supervise --home /opt/agent "
+        ));
+        assert!(supervises(
+            "/bin/sh /opt/agent/versions/0.9.0+1/bin/agent-wrapper.sh __supervise "
+        ));
+        assert!(!supervises(
+            "/opt/agent/versions/1.0.0+1/bin/agent-service stop --home /opt/agent "
+        ));
+        assert!(!supervises("/opt/agent/current/bin/agent run "));
+        assert!(!supervises("grep __supervise "));
+    }
 }

@@ -21,15 +21,14 @@ pub use os::{
     signal_name, signal_number, start_ticks, stop, unknown_exit,
 };
 
-/// `run/workload.pid`: the workload's pid (its process group), one number.
+/// `run/workload.pid` ([`AgentHome::workload_pid_file`]).
 pub fn pid_file(home: &AgentHome) -> PathBuf {
-    home.run().join("workload.pid")
+    home.workload_pid_file()
 }
 
-/// `run/workload.starttime`: the start time (clock ticks) of the process the pid file
-/// names, so that a pid recycled by another program is never taken for the workload.
+/// `run/workload.starttime` ([`AgentHome::workload_start_file`]).
 pub fn start_file(home: &AgentHome) -> PathBuf {
-    home.run().join("workload.starttime")
+    home.workload_start_file()
 }
 
 /// Put in each started workload's environment, with a value unique to that start: a
