@@ -62,8 +62,9 @@ NOTE
 fi
 
 # assemble DIST AGENT_BINARY [WINDOWS_BIN_DIR]: the distribution directory of one
-# platform. With WINDOWS_BIN_DIR, a Windows one: agent.exe, and agent-service.exe (the
-# service, the Windows counterpart of the wrapper) and agent-bundle.exe beside it.
+# platform: the agent, and agent-service built beside it (the supervisor the wrapper
+# runs). With WINDOWS_BIN_DIR, a Windows one: agent.exe, and agent-service.exe (the
+# service, which plays the wrapper's part there) and agent-bundle.exe beside it.
 assemble() {
     local dist=$1 agent=$2 windows=${3:-}
     rm -rf "$dist"
@@ -73,6 +74,7 @@ assemble() {
         cp "$windows/agent-service.exe" "$windows/agent-bundle.exe" "$dist/bin/"
     else
         cp "$agent" "$dist/bin/agent"
+        cp "$(dirname "$agent")/agent-service" "$dist/bin/agent-service"
         cp installer/agent-wrapper.sh "$dist/bin/agent-wrapper.sh"
     fi
     cp installer/agent.toml "$dist/conf.default/agent.toml"
@@ -121,10 +123,9 @@ for target in "${targets[@]}"; do
         ;;
     esac
     # Windows runs programs by their extension, and its agent runs as a service.
-    exe="" packages=(-p agent -p agent-bundle) windows=""
+    exe="" packages=(-p agent -p agent-bundle -p agent-service) windows=""
     if [[ "$target" == *-windows-* ]]; then
         exe=".exe"
-        packages+=(-p agent-service)
         windows=target/$target/release
     fi
     cargo build --release --locked --target "$target" "${packages[@]}" >&2

@@ -139,9 +139,9 @@ windows=x86_64-pc-windows-gnu
 windows_packages=(-p agent -p agent-bundle -p agent-service)
 build_cross() {
     CC_x86_64_unknown_linux_musl=musl-gcc \
-        cargo build "${cross[@]}" --target x86_64-unknown-linux-musl -p agent -p agent-bundle
+        cargo build "${cross[@]}" --target x86_64-unknown-linux-musl -p agent -p agent-bundle -p agent-service
     CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
-        cargo build "${cross[@]}" --target aarch64-unknown-linux-gnu -p agent -p agent-bundle
+        cargo build "${cross[@]}" --target aarch64-unknown-linux-gnu -p agent -p agent-bundle -p agent-service
     export CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
     cargo build "${cross[@]}" --target "$windows" "${windows_packages[@]}" --bin agent-bundle --features agent-bundle/failpoints
     set_aside "$target_dir/cross/$windows/debug/agent-bundle.exe" "$target_dir/failpoints/$windows/debug"

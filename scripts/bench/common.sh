@@ -118,6 +118,9 @@ make_dist() {
     local dir=$1 mib=$2 text_share=${3:-4}
     mkdir -p "$dir/bin" "$dir/conf.default" "$dir/lib"
     cp "$vbin/agent" "$dir/bin/agent"
+    # The supervisor the wrapper runs, in versions that have one (older wrappers were
+    # the supervisor themselves).
+    [[ ! -f $vbin/agent-service ]] || cp "$vbin/agent-service" "$dir/bin/agent-service"
     cp "$vroot/installer/agent-wrapper.sh" "$dir/bin/agent-wrapper.sh"
     cp "$vroot/installer/agent.toml" "$dir/conf.default/agent.toml"
     cp "$vroot/installer/README.txt" "$dir/README.txt"

@@ -13,6 +13,7 @@ delta_dist() {
     mkdir -p "$dir/bin" "$dir/conf.default"
     cp "$2" "$dir/bin/agent"
     [[ -z ${3:-} ]] || cp "$3" "$dir/bin/workload"
+    cp "$bin/agent-service" "$dir/bin/agent-service"
     cp "$root/installer/agent-wrapper.sh" "$dir/bin/agent-wrapper.sh"
     cp "$root/installer/agent.toml" "$dir/conf.default/agent.toml"
     cp "$root/installer/README.txt" "$dir/README.txt"

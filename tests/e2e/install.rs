@@ -28,6 +28,14 @@ fn quick_dist(ctx: &TestContext, dir: &str, agent: Option<&Path>, marker: &str) 
     // A distinct binary per version: ELF ignores bytes appended to it.
     bin.extend_from_slice(marker.as_bytes());
     fs::write(dist.join("bin/agent"), bin).unwrap();
+    // Another platform's agent comes with that platform's supervisor, built beside it.
+    if let Some(agent) = agent {
+        fs::copy(
+            agent.with_file_name("agent-service"),
+            dist.join("bin/agent-service"),
+        )
+        .unwrap();
+    }
     dist
 }
 

@@ -33,7 +33,7 @@ const WAIT: Duration = Duration::from_secs(150);
 const EM_X86_64: u16 = 62;
 const EM_AARCH64: u16 = 183;
 
-/// The `agent` or `agent-bundle` built for `platform`.
+/// The `agent`, `agent-service` or `agent-bundle` built for `platform`.
 fn built_for(platform: &str, name: &str) -> PathBuf {
     match platform {
         GNU => bin_path(name),
@@ -50,6 +50,11 @@ fn dist_for(ctx: &TestContext, dir: &str, platform: &str, marker: &str) -> PathB
     let mut bin = fs::read(built_for(platform, "agent")).unwrap();
     bin.extend_from_slice(marker.as_bytes());
     fs::write(dist.join("bin/agent"), bin).unwrap();
+    fs::copy(
+        built_for(platform, "agent-service"),
+        dist.join("bin/agent-service"),
+    )
+    .unwrap();
     dist
 }
 

@@ -76,12 +76,14 @@ impl TestContext {
         )
     }
 
-    /// A reference distribution in `dir`: the real agent binary, the wrapper, defaults.
+    /// A reference distribution in `dir`: the real agent binary, the wrapper and the
+    /// supervisor it runs (agent-service), defaults.
     pub fn dist(&self, dir: &str) -> PathBuf {
         let root = self.path(dir);
         fs::create_dir_all(root.join("bin")).unwrap();
         fs::create_dir_all(root.join("conf.default")).unwrap();
         fs::copy(bin_path("agent"), root.join("bin/agent")).unwrap();
+        fs::copy(bin_path("agent-service"), root.join("bin/agent-service")).unwrap();
         fs::copy(
             repo_root().join("installer/agent-wrapper.sh"),
             root.join("bin/agent-wrapper.sh"),

@@ -32,7 +32,7 @@ pub fn musl_bin(name: &str) -> PathBuf {
     let path = crate::in_target_dir(&format!("cross/x86_64-unknown-linux-musl/debug/{name}"));
     assert!(
         path.exists(),
-        "{} is missing: run scripts/test.sh, or CC_x86_64_unknown_linux_musl=musl-gcc cargo build --target-dir target/cross --target x86_64-unknown-linux-musl -p agent -p agent-bundle",
+        "{} is missing: run scripts/test.sh, or CC_x86_64_unknown_linux_musl=musl-gcc cargo build --target-dir target/cross --target x86_64-unknown-linux-musl -p agent -p agent-bundle -p agent-service",
         path.display()
     );
     path
@@ -49,7 +49,7 @@ pub fn aarch64_bin(name: &str) -> PathBuf {
     let path = crate::in_target_dir(&format!("cross/aarch64-unknown-linux-gnu/debug/{name}"));
     assert!(
         path.exists(),
-        "{} is missing: run scripts/test.sh, or CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc cargo build --target-dir target/cross --target aarch64-unknown-linux-gnu -p agent -p agent-bundle",
+        "{} is missing: run scripts/test.sh, or CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc cargo build --target-dir target/cross --target aarch64-unknown-linux-gnu -p agent -p agent-bundle -p agent-service",
         path.display()
     );
     let binfmt = Path::new("/proc/sys/fs/binfmt_misc/qemu-aarch64");

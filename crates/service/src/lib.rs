@@ -1,4 +1,10 @@
-//! The decisions of `agent-service.exe`, kept apart from its Windows calls so that they
-//! are built and tested everywhere.
+//! The decisions of `agent-service` (the supervisor behind `agent-wrapper.sh` on Unix,
+//! the Windows service on Windows), kept apart from the platforms' process calls so
+//! that they are built and tested everywhere: what to do after the agent exits
+//! ([`policy`]), what `start` reads in the agent's files ([`observe`]), the knobs of
+//! `conf/agent-env.sh` ([`knobs`]) and the clock the shared files are written in.
 
+pub mod clock;
+pub mod knobs;
+pub mod observe;
 pub mod policy;

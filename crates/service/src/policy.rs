@@ -1,5 +1,6 @@
-//! What the service does after the agent ends, as a pure function of how it ended, how
-//! long it ran and whether an updater runs: the rules of `agent-wrapper.sh`.
+//! What the supervisor does after the agent ends, as a pure function of how it ended, how
+//! long it ran and whether an updater runs: one set of rules for the Unix supervisor
+//! (behind `agent-wrapper.sh`) and the Windows service.
 
 use std::time::Duration;
 
@@ -14,16 +15,29 @@ pub const STABLE: Duration = Duration::from_secs(60);
 pub enum AfterExit {
     /// Start it again after this pause.
     Restart(Duration),
-    /// Start nothing until asked (why, for the log).
-    Idle(String),
+    /// Start nothing until asked.
+    Idle(Idle),
     /// It handed over to the updater, which starts the next agent through this service.
     HandedOver,
 }
 
-/// Restart pauses: 1 s doubling to [`BACKOFF_MAX`], back to 1 s after a stable run.
+/// Why the agent is not started again; each platform says it in its own words (paths,
+/// the command that starts it again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Idle {
+    /// Exit 3: the server refuses this version and updates are disabled.
+    Refused,
+    /// Exit 78 (`EX_CONFIG`, the code): the agent refused its configuration, which a
+    /// restart cannot fix.
+    BadConfiguration(i32),
+}
+
+/// Restart pauses: 1 s doubling to a ceiling ([`BACKOFF_MAX`] unless told), back to 1 s
+/// after a stable run.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     next: Duration,
+    max: Duration,
 }
 
 impl Default for Backoff {
@@ -34,8 +48,14 @@ impl Default for Backoff {
 
 impl Backoff {
     pub fn new() -> Self {
+        Self::with_max(BACKOFF_MAX)
+    }
+
+    /// Pauses that never exceed `max` (`AGENT_RESTART_BACKOFF_MAX`).
+    pub fn with_max(max: Duration) -> Self {
         Self {
             next: Duration::from_secs(1),
+            max,
         }
     }
 
@@ -44,7 +64,7 @@ impl Backoff {
             self.next = Duration::from_secs(1);
         }
         let now = self.next;
-        self.next = (self.next * 2).min(BACKOFF_MAX);
+        self.next = (self.next * 2).min(self.max);
         now
     }
 }
@@ -59,12 +79,8 @@ pub fn after_exit(
 ) -> AfterExit {
     match code {
         Some(0) if updater_running => AfterExit::HandedOver,
-        Some(c) if c == i32::from(EXIT_REFUSED) => AfterExit::Idle(
-            "the agent was refused by the server and updates are disabled; not restarting".into(),
-        ),
-        Some(c) if c == i32::from(EXIT_CONFIG) => AfterExit::Idle(format!(
-            "the agent refused its configuration (exit {c}); not restarting: fix conf\\agent.toml (see logs\\agent.out), then run agent-service.exe start"
-        )),
+        Some(c) if c == i32::from(EXIT_REFUSED) => AfterExit::Idle(Idle::Refused),
+        Some(c) if c == i32::from(EXIT_CONFIG) => AfterExit::Idle(Idle::BadConfiguration(c)),
         _ => AfterExit::Restart(backoff.take(ran)),
     }
 }
@@ -105,13 +121,25 @@ mod tests {
     #[test]
     fn refusals_and_bad_configuration_are_not_restarted() {
         let mut b = Backoff::new();
-        assert!(matches!(
+        assert_eq!(
             after_exit(Some(3), S, false, &mut b),
-            AfterExit::Idle(_)
-        ));
-        assert!(matches!(
+            AfterExit::Idle(Idle::Refused)
+        );
+        assert_eq!(
             after_exit(Some(78), S, true, &mut b),
-            AfterExit::Idle(_)
-        ));
+            AfterExit::Idle(Idle::BadConfiguration(78))
+        );
+    }
+
+    #[test]
+    fn the_ceiling_can_be_lowered() {
+        let mut b = Backoff::with_max(Duration::from_secs(2));
+        let secs: Vec<u64> = (0..4)
+            .map(|_| match after_exit(Some(1), S, false, &mut b) {
+                AfterExit::Restart(d) => d.as_secs(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(secs, [1, 2, 2, 2]);
     }
 }

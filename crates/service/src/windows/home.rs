@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::os::windows::io::AsRawHandle;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use agent_protocol::layout::{self, AgentHome};
 use windows_sys::Win32::Storage::FileSystem::{LOCKFILE_EXCLUSIVE_LOCK, LockFileEx, UnlockFileEx};
@@ -122,34 +122,8 @@ pub(crate) fn read_exit(home: &AgentHome) -> Option<(u32, i32)> {
     Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
 }
 
-pub(crate) fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_secs()
-}
-
-/// Unix seconds as `2026-11-23T17:31:33Z`.
-fn timestamp(secs: u64) -> String {
-    let days = secs / 86_400;
-    let rest = secs % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
-}
+pub(crate) use agent_service::clock::now_secs;
+use agent_service::clock::timestamp;
 
 /// Appends a line to `logs\service.log` (what `agent-wrapper.sh` writes to wrapper.log).
 ///
@@ -205,19 +179,5 @@ fn unlock(file: &std::fs::File) {
 
 /// Seconds from the environment, or `default`.
 pub(crate) fn env_secs(name: &str, default: u64) -> Duration {
-    Duration::from_secs(
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(default),
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn timestamps_are_civil_utc() {
-        assert_eq!(super::timestamp(0), "1970-01-01T00:00:00Z");
-        assert_eq!(super::timestamp(1_795_455_093), "2026-11-23T17:31:33Z");
-    }
+    agent_service::knobs::secs(name, default)
 }

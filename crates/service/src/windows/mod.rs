@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use agent_protocol::env_vars;
 use agent_protocol::layout::AgentHome;
 use agent_updater::process;
 use windows_service::service::ServiceState;
@@ -106,7 +107,7 @@ pub(crate) fn main() -> ExitCode {
 /// Driven by the updater (`AGENT_UPDATER_ACTIVE`): the service stays up and only its
 /// agent is started or stopped.
 fn for_updater() -> bool {
-    std::env::var_os("AGENT_UPDATER_ACTIVE").is_some()
+    agent_service::knobs::for_updater()
 }
 
 fn running(name: &str) -> bool {
@@ -134,7 +135,7 @@ fn start(name: &str, home: &AgentHome) -> anyhow::Result<ExitCode> {
     if !service_up {
         scm::start(name, Duration::from_secs(30))?;
     }
-    let within = home::env_secs("AGENT_START_TIMEOUT", 30);
+    let within = home::env_secs(env_vars::AGENT_START_TIMEOUT, 30);
     wait_started(home, within)
 }
 
@@ -162,13 +163,13 @@ fn wait_started(home: &AgentHome, within: Duration) -> anyhow::Result<ExitCode> 
                 );
                 anyhow::bail!(
                     "agent did not start: it exited at once (exit {code}); see {}:\n{}",
-                    home.logs().join("agent.out").display(),
-                    agent_extract::atomic::tail_lines(&home.logs().join("agent.out"), 5)
+                    home.agent_out().display(),
+                    agent_extract::atomic::tail_lines(&home.agent_out(), 5)
                 );
             }
             let health =
                 std::fs::read_to_string(home.run().join("health.json")).unwrap_or_default();
-            if health_names(&health, pid) {
+            if agent_service::observe::health_names(&health, pid) {
                 println!("agent started (pid {pid})");
                 return Ok(ExitCode::SUCCESS);
             }
@@ -184,7 +185,7 @@ fn wait_started(home: &AgentHome, within: Duration) -> anyhow::Result<ExitCode> 
             anyhow::bail!(
                 "agent did not start within {}s; see {} and {}",
                 within.as_secs(),
-                home.logs().join("agent.out").display(),
+                home.agent_out().display(),
                 home.logs().join("service.log").display()
             );
         }
@@ -192,20 +193,11 @@ fn wait_started(home: &AgentHome, within: Duration) -> anyhow::Result<ExitCode> 
     }
 }
 
-/// Whether `run\health.json` names `pid` (`"pid": 123`).
-fn health_names(json: &str, pid: u32) -> bool {
-    let compact: String = json.chars().filter(|c| !c.is_whitespace()).collect();
-    let needle = format!("\"pid\":{pid}");
-    compact
-        .match_indices(&needle)
-        .any(|(at, _)| !compact[at + needle.len()..].starts_with(|c: char| c.is_ascii_digit()))
-}
-
 /// Stops the agent: for the updater only the agent (the service stays up); otherwise
 /// the service, which stops its agent first.
 fn stop(name: &str, home: &AgentHome) -> anyhow::Result<ExitCode> {
     let agent = process::running_agent(home);
-    let stop_timeout = home::env_secs("AGENT_STOP_TIMEOUT", 20);
+    let stop_timeout = agent_service::knobs::stop_timeout();
     if for_updater() && running(name) {
         home::write_request(home, Request::Stop)?;
         if let Some(pid) = agent

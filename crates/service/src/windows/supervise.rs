@@ -16,7 +16,7 @@ use windows_sys::Win32::System::Threading::{
 
 use super::home::{self, Request, log};
 use super::job::Job;
-use agent_service::policy::{self, AfterExit, Backoff};
+use agent_service::policy::{self, AfterExit, Backoff, Idle};
 
 /// How often the service looks at its agent, its requests and the updater.
 const TICK: Duration = Duration::from_millis(50);
@@ -59,11 +59,11 @@ impl Supervisor {
             job: Job::new()?,
             agent: None,
             idle: None,
-            backoff: Backoff::new(),
+            backoff: Backoff::with_max(agent_service::knobs::backoff_max()),
             next_start: Instant::now(),
             recovery: None,
             recovery_tried: false,
-            stop_timeout: home::env_secs("AGENT_STOP_TIMEOUT", 20),
+            stop_timeout: agent_service::knobs::stop_timeout(),
         })
     }
 
@@ -173,7 +173,8 @@ impl Supervisor {
                         &self.home,
                         "agent exited normally; the updater takes over and starts the next one through this service",
                     ),
-                    AfterExit::Idle(why) => {
+                    AfterExit::Idle(idle) => {
+                        let why = idle_words(idle);
                         log(&self.home, &why);
                         self.idle = Some(why);
                     }
@@ -241,13 +242,13 @@ impl Supervisor {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.home.logs().join("agent.out"))?;
+            .open(self.home.agent_out())?;
         let err = out.try_clone()?;
         let child = Command::new(exe)
             .arg("run")
             .current_dir(self.home.root())
             .env("AGENT_HOME", self.home.root())
-            .env_remove("AGENT_UPDATER_ACTIVE")
+            .env_remove(agent_protocol::env_vars::AGENT_UPDATER_ACTIVE)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -401,6 +402,18 @@ impl Supervisor {
                 false
             }
         }
+    }
+}
+
+/// Why no agent is started again, in Windows' words.
+fn idle_words(idle: Idle) -> String {
+    match idle {
+        Idle::Refused => {
+            "the agent was refused by the server and updates are disabled; not restarting".into()
+        }
+        Idle::BadConfiguration(c) => format!(
+            "the agent refused its configuration (exit {c}); not restarting: fix conf\\agent.toml (see logs\\agent.out), then run agent-service.exe start"
+        ),
     }
 }
 
