@@ -177,8 +177,9 @@ async fn serve(
     )?;
 
     // A failure told for the version this agent now runs is over.
-    if crate::told::last(&home).is_some_and(|t| t.report.to == install.version.to_string()) {
-        crate::told::forget(&home);
+    if last_errors::last_told(&home).is_some_and(|(_, told)| told.to == install.version.to_string())
+    {
+        last_errors::forget_told(&home);
     }
     let nudge = crate::recovery::Nudge::default();
     tokio::spawn(crate::recovery::finish_interrupted(
@@ -285,16 +286,16 @@ async fn serve(
                         // said of moving to another release (retrying it, held off) is
                         // over, on the machine as on the server.
                         if window.is_none()
-                            && crate::told::last(&home).is_some_and(|t| {
+                            && last_errors::last_told(&home).is_some_and(|(_, told)| {
                                 matches!(
-                                    t.report.status,
+                                    told.status,
                                     UpdateStatus::Retrying
                                         | UpdateStatus::Deferred
                                         | UpdateStatus::WaitingWindow
                                 )
                             })
                         {
-                            crate::told::forget(&home);
+                            last_errors::forget_told(&home);
                         }
                         if let Some(set) = offered {
                             take_config(&home, &client, &id, dirs, workload, &set).await;
@@ -869,7 +870,7 @@ async fn tell(install: &Installation, client: &Client, report: Report, retry: &m
     if !retry.first_telling(&report) {
         return;
     }
-    crate::told::remember(&install.home, &report);
+    last_errors::told(&install.home, &report);
     if let Err(e) = state::enqueue_report(&install.home, &report) {
         // A full disk is the likeliest reason: told directly, once, then.
         match client.report(&report).await {

@@ -37,7 +37,6 @@ pub mod room;
 pub mod sleep;
 pub mod source;
 pub mod status;
-pub mod told;
 pub mod uninstall;
 pub mod update;
 pub mod workload;

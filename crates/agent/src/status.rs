@@ -69,9 +69,9 @@ pub fn render(install: &Installation, config: &Config) -> String {
                     crate::locks::describe_all(&held)
                 );
             }
-            if let Some(told) = crate::told::last(home) {
-                let line = crate::told::describe(&told, state::now_secs());
-                let _ = writeln!(out, "{:<9} {line}", crate::told::label(&told));
+            if let Some((at, told)) = crate::last_errors::last_told(home) {
+                let line = crate::last_errors::describe_told(at, &told, state::now_secs());
+                let _ = writeln!(out, "{:<9} {line}", crate::last_errors::told_label(&told));
             }
             out.push_str(&crate::workload::describe(h.workload.as_ref(), alive));
         }

@@ -27,7 +27,7 @@ pub fn shown(text: &str, max_chars: usize) -> String {
 
 /// `text` cut to at most `max_chars` characters at the end of a word, with `…` where it
 /// was cut: for a reason a person reads (a halt's, an agent's error in a list). A
-/// single word longer than the bound is cut inside it.
+/// word longer than a few characters (a URL) is cut inside it.
 pub fn cut_at_word(text: &str, max_chars: usize) -> String {
     let text = text.trim_end();
     if text.chars().count() <= max_chars {
@@ -38,11 +38,16 @@ pub fn cut_at_word(text: &str, max_chars: usize) -> String {
     let head = &text[..end];
     // The next character decides whether the last word was whole.
     let whole = text[end..].starts_with(char::is_whitespace);
+    // A long token (a URL, a path) is cut inside rather than dropped whole: what it
+    // starts with says more than nothing.
+    const LONGEST_WORD_DROPPED: usize = 24;
     let cut = if whole {
         head
     } else {
         match head.rfind(char::is_whitespace) {
-            Some(space) if space > 0 => &head[..space],
+            Some(space) if space > 0 && head.len() - space <= LONGEST_WORD_DROPPED => {
+                &head[..space]
+            }
             _ => head,
         }
     };
@@ -78,6 +83,8 @@ mod tests {
         );
         assert_eq!(cut_at_word("the disk is full", 12), "the disk is…");
         assert_eq!(cut_at_word("abcdefghijkl", 5), "abcd…");
+        let url = format!("see http://{}/x", "h".repeat(60));
+        assert!(cut_at_word(&url, 30).starts_with("see http://hhh"));
         assert!(cut_at_word(&"word ".repeat(100), 160).chars().count() <= 160);
     }
 
