@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use crate::config::Config;
 use crate::daemon::{self, RunEnd};
 use crate::error::AgentError;
-use crate::home::Installation;
+use crate::state::home::Installation;
 
 /// The agent daemon and its maintenance commands.
 #[derive(Debug, Parser)]
@@ -177,7 +177,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(end.exit_code()))
         }
         Some(Command::Status) => {
-            print!("{}", crate::status::render(&install, &config));
+            print!("{}", crate::state::status::render(&install, &config));
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Update {
@@ -190,7 +190,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Some(Command::Update { check, .. }) => {
             let _guard = init_logging(install.home.root(), "agent.log", config.log.limits());
-            runtime.block_on(crate::manual::update(&install, &config, check))
+            runtime.block_on(crate::update::manual::update(&install, &config, check))
         }
         Some(Command::Lock { action }) => lock(&install.home, action),
         Some(Command::Uninstall { .. } | Command::Config { .. }) => handled_earlier(),
@@ -205,7 +205,7 @@ fn lock(home: &AgentHome, action: LockAction) -> anyhow::Result<ExitCode> {
             reason,
             hold_for,
         } => {
-            let path = crate::locks::take(home, &name, &reason, hold_for, now)
+            let path = crate::update::locks::take(home, &name, &reason, hold_for, now)
                 .map_err(anyhow::Error::msg)?;
             let until = hold_for
                 .map(|d| format!("for {}", agent_protocol::settings::format_duration(d)))
@@ -216,11 +216,11 @@ fn lock(home: &AgentHome, action: LockAction) -> anyhow::Result<ExitCode> {
             );
         }
         LockAction::Release { name } => {
-            crate::locks::release(home, &name).map_err(anyhow::Error::msg)?;
+            crate::update::locks::release(home, &name).map_err(anyhow::Error::msg)?;
             println!("update lock {name} released");
         }
         LockAction::List => {
-            let (held, warnings) = crate::locks::held(home, now);
+            let (held, warnings) = crate::update::locks::held(home, now);
             for w in warnings {
                 eprintln!("agent: {w}");
             }
@@ -267,12 +267,12 @@ fn uninstall(home: Option<&Path>, purge: bool, yes: bool) -> anyhow::Result<Exit
 }
 
 /// Logs to stderr and to `logs/<file>`, rotated by size with stderr's `logs/agent.out`,
-/// after rotating the other logs past `[log] max-size` (see [`crate::logfiles`]); the
+/// after rotating the other logs past `[log] max-size` (see [`crate::state::logfiles`]); the
 /// guard flushes the file on drop.
 fn init_logging(
     home: &Path,
     file: &str,
-    limits: crate::logfiles::Limits,
+    limits: crate::state::logfiles::Limits,
 ) -> Option<tracing_appender::non_blocking::WorkerGuard> {
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::layer::SubscriberExt;
@@ -286,9 +286,9 @@ fn init_logging(
         .with_target(false);
     let logs = home.join("logs");
     let opened = std::fs::create_dir_all(&logs).and_then(|()| {
-        crate::logfiles::rotate_at_start(&logs, limits);
+        crate::state::logfiles::rotate_at_start(&logs, limits);
         let console = logs.join("agent.out");
-        crate::logfiles::RotatingFile::open(&logs.join(file), limits, Some(&console))
+        crate::state::logfiles::RotatingFile::open(&logs.join(file), limits, Some(&console))
     });
     let (file_layer, guard) = match opened {
         Ok(appender) => {

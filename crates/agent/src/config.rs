@@ -19,7 +19,7 @@ pub struct Config {
     pub log: LogSection,
 }
 
-/// The agent's log files and their rotation by size (see [`crate::logfiles`]).
+/// The agent's log files and their rotation by size (see [`crate::state::logfiles`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct LogSection {
@@ -40,10 +40,10 @@ impl Default for LogSection {
 
 impl LogSection {
     /// The limits, read (`max-size` was checked when the file was loaded).
-    pub fn limits(&self) -> crate::logfiles::Limits {
-        crate::logfiles::Limits {
-            max_size: crate::logfiles::parse_size(&self.max_size)
-                .unwrap_or(crate::logfiles::Limits::default().max_size),
+    pub fn limits(&self) -> crate::state::logfiles::Limits {
+        crate::state::logfiles::Limits {
+            max_size: crate::state::logfiles::parse_size(&self.max_size)
+                .unwrap_or(crate::state::logfiles::Limits::default().max_size),
             keep: self.keep,
         }
     }
@@ -62,7 +62,7 @@ pub struct ServerSection {
     pub enrollment_token: String,
     /// The HTTP proxy every request goes through, `http://[user:password@]host:port`;
     /// `"none"`: always direct; empty: the environment's `https_proxy`, `http_proxy`
-    /// and `no_proxy` decide (see [`crate::proxy`]).
+    /// and `no_proxy` decide (see [`crate::contact::proxy`]).
     pub proxy: String,
 }
 
@@ -365,7 +365,7 @@ impl Config {
         // A proxy's password may sit on the line a TOML error quotes.
         let bad = |message: String| AgentError::Config {
             path: path.to_owned(),
-            message: crate::proxy::redact(&message),
+            message: crate::contact::proxy::redact(&message),
         };
         let mut table: toml::Table = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
         // AGENT_ is shared with process knobs (AGENT_LOG, AGENT_HOME, ...): only names in
@@ -390,9 +390,9 @@ impl Config {
         config.workload.validate().map_err(bad)?;
         agent_protocol::labels::check(&config.agent.labels)
             .map_err(|e| bad(format!("agent.labels: {e}")))?;
-        crate::logfiles::parse_size(&config.log.max_size)
+        crate::state::logfiles::parse_size(&config.log.max_size)
             .map_err(|e| bad(format!("log.max-size: {e}")))?;
-        crate::proxy::Setting::parse(&config.server.proxy).map_err(bad)?;
+        crate::contact::proxy::Setting::parse(&config.server.proxy).map_err(bad)?;
         Ok(config)
     }
 
@@ -401,8 +401,8 @@ impl Config {
     }
 
     /// `server.proxy`, read (it was checked when the file was loaded).
-    pub fn proxy(&self) -> crate::proxy::Setting {
-        crate::proxy::Setting::parse(&self.server.proxy).unwrap_or_default()
+    pub fn proxy(&self) -> crate::contact::proxy::Setting {
+        crate::contact::proxy::Setting::parse(&self.server.proxy).unwrap_or_default()
     }
 
     /// The pinned CA, if one is configured.
@@ -621,10 +621,10 @@ reload = "signal:HUP"
             &no_env,
         )
         .unwrap();
-        assert!(matches!(c.proxy(), crate::proxy::Setting::Url(_)));
+        assert!(matches!(c.proxy(), crate::contact::proxy::Setting::Url(_)));
         let env = VarMap(vec![("AGENT_SERVER_PROXY".into(), "none".into())]);
         let c = Config::parse("", Path::new("a.toml"), &env).unwrap();
-        assert_eq!(c.proxy(), crate::proxy::Setting::Direct);
+        assert_eq!(c.proxy(), crate::contact::proxy::Setting::Direct);
         for text in [
             "[server]\nproxy = \"http://alice:hunter2@proxy\"\n",
             "[server]\nproxy = \"http://alice:hunter2@proxy:3128\"\nurls = 7\n",

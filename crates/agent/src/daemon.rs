@@ -12,20 +12,20 @@ use agent_updater::{lock, state};
 use rand::Rng;
 use tokio::sync::watch;
 
-use crate::ahead::Ahead;
-use crate::backoff::change_jitter;
-use crate::client::{Answer, Client, Directive, Hold, Trust};
 use crate::config::{Config, Reload, parse_reload};
-use crate::health::HealthBoard;
-use crate::home::Installation;
-use crate::identity;
-use crate::last_errors;
-use crate::locks;
-use crate::pacing::{self, LastContact};
+use crate::contact::backoff::change_jitter;
+use crate::contact::client::{Answer, Client, Directive, Hold, Trust};
+use crate::contact::identity;
+use crate::contact::pacing::{self, LastContact};
 use crate::remote_config::live::LiveWorkload;
 use crate::remote_config::{self, Dirs, decide};
-use crate::retry::{self, Failure, Gate, Offer, Retry};
 use crate::sleep;
+use crate::state::health::HealthBoard;
+use crate::state::home::Installation;
+use crate::state::last_errors;
+use crate::update::ahead::Ahead;
+use crate::update::locks;
+use crate::update::retry::{self, Failure, Gate, Offer, Retry};
 use crate::update::{self, Outcome, UpdateContext};
 use crate::workload::spec::Spec;
 
@@ -73,7 +73,7 @@ pub async fn flush_outbox(home: &AgentHome, client: &Client) {
             }
             // A server from before a status (RETRYING) refuses it as malformed, and
             // always will: said once and dropped, so it never blocks the reports after.
-            Err(crate::client::CommError::Status { status: code, .. })
+            Err(crate::contact::client::CommError::Status { status: code, .. })
                 if matches!(code, 400 | 422) =>
             {
                 tracing::warn!(
@@ -181,8 +181,8 @@ async fn serve(
     {
         last_errors::forget_told(&home);
     }
-    let nudge = crate::recovery::Nudge::default();
-    tokio::spawn(crate::recovery::finish_interrupted(
+    let nudge = crate::update::recovery::Nudge::default();
+    tokio::spawn(crate::update::recovery::finish_interrupted(
         home.clone(),
         nudge.clone(),
     ));
@@ -441,7 +441,7 @@ async fn flush_config_status(home: &AgentHome, client: &Client) {
             remote_config::status_sent(home, &status);
         }
         // The server will never take it (it no longer knows the set): said once, dropped.
-        Err(crate::client::CommError::Status { status: code, .. })
+        Err(crate::contact::client::CommError::Status { status: code, .. })
             if matches!(code, 400 | 404 | 409 | 410 | 422) =>
         {
             tracing::warn!(
@@ -566,7 +566,7 @@ struct Signals<'a> {
     /// The agent is asked to stop.
     stop: &'a watch::Receiver<bool>,
     /// Asks the recovery task to close an update left open, now.
-    nudge: &'a crate::recovery::Nudge,
+    nudge: &'a crate::update::recovery::Nudge,
 }
 
 /// The longest random wait before acting on a changed offer learnt from a held connect.

@@ -11,32 +11,15 @@
 //! restarts it, checks its health and stops it, and owns `logs/workload.log` and
 //! `run/workload.pid`.
 
-pub mod ahead;
-pub mod backoff;
 pub mod cli;
-pub mod client;
 pub mod config;
+pub mod contact;
 pub mod daemon;
-pub mod delta;
-pub mod download;
 pub mod error;
-pub mod health;
-pub mod home;
-pub mod identity;
-pub mod last_errors;
-pub mod locks;
-pub mod logfiles;
-pub mod manual;
 pub mod os;
-pub mod pacing;
-pub mod proxy;
-pub mod recovery;
 pub mod remote_config;
-pub mod retry;
-pub mod room;
 pub mod sleep;
-pub mod source;
-pub mod status;
+pub mod state;
 pub mod uninstall;
 pub mod update;
 pub mod workload;

@@ -10,7 +10,7 @@ use agent_protocol::layout::AgentHome;
 
 use super::decide::{self, Took};
 use crate::config::Reload;
-use crate::health::HealthBoard;
+use crate::state::health::HealthBoard;
 use crate::workload::spec::{Spec, fill};
 use crate::workload::{self, Supervisor, group};
 

@@ -29,8 +29,8 @@ use std::process::ExitCode;
 use agent_protocol::layout::AgentHome;
 use anyhow::Context;
 
-use crate::client::{Client, Trust};
 use crate::config::Config;
+use crate::contact::client::{Client, Trust};
 
 /// What registered this home with the system's service manager, removed with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,7 +196,7 @@ async fn tell_the_server(
         );
         return;
     };
-    let hello = crate::identity::hello(&id, config);
+    let hello = crate::contact::identity::hello(&id, config);
     let client = match Client::new(
         config.server.urls.clone(),
         version.clone(),

@@ -32,7 +32,7 @@ use agent_updater::state::now_secs;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::watch;
 
-use crate::health::HealthBoard;
+use crate::state::health::HealthBoard;
 use logfile::LogFile;
 use policy::{Action, Exit, Supervision};
 use spec::{Check, Spec};

@@ -21,10 +21,10 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_RANGE, ETAG, IF_RANGE, RANGE};
 use tokio::sync::watch;
 
-use crate::backoff::retry_after_wait;
-use crate::client::error_chain;
-use crate::download::{self, BatchedHasher, Downloaded, Limits};
+use crate::contact::backoff::retry_after_wait;
+use crate::contact::client::error_chain;
 use crate::sleep::sleep_or_shutdown;
+use crate::update::download::{self, BatchedHasher, Downloaded, Limits};
 
 /// Busy answers (`503`) a delta request waits out before the whole bundle is asked for.
 const MAX_BUSY: u32 = 5;
@@ -282,7 +282,7 @@ async fn transfer(
     match resp.status() {
         StatusCode::OK | StatusCode::PARTIAL_CONTENT => {}
         StatusCode::SERVICE_UNAVAILABLE => {
-            return Err(Transfer::Busy(crate::backoff::retry_after_of(
+            return Err(Transfer::Busy(crate::contact::backoff::retry_after_of(
                 &resp,
                 Duration::from_secs(5),
             )));

@@ -22,7 +22,7 @@ use agent_protocol::journal::{Journal, Phase};
 use agent_protocol::layout::{self, AgentHome};
 use agent_updater::{lock, state};
 
-use crate::backoff::Backoff;
+use crate::contact::backoff::Backoff;
 use crate::update::reap;
 
 /// How often the journal is looked at; an open one must be seen twice in a row with no

@@ -6,9 +6,9 @@ use agent_protocol::layout::AgentHome;
 use agent_updater::state;
 use tokio::sync::watch;
 
-use crate::client::{Client, Trust};
 use crate::config::Config;
-use crate::home::Installation;
+use crate::contact::client::{Client, Trust};
+use crate::state::home::Installation;
 use crate::update::{self, Outcome, UpdateContext};
 
 pub async fn update(
@@ -16,8 +16,8 @@ pub async fn update(
     config: &Config,
     check: bool,
 ) -> anyhow::Result<ExitCode> {
-    let id = crate::identity::load_or_create(&install.home)?;
-    let hello = crate::identity::hello(&id, config);
+    let id = crate::contact::identity::load_or_create(&install.home)?;
+    let hello = crate::contact::identity::hello(&id, config);
     let client = Client::new(
         config.server.urls.clone(),
         install.version.clone(),
@@ -45,11 +45,11 @@ pub async fn update(
                 "the fleet installs it when that window opens; `agent update` would install it now, outside the window"
             );
         }
-        let (held, _) = crate::locks::held(&install.home, state::now_secs());
+        let (held, _) = crate::update::locks::held(&install.home, state::now_secs());
         if !held.is_empty() {
             println!(
                 "update locks held here: {}; the fleet's update waits for them (`agent update` does not)",
-                crate::locks::describe_all(&held)
+                crate::update::locks::describe_all(&held)
             );
         }
         if info.agent == install.version {

@@ -7,7 +7,7 @@ use agent_protocol::journal::Health;
 use agent_updater::state;
 
 use crate::config::Config;
-use crate::home::Installation;
+use crate::state::home::Installation;
 
 pub fn render(install: &Installation, config: &Config) -> String {
     let home = &install.home;
@@ -24,7 +24,8 @@ pub fn render(install: &Installation, config: &Config) -> String {
         .unwrap_or_else(|_| "(none yet: made on first start)".into());
     let _ = writeln!(out, "id:       {id}");
     let _ = writeln!(out, "servers:  {}", config.server.urls.join(", "));
-    if let Some(line) = crate::proxy::status_line(&config.proxy(), &|name| std::env::var(name).ok())
+    if let Some(line) =
+        crate::contact::proxy::status_line(&config.proxy(), &|name| std::env::var(name).ok())
     {
         let _ = writeln!(out, "proxy:    {line}");
     }
@@ -61,17 +62,21 @@ pub fn render(install: &Installation, config: &Config) -> String {
             if let Some(window) = &h.waiting_window {
                 let _ = writeln!(out, "window:   {}", window.describe(state::now_secs()));
             }
-            let (held, _) = crate::locks::held(home, state::now_secs());
+            let (held, _) = crate::update::locks::held(home, state::now_secs());
             if !held.is_empty() {
                 let _ = writeln!(
                     out,
                     "locks:    updates held off by {}",
-                    crate::locks::describe_all(&held)
+                    crate::update::locks::describe_all(&held)
                 );
             }
-            if let Some((at, told)) = crate::last_errors::last_told(home) {
-                let line = crate::last_errors::describe_told(at, &told, state::now_secs());
-                let _ = writeln!(out, "{:<9} {line}", crate::last_errors::told_label(&told));
+            if let Some((at, told)) = crate::state::last_errors::last_told(home) {
+                let line = crate::state::last_errors::describe_told(at, &told, state::now_secs());
+                let _ = writeln!(
+                    out,
+                    "{:<9} {line}",
+                    crate::state::last_errors::told_label(&told)
+                );
             }
             out.push_str(&crate::workload::describe(h.workload.as_ref(), alive));
         }
@@ -118,14 +123,14 @@ pub fn render(install: &Installation, config: &Config) -> String {
 /// The last error of each kind with its time, and the configuration set applied.
 fn errors_and_configuration(home: &agent_protocol::layout::AgentHome) -> String {
     let mut out = String::new();
-    let errors = crate::last_errors::read(home);
+    let errors = crate::state::last_errors::read(home);
     let now = state::now_secs();
-    for kind in crate::last_errors::Kind::ALL {
+    for kind in crate::state::last_errors::Kind::ALL {
         let label = format!("last {} error:", kind.name());
         let _ = writeln!(
             out,
             "{label:<26}{}",
-            crate::last_errors::describe(errors.get(&kind), now)
+            crate::state::last_errors::describe(errors.get(&kind), now)
         );
     }
     let applied = crate::remote_config::running_hash(home);

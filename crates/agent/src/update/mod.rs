@@ -5,6 +5,16 @@
 //! the trusted comment, the version inside the bundle against the server's claim, and
 //! a `signed-at` no older than the running version's (no replayed downgrade).
 
+pub mod ahead;
+pub mod delta;
+pub mod download;
+pub mod locks;
+pub mod manual;
+pub mod recovery;
+pub mod retry;
+pub mod room;
+pub mod source;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -19,15 +29,14 @@ use agent_protocol::{AgentVersion, platform};
 use agent_updater::state;
 use tokio::sync::watch;
 
-use crate::backoff::{Backoff, retry_after_wait};
-use crate::client::Client;
 use crate::config::Config;
-use crate::delta::{self, NoDelta};
-use crate::download::{self, DownloadError, Limits};
-use crate::home::Installation;
-use crate::retry::Failure;
+use crate::contact::backoff::{Backoff, retry_after_wait};
+use crate::contact::client::Client;
 use crate::sleep::sleep_or_shutdown;
-use crate::source;
+use crate::state::home::Installation;
+use crate::update::retry::Failure;
+use delta::NoDelta;
+use download::{DownloadError, Limits};
 
 /// Failed downloads (not counting `503`s, which the server manages) before giving up
 /// for this round.
@@ -139,7 +148,7 @@ pub async fn fetch_verified(
     download::prepare_dir(&dir).map_err(|e| degraded(e.to_string()))?;
     // Room for this update: the bundle and its unpacked copy; what the agent may lose
     // (versions it does not run) is freed first, and said.
-    match crate::room::make_room(home, &ctx.install.version_dir, info.size) {
+    match crate::update::room::make_room(home, &ctx.install.version_dir, info.size) {
         Ok(freed) => {
             for f in freed {
                 tracing::warn!(
@@ -337,11 +346,11 @@ pub async fn check_offer(
         .map_err(|e| degraded(format!("cannot read data/retired-keys: {e}")))?;
     let signature = client.signature().await.map_err(|e| match e {
         // The server names a bundle it has no signature for: no agent can install it.
-        crate::client::CommError::Status { status: 404, .. } => rejected(format!(
+        crate::contact::client::CommError::Status { status: 404, .. } => rejected(format!(
             "refusing the server's bundle {}: the server serves no signature for it ({e}); the release is missing its .minisig, publish the bundle with its signature",
             info.agent
         )),
-        crate::client::CommError::Garbage { .. } => rejected(format!(
+        crate::contact::client::CommError::Garbage { .. } => rejected(format!(
             "refusing the server's bundle {}: its signature is not a minisign signature ({e})",
             info.agent
         )),

@@ -21,7 +21,7 @@ use futures_util::StreamExt;
 use reqwest::StatusCode;
 use reqwest::header::RETRY_AFTER;
 
-use crate::proxy::Proxies;
+use crate::contact::proxy::Proxies;
 
 /// Cap on the small bodies (version properties, 409 answers, signatures).
 const MAX_SMALL_BODY: usize = 64 * 1024;
@@ -137,7 +137,7 @@ pub struct Trust {
     /// Presented when registering with a server that requires enrollment.
     pub enrollment_token: Option<String>,
     /// `server.proxy`: which proxy, if any, the requests go through.
-    pub proxy: crate::proxy::Setting,
+    pub proxy: crate::contact::proxy::Setting,
 }
 
 impl Trust {
@@ -380,10 +380,10 @@ impl Client {
     /// `message`, a failure of a request to `url`, with the proxy it went through named
     /// (never its password) and, when the proxy caused it, what that means.
     pub fn explained(&self, url: &str, message: &str) -> String {
-        let message = crate::proxy::redact(message);
+        let message = crate::contact::proxy::redact(message);
         match self.proxies.for_url(url) {
             None => message,
-            Some(via) => match crate::proxy::explain(&message, via) {
+            Some(via) => match crate::contact::proxy::explain(&message, via) {
                 Some(meaning) => format!("{message}; {meaning}"),
                 None => format!("{message}{}", self.proxies.note(url)),
             },
@@ -541,7 +541,7 @@ impl Client {
                 Ok(answer(Directive::Refused(ns)))
             }
             StatusCode::SERVICE_UNAVAILABLE if resp.headers().contains_key(RETRY_AFTER) => {
-                let retry_after = crate::backoff::retry_after_of(&resp, Duration::ZERO);
+                let retry_after = crate::contact::backoff::retry_after_of(&resp, Duration::ZERO);
                 match status_error(&url, status, resp).await {
                     CommError::Status { detail, .. } => Err(CommError::Busy {
                         url,

@@ -18,8 +18,8 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, IF_RANGE, RANGE};
 use tokio::sync::mpsc;
 
-use crate::backoff::retry_after_of;
-use crate::client::error_chain;
+use crate::contact::backoff::retry_after_of;
+use crate::contact::client::error_chain;
 
 /// Hash in batches this large so BLAKE2b runs beside md5 + sha256 on a second core.
 const HASH_BATCH: usize = 1024 * 1024;

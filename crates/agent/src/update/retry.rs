@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
-use crate::backoff::Backoff;
+use crate::contact::backoff::Backoff;
 
 /// Why an update round ended without handing over to the updater.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

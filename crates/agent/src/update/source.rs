@@ -12,8 +12,8 @@ use std::path::Path;
 
 use agent_protocol::wire::{self, VersionInfo};
 
-use crate::client::Client;
-use crate::download::{self, Downloaded, Limits};
+use crate::contact::client::Client;
+use crate::update::download::{self, Downloaded, Limits};
 
 /// What trying the download source gave.
 #[derive(Debug)]

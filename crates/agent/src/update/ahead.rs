@@ -9,9 +9,9 @@ use agent_protocol::journal::opening;
 use agent_protocol::wire::WindowOffer;
 use tokio::sync::watch;
 
-use crate::client::Client;
 use crate::config::Config;
-use crate::home::Installation;
+use crate::contact::client::Client;
+use crate::state::home::Installation;
 use crate::update::{self, Outcome, UpdateContext};
 
 /// What the agent did about maintenance windows so far.
