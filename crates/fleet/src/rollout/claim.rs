@@ -58,9 +58,11 @@ pub fn mismatch(latest: Option<&RolloutRow>, served: &Served, shared: bool) -> O
     );
     match claim(latest, served, shared) {
         Claim::Ours => None,
+        // Most often an older release put back by hand: its old signature is what agents
+        // refuse as a replay, and the way back is a fresh one through a rollback.
         Claim::Stale => Some(format!(
-            "{ours}, signed before {theirs}; it starts no rollout of an older signature: give it the fleet's bundle, or sign {} again to roll it out",
-            served.version
+            "{ours}, signed before {theirs}; it starts no rollout of an older signature (agents would refuse it as a replay): give it the fleet's bundle, or to go back to {v}, sign its bundles again (`agent-bundle sign --key K FILE…`, fresh signatures over the same bytes) and make it the target with `update-server release rollback --to {v} --signatures DIR`",
+            v = served.version
         )),
         Claim::Busy => Some(format!(
             "{ours}, but {theirs} is under way; it starts no second rollout until that one completes or is halted (`update-server rollout halt`): give it the fleet's bundle, or halt the fleet's rollout"
@@ -125,6 +127,12 @@ mod tests {
                 assert_eq!(claim(Some(&f), &served("a", 19), shared), Claim::Stale);
                 let text = mismatch(Some(&f), &served("a", 19), shared).unwrap();
                 assert!(text.contains("signed before"), "{text}");
+                assert!(
+                    text.contains("give it the fleet's bundle")
+                        && text.contains("agent-bundle sign")
+                        && text.contains("update-server release rollback --to"),
+                    "{text}"
+                );
             }
         }
         // The same second is not older: two bundles packed at once stay in drop order.
