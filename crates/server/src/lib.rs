@@ -84,10 +84,6 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
     let store = store::BundleStore::new(config.download_dir(), home, public_key.clone())
         .map_err(|e| ServerError::Io(format!("{}: {e}", config.download_dir().display())))?;
     let store = Arc::new(store);
-    let scan_store = Arc::clone(&store);
-    tokio::task::spawn_blocking(move || scan_store.scan())
-        .await
-        .map_err(|e| ServerError::Io(format!("bundle scan: {e}")))?;
 
     let db = Db::open(&config.database.url, home, config.database.pool_size).await?;
     let publisher = releases::Publisher::new(
@@ -100,9 +96,18 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
     )
     .map_err(|e| ServerError::Io(format!("{}: {e}", home.join("releases").display())))?
     .with_max_unpacked(config.releases.max_unpacked_bytes());
-    // A release published while this server was away is served from its first answer.
+    // A release published while this server was away is served from its first answer,
+    // and so is what the download directory holds (this server's own release, or one
+    // dropped there by hand while it was away, once it passes a publish's checks).
     if let Err(e) = publisher.follow().await {
         tracing::error!("cannot serve the fleet's published release: {e}");
+    }
+    let audit = agent_fleet::audit::Audit::new(db.clone());
+    if let Err(e) = take_hand_drop(&store, &publisher, &audit, &config.server_name()).await {
+        tracing::error!(
+            "cannot take the release in {} (tried again every second): {e}",
+            store.dir().display()
+        );
     }
     let policy = config
         .accept_policy()
@@ -341,10 +346,84 @@ async fn rollout_loop(
     }
 }
 
-/// Follows the fleet's published release and scans the download directory, each second.
-async fn release_scan(store: Arc<store::BundleStore>, publisher: Arc<releases::Publisher>) {
+/// Looks at the download directory once: a release put there by hand is published by
+/// [`releases::HAND_DROP_WHO`] when it passes a publish's checks, and refused when it
+/// does not (logged, `/healthz` degraded, nothing of it served, no rollout). Both are in
+/// the audit log as `server:<name>`'s. Returns the history entry it published, if any.
+async fn take_hand_drop(
+    store: &Arc<store::BundleStore>,
+    publisher: &releases::Publisher,
+    audit: &agent_fleet::audit::Audit,
+    server: &str,
+) -> Result<Option<agent_fleet::releases::HistoryEntry>, releases::ReleaseError> {
+    use agent_fleet::audit::{Change, Outcome};
+    let scanned = Arc::clone(store);
+    let Some(dropped) = tokio::task::spawn_blocking(move || scanned.scan())
+        .await
+        .map_err(|e| releases::ReleaseError::Io(format!("the bundle scan stopped: {e}")))?
+    else {
+        return Ok(None);
+    };
+    let who = format!("server:{server}");
+    let dir = store.dir().display().to_string();
+    let (outcome, details, published) = match publisher.take_hand_drop(&dropped).await? {
+        releases::HandDrop::Installed(id) => {
+            tracing::debug!("{dir} holds release {id} as this server installed it");
+            return Ok(None);
+        }
+        releases::HandDrop::Gone => return Ok(None),
+        releases::HandDrop::Refused(why) => {
+            let refusing = Arc::clone(store);
+            let (refused, said) = (dropped.clone(), why.clone());
+            // Takes the store's scan lock, which a publish may hold while it writes.
+            let _ = tokio::task::spawn_blocking(move || refusing.refuse(&refused, &said)).await;
+            let details = serde_json::json!({
+                "files": dropped.names,
+                "source": "download-dir",
+                "reason": why,
+            });
+            (Outcome::Refused, details, None)
+        }
+        releases::HandDrop::Published(entry) => {
+            tracing::info!(
+                release = %entry.release.id,
+                by = releases::HAND_DROP_WHO,
+                "the release dropped into {dir} by hand passed a publish's checks and is published as {}: it is in the release history (`update-server release list`), `release rollback` can return to it, and its rollout starts under [rollout]",
+                entry.release.id
+            );
+            let details = serde_json::json!({
+                "release": entry.release.id,
+                "files": dropped.names,
+                "source": "download-dir",
+            });
+            (Outcome::Done, details, Some(entry))
+        }
+    };
+    let change = Change {
+        who: &who,
+        address: "",
+        action: "release.publish",
+        outcome,
+        details,
+    };
+    if let Err(e) = audit.record(&change).await {
+        tracing::error!(who = %who, "cannot write the audit log: {e}");
+    }
+    Ok(published)
+}
+
+/// Follows the fleet's published release and takes what is dropped into the download
+/// directory, each second.
+async fn release_scan(
+    store: Arc<store::BundleStore>,
+    publisher: Arc<releases::Publisher>,
+    audit: agent_fleet::audit::Audit,
+    server: String,
+    news: Arc<agent_fleet::news::News>,
+) {
     let mut tick = tokio::time::interval(SCAN_INTERVAL);
     let mut said: Option<String> = None;
+    let mut said_drop: Option<String> = None;
     loop {
         tick.tick().await;
         // A release published on another server of the fleet, then the directory.
@@ -358,8 +437,22 @@ async fn release_scan(store: Arc<store::BundleStore>, publisher: Arc<releases::P
             Err(_) => {}
             Ok(_) => said = None,
         }
-        let store = Arc::clone(&store);
-        let _ = tokio::task::spawn_blocking(move || store.scan()).await;
+        match take_hand_drop(&store, &publisher, &audit, &server).await {
+            Ok(published) => {
+                said_drop = None;
+                if published.is_some() {
+                    news.publish("a release dropped by hand was published");
+                }
+            }
+            Err(e) if said_drop.as_deref() != Some(e.to_string().as_str()) => {
+                tracing::error!(
+                    "cannot take the release in {} (tried again every second): {e}",
+                    store.dir().display()
+                );
+                said_drop = Some(e.to_string());
+            }
+            Err(_) => {}
+        }
     }
 }
 
@@ -470,10 +563,17 @@ pub async fn serve(
     state.inner.fleet.spawn_settings_poll();
     let store = Arc::clone(&state.inner.store);
     let publisher = Arc::clone(&state.inner.releases);
+    let audit = state.inner.fleet.audit();
+    let server_name = state.inner.server_name.clone();
+    let scan_news = Arc::clone(&news);
     panics::spawn_restarting("release scan", move || {
-        let store = Arc::clone(&store);
-        let publisher = Arc::clone(&publisher);
-        release_scan(store, publisher)
+        release_scan(
+            Arc::clone(&store),
+            Arc::clone(&publisher),
+            audit.clone(),
+            server_name.clone(),
+            Arc::clone(&scan_news),
+        )
     });
 
     // The page signs people in with admin.token or a named operator token: with

@@ -2,9 +2,12 @@
 //!
 //! The operator drops a release into the download directory: `agent-bundle-V-<target>`
 //! (and its `.minisig`) per platform, or a lone `agent-bundle-V` (a release of the one
-//! platform its properties name). A scan, every second, notices a change and ingests
-//! each changed bundle into a private, read-only copy under `<home>/cache/`, hashed in
-//! the same pass; the copy is memory-mapped and served from there. The bundles' own
+//! platform its properties name). A scan, every second, notices a change and hands it
+//! over as [`Dropped`]: it is a publish like any other, checked and recorded in the
+//! release history first ([`crate::releases`]), and nothing of it is served until then.
+//! A release taken (published, followed, or a hand drop that passed) is ingested, each
+//! changed bundle into a private, read-only copy under `<home>/cache/`, hashed in the
+//! same pass; the copy is memory-mapped and served from there. The bundles' own
 //! properties say what they are: bundles of different versions or builds, or two for
 //! one platform, are no release, and nothing is served until the operator fixes it. An operator's later `cp` over the dropped file
 //! cannot change bytes under a running download: running downloads keep their map of
@@ -227,6 +230,34 @@ enum Refused {
     Io(String),
 }
 
+/// What the download directory holds that the store has not taken: a release put there
+/// by hand (or the server's own, found again at start). Nothing of it is served until
+/// the publisher has checked it and the store takes it ([`BundleStore::take_now`]), or
+/// it is refused ([`BundleStore::refuse`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    /// The bundles' names and those of the signatures beside them, sorted.
+    pub names: Vec<String>,
+    sources: Vec<SourceId>,
+}
+
+impl Dropped {
+    fn of(sources: Vec<SourceId>) -> Self {
+        let mut names = Vec::with_capacity(sources.len() * 2);
+        for source in &sources {
+            let Some(name) = source.path.file_name().map(|n| n.to_string_lossy()) else {
+                continue;
+            };
+            if source.signature_mtime.is_some() {
+                names.push(layout::signature_file_name(&name));
+            }
+            names.push(name.into_owned());
+        }
+        names.sort();
+        Self { names, sources }
+    }
+}
+
 /// Identity of the dropped files, to notice when they change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct SourceId {
@@ -319,12 +350,52 @@ impl BundleStore {
         *self.refused.write().unwrap_or_else(|p| p.into_inner()) = why;
     }
 
-    /// Looks at the download directory and takes in a new release if there is one and
-    /// the directory has held still for [`SETTLE`] since it changed (at once on the first
-    /// scan). Blocking: call from a blocking thread.
-    pub fn scan(&self) {
+    /// Looks at the download directory: a change that has held still for [`SETTLE`] (at
+    /// once on the first scan) is handed over, not taken; an emptied directory serves
+    /// nothing. Blocking: call from a blocking thread.
+    pub fn scan(&self) -> Option<Dropped> {
         let _scanning = self.scanning.lock().unwrap_or_else(|p| p.into_inner());
-        self.scan_locked(false);
+        self.scan_locked(false)
+    }
+
+    /// Whether the download directory still holds `dropped`, not taken: a publish may
+    /// have replaced it meanwhile.
+    pub fn holds(&self, dropped: &Dropped) -> bool {
+        let _scanning = self.scanning.lock().unwrap_or_else(|p| p.into_inner());
+        let taken = self
+            .source
+            .read()
+            .map(|s| s.as_ref() == Some(&dropped.sources))
+            .unwrap_or(false);
+        !taken && matches!(self.look(), Look::Found(sources) if sources == dropped.sources)
+    }
+
+    /// Refuses what was dropped, for `why`: said in the log and in `/healthz` (which
+    /// reports degraded), and not looked at again until a file of it changes. What was
+    /// served goes on being served.
+    pub fn refuse(&self, dropped: &Dropped, why: &str) {
+        let _scanning = self.scanning.lock().unwrap_or_else(|p| p.into_inner());
+        self.set_source(Some(dropped.sources.clone()));
+        let dropped_into = format!(
+            "the release dropped into {} by hand is not served",
+            self.dir.display()
+        );
+        let detail = match self.current() {
+            Current::Ready(release) => format!(
+                "{dropped_into}: {why}; still serving {} ({})",
+                release.version(),
+                release.primary().info.filename
+            ),
+            Current::Unavailable(_) => format!("{dropped_into}: {why}; nothing is served"),
+        };
+        self.set_refusal(Some(detail.clone()));
+        match self.current() {
+            Current::Ready(_) => self.log_problem(detail),
+            Current::Unavailable(_) => self.set(Current::Unavailable(Problem::new(
+                "the release in the download directory is refused: the operator must fix it (the server's log and /healthz say why)",
+                detail,
+            ))),
+        }
     }
 
     /// Holds off scans while the caller writes a whole release into the download
@@ -339,13 +410,15 @@ impl BundleStore {
         self.scan_locked(true);
     }
 
-    fn scan_locked(&self, at_once: bool) {
+    /// With `take`, ingests what the directory holds and serves it; without, hands a
+    /// settled change over instead.
+    fn scan_locked(&self, take: bool) -> Option<Dropped> {
         let looked = self.look();
         let first = !self
             .scanned_once
             .swap(true, std::sync::atomic::Ordering::AcqRel);
-        if !at_once && !first && !self.settled(&looked) {
-            return;
+        if !take && !first && !self.settled(&looked) {
+            return None;
         }
         let sources = match looked {
             Look::Found(sources) => sources,
@@ -353,7 +426,7 @@ impl BundleStore {
                 self.set_source(None);
                 self.set_refusal(None);
                 self.set(Current::Unavailable(problem));
-                return;
+                return None;
             }
             Look::Failed(detail) => {
                 match self.current() {
@@ -366,7 +439,7 @@ impl BundleStore {
                         detail,
                     ))),
                 }
-                return;
+                return None;
             }
         };
         let unchanged = self
@@ -375,7 +448,10 @@ impl BundleStore {
             .map(|s| s.as_ref() == Some(&sources))
             .unwrap_or(false);
         if unchanged {
-            return;
+            return None;
+        }
+        if !take {
+            return Some(Dropped::of(sources));
         }
         let known = self.ingested.read().map(|i| i.clone()).unwrap_or_default();
         let mut taken = Vec::with_capacity(sources.len());
@@ -404,7 +480,7 @@ impl BundleStore {
                         )));
                     }
                     self.log_problem(detail);
-                    return;
+                    return None;
                 }
             }
         }
@@ -420,7 +496,7 @@ impl BundleStore {
                     "the download directory holds no single release: the operator must leave one version and build, one bundle per platform",
                     detail,
                 )));
-                return;
+                return None;
             }
         };
         for bundle in release.bundles() {
@@ -443,6 +519,7 @@ impl BundleStore {
         *self.last_problem.write().unwrap_or_else(|p| p.into_inner()) = None;
         self.set_refusal(None);
         self.set(Current::Ready(Arc::new(release)));
+        None
     }
 
     /// Whether what `looked` found is what was last taken, or has held still for
@@ -868,6 +945,30 @@ pub(crate) mod tests {
         assert_eq!(two.identity(), again.identity());
         assert_ne!(two.identity(), one.identity());
         assert_eq!(two.identity().len(), 64);
+    }
+
+    #[test]
+    fn a_drop_names_each_bundle_and_the_signature_beside_it() {
+        let source = |name: &str, signed: bool| SourceId {
+            path: PathBuf::from("/srv/downloads/agent").join(name),
+            size: 1,
+            mtime: 0,
+            mtime_nsec: 0,
+            ino: 0,
+            signature_mtime: signed.then_some((0, 0)),
+        };
+        let dropped = Dropped::of(vec![
+            source(&format!("agent-bundle-2.0.0-{MUSL}"), false),
+            source(&format!("agent-bundle-2.0.0-{GNU}"), true),
+        ]);
+        assert_eq!(
+            dropped.names,
+            [
+                format!("agent-bundle-2.0.0-{GNU}"),
+                format!("agent-bundle-2.0.0-{GNU}.minisig"),
+                format!("agent-bundle-2.0.0-{MUSL}"),
+            ]
+        );
     }
 
     #[test]

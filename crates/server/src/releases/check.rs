@@ -1,12 +1,17 @@
 //! What makes a set of files a publishable release: every name a bundle's or its
 //! signature's, every bundle signed and verified under a trusted key, one version and
 //! build, one bundle per platform. Every refusal names its file and says why.
+//!
+//! The same checks take a release uploaded with `release publish` and one dropped into
+//! the download directory by hand; only a hand drop may be checked, when the server
+//! trusts no key of its own, against the key each bundle ships ([`Trusted::Shipped`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
 use agent_extract::payload::Payload;
+use agent_extract::unpack;
 use agent_extract::verify::{self, Trust};
 use agent_protocol::minisign::{PublicKey, Signature};
 use agent_protocol::{AgentVersion, layout, platform};
@@ -28,13 +33,20 @@ impl fmt::Display for Refusal {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused(pub Vec<Refusal>);
 
+impl Refused {
+    /// Each file and its reason, without the words around them.
+    pub fn reasons(&self) -> String {
+        let all: Vec<String> = self.0.iter().map(Refusal::to_string).collect();
+        all.join("; ")
+    }
+}
+
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let all: Vec<String> = self.0.iter().map(Refusal::to_string).collect();
         write!(
             f,
             "the release is refused, nothing changed: {}",
-            all.join("; ")
+            self.reasons()
         )
     }
 }
@@ -92,15 +104,29 @@ pub fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks the files of `dir` (each name already passed [`check_name`]) against `keys`
-/// (any one may vouch for a bundle, through a rotation chain the bundle carries) and,
-/// when set, `served_key` (the key this server checks what it serves against: a release
-/// it would refuse to serve is refused here) and `max_unpacked` (bytes a bundle's
-/// distribution may inflate to: `releases.max-unpacked`).
+/// The keys a bundle must verify under.
+#[derive(Debug, Clone, Copy)]
+pub enum Trusted<'a> {
+    /// Any one of these may vouch for a bundle, through a rotation chain it carries.
+    Keys(&'a [PublicKey]),
+    /// The key the bundle ships (`conf.default/update.pub`), the one a fresh install
+    /// trusts: what a server that trusts no key of its own checks a hand-dropped release
+    /// against, so that a bundle without its signature, or with one that does not match
+    /// its bytes, is refused rather than served for every agent to refuse.
+    Shipped,
+}
+
+/// Where a distribution ships the key its bundles are signed with.
+const SHIPPED_KEY: &str = "conf.default/update.pub";
+
+/// Checks the files of `dir` (each name already passed [`check_name`]) against `trusted`
+/// and, when set, `served_key` (the key this server checks what it serves against: a
+/// release it would refuse to serve is refused here) and `max_unpacked` (bytes a
+/// bundle's distribution may inflate to: `releases.max-unpacked`).
 pub fn check_dir(
     dir: &Path,
     names: &[String],
-    keys: &[PublicKey],
+    trusted: Trusted<'_>,
     served_key: Option<&PublicKey>,
     max_unpacked: Option<u64>,
 ) -> Result<Checked, Refused> {
@@ -113,7 +139,7 @@ pub fn check_dir(
             }
             continue;
         }
-        match check_bundle(dir, name, names, keys, served_key, max_unpacked) {
+        match check_bundle(dir, name, names, trusted, served_key, max_unpacked) {
             Ok(bundle) => bundles.push(bundle),
             Err(reason) => refusals.push(refuse(name, reason)),
         }
@@ -134,7 +160,7 @@ fn check_bundle(
     dir: &Path,
     name: &str,
     names: &[String],
-    keys: &[PublicKey],
+    trusted: Trusted<'_>,
     served_key: Option<&PublicKey>,
     max_unpacked: Option<u64>,
 ) -> Result<CheckedBundle, String> {
@@ -154,7 +180,19 @@ fn check_bundle(
     let signature =
         Signature::parse(&text).map_err(|e| format!("its signature is not minisign's: {e}"))?;
     let path = dir.join(name);
-    let verified = verify_under_any(&path, &signature, keys)?;
+    let verified = match trusted {
+        Trusted::Keys(keys) => verify_under_any(&path, &signature, keys)?,
+        Trusted::Shipped => {
+            let key = shipped_key(&path)?;
+            verify::verify_file(&path, &signature, &Trust::key(&key)).map_err(|e| {
+                format!(
+                    "it does not verify under the key it ships ({SHIPPED_KEY}, key {}), the one a fresh install trusts: {}; this server trusts no key of its own (releases.trusted-keys in server.toml)",
+                    key.key_id(),
+                    crate::refusal::in_servers_words(&e)
+                )
+            })?
+        }
+    };
     if let Some(key) = served_key {
         verify::verify_file(&path, &signature, &Trust::key(key)).map_err(|e| {
             format!(
@@ -237,6 +275,32 @@ fn io_reason(e: &agent_extract::Error) -> String {
         agent_extract::Error::Io { source, .. } => source.to_string(),
         other => other.to_string(),
     }
+}
+
+/// The key the bundle at `path` ships, read without unpacking anything else. What it
+/// claims is not trusted yet: the signature is checked against it next, and the version
+/// it names is checked again by that.
+fn shipped_key(path: &Path) -> Result<PublicKey, String> {
+    let unusable =
+        |e: agent_extract::Error| format!("it is not a usable bundle: {}", extract_reason(&e));
+    let mut payload = Payload::open(path).map_err(unusable)?;
+    let facts = payload.facts().map_err(unusable)?;
+    let dist = payload.dist(&facts.version).map_err(unusable)?;
+    let text = unpack::read_entry(
+        dist,
+        Some(layout::DIST_ROOT),
+        Path::new(SHIPPED_KEY),
+        64 * 1024,
+        unpack::Limits::default(),
+    )
+    .map_err(unusable)?
+    .ok_or_else(|| {
+        format!(
+            "this server trusts no key of its own and the bundle ships none ({SHIPPED_KEY}) to check it against: set releases.trusted-keys (public key files) or bundle.public-key in server.toml"
+        )
+    })?;
+    PublicKey::parse(&String::from_utf8_lossy(&text))
+        .map_err(|e| format!("the key it ships ({SHIPPED_KEY}) is no minisign public key: {e}"))
 }
 
 fn verify_under_any(
@@ -371,10 +435,10 @@ mod tests {
         let (dir, names, key) = packed(3 << 20);
         let release = dir.path().join("out");
         let keys = [key];
-        let checked = check_dir(&release, &names, &keys, None, Some(4 << 20));
+        let checked = check_dir(&release, &names, Trusted::Keys(&keys), None, Some(4 << 20));
         assert!(checked.is_ok(), "{checked:?}");
-        let refused =
-            check_dir(&release, &names, &keys, None, Some(2 << 20)).expect_err("over the limit");
+        let refused = check_dir(&release, &names, Trusted::Keys(&keys), None, Some(2 << 20))
+            .expect_err("over the limit");
         let text = refused.to_string();
         assert_eq!(refused.0.len(), 1, "{text}");
         assert_eq!(refused.0[0].file, names[0]);
@@ -387,7 +451,7 @@ mod tests {
             assert!(text.contains(word), "{word:?} missing: {text}");
         }
         // A rollback's check takes kept bytes as they are.
-        assert!(check_dir(&release, &names, &keys, None, None).is_ok());
+        assert!(check_dir(&release, &names, Trusted::Keys(&keys), None, None).is_ok());
     }
 
     #[test]
@@ -400,13 +464,58 @@ mod tests {
         let mut padded = text.clone().into_bytes();
         padded.resize(64 << 20, b'\n');
         std::fs::write(&signature, padded).expect("pad");
-        let refused = check_dir(&release, &names, &keys, None, None)
+        let refused = check_dir(&release, &names, Trusted::Keys(&keys), None, None)
             .expect_err("too large")
             .to_string();
         assert!(refused.contains("larger than 8192 bytes"), "{refused}");
         assert!(refused.contains("agent-bundle sign"), "{refused}");
         std::fs::write(&signature, text).expect("restore");
-        assert!(check_dir(&release, &names, &keys, None, None).is_ok());
+        assert!(check_dir(&release, &names, Trusted::Keys(&keys), None, None).is_ok());
+    }
+
+    #[test]
+    fn without_a_key_of_its_own_a_hand_drop_is_checked_against_the_key_it_ships() {
+        let (dir, names, _) = packed(0);
+        let release = dir.path().join("out");
+        assert!(check_dir(&release, &names, Trusted::Shipped, None, None).is_ok());
+
+        // Without its signature: refused, saying how to make one.
+        let refused = check_dir(&release, &names[..1], Trusted::Shipped, None, None)
+            .expect_err("unsigned")
+            .to_string();
+        assert!(
+            refused.contains("no signature") && refused.contains("agent-bundle sign"),
+            "{refused}"
+        );
+
+        // Signed by a key it does not ship: refused, naming the key it ships.
+        let bundle = release.join(&names[0]);
+        let digests = agent_protocol::digest::Digests::of_reader(
+            std::fs::File::open(&bundle).expect("bundle"),
+        )
+        .expect("digests");
+        let claim = agent_protocol::minisign::BundleClaim {
+            version: AgentVersion::new("1.0.0", "1").expect("version"),
+            platform: "x86_64-unknown-linux-gnu".into(),
+            sha256: digests.sha256_hex(),
+            signed_at: 1_700_000_001,
+        };
+        let stranger = agent_protocol::minisign::SecretKey::generate().expect("key");
+        let signature = stranger
+            .sign_prehashed(&digests.blake2b, &claim.to_comment())
+            .expect("sign");
+        std::fs::write(release.join(&names[1]), signature.to_file_string()).expect("write");
+        let refused = check_dir(&release, &names, Trusted::Shipped, None, None)
+            .expect_err("another key")
+            .to_string();
+        assert!(
+            refused.contains("does not verify under the key it ships")
+                && refused.contains("releases.trusted-keys"),
+            "{refused}"
+        );
+        // With that key trusted, it would pass: the key decides, not the file.
+        let keys = [stranger.public_key()];
+        assert!(check_dir(&release, &names, Trusted::Keys(&keys), None, None).is_ok());
     }
 
     fn bundle(name: &str, version: &str, platform: &str) -> CheckedBundle {

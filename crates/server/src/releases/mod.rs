@@ -7,8 +7,13 @@
 //! with PostgreSQL also holds its bytes. Each server follows the newest history entry:
 //! when one appears that it has not installed, it writes that release into its download
 //! directory whole (hidden names, then renames, while the store's scans are held off) and
-//! takes it at once. The download directory stays the store's one source, so a release
-//! dropped there by hand still works for one server, and the next publish replaces it.
+//! takes it at once. The download directory stays the store's one source.
+//!
+//! A release dropped there by hand is a publish too ([`Publisher::take_hand_drop`]): the
+//! same checks, the same history entry (by [`HAND_DROP_WHO`]), so `release list` shows
+//! it and `release rollback` can return to it; one that fails them is refused and
+//! nothing of it is served. Without a key of its own, a server checks a hand drop
+//! against the key each bundle ships ([`check::Trusted::Shipped`]).
 //!
 //! This module reads and writes files and the fleet database; the checks are in
 //! [`check`], and the HTTP edge is `routes::releases`.
@@ -29,11 +34,29 @@ use agent_protocol::digest::Digests;
 use agent_protocol::layout;
 use agent_protocol::minisign::PublicKey;
 
-use crate::store::{BundleStore, Current};
+use crate::store::{BundleStore, Current, Dropped};
 use check::{Checked, Refused};
 
 /// Where this server noted the history entry it last installed.
 const INSTALLED_FILE: &str = "installed";
+
+/// Who the history names for a release dropped into the download directory by hand.
+pub const HAND_DROP_WHO: &str = "server";
+
+/// What became of a release found in the download directory.
+#[derive(Debug)]
+pub enum HandDrop {
+    /// It passed a publish's checks and is the fleet's current release now.
+    Published(HistoryEntry),
+    /// It is a release this server installed from the history (found again at start,
+    /// or put back as it was): served as it is, nothing new recorded.
+    Installed(String),
+    /// It fails a publish's checks: nothing of it is served. The reasons name the files.
+    Refused(String),
+    /// It is no longer there as it was found (a publish replaced it meanwhile, or the
+    /// operator is still at work): the next look finds what is there.
+    Gone,
+}
 
 /// Why a publish or rollback did not happen. Nothing changed in any of these cases.
 #[derive(Debug, thiserror::Error)]
@@ -184,7 +207,12 @@ impl Publisher {
         }
         let _busy = self.busy.lock().await;
         let checked = self
-            .check(incoming.path(), names, Some(self.max_unpacked))
+            .check(
+                incoming.path(),
+                names,
+                TrustedKeys::Configured,
+                Some(self.max_unpacked),
+            )
             .await?;
         let record = record_of(&checked);
         if let Some(known) = self.releases.release(&record.id).await?
@@ -255,7 +283,9 @@ impl Publisher {
             all.push(sig_name);
         }
         // Kept bytes were taken once: a limit lowered since does not stand in the way back.
-        let checked = self.check(scratch.path(), all, None).await?;
+        let checked = self
+            .check(scratch.path(), all, TrustedKeys::Configured, None)
+            .await?;
         let served_signed_at = match self.store.current() {
             Current::Ready(release) => crate::served(&release).signed_at,
             Current::Unavailable(_) => 0,
@@ -278,6 +308,99 @@ impl Publisher {
         let entry = self.make_current(&record, Kind::Rollback, who).await?;
         self.install_entry(&entry).await?;
         Ok(entry)
+    }
+
+    /// Takes `dropped`, found in the download directory, as `release publish` would take
+    /// it: copied aside, checked, kept, recorded in the history by [`HAND_DROP_WHO`] and
+    /// served. A refusal changes nothing; the caller has the store say it
+    /// ([`BundleStore::refuse`]). An `Err` is a failure to try again (the database away,
+    /// a file gone meanwhile), not a verdict on the files.
+    pub async fn take_hand_drop(&self, dropped: &Dropped) -> Result<HandDrop, ReleaseError> {
+        let _busy = self.busy.lock().await;
+        let store = Arc::clone(&self.store);
+        let held = dropped.clone();
+        if !blocking(move || Ok(store.holds(&held))).await? {
+            return Ok(HandDrop::Gone);
+        }
+        // The database first: while it is away nothing is copied, every second.
+        let current = self.releases.current().await?;
+        let installed = match self.installed_seq() {
+            Some(seq) if current.as_ref().is_some_and(|c| c.seq != seq) => self
+                .releases
+                .history(self.keep)
+                .await?
+                .into_iter()
+                .find(|e| e.seq == seq),
+            _ => None,
+        };
+        let incoming = self.incoming()?;
+        let from = self.store.dir().to_owned();
+        let to = incoming.path().to_owned();
+        let names = dropped.names.clone();
+        blocking(move || copy_files(&from, &to, &names)).await?;
+        for entry in current.iter().chain(installed.iter()) {
+            if same_files(incoming.path(), &dropped.names, &entry.release).await? {
+                self.adopt(entry).await?;
+                return Ok(HandDrop::Installed(entry.release.id.clone()));
+            }
+        }
+        let trusted = if self.keys.is_empty() && self.served_key.is_none() {
+            TrustedKeys::Shipped
+        } else {
+            TrustedKeys::Configured
+        };
+        let checked = match self
+            .check(
+                incoming.path(),
+                dropped.names.clone(),
+                trusted,
+                Some(self.max_unpacked),
+            )
+            .await
+        {
+            Ok(checked) => checked,
+            Err(ReleaseError::Refused(refused)) => {
+                return Ok(HandDrop::Refused(refused.reasons()));
+            }
+            Err(e) => return Err(e),
+        };
+        let record = record_of(&checked);
+        if let Some(known) = self.releases.release(&record.id).await?
+            && known.identity != record.identity
+        {
+            return Ok(HandDrop::Refused(
+                agent_fleet::releases::other_bytes(&record.id).to_string(),
+            ));
+        }
+        let kept = self.dir.join(&record.id);
+        let incoming_path = incoming.path().to_owned();
+        let kept_clone = kept.clone();
+        blocking(move || keep_files(&incoming_path, &kept_clone)).await?;
+        let entry = self
+            .make_current(&record, Kind::Publish, HAND_DROP_WHO)
+            .await?;
+        drop(incoming);
+        self.install_entry(&entry).await?;
+        Ok(HandDrop::Published(entry))
+    }
+
+    /// Serves what the download directory holds, `entry`'s release as this server
+    /// installed it, and notes it installed.
+    async fn adopt(&self, entry: &HistoryEntry) -> Result<(), ReleaseError> {
+        let store = Arc::clone(&self.store);
+        blocking(move || {
+            let held = store.hold();
+            store.take_now(&held);
+            Ok(())
+        })
+        .await?;
+        if self.installed_seq() != Some(entry.seq) {
+            let path = self.dir.join(INSTALLED_FILE);
+            atomic::write(&path, entry.seq.to_string().as_bytes())
+                .map_err(|e| io_error(&path, e))?;
+            self.installed.store(entry.seq, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// Follows the fleet: installs its current release if this server has not yet.
@@ -321,6 +444,7 @@ impl Publisher {
         &self,
         dir: &Path,
         names: Vec<String>,
+        trusted: TrustedKeys,
         max_unpacked: Option<u64>,
     ) -> Result<Checked, ReleaseError> {
         let dir = dir.to_owned();
@@ -330,7 +454,11 @@ impl Publisher {
         }
         let served_key = self.served_key.clone();
         tokio::task::spawn_blocking(move || {
-            check::check_dir(&dir, &names, &keys, served_key.as_ref(), max_unpacked)
+            let trusted = match trusted {
+                TrustedKeys::Configured => check::Trusted::Keys(&keys),
+                TrustedKeys::Shipped => check::Trusted::Shipped,
+            };
+            check::check_dir(&dir, &names, trusted, served_key.as_ref(), max_unpacked)
         })
         .await
         .map_err(|e| ReleaseError::Io(format!("the release check stopped: {e}")))?
@@ -435,6 +563,73 @@ impl Publisher {
             }
         }
     }
+}
+
+/// Which keys a check holds a release to (see [`check::Trusted`]).
+#[derive(Debug, Clone, Copy)]
+enum TrustedKeys {
+    /// `releases.trusted-keys`, else `bundle.public-key`.
+    Configured,
+    /// Each bundle's own, for a hand drop on a server without a key of its own.
+    Shipped,
+}
+
+/// Copies `names` from the download directory into a private directory: what is checked
+/// and kept is what was copied, whatever happens to the operator's files meanwhile. Of a
+/// signature no more is copied than shows it is too large to be one (the check refuses
+/// it): a huge file beside a bundle is never read whole.
+fn copy_files(from: &Path, to: &Path, names: &[String]) -> Result<(), ReleaseError> {
+    use std::io::Read;
+    for name in names {
+        let source = from.join(name);
+        let most = if name.ends_with(".minisig") {
+            agent_extract::verify::MAX_SIGNATURE_FILE + 1
+        } else {
+            u64::MAX
+        };
+        let mut input = fs::File::open(&source).map_err(|e| io_error(&source, e))?;
+        let target = to.join(name);
+        let mut output = fs::File::create(&target).map_err(|e| io_error(&target, e))?;
+        io::copy(&mut (&mut input).take(most), &mut output).map_err(|e| io_error(&source, e))?;
+    }
+    Ok(())
+}
+
+/// Whether the files `names` of `dir` are `release`'s: the same names, bundles of the same
+/// sha256, the same signatures.
+async fn same_files(
+    dir: &Path,
+    names: &[String],
+    release: &ReleaseRecord,
+) -> Result<bool, ReleaseError> {
+    let mut expected: Vec<String> = release
+        .files
+        .iter()
+        .flat_map(|f| [f.name.clone(), layout::signature_file_name(&f.name)])
+        .collect();
+    expected.sort();
+    if expected != names {
+        return Ok(false);
+    }
+    let dir = dir.to_owned();
+    let files = release.files.clone();
+    blocking(move || {
+        for file in &files {
+            let sig = dir.join(layout::signature_file_name(&file.name));
+            if atomic::read_text(&sig, 64 * 1024).ok().as_deref() != Some(file.signature.as_str()) {
+                return Ok(false);
+            }
+            let path = dir.join(&file.name);
+            let digests = fs::File::open(&path)
+                .and_then(Digests::of_reader)
+                .map_err(|e| io_error(&path, e))?;
+            if digests.sha256_hex() != file.sha256 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })
+    .await
 }
 
 async fn blocking<T: Send + 'static>(
