@@ -1,7 +1,8 @@
 //! Failures blamed right and told at once (issue 42): what an agent refuses before it
-//! installs (no signature, an untrusted key) reaches the server within seconds and
-//! halts the rollout with the agent's own words, not at the deadline; a canary that
-//! rolls back during its stability window never lets the next wave open.
+//! installs (an untrusted key) reaches the server within seconds and halts the rollout
+//! with the agent's own words, not at the deadline; a canary that rolls back during its
+//! stability window never lets the next wave open. A release without its signature
+//! never gets that far: the server refuses it (issue 59).
 
 use std::fs;
 use std::path::Path;
@@ -61,37 +62,37 @@ fn only_the_canary_failed(f: &Fleet, status: &Value, words: &str) {
     }
 }
 
+/// Issue 59: a release dropped without its signature was served, its rollout started,
+/// and the canary refused it (`.minisig` missing). The server refuses it now, as `release
+/// publish` does: `/healthz` says why, no agent is told, nothing halts.
 #[test]
-fn a_release_without_its_signature_halts_at_once_with_the_agents_words() {
+fn a_release_without_its_signature_is_refused_by_the_server_before_any_agent_is_told() {
     let f = two_agents(crate::rollout::FLEET_AGENT_ENV, |_| {});
     f.server.clear_bundles();
     let name = f.b2.file_name().unwrap();
     fs::copy(&f.b2, f.server.download_dir().join(name)).unwrap();
-    f.server.wait_serving(&e2e::sha256_file(&f.b2));
-    let status = halted(&f);
-    only_the_canary_failed(&f, &status, ".minisig");
-    // The agent says it too.
-    let canary = admin_agents(f.server.port, TOKEN)
-        .into_iter()
-        .find(|a| a["update_status"] == "INSTALL_FAILED")
-        .unwrap();
-    let home = agent_home(&f, canary["id"].as_str().unwrap());
-    let status =
-        e2e::run_ok(std::process::Command::new(home.join("current/bin/agent")).arg("status"));
-    let said = e2e::stdout(&status);
+    let healthz = || {
+        e2e::http(f.server.port, "GET", "/healthz", &[])
+            .unwrap()
+            .text()
+    };
+    wait_until(AT_ONCE, "/healthz to say the release is refused", || {
+        healthz().starts_with("degraded\n")
+    });
+    let health = healthz();
     assert!(
-        said.contains("INSTALL_FAILED") && said.contains(".minisig"),
-        "{said}"
+        health.contains("agent-bundle-2.0.0.minisig") && health.contains("agent-bundle sign"),
+        "{health}"
     );
-    let check = e2e::run(
-        std::process::Command::new(home.join("current/bin/agent")).args(["update", "--check"]),
-    );
-    let said = e2e::stdout(&check);
-    assert_eq!(check.status.code(), Some(1), "{said}");
-    assert!(
-        said.contains("would refuse it") && said.contains(".minisig"),
-        "{said}"
-    );
+    // Looked at for a while: no rollout of it, no agent told or failed.
+    std::thread::sleep(Duration::from_secs(5));
+    let rollout = e2e::admin_rollout(&f.server, TOKEN).unwrap();
+    assert_eq!(rollout["version"], OLD, "{rollout}");
+    assert_eq!(rollout["state"], "completed", "{rollout}");
+    for a in admin_agents(f.server.port, TOKEN) {
+        assert_eq!(a["version"], OLD, "{a}");
+        assert_ne!(a["update_status"], "INSTALL_FAILED", "{a}");
+    }
 }
 
 #[test]
@@ -108,6 +109,19 @@ fn a_release_signed_by_an_untrusted_key_halts_at_once_with_the_agents_words() {
     f.ctx.republish(&f.server, &foreign);
     let status = halted(&f);
     only_the_canary_failed(&f, &status, "signature check failed");
+    // The agent says it too.
+    let canary = admin_agents(f.server.port, TOKEN)
+        .into_iter()
+        .find(|a| a["update_status"] == "INSTALL_FAILED")
+        .unwrap();
+    let home = agent_home(&f, canary["id"].as_str().unwrap());
+    let status =
+        e2e::run_ok(std::process::Command::new(home.join("current/bin/agent")).arg("status"));
+    let said = e2e::stdout(&status);
+    assert!(
+        said.contains("INSTALL_FAILED") && said.contains("signature check failed"),
+        "{said}"
+    );
 }
 
 /// The canary's new agent registers on 2.0.0 and is killed four seconds later, inside its

@@ -1,7 +1,8 @@
 //! Several update-servers sharing one fleet on a real PostgreSQL (a throw-away cluster
 //! per test, made with initdb): shared agents and switch, per-server limits, a rollout
-//! that outlives the server that started it, a server with another bundle that starts no
-//! second rollout, and a database that goes away for 20 s.
+//! that outlives the server that started it, a release dropped by hand on one server
+//! served by all (an older one starting no rollout), and a database that goes away for
+//! 20 s.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -301,8 +302,12 @@ fn rollouts_in_database(pg: &Postgres) -> String {
     )
 }
 
+/// A hand drop is a publish (issue 59): dropped into one server's download directory, a
+/// release is the fleet's, and every server serves it; an older one put back by hand
+/// starts no rollout, and every server says the way back (a fresh signature and `release
+/// rollback`). Before, each server served its own directory, out of step with the rest.
 #[test]
-fn a_server_with_another_bundle_starts_no_second_rollout() {
+fn a_release_dropped_by_hand_on_one_server_is_the_fleets_and_an_older_one_says_the_way_back() {
     let pg = Postgres::start();
     let ctx = TestContext::new();
     let (key, _) = ctx.keygen("keys");
@@ -323,69 +328,71 @@ fn a_server_with_another_bundle_starts_no_second_rollout() {
     e2e::wait_rollout(&a, TOKEN, LONG, "the rollout of 0.5.0 to complete", |r| {
         r["version"] == "0.5.0+1" && r["state"] == "completed"
     });
+    b.wait_serving(&e2e::sha256_file(&old));
     assert_eq!(register_as(&a, "early", "0.5.0+1"), 200);
-    ctx.republish(&a, &b1);
-    e2e::wait_rollout(&a, TOKEN, LONG, "a to start the rollout of 1.0.0", |r| {
+
+    // Dropped on b, served by a too, with one rollout.
+    ctx.republish(&b, &b1);
+    a.wait_serving(&e2e::sha256_file(&b1));
+    e2e::wait_rollout(&a, TOKEN, LONG, "the rollout of 1.0.0", |r| {
         r["version"] == "1.0.0+1" && r["state"] == "running"
     });
-
-    // An older signature: said everywhere, never rolled out.
-    ctx.publish_served(&b, &b0);
-    wait_until(
-        Duration::from_secs(10),
-        "b to call its bundle stale",
-        || healthz(&b).contains("signed before"),
-    );
-    let health = healthz(&b);
-    assert!(health.starts_with("ok\nbundle mismatch: "), "{health}");
-    assert!(
-        health.contains("0.9.0") && health.contains("1.0.0"),
-        "{health}"
-    );
-    assert_eq!(metric(&b, "agentupdate_bundle_mismatch"), 1.0);
-    assert_eq!(metric(&a, "agentupdate_bundle_mismatch"), 0.0);
-    assert_eq!(e2e::admin_rollout(&b, TOKEN).unwrap()["version"], "1.0.0+1");
-    // b still refuses no agent of the fleet's rollout.
-    assert_eq!(register(&b, "late"), 200);
-
-    // A newer bundle waits while the fleet's rollout is under way.
-    ctx.republish(&b, &b2);
-    wait_until(
-        Duration::from_secs(10),
-        "b to wait for the fleet's rollout",
-        || healthz(&b).contains("under way"),
-    );
+    let (_, list) = admin(&a, "GET", "/admin/releases", "");
+    assert_eq!(list["current"]["id"], "1.0.0+1", "{list}");
+    assert_eq!(list["current"]["published_by"], "server", "{list}");
     assert_eq!(
         rollouts_in_database(&pg),
         "0.5.0+1 completed, 1.0.0+1 running"
     );
-    let log = read_file(&b.home.join("server.log"));
-    assert!(
-        log.contains("signed before") && log.contains("under way"),
-        "{log}"
-    );
 
-    // Halted by an operator, it makes way: b's bundle starts the next rollout, once,
-    // and now a is the one out of step.
-    let (status, body) = admin(
-        &a,
-        "POST",
-        "/admin/rollout/halt",
-        r#"{"reason": "make way"}"#,
+    // An older signature put back by hand: served everywhere, rolled out nowhere, and
+    // every server says the way back.
+    ctx.republish(&b, &b0);
+    a.wait_serving(&e2e::sha256_file(&b0));
+    for server in [&a, &b] {
+        wait_until(
+            Duration::from_secs(10),
+            "each server to call the bundle stale",
+            || healthz(server).contains("signed before"),
+        );
+        let health = healthz(server);
+        assert!(health.starts_with("ok\nbundle mismatch: "), "{health}");
+        for word in [
+            "0.9.0",
+            "1.0.0",
+            "agent-bundle sign",
+            "update-server release rollback --to 0.9.0+1",
+        ] {
+            assert!(health.contains(word), "{word:?} not in {health}");
+        }
+        assert_eq!(metric(server, "agentupdate_bundle_mismatch"), 1.0);
+        assert_eq!(
+            e2e::admin_rollout(server, TOKEN).unwrap()["version"],
+            "1.0.0+1"
+        );
+    }
+    assert_eq!(
+        rollouts_in_database(&pg),
+        "0.5.0+1 completed, 1.0.0+1 running"
     );
-    assert_eq!(status, 200, "{body}");
-    e2e::wait_rollout(&a, TOKEN, LONG, "the rollout of 2.0.0 to start", |r| {
+    // No agent of the fleet's rollout is refused meanwhile.
+    assert_eq!(register(&b, "late"), 200);
+
+    // A newer one dropped by hand on a is a publish: its rollout starts at once, once,
+    // and both servers are in step again.
+    ctx.republish(&a, &b2);
+    b.wait_serving(&e2e::sha256_file(&b2));
+    e2e::wait_rollout(&b, TOKEN, LONG, "the rollout of 2.0.0 to start", |r| {
         r["version"] == "2.0.0+2"
     });
-    wait_until(
-        Duration::from_secs(10),
-        "a to say it is out of step",
-        || healthz(&a).contains("bundle mismatch"),
-    );
-    assert!(!healthz(&b).contains("mismatch"), "{}", healthz(&b));
+    for server in [&a, &b] {
+        wait_until(Duration::from_secs(10), "each server to be in step", || {
+            !healthz(server).contains("mismatch")
+        });
+    }
     let rows = rollouts_in_database(&pg);
     assert!(
-        rows.starts_with("0.5.0+1 completed, 1.0.0+1 halted, 2.0.0+2 "),
+        rows.starts_with("0.5.0+1 completed, 1.0.0+1 ") && rows.contains("2.0.0+2 "),
         "{rows}"
     );
     assert_eq!(rows.matches(',').count(), 2, "{rows}");

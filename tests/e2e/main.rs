@@ -17,6 +17,7 @@ mod delta_server;
 mod first_day;
 mod fleet;
 mod full_disk;
+mod hand_drop;
 mod handlers;
 mod hostile_archives;
 mod hostile_clients;

@@ -127,10 +127,12 @@ fn rotation_a_to_b_is_followed_and_then_a_is_retired() {
     assert!(current(&home).ends_with("1.0.0+1"));
     assert!(!home.join("data/update-journal.json").exists());
 
+    // Another build: the server has 2.0.0+2 in its history already, and one build
+    // number is one set of bytes.
     let chained = ctx.pack_with(
         &d2,
         "2.0.0",
-        "2",
+        "3",
         &b_key,
         "chained",
         &["--rotation", &statement.display().to_string()],
@@ -146,7 +148,7 @@ fn rotation_a_to_b_is_followed_and_then_a_is_retired() {
         stdout(&out)
     );
     ctx.republish(&server, &chained);
-    wait_server_status(&server, "2.0.0+2", "INSTALLED", &home);
+    wait_server_status(&server, "2.0.0+3", "INSTALLED", &home);
     assert_eq!(
         fs::read(home.join("conf/update.pub")).unwrap(),
         fs::read(&b_pub).unwrap()
@@ -163,7 +165,7 @@ fn rotation_a_to_b_is_followed_and_then_a_is_retired() {
     let by_old_key = ctx.pack(&d3, "3.0.0", "3", &a_key, "b3");
     ctx.republish(&server, &by_old_key);
     wait_log(&home, "agent.log", "key_retired", WAIT);
-    assert!(current(&home).ends_with("2.0.0+2"));
+    assert!(current(&home).ends_with("2.0.0+3"));
     assert!(!home.join("data/update/agent-bundle-3.0.0").exists());
 }
 
@@ -277,8 +279,23 @@ fn an_agent_that_skipped_b_follows_a_b_c_and_a_broken_middle_link_is_refused() {
         fs::read(&a_pub).unwrap()
     );
 
+    // The good chain as another build: the server has the broken 2.0.0+2 in its
+    // history, and one build number is one set of bytes.
+    let good = ctx.pack_with(
+        &d2,
+        "2.0.0",
+        "3",
+        &c_key,
+        "good3",
+        &[
+            "--rotation",
+            &ab.display().to_string(),
+            "--rotation",
+            &bc.display().to_string(),
+        ],
+    );
     ctx.republish(&server, &good);
-    wait_server_status(&server, "2.0.0+2", "INSTALLED", &home);
+    wait_server_status(&server, "2.0.0+3", "INSTALLED", &home);
     assert_eq!(
         fs::read(home.join("conf/update.pub")).unwrap(),
         fs::read(&c_pub).unwrap()
