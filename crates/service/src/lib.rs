@@ -5,6 +5,7 @@
 //! `conf/agent-env.sh` ([`knobs`]) and the clock the shared files are written in.
 
 pub mod clock;
+pub mod config_check;
 pub mod knobs;
 pub mod observe;
 pub mod policy;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use agent_protocol::env_vars;
 use agent_protocol::layout::{AgentHome, EXIT_CONFIG, SUPERVISE_COMMAND};
 use agent_service::clock::now_secs;
-use agent_service::{knobs, observe};
+use agent_service::{config_check, knobs, observe};
 use agent_updater::process;
 use nix::sys::signal::Signal;
 
@@ -256,27 +256,9 @@ fn await_contact(home: &AgentHome, since: u64) {
 /// restart checks it first, with the agent's own parser, and keeps the agent if it fails.
 fn restart(home: &AgentHome) -> anyhow::Result<ExitCode> {
     let program = home::agent_program(home);
-    let checked = Command::new(&program)
-        .arg("--home")
-        .arg(home.root())
-        .args(["config", "check"])
-        .stdin(Stdio::null())
-        .output();
-    let said = match checked {
-        Ok(out) if out.status.success() => None,
-        Ok(out) => Some(format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )),
-        Err(e) => Some(format!("cannot run {}: {e}", program.display())),
-    };
-    if let Some(said) = said {
-        eprintln!("{}", said.trim_end());
-        eprintln!(
-            "agent-wrapper.sh: the configuration is refused (above); nothing was stopped, the running agent keeps its configuration. Fix it, check it with: {} config check",
-            program.display()
-        );
+    if let Err(said) = config_check::check(&program, home.root()) {
+        eprintln!("{said}");
+        eprintln!("{}", config_check::refused(&program, "agent-wrapper.sh"));
         return Ok(ExitCode::from(EXIT_CONFIG));
     }
     stop(home);

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use agent_protocol::env_vars;
-use agent_protocol::layout::AgentHome;
+use agent_protocol::layout::{self, AgentHome};
 use agent_updater::process;
 use windows_service::service::ServiceState;
 
@@ -88,7 +88,7 @@ pub(crate) fn main() -> ExitCode {
         "run" => scm::run(name, home).map(|()| ExitCode::SUCCESS),
         "start" => start(&name, &home),
         "stop" => stop(&name, &home),
-        "restart" => stop(&name, &home).and_then(|_| start(&name, &home)),
+        "restart" => restart(&name, &home),
         "status" => Ok(status(&name, &home)),
         "install" => install(&name, &home, args.no_start),
         "uninstall" => uninstall(&name, &home),
@@ -289,6 +289,24 @@ fn uninstall(name: &str, home: &AgentHome) -> anyhow::Result<ExitCode> {
     log(home, &format!("removed the service {name}"));
     println!("removed the service {name}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `restart`: the configuration the agent would read is checked first, with the agent's
+/// own parser; a refused one stops nothing (the running agent keeps its configuration).
+fn restart(name: &str, home: &AgentHome) -> anyhow::Result<ExitCode> {
+    if let Ok(version_dir) = agent_extract::current::read_dir(&home.current()) {
+        let program = version_dir.join("bin").join(layout::AGENT_EXE_WINDOWS);
+        if let Err(said) = agent_service::config_check::check(&program, home.root()) {
+            eprintln!("{said}");
+            eprintln!(
+                "{}",
+                agent_service::config_check::refused(&program, "agent-service")
+            );
+            return Ok(ExitCode::from(layout::EXIT_CONFIG));
+        }
+    }
+    stop(name, home)?;
+    start(name, home)
 }
 
 /// Run from the new program after a self-replace: waits for the old service process to
