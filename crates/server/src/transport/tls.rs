@@ -197,15 +197,15 @@ fn warn_if_ending(loaded: &Loaded) {
 /// Reloads on `SIGHUP`, and on a change of the files seen within [`WATCH_INTERVAL`].
 pub fn watch(certificates: Arc<Certificates>) {
     tokio::spawn(async move {
-        let mut hangup =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        // The same signal reads server.toml again (see `reload`); each listener hears it.
+        let mut reloads = crate::signals::Reloads::listen().ok();
         let mut tick = tokio::time::interval(WATCH_INTERVAL);
         loop {
             let forced = tokio::select! {
                 _ = tick.tick() => false,
-                Some(()) = async {
-                    match hangup.as_mut() {
-                        Some(h) => h.recv().await,
+                () = async {
+                    match reloads.as_mut() {
+                        Some(r) => r.next().await,
                         None => std::future::pending().await,
                     }
                 } => true,
