@@ -8,11 +8,9 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use e2e::{ServerProc, TestContext, property, run_ok, sha256_file, stdout, wait_until};
-use serde_json::Value;
+use e2e::{ServerProc, TestContext, run_ok, sha256_file, stdout, wait_until};
 
 const TOKEN: &str = "hand-drop-token";
 const WAIT: Duration = Duration::from_secs(60);
@@ -21,28 +19,6 @@ fn healthz(server: &ServerProc) -> String {
     e2e::http(server.port, "GET", "/healthz", &[])
         .unwrap()
         .text()
-}
-
-fn served_sha256(server: &ServerProc) -> Option<String> {
-    let answer = e2e::http(server.port, "GET", "/agentupdate/version", &[]).ok()?;
-    (answer.status == 200)
-        .then(|| property(&answer.text(), "agent.latest.sha256"))
-        .flatten()
-}
-
-fn releases(server: &ServerProc) -> Value {
-    let (status, list) = e2e::admin_call(server, TOKEN, "GET", "/admin/releases", "");
-    assert_eq!(status, 200, "{list}");
-    list
-}
-
-/// `update-server release ARGS… --server URL --token T`.
-fn release(ctx: &TestContext, server: &ServerProc, args: &[&str]) -> Command {
-    let mut cmd = ctx.cmd("update-server");
-    cmd.args(["release", "--token", TOKEN, "--server"])
-        .arg(server.url(""))
-        .args(args);
-    cmd
 }
 
 /// Copies `bundle` into the download directory, by hand, with its signature or without.
@@ -95,12 +71,12 @@ fn a_bundle_dropped_by_hand_without_its_signature_is_refused_and_nothing_of_it_i
     }
     // Nothing of it is served, and no rollout of it starts.
     std::thread::sleep(Duration::from_millis(2500));
-    assert_eq!(served_sha256(&server), Some(sha256_file(&b1)));
+    assert_eq!(e2e::served_sha256(&server), Some(sha256_file(&b1)));
     assert_eq!(
         e2e::admin_rollout(&server, TOKEN).unwrap()["version"],
         "1.0.0+1"
     );
-    let list = releases(&server);
+    let list = e2e::admin_releases(&server, TOKEN);
     assert_eq!(list["current"]["id"], "1.0.0+1", "{list}");
     assert!(
         healthz(&server).starts_with("degraded\n"),
@@ -127,7 +103,7 @@ fn a_bundle_dropped_by_hand_without_its_signature_is_refused_and_nothing_of_it_i
     .unwrap();
     server.wait_serving(&sha256_file(&b2));
     assert!(healthz(&server).starts_with("ok\n"), "{}", healthz(&server));
-    let list = releases(&server);
+    let list = e2e::admin_releases(&server, TOKEN);
     assert_eq!(list["current"]["id"], "2.0.0+2", "{list}");
     assert_eq!(list["current"]["published_by"], "server", "{list}");
     e2e::wait_rollout(&server, TOKEN, WAIT, "2.0.0 to be rolled out", |r| {
@@ -162,8 +138,11 @@ fn a_bundle_signed_by_another_key_dropped_by_hand_is_refused_where_a_key_is_set(
         health.contains("agent-bundle-2.0.0") && health.contains("does not verify"),
         "{health}"
     );
-    assert_eq!(served_sha256(&server), Some(sha256_file(&b1)));
-    assert_eq!(releases(&server)["current"]["id"], "1.0.0+1");
+    assert_eq!(e2e::served_sha256(&server), Some(sha256_file(&b1)));
+    assert_eq!(
+        e2e::admin_releases(&server, TOKEN)["current"]["id"],
+        "1.0.0+1"
+    );
 }
 
 #[test]
@@ -185,12 +164,17 @@ fn a_signed_bundle_dropped_by_hand_is_in_the_history_and_release_rollback_reache
 
     // By hand: a publish like any other, by `server`.
     ctx.publish_served(&server, &b1);
-    let list = releases(&server);
+    let list = e2e::admin_releases(&server, TOKEN);
     assert_eq!(list["current"]["id"], "1.0.0+1", "{list}");
     assert_eq!(list["current"]["kind"], "publish", "{list}");
     assert_eq!(list["current"]["published_by"], "server", "{list}");
     assert_eq!(list["serving"]["source"], "published", "{list}");
-    let shown = stdout(&run_ok(&mut release(&ctx, &server, &["list"])));
+    let shown = stdout(&run_ok(&mut e2e::release_cmd(
+        &ctx,
+        &server,
+        TOKEN,
+        &["list"],
+    )));
     assert!(
         shown.contains("* 1.0.0+1") && shown.contains("server"),
         "{shown}"
@@ -215,10 +199,16 @@ fn a_signed_bundle_dropped_by_hand_is_in_the_history_and_release_rollback_reache
             ("UPDATE_SERVER_BUNDLE_PUBLIC_KEY", &public),
         ],
     );
-    assert_eq!(served_sha256(&server), Some(sha256_file(&b1)));
-    assert_eq!(releases(&server)["releases"].as_array().unwrap().len(), 1);
+    assert_eq!(e2e::served_sha256(&server), Some(sha256_file(&b1)));
+    assert_eq!(
+        e2e::admin_releases(&server, TOKEN)["releases"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
 
-    run_ok(release(&ctx, &server, &["publish"]).arg(&b2));
+    run_ok(e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(&b2));
     e2e::wait_rollout(&server, TOKEN, WAIT, "2.0.0 to complete", |r| {
         r["version"] == "2.0.0+2" && r["state"] == "completed"
     });
@@ -242,7 +232,15 @@ fn a_signed_bundle_dropped_by_hand_is_in_the_history_and_release_rollback_reache
 
     // The way it names: fresh signatures over the kept bytes, then the rollback.
     let again = ctx.path("again");
-    run_ok(release(&ctx, &server, &["export", "--release", "1.0.0+1", "--out"]).arg(&again));
+    run_ok(
+        e2e::release_cmd(
+            &ctx,
+            &server,
+            TOKEN,
+            &["export", "--release", "1.0.0+1", "--out"],
+        )
+        .arg(&again),
+    );
     assert_eq!(
         sha256_file(&again.join("agent-bundle-1.0.0")),
         sha256_file(&b1)
@@ -254,9 +252,10 @@ fn a_signed_bundle_dropped_by_hand_is_in_the_history_and_release_rollback_reache
             .arg(again.join("agent-bundle-1.0.0")),
     );
     let said = stdout(&run_ok(
-        release(
+        e2e::release_cmd(
             &ctx,
             &server,
+            TOKEN,
             &["rollback", "--to", "1.0.0+1", "--signatures"],
         )
         .arg(&again),
@@ -268,8 +267,8 @@ fn a_signed_bundle_dropped_by_hand_is_in_the_history_and_release_rollback_reache
     wait_until(WAIT, "the mismatch to end", || {
         !healthz(&server).contains("mismatch")
     });
-    assert_eq!(served_sha256(&server), Some(sha256_file(&b1)));
-    let list = releases(&server);
+    assert_eq!(e2e::served_sha256(&server), Some(sha256_file(&b1)));
+    let list = e2e::admin_releases(&server, TOKEN);
     assert_eq!(list["current"]["kind"], "rollback", "{list}");
     let by: Vec<&str> = list["releases"]
         .as_array()

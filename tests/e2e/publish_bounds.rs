@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e::{ServerProc, TestContext, property, run_fails, run_ok, sha256_file, stdout};
+use e2e::{ServerProc, TestContext, run_fails, run_ok, sha256_file, stdout};
 
 const TOKEN: &str = "bounds-token";
 const MIB: u64 = 1024 * 1024;
@@ -26,17 +26,10 @@ fn publish(ctx: &TestContext, server: &ServerProc, files: &[&Path]) -> Command {
     cmd
 }
 
-fn served_sha256(server: &ServerProc) -> Option<String> {
-    let answer = e2e::http(server.port, "GET", "/agentupdate/version", &[]).ok()?;
-    (answer.status == 200)
-        .then(|| property(&answer.text(), "agent.latest.sha256"))
-        .flatten()
-}
-
 fn release_count(server: &ServerProc) -> usize {
-    let (status, list) = e2e::admin_call(server, TOKEN, "GET", "/admin/releases", "");
-    assert_eq!(status, 200, "{list}");
-    list["releases"].as_array().map_or(0, Vec::len)
+    e2e::admin_releases(server, TOKEN)["releases"]
+        .as_array()
+        .map_or(0, Vec::len)
 }
 
 /// The server's peak resident memory so far, in bytes (`VmHWM`).
@@ -92,7 +85,7 @@ fn endless_data_a_bundle_that_inflates_past_the_limit_is_refused_with_the_limit(
         assert!(text.contains(word), "refused without {word:?}:\n{text}");
     }
     assert_eq!(
-        served_sha256(&server).as_deref(),
+        e2e::served_sha256(&server).as_deref(),
         Some(sha256_file(&b1).as_str())
     );
     assert_eq!(release_count(&server), 1);
@@ -110,7 +103,7 @@ fn endless_data_a_bundle_that_inflates_past_the_limit_is_refused_with_the_limit(
     let big = zeros_bundle(&ctx, &key, "3.0.0", 300 * MIB);
     run_ok(&mut publish(&ctx, &server, &[&big]));
     assert_eq!(
-        served_sha256(&server).as_deref(),
+        e2e::served_sha256(&server).as_deref(),
         Some(sha256_file(&big).as_str())
     );
     let from = sha256_file(&b1);
@@ -186,7 +179,7 @@ fn a_signature_larger_than_a_signature_is_refused_unread() {
         assert!(answer.contains(word), "refused without {word:?}:\n{answer}");
     }
     assert_eq!(
-        served_sha256(&server).as_deref(),
+        e2e::served_sha256(&server).as_deref(),
         Some(sha256_file(&b1).as_str())
     );
     assert_eq!(release_count(&server), 1);
@@ -207,7 +200,7 @@ fn a_signature_larger_than_a_signature_is_refused_unread() {
         assert!(text.contains(word), "refused without {word:?}:\n{text}");
     }
     assert_eq!(
-        served_sha256(&server).as_deref(),
+        e2e::served_sha256(&server).as_deref(),
         Some(sha256_file(&b1).as_str())
     );
     assert_eq!(release_count(&server), 1);
@@ -245,7 +238,7 @@ fn a_huge_signature_dropped_beside_a_bundle_is_refused_unread() {
         .text();
     assert!(health.contains("agent-bundle-1.0.0.minisig"), "{health}");
     assert!(health.contains("not served"), "{health}");
-    assert!(served_sha256(&server).is_none());
+    assert!(e2e::served_sha256(&server).is_none());
     let grew = peak_rss(&server).saturating_sub(before);
     assert!(
         grew < 64 * MIB,
@@ -303,7 +296,7 @@ fn a_third_upload_at_once_is_told_to_come_back() {
     .unwrap();
     assert_eq!(answer.status, 503, "{}", answer.text());
     assert_eq!(answer.header("Retry-After"), Some("10"));
-    assert!(served_sha256(&server).is_none());
+    assert!(e2e::served_sha256(&server).is_none());
 
     // The held uploads end (cut short): their slots are free again.
     drop(first);
@@ -322,7 +315,7 @@ fn a_third_upload_at_once_is_told_to_come_back() {
         "{published}"
     );
     assert_eq!(
-        served_sha256(&server).as_deref(),
+        e2e::served_sha256(&server).as_deref(),
         Some(sha256_file(&b1).as_str())
     );
 }

@@ -5,7 +5,6 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e::{
@@ -18,28 +17,6 @@ const TOKEN: &str = "release-token";
 const GNU: &str = "x86_64-unknown-linux-gnu";
 const MUSL: &str = "x86_64-unknown-linux-musl";
 const LONG: Duration = Duration::from_secs(180);
-
-/// `update-server release ARGS… --server URL --token T`.
-fn release(ctx: &TestContext, server: &ServerProc, args: &[&str]) -> Command {
-    let mut cmd = ctx.cmd("update-server");
-    cmd.args(["release", "--token", TOKEN, "--server"])
-        .arg(server.url(""))
-        .args(args);
-    cmd
-}
-
-fn served_sha256(server: &ServerProc) -> Option<String> {
-    let answer = e2e::http(server.port, "GET", "/agentupdate/version", &[]).ok()?;
-    (answer.status == 200)
-        .then(|| property(&answer.text(), "agent.latest.sha256"))
-        .flatten()
-}
-
-fn releases(server: &ServerProc) -> Value {
-    let (status, list) = e2e::admin_call(server, TOKEN, "GET", "/admin/releases", "");
-    assert_eq!(status, 200, "{list}");
-    list
-}
 
 /// A server that trusts `public` (bundle.public-key), with the admin token.
 fn server(ctx: &TestContext, home: &str, public: &Path, extra: &[(&str, &str)]) -> ServerProc {
@@ -75,15 +52,15 @@ fn a_publish_checks_every_file_and_a_refusal_changes_nothing() {
     let server = server(&ctx, "srv", &public, &[]);
 
     let said = stdout(&run_ok(
-        release(&ctx, &server, &["publish"]).arg(ctx.path("b1")),
+        e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(ctx.path("b1")),
     ));
     assert!(said.contains("published release 1.0.0+1"), "{said}");
     // Served at once: the publish answers once the release is taken.
     assert_eq!(
-        served_sha256(&server).as_deref(),
+        e2e::served_sha256(&server).as_deref(),
         Some(sha256_file(&b1).as_str())
     );
-    let list = releases(&server);
+    let list = e2e::admin_releases(&server, TOKEN);
     assert_eq!(list["current"]["id"], "1.0.0+1", "{list}");
     assert_eq!(list["current"]["published_by"], "admin.token", "{list}");
     assert_eq!(list["serving"]["source"], "published", "{list}");
@@ -142,7 +119,10 @@ fn a_publish_checks_every_file_and_a_refusal_changes_nothing() {
         (&wrong_name, &["agent-bundle-2.0.0", "name it"]),
     ];
     for (dir, words) in cases {
-        let text = run_fails(release(&ctx, &server, &["publish"]).arg(dir), 1);
+        let text = run_fails(
+            e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(dir),
+            1,
+        );
         for word in words {
             assert!(
                 text.contains(word),
@@ -152,10 +132,10 @@ fn a_publish_checks_every_file_and_a_refusal_changes_nothing() {
         }
         assert!(text.contains("nothing changed"), "{text}");
         assert_eq!(
-            served_sha256(&server).as_deref(),
+            e2e::served_sha256(&server).as_deref(),
             Some(sha256_file(&b1).as_str())
         );
-        let list = releases(&server);
+        let list = e2e::admin_releases(&server, TOKEN);
         assert_eq!(list["releases"].as_array().unwrap().len(), 1, "{list}");
     }
     // A name that tries to climb out of the upload never lands anywhere.
@@ -179,7 +159,10 @@ fn a_publish_checks_every_file_and_a_refusal_changes_nothing() {
     fs::write(again.join("README.txt"), "Built again, differently.\n").unwrap();
     let rebuilt = ctx.pack(&again, "1.0.0", "1", &key, "rebuilt");
     assert_ne!(sha256_file(&rebuilt), sha256_file(&b1));
-    let text = run_fails(release(&ctx, &server, &["publish"]).arg(&rebuilt), 1);
+    let text = run_fails(
+        e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(&rebuilt),
+        1,
+    );
     assert!(text.contains("other bytes"), "{text}");
 }
 
@@ -189,9 +172,12 @@ fn a_server_that_trusts_no_key_says_how_to_publish() {
     let (key, _) = ctx.keygen("keys");
     ctx.pack(&ctx.dist("d"), "1.0.0", "1", &key, "b1");
     let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
-    let text = run_fails(release(&ctx, &server, &["publish"]).arg(ctx.path("b1")), 1);
+    let text = run_fails(
+        e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(ctx.path("b1")),
+        1,
+    );
     assert!(text.contains("releases.trusted-keys"), "{text}");
-    assert!(served_sha256(&server).is_none());
+    assert!(e2e::served_sha256(&server).is_none());
 }
 
 #[test]
@@ -211,7 +197,7 @@ fn a_release_copied_in_file_by_file_is_never_served_half() {
         &old,
         &format!("agent-bundle-1.0.0-{MUSL}"),
     );
-    run_ok(release(&ctx, &server, &["publish"]).arg(&old));
+    run_ok(e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(&old));
     let new = ctx.path("new");
     place(
         &ctx.pack(&dist, "2.0.0", "2", &key, "n1"),
@@ -306,13 +292,13 @@ fn a_release_published_to_one_server_of_a_postgres_fleet_is_served_by_both() {
     );
 
     let started = Instant::now();
-    run_ok(release(&ctx, &a, &["publish"]).arg(&b1));
+    run_ok(e2e::release_cmd(&ctx, &a, TOKEN, &["publish"]).arg(&b1));
     let sha = sha256_file(&b1);
-    assert_eq!(served_sha256(&a).as_deref(), Some(sha.as_str()));
+    assert_eq!(e2e::served_sha256(&a).as_deref(), Some(sha.as_str()));
     wait_until(
         Duration::from_secs(10),
         "server b to serve the release",
-        || served_sha256(&b).as_deref() == Some(sha.as_str()),
+        || e2e::served_sha256(&b).as_deref() == Some(sha.as_str()),
     );
     eprintln!(
         "published to a, served by b {:.2}s after the publish began",
@@ -323,23 +309,23 @@ fn a_release_published_to_one_server_of_a_postgres_fleet_is_served_by_both() {
         sha256_file(&b.download_dir().join("agent-bundle-1.0.0")),
         sha
     );
-    assert_eq!(releases(&b)["current"]["id"], "1.0.0+1");
+    assert_eq!(e2e::admin_releases(&b, TOKEN)["current"]["id"], "1.0.0+1");
 
     // Exported from b, the release publishes on an isolated server.
     let out = ctx.path("export");
-    run_ok(release(&ctx, &b, &["export", "--out"]).arg(&out));
+    run_ok(e2e::release_cmd(&ctx, &b, TOKEN, &["export", "--out"]).arg(&out));
     assert_eq!(sha256_file(&out.join("agent-bundle-1.0.0")), sha);
     let isolated = server(&ctx, "srv-isolated", &public, &[]);
-    run_ok(release(&ctx, &isolated, &["publish"]).arg(&out));
-    assert_eq!(served_sha256(&isolated).as_deref(), Some(sha.as_str()));
+    run_ok(e2e::release_cmd(&ctx, &isolated, TOKEN, &["publish"]).arg(&out));
+    assert_eq!(e2e::served_sha256(&isolated).as_deref(), Some(sha.as_str()));
 
     // A bad release sent to b changes nothing on either server.
     let (stranger, _) = ctx.keygen("stranger");
     let bad = ctx.pack(&ctx.dist("d2"), "2.0.0", "2", &stranger, "bad");
-    run_fails(release(&ctx, &b, &["publish"]).arg(&bad), 1);
+    run_fails(e2e::release_cmd(&ctx, &b, TOKEN, &["publish"]).arg(&bad), 1);
     std::thread::sleep(Duration::from_millis(1500));
     for server in [&a, &b] {
-        assert_eq!(served_sha256(server).as_deref(), Some(sha.as_str()));
+        assert_eq!(e2e::served_sha256(server).as_deref(), Some(sha.as_str()));
     }
 }
 
@@ -352,7 +338,7 @@ fn a_release_rollback_brings_agents_back_from_their_kept_version() {
     fs::write(d2.join("README.txt"), "The second release.\n").unwrap();
     ctx.pack(&d2, "2.0.0", "2", &key, "b2");
     let server = server(&ctx, "srv", &public, &[]);
-    run_ok(release(&ctx, &server, &["publish"]).arg(ctx.path("b1")));
+    run_ok(e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(ctx.path("b1")));
     e2e::wait_rollout(&server, TOKEN, LONG, "1.0.0 to complete", |r| {
         r["version"] == "1.0.0+1" && r["state"] == "completed"
     });
@@ -376,7 +362,7 @@ fn a_release_rollback_brings_agents_back_from_their_kept_version() {
             .count()
             == 2
     });
-    run_ok(release(&ctx, &server, &["publish"]).arg(ctx.path("b2")));
+    run_ok(e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(ctx.path("b2")));
     e2e::wait_rollout(&server, TOKEN, LONG, "2.0.0 to complete", |r| {
         r["version"] == "2.0.0+2" && r["state"] == "completed"
     });
@@ -385,21 +371,30 @@ fn a_release_rollback_brings_agents_back_from_their_kept_version() {
 
     // The old signatures are refused, with the command that makes new ones.
     let text = run_fails(
-        release(
+        e2e::release_cmd(
             &ctx,
             &server,
+            TOKEN,
             &["rollback", "--to", "1.0.0+1", "--signatures"],
         )
         .arg(ctx.path("b1")),
         1,
     );
     assert!(text.contains("agent-bundle sign"), "{text}");
-    let list = releases(&server);
+    let list = e2e::admin_releases(&server, TOKEN);
     assert_eq!(list["current"]["id"], "2.0.0+2", "nothing changed: {list}");
 
     // The kept release, exported and signed again today.
     let again = ctx.path("again");
-    run_ok(release(&ctx, &server, &["export", "--release", "1.0.0+1", "--out"]).arg(&again));
+    run_ok(
+        e2e::release_cmd(
+            &ctx,
+            &server,
+            TOKEN,
+            &["export", "--release", "1.0.0+1", "--out"],
+        )
+        .arg(&again),
+    );
     assert_eq!(
         sha256_file(&again.join("agent-bundle-1.0.0")),
         sha256_file(&b1)
@@ -419,9 +414,10 @@ fn a_release_rollback_brings_agents_back_from_their_kept_version() {
     let (bundle_bytes, delta_bytes) = (sent("bundle"), sent("delta"));
     let started = Instant::now();
     let said = stdout(&run_ok(
-        release(
+        e2e::release_cmd(
             &ctx,
             &server,
+            TOKEN,
             &["rollback", "--to", "1.0.0+1", "--signatures"],
         )
         .arg(&again),
@@ -448,11 +444,16 @@ fn a_release_rollback_brings_agents_back_from_their_kept_version() {
         !lost_log.contains("1.0.0+1 without a download"),
         "{lost_log}"
     );
-    let list = releases(&server);
+    let list = e2e::admin_releases(&server, TOKEN);
     assert_eq!(list["current"]["id"], "1.0.0+1", "{list}");
     assert_eq!(list["current"]["kind"], "rollback", "{list}");
     assert_eq!(list["releases"].as_array().unwrap().len(), 3, "{list}");
-    let shown = stdout(&run_ok(&mut release(&ctx, &server, &["list"])));
+    let shown = stdout(&run_ok(&mut e2e::release_cmd(
+        &ctx,
+        &server,
+        TOKEN,
+        &["list"],
+    )));
     assert!(
         shown.contains("* 1.0.0+1") && shown.contains("rollback"),
         "{shown}"
@@ -469,7 +470,7 @@ fn a_rollback_to_the_version_an_agent_runs_ends_its_retrying() {
     let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
     ctx.pack(&ctx.dist("d2"), "2.0.0", "2", &key, "b2");
     let server = server(&ctx, "srv", &public, &[]);
-    run_ok(release(&ctx, &server, &["publish"]).arg(ctx.path("b1")));
+    run_ok(e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(ctx.path("b1")));
     let secret = "9a".repeat(32);
     let auth = format!("Bearer {secret}");
     let call = |path: &str, body: Value| {
@@ -489,7 +490,7 @@ fn a_rollback_to_the_version_an_agent_runs_ends_its_retrying() {
     };
     let hello = serde_json::json!({ "id": "stuck-1", "name": "stuck", "platform": e2e_platform() });
     assert_eq!(call("/agent/register", hello.clone()), 200);
-    run_ok(release(&ctx, &server, &["publish"]).arg(ctx.path("b2")));
+    run_ok(e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(ctx.path("b2")));
     e2e::wait_rollout(&server, TOKEN, LONG, "2.0.0 to run", |r| {
         r["version"] == "2.0.0+2"
     });
@@ -512,7 +513,15 @@ fn a_rollback_to_the_version_an_agent_runs_ends_its_retrying() {
 
     // Back to 1.0.0, which it runs.
     let again = ctx.path("again");
-    run_ok(release(&ctx, &server, &["export", "--release", "1.0.0+1", "--out"]).arg(&again));
+    run_ok(
+        e2e::release_cmd(
+            &ctx,
+            &server,
+            TOKEN,
+            &["export", "--release", "1.0.0+1", "--out"],
+        )
+        .arg(&again),
+    );
     run_ok(
         ctx.cmd("agent-bundle")
             .args(["sign", "--key"])
@@ -520,9 +529,10 @@ fn a_rollback_to_the_version_an_agent_runs_ends_its_retrying() {
             .arg(again.join("agent-bundle-1.0.0")),
     );
     run_ok(
-        release(
+        e2e::release_cmd(
             &ctx,
             &server,
+            TOKEN,
             &["rollback", "--to", "1.0.0+1", "--signatures"],
         )
         .arg(&again),

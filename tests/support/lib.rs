@@ -236,6 +236,30 @@ pub fn read_file(path: &Path) -> String {
     fs::read_to_string(path).unwrap_or_default()
 }
 
+/// The sha256 `/agentupdate/version` names; `None` while the server serves nothing.
+pub fn served_sha256(server: &ServerProc) -> Option<String> {
+    let answer = http(server.port, "GET", "/agentupdate/version", &[]).ok()?;
+    (answer.status == 200)
+        .then(|| property(&answer.text(), "agent.latest.sha256"))
+        .flatten()
+}
+
+/// `GET /admin/releases` with `token`: what is served and the history.
+pub fn admin_releases(server: &ServerProc, token: &str) -> serde_json::Value {
+    let (status, list) = admin_call(server, token, "GET", "/admin/releases", "");
+    assert_eq!(status, 200, "{list}");
+    list
+}
+
+/// `update-server release ARGS… --server URL --token TOKEN`.
+pub fn release_cmd(ctx: &TestContext, server: &ServerProc, token: &str, args: &[&str]) -> Command {
+    let mut cmd = ctx.cmd("update-server");
+    cmd.args(["release", "--token", token, "--server"])
+        .arg(server.url(""))
+        .args(args);
+    cmd
+}
+
 /// The last lines of every log an installed agent writes (agent, updater, supervisor,
 /// workload), each under its name: what a failing test shows of the machine.
 pub fn agent_logs(home: &Path) -> String {
@@ -691,7 +715,13 @@ impl ServerProc {
                 .to_string_lossy()
                 .starts_with("agent-bundle-")
             {
-                fs::remove_file(entry.path()).unwrap();
+                // A server of the fleet may replace the same file at this moment (a
+                // release published on another server): gone is gone.
+                match fs::remove_file(entry.path()) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => panic!("cannot remove {}: {e}", entry.path().display()),
+                }
             }
         }
     }

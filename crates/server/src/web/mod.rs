@@ -90,8 +90,7 @@ pub fn router(app: AppState, options: Options) -> Router {
         .route("/signout", get(to_home).post(sign_out))
         .route("/agents", get(agents))
         .route("/agents/{id}", get(agent))
-        .route("/agents/{id}/remove", post(remove_agent))
-        .route("/agents/{id}/override-locks", post(override_locks))
+        .route("/agents/{id}/{button}", post(agent_button))
         .route("/rollouts", get(rollouts))
         .route("/rollouts/{action}", post(act_bundle))
         .route("/rollouts/config/{group}/{action}", post(act_config))
@@ -595,42 +594,38 @@ async fn act(
     }
 }
 
-/// The Remove button of an agent's page: checked like every POST, then the action the
-/// admin API performs; then the fleet list, without it.
-async fn remove_agent(
+/// An agent page's button, checked like every POST, then the action the admin API
+/// performs: **Remove** (then the fleet list, without it) or **Override locks** (the
+/// agent's update locks no longer hold off the release the fleet rolls out; back to the
+/// agent's page, which shows it).
+async fn agent_button(
     State(page): State<Page>,
-    Path(agent): Path<String>,
+    Path((agent, button)): Path<(String, String)>,
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, Trouble> {
-    let (_, actor) = match posted_by(&page, &headers, request).await? {
-        Ok(v) => v,
-        Err(response) => return Ok(response),
-    };
-    match actions::perform(&page.app.inner, &actor, Act::RemoveAgent { agent }).await {
-        // An agent someone else removed first is gone all the same.
-        Ok(_) | Err(ActionError::Refused(Refused::Unknown(_))) => {
-            Ok(Redirect::to("/agents").into_response())
-        }
-        Err(e) => action_failed(e),
-    }
-}
-
-/// The Override locks button of an agent's page: the agent's update locks no longer
-/// hold off the release the fleet rolls out; back to the agent's page, which shows it.
-async fn override_locks(
-    State(page): State<Page>,
-    Path(agent): Path<String>,
-    headers: HeaderMap,
-    request: Request,
-) -> Result<Response, Trouble> {
-    let (_, actor) = match posted_by(&page, &headers, request).await? {
-        Ok(v) => v,
-        Err(response) => return Ok(response),
-    };
     let back = format!("/agents/{}", query::encode(&agent));
-    match actions::perform(&page.app.inner, &actor, Act::OverrideLocks { agent }).await {
-        Ok(_) => Ok(Redirect::to(&back).into_response()),
+    let (act, done_at) = match button.as_str() {
+        "remove" => (Act::RemoveAgent { agent }, "/agents".to_owned()),
+        "override-locks" => (Act::OverrideLocks { agent }, back),
+        _ => {
+            return Ok(refused(
+                StatusCode::NOT_FOUND,
+                "no such action: an agent's buttons are Remove and Override locks",
+            ));
+        }
+    };
+    let removing = matches!(act, Act::RemoveAgent { .. });
+    let (_, actor) = match posted_by(&page, &headers, request).await? {
+        Ok(v) => v,
+        Err(response) => return Ok(response),
+    };
+    match actions::perform(&page.app.inner, &actor, act).await {
+        Ok(_) => Ok(Redirect::to(&done_at).into_response()),
+        // An agent someone else removed first is gone all the same.
+        Err(ActionError::Refused(Refused::Unknown(_))) if removing => {
+            Ok(Redirect::to(&done_at).into_response())
+        }
         Err(e) => action_failed(e),
     }
 }
