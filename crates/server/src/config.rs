@@ -17,9 +17,7 @@ pub const ENV_PREFIX: &str = "UPDATE_SERVER";
 /// the process's file limit allows, said once in the log; set, lowering it is a warning.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 25_000;
 
-/// `releases.max-unpacked` by default, in MiB: a published bundle's distribution may
-/// inflate to this much. Agents' own distributions are tens of MiB.
-pub const DEFAULT_MAX_UNPACKED_MIB: u64 = 512;
+pub use agent_releases::DEFAULT_MAX_UNPACKED_MIB;
 
 /// The longest `agents.max-wait` accepted.
 pub const MAX_WAIT_CAP: u64 = 3600;

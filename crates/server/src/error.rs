@@ -13,6 +13,9 @@ pub enum ServerError {
     Fleet(#[from] FleetError),
     #[error("{0}")]
     Io(String),
+    /// The release model's.
+    #[error(transparent)]
+    Release(#[from] agent_releases::ReleaseError),
 }
 
 /// An answer that is not a success. 4xx carry their message; 5xx log the detail and

@@ -13,19 +13,19 @@
 pub mod actions;
 pub mod cli;
 pub mod config;
-pub mod deltas;
 pub mod error;
 pub mod maintenance;
 pub mod metrics;
 pub mod opamp;
 pub mod panics;
-pub mod refusal;
-pub mod releases;
 pub mod reload;
 pub mod routes;
 pub mod signals;
 pub mod state;
-pub mod store;
+// The release and bundle model lives in its own crate (no HTTP); its modules keep
+// their paths here.
+pub use agent_releases::publish as releases;
+pub use agent_releases::{deltas, refusal, store};
 pub mod transport;
 pub mod web;
 
@@ -48,8 +48,7 @@ pub use state::AppState;
 /// Writes queued while the fleet database was away, under the server's home.
 pub const SPOOL_FILE: &str = "spool.jsonl";
 
-/// How often the download directory is looked at.
-pub const SCAN_INTERVAL: Duration = Duration::from_secs(1);
+pub use agent_releases::{SCAN_INTERVAL, served};
 
 /// The whole HTTP interface over one state: the native routes and OpAMP's, each edge
 /// built on its own (neither imports the other), a tower `Router` tests drive without a
@@ -138,7 +137,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         .with_contact_refresh(contact_refresh(config.agents.heartbeat));
     let server_name = config.server_name();
     let metrics: Arc<metrics::Metrics> = Arc::default();
-    let deltas = Arc::new(deltas::Deltas::new(home, Arc::clone(&metrics))?);
+    let deltas = Arc::new(deltas::Deltas::new(home, Arc::clone(&metrics.deltas))?);
     let download_limit = fleet
         .download_limit(&server_name)
         .await?
@@ -195,34 +194,6 @@ fn read_agent_ca(config: &Config) -> Result<Option<String>, ServerError> {
         )));
     }
     Ok(Some(text))
-}
-
-/// The served release as its rollout knows it: its identity ([`store::Release::identity`])
-/// and signing time (the latest of its bundles' signatures).
-pub fn served(release: &store::Release) -> rollout::Served {
-    let signed_at = release
-        .bundles()
-        .iter()
-        .map(|bundle| {
-            bundle
-                .signature
-                .as_deref()
-                .and_then(|text| agent_protocol::minisign::Signature::parse(text).ok())
-                .and_then(|sig| {
-                    agent_protocol::minisign::BundleClaim::parse(sig.trusted_comment()).ok()
-                })
-                .map_or(0, |claim| {
-                    i64::try_from(claim.signed_at).unwrap_or(i64::MAX)
-                })
-        })
-        .max()
-        .unwrap_or(0);
-    rollout::Served {
-        sha256: release.identity(),
-        signed_at,
-        version: release.version().clone(),
-        platforms: release.platforms().into_iter().map(str::to_owned).collect(),
-    }
 }
 
 /// How often the rollout is looked at (deadlines, soaks, another server's decisions),

@@ -21,9 +21,8 @@ pub struct Metrics {
     /// `/agentupdate/delta` answers, by [`DELTA_ANSWERS`].
     pub delta_answers: [AtomicU64; DELTA_ANSWERS.len()],
     /// Deltas the worker made, found not worth sending, or failed to make.
-    pub deltas_made: AtomicU64,
-    pub deltas_not_worth: AtomicU64,
-    pub deltas_failed: AtomicU64,
+    /// The release model's delta maker counts into these.
+    pub deltas: std::sync::Arc<agent_releases::deltas::DeltaCounts>,
     pub registrations_accepted: AtomicU64,
     pub registrations_refused: AtomicU64,
     pub reports: AtomicU64,
@@ -213,9 +212,9 @@ impl Metrics {
             counted(
                 "outcome",
                 [
-                    ("ready", &self.deltas_made),
-                    ("not_worth", &self.deltas_not_worth),
-                    ("failed", &self.deltas_failed),
+                    ("ready", &self.deltas.made),
+                    ("not_worth", &self.deltas.not_worth),
+                    ("failed", &self.deltas.failed),
                 ],
             ),
         );
@@ -615,9 +614,9 @@ mod tests {
             &m.downloads_503,
             &m.bytes_sent,
             &m.delta_bytes_sent,
-            &m.deltas_made,
-            &m.deltas_not_worth,
-            &m.deltas_failed,
+            &m.deltas.made,
+            &m.deltas.not_worth,
+            &m.deltas.failed,
             &m.registrations_accepted,
             &m.registrations_refused,
             &m.reports,

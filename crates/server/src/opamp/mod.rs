@@ -518,7 +518,11 @@ mod tests {
     #[test]
     fn an_agent_is_offered_only_a_bundle_of_its_own_platform() {
         use crate::store::Release;
-        use crate::store::tests::bundle;
+        use agent_releases::store::sample_bundle;
+
+        fn bundle(v: &str, p: &str) -> std::sync::Arc<agent_releases::store::ServedBundle> {
+            sample_bundle(v.parse().unwrap(), p)
+        }
         let x86 =
             Release::assemble(vec![bundle("2.0.0+2", "x86_64-unknown-linux-gnu")], "").unwrap();
         assert!(bundle_for(&x86, "linux", "amd64").is_some());

@@ -577,7 +577,11 @@ impl Stream for SlotBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::tests::bundle;
+    use agent_releases::store::sample_bundle;
+
+    fn bundle(v: &str, p: &str) -> std::sync::Arc<agent_releases::store::ServedBundle> {
+        sample_bundle(v.parse().unwrap(), p)
+    }
 
     #[test]
     fn a_plain_ask_of_several_platforms_must_choose() {

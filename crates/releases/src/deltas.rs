@@ -22,12 +22,13 @@
 //! apart (read, inflated, hashed) once for all the deltas to it, not once per base. A delta whose making failed (a disk
 //! full, a base unreadable) is made again after [`retry_wait`], without a restart;
 //! meanwhile agents asking for it download the bundle. The worker decides nothing about
-//! who may download: the route ([`crate::routes`]) answers under the download limit.
+//! who may download: the route (`update-server`'s routes) answers under the download limit.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -35,8 +36,7 @@ use agent_protocol::digest::Digests;
 use agent_protocol::properties::Properties;
 use bytes::Bytes;
 
-use crate::error::ServerError;
-use crate::metrics::{Metrics, inc};
+use crate::ReleaseError;
 use crate::store::{self, BundleStore, Current, Release};
 
 /// Bases kept per platform: the most recent by when first seen (a served one always).
@@ -237,7 +237,7 @@ pub struct Deltas {
     bases_dir: PathBuf,
     state: Mutex<State>,
     wake: tokio::sync::Notify,
-    metrics: Arc<Metrics>,
+    counts: Arc<DeltaCounts>,
     /// The served bundle taken apart, kept while deltas to it are queued (the worker's
     /// alone: jobs run one at a time).
     target: Mutex<Option<Arc<agent_delta::make::Target>>>,
@@ -245,6 +245,19 @@ pub struct Deltas {
     taken_apart: std::sync::atomic::AtomicU64,
     /// [`RETRY_FIRST`], shorter in tests.
     retry_first: Duration,
+}
+
+/// How the deltas made have ended, for the server's metrics
+/// (`agentupdate_deltas_made_total`).
+#[derive(Debug, Default)]
+pub struct DeltaCounts {
+    pub made: AtomicU64,
+    pub not_worth: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+fn inc(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 /// What one job of the worker came to.
@@ -255,17 +268,17 @@ enum Outcome {
 
 impl Deltas {
     /// The deltas under `<home>/deltas`; the directories are made if missing.
-    pub fn new(home: &Path, metrics: Arc<Metrics>) -> Result<Self, ServerError> {
+    pub fn new(home: &Path, counts: Arc<DeltaCounts>) -> Result<Self, ReleaseError> {
         let root = home.join("deltas");
         let bases_dir = root.join("bases");
         fs::create_dir_all(&bases_dir)
-            .map_err(|e| ServerError::Io(format!("{}: {e}", bases_dir.display())))?;
+            .map_err(|e| ReleaseError::Io(format!("{}: {e}", bases_dir.display())))?;
         let me = Self {
             root,
             bases_dir,
             state: Mutex::new(State::default()),
             wake: tokio::sync::Notify::new(),
-            metrics,
+            counts,
             target: Mutex::new(None),
             taken_apart: std::sync::atomic::AtomicU64::new(0),
             retry_first: RETRY_FIRST,
@@ -351,7 +364,7 @@ impl Deltas {
                     let job = pair.clone();
                     let done = tokio::task::spawn_blocking(move || worker.make(&job)).await;
                     let result = done.unwrap_or_else(|e| {
-                        Err(ServerError::Io(format!("the delta maker stopped: {e}")))
+                        Err(ReleaseError::Io(format!("the delta maker stopped: {e}")))
                     });
                     me.finish(pair, result);
                     continue;
@@ -388,21 +401,21 @@ impl Deltas {
         Some(pair)
     }
 
-    fn finish(&self, pair: Pair, result: Result<Outcome, ServerError>) {
+    fn finish(&self, pair: Pair, result: Result<Outcome, ReleaseError>) {
         let mut state = self.lock();
         state.making = None;
         let earlier = state.failed.remove(&pair).map_or(0, |f| f.failures);
         match result {
             Ok(Outcome::Ready(file)) => {
-                inc(&self.metrics.deltas_made);
+                inc(&self.counts.made);
                 state.ready.insert(pair.clone(), file);
             }
             Ok(Outcome::NotWorth(line)) => {
-                inc(&self.metrics.deltas_not_worth);
+                inc(&self.counts.not_worth);
                 state.none.insert(pair.clone(), line);
             }
             Err(e) => {
-                inc(&self.metrics.deltas_failed);
+                inc(&self.counts.failed);
                 let failures = earlier.saturating_add(1);
                 let wait = retry_wait(failures, self.retry_first);
                 tracing::error!(
@@ -432,7 +445,7 @@ impl Deltas {
         &self,
         sha: &str,
         path: &Path,
-    ) -> Result<Arc<agent_delta::make::Target>, ServerError> {
+    ) -> Result<Arc<agent_delta::make::Target>, ReleaseError> {
         let mut kept = self.target.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(target) = kept.as_ref()
             && target.sha256_hex() == sha
@@ -441,7 +454,7 @@ impl Deltas {
         }
         *kept = None;
         let target = Arc::new(
-            agent_delta::make::Target::open(path).map_err(|e| ServerError::Io(e.to_string()))?,
+            agent_delta::make::Target::open(path).map_err(|e| ReleaseError::Io(e.to_string()))?,
         );
         self.taken_apart
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -452,7 +465,7 @@ impl Deltas {
     /// Keeps the served bundles as bases (copied from `store`'s private copies where it
     /// has them), drops old bases and deltas no longer wanted, and plans the deltas of
     /// `release`. Blocking.
-    fn refresh(&self, release: &Release, store: Option<&BundleStore>) -> Result<(), ServerError> {
+    fn refresh(&self, release: &Release, store: Option<&BundleStore>) -> Result<(), ReleaseError> {
         let first = self.lock().planned.is_none();
         if first {
             remove_temps(&self.root);
@@ -580,10 +593,10 @@ impl Deltas {
         &self,
         bundle: &store::ServedBundle,
         store: Option<&BundleStore>,
-    ) -> Result<Base, ServerError> {
+    ) -> Result<Base, ReleaseError> {
         let sha = &bundle.info.sha256;
         let path = self.bases_dir.join(sha);
-        let io = |e: std::io::Error| ServerError::Io(format!("{}: {e}", path.display()));
+        let io = |e: std::io::Error| ReleaseError::Io(format!("{}: {e}", path.display()));
         let mut tmp = tempfile::Builder::new()
             .prefix(TEMP_PREFIX)
             .tempfile_in(&self.bases_dir)
@@ -613,7 +626,7 @@ impl Deltas {
         record.set("first-seen", &base.first_seen.to_string());
         let record_path = self.bases_dir.join(format!("{sha}.base"));
         agent_extract::atomic::write(&record_path, record.to_text().as_bytes())
-            .map_err(|e| ServerError::Io(format!("{}: {e}", record_path.display())))?;
+            .map_err(|e| ReleaseError::Io(format!("{}: {e}", record_path.display())))?;
         tracing::info!(
             version = %base.version,
             platform = %base.platform,
@@ -660,7 +673,7 @@ impl Deltas {
     }
 
     /// Makes one delta. Blocking, and heavy: see the module's doc.
-    fn make(&self, pair: &Pair) -> Result<Outcome, ServerError> {
+    fn make(&self, pair: &Pair) -> Result<Outcome, ReleaseError> {
         let (from_version, to_version) = {
             let state = self.lock();
             let version = |sha: &str| {
@@ -676,7 +689,7 @@ impl Deltas {
         let new = self.bases_dir.join(&pair.to);
         let started = Instant::now();
         let io =
-            |path: &Path, e: std::io::Error| ServerError::Io(format!("{}: {e}", path.display()));
+            |path: &Path, e: std::io::Error| ReleaseError::Io(format!("{}: {e}", path.display()));
         let mut tmp = tempfile::Builder::new()
             .prefix(TEMP_PREFIX)
             .tempfile_in(&self.root)
@@ -686,7 +699,7 @@ impl Deltas {
         let made = {
             let mut out = BufWriter::new(tmp.as_file_mut());
             let made = agent_delta::make::make_to(&old, &target, &mut out, Default::default())
-                .map_err(|e| ServerError::Io(e.to_string()))?;
+                .map_err(|e| ReleaseError::Io(e.to_string()))?;
             out.flush().map_err(|e| io(&tmp_path, e))?;
             made
         };
@@ -696,7 +709,7 @@ impl Deltas {
             let line = not_worth_line(made.size, made.bundle_size);
             let path = self.root.join(pair.none_name());
             agent_extract::atomic::write(&path, format!("{line}\n").as_bytes())
-                .map_err(|e| ServerError::Io(format!("{}: {e}", path.display())))?;
+                .map_err(|e| ReleaseError::Io(format!("{}: {e}", path.display())))?;
             tracing::info!(
                 from = %from_version,
                 to = %to_version,
@@ -734,8 +747,8 @@ fn seconds(d: Duration) -> String {
 }
 
 /// Maps a made delta and hashes it for its `ETag`.
-fn load(path: &Path) -> Result<DeltaFile, ServerError> {
-    let io = |e: std::io::Error| ServerError::Io(format!("{}: {e}", path.display()));
+fn load(path: &Path) -> Result<DeltaFile, ReleaseError> {
+    let io = |e: std::io::Error| ReleaseError::Io(format!("{}: {e}", path.display()));
     let file = File::open(path).map_err(io)?;
     let last_modified = file.metadata().and_then(|m| m.modified()).map_err(io)?;
     let data = store::map(&file).map_err(io)?;
@@ -932,7 +945,7 @@ mod tests {
     }
 
     fn deltas_in(home: &Path) -> Deltas {
-        Deltas::new(home, Arc::new(Metrics::default())).expect("deltas")
+        Deltas::new(home, Arc::default()).expect("deltas")
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! (and its `.minisig`) per platform, or a lone `agent-bundle-V` (a release of the one
 //! platform its properties name). A scan, every second, notices a change and hands it
 //! over as [`Dropped`]: it is a publish like any other, checked and recorded in the
-//! release history first ([`crate::releases`]), and nothing of it is served until then.
+//! release history first ([`crate::publish`]), and nothing of it is served until then.
 //! A release taken (published, followed, or a hand drop that passed) is ingested, each
 //! changed bundle into a private, read-only copy under `<home>/cache/`, hashed in the
 //! same pass; the copy is memory-mapped and served from there. The bundles' own
@@ -871,30 +871,35 @@ pub(crate) fn map(file: &File) -> io::Result<Bytes> {
     Ok(Bytes::from_owner(mmap))
 }
 
+/// A served bundle with made-up digests and no bytes: what the tests of the answers
+/// given from a release (here and in `update-server`'s edges) build releases from.
+pub fn sample_bundle(agent: AgentVersion, platform: &str) -> Arc<ServedBundle> {
+    let sha256 = format!("{:0>64}", format!("{}{}", agent.build(), platform.len()));
+    Arc::new(ServedBundle {
+        info: VersionInfo {
+            server_version: "1.0.0".into(),
+            server_build: "1".into(),
+            md5: "0".repeat(32),
+            sha256: sha256.clone(),
+            size: 0,
+            filename: format!("agent-bundle-{}-{platform}", agent.version_str()),
+            download_source: None,
+            agent,
+        },
+        platform: platform.into(),
+        data: Bytes::new(),
+        signature: None,
+        last_modified: SystemTime::UNIX_EPOCH,
+        etag: format!("\"{sha256}\""),
+    })
+}
+
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
-    pub(crate) fn bundle(version: &str, platform: &str) -> Arc<ServedBundle> {
-        let agent: AgentVersion = version.parse().unwrap();
-        let sha256 = format!("{:0>64}", format!("{}{}", agent.build(), platform.len()));
-        Arc::new(ServedBundle {
-            info: VersionInfo {
-                server_version: "1.0.0".into(),
-                server_build: "1".into(),
-                md5: "0".repeat(32),
-                sha256: sha256.clone(),
-                size: 0,
-                filename: format!("agent-bundle-{}-{platform}", agent.version_str()),
-                download_source: None,
-                agent,
-            },
-            platform: platform.into(),
-            data: Bytes::new(),
-            signature: None,
-            last_modified: SystemTime::UNIX_EPOCH,
-            etag: format!("\"{sha256}\""),
-        })
+    fn bundle(version: &str, platform: &str) -> Arc<ServedBundle> {
+        sample_bundle(version.parse().unwrap(), platform)
     }
 
     const GNU: &str = "x86_64-unknown-linux-gnu";

@@ -151,7 +151,7 @@ impl Publisher {
             keys,
             served_key,
             keep,
-            max_unpacked: crate::config::DEFAULT_MAX_UNPACKED_MIB * 1024 * 1024,
+            max_unpacked: crate::DEFAULT_MAX_UNPACKED_MIB * 1024 * 1024,
             uploads: Arc::new(tokio::sync::Semaphore::new(UPLOADS_AT_ONCE)),
             busy: tokio::sync::Mutex::new(()),
             installed: AtomicI64::new(installed),
@@ -159,7 +159,7 @@ impl Publisher {
     }
 
     /// Sets the bytes a published bundle's distribution may inflate to
-    /// (`releases.max-unpacked`; [`crate::config::DEFAULT_MAX_UNPACKED_MIB`] unless set).
+    /// (`releases.max-unpacked`; [`crate::DEFAULT_MAX_UNPACKED_MIB`] unless set).
     #[must_use]
     pub fn with_max_unpacked(mut self, bytes: u64) -> Self {
         self.max_unpacked = bytes;
