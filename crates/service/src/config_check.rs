@@ -37,7 +37,8 @@ pub fn refused(program: &Path, command: &str) -> String {
     )
 }
 
-#[cfg(all(test, unix))]
+#[cfg(test)]
+#[cfg(unix)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
