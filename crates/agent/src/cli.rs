@@ -267,12 +267,12 @@ fn uninstall(home: Option<&Path>, purge: bool, yes: bool) -> anyhow::Result<Exit
 }
 
 /// Logs to stderr and to `logs/<file>`, rotated by size with stderr's `logs/agent.out`,
-/// after rotating the other logs past `[log] max-size` (see [`crate::state::logfiles`]); the
+/// after rotating the other logs past `[log] max-size` (see [`agent_updater::logfiles`]); the
 /// guard flushes the file on drop.
 fn init_logging(
     home: &Path,
     file: &str,
-    limits: crate::state::logfiles::Limits,
+    limits: agent_updater::logfiles::Limits,
 ) -> Option<tracing_appender::non_blocking::WorkerGuard> {
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::layer::SubscriberExt;
@@ -286,9 +286,9 @@ fn init_logging(
         .with_target(false);
     let logs = home.join("logs");
     let opened = std::fs::create_dir_all(&logs).and_then(|()| {
-        crate::state::logfiles::rotate_at_start(&logs, limits);
+        agent_updater::logfiles::rotate_at_start(&logs, limits);
         let console = logs.join("agent.out");
-        crate::state::logfiles::RotatingFile::open(&logs.join(file), limits, Some(&console))
+        agent_updater::logfiles::RotatingFile::open(&logs.join(file), limits, Some(&console))
     });
     let (file_layer, guard) = match opened {
         Ok(appender) => {

@@ -19,7 +19,7 @@ pub struct Config {
     pub log: LogSection,
 }
 
-/// The agent's log files and their rotation by size (see [`crate::state::logfiles`]).
+/// The agent's log files and their rotation by size (see [`agent_updater::logfiles`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct LogSection {
@@ -40,10 +40,10 @@ impl Default for LogSection {
 
 impl LogSection {
     /// The limits, read (`max-size` was checked when the file was loaded).
-    pub fn limits(&self) -> crate::state::logfiles::Limits {
-        crate::state::logfiles::Limits {
-            max_size: crate::state::logfiles::parse_size(&self.max_size)
-                .unwrap_or(crate::state::logfiles::Limits::default().max_size),
+    pub fn limits(&self) -> agent_updater::logfiles::Limits {
+        agent_updater::logfiles::Limits {
+            max_size: agent_updater::logfiles::parse_size(&self.max_size)
+                .unwrap_or(agent_updater::logfiles::Limits::default().max_size),
             keep: self.keep,
         }
     }
@@ -390,7 +390,7 @@ impl Config {
         config.workload.validate().map_err(bad)?;
         agent_protocol::labels::check(&config.agent.labels)
             .map_err(|e| bad(format!("agent.labels: {e}")))?;
-        crate::state::logfiles::parse_size(&config.log.max_size)
+        agent_updater::logfiles::parse_size(&config.log.max_size)
             .map_err(|e| bad(format!("log.max-size: {e}")))?;
         crate::contact::proxy::Setting::parse(&config.server.proxy).map_err(bad)?;
         Ok(config)

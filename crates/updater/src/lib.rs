@@ -15,6 +15,7 @@ mod faults;
 pub mod health;
 pub mod lock;
 pub mod log;
+pub mod logfiles;
 pub mod merge;
 pub mod outcome;
 pub mod process;

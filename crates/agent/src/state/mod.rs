@@ -1,8 +1,8 @@
 //! What the agent keeps and shows on the machine: where it is installed, its health
-//! file, its last errors, its logs, and `agent status` over them.
+//! file, its last errors, and `agent status` over them (its logs rotate through
+//! `agent_updater::logfiles`, which every program of an installed agent shares).
 
 pub mod health;
 pub mod home;
 pub mod last_errors;
-pub mod logfiles;
 pub mod status;

@@ -1,5 +1,7 @@
-//! The agent's log files in `logs/`, rotated by size so that a machine that runs for
-//! years never fills its disk with them (`[log]` in agent.toml: `max-size`, `keep`).
+//! An installed agent's log files in `logs/`, rotated by size so that a machine that
+//! runs for years never fills its disk with them (`[log]` in agent.toml: `max-size`,
+//! `keep`). Here, beside the updater's own log, so that every program of the
+//! installation (the agent, the updater, the supervisor) can share it.
 //!
 //! A file past `max-size` is renamed `<name>.1`, an older `<name>.1` becomes `<name>.2`
 //! and so on up to `<name>.<keep>`; the one past `keep` is deleted. So at most
