@@ -108,12 +108,7 @@ impl Agents {
                 ),
             ),
         };
-        if json {
-            super::print_json(&answer)
-        } else {
-            println!("{said}");
-            Ok(())
-        }
+        super::print_answer(&answer, json, |_| said)
     }
 }
 

@@ -25,12 +25,7 @@ impl AuditQuery {
         let answer = client
             .audit(self.who.as_deref(), self.action.as_deref(), self.page)
             .await?;
-        if json {
-            super::print_json(&answer)
-        } else {
-            print!("{}", render_audit(&answer));
-            Ok(())
-        }
+        super::print_answer(&answer, json, render_audit)
     }
 }
 

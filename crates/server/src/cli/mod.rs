@@ -193,9 +193,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     })
 }
 
-/// Prints the API's answer as it came (`--json`).
+/// Prints the API's answer as it came (`--json`), or what a person reads of it.
 fn print_json(answer: &serde_json::Value) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(answer)?);
+    Ok(())
+}
+
+/// The API's answer as it came with `--json`; otherwise `said`, the words or table a
+/// person reads.
+fn print_answer(
+    answer: &serde_json::Value,
+    json: bool,
+    said: impl FnOnce(&serde_json::Value) -> String,
+) -> anyhow::Result<()> {
+    if json {
+        return print_json(answer);
+    }
+    println!("{}", said(answer).trim_end());
     Ok(())
 }
 

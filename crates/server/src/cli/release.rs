@@ -86,12 +86,7 @@ impl Release {
                 (serde_json::json!({ "files": written }), said)
             }
         };
-        if json {
-            super::print_json(&answer)
-        } else {
-            println!("{said}");
-            Ok(())
-        }
+        super::print_answer(&answer, json, |_| said)
     }
 }
 

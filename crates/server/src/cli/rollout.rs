@@ -27,12 +27,7 @@ pub enum Rollout {
 impl Rollout {
     pub(super) async fn run(&self, client: &AdminClient, json: bool) -> anyhow::Result<()> {
         let status = client.rollout(self).await?;
-        if json {
-            super::print_json(&status)
-        } else {
-            print!("{}", render_status(&status));
-            Ok(())
-        }
+        super::print_answer(&status, json, render_status)
     }
 }
 
