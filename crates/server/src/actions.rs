@@ -186,10 +186,7 @@ pub async fn perform(s: &Shared, actor: &Actor, act: Act) -> Result<Done, Action
         details["via"] = serde_json::json!("page");
     }
     let outcome = if actor.role.may(Permission::Change) {
-        match run(s, actor, &act).await {
-            Ok(done) => done,
-            Err(e) => return Err(e.into()),
-        }
+        run(s, actor, &act).await?
     } else {
         Err(Refused::NotAllowed(format!(
             "refused: {} has the role {}, which may not {} ({}); ask an operator",
@@ -365,8 +362,7 @@ fn merge(details: &mut serde_json::Value, more: serde_json::Value) {
     }
 }
 
-/// Appends to the audit log. A change already made is not undone when its record
-/// cannot be written (the database went away in between): the log says so instead.
+/// Records what `actor` asked for and how it ended.
 async fn record(
     s: &Shared,
     actor: &Actor,
@@ -381,8 +377,19 @@ async fn record(
         outcome,
         details,
     };
-    if let Err(e) = s.fleet.audit().record(&change).await {
-        tracing::error!(who = %actor.name, action, "cannot write the audit log: {e}");
+    audit(s, &change).await;
+}
+
+/// Appends to the audit log, for every edge. A change already made is not undone when
+/// its record cannot be written (the database went away in between): the log says so
+/// instead.
+pub async fn audit(s: &Shared, change: &Change<'_>) {
+    if let Err(e) = s.fleet.audit().record(change).await {
+        tracing::error!(
+            who = change.who,
+            action = change.action,
+            "cannot write the audit log: {e}"
+        );
     }
 }
 

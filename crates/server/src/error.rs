@@ -64,19 +64,24 @@ const DATABASE_RETRY_AFTER: u64 = 5;
 
 /// The fleet database away is `503` with `Retry-After`; any other fault of the model is
 /// the server's (`500`, detail in the log).
+/// How the API and the page answer an operator action's refusal.
+pub fn refused_status(refused: &crate::actions::Refused) -> StatusCode {
+    use crate::actions::Refused;
+    match refused {
+        Refused::NotAllowed(_) => StatusCode::FORBIDDEN,
+        Refused::Unknown(_) => StatusCode::NOT_FOUND,
+        Refused::Conflict(_) => StatusCode::CONFLICT,
+        Refused::Invalid(_) => StatusCode::BAD_REQUEST,
+    }
+}
+
 impl From<crate::actions::ActionError> for ApiError {
     fn from(e: crate::actions::ActionError) -> Self {
-        use crate::actions::{ActionError, Refused};
+        use crate::actions::ActionError;
         match e {
             // Recorded in the audit log by the action itself.
             ActionError::Refused(refused) => {
-                let status = match &refused {
-                    Refused::NotAllowed(_) => StatusCode::FORBIDDEN,
-                    Refused::Unknown(_) => StatusCode::NOT_FOUND,
-                    Refused::Conflict(_) => StatusCode::CONFLICT,
-                    Refused::Invalid(_) => StatusCode::BAD_REQUEST,
-                };
-                Self::new(status, refused.message()).audited()
+                Self::new(refused_status(&refused), refused.message()).audited()
             }
             ActionError::Fleet(e) => e.into(),
         }

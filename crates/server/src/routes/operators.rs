@@ -235,16 +235,9 @@ impl Caller {
     }
 }
 
-/// Appends to the audit log. A change already made is not undone when its record
-/// cannot be written (the database went away in between): the log says so instead.
+/// Appends to the audit log ([`crate::actions::audit`]).
 pub async fn record(s: &Shared, change: Change<'_>) {
-    if let Err(e) = s.fleet.audit().record(&change).await {
-        tracing::error!(
-            who = change.who,
-            action = change.action,
-            "cannot write the audit log: {e}"
-        );
-    }
+    crate::actions::audit(s, &change).await;
 }
 
 /// `GET /admin/tokens`: names, roles, when created and last used; never a token.

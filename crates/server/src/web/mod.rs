@@ -655,15 +655,10 @@ async fn posted_by(
 /// An action refused (and already recorded) or failed, as the page answers it.
 fn action_failed(e: ActionError) -> Result<Response, Trouble> {
     match e {
-        ActionError::Refused(refused) => {
-            let status = match refused {
-                Refused::NotAllowed(_) => StatusCode::FORBIDDEN,
-                Refused::Unknown(_) => StatusCode::NOT_FOUND,
-                Refused::Conflict(_) => StatusCode::CONFLICT,
-                Refused::Invalid(_) => StatusCode::BAD_REQUEST,
-            };
-            Ok(refused_and_audited(status, refused.message()))
-        }
+        ActionError::Refused(refused) => Ok(refused_and_audited(
+            crate::error::refused_status(&refused),
+            refused.message(),
+        )),
         ActionError::Fleet(e) => Err(e.into()),
     }
 }
