@@ -48,16 +48,24 @@ PATH=$PATH:/usr/sbin command -v nginx >/dev/null 2>&1 || missing+=(nginx)
 # ring) and run as a Windows service under Debian's 64-bit Wine.
 command -v x86_64-w64-mingw32-gcc >/dev/null 2>&1 || missing+=(gcc-mingw-w64-x86-64)
 [[ -x /usr/lib/wine/wine64 ]] || missing+=(wine64)
+# The Windows installer and its signatures: Debian's wixl builds the MSI (its own
+# package, not msitools), osslsigncode signs and verifies Authenticode offline.
+command -v wixl >/dev/null 2>&1 || missing+=(wixl)
+command -v osslsigncode >/dev/null 2>&1 || missing+=(osslsigncode)
+# The alert rules shipped for the server's metrics: promtool checks and unit-tests them.
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if ((${#missing[@]})); then
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
         echo "test.sh: installing ${missing[*]}" >&2
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-        # The package starts Debian's own node exporter on :9100 where systemd runs; the
-        # tests run their own copies on free ports and need none of it.
-        if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus-node-exporter 2>/dev/null; then
-            systemctl disable --now prometheus-node-exporter >/dev/null 2>&1 || true
-        fi
+        # The packages start Debian's node exporter (:9100) and Prometheus (:9090) where
+        # systemd runs; the tests run their own exporters on free ports and need neither.
+        for unit in prometheus-node-exporter prometheus; do
+            if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$unit" 2>/dev/null; then
+                systemctl disable --now "$unit" >/dev/null 2>&1 || true
+            fi
+        done
     else
         echo "test.sh: missing ${missing[*]}; install them (sudo apt-get install ${missing[*]}) and run again" >&2
         exit 1

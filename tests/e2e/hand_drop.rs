@@ -149,10 +149,12 @@ fn a_bundle_signed_by_another_key_dropped_by_hand_is_refused_where_a_key_is_set(
 fn a_signed_bundle_dropped_by_hand_is_in_the_history_and_release_rollback_reaches_it() {
     let ctx = TestContext::new();
     let (key, public) = ctx.keygen("keys");
-    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    // Signed a minute apart: two packs in the same second have no order to refuse by.
+    let now = e2e::now_secs();
+    let b1 = ctx.pack_signed_at(&ctx.dist("d1"), "1.0.0", "1", &key, "b1", now - 60);
     let d2 = ctx.dist("d2");
     fs::write(d2.join("README.txt"), "The second release.\n").unwrap();
-    let b2 = ctx.pack(&d2, "2.0.0", "2", &key, "b2");
+    let b2 = ctx.pack_signed_at(&d2, "2.0.0", "2", &key, "b2", now);
     let public = public.display().to_string();
     let server = ctx.server(
         "srv",

@@ -693,7 +693,9 @@ fn platform_bundles_of_different_versions_are_no_release() {
     ]);
     let (status, _, text) = h.get("/agentupdate/version");
     assert_eq!(status, 503, "{text}");
-    assert!(text.contains("one version and build"), "{text}");
+    // An agent is told the release is refused; the operator is told why.
+    let (_, _, health) = h.get("/healthz");
+    assert!(health.contains("one version and build"), "{health}");
 }
 
 #[test]
