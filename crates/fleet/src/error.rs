@@ -18,6 +18,9 @@ pub enum FleetError {
     /// It clashes with what the fleet holds (a name taken); the text says what to do.
     #[error("{0}")]
     Conflict(String),
+    /// It names something the fleet does not have; the text says how to list what is.
+    #[error("{0}")]
+    NotFound(String),
 }
 
 impl FleetError {

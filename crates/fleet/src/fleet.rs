@@ -59,7 +59,10 @@ pub struct Fleet {
     pub db: Db,
     /// The database's absence, and what waits for it.
     pub outage: Arc<Outage>,
+    /// `default`'s rollouts (the fleet's, before deployments).
     pub rollouts: Arc<Rollouts>,
+    /// Every deployment with its rollouts, `default`'s among them.
+    pub deployments: Arc<crate::deployments::Deployments>,
     /// Configuration sets and their config rollouts.
     pub configs: Arc<Configs>,
     auto_update: AtomicBool,
@@ -105,10 +108,18 @@ impl Fleet {
         let on = settings::auto_update_on(db.setting(settings::AUTO_UPDATE).await?.as_deref());
         let revision = db.setting(settings::CREDENTIALS_REVISION).await?;
         let overrides = lock_overrides(&db).await?;
+        let deployments = Arc::new(crate::deployments::Deployments::new(
+            db.clone(),
+            Arc::clone(&rollouts),
+            rollouts.accept_policy().clone(),
+            rollouts.server().to_owned(),
+        ));
+        deployments.refresh().await?;
         Ok(Self {
             db,
             outage,
             rollouts,
+            deployments,
             configs,
             auto_update: AtomicBool::new(on),
             contacts: Mutex::default(),
@@ -205,6 +216,7 @@ impl Fleet {
             self.outage
                 .remember_credentials(agent, &Credentials::Revoked(how));
             self.rollouts.decide().await?;
+            self.deployments.decide().await?;
             self.configs.decide().await?;
         }
         Ok(known)

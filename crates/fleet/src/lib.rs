@@ -18,6 +18,7 @@ pub mod backup;
 pub mod config;
 pub mod credentials;
 pub mod db;
+pub mod deployments;
 pub mod error;
 pub mod fleet;
 pub mod history;

@@ -40,6 +40,7 @@ migrations!(
     "0010_releases",
     "0011_labels",
     "0012_page_sessions",
+    "0013_deployments",
 );
 
 /// One backend's migrations, as a source for sqlx's `Migrator`.
@@ -115,7 +116,7 @@ mod tests {
                 read.iter().map(key).collect::<Vec<_>>(),
                 "{dir}"
             );
-            assert_eq!(embedded.len(), 12, "{dir}");
+            assert_eq!(embedded.len(), 13, "{dir}");
         }
     }
 

@@ -115,55 +115,7 @@ impl Releases {
     ) -> Result<HistoryEntry, FleetError> {
         let at = now_ms();
         let mut tx = self.db.begin_write().await?;
-        let known = sqlx::query("SELECT identity FROM releases WHERE id = $1")
-            .bind(&release.id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        match known {
-            Some(row) => {
-                let identity: String = row.try_get("identity")?;
-                if identity != release.identity {
-                    return Err(other_bytes(&release.id));
-                }
-                for file in &release.files {
-                    sqlx::query(
-                        "UPDATE release_files SET signature = $1 WHERE release_id = $2 AND name = $3",
-                    )
-                    .bind(&file.signature)
-                    .bind(&release.id)
-                    .bind(&file.name)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-            }
-            None => {
-                sqlx::query("INSERT INTO releases (id, identity, created_at) VALUES ($1, $2, $3)")
-                    .bind(&release.id)
-                    .bind(&release.identity)
-                    .bind(at)
-                    .execute(&mut *tx)
-                    .await?;
-                for file in &release.files {
-                    let bytes = if self.keeps_bytes() {
-                        Some(data(&file.name).map_err(FleetError::Invalid)?)
-                    } else {
-                        None
-                    };
-                    sqlx::query(
-                        "INSERT INTO release_files (release_id, name, platform, sha256, size, signature, data) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                    )
-                    .bind(&release.id)
-                    .bind(&file.name)
-                    .bind(&file.platform)
-                    .bind(&file.sha256)
-                    .bind(file.size as i64)
-                    .bind(&file.signature)
-                    .bind(bytes)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-            }
-        }
+        self.store(&mut tx, release, at, data).await?;
         sqlx::query(
             "INSERT INTO release_history (release_id, kind, at, who) VALUES ($1, $2, $3, $4)",
         )
@@ -186,6 +138,80 @@ impl Releases {
             who: who.to_owned(),
             release: release.clone(),
         })
+    }
+
+    /// Stores `release` (a new one, or the same bytes again with fresh signatures)
+    /// without making it current: what `release publish --deployment NAME` keeps for a
+    /// deployment to name. Pruning spares a release some deployment names.
+    pub async fn keep_release(
+        &self,
+        release: &ReleaseRecord,
+        data: &mut (dyn FnMut(&str) -> Result<Vec<u8>, String> + Send),
+    ) -> Result<(), FleetError> {
+        let mut tx = self.db.begin_write().await?;
+        self.store(&mut tx, release, now_ms(), data).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The rows of `release` and its files, inserted or (same bytes) re-signed.
+    async fn store(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        release: &ReleaseRecord,
+        at: i64,
+        data: &mut (dyn FnMut(&str) -> Result<Vec<u8>, String> + Send),
+    ) -> Result<(), FleetError> {
+        let known = sqlx::query("SELECT identity FROM releases WHERE id = $1")
+            .bind(&release.id)
+            .fetch_optional(&mut **tx)
+            .await?;
+        match known {
+            Some(row) => {
+                let identity: String = row.try_get("identity")?;
+                if identity != release.identity {
+                    return Err(other_bytes(&release.id));
+                }
+                for file in &release.files {
+                    sqlx::query(
+                        "UPDATE release_files SET signature = $1 WHERE release_id = $2 AND name = $3",
+                    )
+                    .bind(&file.signature)
+                    .bind(&release.id)
+                    .bind(&file.name)
+                    .execute(&mut **tx)
+                    .await?;
+                }
+            }
+            None => {
+                sqlx::query("INSERT INTO releases (id, identity, created_at) VALUES ($1, $2, $3)")
+                    .bind(&release.id)
+                    .bind(&release.identity)
+                    .bind(at)
+                    .execute(&mut **tx)
+                    .await?;
+                for file in &release.files {
+                    let bytes = if self.keeps_bytes() {
+                        Some(data(&file.name).map_err(FleetError::Invalid)?)
+                    } else {
+                        None
+                    };
+                    sqlx::query(
+                        "INSERT INTO release_files (release_id, name, platform, sha256, size, signature, data) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                    )
+                    .bind(&release.id)
+                    .bind(&file.name)
+                    .bind(&file.platform)
+                    .bind(&file.sha256)
+                    .bind(file.size as i64)
+                    .bind(&file.signature)
+                    .bind(bytes)
+                    .execute(&mut **tx)
+                    .await?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The newest history entry's number, if any release was ever published: what a
@@ -330,14 +356,19 @@ async fn forget_beyond(
         .bind(oldest_kept)
         .execute(&mut **tx)
         .await?;
+    // A release some deployment names stays, however old.
     sqlx::query(
-        "DELETE FROM release_files WHERE release_id NOT IN (SELECT release_id FROM release_history)",
+        "DELETE FROM release_files WHERE release_id NOT IN (SELECT release_id FROM release_history)
+           AND release_id NOT IN (SELECT release_id FROM deployments WHERE release_id IS NOT NULL)",
     )
     .execute(&mut **tx)
     .await?;
-    sqlx::query("DELETE FROM releases WHERE id NOT IN (SELECT release_id FROM release_history)")
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(
+        "DELETE FROM releases WHERE id NOT IN (SELECT release_id FROM release_history)
+           AND id NOT IN (SELECT release_id FROM deployments WHERE release_id IS NOT NULL)",
+    )
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 

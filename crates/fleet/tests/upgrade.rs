@@ -24,7 +24,7 @@ async fn a_sqlite_fleet_of_schema_0006_keeps_both_rollouts_under_way() {
     let db = Db::open("", home.path(), 1).await.unwrap();
     let pool = db.pool();
 
-    let bundle = store::latest::<Bundle>(pool).await.unwrap().unwrap();
+    let bundle = store::latest::<Bundle>(pool, "").await.unwrap().unwrap();
     assert_eq!(bundle.subject.version.to_string(), "2.0.0+2");
     assert_eq!(
         bundle

@@ -33,6 +33,18 @@ pub fn for_platform(path: &str, platform: &str) -> String {
         path.to_owned()
     }
 }
+/// Names a release (`<version>+<build>`) other than the server's current one: its
+/// deployment's, which the directive named.
+pub const RELEASE_QUERY: &str = "release";
+
+/// `path?platform=<platform>&release=<id>`: a release of a deployment, for a platform
+/// (the platform is left out when it is not a target triple).
+pub fn for_release(path: &str, platform: &str, release: &str) -> String {
+    let base = for_platform(path, platform);
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}{RELEASE_QUERY}={}", release.replace('+', "%2B"))
+}
+
 /// A delta from the bundle an agent runs to the served one:
 /// `?from=<sha256 of the agent's bundle>&platform=<target triple>`.
 pub const DELTA_PATH: &str = "/agentupdate/delta";

@@ -7,6 +7,7 @@
 //! It knows no HTTP: the routes of `update-server` answer from it, its metrics count
 //! what it reports. It never writes outside the server's home.
 
+pub mod catalog;
 pub mod deltas;
 pub mod publish;
 pub mod refusal;

@@ -333,6 +333,11 @@ impl BundleStore {
         self.cache_dir.join(format!("bundle-{sha256}"))
     }
 
+    /// Where this server's private copies of bundles live (`<home>/cache`).
+    pub fn cache_dir(&self) -> &Path {
+        &self.cache_dir
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -711,12 +716,7 @@ impl BundleStore {
         let private = self
             .cache_dir
             .join(format!("bundle-{}", digests.sha256_hex()));
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = tmp
-                .as_file()
-                .set_permissions(fs::Permissions::from_mode(0o444));
-        }
+        read_only(tmp.as_file());
         tmp.persist(&private)
             .map_err(|e| Refused::Io(format!("{}: {}", private.display(), e.error)))?;
         let file =
@@ -854,6 +854,12 @@ fn cached_facts(props: &Properties, sha256: &str) -> Option<Facts> {
         version: AgentVersion::new(version, build).ok()?,
         platform: platform.to_owned(),
     })
+}
+
+/// Makes a private copy read-only (0444) before it is mapped: nothing writes it again.
+pub(crate) fn read_only(file: &File) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = file.set_permissions(fs::Permissions::from_mode(0o444));
 }
 
 /// Maps one of this server's private, write-once files read-only: a bundle's copy, or a

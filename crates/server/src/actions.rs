@@ -11,6 +11,7 @@
 use agent_fleet::FleetError;
 use agent_fleet::audit::{Change, Outcome};
 use agent_fleet::db::{Credentials, Revocation};
+use agent_fleet::deployments;
 use agent_fleet::labels::{self, Edit, Labels};
 use agent_fleet::operators::{Action as Permission, Role};
 use agent_fleet::rollout::Refusal;
@@ -33,10 +34,12 @@ pub enum Via {
     Page,
 }
 
-/// What a rollout step applies to: the bundle's rollout or a group's configuration set.
+/// What a rollout step applies to: the bundle's rollout (`default`'s), another
+/// deployment's, or a group's configuration set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     Bundle,
+    Deployment(String),
     Config(String),
 }
 
@@ -72,6 +75,20 @@ pub enum Act {
         target: Target,
         step: Step,
     },
+    /// A deployment made, changed or removed (see [`agent_fleet::deployments`]).
+    Deployment(DeploymentAct),
+}
+
+#[derive(Debug, Clone)]
+pub enum DeploymentAct {
+    Create(deployments::NewDeployment),
+    Set {
+        name: String,
+        change: deployments::Change,
+    },
+    Remove {
+        name: String,
+    },
 }
 
 /// What a done action changed, for the edge's answer.
@@ -89,6 +106,8 @@ pub enum Done {
         labels: Labels,
     },
     Stepped,
+    /// The deployment as it is now (as it was, for a removal).
+    Deployment(Box<deployments::Deployment>),
 }
 
 /// Why an action was not done, in words for the operator (the edge picks the status).
@@ -140,7 +159,13 @@ impl Act {
                 (Target::Config(_), Step::Halt { .. }) => "config.halt",
                 (Target::Config(_), Step::Resume) => "config.resume",
                 (Target::Config(_), Step::Advance) => "config.advance",
+                (Target::Deployment(_), Step::Halt { .. }) => "deployment.halt",
+                (Target::Deployment(_), Step::Resume) => "deployment.resume",
+                (Target::Deployment(_), Step::Advance) => "deployment.advance",
             },
+            Act::Deployment(DeploymentAct::Create(_)) => "deployment.create",
+            Act::Deployment(DeploymentAct::Set { .. }) => "deployment.set",
+            Act::Deployment(DeploymentAct::Remove { .. }) => "deployment.remove",
         }
     }
 
@@ -156,12 +181,29 @@ impl Act {
             Act::Rollout { target, step } => {
                 let mut details = match target {
                     Target::Bundle => serde_json::json!({}),
+                    Target::Deployment(name) => serde_json::json!({ "deployment": name }),
                     Target::Config(group) => serde_json::json!({ "group": group }),
                 };
                 if let Step::Halt { reason } = step {
                     details["reason"] = serde_json::json!(reason);
                 }
                 details
+            }
+            Act::Deployment(DeploymentAct::Create(new)) => serde_json::json!({
+                "deployment": new.name,
+                "selector": new.selector,
+                "release": new.release,
+                "priority": new.priority,
+            }),
+            Act::Deployment(DeploymentAct::Set { name, change }) => serde_json::json!({
+                "deployment": name,
+                "selector": change.selector,
+                "release": change.release,
+                "priority": change.priority,
+                "policy": change.policy.as_ref().map(agent_fleet::rollout::engine::plan_json),
+            }),
+            Act::Deployment(DeploymentAct::Remove { name }) => {
+                serde_json::json!({ "deployment": name })
             }
         }
     }
@@ -174,6 +216,7 @@ impl Act {
             Act::OverrideLocks { .. } => "override an agent's update locks",
             Act::Labels { .. } => "change an agent's labels",
             Act::Rollout { .. } => "halt, resume or advance a rollout",
+            Act::Deployment(_) => "create, change or remove a deployment",
         }
     }
 }
@@ -296,14 +339,22 @@ async fn run(
             // The page's Halt has no reason field: its audit entry and the rollout say
             // where the halt came from.
             let page_reason = (actor.via == Via::Page).then_some("from the fleet page");
-            let rollouts = &s.fleet.rollouts;
+            let rollouts = match target {
+                Target::Deployment(name) => match s.fleet.deployments.rollouts(name) {
+                    Some(r) => r,
+                    None => return Ok(Err(unknown_deployment(name))),
+                },
+                _ => std::sync::Arc::clone(&s.fleet.rollouts),
+            };
             let configs = &s.fleet.configs;
             let result = match (target, step) {
-                (Target::Bundle, Step::Halt { reason }) => {
+                (Target::Bundle | Target::Deployment(_), Step::Halt { reason }) => {
                     rollouts.halt(reason.as_deref().or(page_reason)).await?
                 }
-                (Target::Bundle, Step::Resume) => rollouts.resume().await?,
-                (Target::Bundle, Step::Advance) => rollouts.advance().await?,
+                (Target::Bundle | Target::Deployment(_), Step::Resume) => rollouts.resume().await?,
+                (Target::Bundle | Target::Deployment(_), Step::Advance) => {
+                    rollouts.advance().await?
+                }
                 (Target::Config(group), Step::Halt { reason }) => {
                     configs
                         .halt(group, reason.as_deref().or(page_reason))
@@ -313,7 +364,7 @@ async fn run(
                 (Target::Config(group), Step::Advance) => configs.advance(group).await?,
             };
             let extra = match target {
-                Target::Bundle => rollouts
+                Target::Bundle | Target::Deployment(_) => rollouts
                     .current()
                     .map(|r| serde_json::json!({ "version": r.subject.version.to_string() }))
                     .unwrap_or_default(),
@@ -323,7 +374,33 @@ async fn run(
                 .map(|()| (Done::Stepped, extra))
                 .map_err(|Refusal(why)| Refused::Conflict(why))
         }
+        Act::Deployment(change) => {
+            let db = &s.fleet.db;
+            let result = match change {
+                DeploymentAct::Create(new) => deployments::create(db, new).await,
+                DeploymentAct::Set { name, change } => deployments::update(db, name, change)
+                    .await
+                    .map(|(_, after)| after),
+                DeploymentAct::Remove { name } => deployments::remove(db, name).await,
+            };
+            let deployment = match result {
+                Ok(d) => d,
+                Err(FleetError::Invalid(why)) => return Ok(Err(Refused::Invalid(why))),
+                Err(FleetError::Conflict(why)) => return Ok(Err(Refused::Conflict(why))),
+                Err(FleetError::NotFound(why)) => return Ok(Err(Refused::Unknown(why))),
+                Err(e) => return Err(e),
+            };
+            // Taken at once here; every other server within its next look.
+            s.fleet.deployments.refresh().await?;
+            Ok((Done::Deployment(Box::new(deployment)), none))
+        }
     })
+}
+
+fn unknown_deployment(name: &str) -> Refused {
+    Refused::Unknown(format!(
+        "no deployment {name:?}; list them with `update-server deployment list`"
+    ))
 }
 
 fn unknown(agent: &str) -> Refused {
@@ -353,6 +430,11 @@ fn done_words(act: &Act) -> &'static str {
         Act::OverrideLocks { .. } => "the agent's update locks are overridden",
         Act::Labels { .. } => "the agent's labels changed",
         Act::Rollout { .. } => "done",
+        Act::Deployment(DeploymentAct::Create(_)) => "the deployment is made",
+        Act::Deployment(DeploymentAct::Set { .. }) => "the deployment changed",
+        Act::Deployment(DeploymentAct::Remove { .. }) => {
+            "the deployment is removed; its agents follow the next that selects them"
+        }
     }
 }
 

@@ -65,25 +65,16 @@ pub(crate) fn spawn_pacer(state: &AppState) {
 /// Keeps the fleet's rollouts moving (the bundle's and each configuration set's):
 /// follows the served bundle, times out agents, opens and completes waves.
 pub(crate) fn spawn_rollout_loop(state: &AppState) {
-    let store = Arc::clone(&state.inner.store);
-    let rollouts = Arc::clone(&state.inner.fleet.rollouts);
-    let outage = Arc::clone(&state.inner.fleet.outage);
-    let configs = Arc::clone(&state.inner.fleet.configs);
-    panics::spawn_restarting("rollout loop", move || {
-        let store = Arc::clone(&store);
-        let rollouts = Arc::clone(&rollouts);
-        let outage = Arc::clone(&outage);
-        let configs = Arc::clone(&configs);
-        rollout_loop(store, rollouts, outage, configs)
-    });
+    let s = Arc::clone(&state.inner);
+    panics::spawn_restarting("rollout loop", move || rollout_loop(Arc::clone(&s)));
 }
 
-pub(crate) async fn rollout_loop(
-    store: Arc<store::BundleStore>,
-    rollouts: Arc<agent_fleet::rollout::Rollouts>,
-    outage: Arc<agent_fleet::outage::Outage>,
-    configs: Arc<agent_fleet::config::Configs>,
-) {
+pub(crate) async fn rollout_loop(s: Arc<crate::state::Shared>) {
+    let store = Arc::clone(&s.store);
+    let rollouts = Arc::clone(&s.fleet.rollouts);
+    let outage = Arc::clone(&s.fleet.outage);
+    let configs = Arc::clone(&s.fleet.configs);
+    let deployments = Arc::clone(&s.fleet.deployments);
     {
         let mut tick = tokio::time::interval(ROLLOUT_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -110,6 +101,10 @@ pub(crate) async fn rollout_loop(
                 }
                 rollouts.refresh().await?;
                 rollouts.decide().await?;
+                // The other deployments: each serves the release it names.
+                deployments.refresh().await?;
+                serve_deployments(&s).await;
+                deployments.decide().await?;
                 // Config rollouts beside it: a set pushed on another server, its waves.
                 configs.refresh().await?;
                 configs.decide().await
@@ -129,6 +124,30 @@ pub(crate) async fn rollout_loop(
             }
         }
     }
+}
+
+/// Every deployment but `default` serves the kept release it names: loaded (from the
+/// fleet database if another server published it) and handed to its rollouts. A release
+/// that cannot be loaded is said once and tried again at the next look.
+async fn serve_deployments(s: &crate::state::Shared) {
+    let mut named = Vec::new();
+    for (deployment, rollouts) in s.fleet.deployments.all() {
+        let Some(id) = deployment.release.as_deref() else {
+            continue;
+        };
+        named.push(id.to_owned());
+        match s.catalog.load(&s.releases, id).await {
+            Ok(release) => {
+                if let Err(e) = rollouts.serve(served(&release)).await {
+                    tracing::warn!(deployment = %deployment.name, "cannot start the rollout of {id}: {e}; trying again");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(deployment = %deployment.name, "cannot serve release {id}: {e}; trying again");
+            }
+        }
+    }
+    s.catalog.retain(&named);
 }
 
 /// Looks at the download directory once: a release put there by hand is published by

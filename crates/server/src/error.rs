@@ -93,6 +93,7 @@ impl From<FleetError> for ApiError {
         match e {
             FleetError::Invalid(message) => return Self::bad_request(message),
             FleetError::Conflict(message) => return Self::new(StatusCode::CONFLICT, message),
+            FleetError::NotFound(message) => return Self::new(StatusCode::NOT_FOUND, message),
             _ => {}
         }
         if e.is_unavailable() {

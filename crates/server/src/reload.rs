@@ -14,7 +14,7 @@
 use std::sync::{Arc, Mutex};
 
 use agent_fleet::config::Configs;
-use agent_fleet::rollout::Rollouts;
+use agent_fleet::deployments::Deployments;
 use agent_protocol::settings::{Environment, ProcessEnv};
 
 use crate::config::{Config, ConfigSource, RolloutSection};
@@ -91,7 +91,7 @@ pub struct Reloader {
     /// The configuration as the server runs it: as read at start, with the live parts
     /// as last taken.
     running: Mutex<Config>,
-    rollouts: Arc<Rollouts>,
+    deployments: Arc<Deployments>,
     configs: Arc<Configs>,
 }
 
@@ -101,13 +101,13 @@ impl Reloader {
     pub fn new(
         source: ConfigSource,
         running: Config,
-        rollouts: Arc<Rollouts>,
+        deployments: Arc<Deployments>,
         configs: Arc<Configs>,
     ) -> Self {
         Self {
             source,
             running: Mutex::new(running),
-            rollouts,
+            deployments,
             configs,
         }
     }
@@ -130,10 +130,10 @@ impl Reloader {
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let changes = changes(&running, &new);
         if changes.windows.is_some() {
-            self.rollouts.set_maintenance(schedule);
+            self.deployments.set_maintenance(schedule);
         }
         if changes.plan.is_some() {
-            self.rollouts.set_plan(plan.clone());
+            self.deployments.set_plan(plan.clone());
             self.configs.set_plan(plan);
         }
         // Only the live parts: the rest runs as it started, and a later reload says

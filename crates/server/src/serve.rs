@@ -109,7 +109,7 @@ pub async fn serve(
     reload::spawn(reload::Reloader::new(
         source,
         as_read,
-        Arc::clone(&state.inner.fleet.rollouts),
+        Arc::clone(&state.inner.fleet.deployments),
         Arc::clone(&state.inner.fleet.configs),
     ));
     spawn_pacer(&state);

@@ -97,6 +97,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         inner: Arc::new(state::Shared {
             store,
             releases: Arc::new(publisher),
+            catalog: Arc::default(),
             deltas,
             fleet: Arc::new(fleet),
             server_name,

@@ -27,6 +27,8 @@ pub struct Shared {
     pub store: Arc<BundleStore>,
     /// Publishing, the history and rollbacks; following the fleet's current release.
     pub releases: Arc<crate::releases::Publisher>,
+    /// The kept releases deployments name, served beside the current one.
+    pub catalog: Arc<agent_releases::catalog::Catalog>,
     /// The bases kept and the deltas made from them to the served bundles.
     pub deltas: Arc<Deltas>,
     /// The fleet model: database, outage spool, rollouts, fleet-wide settings.

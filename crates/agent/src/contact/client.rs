@@ -580,9 +580,18 @@ impl Client {
     }
 
     /// `GET /agentupdate/version?platform=<this agent's platform>`, parsed and checked
-    /// (a server that knows no releases ignores the query).
-    pub async fn version_info(&self) -> Result<VersionInfo, CommError> {
-        let path = wire::for_platform(wire::VERSION_PATH, layout::PLATFORM);
+    /// (a server that knows no releases ignores the query); with `release` (what the
+    /// server's directive named: its deployment's release), `&release=<version>+<build>`.
+    pub async fn version_info(
+        &self,
+        release: Option<&AgentVersion>,
+    ) -> Result<VersionInfo, CommError> {
+        let path = match release {
+            Some(release) => {
+                wire::for_release(wire::VERSION_PATH, layout::PLATFORM, &release.to_string())
+            }
+            None => wire::for_platform(wire::VERSION_PATH, layout::PLATFORM),
+        };
         let (url, text) = self.get_text(&path).await?;
         let garbage = |message: String| CommError::Garbage {
             url: url.clone(),
@@ -592,9 +601,9 @@ impl Client {
         VersionInfo::from_properties(&props).map_err(|e| garbage(e.to_string()))
     }
 
-    /// `GET /agentupdate/download.minisig?platform=<this agent's platform>`.
-    pub async fn signature(&self) -> Result<Signature, CommError> {
-        let path = wire::for_platform(wire::SIGNATURE_PATH, layout::PLATFORM);
+    /// `GET /agentupdate/download.minisig?platform=<this agent's platform>&release=<release>`.
+    pub async fn signature(&self, release: &AgentVersion) -> Result<Signature, CommError> {
+        let path = wire::for_release(wire::SIGNATURE_PATH, layout::PLATFORM, &release.to_string());
         let (url, text) = self.get_text(&path).await?;
         Signature::parse(&text).map_err(|e| CommError::Garbage {
             url,

@@ -92,6 +92,10 @@ pub async fn fetch(
         "{}{}",
         req.base_url,
         wire::delta_path(&from_hex, layout::PLATFORM)
+    ) + &format!(
+        "&{}={}",
+        wire::RELEASE_QUERY,
+        req.info.agent.to_string().replace('+', "%2B")
     );
     let delta_path = req.dir.join(format!(
         "delta-{}-{}.part",

@@ -142,9 +142,14 @@ pub async fn fetch(
     dir: &Path,
     limits: &Limits,
 ) -> Result<Downloaded, DownloadError> {
+    // The release named: a deployment's may be another than the server's current one.
     let url = format!(
         "{base}{}",
-        wire::for_platform(wire::DOWNLOAD_PATH, layout::PLATFORM)
+        wire::for_release(
+            wire::DOWNLOAD_PATH,
+            layout::PLATFORM,
+            &info.agent.to_string()
+        )
     );
     fetch_from(http, &url, info, dir, limits).await
 }

@@ -25,7 +25,7 @@ pub async fn update(
         Trust::of(config, &install.home),
     )?;
     if check {
-        let info = client.version_info().await?;
+        let info = client.version_info(None).await?;
         println!("this agent runs {}", install.version);
         println!(
             "{} offers {} ({} bytes, sha256 {})",

@@ -109,7 +109,7 @@ pub async fn fetch_verified(
     }
     let info = ctx
         .client
-        .version_info()
+        .version_info(expected)
         .await
         .map_err(|e| degraded(format!("cannot learn the server's bundle: {e}")))?;
     if let Some(expected) = expected
@@ -344,7 +344,7 @@ pub async fn check_offer(
     })?;
     let retired = state::retired_keys(home)
         .map_err(|e| degraded(format!("cannot read data/retired-keys: {e}")))?;
-    let signature = client.signature().await.map_err(|e| match e {
+    let signature = client.signature(&info.agent).await.map_err(|e| match e {
         // The server names a bundle it has no signature for: no agent can install it.
         crate::contact::client::CommError::Status { status: 404, .. } => rejected(format!(
             "refusing the server's bundle {}: the server serves no signature for it ({e}); the release is missing its .minisig, publish the bundle with its signature",

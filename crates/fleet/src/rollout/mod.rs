@@ -37,6 +37,7 @@ use agent_protocol::{AcceptPolicy, AgentVersion};
 use serde_json::json;
 
 use crate::db::{Backend, Db, now_ms};
+use crate::deployments::{DEFAULT, Table};
 use crate::error::FleetError;
 use crate::maintenance::Schedule;
 use crate::news::News;
@@ -76,9 +77,15 @@ pub struct Answer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal(pub String);
 
-/// The bundle rollouts: the fleet's latest one is the one that counts.
+/// The bundle rollouts of one deployment: its latest one is the one that counts.
 pub struct Rollouts {
     engine: Engine<Bundle>,
+    /// The deployment's rollout line (`""` for `default`; see
+    /// [`crate::deployments::line_of`]).
+    line: String,
+    /// The fleet's deployments as last read: a rollout places only the agents that
+    /// follow its deployment.
+    table: Arc<Table>,
     /// `[rollout]`: the plan new rollouts start under (a started one keeps its own);
     /// replaced live when the server's configuration is read again.
     plan: RwLock<Arc<Plan>>,
@@ -110,20 +117,69 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Rollouts {
+    /// The rollouts of `default`: the served bundle's, as before deployments.
     pub fn new(db: Db, plan: Plan, policy: AcceptPolicy, server: String) -> Self {
+        Self::for_deployment(
+            db,
+            plan,
+            policy,
+            server,
+            DEFAULT.to_owned(),
+            Arc::default(),
+            Arc::default(),
+        )
+    }
+
+    /// The rollouts of the deployment `name`, whose release is fleet data (the same on
+    /// every server): a new release starts its rollout at once, superseding the last.
+    pub fn for_deployment(
+        db: Db,
+        plan: Plan,
+        policy: AcceptPolicy,
+        server: String,
+        name: String,
+        table: Arc<Table>,
+        news: Arc<News>,
+    ) -> Self {
         Self {
             engine: Engine::new(db, server),
+            line: crate::deployments::line_of(&name).to_owned(),
+            table,
             plan: RwLock::new(Arc::new(plan)),
             policy,
             current: RwLock::new(None),
             served: Mutex::new(None),
             waiting: AtomicBool::new(false),
             mismatch: RwLock::new(None),
-            news: Arc::default(),
+            news,
             swept: Mutex::new(None),
             schedule: tokio::sync::watch::Sender::new(Arc::default()),
             window_waiting: windows::Waiting::default(),
         }
+    }
+
+    /// What versions satisfy a target (`agents.accept`).
+    pub fn accept_policy(&self) -> &AcceptPolicy {
+        &self.policy
+    }
+
+    /// The deployment these rollouts are of.
+    pub fn deployment(&self) -> &str {
+        if self.line.is_empty() {
+            DEFAULT
+        } else {
+            &self.line
+        }
+    }
+
+    /// The deployments table these rollouts place agents by.
+    pub fn table(&self) -> Arc<Table> {
+        Arc::clone(&self.table)
+    }
+
+    /// Whether the agent with `labels` follows this deployment.
+    fn follows(&self, labels: &crate::labels::Labels) -> bool {
+        self.table.follows(labels) == self.deployment()
     }
 
     fn db(&self) -> &Db {
@@ -176,9 +232,11 @@ impl Rollouts {
         self.engine.woken().await;
     }
 
-    /// Several servers share this fleet (and may serve different bundles).
+    /// Several servers share this fleet and may serve different bundles: `default`'s
+    /// comes from each server's download directory. Another deployment's release is
+    /// fleet data, the same for every server.
     fn shared(&self) -> bool {
-        self.db().backend() == Backend::Postgres
+        self.db().backend() == Backend::Postgres && self.line.is_empty()
     }
 
     /// The served bundle is `bundle`: start its rollout unless one exists or
@@ -224,15 +282,20 @@ impl Rollouts {
                 .execute(&mut *tx)
                 .await?;
         }
-        if store::find::<Bundle>(&mut *tx, "", &bundle.sha256, bundle.signed_at)
+        if store::find::<Bundle>(&mut *tx, &self.line, &bundle.sha256, bundle.signed_at)
             .await?
             .is_some()
         {
             tx.commit().await?;
             return Ok(Claim::Ours);
         }
-        let latest = store::latest::<Bundle>(&mut *tx).await?;
-        let act = crate::releases::current_act(&mut tx, &bundle.sha256).await?;
+        let latest = store::latest::<Bundle>(&mut *tx, &self.line).await?;
+        let act = if self.line.is_empty() {
+            crate::releases::current_act(&mut tx, &bundle.sha256).await?
+        } else {
+            // An operator named this release for the deployment: meant, as a rollback is.
+            Some(crate::releases::Kind::Rollback)
+        };
         let mut claim = claim::claim(latest.as_ref(), bundle, self.shared());
         if claim == Claim::Busy && act.is_some() {
             // Published for the whole fleet: every server serves it, none waits.
@@ -244,12 +307,12 @@ impl Rollouts {
         }
         let now = now_ms();
         let plan = self.plan();
-        let previous = store::last_completed_version(&mut *tx).await?;
+        let previous = store::last_completed_version(&mut *tx, &self.line).await?;
         let meant = act == Some(crate::releases::Kind::Rollback);
         let (state, reason, cause) = initial_state(&bundle.version, previous.as_ref(), meant);
         let new = NewRollout {
             kind: Kind::Bundle,
-            group: "",
+            group: &self.line,
             target: &bundle.sha256,
             signed_at: bundle.signed_at,
             version: Some(&bundle.version),
@@ -261,17 +324,35 @@ impl Rollouts {
             now,
         };
         let since = now / 1000 - i64::try_from(plan.agent_deadline).unwrap_or(i64::MAX);
-        let candidates: Vec<Candidate> = store::live_agents(&mut *tx, since)
-            .await?
-            .into_iter()
-            .map(|(id, group, version)| Candidate {
-                id,
-                group,
-                on_target: version
-                    .parse::<AgentVersion>()
-                    .is_ok_and(|v| self.policy.accepts(&bundle.version, &v)),
-            })
-            .collect();
+        let on_target = |version: &str| {
+            version
+                .parse::<AgentVersion>()
+                .is_ok_and(|v| self.policy.accepts(&bundle.version, &v))
+        };
+        // Only the agents that follow this deployment are placed (with several, their
+        // labels say which).
+        let candidates: Vec<Candidate> = if self.table.is_single() {
+            store::live_agents(&mut *tx, since)
+                .await?
+                .into_iter()
+                .map(|(id, group, version)| Candidate {
+                    on_target: on_target(&version),
+                    id,
+                    group,
+                })
+                .collect()
+        } else {
+            store::live_agents_labelled(&mut *tx, since)
+                .await?
+                .into_iter()
+                .filter(|a| self.follows(&a.labels))
+                .map(|a| Candidate {
+                    on_target: on_target(&a.version),
+                    id: a.id,
+                    group: a.group,
+                })
+                .collect()
+        };
         // The agents already running the new target (a rollback to the version they
         // run): what they said of moving to another release (retrying it, held off,
         // waiting for a window) is over. One statement for the fleet.
@@ -335,7 +416,7 @@ impl Rollouts {
 
     /// Reads the fleet's rollout again (another server may have moved it on).
     pub async fn refresh(&self) -> Result<(), FleetError> {
-        let latest = store::latest::<Bundle>(self.db().pool()).await?;
+        let latest = store::latest::<Bundle>(self.db().pool(), &self.line).await?;
         let served = lock(&self.served).clone();
         let mismatch = served
             .as_ref()
@@ -812,7 +893,7 @@ impl Rollouts {
 
     /// `GET /admin/rollout`: the fleet's rollout with each wave's counts.
     pub async fn status(&self) -> Result<Option<serde_json::Value>, FleetError> {
-        let Some(row) = store::latest::<Bundle>(self.db().pool()).await? else {
+        let Some(row) = store::latest::<Bundle>(self.db().pool(), &self.line).await? else {
             return Ok(None);
         };
         let mut conn = self.db().pool().acquire().await?;

@@ -246,12 +246,14 @@ async fn first<'q, 'c, S: Subject>(
         .transpose()
 }
 
-/// The fleet's rollout of kind `S`: the one started last.
+/// The rollout of kind `S` started last in `group`: a bundle rollout's group is its
+/// deployment (`""` for `default`), a config rollout's the set's group.
 pub async fn latest<'e, S: Subject>(
     e: impl Executor<'e, Database = Any>,
+    group: &str,
 ) -> Result<Option<Rollout<S>>, sqlx::Error> {
-    let sql = format!("{COLUMNS} ORDER BY id DESC LIMIT 1");
-    first(e, sqlx::query(&sql).bind(S::KIND.as_str())).await
+    let sql = format!("{COLUMNS} AND agent_group = $2 ORDER BY id DESC LIMIT 1");
+    first(e, sqlx::query(&sql).bind(S::KIND.as_str()).bind(group)).await
 }
 
 /// The rollout `id`, with its row locked until the transaction ends (PostgreSQL; SQLite's
@@ -298,14 +300,18 @@ pub async fn find<'e, S: Subject>(
     first(e, query).await
 }
 
-/// The target of the last completed bundle rollout: the version the fleet ran before.
+/// The target of the last completed bundle rollout of deployment `line` (`""` for
+/// `default`): the version its agents ran before.
 pub async fn last_completed_version<'e>(
     e: impl Executor<'e, Database = Any>,
+    line: &str,
 ) -> Result<Option<AgentVersion>, sqlx::Error> {
     let row = sqlx::query(
         "SELECT version FROM rollouts WHERE rollout_kind = 'bundle' AND state = 'completed'
+           AND agent_group = $1
          ORDER BY completed_at DESC, id DESC LIMIT 1",
     )
+    .bind(line)
     .fetch_optional(e)
     .await?;
     row.map(|r| {
@@ -396,6 +402,75 @@ pub async fn live_agents<'e>(
         .into_iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect())
+}
+
+/// An agent a bundle rollout may place, with what decides the deployment it follows.
+#[derive(Debug, Clone)]
+pub struct LiveAgent {
+    pub id: String,
+    pub group: String,
+    pub version: String,
+    pub platform: String,
+    /// Its own labels, the server's, the built-ins (see [`crate::labels::effective`]).
+    pub labels: crate::labels::Labels,
+}
+
+/// [`live_agents`] with each agent's labels, for a fleet of several deployments.
+pub async fn live_agents_labelled<'e>(
+    e: impl Executor<'e, Database = Any>,
+    since_secs: i64,
+) -> Result<Vec<LiveAgent>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT id, agent_group, version, platform, labels, server_labels FROM agents
+         WHERE last_contact >= $1
+           AND (protocol <> 'opamp' OR id IN (SELECT agent_id FROM agent_opamp WHERE accepts_packages = 1))
+           AND id NOT IN (SELECT id FROM agents_revoked)
+         ORDER BY id",
+    )
+    .bind(since_secs)
+    .fetch_all(e)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let (id, group, version, platform): (String, String, String, String) =
+                (r.get(0), r.get(1), r.get(2), r.get(3));
+            let own = crate::labels::from_json(r.get::<Option<String>, _>(4).as_deref());
+            let server = crate::labels::from_json(r.get::<Option<String>, _>(5).as_deref());
+            let labels = crate::labels::effective(
+                &own,
+                &server,
+                crate::labels::built_in(&platform, &group, &version),
+            );
+            LiveAgent {
+                id,
+                group,
+                version,
+                platform,
+                labels,
+            }
+        })
+        .collect())
+}
+
+/// An agent now follows deployment `line`: its places in the unfinished bundle rollouts
+/// of other deployments, where it was not done, are given up (a rollout it left must not
+/// wait for it, nor time it out as a failure).
+pub async fn leave_other_lines<'e>(
+    e: impl Executor<'e, Database = Any>,
+    agent: &str,
+    line: &str,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM rollout_agents WHERE agent_id = $1 AND outcome IS NULL
+           AND rollout_id IN (SELECT id FROM rollouts WHERE rollout_kind = 'bundle'
+             AND agent_group <> $2 AND state <> 'completed')",
+    )
+    .bind(agent)
+    .bind(line)
+    .execute(e)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// Places agents in their waves; `done` ones (already on the target) count as made it.

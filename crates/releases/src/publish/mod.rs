@@ -230,6 +230,49 @@ impl Publisher {
         Ok(entry)
     }
 
+    /// Checks the uploaded files in `incoming` as [`Publisher::publish`] does and keeps
+    /// the release without making it the fleet's current one: `release publish
+    /// --deployment NAME`, which then names it for that deployment.
+    pub async fn keep_for_deployment(
+        &self,
+        incoming: tempfile::TempDir,
+        names: Vec<String>,
+    ) -> Result<ReleaseRecord, ReleaseError> {
+        if self.keys.is_empty() && self.served_key.is_none() {
+            return Err(ReleaseError::NoTrust);
+        }
+        let _busy = self.busy.lock().await;
+        let checked = self
+            .check(
+                incoming.path(),
+                names,
+                TrustedKeys::Configured,
+                Some(self.max_unpacked),
+            )
+            .await?;
+        let mut record = record_of(&checked);
+        if let Some(known) = self.releases.release(&record.id).await?
+            && known.identity != record.identity
+        {
+            return Err(agent_fleet::releases::other_bytes(&record.id).into());
+        }
+        let kept = self.dir.join(&record.id);
+        let incoming_path = incoming.path().to_owned();
+        let kept_clone = kept.clone();
+        blocking(move || keep_files(&incoming_path, &kept_clone)).await?;
+        drop(incoming);
+        let mut read = |name: &str| {
+            let path = kept.join(name);
+            fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        self.releases.keep_release(&record, &mut read).await?;
+        // As stored: signatures are what the history holds.
+        if let Some(stored) = self.releases.release(&record.id).await? {
+            record = stored;
+        }
+        Ok(record)
+    }
+
     /// Makes the kept release `to` current again, with fresh `signatures` (by bundle
     /// file name) newer than the served release's.
     pub async fn rollback(
@@ -482,6 +525,28 @@ impl Publisher {
             .await?;
         self.forget_unkept().await;
         Ok(entry)
+    }
+
+    /// The kept release `id`, its files under [`Publisher::kept_dir`] (fetched from the
+    /// fleet database when another server published it).
+    pub async fn kept_locally(&self, id: &str) -> Result<ReleaseRecord, ReleaseError> {
+        let Some(record) = self.releases.release(id).await? else {
+            return Err(ReleaseError::NotKept(format!(
+                "release {id} is not kept; list them with `update-server release list`"
+            )));
+        };
+        self.ensure_local(&record).await?;
+        Ok(record)
+    }
+
+    /// Where the kept release `id`'s files are.
+    pub fn kept_dir(&self, id: &str) -> PathBuf {
+        self.dir.join(id)
+    }
+
+    /// Where this server's private copies of served bytes live.
+    pub fn cache_dir(&self) -> PathBuf {
+        self.store.cache_dir().to_owned()
     }
 
     /// Makes sure every file of `record` is under `<home>/releases/<id>/`, its bundles

@@ -9,6 +9,7 @@ pub mod audit;
 pub mod backup;
 pub mod client;
 pub mod config;
+pub mod deployment;
 pub mod release;
 pub mod rollout;
 mod table;
@@ -62,6 +63,14 @@ enum Command {
     Agents {
         #[command(subcommand)]
         action: agents::Agents,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Deployments: which agents (a label selector) run which release, each with its
+    /// own rollout (through the admin API of a running server).
+    Deployment {
+        #[command(subcommand)]
+        action: deployment::Deployment,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -180,6 +189,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 action.run(&admin.client(&config), admin.json).await
             }
             Command::Agents { action, admin } => {
+                action.run(&admin.client(&config), admin.json).await
+            }
+            Command::Deployment { action, admin } => {
                 action.run(&admin.client(&config), admin.json).await
             }
             Command::Token { action, admin } => {

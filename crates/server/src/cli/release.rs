@@ -20,6 +20,10 @@ pub enum Release {
         /// Directories (their agent-bundle-* files) or files.
         #[arg(required = true, value_name = "DIR|FILE")]
         paths: Vec<PathBuf>,
+        /// Keep the release for this deployment and start its rollout there; the
+        /// fleet's current release (`default`'s) stays as it is.
+        #[arg(long, value_name = "NAME")]
+        deployment: Option<String>,
     },
     /// The current release and the ones kept before it.
     List,
@@ -46,11 +50,17 @@ pub enum Release {
 impl Release {
     pub(super) async fn run(&self, client: &AdminClient, json: bool) -> anyhow::Result<()> {
         let (answer, said) = match self {
-            Release::Publish { paths } => {
+            Release::Publish { paths, deployment } => {
                 let files = release_files(paths)?;
-                let answer = client.publish(&files).await?;
+                let answer = client.publish(&files, deployment.as_deref()).await?;
+                let whose = match deployment {
+                    Some(d) => format!(
+                        " for deployment {d}: every server of the fleet serves it to the agents {d} selects, and {d}'s rollout starts under its policy"
+                    ),
+                    None => "; every server of the fleet serves it, and the rollout starts under [rollout]".to_owned(),
+                };
                 let said = format!(
-                    "published release {} ({}); every server of the fleet serves it, and the rollout starts under [rollout]",
+                    "published release {} ({}){whose}",
                     answer["id"].as_str().unwrap_or("?"),
                     answer["platforms"]
                         .as_array()
@@ -134,7 +144,11 @@ pub fn release_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
 
 impl AdminClient {
     /// `POST /admin/releases`: uploads the files as one release.
-    pub async fn publish(&self, files: &[PathBuf]) -> anyhow::Result<Value> {
+    pub async fn publish(
+        &self,
+        files: &[PathBuf],
+        deployment: Option<&str>,
+    ) -> anyhow::Result<Value> {
         let base = self.base()?;
         let mut form = reqwest::multipart::Form::new();
         let mut total = 0u64;
@@ -162,7 +176,10 @@ impl AdminClient {
         );
         let request = self
             .http_for(TRANSFER_TIMEOUT)?
-            .post(format!("{base}/admin/releases"))
+            .post(match deployment {
+                Some(d) => format!("{base}/admin/releases?deployment={d}"),
+                None => format!("{base}/admin/releases"),
+            })
             .multipart(form);
         self.send(base, request).await
     }

@@ -97,6 +97,8 @@ pub(super) struct AgentFilter {
     group: Option<String>,
     /// A label selector (`env=prod,region in (eu)`; see `agent_protocol::selector`).
     selector: Option<String>,
+    /// The deployment the agents follow.
+    deployment: Option<String>,
 }
 
 /// `?selector=`, read: a bad one is a `400` that names the column.
@@ -134,7 +136,11 @@ pub(super) async fn agents(
         .db
         .agents(filter.version.as_deref(), status.as_deref())
         .await?;
-    let members = s.fleet.rollouts.members().await?;
+    // Each agent's wave is in the rollout of the deployment it follows.
+    let mut members = std::collections::HashMap::new();
+    for (deployment, rollouts) in s.fleet.deployments.all() {
+        members.insert(deployment.name, rollouts.members().await?);
+    }
     let opamp = s.fleet.db.opamp_agents().await?;
     let now = agent_fleet::db::now_ms();
     // Each row is written as it is made: at 100,000 agents a JSON value per agent, all
@@ -146,12 +152,20 @@ pub(super) async fn agents(
         .filter(|a| in_group(&a.group, filter.group.as_deref()));
     let mut first = true;
     for a in listed {
-        let member = members.get(&a.id);
         let stored = opamp.get(&a.id);
         let labels = labels::of_agent(&a, stored.map(|o| o.view.as_str()));
         if !selector.matches(&labels) {
             continue;
         }
+        let deployment = s.fleet.deployments.follows(&labels);
+        if filter
+            .deployment
+            .as_deref()
+            .is_some_and(|d| !d.is_empty() && d != deployment)
+        {
+            continue;
+        }
+        let member = members.get(&deployment).and_then(|m| m.get(&a.id));
         let record = AgentRecord {
             last_contact: httpdate::fmt_http_date(
                 std::time::UNIX_EPOCH
@@ -174,6 +188,7 @@ pub(super) async fn agents(
         let mut row = serde_json::to_value(record).unwrap_or_default();
         crate::opamp::admin::add_fields(&mut row, stored, now);
         row["labels"] = serde_json::to_value(labels).unwrap_or_default();
+        row["deployment"] = serde_json::json!(deployment);
         if !first {
             body.push(b',');
         }

@@ -5,6 +5,7 @@ use agent_protocol::AgentVersion;
 use agent_protocol::blame;
 use agent_protocol::wire::{self, AgentHello, ConnectBody, NotSupported, Report, UpdateStatus};
 use axum::Json;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
@@ -249,11 +250,14 @@ pub(super) async fn connect(
         // Its wave opened: it waits for its turn to be told (see `crate::transport::pacer`), so
         // that a wave of thousands starts downloads the server can serve.
         if matches!(greeting, Greeting::Accepted { .. })
-            && s.fleet.rollouts.would_refuse(
-                &hello.hello.id,
-                hello.hello.group.as_deref().unwrap_or(""),
-                &hello.version,
-            )
+            && s.fleet
+                .deployments
+                .followed_rollouts(&hello.hello.id)
+                .would_refuse(
+                    &hello.hello.id,
+                    hello.hello.group.as_deref().unwrap_or(""),
+                    &hello.version,
+                )
         {
             tokio::select! {
                 () = s.pacer.turn() => {}
@@ -356,10 +360,23 @@ async fn reconsider(s: &Shared, hello: &Hello) -> Result<Greeting, ApiError> {
 async fn decide(
     s: &Shared,
     hello: &Hello,
-    release: &Release,
+    current: &Arc<Release>,
     token: Option<String>,
     count: bool,
 ) -> Result<Greeting, ApiError> {
+    let route = route(s, &hello.hello, &hello.version).await?;
+    // Another deployment's release, or nothing to say until it is loaded: the agent
+    // keeps its version meanwhile (it is never sent `default`'s release by mistake).
+    let (release, named) = match route.release {
+        None => (Arc::clone(current), None),
+        Some(id) => match s.catalog.get(&id) {
+            Some(release) => (release, Some(id)),
+            None => {
+                return accept(s, hello, hello.version.clone(), None, None, token, count).await;
+            }
+        },
+    };
+    let release = &*release;
     let platform = hello.hello.platform.as_str();
     // An agent that names no target triple (an old or a made-up one) is pointed at the
     // primary bundle, as before releases: the agent checks the platform it is handed.
@@ -368,7 +385,14 @@ async fn decide(
     } else {
         Some(release.primary())
     };
-    let answer = directive(s, &hello.hello, &hello.version, bundle.is_some()).await?;
+    let answer = directive(
+        s,
+        &route.rollouts,
+        &hello.hello,
+        &hello.version,
+        bundle.is_some(),
+    )
+    .await?;
     // Before the first rollout is read (a bundle just dropped), the release speaks alone.
     let (accepted, expected, no_bundle, window) = match answer {
         Some(a) => (a.accepted, a.expected, a.no_bundle, a.window),
@@ -407,10 +431,11 @@ async fn decide(
         expected: expected.to_string(),
         // A release of one bundle is downloaded as it always was; of several, the agent
         // is pointed at its own platform's.
-        download: if release.is_single() {
-            wire::DOWNLOAD_PATH.to_owned()
-        } else {
-            wire::for_platform(wire::DOWNLOAD_PATH, platform)
+        download: match named.as_deref() {
+            // Another deployment's release is named, for this platform.
+            Some(id) => wire::for_release(wire::DOWNLOAD_PATH, platform, id),
+            None if release.is_single() => wire::DOWNLOAD_PATH.to_owned(),
+            None => wire::for_platform(wire::DOWNLOAD_PATH, platform),
         },
         sha256: Some(bundle.info.sha256.clone()),
         token,
@@ -452,28 +477,66 @@ async fn accept(
     })
 }
 
+/// The deployment an agent follows (see [`agent_fleet::deployments`]): its rollouts and,
+/// for any but `default`, the release it names.
+struct Routed {
+    rollouts: Arc<agent_fleet::rollout::Rollouts>,
+    /// `None` for `default` (the current release).
+    release: Option<String>,
+}
+
+async fn route(s: &Shared, hello: &AgentHello, version: &AgentVersion) -> Result<Routed, ApiError> {
+    let version = version.to_string();
+    let facts = agent_fleet::deployments::AgentFacts {
+        id: &hello.id,
+        reported: hello.labels.as_ref(),
+        platform: &hello.platform,
+        group: hello.group.as_deref().unwrap_or(""),
+        version: &version,
+    };
+    let deployments = &s.fleet.deployments;
+    let route = if s.fleet.outage.is_down() {
+        deployments.route_offline(&facts)
+    } else {
+        match deployments.route_agent(&facts).await {
+            Ok(route) => route,
+            Err(e) if e.is_unavailable() => {
+                s.fleet.outage.went_down(&e);
+                deployments.route_offline(&facts)
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let release = deployments
+        .table()
+        .get()
+        .iter()
+        .find(|d| d.name == route.deployment)
+        .and_then(|d| d.release.clone());
+    Ok(Routed {
+        rollouts: route.rollouts,
+        release,
+    })
+}
+
 /// The directive for this agent, from the database, or from what this server last read
 /// when the database is away.
 async fn directive(
     s: &Shared,
+    rollouts: &agent_fleet::rollout::Rollouts,
     hello: &AgentHello,
     version: &AgentVersion,
     servable: bool,
 ) -> Result<Option<Answer>, ApiError> {
     if !s.fleet.outage.is_down() {
         let group = hello.group.as_deref().unwrap_or("");
-        match s
-            .fleet
-            .rollouts
-            .answer(&hello.id, group, version, servable)
-            .await
-        {
+        match rollouts.answer(&hello.id, group, version, servable).await {
             Ok(answer) => return Ok(answer),
             Err(e) if e.is_unavailable() => s.fleet.outage.went_down(&e),
             Err(e) => return Err(e.into()),
         }
     }
-    let (answer, told) = s.fleet.rollouts.answer_offline(
+    let (answer, told) = rollouts.answer_offline(
         &hello.id,
         hello.group.as_deref().unwrap_or(""),
         version,

@@ -4,13 +4,15 @@
 //! there is none worth sending, so the agent downloads the bundle. Deltas are made by the
 //! worker of [`crate::deltas`]; this route only reads what it made.
 
+use std::sync::Arc;
+
 use agent_protocol::wire;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::download::{Ask, Servable, choose, download_limit, serve};
+use super::download::{Ask, Servable, asked_release, choose, download_limit, serve};
 use super::{AppState, ready};
 use crate::deltas::{self, Lookup};
 use crate::error::ApiError;
@@ -22,6 +24,7 @@ use crate::state::Shared;
 pub(super) struct DeltaAsk {
     from: Option<String>,
     platform: Option<String>,
+    release: Option<String>,
 }
 
 pub(super) async fn delta(
@@ -66,13 +69,32 @@ fn answer(s: &Shared, ask: DeltaAsk, method: &Method, headers: &HeaderMap) -> Re
         Ok(limit) => limit,
         Err(r) => return counted(*r),
     };
-    let release = match ready(s) {
+    let current = match ready(s) {
         Ok(r) => r,
         Err(r) => return *r,
     };
     let platform = Ask {
         platform: ask.platform,
+        release: ask.release,
     };
+    let release = match asked_release(s, &platform) {
+        Ok(r) => r,
+        Err(r) => return *r,
+    };
+    if !Arc::ptr_eq(&release, &current) {
+        // Deltas are made toward the current release only (off the request path); a
+        // deployment's other release is downloaded whole.
+        return not_found(format!(
+            "this server makes deltas toward its current release ({}) only; download {} from {}",
+            current.version(),
+            release.version(),
+            wire::for_release(
+                wire::DOWNLOAD_PATH,
+                platform.platform.as_deref().unwrap_or_default(),
+                &release.version().to_string()
+            )
+        ));
+    }
     let bundle = match choose(s, &release, &platform, wire::DELTA_PATH, false) {
         Ok(b) => b,
         Err(r) => return *r,

@@ -31,10 +31,53 @@ use serde::Deserialize;
 /// Size of the pieces a bundle body is sent in (slices of the mapped file, not copies).
 const BODY_CHUNK: usize = 512 * 1024;
 
-/// `?platform=<target triple>`.
+/// `?platform=<target triple>&release=<version>+<build>`.
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct Ask {
     pub(super) platform: Option<String>,
+    /// A release other than the current one: a deployment's.
+    pub(super) release: Option<String>,
+}
+
+/// The release `ask` names: the current one when it names none (or the current one),
+/// else the kept release a deployment names, else `404` saying what is served.
+pub(super) fn asked_release(s: &Shared, ask: &Ask) -> Result<Arc<Release>, Box<Response>> {
+    let current = ready(s)?;
+    // A `+` written plainly in a query is a space once decoded.
+    let Some(id) = ask
+        .release
+        .as_deref()
+        .map(|r| r.trim().replace(' ', "+"))
+        .filter(|r| !r.is_empty())
+    else {
+        return Ok(current);
+    };
+    if current.version().to_string() == id {
+        return Ok(current);
+    }
+    s.catalog.get(&id).ok_or_else(|| {
+        let mut served = vec![current.version().to_string()];
+        served.extend(
+            s.fleet
+                .deployments
+                .table()
+                .get()
+                .iter()
+                .filter_map(|d| d.release.clone()),
+        );
+        served.sort();
+        served.dedup();
+        Box::new(
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "release {id} is not served here: this server serves {} (the current release and those deployments name)",
+                    served.join(", ")
+                ),
+            )
+            .into_response(),
+        )
+    })
 }
 
 /// Which bundle of a release answers a request.
@@ -127,7 +170,7 @@ fn multiple_choices(public_url: &str, release: &Release, path: &str) -> Response
 }
 
 pub(super) async fn version(State(state): State<AppState>, Query(ask): Query<Ask>) -> Response {
-    let release = match ready(&state.inner) {
+    let release = match asked_release(&state.inner, &ask) {
         Ok(r) => r,
         Err(r) => return *r,
     };
@@ -147,7 +190,7 @@ pub(super) async fn version(State(state): State<AppState>, Query(ask): Query<Ask
 }
 
 pub(super) async fn signature(State(state): State<AppState>, Query(ask): Query<Ask>) -> Response {
-    let release = match ready(&state.inner) {
+    let release = match asked_release(&state.inner, &ask) {
         Ok(r) => r,
         Err(r) => return *r,
     };
@@ -320,7 +363,7 @@ pub(super) async fn download(
         Ok(limit) => limit,
         Err(r) => return *r,
     };
-    let release = match ready(s) {
+    let release = match asked_release(s, &ask) {
         Ok(r) => r,
         Err(r) => return *r,
     };

@@ -9,6 +9,7 @@ mod admin;
 mod agents;
 mod config;
 mod delta;
+mod deployments;
 mod download;
 mod install;
 mod maintenance;
@@ -124,6 +125,17 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/admin/releases/rollback", post(releases::rollback))
         .route("/admin/releases/{id}/files/{name}", get(releases::file))
         .route("/admin/rollout", get(admin::rollout))
+        .route(
+            "/admin/deployments",
+            get(deployments::list).post(deployments::create),
+        )
+        .route(
+            "/admin/deployments/{name}",
+            get(deployments::show)
+                .patch(deployments::set)
+                .delete(deployments::remove),
+        )
+        .route("/admin/deployments/{name}/{step}", post(deployments::step))
         .route("/admin/maintenance", get(maintenance::list))
         .route("/admin/rollout/halt", post(admin::rollout_halt))
         .route("/admin/rollout/resume", post(admin::rollout_resume))

@@ -11,7 +11,7 @@ use agent_fleet::releases::HistoryEntry;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Multipart, Path, State};
+use axum::extract::{Multipart, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -35,14 +35,45 @@ fn publisher(s: &Shared) -> &Publisher {
     &s.releases
 }
 
+/// `?deployment=NAME` of a publish: the release is kept and named for that deployment,
+/// not made the fleet's current release.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct PublishTo {
+    deployment: Option<String>,
+}
+
 /// `POST /admin/releases`: multipart, one part per file, named by its file name.
 pub(super) async fn publish(
     State(state): State<AppState>,
+    Query(to): Query<PublishTo>,
     auth: Auth,
     multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     let caller = auth.require(s, Action::Change, "release.publish").await?;
+    let deployment = to
+        .deployment
+        .filter(|d| !d.is_empty() && d != agent_fleet::deployments::DEFAULT);
+    if let Some(name) = &deployment
+        && agent_fleet::deployments::get(&s.fleet.db, name)
+            .await?
+            .is_none()
+    {
+        if let Ok(mut multipart) = multipart {
+            drain(&mut multipart).await;
+        }
+        let why = format!(
+            "the release is refused, nothing changed: no deployment {name:?}; create it with `update-server deployment create {name} --selector S --release V+B`, or list them with `update-server deployment list`"
+        );
+        caller
+            .refused(
+                s,
+                "release.publish",
+                json!({ "deployment": name, "reason": why }),
+            )
+            .await;
+        return Err(ApiError::new(StatusCode::NOT_FOUND, why).audited());
+    }
     // Held until the release is published or refused: what this upload writes to disk
     // and checks counts against the uploads one server takes at once. One over that is
     // read and dropped (no disk, no check), so its client, still sending, reads the
@@ -122,6 +153,9 @@ pub(super) async fn publish(
         names.push(name);
     }
     names.sort();
+    if let Some(name) = deployment {
+        return publish_for_deployment(s, caller, incoming, names, name).await;
+    }
     match publisher(s)
         .publish(incoming, names.clone(), &caller.name)
         .await
@@ -149,6 +183,78 @@ pub(super) async fn publish(
             Err(e.audited())
         }
     }
+}
+
+/// `release publish --deployment NAME`: the release is checked and kept as a publish's
+/// is, then named for the deployment (an operator action: `deployment.set`, audited),
+/// whose rollout starts; the fleet's current release stays as it is.
+async fn publish_for_deployment(
+    s: &Shared,
+    caller: Caller,
+    incoming: tempfile::TempDir,
+    names: Vec<String>,
+    deployment: String,
+) -> Result<Response, ApiError> {
+    let record = match publisher(s)
+        .keep_for_deployment(incoming, names.clone())
+        .await
+    {
+        Ok(record) => record,
+        Err(e) => {
+            let e = ApiError::from(e);
+            caller
+                .refused(
+                    s,
+                    "release.publish",
+                    json!({ "files": names, "deployment": deployment, "reason": e.message }),
+                )
+                .await;
+            return Err(e.audited());
+        }
+    };
+    caller
+        .record(
+            s,
+            "release.publish",
+            json!({ "release": record.id, "files": names, "deployment": deployment }),
+        )
+        .await;
+    let actor = crate::actions::Actor {
+        name: caller.name.clone(),
+        role: caller.role,
+        address: caller.address.clone(),
+        via: crate::actions::Via::Api,
+    };
+    let act = crate::actions::Act::Deployment(crate::actions::DeploymentAct::Set {
+        name: deployment.clone(),
+        change: agent_fleet::deployments::Change {
+            release: Some(record.id.clone()),
+            ..Default::default()
+        },
+    });
+    crate::actions::perform(s, &actor, act).await?;
+    s.fleet
+        .rollouts
+        .news()
+        .publish("a release was published for a deployment");
+    let platforms: Vec<&str> = record.files.iter().map(|f| f.platform.as_str()).collect();
+    let (version, build) = record
+        .id
+        .split_once('+')
+        .unwrap_or((record.id.as_str(), ""));
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "id": record.id,
+            "version": version,
+            "build": build,
+            "kind": "publish",
+            "deployment": deployment,
+            "current": false,
+            "platforms": platforms,
+        })),
+    )
+        .into_response())
 }
 
 /// An upload that could not be read: over the limit (which it names), or cut or

@@ -1,0 +1,723 @@
+//! Deployments: who gets which release. A deployment is a name, a selector over agents'
+//! labels, the release its agents run, a priority and its rollout policy; every agent
+//! follows exactly one ([`choose`]). `default` always exists: it selects every agent,
+//! comes last, and its release is the fleet's current release (`release publish` and
+//! `release rollback` move it), so its row names none.
+//!
+//! - [`Deployment`] and [`choose`]: pure, tested without a database;
+//! - the `deployments` rows: [`list`], [`create`], [`update`], [`remove`];
+//! - [`Deployments`]: the deployments as this server last read them, each with its own
+//!   [`Rollouts`] (its waves, halts and windows), and which one an agent follows.
+//!
+//! It owns the `deployments` table. It never reads a bundle: an edge tells each
+//! deployment's rollouts what it serves ([`Rollouts::serve`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use agent_protocol::AcceptPolicy;
+use agent_protocol::selector::Selector;
+use serde_json::json;
+use sqlx::Row;
+
+use crate::db::{Db, now_ms};
+use crate::error::FleetError;
+use crate::labels::Labels;
+use crate::news::News;
+use crate::rollout::Rollouts;
+use crate::rollout::plan::Plan;
+
+/// The deployment every agent follows when no other selects it.
+pub const DEFAULT: &str = "default";
+
+/// Longest deployment name (names are plain, as groups).
+pub const MAX_NAME: usize = 64;
+
+/// One deployment as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Deployment {
+    pub name: String,
+    /// As the operator wrote it (shown back); parsed in [`Deployment::selector`].
+    pub selector_text: String,
+    pub selector: Selector,
+    /// `<version>+<build>` of a kept release; `None` for `default` (the fleet's current
+    /// release).
+    pub release: Option<String>,
+    pub priority: i64,
+    /// Its own rollout policy; `None`: `[rollout]` of server.toml.
+    pub policy: Option<Plan>,
+    /// Unix milliseconds.
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl Deployment {
+    pub fn is_default(&self) -> bool {
+        self.name == DEFAULT
+    }
+
+    /// The name its bundle rollouts are kept under (`""` for `default`, as before
+    /// deployments, so a fleet's rollouts stay `default`'s).
+    pub fn line(&self) -> &str {
+        line_of(&self.name)
+    }
+
+    /// The deployment's JSON, without its agents and rollout (the edge adds them).
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "name": self.name,
+            "selector": self.selector_text,
+            "release": self.release,
+            "priority": self.priority,
+            "policy": self.policy.as_ref().map(crate::rollout::engine::plan_json),
+            "created_at": self.created_at / 1000,
+            "updated_at": self.updated_at / 1000,
+        })
+    }
+}
+
+/// The rollout line of the deployment `name`.
+pub fn line_of(name: &str) -> &str {
+    if name == DEFAULT { "" } else { name }
+}
+
+/// The deployment an agent with `labels` follows: of those whose selector matches, the
+/// highest priority, ties to the newest; `default` last. `None` only for an empty list.
+pub fn choose<'a>(all: &'a [Deployment], labels: &Labels) -> Option<&'a Deployment> {
+    let mut best: Option<&Deployment> = None;
+    for d in all {
+        if d.is_default() || !d.selector.matches(labels) {
+            continue;
+        }
+        let better = match best {
+            None => true,
+            Some(b) => (d.priority, d.created_at, &d.name) > (b.priority, b.created_at, &b.name),
+        };
+        if better {
+            best = Some(d);
+        }
+    }
+    best.or_else(|| all.iter().find(|d| d.is_default()))
+}
+
+/// Whether `name` may name a deployment: 1 to [`MAX_NAME`] letters, digits, `.`, `_`, `-`.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if agent_protocol::names::is_plain(name, MAX_NAME) {
+        Ok(())
+    } else {
+        Err(format!(
+            "deployment name {name:?}: write 1 to {MAX_NAME} letters, digits, '.', '_' or '-'"
+        ))
+    }
+}
+
+fn parse_selector(text: &str) -> Result<Selector, String> {
+    Selector::parse(text).map_err(|e| format!("selector {text:?}: {e}"))
+}
+
+/// A deployment to create.
+#[derive(Debug, Clone)]
+pub struct NewDeployment {
+    pub name: String,
+    pub selector: String,
+    pub release: String,
+    pub priority: i64,
+    pub policy: Option<Plan>,
+}
+
+/// A change to a deployment: what is `Some` is set.
+#[derive(Debug, Clone, Default)]
+pub struct Change {
+    pub selector: Option<String>,
+    pub release: Option<String>,
+    pub priority: Option<i64>,
+    pub policy: Option<Plan>,
+}
+
+impl Change {
+    pub fn is_empty(&self) -> bool {
+        self.selector.is_none()
+            && self.release.is_none()
+            && self.priority.is_none()
+            && self.policy.is_none()
+    }
+}
+
+fn no_such(name: &str) -> FleetError {
+    FleetError::NotFound(format!(
+        "no deployment {name:?}; list them with `update-server deployment list`"
+    ))
+}
+
+const COLUMNS: &str =
+    "SELECT name, selector, release_id, priority, policy, created_at, updated_at FROM deployments";
+
+fn row_of(r: &sqlx::any::AnyRow) -> Result<Deployment, FleetError> {
+    let name: String = r.try_get(0)?;
+    let selector_text: String = r.try_get(1)?;
+    let selector = parse_selector(&selector_text).map_err(|e| {
+        FleetError::Invalid(format!("deployment {name}: {e} (stored; set a new one)"))
+    })?;
+    let policy: Option<String> = r.try_get(4)?;
+    let policy = policy
+        .map(|p| {
+            serde_json::from_str::<Plan>(&p).map_err(|e| {
+                FleetError::Invalid(format!("deployment {name}: its stored policy: {e}"))
+            })
+        })
+        .transpose()?;
+    Ok(Deployment {
+        name,
+        selector_text,
+        selector,
+        release: r.try_get(2)?,
+        priority: r.try_get(3)?,
+        policy,
+        created_at: r.try_get(5)?,
+        updated_at: r.try_get(6)?,
+    })
+}
+
+/// Every deployment, `default` first, then by name.
+pub async fn list(db: &Db) -> Result<Vec<Deployment>, FleetError> {
+    let rows = sqlx::query(&format!(
+        "{COLUMNS} ORDER BY CASE WHEN name = 'default' THEN 0 ELSE 1 END, name"
+    ))
+    .fetch_all(db.pool())
+    .await?;
+    rows.iter().map(row_of).collect()
+}
+
+/// One deployment by name.
+pub async fn get(db: &Db, name: &str) -> Result<Option<Deployment>, FleetError> {
+    let row = sqlx::query(&format!("{COLUMNS} WHERE name = $1"))
+        .bind(name)
+        .fetch_optional(db.pool())
+        .await?;
+    row.as_ref().map(row_of).transpose()
+}
+
+async fn release_is_kept(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    id: &str,
+) -> Result<(), FleetError> {
+    let known = sqlx::query("SELECT id FROM releases WHERE id = $1")
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    if known.is_none() {
+        return Err(FleetError::Invalid(format!(
+            "release {id} is not kept here; publish it first (`update-server release publish --deployment NAME DIR`) or pick one of `update-server release list`"
+        )));
+    }
+    Ok(())
+}
+
+fn policy_json(policy: Option<&Plan>) -> Result<Option<String>, FleetError> {
+    policy
+        .map(|p| serde_json::to_string(p).map_err(|e| FleetError::Invalid(e.to_string())))
+        .transpose()
+}
+
+/// Creates a deployment; refused (nothing changed) for a taken name, a bad name or
+/// selector, or a release the fleet does not keep.
+pub async fn create(db: &Db, new: &NewDeployment) -> Result<Deployment, FleetError> {
+    check_name(&new.name).map_err(FleetError::Invalid)?;
+    if new.name == DEFAULT {
+        return Err(FleetError::Conflict(
+            "deployment default always exists; change it with `update-server deployment set default`".into(),
+        ));
+    }
+    parse_selector(&new.selector).map_err(FleetError::Invalid)?;
+    let now = now_ms();
+    let mut tx = db.begin_write().await?;
+    release_is_kept(&mut tx, &new.release).await?;
+    let taken = sqlx::query("SELECT name FROM deployments WHERE name = $1")
+        .bind(&new.name)
+        .fetch_optional(&mut *tx)
+        .await?;
+    if taken.is_some() {
+        return Err(FleetError::Conflict(format!(
+            "deployment {} exists; change it with `update-server deployment set {}`",
+            new.name, new.name
+        )));
+    }
+    sqlx::query(
+        "INSERT INTO deployments (name, selector, release_id, priority, policy, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $6)",
+    )
+    .bind(&new.name)
+    .bind(&new.selector)
+    .bind(&new.release)
+    .bind(new.priority)
+    .bind(policy_json(new.policy.as_ref())?)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    get(db, &new.name).await?.ok_or_else(|| no_such(&new.name))
+}
+
+/// Changes a deployment: the deployment before and after. `default`'s selector,
+/// priority and release are the fleet's and refused here (its release moves with
+/// `release publish` and `release rollback`).
+pub async fn update(
+    db: &Db,
+    name: &str,
+    change: &Change,
+) -> Result<(Deployment, Deployment), FleetError> {
+    if change.is_empty() {
+        return Err(FleetError::Invalid(
+            "nothing to change: give --release, --selector, --priority or a policy flag".into(),
+        ));
+    }
+    if name == DEFAULT {
+        if change.release.is_some() {
+            return Err(FleetError::Invalid(
+                "default's release is the fleet's current release: move it with `update-server release publish` or `update-server release rollback`".into(),
+            ));
+        }
+        if change.selector.is_some() || change.priority.is_some() {
+            return Err(FleetError::Invalid(
+                "default selects every agent and comes last: its selector and priority cannot change; create another deployment".into(),
+            ));
+        }
+    }
+    if let Some(selector) = &change.selector {
+        parse_selector(selector).map_err(FleetError::Invalid)?;
+    }
+    let before = get(db, name).await?.ok_or_else(|| no_such(name))?;
+    let mut tx = db.begin_write().await?;
+    if let Some(release) = &change.release {
+        release_is_kept(&mut tx, release).await?;
+    }
+    sqlx::query(
+        "UPDATE deployments SET selector = $2, release_id = $3, priority = $4, policy = $5, updated_at = $6
+         WHERE name = $1",
+    )
+    .bind(name)
+    .bind(change.selector.as_ref().unwrap_or(&before.selector_text))
+    .bind(change.release.as_ref().or(before.release.as_ref()))
+    .bind(change.priority.unwrap_or(before.priority))
+    .bind(policy_json(change.policy.as_ref().or(before.policy.as_ref()))?)
+    .bind(now_ms())
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    let after = get(db, name).await?.ok_or_else(|| no_such(name))?;
+    Ok((before, after))
+}
+
+/// Removes a deployment (its agents follow the next that selects them, at their next
+/// contact); `default` cannot be removed.
+pub async fn remove(db: &Db, name: &str) -> Result<Deployment, FleetError> {
+    if name == DEFAULT {
+        return Err(FleetError::Invalid(
+            "deployment default cannot be removed: every agent no other deployment selects follows it".into(),
+        ));
+    }
+    let before = get(db, name).await?.ok_or_else(|| no_such(name))?;
+    sqlx::query("DELETE FROM deployments WHERE name = $1")
+        .bind(name)
+        .execute(db.pool())
+        .await?;
+    Ok(before)
+}
+
+/// The deployments as last read, shared by every deployment's rollouts (which place in
+/// their waves only the agents that follow them).
+#[derive(Debug)]
+pub struct Table {
+    list: RwLock<Arc<Vec<Deployment>>>,
+}
+
+impl Default for Table {
+    /// `default` alone, as a new fleet has it.
+    fn default() -> Self {
+        Self {
+            list: RwLock::new(Arc::new(vec![Deployment {
+                name: DEFAULT.to_owned(),
+                selector_text: String::new(),
+                selector: Selector::default(),
+                release: None,
+                priority: 0,
+                policy: None,
+                created_at: 0,
+                updated_at: 0,
+            }])),
+        }
+    }
+}
+
+impl Table {
+    pub fn get(&self) -> Arc<Vec<Deployment>> {
+        Arc::clone(&self.list.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn set(&self, list: Vec<Deployment>) {
+        *self.list.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(list);
+    }
+
+    /// Only `default`: every agent follows it, nothing to choose.
+    pub fn is_single(&self) -> bool {
+        self.get().len() <= 1
+    }
+
+    /// The name of the deployment an agent with `labels` follows.
+    pub fn follows(&self, labels: &Labels) -> String {
+        choose(&self.get(), labels).map_or_else(|| DEFAULT.to_owned(), |d| d.name.clone())
+    }
+}
+
+/// What an agent says of itself at a contact, for the labels a selector sees.
+#[derive(Debug, Clone, Copy)]
+pub struct AgentFacts<'a> {
+    pub id: &'a str,
+    /// The labels it sent; `None`: it sent none (its stored ones count).
+    pub reported: Option<&'a Labels>,
+    pub platform: &'a str,
+    pub group: &'a str,
+    pub version: &'a str,
+}
+
+impl AgentFacts<'_> {
+    fn effective(&self, own: &Labels, server: &Labels) -> Labels {
+        crate::labels::effective(
+            own,
+            server,
+            crate::labels::built_in(self.platform, self.group, self.version),
+        )
+    }
+}
+
+/// Which deployment an agent follows, and that deployment's rollouts.
+#[derive(Clone)]
+pub struct Route {
+    pub deployment: String,
+    pub rollouts: Arc<Rollouts>,
+}
+
+/// The deployments as this server knows them, each with its rollouts.
+pub struct Deployments {
+    db: Db,
+    table: Arc<Table>,
+    default: Arc<Rollouts>,
+    lines: RwLock<HashMap<String, Arc<Rollouts>>>,
+    /// The plan a deployment without its own policy runs under (`[rollout]`).
+    plan: RwLock<Plan>,
+    policy: AcceptPolicy,
+    server: String,
+    /// The deployment each agent was last answered by here: a move is noticed at the
+    /// first contact after it.
+    followed: Mutex<HashMap<String, String>>,
+}
+
+impl Deployments {
+    /// `default` is `rollouts` (the fleet's rollouts as before deployments).
+    pub fn new(db: Db, rollouts: Arc<Rollouts>, policy: AcceptPolicy, server: String) -> Self {
+        let plan = (*rollouts.plan()).clone();
+        Self {
+            db,
+            table: rollouts.table(),
+            default: rollouts,
+            lines: RwLock::default(),
+            plan: RwLock::new(plan),
+            policy,
+            server,
+            followed: Mutex::default(),
+        }
+    }
+
+    pub fn table(&self) -> &Arc<Table> {
+        &self.table
+    }
+
+    pub fn default_rollouts(&self) -> &Arc<Rollouts> {
+        &self.default
+    }
+
+    /// Where held connects learn that something moved (every deployment's rollouts
+    /// share it).
+    pub fn news(&self) -> &Arc<News> {
+        self.default.news()
+    }
+
+    /// `[rollout]` read again: deployments without a policy of their own follow it, from
+    /// their next rollout.
+    pub fn set_plan(&self, plan: Plan) {
+        *self.plan.write().unwrap_or_else(|p| p.into_inner()) = plan.clone();
+        for d in self.table.get().iter().filter(|d| d.policy.is_none()) {
+            if let Some(rollouts) = self.rollouts(&d.name) {
+                rollouts.set_plan(plan.clone());
+            }
+        }
+    }
+
+    /// `[[maintenance]]` read again: every deployment's agents wait for their windows.
+    pub fn set_maintenance(&self, schedule: crate::maintenance::Schedule) {
+        self.default.set_maintenance(schedule.clone());
+        for rollouts in self
+            .lines
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            rollouts.set_maintenance(schedule.clone());
+        }
+    }
+
+    fn plan(&self) -> Plan {
+        self.plan.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The rollouts of the deployment `name`, if it exists here.
+    pub fn rollouts(&self, name: &str) -> Option<Arc<Rollouts>> {
+        if name == DEFAULT {
+            return Some(Arc::clone(&self.default));
+        }
+        self.lines
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Every deployment as last read, with its rollouts.
+    pub fn all(&self) -> Vec<(Deployment, Arc<Rollouts>)> {
+        self.table
+            .get()
+            .iter()
+            .filter_map(|d| Some((d.clone(), self.rollouts(&d.name)?)))
+            .collect()
+    }
+
+    /// Reads the deployments again: new ones get their rollouts, removed ones lose
+    /// them, policies are applied (a started rollout keeps the plan it started with).
+    /// Returns whether the list changed.
+    pub async fn refresh(&self) -> Result<bool, FleetError> {
+        let list = list(&self.db).await?;
+        let changed = *self.table.get() != list;
+        let plan = self.plan();
+        {
+            let mut lines = self.lines.write().unwrap_or_else(|p| p.into_inner());
+            lines.retain(|name, _| list.iter().any(|d| &d.name == name));
+            for d in &list {
+                let own = d.policy.clone().unwrap_or_else(|| plan.clone());
+                if d.is_default() {
+                    self.default.set_plan(own);
+                    continue;
+                }
+                match lines.get(&d.name) {
+                    Some(r) => r.set_plan(own),
+                    None => {
+                        let rollouts = Rollouts::for_deployment(
+                            self.db.clone(),
+                            own,
+                            self.policy.clone(),
+                            self.server.clone(),
+                            d.name.clone(),
+                            Arc::clone(&self.table),
+                            Arc::clone(self.default.news()),
+                        )
+                        .with_maintenance((*self.default.maintenance()).clone());
+                        lines.insert(d.name.clone(), Arc::new(rollouts));
+                    }
+                }
+            }
+        }
+        if changed {
+            self.table.set(list);
+            self.news().publish("the deployments changed");
+        }
+        Ok(changed)
+    }
+
+    /// The deployment an agent with `labels` follows, and its rollouts. An agent that
+    /// moved here from another deployment gives up its places in that one's rollouts.
+    pub async fn route(&self, agent: &str, labels: &Labels) -> Result<Route, FleetError> {
+        if self.table.is_single() {
+            return Ok(Route {
+                deployment: DEFAULT.to_owned(),
+                rollouts: Arc::clone(&self.default),
+            });
+        }
+        let name = self.table.follows(labels);
+        let rollouts = self
+            .rollouts(&name)
+            .unwrap_or_else(|| Arc::clone(&self.default));
+        let name = if Arc::ptr_eq(&rollouts, &self.default) {
+            DEFAULT.to_owned()
+        } else {
+            name
+        };
+        let before = self
+            .followed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(agent.to_owned(), name.clone());
+        if before.as_deref() != Some(name.as_str()) {
+            let left =
+                crate::rollout::store::leave_other_lines(self.db.pool(), agent, line_of(&name))
+                    .await?;
+            if left > 0 || before.is_some() {
+                tracing::info!(
+                    agent = %agent,
+                    "the agent follows deployment {name} now (before: {}); it left {left} unfinished rollout place(s) of others",
+                    before.as_deref().unwrap_or("not seen here")
+                );
+            }
+        }
+        Ok(Route {
+            deployment: name,
+            rollouts,
+        })
+    }
+
+    /// The deployment an agent follows, from what it says (`reported`: its own labels,
+    /// `None` for an agent that sends none, whose stored ones count) and the labels the
+    /// server keeps for it (read only when there is a choice to make).
+    pub async fn route_agent(&self, agent: &AgentFacts<'_>) -> Result<Route, FleetError> {
+        if self.table.is_single() {
+            return self.route(agent.id, &Labels::new()).await;
+        }
+        let stored = sqlx::query("SELECT labels, server_labels FROM agents WHERE id = $1")
+            .bind(agent.id)
+            .fetch_optional(self.db.pool())
+            .await?;
+        let (own, server) = match &stored {
+            Some(row) => (
+                crate::labels::from_json(row.try_get::<Option<String>, _>(0)?.as_deref()),
+                crate::labels::from_json(row.try_get::<Option<String>, _>(1)?.as_deref()),
+            ),
+            None => (Labels::new(), Labels::new()),
+        };
+        let labels = agent.effective(agent.reported.unwrap_or(&own), &server);
+        self.route(agent.id, &labels).await
+    }
+
+    /// [`Deployments::route_agent`] while the fleet database is away: the deployment
+    /// this server last answered the agent by, else what its own labels select.
+    pub fn route_offline(&self, agent: &AgentFacts<'_>) -> Route {
+        let name = self
+            .followed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(agent.id)
+            .cloned()
+            .unwrap_or_else(|| {
+                let own = agent.reported.cloned().unwrap_or_default();
+                self.table.follows(&agent.effective(&own, &Labels::new()))
+            });
+        match self.rollouts(&name) {
+            Some(rollouts) => Route {
+                deployment: name,
+                rollouts,
+            },
+            None => Route {
+                deployment: DEFAULT.to_owned(),
+                rollouts: Arc::clone(&self.default),
+            },
+        }
+    }
+
+    /// The rollouts of the deployment this server last answered `agent` by (`default`'s
+    /// for an agent it has not answered).
+    pub fn followed_rollouts(&self, agent: &str) -> Arc<Rollouts> {
+        let name = self
+            .followed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(agent)
+            .cloned();
+        name.and_then(|n| self.rollouts(&n))
+            .unwrap_or_else(|| Arc::clone(&self.default))
+    }
+
+    /// The deployment an agent with `labels` follows, as last read (no database).
+    pub fn follows(&self, labels: &Labels) -> String {
+        self.table.follows(labels)
+    }
+
+    /// Every deployment's rollouts: decides what is due in each.
+    pub async fn decide(&self) -> Result<(), FleetError> {
+        let lines: Vec<Arc<Rollouts>> = self
+            .lines
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for rollouts in lines {
+            rollouts.refresh().await?;
+            rollouts.decide().await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deployment(name: &str, selector: &str, priority: i64, created_at: i64) -> Deployment {
+        Deployment {
+            name: name.into(),
+            selector_text: selector.into(),
+            selector: Selector::parse(selector).unwrap(),
+            release: (name != DEFAULT).then(|| "2.0.0+2".into()),
+            priority,
+            policy: None,
+            created_at,
+            updated_at: created_at,
+        }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn an_agent_follows_the_matching_deployment_of_highest_priority_then_the_newest() {
+        let all = vec![
+            deployment(DEFAULT, "", 0, 0),
+            deployment("prod", "env=prod", 10, 1),
+            deployment("eu", "region=eu", 10, 2),
+            deployment("beta", "beta", 0, 3),
+        ];
+        let follows = |l: &[(&str, &str)]| choose(&all, &labels(l)).unwrap().name.clone();
+        assert_eq!(follows(&[("env", "prod")]), "prod");
+        // Equal priority: the newest wins.
+        assert_eq!(follows(&[("env", "prod"), ("region", "eu")]), "eu");
+        // A higher priority beats a newer deployment.
+        assert_eq!(follows(&[("env", "prod"), ("beta", "yes")]), "prod");
+        assert_eq!(follows(&[("beta", "")]), "beta");
+        // default is last, whatever its place in the list.
+        assert_eq!(follows(&[("env", "dev")]), DEFAULT);
+        assert_eq!(follows(&[]), DEFAULT);
+        assert!(choose(&[], &labels(&[])).is_none());
+    }
+
+    #[test]
+    fn defaults_line_is_the_one_rollouts_had_before_deployments() {
+        assert_eq!(deployment(DEFAULT, "", 0, 0).line(), "");
+        assert_eq!(deployment("prod", "env=prod", 0, 0).line(), "prod");
+    }
+
+    #[test]
+    fn names_are_plain() {
+        assert!(check_name("prod-eu.1").is_ok());
+        for bad in ["", "a b", "<script>", "../x", &"x".repeat(65)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_table_of_default_alone_needs_no_choice() {
+        let table = Table::default();
+        assert!(table.is_single());
+        assert_eq!(table.follows(&labels(&[("env", "prod")])), DEFAULT);
+    }
+}
