@@ -14,6 +14,7 @@ mod config_exporter;
 mod day_two;
 mod delta;
 mod delta_server;
+mod deployments;
 mod first_day;
 mod fleet;
 mod full_disk;

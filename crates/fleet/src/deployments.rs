@@ -638,6 +638,51 @@ impl Deployments {
         self.table.follows(labels)
     }
 
+    /// Every deployment's rollouts, `default`'s first.
+    fn every(&self) -> Vec<Arc<Rollouts>> {
+        let mut all = vec![Arc::clone(&self.default)];
+        all.extend(
+            self.lines
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .cloned(),
+        );
+        all
+    }
+
+    /// An agent's report counts in the rollout of whichever deployment told it (each
+    /// looks only at reports of its own target, from agents it told).
+    pub async fn report(
+        &self,
+        report: &agent_protocol::wire::Report,
+        at: i64,
+    ) -> Result<(), FleetError> {
+        self.reports(&[(report, at)]).await
+    }
+
+    /// [`Deployments::report`] for reports in the order they came.
+    pub async fn reports(
+        &self,
+        reports: &[(&agent_protocol::wire::Report, i64)],
+    ) -> Result<(), FleetError> {
+        for rollouts in self.every() {
+            rollouts.reports(reports).await?;
+        }
+        Ok(())
+    }
+
+    /// Records a `409` given while the database was away (a rollout of any deployment).
+    pub async fn record_told(&self, rollout: i64, agent: &str, at: i64) -> Result<(), FleetError> {
+        self.record_told_many(&[(rollout, agent, at)]).await
+    }
+
+    /// Records `409`s given while the database was away or busy (rollout, agent, when).
+    pub async fn record_told_many(&self, told: &[(i64, &str, i64)]) -> Result<(), FleetError> {
+        // The rows are written by rollout id, whichever deployment it is of.
+        self.default.record_told_many(told).await
+    }
+
     /// Every deployment's rollouts: decides what is due in each.
     pub async fn decide(&self) -> Result<(), FleetError> {
         let lines: Vec<Arc<Rollouts>> = self

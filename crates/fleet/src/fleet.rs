@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use crate::config::Configs;
 use crate::db::{Contact, Credentials, Db, Revocation, now_secs};
+use crate::deployments::Deployments;
 use crate::error::FleetError;
 use crate::outage::{Deferred, Outage};
 use crate::rollout::Rollouts;
@@ -347,7 +348,7 @@ impl Fleet {
             self.outage.defer(w);
             return Ok(());
         }
-        let written = write(&self.db, &self.rollouts, &self.configs, &w).await;
+        let written = write(&self.db, &self.deployments, &self.configs, &w).await;
         self.queued_if_away(w, written, ())
     }
 
@@ -519,7 +520,7 @@ impl Fleet {
     /// Writes the spool back, oldest first, while the database answers; then lets calls
     /// go to the database again.
     pub async fn drain(&self) {
-        drain(&self.db, &self.rollouts, &self.configs, &self.outage).await;
+        drain(&self.db, &self.deployments, &self.configs, &self.outage).await;
     }
 
     /// Tells the fleet the arrival of the oldest write this server holds queued that an
@@ -721,7 +722,7 @@ fn contact_row(w: &Deferred) -> Option<(Contact<'_>, Option<&agent_protocol::wir
 /// Applies one write. Every write is idempotent, so a replay after a crash is harmless.
 pub async fn write(
     db: &Db,
-    rollouts: &Rollouts,
+    rollouts: &Deployments,
     configs: &Configs,
     w: &Deferred,
 ) -> Result<(), FleetError> {
@@ -747,7 +748,7 @@ pub async fn write(
 /// good (it would block the spool for ever); false if the database went away again.
 async fn write_queued(
     db: &Db,
-    rollouts: &Rollouts,
+    rollouts: &Deployments,
     configs: &Configs,
     outage: &Outage,
     seq: u64,
@@ -773,7 +774,7 @@ async fn write_queued(
 /// that went away would make each wait out its timeout). False if one did not go.
 async fn write_by_agent(
     db: &Db,
-    rollouts: &Rollouts,
+    rollouts: &Deployments,
     configs: &Configs,
     outage: &Outage,
     run: Vec<(u64, Deferred)>,
@@ -814,7 +815,7 @@ async fn write_by_agent(
 /// ([`write_by_agent`]). False if the database went away meanwhile.
 async fn write_run(
     db: &Db,
-    rollouts: &Rollouts,
+    rollouts: &Deployments,
     configs: &Configs,
     outage: &Outage,
     run: Vec<(u64, Deferred)>,
@@ -848,7 +849,7 @@ async fn write_run(
 /// An agent's later write of a kind wins over its earlier one, as written in turn.
 async fn write_together(
     db: &Db,
-    rollouts: &Rollouts,
+    rollouts: &Deployments,
     run: &[(u64, Deferred)],
 ) -> Result<(), FleetError> {
     let mut reports: Vec<(&agent_protocol::wire::Report, i64)> = Vec::new();
@@ -876,7 +877,7 @@ async fn write_together(
 
 /// Writes the spool back, oldest first, while the database answers; then lets calls go
 /// to the database again.
-pub async fn drain(db: &Db, rollouts: &Rollouts, configs: &Configs, outage: &Outage) {
+pub async fn drain(db: &Db, rollouts: &Deployments, configs: &Configs, outage: &Outage) {
     if outage.is_down() && outage.queued() == 0 {
         if let Err(e) = db.ping().await {
             if !e.is_unavailable() {

@@ -307,7 +307,13 @@ impl Rollouts {
         }
         let now = now_ms();
         let plan = self.plan();
-        let previous = store::last_completed_version(&mut *tx, &self.line).await?;
+        let mut previous = store::last_completed_version(&mut *tx, &self.line).await?;
+        if previous.is_none() && !self.line.is_empty() {
+            // A new deployment's agents come from `default`: what they ran there is
+            // what its first rollout moves them from (and keeps accepted until their
+            // wave opens).
+            previous = store::last_completed_version(&mut *tx, "").await?;
+        }
         let meant = act == Some(crate::releases::Kind::Rollback);
         let (state, reason, cause) = initial_state(&bundle.version, previous.as_ref(), meant);
         let new = NewRollout {

@@ -1,0 +1,319 @@
+//! Deployments (the deployments issue, items 3 to 6) with real agents: a pinned
+//! deployment keeps its agents on its release while `default` moves on, a label changed
+//! on the server moves an agent to the deployment it now selects, a release published
+//! for one deployment is served beside the current one and reaches only its agents, a
+//! halted deployment leaves the others running, and every change is refused in words or
+//! audited.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use e2e::{
+    ServerProc, TestContext, admin_agents, admin_call, configure_agent, run_fails, run_ok, stdout,
+    wait_until,
+};
+use serde_json::Value;
+
+const TOKEN: &str = "deploy-token";
+const LONG: Duration = Duration::from_secs(180);
+
+fn cli(ctx: &TestContext, server: &ServerProc, args: &[&str]) -> Command {
+    let mut cmd = ctx.cmd("update-server");
+    cmd.args(args)
+        .arg("--server")
+        .arg(server.url(""))
+        .arg("--token")
+        .arg(TOKEN);
+    cmd
+}
+
+/// The version each agent runs, by its `n` label.
+fn versions(server: &ServerProc) -> Vec<(String, String, String)> {
+    let mut rows: Vec<(String, String, String)> = admin_agents(server.port, TOKEN)
+        .iter()
+        .map(|a| {
+            (
+                a["labels"]["n"].as_str().unwrap_or("?").to_owned(),
+                a["version"].as_str().unwrap_or("?").to_owned(),
+                a["deployment"].as_str().unwrap_or("?").to_owned(),
+            )
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+fn runs(server: &ServerProc, n: &str, version: &str) -> bool {
+    versions(server)
+        .iter()
+        .any(|(m, v, _)| m == n && v == version)
+}
+
+fn id_of(server: &ServerProc, n: &str) -> String {
+    admin_agents(server.port, TOKEN)
+        .into_iter()
+        .find(|a| a["labels"]["n"] == n)
+        .and_then(|a| a["id"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no agent with n={n}"))
+}
+
+fn deployment(server: &ServerProc, name: &str) -> Value {
+    let (status, answer) = admin_call(
+        server,
+        TOKEN,
+        "GET",
+        &format!("/admin/deployments/{name}"),
+        "",
+    );
+    assert_eq!(status, 200, "{answer}");
+    answer
+}
+
+/// Installs an agent from `bundle` with `labels` (TOML inline-table body) and the
+/// fleet's short stability window.
+fn agent(ctx: &TestContext, bundle: &Path, server: &ServerProc, n: usize, labels: &str) -> PathBuf {
+    let home = ctx.install(bundle, &format!("fleet/{n}"));
+    configure_agent(
+        &home,
+        &[server.url("")],
+        &format!("labels = {{ n = \"{n}\"{labels} }}\n"),
+    );
+    fs::write(
+        home.join("conf/agent-env.sh"),
+        crate::rollout::FLEET_AGENT_ENV,
+    )
+    .unwrap();
+    home
+}
+
+#[test]
+fn a_pinned_deployment_stays_while_default_moves_and_labels_and_releases_move_agents() {
+    let ctx = TestContext::new();
+    let (key, public) = ctx.keygen("keys");
+    let now = e2e::now_secs();
+    let b1 = ctx.pack_signed_at(&ctx.dist("d1"), "1.0.0", "1", &key, "b1", now - 120);
+    let d2 = ctx.dist("d2");
+    fs::write(d2.join("README.txt"), "The second release.\n").unwrap();
+    ctx.pack_signed_at(&d2, "2.0.0", "2", &key, "b2", now - 60);
+    let d3 = ctx.dist("d3");
+    fs::write(d3.join("README.txt"), "A fix for production.\n").unwrap();
+    ctx.pack_signed_at(&d3, "2.0.1", "3", &key, "b3", now);
+    let public = public.display().to_string();
+    let server = ctx.server(
+        "srv",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN),
+            ("UPDATE_SERVER_BUNDLE_PUBLIC_KEY", &public),
+        ],
+    );
+    run_ok(e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(ctx.path("b1")));
+    let homes = vec![
+        agent(&ctx, &b1, &server, 0, ", env = \"prod\""),
+        agent(&ctx, &b1, &server, 1, ", env = \"prod\""),
+        agent(&ctx, &b1, &server, 2, ""),
+    ];
+    e2e::start_wrappers(&homes);
+    wait_until(LONG, "three agents on 1.0.0+1", || {
+        versions(&server)
+            .iter()
+            .filter(|(_, v, _)| v == "1.0.0+1")
+            .count()
+            == 3
+    });
+
+    // Refusals change nothing and say what to do.
+    let said = run_fails(
+        &mut cli(
+            &ctx,
+            &server,
+            &[
+                "deployment",
+                "create",
+                "prod",
+                "--selector",
+                "env in (prod",
+                "--release",
+                "1.0.0+1",
+            ],
+        ),
+        1,
+    );
+    assert!(said.contains("column"), "{said}");
+    let said = run_fails(
+        &mut cli(
+            &ctx,
+            &server,
+            &[
+                "deployment",
+                "create",
+                "prod",
+                "--selector",
+                "env=prod",
+                "--release",
+                "9.9.9+9",
+            ],
+        ),
+        1,
+    );
+    assert!(
+        said.contains("9.9.9+9 is not kept") && said.contains("release publish"),
+        "{said}"
+    );
+    let said = run_fails(
+        &mut cli(&ctx, &server, &["deployment", "remove", "default"]),
+        1,
+    );
+    assert!(said.contains("cannot be removed"), "{said}");
+
+    // Production pinned to 1.0.0+1, one agent a wave, an hour between waves.
+    let said = stdout(&run_ok(&mut cli(
+        &ctx,
+        &server,
+        &[
+            "deployment",
+            "create",
+            "prod",
+            "--selector",
+            "env=prod",
+            "--release",
+            "1.0.0+1",
+            "--priority",
+            "10",
+            "--waves",
+            "1,100%",
+            "--wave-wait",
+            "3600",
+        ],
+    )));
+    assert!(
+        said.contains("deployment prod") && said.contains("env=prod"),
+        "{said}"
+    );
+    wait_until(LONG, "the prod agents to follow prod", || {
+        versions(&server)
+            .iter()
+            .filter(|(_, _, d)| d == "prod")
+            .count()
+            == 2
+    });
+
+    // default moves to 2.0.0+2: only the agent prod does not select updates.
+    run_ok(e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(ctx.path("b2")));
+    e2e::wait_rollout(&server, TOKEN, LONG, "default's 2.0.0 to complete", |r| {
+        r["version"] == "2.0.0+2" && r["state"] == "completed"
+    });
+    wait_until(LONG, "agent 2 on 2.0.0+2", || runs(&server, "2", "2.0.0+2"));
+    assert!(
+        runs(&server, "0", "1.0.0+1") && runs(&server, "1", "1.0.0+1"),
+        "{:?}",
+        versions(&server)
+    );
+    let prod = deployment(&server, "prod");
+    assert_eq!(prod["agents"], 2, "{prod}");
+    assert_eq!(prod["release"], "1.0.0+1", "{prod}");
+    let listed = stdout(&run_ok(&mut cli(&ctx, &server, &["deployment", "list"])));
+    assert!(
+        listed.contains("(every agent)") && listed.contains("env=prod"),
+        "{listed}"
+    );
+
+    // A fix published for prod alone: served beside the current release (by name), it
+    // reaches prod's first wave, one agent, and prod soaks; default is unchanged.
+    let said = stdout(&run_ok(
+        e2e::release_cmd(&ctx, &server, TOKEN, &["publish", "--deployment", "prod"])
+            .arg(ctx.path("b3")),
+    ));
+    assert!(said.contains("for deployment prod"), "{said}");
+    wait_until(LONG, "one prod agent on 2.0.1+3", || {
+        runs(&server, "0", "2.0.1+3") || runs(&server, "1", "2.0.1+3")
+    });
+    wait_until(LONG, "prod to soak after its first wave", || {
+        deployment(&server, "prod")["rollout"]["state"] == "soaking"
+    });
+    let (fixed, waiting) = if runs(&server, "0", "2.0.1+3") {
+        ("0", "1")
+    } else {
+        ("1", "0")
+    };
+    assert!(
+        runs(&server, waiting, "1.0.0+1"),
+        "{:?} {}",
+        versions(&server),
+        deployment(&server, "prod")
+    );
+    let log = e2e::agent_logs(&homes[fixed.parse::<usize>().unwrap()]);
+    assert!(log.contains("2.0.1+3"), "{log}");
+    assert_eq!(
+        e2e::admin_releases(&server, TOKEN)["current"]["id"],
+        "2.0.0+2"
+    );
+    assert!(runs(&server, "2", "2.0.0+2"), "{:?}", versions(&server));
+    // An anonymous client asks for prod's release by name; an unknown one is a 404.
+    let text = e2e::http(
+        server.port,
+        "GET",
+        "/agentupdate/version?release=2.0.1%2B3",
+        &[],
+    )
+    .unwrap()
+    .text();
+    assert!(text.contains("2.0.1"), "{text}");
+    let missing = e2e::http(
+        server.port,
+        "GET",
+        "/agentupdate/version?release=7.0.0%2B7",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(missing.status, 404, "{}", missing.text());
+    assert!(
+        missing.text().contains("not served here"),
+        "{}",
+        missing.text()
+    );
+
+    // prod halted: default's rollout is another, and keeps its state.
+    run_ok(&mut cli(
+        &ctx,
+        &server,
+        &["deployment", "halt", "prod", "--reason", "change freeze"],
+    ));
+    let prod = deployment(&server, "prod");
+    assert_eq!(prod["rollout"]["state"], "halted", "{prod}");
+    assert!(
+        prod["rollout"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("change freeze")),
+        "{prod}"
+    );
+    let default = e2e::admin_rollout(&server, TOKEN).unwrap();
+    assert_eq!(default["state"], "completed", "{default}");
+
+    // A label set on the server moves the prod agent still waiting out of the halted
+    // deployment: it follows default now, and updates to default's release.
+    let id = id_of(&server, waiting);
+    run_ok(&mut cli(
+        &ctx,
+        &server,
+        &["agent", "label", &id, "env=staging"],
+    ));
+    wait_until(
+        LONG,
+        "the moved agent to follow default onto 2.0.0+2",
+        || runs(&server, waiting, "2.0.0+2"),
+    );
+    assert!(runs(&server, fixed, "2.0.1+3"), "{:?}", versions(&server));
+    assert_eq!(deployment(&server, "prod")["agents"], 1);
+
+    // Each change is in the audit log.
+    let audit = stdout(&run_ok(&mut cli(
+        &ctx,
+        &server,
+        &["audit", "--action", "deployment"],
+    )));
+    for action in ["deployment.create", "deployment.set", "deployment.halt"] {
+        assert!(audit.contains(action), "{action} not in {audit}");
+    }
+}
