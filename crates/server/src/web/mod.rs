@@ -94,6 +94,7 @@ pub fn router(app: AppState, options: Options) -> Router {
         .route("/rollouts", get(rollouts))
         .route("/rollouts/{action}", post(act_bundle))
         .route("/rollouts/config/{group}/{action}", post(act_config))
+        .route("/rollouts/deployment/{name}/{action}", post(act_deployment))
         .route("/audit", get(audit))
         .route("/static/fleet.css", get(stylesheet))
         .layer(axum::middleware::map_response(protect))
@@ -504,11 +505,17 @@ async fn rollouts_page(
     let history = s.releases.releases().history(s.releases.keep()).await?;
     let mut rollout = rollout.as_ref().map(|r| views::RolloutView::new(r, now));
     let mut configs = views::ConfigView::all(&configs, now);
+    let mut deployments: Vec<views::DeploymentView> = source::deployments(s)
+        .await?
+        .iter()
+        .map(|(d, r)| views::DeploymentView::new(d, r.as_ref(), now))
+        .collect();
     // The buttons a role may not use are not shown (and refused if forged).
     if !signed.who.role.may(ops::Action::Change) {
         let views = rollout
             .iter_mut()
-            .chain(configs.iter_mut().filter_map(|c| c.rollout.as_mut()));
+            .chain(configs.iter_mut().filter_map(|c| c.rollout.as_mut()))
+            .chain(deployments.iter_mut().filter_map(|d| d.rollout.as_mut()));
         for r in views {
             r.can_halt = false;
             r.can_resume = false;
@@ -527,7 +534,8 @@ async fn rollouts_page(
             &s.fleet.rollouts.maintenance(),
             now,
         ))
-        .with_releases(&history),
+        .with_releases(&history)
+        .with_deployments(deployments),
     ))
 }
 
@@ -545,6 +553,15 @@ async fn act_bundle(
     request: Request,
 ) -> Result<Response, Trouble> {
     act(page, Target::Bundle, &step, headers, request).await
+}
+
+async fn act_deployment(
+    State(page): State<Page>,
+    Path((name, step)): Path<(String, String)>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    act(page, Target::Deployment(name), &step, headers, request).await
 }
 
 async fn act_config(

@@ -36,6 +36,8 @@ pub struct Agent {
     pub config_error: Option<String>,
     /// Its effective labels (its own, the server's, the built-ins), for the selector.
     pub labels: std::collections::BTreeMap<String, String>,
+    /// The deployment it follows (by its labels).
+    pub deployment: String,
 }
 
 /// The label the counts and filters use for an agent that has not said.

@@ -60,6 +60,7 @@ pub async fn agents(s: &Shared) -> Result<Vec<Agent>, FleetError> {
             let labels =
                 agent_fleet::labels::of_agent(&a, opamp.get(&a.id).map(|o| o.view.as_str()));
             let mut agent = agent_of(a);
+            agent.deployment = s.fleet.deployments.follows(&labels);
             agent.labels = labels;
             if opamp.contains_key(&agent.id) {
                 agent.protocol = OPAMP.to_owned();
@@ -72,20 +73,49 @@ pub async fn agents(s: &Shared) -> Result<Vec<Agent>, FleetError> {
 /// The protocol label of agents that speak OpAMP (the others are "native").
 const OPAMP: &str = "opamp";
 
-/// Fills in each agent's wave and `told_at` in the fleet's rollout.
+/// Fills in each agent's wave and `told_at` in its deployment's rollout.
 pub async fn add_waves(s: &Shared, agents: &mut [Agent]) -> Result<(), FleetError> {
-    let Some(rollout) = s.fleet.rollouts.current() else {
-        return Ok(());
-    };
-    let ids: Vec<&str> = agents.iter().map(|a| a.id.as_str()).collect();
-    let found = agent_fleet::history::waves(&s.fleet.db, rollout.id, &ids).await?;
-    for a in agents.iter_mut() {
-        if let Some((wave, told)) = found.get(&a.id) {
-            a.wave = Some(*wave);
-            a.told_at = told.map(|ms| ms as f64 / 1000.0);
+    for (deployment, rollouts) in s.fleet.deployments.all() {
+        let Some(rollout) = rollouts.current() else {
+            continue;
+        };
+        let ids: Vec<&str> = agents
+            .iter()
+            .filter(|a| a.deployment.is_empty() || a.deployment == deployment.name)
+            .map(|a| a.id.as_str())
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let found = agent_fleet::history::waves(&s.fleet.db, rollout.id, &ids).await?;
+        for a in agents.iter_mut() {
+            if let Some((wave, told)) = found.get(&a.id) {
+                a.wave = Some(*wave);
+                a.told_at = told.map(|ms| ms as f64 / 1000.0);
+            }
         }
     }
     Ok(())
+}
+
+/// Every deployment but `default` with its rollout, as the page shows them.
+pub async fn deployments(
+    s: &Shared,
+) -> Result<Vec<(agent_fleet::deployments::Deployment, Option<Rollout>)>, FleetError> {
+    let mut out = Vec::new();
+    for (deployment, rollouts) in s.fleet.deployments.all() {
+        if deployment.is_default() {
+            continue;
+        }
+        let rollout = match rollouts.status().await? {
+            Some(status) => serde_json::from_value(status)
+                .map_err(|e| tracing::error!("a deployment's rollout did not read back: {e}"))
+                .ok(),
+            None => None,
+        };
+        out.push((deployment, rollout));
+    }
+    Ok(out)
 }
 
 /// One agent, if the fleet knows it.
@@ -97,6 +127,7 @@ pub async fn agent(s: &Shared, id: &str) -> Result<Option<Agent>, FleetError> {
     let stored = s.fleet.db.opamp_agent(id).await?;
     let labels = agent_fleet::labels::of_agent(&a, stored.as_ref().map(|o| o.view.as_str()));
     let mut agent = agent_of(a);
+    agent.deployment = s.fleet.deployments.follows(&labels);
     agent.labels = labels;
     if stored.is_some() {
         agent.protocol = OPAMP.to_owned();

@@ -355,6 +355,7 @@ pub struct AgentView {
     pub config_error: String,
     /// Its labels but the built-in ones (which other columns show), `k=v, k=v`.
     pub labels: String,
+    pub deployment: String,
 }
 
 impl AgentView {
@@ -391,6 +392,7 @@ impl AgentView {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(", "),
+            deployment: a.deployment.clone(),
         }
     }
 }
@@ -557,6 +559,38 @@ pub struct RolloutsPage {
     pub releases: Vec<ReleaseLine>,
     /// Said while an operator's rollback is rolling out; empty otherwise.
     pub rollback: String,
+    /// The deployments but `default` (whose rollout is the bundle's above).
+    pub deployments: Vec<DeploymentView>,
+}
+
+/// A deployment on the rollouts page: what it selects, its release, its rollout.
+#[derive(Debug, Clone)]
+pub struct DeploymentView {
+    pub name: String,
+    pub selector: String,
+    pub release: String,
+    pub priority: i64,
+    pub rollout: Option<RolloutView>,
+}
+
+impl DeploymentView {
+    pub fn new(
+        d: &agent_fleet::deployments::Deployment,
+        rollout: Option<&super::source::Rollout>,
+        now: i64,
+    ) -> Self {
+        Self {
+            name: d.name.clone(),
+            selector: d.selector_text.clone(),
+            release: d.release.clone().unwrap_or_default(),
+            priority: d.priority,
+            rollout: rollout.map(|r| {
+                let mut view = RolloutView::new(r, now);
+                view.actions = format!("/rollouts/deployment/{}", d.name);
+                view
+            }),
+        }
+    }
 }
 
 /// One published release, as text for people.
@@ -623,6 +657,11 @@ impl RolloutsPage {
         self
     }
 
+    pub fn with_deployments(mut self, deployments: Vec<DeploymentView>) -> Self {
+        self.deployments = deployments;
+        self
+    }
+
     pub fn with_windows(mut self, windows: Vec<super::windows::WindowView>) -> Self {
         self.windows = windows;
         self
@@ -642,6 +681,7 @@ impl RolloutsPage {
             windows: Vec::new(),
             releases: Vec::new(),
             rollback: String::new(),
+            deployments: Vec::new(),
         }
     }
 }
@@ -773,6 +813,38 @@ mod tests {
             "{html}"
         );
         assert!(html.contains("href=\"/agents/id%2F%3Cb%3E\""), "{html}");
+    }
+
+    #[test]
+    fn a_deployment_shows_its_selector_release_and_its_own_buttons() {
+        let r = Rollout {
+            version: "2.0.1+3".into(),
+            state: "soaking".into(),
+            wave: 1,
+            ..Rollout::default()
+        };
+        let prod = agent_fleet::deployments::Deployment {
+            name: "prod".into(),
+            selector_text: "env=prod,region in (<eu>)".into(),
+            selector: agent_protocol::selector::Selector::default(),
+            release: Some("2.0.1+3".into()),
+            priority: 10,
+            policy: None,
+            created_at: 0,
+            updated_at: 0,
+        };
+        let html = RolloutsPage::new(frame(), None, Vec::new(), "")
+            .with_deployments(vec![DeploymentView::new(&prod, Some(&r), 1_000)])
+            .render()
+            .unwrap();
+        assert!(html.contains("id=\"deployment-prod\""), "{html}");
+        assert!(html.contains("release 2.0.1+3 · priority 10"), "{html}");
+        assert!(
+            html.contains("action=\"/rollouts/deployment/prod/halt\""),
+            "{html}"
+        );
+        // A selector is text on the page.
+        assert!(!html.contains("(<eu>)"), "{html}");
     }
 
     #[test]
