@@ -47,6 +47,8 @@
 #            SCALE_PER_PROC=20000 SCALE_HTTP2=128); SCALE_ONLY=hold: CPU of SCALE_SERVERS (1)
 #            servers holding SCALE_AGENTS (20,000) on HTTP/2, rounds alternating with
 #            BENCH_BASELINE (SCALE_HOLD_ROUNDS, 3)
+#   deployments fleet-sim: connect latency with 50 deployments vs default alone, at rest,
+#            alternating rounds (DEPLOYMENTS_AGENTS 1000, DEPLOYMENTS_ROUNDS 3, DEPLOYMENTS_MANY 50)
 #   windows  the Windows bundle beside the Linux one; the Windows agent's update as a
 #            service under Wine vs the Linux agent's, alternating rounds (WINDOWS_ROUNDS);
 #            the service's and agent's memory under Wine (WINDOWS_ONLY=size|update: one
@@ -58,15 +60,15 @@
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,58p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,60p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 sections=()
 for arg in "$@"; do
     case "$arg" in
-    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config | platforms | delta | networks | maintenance | scale | releases | windows) sections+=("$arg") ;;
-    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config platforms delta networks maintenance scale releases windows) ;;
+    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config | platforms | delta | networks | maintenance | scale | releases | windows | deployments) sections+=("$arg") ;;
+    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config platforms delta networks maintenance scale releases windows deployments) ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown section $arg" >&2; usage >&2; exit 2 ;;
     esac

@@ -317,3 +317,111 @@ fn a_pinned_deployment_stays_while_default_moves_and_labels_and_releases_move_ag
         assert!(audit.contains(action), "{action} not in {audit}");
     }
 }
+
+/// Three deployments at once on two servers of one PostgreSQL fleet: each release is
+/// published to one server and served by the other to the agents its deployment
+/// selects, and each agent converges to its own deployment's release.
+#[test]
+fn three_deployments_at_once_on_two_servers_over_postgres() {
+    let pg = e2e::Postgres::start();
+    let ctx = TestContext::new();
+    let (key, public) = ctx.keygen("keys");
+    let now = e2e::now_secs();
+    let b1 = ctx.pack_signed_at(&ctx.dist("d1"), "1.0.0", "1", &key, "b1", now - 120);
+    for (dir, version, build, at) in [("b2", "2.0.0", "2", now - 60), ("b3", "3.0.0", "3", now)] {
+        let dist = ctx.dist(&format!("d-{dir}"));
+        fs::write(dist.join("README.txt"), format!("Release {version}.\n")).unwrap();
+        ctx.pack_signed_at(&dist, version, build, &key, dir, at);
+    }
+    let url = pg.url();
+    let public = public.display().to_string();
+    let start = |home: &str, name: &str| {
+        ctx.server(
+            home,
+            &[
+                ("UPDATE_SERVER_DATABASE_URL", url.as_str()),
+                ("UPDATE_SERVER_SERVER_NAME", name),
+                ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN),
+                ("UPDATE_SERVER_BUNDLE_PUBLIC_KEY", public.as_str()),
+            ],
+        )
+    };
+    let a = start("srv-a", "a");
+    let b = start("srv-b", "b");
+    run_ok(e2e::release_cmd(&ctx, &a, TOKEN, &["publish"]).arg(ctx.path("b1")));
+    // prod and beta, made on a, start on 1.0.0+1 (the only release yet).
+    for (name, selector) in [("prod", "env=prod"), ("beta", "env=beta")] {
+        run_ok(&mut cli(
+            &ctx,
+            &a,
+            &[
+                "deployment",
+                "create",
+                name,
+                "--selector",
+                selector,
+                "--release",
+                "1.0.0+1",
+            ],
+        ));
+    }
+    // Every agent talks to b.
+    let homes = vec![
+        agent(&ctx, &b1, &b, 0, ", env = \"prod\""),
+        agent(&ctx, &b1, &b, 1, ", env = \"beta\""),
+        agent(&ctx, &b1, &b, 2, ""),
+    ];
+    e2e::start_wrappers(&homes);
+    wait_until(LONG, "three agents on 1.0.0+1", || {
+        versions(&b)
+            .iter()
+            .filter(|(_, v, _)| v == "1.0.0+1")
+            .count()
+            == 3
+    });
+
+    // A release for each deployment, published to a; b serves each from the fleet
+    // database to the agents of that deployment alone.
+    run_ok(
+        e2e::release_cmd(&ctx, &a, TOKEN, &["publish", "--deployment", "prod"]).arg(ctx.path("b2")),
+    );
+    run_ok(
+        e2e::release_cmd(&ctx, &a, TOKEN, &["publish", "--deployment", "beta"]).arg(ctx.path("b3")),
+    );
+    wait_until(LONG, "prod on 2.0.0+2 and beta on 3.0.0+3", || {
+        runs(&b, "0", "2.0.0+2") && runs(&b, "1", "3.0.0+3")
+    });
+    assert!(runs(&b, "2", "1.0.0+1"), "{:?}", versions(&b));
+    for server in [&a, &b] {
+        let listed = versions(server);
+        assert_eq!(
+            listed,
+            vec![
+                ("0".into(), "2.0.0+2".into(), "prod".into()),
+                ("1".into(), "3.0.0+3".into(), "beta".into()),
+                ("2".into(), "1.0.0+1".into(), "default".into()),
+            ],
+            "as server {} lists them",
+            server.port
+        );
+    }
+    for (name, release) in [("prod", "2.0.0+2"), ("beta", "3.0.0+3")] {
+        wait_until(
+            LONG,
+            "each deployment's rollout to complete on both",
+            || {
+                [&a, &b].iter().all(|s| {
+                    let d = deployment(s, name);
+                    d["release"] == release && d["rollout"]["state"] == "completed"
+                })
+            },
+        );
+    }
+    // default's release is unchanged on both.
+    for server in [&a, &b] {
+        assert_eq!(
+            e2e::admin_releases(server, TOKEN)["current"]["id"],
+            "1.0.0+1"
+        );
+    }
+}
