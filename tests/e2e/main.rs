@@ -6,6 +6,7 @@
 )]
 
 mod agent;
+mod alert_rules;
 mod blame;
 mod bundle;
 mod cloud;
