@@ -7,6 +7,7 @@
 
 mod agent;
 mod alert_rules;
+mod audit_export;
 mod blame;
 mod bundle;
 mod cloud;
@@ -54,5 +55,6 @@ mod traps;
 mod trust;
 mod update;
 mod upgrade;
+mod webhooks;
 mod windows;
 mod workload;

@@ -6,6 +6,11 @@
 //! from which address, what, whether it was done or refused, and its details (a
 //! configuration set's hash and file names, a halt's reason, a limit's old and new
 //! value). Nothing secret goes in: callers pass names, never tokens.
+//!
+//! It is kept for `audit.keep`: [`Audit::prune`] deletes what is older, in the same
+//! transaction as the entry that says so, and one server of the fleet at a time does it
+//! (see [`crate::chores`]). [`Audit::export_page`] reads a time range in pages by id, so
+//! an export streams however long the log is; [`Format`] writes its lines.
 
 use serde::Serialize;
 use sqlx::Row;
@@ -138,26 +143,322 @@ impl Audit {
         .await?;
         let entries = rows
             .iter()
-            .map(|r| {
-                let details: String = r.try_get("details")?;
-                Ok(Entry {
-                    id: r.try_get("id")?,
-                    at: r.try_get("at")?,
-                    who: r.try_get("who")?,
-                    address: r.try_get("address")?,
-                    action: r.try_get("action")?,
-                    outcome: r.try_get("outcome")?,
-                    details: serde_json::from_str(&details).unwrap_or(serde_json::Value::Null),
-                })
-            })
+            .map(entry_of)
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
         Ok((entries, total))
+    }
+}
+
+/// The chore of deleting entries older than `audit.keep` ([`crate::chores`]).
+pub const PRUNE_CHORE: &str = "audit.prune";
+
+/// The action an audit retention is recorded as.
+pub const PRUNE_ACTION: &str = "audit.prune";
+
+/// Entries from `since` (inclusive) to `until` (exclusive), unix milliseconds; `None`
+/// leaves that end open.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Range {
+    pub since: Option<i64>,
+    pub until: Option<i64>,
+}
+
+impl Audit {
+    /// Deletes the entries older than `before` (unix milliseconds) and, when there were
+    /// any, records that `who` did, with `keep` as the setting said, in one transaction.
+    /// Returns how many were deleted.
+    pub async fn prune(&self, before: i64, who: &str, keep: &str) -> Result<u64, FleetError> {
+        let mut tx = self.db.begin_write().await?;
+        let deleted = sqlx::query("DELETE FROM audit_log WHERE at < $1")
+            .bind(before)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if deleted > 0 {
+            let change = Change {
+                who,
+                address: "",
+                action: PRUNE_ACTION,
+                outcome: Outcome::Done,
+                details: serde_json::json!({
+                    "deleted": deleted,
+                    "before": before,
+                    "keep": keep,
+                }),
+            };
+            record_in(&mut tx, &change).await?;
+        }
+        tx.commit().await?;
+        Ok(deleted)
+    }
+
+    /// Up to `limit` entries of `range` whose id is above `after`, oldest first: an
+    /// export's next page (pass the last id read), never the whole log at once.
+    pub async fn export_page(
+        &self,
+        range: Range,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Entry>, FleetError> {
+        let rows = sqlx::query(
+            "SELECT id, at, who, address, action, outcome, details FROM audit_log
+             WHERE id > $1 AND at >= $2 AND at < $3 ORDER BY id LIMIT $4",
+        )
+        .bind(after)
+        .bind(range.since.unwrap_or(i64::MIN))
+        .bind(range.until.unwrap_or(i64::MAX))
+        .bind(limit.clamp(1, MAX_PAGE))
+        .fetch_all(self.db.pool())
+        .await?;
+        Ok(rows
+            .iter()
+            .map(entry_of)
+            .collect::<Result<Vec<_>, sqlx::Error>>()?)
+    }
+}
+
+fn entry_of(r: &sqlx::any::AnyRow) -> Result<Entry, sqlx::Error> {
+    let details: String = r.try_get("details")?;
+    Ok(Entry {
+        id: r.try_get("id")?,
+        at: r.try_get("at")?,
+        who: r.try_get("who")?,
+        address: r.try_get("address")?,
+        action: r.try_get("action")?,
+        outcome: r.try_get("outcome")?,
+        details: serde_json::from_str(&details).unwrap_or(serde_json::Value::Null),
+    })
+}
+
+/// A time as an export's `--since`/`--until` takes it: RFC 3339
+/// (`2025-03-01T12:00:00Z`), a day (`2025-03-01`, its midnight UTC), or an age before
+/// `now` (`30d`, `12h`). Unix milliseconds.
+pub fn parse_time(text: &str, now: i64) -> Result<i64, FleetError> {
+    let text = text.trim();
+    if let Ok(t) = text.parse::<jiff::Timestamp>() {
+        return Ok(t.as_millisecond());
+    }
+    if let Ok(day) = text.parse::<jiff::civil::Date>() {
+        if let Ok(t) = day.to_zoned_datetime(jiff::tz::TimeZone::UTC) {
+            return Ok(t.timestamp().as_millisecond());
+        }
+    }
+    if let Ok(age) = agent_protocol::settings::parse_duration(text) {
+        let age = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+        return Ok(now.saturating_sub(age));
+    }
+    Err(FleetError::Invalid(format!(
+        "{:?} is not a time: write 2025-03-01T12:00:00Z, 2025-03-01 (midnight UTC) or an age such as 30d",
+        agent_protocol::shown::shown(text, 40)
+    )))
+}
+
+/// The formats of an export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// One JSON object per line.
+    Jsonl,
+    /// RFC 4180, with a header line.
+    Csv,
+}
+
+impl std::str::FromStr for Format {
+    type Err = FleetError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "jsonl" => Ok(Format::Jsonl),
+            "csv" => Ok(Format::Csv),
+            other => Err(FleetError::Invalid(format!(
+                "no export format is called {:?}; use jsonl or csv",
+                agent_protocol::shown::shown(other, 20)
+            ))),
+        }
+    }
+}
+
+impl Format {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Jsonl => "application/jsonl",
+            Format::Csv => "text/csv; charset=utf-8",
+        }
+    }
+
+    /// What comes before the first entry.
+    pub fn header(self) -> &'static str {
+        match self {
+            Format::Jsonl => "",
+            Format::Csv => "id,at,time,who,address,action,outcome,details\r\n",
+        }
+    }
+
+    /// One entry, its line ending included.
+    pub fn line(self, e: &Entry) -> String {
+        let time = jiff::Timestamp::from_millisecond(e.at)
+            .map(|t| t.to_string())
+            .unwrap_or_default();
+        match self {
+            Format::Jsonl => {
+                let mut line = serde_json::json!({
+                    "id": e.id,
+                    "at": e.at,
+                    "time": time,
+                    "who": e.who,
+                    "address": e.address,
+                    "action": e.action,
+                    "outcome": e.outcome,
+                    "details": e.details,
+                })
+                .to_string();
+                line.push('\n');
+                line
+            }
+            Format::Csv => {
+                let fields = [
+                    e.id.to_string(),
+                    e.at.to_string(),
+                    time,
+                    e.who.clone(),
+                    e.address.clone(),
+                    e.action.clone(),
+                    e.outcome.clone(),
+                    e.details.to_string(),
+                ];
+                let mut line = fields
+                    .iter()
+                    .map(|f| csv_field(f))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                line.push_str("\r\n");
+                line
+            }
+        }
+    }
+}
+
+/// A CSV field: quoted when it holds a comma, a quote or a line break (quotes doubled),
+/// and a text a spreadsheet would run as a formula (`=`, `+`, `-`, `@` first) made text
+/// with a leading `'`.
+fn csv_field(text: &str) -> String {
+    let text = if text.starts_with(['=', '+', '-', '@', '\t', '\r']) && text.parse::<f64>().is_err()
+    {
+        format!("'{text}")
+    } else {
+        text.to_owned()
+    };
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry(who: &str, details: serde_json::Value) -> Entry {
+        Entry {
+            id: 7,
+            at: 1_740_830_400_000,
+            who: who.into(),
+            address: "10.0.0.1".into(),
+            action: "token.create".into(),
+            outcome: "done".into(),
+            details,
+        }
+    }
+
+    #[test]
+    fn an_export_line_is_one_json_object_or_one_csv_record() {
+        let e = entry("alice", serde_json::json!({ "name": "a,\"b\"\nc" }));
+        let json = Format::Jsonl.line(&e);
+        assert!(
+            json.ends_with('\n') && json.matches('\n').count() == 1,
+            "{json}"
+        );
+        let back: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(back["time"], "2025-03-01T12:00:00Z");
+        assert_eq!(back["details"]["name"], "a,\"b\"\nc");
+        let e = entry("alice", serde_json::json!({ "name": "a,b" }));
+        assert_eq!(
+            Format::Csv.line(&e),
+            "7,1740830400000,2025-03-01T12:00:00Z,alice,10.0.0.1,token.create,done,\"{\"\"name\"\":\"\"a,b\"\"}\"\r\n"
+        );
+        assert_eq!(Format::Csv.header().split(',').count(), 8);
+    }
+
+    #[test]
+    fn a_csv_field_a_spreadsheet_would_run_is_made_text() {
+        assert_eq!(csv_field("=HYPERLINK(\"x\")"), "\"'=HYPERLINK(\"\"x\"\")\"");
+        assert_eq!(csv_field("@SUM"), "'@SUM");
+        assert_eq!(csv_field("-5"), "-5");
+        assert_eq!(csv_field("server:a"), "server:a");
+    }
+
+    #[test]
+    fn export_times_are_instants_days_or_ages() {
+        let now = 1_740_830_400_000;
+        assert_eq!(parse_time("2025-03-01T12:00:00Z", 0).unwrap(), now);
+        assert_eq!(parse_time("2025-03-01", 0).unwrap(), now - 12 * 3_600_000);
+        assert_eq!(parse_time("1d", now).unwrap(), now - 86_400_000);
+        let e = parse_time("yesterday", now).unwrap_err().to_string();
+        assert!(e.contains("2025-03-01T12:00:00Z"), "{e}");
+        assert!("xml".parse::<Format>().is_err());
+    }
+
+    #[tokio::test]
+    async fn old_entries_are_pruned_and_the_pruning_is_itself_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open("", dir.path(), 2).await.unwrap();
+        let audit = Audit::new(db.clone());
+        for _ in 0..3 {
+            audit
+                .record(&Change {
+                    who: "alice",
+                    address: "",
+                    action: "token.create",
+                    outcome: Outcome::Done,
+                    details: serde_json::json!({}),
+                })
+                .await
+                .unwrap();
+        }
+        // Two of them a year old.
+        sqlx::query("UPDATE audit_log SET at = at - 31536000000 WHERE id <= 2")
+            .execute(db.pool())
+            .await
+            .unwrap();
+        let cutoff = now_ms() - 86_400_000;
+        assert_eq!(audit.prune(cutoff, "server:a", "1d").await.unwrap(), 2);
+        assert_eq!(audit.prune(cutoff, "server:a", "1d").await.unwrap(), 0);
+        let all = Filter {
+            page: 1,
+            per_page: 10,
+            ..Filter::default()
+        };
+        let (entries, total) = audit.list(&all).await.unwrap();
+        assert_eq!(total, 2, "{entries:?}");
+        assert_eq!(entries[0].action, PRUNE_ACTION);
+        assert_eq!(entries[0].who, "server:a");
+        assert_eq!(entries[0].details["deleted"], 2);
+
+        // The export pages through a range by id, oldest first.
+        let first = audit.export_page(Range::default(), 0, 1).await.unwrap();
+        assert_eq!(first[0].id, 3);
+        let rest = audit
+            .export_page(Range::default(), first[0].id, 10)
+            .await
+            .unwrap();
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].action, PRUNE_ACTION);
+        let later = Range {
+            since: Some(now_ms() + 60_000),
+            until: None,
+        };
+        assert!(audit.export_page(later, 0, 10).await.unwrap().is_empty());
+    }
 
     #[tokio::test]
     async fn entries_are_appended_and_listed_newest_first_by_who_and_what() {

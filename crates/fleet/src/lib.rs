@@ -15,6 +15,7 @@
 
 pub mod audit;
 pub mod backup;
+pub mod chores;
 pub mod config;
 pub mod credentials;
 pub mod db;
@@ -33,6 +34,7 @@ pub mod releases;
 pub mod rollout;
 pub mod sessions;
 pub mod settings;
+pub mod webhooks;
 
 pub use error::FleetError;
 pub use fleet::Fleet;

@@ -41,6 +41,7 @@ migrations!(
     "0011_labels",
     "0012_page_sessions",
     "0013_deployments",
+    "0014_governance",
 );
 
 /// One backend's migrations, as a source for sqlx's `Migrator`.

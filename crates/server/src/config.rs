@@ -54,6 +54,8 @@ pub const KEYS: &[Key] = &[
     key("rollout", "wave-wait", Kind::Seconds),
     key("rollout", "max-failures", Kind::Str),
     key("rollout", "agent-deadline", Kind::Seconds),
+    key("audit", "keep", Kind::Seconds),
+    key("webhooks", "retry-for", Kind::Seconds),
 ];
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -70,6 +72,37 @@ pub struct Config {
     pub tls: TlsSection,
     /// `[[maintenance]]` windows (config-file only).
     pub maintenance: Vec<crate::maintenance::MaintenanceSection>,
+    pub audit: AuditSection,
+    pub webhooks: WebhooksSection,
+}
+
+/// `[audit]`: how long the audit log keeps an entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct AuditSection {
+    /// Seconds an entry is kept (`"400d"`); older ones are deleted by one server of the
+    /// fleet, and that is recorded. 0: kept for ever.
+    pub keep: u64,
+}
+
+impl Default for AuditSection {
+    fn default() -> Self {
+        Self { keep: 400 * 86_400 }
+    }
+}
+
+/// `[webhooks]`: how long an event is retried.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct WebhooksSection {
+    /// Seconds an event is tried again, with backoff, before it is given up (`"24h"`).
+    pub retry_for: u64,
+}
+
+impl Default for WebhooksSection {
+    fn default() -> Self {
+        Self { retry_for: 86_400 }
+    }
 }
 
 /// `[tls]`: when both are set, the server speaks HTTPS only.

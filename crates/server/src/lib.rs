@@ -16,6 +16,7 @@ mod background;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod governance;
 pub mod maintenance;
 pub mod metrics;
 pub mod opamp;

@@ -83,6 +83,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
         Arc::clone(rollouts.news()),
     ));
     configs.refresh().await?;
+    let webhook_db = db.clone();
     let fleet = Fleet::new(db, outage, rollouts, configs)
         .await?
         .with_contact_refresh(contact_refresh(config.agents.heartbeat));
@@ -117,6 +118,11 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             opamp_sockets: Default::default(),
             pacer: Arc::default(),
             agent_ca: read_agent_ca(config)?,
+            governance: Arc::new(crate::governance::Governance::new(
+                agent_fleet::webhooks::Webhooks::new(webhook_db, config.server_name()),
+                Duration::from_secs(config.audit.keep),
+                Duration::from_secs(config.webhooks.retry_for),
+            )),
         }),
     })
 }

@@ -60,6 +60,8 @@ pub struct Shared {
     pub pacer: Arc<Pacer>,
     /// `tls.agent-ca`, read: the CA `/install.sh` has new agents pin.
     pub agent_ca: Option<String>,
+    /// Webhooks and the audit log's retention.
+    pub governance: Arc<crate::governance::Governance>,
 }
 
 /// The live sockets by agent: how many hold each uid now.

@@ -2,8 +2,11 @@
 
 use std::fmt::Write as _;
 
-use clap::Args;
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use futures_util::StreamExt;
 use serde_json::Value;
+use std::io::Write as _;
 
 use super::AdminClient;
 use super::table::millis_utc;
@@ -18,6 +21,68 @@ pub struct AuditQuery {
     action: Option<String>,
     #[arg(long, default_value_t = 1)]
     page: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+pub enum AuditCommand {
+    /// Write the audit log's entries from --since to --until to stdout, oldest first,
+    /// as the server streams them.
+    Export {
+        /// From this time: 2025-03-01T12:00:00Z, 2025-03-01 (midnight UTC), or an age
+        /// such as 30d. Default: the oldest entry kept.
+        #[arg(long, value_name = "T")]
+        since: Option<String>,
+        /// Up to (not including) this time, written the same ways. Default: now.
+        #[arg(long, value_name = "T")]
+        until: Option<String>,
+        #[arg(long, value_parser = ["jsonl", "csv"])]
+        format: String,
+    },
+}
+
+impl AuditCommand {
+    pub(super) async fn run(&self, client: &AdminClient) -> anyhow::Result<()> {
+        let AuditCommand::Export {
+            since,
+            until,
+            format,
+        } = self;
+        let base = client.base()?;
+        let mut query = vec![("format", format.clone())];
+        query.extend(since.clone().map(|t| ("since", t)));
+        query.extend(until.clone().map(|t| ("until", t)));
+        // A long log takes long to send: no clock on the whole answer.
+        let response = client
+            .http_for(std::time::Duration::from_secs(24 * 3600))?
+            .get(format!("{base}/admin/audit/export"))
+            .query(&query)
+            .bearer_auth(&client.token)
+            .send()
+            .await
+            .with_context(|| {
+                format!("cannot reach the update-server at {base}; is it running? (--server URL)")
+            })?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            let said: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            let message = said["error"].as_str().map(str::to_owned);
+            anyhow::bail!(
+                "{base} answered {status}: {}",
+                message.unwrap_or(said.to_string())
+            );
+        }
+        let mut body = response.bytes_stream();
+        let mut out = std::io::stdout();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.with_context(|| {
+                format!("{base}: the export broke off; what was written is incomplete")
+            })?;
+            out.write_all(&chunk).context("cannot write to stdout")?;
+        }
+        out.flush().context("cannot write to stdout")?;
+        Ok(())
+    }
 }
 
 impl AuditQuery {

@@ -14,6 +14,7 @@ pub mod release;
 pub mod rollout;
 mod table;
 pub mod token;
+pub mod webhook;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -90,6 +91,14 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Webhooks: the fleet's events POSTed, signed, to URLs (an admin's; through the
+    /// admin API).
+    Webhook {
+        #[command(subcommand)]
+        action: webhook::Webhook,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Write a consistent copy of the fleet database (SQLite) to FILE, beside a running
     /// server; for PostgreSQL, says the pg_dump command to use instead.
     Backup {
@@ -97,8 +106,11 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
-    /// The audit log: every change, who made it and from where, newest first.
+    /// The audit log: every change, who made it and from where, newest first; `audit
+    /// export` streams a time range of it as JSON lines or CSV.
     Audit {
+        #[command(subcommand)]
+        export: Option<audit::AuditCommand>,
         #[command(flatten)]
         query: audit::AuditQuery,
         #[command(flatten)]
@@ -200,7 +212,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Release { action, admin } => {
                 action.run(&admin.client(&config), admin.json).await
             }
-            Command::Audit { query, admin } => query.run(&admin.client(&config), admin.json).await,
+            Command::Audit {
+                export: Some(export),
+                admin,
+                ..
+            } => export.run(&admin.client(&config)).await,
+            Command::Audit { query, admin, .. } => {
+                query.run(&admin.client(&config), admin.json).await
+            }
+            Command::Webhook { action, admin } => {
+                action.run(&admin.client(&config), admin.json).await
+            }
         }
     })
 }

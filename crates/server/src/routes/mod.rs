@@ -16,6 +16,7 @@ mod maintenance;
 pub mod operators;
 pub mod refusals;
 pub(crate) mod releases;
+mod webhooks;
 
 use std::sync::Arc;
 
@@ -121,6 +122,14 @@ pub fn router(state: &AppState) -> Router<AppState> {
             axum::routing::delete(operators::revoke),
         )
         .route("/admin/audit", get(operators::audit))
+        .route("/admin/audit/export", get(webhooks::export))
+        .route("/admin/webhooks", get(webhooks::list).post(webhooks::add))
+        .route(
+            "/admin/webhooks/{id}",
+            axum::routing::delete(webhooks::remove),
+        )
+        .route("/admin/webhooks/{id}/test", post(webhooks::test))
+        .route("/admin/webhooks/{id}/deliveries", get(webhooks::deliveries))
         .route("/admin/releases", get(releases::list))
         .route("/admin/releases/rollback", post(releases::rollback))
         .route("/admin/releases/{id}/files/{name}", get(releases::file))

@@ -1,0 +1,46 @@
+//! Governance's background work on this server: webhook events fed from the fleet's
+//! records and delivered ([`delivery`]), and the audit log kept for `audit.keep`
+//! ([`retention`]). The decisions (what is an event, when to try again, which server
+//! does a fleet-wide chore) are the fleet model's ([`agent_fleet::webhooks`],
+//! [`agent_fleet::chores`]); this module runs them on clocks and speaks HTTP to the
+//! receivers.
+
+pub mod delivery;
+pub mod retention;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_fleet::webhooks::Webhooks;
+
+use crate::state::AppState;
+
+/// What governance holds for the server's lifetime.
+pub struct Governance {
+    pub webhooks: Webhooks,
+    /// `audit.keep`; zero keeps entries for ever.
+    pub audit_keep: Duration,
+    /// `webhooks.retry-for`.
+    pub retry_for: Duration,
+    /// Wakes the delivery loop (an event queued here, a delivery done).
+    pub wake: tokio::sync::Notify,
+}
+
+impl Governance {
+    pub fn new(webhooks: Webhooks, audit_keep: Duration, retry_for: Duration) -> Self {
+        Self {
+            webhooks,
+            audit_keep,
+            retry_for,
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+/// Starts the delivery loop and the retention chore.
+pub(crate) fn spawn(state: &AppState) {
+    let s = Arc::clone(&state.inner);
+    crate::panics::spawn_restarting("webhook delivery", move || delivery::run(Arc::clone(&s)));
+    let s = Arc::clone(&state.inner);
+    crate::panics::spawn_restarting("audit retention", move || retention::run(Arc::clone(&s)));
+}
