@@ -117,7 +117,7 @@ mod tests {
                 read.iter().map(key).collect::<Vec<_>>(),
                 "{dir}"
             );
-            assert_eq!(embedded.len(), 13, "{dir}");
+            assert_eq!(embedded.len(), 14, "{dir}");
         }
     }
 
