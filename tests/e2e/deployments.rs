@@ -307,6 +307,56 @@ fn a_pinned_deployment_stays_while_default_moves_and_labels_and_releases_move_ag
     assert!(runs(&server, fixed, "2.0.1+3"), "{:?}", versions(&server));
     assert_eq!(deployment(&server, "prod")["agents"], 1);
 
+    // prod goes back to 1.0.0+1: its old signature is refused (agents would take it
+    // for a replay), fresh ones over the kept bytes are taken, and the fixed agent
+    // returns to the version it kept.
+    let again = ctx.path("again");
+    run_ok(
+        e2e::release_cmd(
+            &ctx,
+            &server,
+            TOKEN,
+            &["export", "--release", "1.0.0+1", "--out"],
+        )
+        .arg(&again),
+    );
+    let back = |signatures: &Path| {
+        let mut cmd = e2e::release_cmd(
+            &ctx,
+            &server,
+            TOKEN,
+            &[
+                "rollback",
+                "--to",
+                "1.0.0+1",
+                "--deployment",
+                "prod",
+                "--signatures",
+            ],
+        );
+        cmd.arg(signatures);
+        cmd
+    };
+    let said = run_fails(&mut back(&again), 1);
+    assert!(said.contains("agent-bundle sign"), "{said}");
+    assert_eq!(deployment(&server, "prod")["release"], "2.0.1+3");
+    run_ok(
+        ctx.cmd("agent-bundle")
+            .args(["sign", "--key"])
+            .arg(&key)
+            .arg(again.join("agent-bundle-1.0.0")),
+    );
+    let said = stdout(&run_ok(&mut back(&again)));
+    assert!(said.contains("deployment prod's target again"), "{said}");
+    wait_until(LONG, "the fixed prod agent back on 1.0.0+1", || {
+        runs(&server, fixed, "1.0.0+1")
+    });
+    assert_eq!(
+        e2e::admin_releases(&server, TOKEN)["current"]["id"],
+        "2.0.0+2"
+    );
+    assert!(runs(&server, waiting, "2.0.0+2"), "{:?}", versions(&server));
+
     // Each change is in the audit log.
     let audit = stdout(&run_ok(&mut cli(
         &ctx,

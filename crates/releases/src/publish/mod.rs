@@ -285,6 +285,48 @@ impl Publisher {
             return Err(ReleaseError::NoTrust);
         }
         let _busy = self.busy.lock().await;
+        let served_signed_at = match self.store.current() {
+            Current::Ready(release) => crate::served(&release).signed_at,
+            Current::Unavailable(_) => 0,
+        };
+        let record = self.resign(to, signatures, served_signed_at).await?;
+        let entry = self.make_current(&record, Kind::Rollback, who).await?;
+        self.install_entry(&entry).await?;
+        Ok(entry)
+    }
+
+    /// `release rollback --deployment NAME`: the kept release `to` with fresh
+    /// `signatures` newer than `floor` (the signing time of the release the deployment
+    /// runs now), kept with them for the deployment to name; the fleet's current
+    /// release stays.
+    pub async fn rollback_for_deployment(
+        &self,
+        to: &str,
+        signatures: BTreeMap<String, String>,
+        floor: i64,
+    ) -> Result<ReleaseRecord, ReleaseError> {
+        if self.keys.is_empty() && self.served_key.is_none() {
+            return Err(ReleaseError::NoTrust);
+        }
+        let _busy = self.busy.lock().await;
+        let record = self.resign(to, signatures, floor).await?;
+        let kept = self.dir.join(&record.id);
+        let mut read = |name: &str| {
+            let path = kept.join(name);
+            fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        self.releases.keep_release(&record, &mut read).await?;
+        Ok(record)
+    }
+
+    /// The kept release `to` with fresh `signatures` (by bundle file name), checked as a
+    /// publish is and newer than `floor`, written beside its kept bundles.
+    async fn resign(
+        &self,
+        to: &str,
+        signatures: BTreeMap<String, String>,
+        floor: i64,
+    ) -> Result<ReleaseRecord, ReleaseError> {
         let Some(mut record) = self.releases.release(to).await? else {
             let kept = self.releases.kept().await?;
             return Err(ReleaseError::NotKept(format!(
@@ -329,13 +371,9 @@ impl Publisher {
         let checked = self
             .check(scratch.path(), all, TrustedKeys::Configured, None)
             .await?;
-        let served_signed_at = match self.store.current() {
-            Current::Ready(release) => crate::served(&release).signed_at,
-            Current::Unavailable(_) => 0,
-        };
-        if i64::try_from(checked.signed_at()).unwrap_or(i64::MAX) <= served_signed_at {
+        if i64::try_from(checked.signed_at()).unwrap_or(i64::MAX) <= floor {
             return Err(ReleaseError::Signatures(format!(
-                "the signatures given are not newer than the served release's (signed-at {} ≤ {served_signed_at}): agents would refuse them as a replay; sign again with `agent-bundle sign --key K FILE…` and retry",
+                "the signatures given are not newer than the served release's (signed-at {} ≤ {floor}): agents would refuse them as a replay; sign again with `agent-bundle sign --key K FILE…` and retry",
                 checked.signed_at()
             )));
         }
@@ -348,9 +386,7 @@ impl Publisher {
             let path = kept.join(layout::signature_file_name(&file.name));
             atomic::write(&path, file.signature.as_bytes()).map_err(|e| io_error(&path, e))?;
         }
-        let entry = self.make_current(&record, Kind::Rollback, who).await?;
-        self.install_entry(&entry).await?;
-        Ok(entry)
+        Ok(record)
     }
 
     /// Takes `dropped`, found in the download directory, as `release publish` would take

@@ -48,6 +48,9 @@ enum Command {
     Rollout {
         #[command(subcommand)]
         action: rollout::Rollout,
+        /// Another deployment's rollout than default's.
+        #[arg(long, value_name = "NAME", global = true)]
+        deployment: Option<String>,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -194,8 +197,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", backup::backup(&config, &out).await?);
                 Ok(())
             }
-            Command::Rollout { action, admin } => {
-                action.run(&admin.client(&config), admin.json).await
+            Command::Rollout {
+                action,
+                deployment,
+                admin,
+            } => {
+                let client = admin.client(&config);
+                match deployment.filter(|d| d != "default") {
+                    Some(name) => action.run_for(&name, &client, admin.json).await,
+                    None => action.run(&client, admin.json).await,
+                }
             }
             Command::Config { action, admin } => {
                 action.run(&admin.client(&config), admin.json).await

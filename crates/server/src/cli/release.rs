@@ -36,6 +36,10 @@ pub enum Release {
         /// The directory of its fresh .minisig files.
         #[arg(long, value_name = "DIR")]
         signatures: PathBuf,
+        /// Move this deployment back instead of default (the fleet's current release
+        /// stays).
+        #[arg(long, value_name = "NAME")]
+        deployment: Option<String>,
     },
     /// Write the current release's files (or a kept one's) into a directory.
     Export {
@@ -78,11 +82,22 @@ impl Release {
                 let said = render_releases(&answer);
                 (answer, said.trim_end().to_owned())
             }
-            Release::Rollback { to, signatures } => {
-                let answer = client.rollback(to, signatures).await?;
-                let said = format!(
-                    "release {to} is the target again; agents that keep it switch back without downloading (update-server rollout status follows it)"
-                );
+            Release::Rollback {
+                to,
+                signatures,
+                deployment,
+            } => {
+                let answer = client
+                    .rollback(to, signatures, deployment.as_deref())
+                    .await?;
+                let said = match deployment {
+                    Some(d) => format!(
+                        "release {to} is deployment {d}'s target again; its agents that keep it switch back without downloading (update-server deployment show {d} follows it)"
+                    ),
+                    None => format!(
+                        "release {to} is the target again; agents that keep it switch back without downloading (update-server rollout status follows it)"
+                    ),
+                };
                 (answer, said)
             }
             Release::Export { out, release } => {
@@ -192,7 +207,12 @@ impl AdminClient {
     }
 
     /// `POST /admin/releases/rollback` with the `.minisig` files of `signatures`.
-    pub async fn rollback(&self, to: &str, signatures: &Path) -> anyhow::Result<Value> {
+    pub async fn rollback(
+        &self,
+        to: &str,
+        signatures: &Path,
+        deployment: Option<&str>,
+    ) -> anyhow::Result<Value> {
         let base = self.base()?;
         let mut given = BTreeMap::new();
         let entries = std::fs::read_dir(signatures)
@@ -212,7 +232,7 @@ impl AdminClient {
                 signatures.display()
             );
         }
-        let body = serde_json::json!({ "to": to, "signatures": given });
+        let body = serde_json::json!({ "to": to, "signatures": given, "deployment": deployment });
         let request = self
             .http()?
             .post(format!("{base}/admin/releases/rollback"))

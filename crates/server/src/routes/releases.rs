@@ -402,6 +402,9 @@ pub(super) struct RollbackBody {
     to: String,
     /// The fresh `.minisig` texts, by bundle file name (with or without `.minisig`).
     signatures: BTreeMap<String, String>,
+    /// A deployment to move back instead of `default`.
+    #[serde(default)]
+    deployment: Option<String>,
 }
 
 /// `POST /admin/releases/rollback`.
@@ -418,6 +421,13 @@ pub(super) async fn rollback(
         .into_iter()
         .map(|(name, text)| (name.trim_end_matches(".minisig").to_owned(), text))
         .collect();
+    if let Some(name) = body
+        .deployment
+        .clone()
+        .filter(|d| !d.is_empty() && d != agent_fleet::deployments::DEFAULT)
+    {
+        return rollback_deployment(s, caller, &body.to, signatures, name).await;
+    }
     match publisher(s)
         .rollback(&body.to, signatures, &caller.name)
         .await
@@ -446,6 +456,73 @@ pub(super) async fn rollback(
             Err(e.audited())
         }
     }
+}
+
+/// `release rollback --deployment NAME`: the kept release signed again, newer than what
+/// the deployment's agents were last sent, and named for the deployment (its rollout
+/// runs at once: a rollback is meant).
+async fn rollback_deployment(
+    s: &Shared,
+    caller: Caller,
+    to: &str,
+    signatures: BTreeMap<String, String>,
+    deployment: String,
+) -> Result<Response, ApiError> {
+    let (caller, deployment) = (&caller, deployment.as_str());
+    let refuse = |why: String| async move {
+        caller
+            .refused(
+                s,
+                "release.rollback",
+                json!({ "release": to, "deployment": deployment, "reason": why }),
+            )
+            .await;
+        Err::<Response, ApiError>(ApiError::bad_request(why).audited())
+    };
+    let Some(rollouts) = s.fleet.deployments.rollouts(deployment) else {
+        return refuse(format!(
+            "no deployment {deployment:?}; list them with `update-server deployment list`"
+        ))
+        .await;
+    };
+    // What its agents were last sent: fresh signatures must be newer than that.
+    let floor = rollouts.current().map_or(0, |r| r.subject.signed_at);
+    let record = match publisher(s)
+        .rollback_for_deployment(to, signatures, floor)
+        .await
+    {
+        Ok(record) => record,
+        Err(e) => return refuse(ApiError::from(e).message).await,
+    };
+    caller
+        .record(
+            s,
+            "release.rollback",
+            json!({ "release": record.id, "deployment": deployment }),
+        )
+        .await;
+    let actor = crate::actions::Actor {
+        name: caller.name.clone(),
+        role: caller.role,
+        address: caller.address.clone(),
+        via: crate::actions::Via::Api,
+    };
+    let act = crate::actions::Act::Deployment(crate::actions::DeploymentAct::Set {
+        name: deployment.to_owned(),
+        change: agent_fleet::deployments::Change {
+            release: Some(record.id.clone()),
+            ..Default::default()
+        },
+    });
+    crate::actions::perform(s, &actor, act).await?;
+    s.fleet
+        .rollouts
+        .news()
+        .publish("a deployment was rolled back");
+    Ok(
+        Json(json!({ "id": record.id, "deployment": deployment, "kind": "rollback" }))
+            .into_response(),
+    )
 }
 
 /// `GET /admin/releases/{id}/files/{name}`: a kept release's bundle or signature; `id`
