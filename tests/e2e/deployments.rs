@@ -88,6 +88,37 @@ fn agent(ctx: &TestContext, bundle: &Path, server: &ServerProc, n: usize, labels
     home
 }
 
+/// Three agents installed from `bundle` (1.0.0+1), labelled `n=0..2` and with the `env`
+/// each is given (none for ""), started and registered with `server`.
+fn three_agents(
+    ctx: &TestContext,
+    bundle: &Path,
+    server: &ServerProc,
+    envs: [&str; 3],
+) -> Vec<PathBuf> {
+    let homes: Vec<PathBuf> = envs
+        .iter()
+        .enumerate()
+        .map(|(n, env)| {
+            let labels = if env.is_empty() {
+                String::new()
+            } else {
+                format!(", env = \"{env}\"")
+            };
+            agent(ctx, bundle, server, n, &labels)
+        })
+        .collect();
+    e2e::start_wrappers(&homes);
+    wait_until(LONG, "three agents on 1.0.0+1", || {
+        versions(server)
+            .iter()
+            .filter(|(_, v, _)| v == "1.0.0+1")
+            .count()
+            == 3
+    });
+    homes
+}
+
 #[test]
 fn a_pinned_deployment_stays_while_default_moves_and_labels_and_releases_move_agents() {
     let ctx = TestContext::new();
@@ -109,19 +140,7 @@ fn a_pinned_deployment_stays_while_default_moves_and_labels_and_releases_move_ag
         ],
     );
     run_ok(e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(ctx.path("b1")));
-    let homes = vec![
-        agent(&ctx, &b1, &server, 0, ", env = \"prod\""),
-        agent(&ctx, &b1, &server, 1, ", env = \"prod\""),
-        agent(&ctx, &b1, &server, 2, ""),
-    ];
-    e2e::start_wrappers(&homes);
-    wait_until(LONG, "three agents on 1.0.0+1", || {
-        versions(&server)
-            .iter()
-            .filter(|(_, v, _)| v == "1.0.0+1")
-            .count()
-            == 3
-    });
+    let homes = three_agents(&ctx, &b1, &server, ["prod", "prod", ""]);
 
     // Refusals change nothing and say what to do.
     let said = run_fails(
@@ -310,16 +329,7 @@ fn a_pinned_deployment_stays_while_default_moves_and_labels_and_releases_move_ag
     // prod goes back to 1.0.0+1: its old signature is refused (agents would take it
     // for a replay), fresh ones over the kept bytes are taken, and the fixed agent
     // returns to the version it kept.
-    let again = ctx.path("again");
-    run_ok(
-        e2e::release_cmd(
-            &ctx,
-            &server,
-            TOKEN,
-            &["export", "--release", "1.0.0+1", "--out"],
-        )
-        .arg(&again),
-    );
+    let again = e2e::export_kept(&ctx, &server, TOKEN, "1.0.0+1", &ctx.path("again"));
     let back = |signatures: &Path| {
         let mut cmd = e2e::release_cmd(
             &ctx,
@@ -340,12 +350,7 @@ fn a_pinned_deployment_stays_while_default_moves_and_labels_and_releases_move_ag
     let said = run_fails(&mut back(&again), 1);
     assert!(said.contains("agent-bundle sign"), "{said}");
     assert_eq!(deployment(&server, "prod")["release"], "2.0.1+3");
-    run_ok(
-        ctx.cmd("agent-bundle")
-            .args(["sign", "--key"])
-            .arg(&key)
-            .arg(again.join("agent-bundle-1.0.0")),
-    );
+    e2e::sign_again(&ctx, &key, &again);
     let said = stdout(&run_ok(&mut back(&again)));
     assert!(said.contains("deployment prod's target again"), "{said}");
     wait_until(LONG, "the fixed prod agent back on 1.0.0+1", || {
@@ -416,19 +421,7 @@ fn three_deployments_at_once_on_two_servers_over_postgres() {
         ));
     }
     // Every agent talks to b.
-    let homes = vec![
-        agent(&ctx, &b1, &b, 0, ", env = \"prod\""),
-        agent(&ctx, &b1, &b, 1, ", env = \"beta\""),
-        agent(&ctx, &b1, &b, 2, ""),
-    ];
-    e2e::start_wrappers(&homes);
-    wait_until(LONG, "three agents on 1.0.0+1", || {
-        versions(&b)
-            .iter()
-            .filter(|(_, v, _)| v == "1.0.0+1")
-            .count()
-            == 3
-    });
+    three_agents(&ctx, &b1, &b, ["prod", "beta", ""]);
 
     // A release for each deployment, published to a; b serves each from the fleet
     // database to the agents of that deployment alone.

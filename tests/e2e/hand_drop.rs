@@ -233,26 +233,12 @@ fn a_signed_bundle_dropped_by_hand_is_in_the_history_and_release_rollback_reache
     }
 
     // The way it names: fresh signatures over the kept bytes, then the rollback.
-    let again = ctx.path("again");
-    run_ok(
-        e2e::release_cmd(
-            &ctx,
-            &server,
-            TOKEN,
-            &["export", "--release", "1.0.0+1", "--out"],
-        )
-        .arg(&again),
-    );
+    let again = e2e::export_kept(&ctx, &server, TOKEN, "1.0.0+1", &ctx.path("again"));
     assert_eq!(
         sha256_file(&again.join("agent-bundle-1.0.0")),
         sha256_file(&b1)
     );
-    run_ok(
-        ctx.cmd("agent-bundle")
-            .args(["sign", "--key"])
-            .arg(&key)
-            .arg(again.join("agent-bundle-1.0.0")),
-    );
+    e2e::sign_again(&ctx, &key, &again);
     let said = stdout(&run_ok(
         e2e::release_cmd(
             &ctx,

@@ -385,26 +385,12 @@ fn a_release_rollback_brings_agents_back_from_their_kept_version() {
     assert_eq!(list["current"]["id"], "2.0.0+2", "nothing changed: {list}");
 
     // The kept release, exported and signed again today.
-    let again = ctx.path("again");
-    run_ok(
-        e2e::release_cmd(
-            &ctx,
-            &server,
-            TOKEN,
-            &["export", "--release", "1.0.0+1", "--out"],
-        )
-        .arg(&again),
-    );
+    let again = e2e::export_kept(&ctx, &server, TOKEN, "1.0.0+1", &ctx.path("again"));
     assert_eq!(
         sha256_file(&again.join("agent-bundle-1.0.0")),
         sha256_file(&b1)
     );
-    run_ok(
-        ctx.cmd("agent-bundle")
-            .args(["sign", "--key"])
-            .arg(&key)
-            .arg(again.join("agent-bundle-1.0.0")),
-    );
+    e2e::sign_again(&ctx, &key, &again);
     let sent = |kind: &str| {
         metric(
             &server,

@@ -251,6 +251,40 @@ pub fn admin_releases(server: &ServerProc, token: &str) -> serde_json::Value {
     list
 }
 
+/// The kept release `id` (`<version>+<build>`) exported from `server` into `dir` (which
+/// it returns): what a rollback signs again.
+pub fn export_kept(
+    ctx: &TestContext,
+    server: &ServerProc,
+    token: &str,
+    id: &str,
+    dir: &Path,
+) -> PathBuf {
+    run_ok(release_cmd(ctx, server, token, &["export", "--release", id, "--out"]).arg(dir));
+    dir.to_owned()
+}
+
+/// Fresh signatures (signed-at now) over every bundle in `dir`, with `key`.
+pub fn sign_again(ctx: &TestContext, key: &Path, dir: &Path) {
+    let bundles: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("agent-bundle-"))
+                && p.extension().is_none_or(|e| e != "minisig")
+        })
+        .collect();
+    assert!(!bundles.is_empty(), "no bundle in {}", dir.display());
+    run_ok(
+        ctx.cmd("agent-bundle")
+            .args(["sign", "--key"])
+            .arg(key)
+            .args(&bundles),
+    );
+}
+
 /// `update-server release ARGS… --server URL --token TOKEN`.
 pub fn release_cmd(ctx: &TestContext, server: &ServerProc, token: &str, args: &[&str]) -> Command {
     let mut cmd = ctx.cmd("update-server");

@@ -335,30 +335,18 @@ impl Rollouts {
                 .parse::<AgentVersion>()
                 .is_ok_and(|v| self.policy.accepts(&bundle.version, &v))
         };
-        // Only the agents that follow this deployment are placed (with several, their
-        // labels say which).
-        let candidates: Vec<Candidate> = if self.table.is_single() {
-            store::live_agents(&mut *tx, since)
-                .await?
-                .into_iter()
-                .map(|(id, group, version)| Candidate {
-                    on_target: on_target(&version),
-                    id,
-                    group,
-                })
-                .collect()
-        } else {
-            store::live_agents_labelled(&mut *tx, since)
-                .await?
-                .into_iter()
-                .filter(|a| self.follows(&a.labels))
-                .map(|a| Candidate {
-                    on_target: on_target(&a.version),
-                    id: a.id,
-                    group: a.group,
-                })
-                .collect()
-        };
+        // Only the agents that follow this deployment are placed (their labels say which).
+        let single = self.table.is_single();
+        let candidates: Vec<Candidate> = store::live_agents(&mut *tx, since)
+            .await?
+            .into_iter()
+            .filter(|a| single || self.follows(&a.labels))
+            .map(|a| Candidate {
+                on_target: on_target(&a.version),
+                id: a.id,
+                group: a.group,
+            })
+            .collect();
         // The agents already running the new target (a rollback to the version they
         // run): what they said of moving to another release (retrying it, held off,
         // waiting for a window) is over. One statement for the fleet.

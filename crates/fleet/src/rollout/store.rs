@@ -383,27 +383,6 @@ pub async fn insert(
     Ok(Some(id))
 }
 
-/// Agents heard from since `since_secs` a bundle rollout places: (id, group, version).
-pub async fn live_agents<'e>(
-    e: impl Executor<'e, Database = Any>,
-    since_secs: i64,
-) -> Result<Vec<(String, String, String)>, sqlx::Error> {
-    let rows = sqlx::query(
-        // OpAMP agents that do not accept packages are never told to update.
-        "SELECT id, agent_group, version FROM agents WHERE last_contact >= $1
-           AND (protocol <> 'opamp' OR id IN (SELECT agent_id FROM agent_opamp WHERE accepts_packages = 1))
-           AND id NOT IN (SELECT id FROM agents_revoked)
-         ORDER BY id",
-    )
-    .bind(since_secs)
-    .fetch_all(e)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect())
-}
-
 /// An agent a bundle rollout may place, with what decides the deployment it follows.
 #[derive(Debug, Clone)]
 pub struct LiveAgent {
@@ -415,8 +394,9 @@ pub struct LiveAgent {
     pub labels: crate::labels::Labels,
 }
 
-/// [`live_agents`] with each agent's labels, for a fleet of several deployments.
-pub async fn live_agents_labelled<'e>(
+/// Agents heard from since `since_secs` a bundle rollout places, with what decides the
+/// deployment each follows.
+pub async fn live_agents<'e>(
     e: impl Executor<'e, Database = Any>,
     since_secs: i64,
 ) -> Result<Vec<LiveAgent>, sqlx::Error> {

@@ -206,6 +206,20 @@ impl Publisher {
             return Err(ReleaseError::NoTrust);
         }
         let _busy = self.busy.lock().await;
+        let record = self.check_and_keep(incoming, names).await?;
+        let entry = self.make_current(&record, Kind::Publish, who).await?;
+        self.install_entry(&entry).await?;
+        Ok(entry)
+    }
+
+    /// The uploaded files in `incoming`, checked as a release (refused as a whole, in
+    /// words, when they are not one) and moved under `<home>/releases/<id>/`. Called
+    /// while `busy` is held.
+    async fn check_and_keep(
+        &self,
+        incoming: tempfile::TempDir,
+        names: Vec<String>,
+    ) -> Result<ReleaseRecord, ReleaseError> {
         let checked = self
             .check(
                 incoming.path(),
@@ -222,12 +236,9 @@ impl Publisher {
         }
         let kept = self.dir.join(&record.id);
         let incoming_path = incoming.path().to_owned();
-        let kept_clone = kept.clone();
-        blocking(move || keep_files(&incoming_path, &kept_clone)).await?;
-        let entry = self.make_current(&record, Kind::Publish, who).await?;
+        blocking(move || keep_files(&incoming_path, &kept)).await?;
         drop(incoming);
-        self.install_entry(&entry).await?;
-        Ok(entry)
+        Ok(record)
     }
 
     /// Checks the uploaded files in `incoming` as [`Publisher::publish`] does and keeps
@@ -242,35 +253,21 @@ impl Publisher {
             return Err(ReleaseError::NoTrust);
         }
         let _busy = self.busy.lock().await;
-        let checked = self
-            .check(
-                incoming.path(),
-                names,
-                TrustedKeys::Configured,
-                Some(self.max_unpacked),
-            )
-            .await?;
-        let mut record = record_of(&checked);
-        if let Some(known) = self.releases.release(&record.id).await?
-            && known.identity != record.identity
-        {
-            return Err(agent_fleet::releases::other_bytes(&record.id).into());
-        }
+        let record = self.check_and_keep(incoming, names).await?;
+        self.keep_in_fleet(&record).await?;
+        // As stored: the signatures are what the fleet holds.
+        Ok(self.releases.release(&record.id).await?.unwrap_or(record))
+    }
+
+    /// Records the kept release `record` in the fleet database (its bytes too, on
+    /// PostgreSQL) without making it current.
+    async fn keep_in_fleet(&self, record: &ReleaseRecord) -> Result<(), ReleaseError> {
         let kept = self.dir.join(&record.id);
-        let incoming_path = incoming.path().to_owned();
-        let kept_clone = kept.clone();
-        blocking(move || keep_files(&incoming_path, &kept_clone)).await?;
-        drop(incoming);
         let mut read = |name: &str| {
             let path = kept.join(name);
             fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
         };
-        self.releases.keep_release(&record, &mut read).await?;
-        // As stored: signatures are what the history holds.
-        if let Some(stored) = self.releases.release(&record.id).await? {
-            record = stored;
-        }
-        Ok(record)
+        Ok(self.releases.keep_release(record, &mut read).await?)
     }
 
     /// Makes the kept release `to` current again, with fresh `signatures` (by bundle
@@ -310,12 +307,7 @@ impl Publisher {
         }
         let _busy = self.busy.lock().await;
         let record = self.resign(to, signatures, floor).await?;
-        let kept = self.dir.join(&record.id);
-        let mut read = |name: &str| {
-            let path = kept.join(name);
-            fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
-        };
-        self.releases.keep_release(&record, &mut read).await?;
+        self.keep_in_fleet(&record).await?;
         Ok(record)
     }
 

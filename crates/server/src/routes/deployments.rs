@@ -37,8 +37,12 @@ impl PolicyBody {
             && self.agent_deadline.is_none()
     }
 
-    /// The plan `base` becomes with these values, checked as `[rollout]` is.
-    fn over(&self, base: &Plan) -> Result<Plan, ApiError> {
+    /// The plan `base` becomes with these values, checked as `[rollout]` is; `None` when
+    /// none is given.
+    fn over(&self, base: &Plan) -> Result<Option<Plan>, ApiError> {
+        if self.is_empty() {
+            return Ok(None);
+        }
         let waves: Vec<String> = match &self.waves {
             Some(w) => w.clone(),
             None => base.waves.iter().map(ToString::to_string).collect(),
@@ -53,6 +57,7 @@ impl PolicyBody {
             &max_failures,
             self.agent_deadline.unwrap_or(base.agent_deadline),
         )
+        .map(Some)
         .map_err(ApiError::bad_request)
     }
 }
@@ -174,11 +179,7 @@ pub(super) async fn create(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     let body = json_body(body)?;
-    let policy = if body.policy.is_empty() {
-        None
-    } else {
-        Some(body.policy.over(&s.fleet.rollouts.plan())?)
-    };
+    let policy = body.policy.over(&s.fleet.rollouts.plan())?;
     let act = Act::Deployment(DeploymentAct::Create(NewDeployment {
         name: body.name,
         selector: body.selector,
@@ -197,17 +198,14 @@ pub(super) async fn set(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     let body = json_body(body)?;
-    let policy = if body.policy.is_empty() {
-        None
-    } else {
-        let base = match deployments::get(&s.fleet.db, &name).await? {
-            Some(Deployment {
-                policy: Some(own), ..
-            }) => own,
-            _ => (*s.fleet.rollouts.plan()).clone(),
-        };
-        Some(body.policy.over(&base)?)
+    // What is not given keeps the deployment's own value, else `[rollout]`'s.
+    let base = match deployments::get(&s.fleet.db, &name).await? {
+        Some(Deployment {
+            policy: Some(own), ..
+        }) => own,
+        _ => (*s.fleet.rollouts.plan()).clone(),
     };
+    let policy = body.policy.over(&base)?;
     let act = Act::Deployment(DeploymentAct::Set {
         name,
         change: Change {

@@ -219,24 +219,7 @@ async fn publish_for_deployment(
             json!({ "release": record.id, "files": names, "deployment": deployment }),
         )
         .await;
-    let actor = crate::actions::Actor {
-        name: caller.name.clone(),
-        role: caller.role,
-        address: caller.address.clone(),
-        via: crate::actions::Via::Api,
-    };
-    let act = crate::actions::Act::Deployment(crate::actions::DeploymentAct::Set {
-        name: deployment.clone(),
-        change: agent_fleet::deployments::Change {
-            release: Some(record.id.clone()),
-            ..Default::default()
-        },
-    });
-    crate::actions::perform(s, &actor, act).await?;
-    s.fleet
-        .rollouts
-        .news()
-        .publish("a release was published for a deployment");
+    name_for_deployment(s, &caller, &deployment, &record.id).await?;
     let platforms: Vec<&str> = record.files.iter().map(|f| f.platform.as_str()).collect();
     let (version, build) = record
         .id
@@ -255,6 +238,35 @@ async fn publish_for_deployment(
         })),
     )
         .into_response())
+}
+
+/// Names the kept release `id` for `deployment` (an operator action, `deployment.set`,
+/// audited): its rollout starts.
+async fn name_for_deployment(
+    s: &Shared,
+    caller: &Caller,
+    deployment: &str,
+    id: &str,
+) -> Result<(), ApiError> {
+    let actor = crate::actions::Actor {
+        name: caller.name.clone(),
+        role: caller.role,
+        address: caller.address.clone(),
+        via: crate::actions::Via::Api,
+    };
+    let act = crate::actions::Act::Deployment(crate::actions::DeploymentAct::Set {
+        name: deployment.to_owned(),
+        change: agent_fleet::deployments::Change {
+            release: Some(id.to_owned()),
+            ..Default::default()
+        },
+    });
+    crate::actions::perform(s, &actor, act).await?;
+    s.fleet
+        .rollouts
+        .news()
+        .publish("a deployment was given another release");
+    Ok(())
 }
 
 /// An upload that could not be read: over the limit (which it names), or cut or
@@ -501,24 +513,7 @@ async fn rollback_deployment(
             json!({ "release": record.id, "deployment": deployment }),
         )
         .await;
-    let actor = crate::actions::Actor {
-        name: caller.name.clone(),
-        role: caller.role,
-        address: caller.address.clone(),
-        via: crate::actions::Via::Api,
-    };
-    let act = crate::actions::Act::Deployment(crate::actions::DeploymentAct::Set {
-        name: deployment.to_owned(),
-        change: agent_fleet::deployments::Change {
-            release: Some(record.id.clone()),
-            ..Default::default()
-        },
-    });
-    crate::actions::perform(s, &actor, act).await?;
-    s.fleet
-        .rollouts
-        .news()
-        .publish("a deployment was rolled back");
+    name_for_deployment(s, caller, deployment, &record.id).await?;
     Ok(
         Json(json!({ "id": record.id, "deployment": deployment, "kind": "rollback" }))
             .into_response(),
