@@ -2,7 +2,8 @@
 //!
 //! - [`unpack`]: the one safe unpacker of distribution archives, shared by `--install`
 //!   and the updater. It trusts nothing in the archive.
-//! - [`payload`]: reading the zip payload appended to a bundle executable.
+//! - [`payload`]: reading the zip payload appended to a bundle executable (up to its
+//!   Authenticode signature, [`pe`], when it is signed).
 //! - [`atomic`]: replace-by-rename writes, directory fsyncs and symlink flips, so that a
 //!   crash at any instant leaves either the old or the new state on disk.
 //! - [`current`]: which version an installation runs, a symlink or (Windows) a file.
@@ -16,6 +17,7 @@ pub mod current;
 pub mod error;
 pub mod os;
 pub mod payload;
+pub mod pe;
 pub mod unpack;
 pub mod verify;
 

@@ -15,6 +15,7 @@ use agent_protocol::rotation::{self, Statement};
 use agent_protocol::version::AgentVersion;
 
 use crate::error::{Error, IoContext, Result};
+use crate::pe::{self, Window};
 
 /// Size of the text entries (README, LICENSE) that are read whole.
 pub const MAX_TEXT_ENTRY: u64 = 1024 * 1024;
@@ -29,16 +30,21 @@ pub struct BundleFacts {
 
 pub struct Payload {
     path: PathBuf,
-    archive: zip::ZipArchive<File>,
+    archive: zip::ZipArchive<Window>,
 }
 
 impl Payload {
     pub fn open(path: &Path) -> Result<Self> {
         let mut file = File::open(path).at(path)?;
+        let len = file.metadata().at(path)?.len();
+        // An Authenticode signature follows the payload of a signed Windows bundle: the
+        // zip is read as if it were not there.
+        let len = pe::unsigned_len(&mut file, len).unwrap_or(len);
+        let mut file = Window::new(file, len);
         // The zip crate keeps entries in a map by name, so a second entry of the same
         // name would be invisible to it while `unzip` shows it: read the names from the
         // central directory itself, and refuse duplicates.
-        let names = central_directory_names(&mut file).map_err(|reason| Error::NoZip {
+        let names = central_directory_names(&mut file, len).map_err(|reason| Error::NoZip {
             path: path.to_owned(),
             reason,
         })?;
@@ -288,7 +294,7 @@ impl Payload {
         Some(u64::from(u32::from_le_bytes(trailer)))
     }
 
-    fn entry(&mut self, name: &str) -> Result<zip::read::ZipFile<'_, File>> {
+    fn entry(&mut self, name: &str) -> Result<zip::read::ZipFile<'_, Window>> {
         let path = self.path.clone();
         self.archive.by_name(name).map_err(|e| Error::NotABundle {
             path,
@@ -427,9 +433,13 @@ impl<R: Read> Read for Declared<R> {
 
 /// The names in a zip's central directory, in order, read from the directory itself.
 /// Works with data in front of the zip (the stub of a bundle) whatever its offsets say:
-/// the directory is found from the end-of-directory record.
-pub fn central_directory_names(file: &mut File) -> std::result::Result<Vec<String>, String> {
-    use std::io::{Seek, SeekFrom};
+/// the directory is found from the end-of-directory record, within the first `len` bytes
+/// of `file` (a signed bundle's signature follows them).
+pub fn central_directory_names(
+    file: &mut (impl Read + std::io::Seek),
+    len: u64,
+) -> std::result::Result<Vec<String>, String> {
+    use std::io::SeekFrom;
     let le16 = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
     let le32 = |b: &[u8], at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
     let le64 = |b: &[u8], at: usize| {
@@ -437,10 +447,6 @@ pub fn central_directory_names(file: &mut File) -> std::result::Result<Vec<Strin
         x.copy_from_slice(&b[at..at + 8]);
         u64::from_le_bytes(x)
     };
-    let len = file
-        .metadata()
-        .map_err(|e| format!("cannot read its size: {e}"))?
-        .len();
     // The end record is 22 bytes plus a comment of at most 65535.
     let tail_len = len.min(22 + 65_535);
     let tail_start = len - tail_len;
