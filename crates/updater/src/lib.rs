@@ -13,6 +13,7 @@ pub mod error;
 #[cfg(any(feature = "failpoints", test))]
 mod faults;
 pub mod health;
+pub mod launcher;
 pub mod lock;
 pub mod log;
 pub mod logfiles;

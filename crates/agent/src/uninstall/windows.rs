@@ -52,6 +52,7 @@ pub(super) fn unregister(home: &AgentHome, service: &Registration) -> anyhow::Re
 /// `versions\`, it moves out of there now and is deleted once it has ended
 /// (self-replace's self-deletion), so `versions\` can go.
 pub(super) fn let_go_of_own_program(home: &AgentHome) -> anyhow::Result<()> {
+    let_go_of_launcher(home)?;
     let Ok(exe) = std::env::current_exe() else {
         return Ok(());
     };
@@ -72,4 +73,23 @@ pub(super) fn let_go_of_own_program(home: &AgentHome) -> anyhow::Result<()> {
             home.versions().display()
         )
     })
+}
+
+/// `bin\agent.exe`, the launcher, runs this command when it was typed as `agent
+/// uninstall`: Windows refuses to delete it, so it moves to the temporary directory
+/// under a name the launcher finds once this agent has ended, and deletes itself.
+fn let_go_of_launcher(home: &AgentHome) -> anyhow::Result<()> {
+    let launcher = home.root().join("bin").join(layout::AGENT_EXE_WINDOWS);
+    if !launcher.is_file() || std::fs::remove_file(&launcher).is_ok() {
+        return Ok(());
+    }
+    let aside = agent_updater::launcher::set_aside(std::process::id());
+    std::fs::rename(&launcher, &aside).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot move the running launcher {} out of the way ({e}); run the uninstall as {}\\versions\\<version>\\bin\\agent.exe uninstall",
+            launcher.display(),
+            home.root().display()
+        )
+    })?;
+    Ok(())
 }

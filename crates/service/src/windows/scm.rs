@@ -55,9 +55,7 @@ pub(crate) fn install(name: &str, exe: &Path, home: &AgentHome) -> anyhow::Resul
     let service = scm
         .create_service(&info, ServiceAccess::CHANGE_CONFIG | ServiceAccess::START)
         .map_err(|e| anyhow::anyhow!("cannot register the service {name}: {}", said(&e)))?;
-    let _ = service.set_description(
-        "Runs the agent (and its workload) and keeps it running; updates replace it in place.",
-    );
+    let _ = service.set_description(DESCRIPTION);
     // The service restarts a crashed agent itself; these restart the service if it
     // crashes (Windows honours them; Wine ignores them).
     let actions = ServiceFailureActions {
@@ -75,14 +73,23 @@ pub(crate) fn install(name: &str, exe: &Path, home: &AgentHome) -> anyhow::Resul
             },
         ]),
     };
-    if let Err(e) = service.update_failure_actions(actions) {
-        home::log(
+    // Said in service.log either way: Wine takes them and never shows or acts on them,
+    // so the log is where a test (or an administrator under Wine) reads what was asked.
+    match service.update_failure_actions(actions) {
+        Ok(()) => home::log(home, &format!("recovery actions set: {RECOVERY}")),
+        Err(e) => home::log(
             home,
             &format!("recovery actions not set ({e}); the service restarts the agent itself"),
-        );
+        ),
     }
     Ok(())
 }
+
+/// What `sc qdescription` and the Services console show.
+const DESCRIPTION: &str = "Runs the fleet's agent and its workload, restarts them when they crash, and updates them in place from the update server. Commands: <home>\\bin\\agent.exe status|lock|uninstall; net start|stop; sc query.";
+
+/// The recovery actions [`install`] sets, in words (`sc qfailure` shows them on Windows).
+const RECOVERY: &str = "restart the service after 5 s, again after 30 s, and after 30 s each time after; the count resets after a day";
 
 /// Stops and removes the service `name`.
 pub(crate) fn uninstall(name: &str) -> anyhow::Result<()> {

@@ -211,6 +211,7 @@ impl Supervisor {
         if self.replace_self(&version_dir, asked) {
             return Some(Ended::Replaced);
         }
+        self.refresh_launcher(&version_dir);
         let exe = version_dir.join("bin").join(layout::AGENT_EXE_WINDOWS);
         match self.spawn_agent(&exe) {
             Ok(running) => {
@@ -338,6 +339,37 @@ impl Supervisor {
             Err(e) => log(
                 &self.home,
                 &format!("cannot run recovery {}: {e}", updater.display()),
+            ),
+        }
+    }
+
+    /// `<home>\bin\agent.exe`, the launcher, becomes the one the version about to run
+    /// carries when they differ (a launcher runs any version's agent, so an older one only
+    /// misses what a newer one fixed). One running at this moment (someone's `agent
+    /// status`) cannot be replaced: it is tried again at the next start.
+    fn refresh_launcher(&self, version_dir: &Path) {
+        let carried = version_dir
+            .join("bin")
+            .join(agent_updater::launcher::LAUNCHER_EXE);
+        let installed = self.home.root().join("bin").join(layout::AGENT_EXE_WINDOWS);
+        if !carried.is_file() || same_bytes(&installed, &carried) {
+            return;
+        }
+        match agent_extract::atomic::copy_file(&carried, &installed) {
+            Ok(_) => log(
+                &self.home,
+                &format!(
+                    "{} is the launcher of {}",
+                    installed.display(),
+                    version_dir.display()
+                ),
+            ),
+            Err(e) => log(
+                &self.home,
+                &format!(
+                    "cannot replace the launcher {} ({e}); it is tried again at the next start",
+                    installed.display()
+                ),
             ),
         }
     }

@@ -67,7 +67,9 @@ pub(super) fn comparable(path: &Path) -> String {
     text.to_lowercase()
 }
 
-/// True if `pid` runs `<home>\versions\<v>\bin\agent.exe` (or the `current` form).
+/// True if `pid` runs `<home>\versions\<v>\bin\agent.exe` (or the `current` form), and
+/// not the launcher `<home>\bin\agent.exe`, which runs the agent's commands (`agent
+/// uninstall`) and is no agent to stop.
 pub fn is_agent(pid: u32, home: &AgentHome) -> bool {
     if !is_alive(pid) {
         return false;
@@ -77,7 +79,9 @@ pub fn is_agent(pid: u32, home: &AgentHome) -> bool {
     };
     let image = comparable(&image);
     let root = comparable(home.root());
-    image.starts_with(&format!("{root}\\")) && image.ends_with("\\bin\\agent.exe")
+    image.starts_with(&format!("{root}\\"))
+        && image.ends_with("\\bin\\agent.exe")
+        && image != format!("{root}\\bin\\agent.exe")
 }
 
 /// True if `pid` runs an `agent-service.exe`.
