@@ -17,7 +17,14 @@ use crate::state::home::Installation;
 #[derive(Debug, Parser)]
 #[command(name = "agent", disable_version_flag = true)]
 pub struct Cli {
-    /// AGENT_HOME (default: found from this binary's location, <home>/current/bin/agent).
+    #[cfg_attr(
+        unix,
+        doc = "AGENT_HOME (default: found from this binary's location, <home>/current/bin/agent)."
+    )]
+    #[cfg_attr(
+        windows,
+        doc = r"AGENT_HOME (default: found from this program's location, <home>\versions\<version>\bin\agent.exe, which <home>\bin\agent.exe runs)."
+    )]
     #[arg(long, global = true, env = "AGENT_HOME", value_name = "DIR")]
     home: Option<PathBuf>,
 
@@ -31,7 +38,11 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run in the foreground (what agent-wrapper.sh starts).
+    #[cfg_attr(unix, doc = "Run in the foreground (what agent-wrapper.sh starts).")]
+    #[cfg_attr(
+        windows,
+        doc = r"Run in the foreground (what the Windows service, <home>\bin\agent-service.exe, starts)."
+    )]
     Run,
     /// Show version, identity, servers, health, update state and bad bundles.
     Status,
@@ -44,19 +55,32 @@ enum Command {
         #[arg(long)]
         clear_bad: bool,
     },
-    /// Hold off bundle updates on this machine (run/update-locks/), or let them through.
+    /// Hold off bundle updates on this machine (the home's run/update-locks/), or let them
+    /// through.
     Lock {
         #[command(subcommand)]
         action: LockAction,
     },
-    /// Check the configuration (conf/agent.toml, or FILE) without starting anything:
-    /// what `agent-wrapper.sh restart` and the service run before they stop the agent.
+    #[cfg_attr(
+        unix,
+        doc = "Check the configuration (conf/agent.toml, or FILE) without starting anything:\nwhat `agent-wrapper.sh restart` and the service run before they stop the agent."
+    )]
+    #[cfg_attr(
+        windows,
+        doc = "Check the configuration (conf\\agent.toml, or FILE) without starting anything:\nwhat `agent-service.exe restart` runs before it stops the agent."
+    )]
     Config {
         #[command(subcommand)]
         action: ConfigAction,
     },
-    /// Leave the fleet: tell the server, stop the agent and its workload, remove the
-    /// systemd unit and the installed versions; conf/, data/ and logs/ stay.
+    #[cfg_attr(
+        unix,
+        doc = "Leave the fleet: tell the server, stop the agent and its workload, remove the\nsystemd unit and the installed versions; conf/, data/ and logs/ stay."
+    )]
+    #[cfg_attr(
+        windows,
+        doc = "Leave the fleet: tell the server, stop and remove the Windows service (sc delete),\nremove the installed versions and bin\\; conf\\, data\\ and logs\\ stay. An MSI install is\nremoved with msiexec /x, which runs this."
+    )]
     Uninstall {
         /// Remove the whole home, conf/, data/ and logs/ included.
         #[arg(long)]
@@ -65,6 +89,10 @@ enum Command {
         #[arg(long, short = 'y')]
         yes: bool,
     },
+    /// Ask the server whether it enrolls this agent (server.urls, with the enrollment
+    /// token, proxy and CA of conf/agent.toml) without registering: exit 0 if it does,
+    /// else its words and exit 1. What the MSI runs before it starts the service.
+    CheckEnrollment,
 }
 
 #[derive(Debug, Subcommand)]
@@ -193,7 +221,29 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime.block_on(crate::update::manual::update(&install, &config, check))
         }
         Some(Command::Lock { action }) => lock(&install.home, action),
+        Some(Command::CheckEnrollment) => runtime.block_on(check_enrollment(&install, &config)),
         Some(Command::Uninstall { .. } | Command::Config { .. }) => handled_earlier(),
+    }
+}
+
+/// `agent check-enrollment`: the server's verdict on this agent's enrollment token, from
+/// each server in turn until one answers.
+async fn check_enrollment(install: &Installation, config: &Config) -> anyhow::Result<ExitCode> {
+    let client = crate::contact::client::Client::new(
+        config.server.urls.clone(),
+        install.version.clone(),
+        crate::contact::identity::hello("", config),
+        crate::contact::client::Trust::of(config, &install.home),
+    )?;
+    match client.check_enrollment().await? {
+        Ok(server) => {
+            println!("{server} enrolls this agent");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err((server, why)) => {
+            println!("{server} refuses to enroll this agent: {why}");
+            Ok(ExitCode::FAILURE)
+        }
     }
 }
 

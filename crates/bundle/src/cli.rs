@@ -62,7 +62,13 @@ pub struct Cli {
 
     /// With --install: a label of this agent (agent.labels), `KEY=VALUE`; repeat it for
     /// more (`--label env=prod --label region=eu`). Selectors choose agents by them.
-    #[arg(long = "label", value_name = "KEY=VALUE", requires = "install")]
+    /// A comma-separated list is several (`--label env=prod,region=eu`: the MSI's LABELS).
+    #[arg(
+        long = "label",
+        value_name = "KEY=VALUE",
+        requires = "install",
+        value_delimiter = ','
+    )]
     labels: Vec<String>,
 
     /// With --install: the update server the agent talks to (server.urls).
@@ -74,6 +80,23 @@ pub struct Cli {
     /// environment's https_proxy.
     #[arg(long, value_name = "URL", requires = "install")]
     proxy: Option<String>,
+
+    /// With --install: before the agent is put in place, ask its server whether it enrolls
+    /// it (its URL, enrollment token, proxy and CA); a refusal or an unreachable server
+    /// fails the install with the server's words, and nothing is installed.
+    #[arg(long, requires = "install")]
+    check_server: bool,
+
+    /// With --install: where an agent is installed already, update it to the carried
+    /// version if that is newer, else leave it as it is, and succeed either way (what the
+    /// MSI runs: an MSI older than an agent that updated itself changes nothing).
+    #[arg(long, requires = "install", conflicts_with = "force")]
+    upgrade: bool,
+
+    /// Uninstall the agent installed as PREFIX/agent: its own `agent uninstall --yes`
+    /// (what msiexec /x runs); nothing installed there is no error.
+    #[arg(long, value_name = "PREFIX", num_args = 0..=1, default_missing_value = crate::service::DEFAULT_PREFIX, conflicts_with_all = ["install", "update"])]
+    uninstall: Option<PathBuf>,
 
     /// Update the agent installed at AGENT_HOME to the carried version.
     #[arg(long, value_name = "AGENT_HOME", num_args = 0..=1, default_missing_value = ".")]
@@ -187,6 +210,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             none: cli.no_service,
         };
         crate::service::check(&service)?;
+        if cli.upgrade
+            && let Some(code) = commands::install::upgrade(&exe, prefix)?
+        {
+            return Ok(code);
+        }
         return commands::install::run(
             &service,
             &InstallRequest {
@@ -200,8 +228,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 server_url: cli.server_url.as_deref(),
                 proxy: cli.proxy.as_deref(),
                 labels: &cli.labels,
+                check_server: cli.check_server,
             },
         );
+    }
+    if let Some(prefix) = &cli.uninstall {
+        return commands::install::uninstall(prefix);
     }
     if let Some(home) = &cli.update {
         let outcome = agent_updater::run_update(&agent_updater::Request {

@@ -42,6 +42,9 @@ pub struct InstallRequest<'a> {
     pub proxy: Option<&'a str>,
     /// `--label KEY=VALUE`s, as given: set in `agent.labels` (others there are kept).
     pub labels: &'a [String],
+    /// `--check-server`: the server must say it enrolls the new agent before it is put
+    /// in place (what the MSI asks, so that a wrong token fails the install).
+    pub check_server: bool,
 }
 
 /// Where `--ca-file` is kept, relative to AGENT_HOME.
@@ -187,7 +190,8 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
     }
     // The bundle stays with its version: the base of the next update's delta. Only a
     // saving, so an install without it (a full disk) goes on.
-    if let Err(e) = atomic::link_or_copy(req.bundle, &version_stage.join(layout::KEPT_BUNDLE_FILE))
+    if let Err(e) =
+        crate::service::keep_bundle(req.bundle, &version_stage.join(layout::KEPT_BUNDLE_FILE))
     {
         tracing::warn!(
             "not keeping the bundle for deltas ({e}); the first update downloads the whole bundle"
@@ -214,11 +218,18 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
         reinstall_over(&home, &facts, &version_stage, operator_key)?;
         server.apply(&home)?;
         retire_chain(&home, chain.as_ref())?;
+        if req.check_server {
+            check_enrollment(&home, &facts)?;
+        }
     } else {
         fresh_tree(staging.path(), &facts, &version_stage, key_file.as_deref())?;
         let staged = AgentHome::new(staging.path().join(layout::DIST_ROOT));
         server.apply(&staged)?;
         retire_chain(&staged, chain.as_ref())?;
+        // Asked of the staged tree: a refusal leaves nothing behind.
+        if req.check_server {
+            check_enrollment(&staged, &facts)?;
+        }
         fs::rename(staging.path().join("agent"), home.root()).at(home.root())?;
         atomic::fsync_dir(&prefix)?;
     }
@@ -229,6 +240,34 @@ pub fn install(req: &InstallRequest<'_>) -> Result<Installed> {
         trust,
         chain,
     })
+}
+
+/// `agent check-enrollment` of the (staged) home's version: the server's words when it
+/// refuses, or cannot be reached, are the install's error.
+fn check_enrollment(home: &AgentHome, facts: &BundleFacts) -> Result<()> {
+    let agent = home.version_dir(&facts.version).join("bin").join(format!(
+        "agent{}",
+        agent_protocol::platform::exe_suffix(&facts.platform)
+    ));
+    let out = std::process::Command::new(&agent)
+        .arg("--home")
+        .arg(home.root())
+        .arg("check-enrollment")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .at(&agent)?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let said = format!(
+        "{} {}",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Err(BundleError::Invalid(format!(
+        "the agent cannot join its server: {}; nothing was installed (fix --server-url, --enroll-token or --proxy and install again)",
+        said.trim()
+    )))
 }
 
 /// The keys a rotation passed are refused from the start, as an updated agent refuses them.
@@ -443,9 +482,9 @@ fn refuse_if_running(home: &AgentHome) -> Result<()> {
         .or_else(|| process::running_supervisor(home).map(|pid| format!("its wrapper pid {pid}")));
     match running {
         Some(what) => Err(BundleError::Invalid(format!(
-            "the agent at {} is running ({what}); stop it first with {}/current/bin/agent-wrapper.sh stop, then install again",
+            "the agent at {} is running ({what}); stop it first with {}, then install again",
             home.root().display(),
-            home.root().display()
+            crate::service::stop_command(home.root())
         ))),
         None => Ok(()),
     }

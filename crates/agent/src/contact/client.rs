@@ -153,6 +153,10 @@ impl Trust {
     }
 }
 
+/// The server's enrollment check (`update-server`'s `install::CHECK_PATH`), which
+/// `install.sh` asks too.
+const CHECK_ENROLLMENT_PATH: &str = "/install/check-enrollment";
+
 pub struct Client {
     http: reqwest::Client,
     urls: Vec<String>,
@@ -649,6 +653,51 @@ impl Client {
                 }
                 Err(e) => tried.push((base.clone(), network(&url, e).to_string())),
             }
+        }
+        Err(all_down(&tried))
+    }
+
+    /// `GET /install/check-enrollment` with the enrollment token, of each server in turn
+    /// until one answers: `Ok(server)` when it would enroll this agent, `Err((server,
+    /// its words))` when it would not. Registers nothing.
+    pub async fn check_enrollment(&self) -> Result<Result<String, (String, String)>, CommError> {
+        let mut tried = Vec::new();
+        for base in &self.urls {
+            let url = format!("{base}{CHECK_ENROLLMENT_PATH}");
+            let mut request = self.http.get(&url).timeout(REQUEST_TIMEOUT);
+            if let Some(token) = &self.trust.enrollment_token {
+                request = request.header(wire::ENROLLMENT_HEADER, token);
+            }
+            let resp = match request.send().await {
+                Ok(resp) if resp.status().is_success() => resp,
+                Ok(resp) => {
+                    let status = resp.status();
+                    tried.push((
+                        base.clone(),
+                        status_error(&url, status, resp).await.to_string(),
+                    ));
+                    continue;
+                }
+                Err(e) => {
+                    tried.push((base.clone(), network(&url, e).to_string()));
+                    continue;
+                }
+            };
+            let body = small_body(resp, &url).await?;
+            let text = String::from_utf8_lossy(&body);
+            let mut lines = text.lines();
+            return Ok(match lines.next().map(str::trim) {
+                Some("ok") => Ok(base.clone()),
+                Some("refused") => {
+                    Err((base.clone(), lines.next().unwrap_or("").trim().to_owned()))
+                }
+                _ => {
+                    return Err(CommError::Garbage {
+                        url,
+                        message: "not an answer to an enrollment check (ok or refused)".into(),
+                    });
+                }
+            });
         }
         Err(all_down(&tried))
     }

@@ -24,3 +24,14 @@ pub fn after_install(home: &Path, _request: &ServiceRequest<'_>) -> Result<Strin
         home.display()
     ))
 }
+
+/// The command that stops the agent installed at `home`.
+pub fn stop_command(home: &Path) -> String {
+    format!("{}/current/bin/agent-wrapper.sh stop", home.display())
+}
+
+/// Keeps the installing bundle beside its version (the base of the next delta): a hard
+/// link where it can be, saving the bundle's size.
+pub fn keep_bundle(bundle: &Path, kept: &Path) -> agent_extract::Result<()> {
+    agent_extract::atomic::link_or_copy(bundle, kept)
+}

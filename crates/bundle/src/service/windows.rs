@@ -23,6 +23,14 @@ pub fn after_install(home: &Path, request: &ServiceRequest<'_>) -> Result<String
     let installed = home.join("bin").join(layout::SERVICE_EXE);
     std::fs::create_dir_all(home.join("bin")).map_err(|e| io(home, e))?;
     atomic::copy_file(&carried, &installed)?;
+    // `<home>\bin\agent.exe`: the stable path of the agent's command line (a version
+    // without a launcher installs none).
+    let launcher = version_dir
+        .join("bin")
+        .join(agent_updater::launcher::LAUNCHER_EXE);
+    if launcher.is_file() {
+        atomic::copy_file(&launcher, &home.join("bin").join(layout::AGENT_EXE_WINDOWS))?;
+    }
     if request.none {
         return Ok(format!(
             "The service is not registered (--no-service). Register and start it with: {} install",
@@ -48,12 +56,30 @@ pub fn after_install(home: &Path, request: &ServiceRequest<'_>) -> Result<String
         )));
     }
     Ok(format!(
-        "{}\nManage it with: {} start|stop|restart|status (or net start|stop {name}).",
+        "{}\nManage it with: {} start|stop|restart|status (or net start|stop {name}, sc query {name}).\nThe agent's commands: {} status|lock|uninstall",
         text.trim(),
-        installed.display()
+        installed.display(),
+        home.join("bin").join(layout::AGENT_EXE_WINDOWS).display()
     ))
+}
+
+/// The command that stops the agent installed at `home`.
+pub fn stop_command(home: &Path) -> String {
+    format!(
+        "{} stop (or net stop agent)",
+        home.join("bin").join(layout::SERVICE_EXE).display()
+    )
 }
 
 fn io(path: &Path, e: std::io::Error) -> BundleError {
     BundleError::Invalid(format!("{}: {e}", path.display()))
+}
+
+/// Keeps the installing bundle beside its version (the base of the next delta): a copy,
+/// never a hard link. The MSI's bundle (`agent-setup\agent-bundle.exe`) runs the agent's
+/// uninstall, and Windows refuses to delete any name of a running program: a link in
+/// `versions\` would keep `versions\` from going. It would also change with the MSI's
+/// file when a repair or an upgrade rewrites it.
+pub fn keep_bundle(bundle: &Path, kept: &Path) -> agent_extract::Result<()> {
+    atomic::copy_file(bundle, kept).map(|_| ())
 }
