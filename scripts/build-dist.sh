@@ -11,13 +11,20 @@
 #   --target T  (repeatable) build, assemble and pack for the Rust target T, as
 #              agent-bundle-V-T (e.g. x86_64-unknown-linux-musl: static, any x86_64 Linux;
 #              x86_64-pc-windows-gnu: agent-bundle-V-T.exe, the agent as a Windows
-#              service); without it, one agent-bundle-V for this machine
+#              service, and agent-V-T.msi, its MSI, built with wixl); without it, one
+#              agent-bundle-V for this machine
+#   --authenticode CERT.pfx  sign the Windows programs, bundle and MSI with this
+#              code-signing certificate (osslsigncode); unsigned without it
+#   --authenticode-password-file F  the .pfx's password, on the first line of F
 # AGENT_BIN_DIR=DIR uses binaries already built there instead of a release build.
+# AGENT_TARGET_BIN_DIR=DIR does so for each --target T: DIR/T/release, or DIR/T/PROFILE
+# with AGENT_TARGET_PROFILE=PROFILE (the tests: target/cross and debug).
 # AGENT_DIST_ROOT=DIR assembles under DIR instead of dist/ (DIR/agent-V, DIR/bundle).
 set -euo pipefail
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
+repo=$PWD
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 build=$(git rev-list --count HEAD 2>/dev/null || echo 1)
@@ -26,6 +33,8 @@ root=${AGENT_DIST_ROOT:-dist}
 out="$root/bundle"
 server_url=""
 targets=()
+authenticode=""
+authenticode_password_file=""
 while (($#)); do
     case "$1" in
     --version) version=$2; shift 2 ;;
@@ -34,10 +43,38 @@ while (($#)); do
     --out) out=$2; shift 2 ;;
     --server-url) server_url=$2; shift 2 ;;
     --target) targets+=("$2"); shift 2 ;;
+    --authenticode) authenticode=$2; shift 2 ;;
+    --authenticode-password-file) authenticode_password_file=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "build-dist.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
     esac
 done
+
+if [[ -n "$authenticode" ]]; then
+    command -v osslsigncode >/dev/null || { echo "build-dist.sh: --authenticode needs osslsigncode (apt-get install osslsigncode)" >&2; exit 1; }
+    [[ -f "$authenticode" ]] || { echo "build-dist.sh: --authenticode $authenticode: no such file" >&2; exit 1; }
+fi
+if [[ -n "$authenticode_password_file" && -z "$authenticode" ]]; then
+    echo "build-dist.sh: --authenticode-password-file goes with --authenticode CERT.pfx" >&2
+    exit 2
+fi
+
+# Every release's MSI has it, never changed: a newer MSI replaces an older one.
+msi_upgrade_code=6B0A3C55-2E1D-4F1C-9A43-7C9C2C0D6A11
+
+# authenticode FILE: signs a Windows program or MSI in place (sha256, the certificate's
+# chain from the .pfx), when --authenticode is given. The signature covers every byte
+# before it, a bundle's payload included.
+authenticode() {
+    [[ -n "$authenticode" ]] || return 0
+    local file=$1 pass=()
+    if [[ -n "$authenticode_password_file" ]]; then
+        pass=(-readpass "$authenticode_password_file")
+    fi
+    osslsigncode sign -pkcs12 "$authenticode" "${pass[@]}" -h sha256 -n "agent" \
+        -in "$file" -out "$file.signed" >&2
+    mv "$file.signed" "$file"
+}
 
 if [[ -n "${AGENT_BIN_DIR:-}" ]]; then
     bin=$AGENT_BIN_DIR
@@ -61,17 +98,24 @@ NOTE
     fi
 fi
 
-# assemble DIST AGENT_BINARY [WINDOWS_BIN_DIR]: the distribution directory of one
-# platform: the agent, and agent-service built beside it (the supervisor the wrapper
-# runs). With WINDOWS_BIN_DIR, a Windows one: agent.exe, and agent-service.exe (the
-# service, which plays the wrapper's part there) and agent-bundle.exe beside it.
+# assemble DIST AGENT_BINARY [WINDOWS]: the distribution directory of one platform: the
+# agent, and agent-service built beside it (the supervisor the wrapper runs). With
+# WINDOWS non-empty, a Windows one: agent.exe, and beside it agent-service.exe (the
+# service, which plays the wrapper's part there), agent-bundle.exe and
+# agent-launcher.exe (installed as <home>\bin\agent.exe), each signed when signing.
 assemble() {
     local dist=$1 agent=$2 windows=${3:-}
+    local bin_dir
+    bin_dir=$(dirname "$agent")
     rm -rf "$dist"
     mkdir -p "$dist/bin" "$dist/conf.default"
     if [[ -n "$windows" ]]; then
         cp "$agent" "$dist/bin/agent.exe"
-        cp "$windows/agent-service.exe" "$windows/agent-bundle.exe" "$dist/bin/"
+        cp "$bin_dir/agent-service.exe" "$bin_dir/agent-bundle.exe" "$bin_dir/agent-launcher.exe" "$dist/bin/"
+        local program
+        for program in "$dist"/bin/*.exe; do
+            authenticode "$program"
+        done
     else
         cp "$agent" "$dist/bin/agent"
         cp "$(dirname "$agent")/agent-service" "$dist/bin/agent-service"
@@ -126,18 +170,51 @@ for target in "${targets[@]}"; do
     exe="" packages=(-p agent -p agent-bundle -p agent-service) windows=""
     if [[ "$target" == *-windows-* ]]; then
         exe=".exe"
-        windows=target/$target/release
+        windows=yes
     fi
-    cargo build --release --locked --target "$target" "${packages[@]}" >&2
-    tbin=target/$target/release
+    if [[ -n "${AGENT_TARGET_BIN_DIR:-}" ]]; then
+        tbin=$AGENT_TARGET_BIN_DIR/$target/${AGENT_TARGET_PROFILE:-release}
+    else
+        cargo build --release --locked --target "$target" "${packages[@]}" >&2
+        tbin=target/$target/release
+    fi
     dist=$root/agent-$version-$target
     assemble "$dist" "$tbin/agent$exe" "$windows"
     staging=$out/.pack-$target
     rm -rf "$staging"
+    mkdir -p "$staging"
+    # The stub is the distribution's agent-bundle (signed there when signing).
+    stub=$tbin/agent-bundle$exe
+    if [[ -n "$windows" ]]; then
+        stub=$dist/bin/agent-bundle.exe
+    fi
     "$bin/agent-bundle" pack --dist "$dist" --version "$version" --build "$build" --key "$key" \
-        --out "$staging" --stub "$tbin/agent-bundle$exe" --platform "$target" >&2
-    mv "$staging/agent-bundle-$version" "$out/agent-bundle-$version-$target$exe"
-    mv "$staging/agent-bundle-$version.minisig" "$out/agent-bundle-$version-$target$exe.minisig"
+        --out "$staging" --stub "$stub" --platform "$target" >&2
+    bundle=$out/agent-bundle-$version-$target$exe
+    mv "$staging/agent-bundle-$version" "$bundle"
+    mv "$staging/agent-bundle-$version.minisig" "$bundle.minisig"
     rmdir "$staging"
-    echo "$out/agent-bundle-$version-$target$exe"
+    echo "$bundle"
+    if [[ -n "$windows" ]]; then
+        # Signed with its payload appended (the bundle reads its payload up to the
+        # signature), then signed again with the update key: agents check the final bytes.
+        if [[ -n "$authenticode" ]]; then
+            authenticode "$bundle"
+            "$bin/agent-bundle" sign --key "$key" "$bundle" >&2
+        fi
+        # The MSI: the bundle and its signature, run by a deferred custom action. Its
+        # version is the agent's without a pre-release (MSI versions are numbers).
+        msi=$out/agent-$version-$target.msi
+        # Its custom action (a DLL: what it runs says its words in the MSI log) is built
+        # beside the bundle, as wixl takes a file's Source relative to where it runs.
+        x86_64-w64-mingw32-gcc -shared -O2 -static-libgcc -o "$out/msi-action.dll" \
+            installer/windows/msi-action.c -lmsi >&2
+        authenticode "$out/msi-action.dll"
+        (cd "$out" && wixl -a x64 -D "Version=${version%%[-+]*}" \
+            -D "UpgradeCode=$msi_upgrade_code" -D "Bundle=$(basename "$bundle")" \
+            -o "$(basename "$msi")" "$repo/installer/windows/agent.wxs") >&2
+        rm -f "$out/msi-action.dll"
+        authenticode "$msi"
+        echo "$msi"
+    fi
 done
