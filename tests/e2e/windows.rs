@@ -2,7 +2,8 @@
 //! installs the agent as a Windows service, the agent registers with its platform, a new
 //! release updates it through the service, a release whose agent cannot run rolls back, a
 //! killed agent is restarted by the service, and stopping the service leaves nothing
-//! running.
+//! running. An MSI installs, upgrades and removes it (`msi`); build-dist.sh signs every
+//! Windows file with Authenticode (`authenticode`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,9 @@ use e2e::{ServerProc, TestContext, admin_agents, http, read_file, stdout, wait_u
 
 use crate::update::TOKEN;
 
+mod authenticode;
 mod crash;
+mod msi;
 
 /// Wine starts processes several times slower than Linux, and a debug agent is large.
 pub(crate) const WAIT: Duration = Duration::from_secs(120);
@@ -36,6 +39,11 @@ pub(crate) fn dist(ctx: &TestContext, dir: &str, marker: &str, key_pub: &Path) -
     fs::copy(
         windows_bin("agent-bundle"),
         root.join("bin/agent-bundle.exe"),
+    )
+    .unwrap();
+    fs::copy(
+        windows_bin("agent-launcher"),
+        root.join("bin/agent-launcher.exe"),
     )
     .unwrap();
     let defaults = read_file(&e2e::repo_root().join("installer/agent.toml"))

@@ -392,3 +392,93 @@ impl Drop for WinMachine {
         let _ = output(self.cmd("sc").args(["delete", &self.service]));
     }
 }
+
+/// The MSI of `installer/windows/agent.wxs` around `bundle` (its `.minisig` beside it),
+/// built with wixl as `out`, as scripts/build-dist.sh builds it, with `upgrade_code`
+/// (the tests' own, so that their products stay apart in the shared prefix).
+pub fn wixl(bundle: &Path, version: &str, upgrade_code: &str, out: &Path) -> PathBuf {
+    if let Some(dir) = out.parent() {
+        fs::create_dir_all(dir).unwrap();
+    }
+    // wixl takes a file's Source relative to where it runs, never absolute: the custom
+    // action's DLL is built beside the bundle, as build-dist.sh does.
+    let (dir, name) = (bundle.parent().unwrap(), bundle.file_name().unwrap());
+    run_ok(
+        Command::new("x86_64-w64-mingw32-gcc")
+            .args(["-shared", "-O2", "-static-libgcc", "-o"])
+            .arg(dir.join("msi-action.dll"))
+            .arg(crate::repo_root().join("installer/windows/msi-action.c"))
+            .arg("-lmsi"),
+    );
+    run_ok(
+        Command::new("wixl")
+            .current_dir(dir)
+            .args(["-a", "x64", "-D"])
+            .arg(format!("Version={version}"))
+            .arg("-D")
+            .arg(format!("UpgradeCode={upgrade_code}"))
+            .arg("-D")
+            .arg(format!("Bundle={}", name.to_string_lossy()))
+            .arg("-o")
+            .arg(out)
+            .arg(crate::repo_root().join("installer/windows/agent.wxs")),
+    );
+    out.to_path_buf()
+}
+
+/// A GUID of the test's own (from its directory's name and the time): an MSI's
+/// UpgradeCode.
+pub fn test_guid(ctx: &TestContext) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ctx.dir.path().hash(&mut h);
+    std::time::SystemTime::now().hash(&mut h);
+    let a = h.finish();
+    std::process::id().hash(&mut h);
+    let b = h.finish();
+    format!(
+        "{:08X}-{:04X}-{:04X}-{:04X}-{:012X}",
+        a >> 32,
+        (a >> 16) & 0xFFFF,
+        a & 0xFFFF,
+        b >> 48,
+        b & 0xFFFF_FFFF_FFFF
+    )
+}
+
+/// A log Windows Installer wrote: UTF-16 on Windows, whatever Wine chose here.
+pub fn msi_log(path: &Path) -> String {
+    let bytes = fs::read(path).unwrap_or_default();
+    if bytes.len() >= 2 && bytes.iter().skip(1).step_by(2).take(64).all(|&b| b == 0) {
+        let wide: Vec<u16> = bytes
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        String::from_utf16_lossy(&wide)
+    } else {
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+impl WinMachine {
+    /// `msiexec ARGS /qn /l*v LOG` under Wine, waited for: its output and its log.
+    pub fn msiexec(&self, args: &[&str]) -> (Output, String) {
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let out = output(
+            self.cmd("msiexec")
+                .args(args)
+                .args(["/qn", "/l*v"])
+                .arg(win_path(log.path())),
+        );
+        (out, msi_log(log.path()))
+    }
+
+    /// The MSI properties that install into this machine's directory under its service
+    /// name.
+    pub fn msi_properties(&self) -> Vec<String> {
+        vec![
+            format!("INSTALLDIR={}\\", win_path(&self.root)),
+            format!("SERVICE_NAME={}", self.service),
+        ]
+    }
+}
