@@ -107,6 +107,6 @@ mod tests {
             home.join("versions/2.0.0+7/bin/agent.exe")
         );
         assert_eq!(home_of(&home.join("bin/agent.exe")).as_deref(), Some(home));
-        assert_eq!(home_of(&dir.path().join("elsewhere/agent.exe")), None);
+        assert_eq!(home_of(&dir.path().join("elsewhere/bin/agent.exe")), None);
     }
 }
