@@ -182,8 +182,8 @@ fn leave_an_agent(home: &AgentHome, fx: &dyn Effects, log: &mut UpdateLog) {
     match fx.start_agent(home, &dir, None) {
         Ok(out) => log.step(&format!("started the agent in {}: {out}", dir.display())),
         Err(e) => log.step(&format!(
-            "could not start the agent: {e}; start it with {}/bin/agent-wrapper.sh start",
-            dir.display()
+            "could not start the agent: {e}; start it with {}",
+            process::start_command(home, &dir)
         )),
     }
 }

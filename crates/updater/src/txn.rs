@@ -908,8 +908,8 @@ impl Transaction<'_> {
         }
         if self.fx.running_agent(self.home).is_none() {
             self.log.step(&format!(
-                "no agent runs: start it with {}/bin/agent-wrapper.sh start",
-                old_dir.display()
+                "no agent runs: start it with {}",
+                process::start_command(self.home, &old_dir)
             ));
         }
     }

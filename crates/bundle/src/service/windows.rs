@@ -66,7 +66,7 @@ pub fn after_install(home: &Path, request: &ServiceRequest<'_>) -> Result<String
 /// The command that stops the agent installed at `home`.
 pub fn stop_command(home: &Path) -> String {
     format!(
-        "{} stop (or net stop agent)",
+        "{} stop",
         home.join("bin").join(layout::SERVICE_EXE).display()
     )
 }

@@ -120,6 +120,15 @@ fn stop_supervisor(home: &AgentHome) {
     }
 }
 
+/// The command a person runs to start the agent by hand, in this system's words: the
+/// version's `agent-wrapper.sh start`, or on Windows `<home>\bin\agent-service.exe start`.
+pub fn start_command(home: &AgentHome, version_dir: &Path) -> String {
+    format!(
+        "{} start",
+        os::wrapper_command(home, version_dir).0.display()
+    )
+}
+
 /// Runs `<version_dir>/bin/agent-wrapper.sh <action>`, marked as driven by the updater
 /// (so its `start` does not run recovery on the transaction this process owns).
 pub fn wrapper(home: &AgentHome, version_dir: &Path, action: &str) -> Result<String, String> {
