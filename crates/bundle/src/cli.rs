@@ -40,6 +40,12 @@ pub struct Cli {
     #[arg(long, requires = "install", conflicts_with = "service_name")]
     no_service: bool,
 
+    /// With --install (Windows): put <home>\bin, where agent.exe runs the installed
+    /// version's commands, on the system Path (what the MSI asks); agent uninstall takes
+    /// it off again.
+    #[arg(long, requires = "install")]
+    add_to_path: bool,
+
     /// With --install: trust this public key for updates (and check the bundle with it).
     #[arg(long, value_name = "FILE", requires = "install")]
     trust_key: Option<PathBuf>,
@@ -208,6 +214,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         let service = ServiceRequest {
             name: cli.service_name.as_deref(),
             none: cli.no_service,
+            add_to_path: cli.add_to_path,
         };
         crate::service::check(&service)?;
         if cli.upgrade

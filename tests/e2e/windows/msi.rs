@@ -136,6 +136,17 @@ fn props(server: &ServerProc, extra: &[&str]) -> Vec<String> {
     p
 }
 
+/// The system `Path` (lower case), as `reg query` shows it.
+fn system_path(m: &WinMachine) -> String {
+    let out = run_ok_wine(m.cmd("reg").args([
+        "query",
+        r"HKLM\SYSTEM\CurrentControlSet\Control\Session Manager\Environment",
+        "/v",
+        "Path",
+    ]));
+    stdout(&out).to_lowercase()
+}
+
 /// The launcher, `<home>\bin\agent.exe`: the stable path of the agent's commands.
 fn launcher(m: &WinMachine) -> std::process::Command {
     m.cmd(m.home().join("bin/agent.exe"))
@@ -162,6 +173,10 @@ fn an_msi_installs_the_agent_with_its_properties_and_msiexec_x_runs_its_uninstal
     assert!(m.root.join("agent-setup/agent-bundle.exe").is_file());
     assert_eq!(read_file(&m.home().join("current")).trim(), "1.0.0+1");
 
+    // <home>\bin, the launcher's folder, is on the system Path.
+    let bin = win_path(&m.home().join("bin")).to_lowercase();
+    assert!(system_path(&m).contains(&bin), "{}", system_path(&m));
+
     // The stable path runs the current version's commands.
     let status = stdout(&run_ok_wine(launcher(&m).arg("status")));
     assert!(
@@ -182,6 +197,7 @@ fn an_msi_installs_the_agent_with_its_properties_and_msiexec_x_runs_its_uninstal
     wait_until(WAIT, "every process of the installation to end", || {
         m.processes().is_empty()
     });
+    assert!(!system_path(&m).contains(&bin), "{}", system_path(&m));
     for gone in ["versions", "current", "run", "bin"] {
         assert!(
             m.home().join(gone).symlink_metadata().is_err(),

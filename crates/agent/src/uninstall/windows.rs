@@ -45,6 +45,16 @@ pub(super) fn unregister(home: &AgentHome, service: &Registration) -> anyhow::Re
         );
     }
     println!("stopped and removed the Windows service {name}");
+    // An install that put <home>\bin on the system Path (the MSI's) leaves none of it.
+    let bin = home.root().join("bin");
+    match agent_updater::launcher::remove_from_path(&bin) {
+        Ok(true) => println!("took {} off the system Path", bin.display()),
+        Ok(false) => {}
+        Err(e) => println!(
+            "{} may still be on the system Path ({e}); take it off in System Properties",
+            bin.display()
+        ),
+    }
     Ok(())
 }
 

@@ -12,9 +12,11 @@ mod windows;
 #[cfg(windows)]
 pub use windows::*;
 
-/// How the service is to be set up: `--service-name`, `--no-service`.
+/// How the service is to be set up: `--service-name`, `--no-service`, `--add-to-path`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ServiceRequest<'a> {
     pub name: Option<&'a str>,
     pub none: bool,
+    /// `--add-to-path`: `<home>\bin` (the launcher) on the system `Path`.
+    pub add_to_path: bool,
 }

@@ -9,9 +9,9 @@ pub const DEFAULT_PREFIX: &str = ".";
 /// Windows services do not exist here: the flags that name one are refused before
 /// anything is installed.
 pub fn check(request: &ServiceRequest<'_>) -> Result<()> {
-    if request.name.is_some() || request.none {
+    if request.name.is_some() || request.none || request.add_to_path {
         return Err(BundleError::Invalid(
-            "--service-name and --no-service are for Windows bundles; here start the agent with <home>/current/bin/agent-wrapper.sh start (or the systemd unit installer/agent.service)".into(),
+            "--service-name, --no-service and --add-to-path are for Windows bundles; here start the agent with <home>/current/bin/agent-wrapper.sh start (or the systemd unit installer/agent.service)".into(),
         ));
     }
     Ok(())

@@ -31,9 +31,28 @@ pub fn after_install(home: &Path, request: &ServiceRequest<'_>) -> Result<String
     if launcher.is_file() {
         atomic::copy_file(&launcher, &home.join("bin").join(layout::AGENT_EXE_WINDOWS))?;
     }
+    let mut said = String::new();
+    if request.add_to_path {
+        let bin = home.join("bin");
+        match agent_updater::launcher::add_to_path(&bin) {
+            Ok(true) => {
+                said = format!(
+                    "{} is on the system Path: type agent status anywhere (in a new window).\n",
+                    bin.display()
+                )
+            }
+            Ok(false) => {}
+            Err(e) => {
+                said = format!(
+                    "{} is not on the system Path ({e}); run it by its full path.\n",
+                    bin.display()
+                )
+            }
+        }
+    }
     if request.none {
         return Ok(format!(
-            "The service is not registered (--no-service). Register and start it with: {} install",
+            "{said}The service is not registered (--no-service). Register and start it with: {} install",
             installed.display()
         ));
     }
@@ -56,7 +75,7 @@ pub fn after_install(home: &Path, request: &ServiceRequest<'_>) -> Result<String
         )));
     }
     Ok(format!(
-        "{}\nManage it with: {} start|stop|restart|status (or net start|stop {name}, sc query {name}).\nThe agent's commands: {} status|lock|uninstall",
+        "{said}{}\nManage it with: {} start|stop|restart|status (or net start|stop {name}, sc query {name}).\nThe agent's commands: {} status|lock|uninstall",
         text.trim(),
         installed.display(),
         home.join("bin").join(layout::AGENT_EXE_WINDOWS).display()
