@@ -367,11 +367,10 @@ impl Transaction<'_> {
         }
         // The bundle stays with its version: the base of the next update's delta. Only a
         // saving, so a version without it (a full disk) is still installed.
-        // A copy when the bundle is this very program (an MSI's bundle updating the agent
-        // itself): a hard link would be a name of a running program inside versions/,
-        // which Windows refuses to delete, and would change with the MSI's file.
+        // A copy where a link would be a name of this running program inside versions/
+        // (Windows refuses to delete one; an MSI's bundle updating the agent itself).
         let kept = staging.join(layout::KEPT_BUNDLE_FILE);
-        let keeping = if is_this_program(&bundle) {
+        let keeping = if process::keep_by_copy(&bundle) {
             atomic::copy_file(&bundle, &kept).map(|_| ())
         } else {
             atomic::link_or_copy(&bundle, &kept)
@@ -916,15 +915,6 @@ impl Transaction<'_> {
 }
 
 /// The layout these tests build is Unix's (`current` a symlink; on Windows a file).
-/// Whether `path` is the program this process runs.
-fn is_this_program(path: &Path) -> bool {
-    let canonical = |p: &Path| agent_extract::os::canonical(p).ok();
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| canonical(&exe))
-        .is_some_and(|exe| Some(exe) == canonical(path))
-}
-
 #[cfg(test)]
 #[cfg(unix)]
 mod exit_paths;

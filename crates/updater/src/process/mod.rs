@@ -120,6 +120,12 @@ fn stop_supervisor(home: &AgentHome) {
     }
 }
 
+/// Whether the updater keeps `bundle` beside its version as a copy rather than a hard
+/// link: on Windows when `bundle` is the running program (see the platform module).
+pub fn keep_by_copy(bundle: &Path) -> bool {
+    os::keep_by_copy(bundle)
+}
+
 /// The command a person runs to start the agent by hand, in this system's words: the
 /// version's `agent-wrapper.sh start`, or on Windows `<home>\bin\agent-service.exe start`.
 pub fn start_command(home: &AgentHome, version_dir: &Path) -> String {

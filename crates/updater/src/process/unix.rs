@@ -77,6 +77,12 @@ pub(super) fn wrapper_command(_home: &AgentHome, version_dir: &Path) -> (PathBuf
     (script, cmd)
 }
 
+/// A link always: Unix deletes a running program's name like any other (the updater is
+/// the bundle it installs, and a link costs no room).
+pub(super) fn keep_by_copy(_bundle: &Path) -> bool {
+    false
+}
+
 pub(super) fn detach() {
     let _ = nix::unistd::setsid();
 }

@@ -166,6 +166,18 @@ pub(super) fn wrapper_command(home: &AgentHome, version_dir: &Path) -> (PathBuf,
     (program, cmd)
 }
 
+/// A copy when `bundle` is this very program (an MSI's bundle updating the agent
+/// itself): a hard link would be a name of a running program inside `versions\`, which
+/// Windows refuses to delete, and would change with the MSI's file. The agent's own
+/// updates run a copy (`data\update\updater.exe`) on the downloaded bundle: a link.
+pub(super) fn keep_by_copy(bundle: &Path) -> bool {
+    let canonical = |p: &Path| agent_extract::os::canonical(p).ok();
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| canonical(&exe))
+        .is_some_and(|exe| Some(exe) == canonical(bundle))
+}
+
 /// The agent starts the updater detached and out of the service's job
 /// (`DETACHED_PROCESS`, `CREATE_BREAKAWAY_FROM_JOB`): nothing is left to leave here.
 pub(super) fn detach() {}
