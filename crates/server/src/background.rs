@@ -79,6 +79,8 @@ pub(crate) async fn rollout_loop(s: Arc<crate::state::Shared>) {
         let mut tick = tokio::time::interval(ROLLOUT_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_error = String::new();
+        // What was last said of each deployment's release that would not load.
+        let mut said = std::collections::HashMap::new();
         let mut recent = std::collections::VecDeque::with_capacity(ROLLOUT_LOOKS_PER_SECOND + 1);
         loop {
             let woken = tokio::select! {
@@ -103,7 +105,7 @@ pub(crate) async fn rollout_loop(s: Arc<crate::state::Shared>) {
                 rollouts.decide().await?;
                 // The other deployments: each serves the release it names.
                 deployments.refresh().await?;
-                serve_deployments(&s).await;
+                serve_deployments(&s, &mut said).await;
                 deployments.decide().await?;
                 // Config rollouts beside it: a set pushed on another server, its waves.
                 configs.refresh().await?;
@@ -127,26 +129,39 @@ pub(crate) async fn rollout_loop(s: Arc<crate::state::Shared>) {
 }
 
 /// Every deployment but `default` serves the kept release it names: loaded (from the
-/// fleet database if another server published it) and handed to its rollouts. A release
-/// that cannot be loaded is said once and tried again at the next look.
-async fn serve_deployments(s: &crate::state::Shared) {
+/// fleet database if another server published it) and handed to its rollouts. What
+/// fails is said once (`said`, by deployment) and tried again at every look.
+async fn serve_deployments(
+    s: &crate::state::Shared,
+    said: &mut std::collections::HashMap<String, String>,
+) {
     let mut named = Vec::new();
     for (deployment, rollouts) in s.fleet.deployments.all() {
         let Some(id) = deployment.release.as_deref() else {
             continue;
         };
         named.push(id.to_owned());
-        match s.catalog.load(&s.releases, id).await {
-            Ok(release) => {
-                if let Err(e) = rollouts.serve(served(&release)).await {
-                    tracing::warn!(deployment = %deployment.name, "cannot start the rollout of {id}: {e}; trying again");
-                }
+        let failed = match s.catalog.load(&s.releases, id).await {
+            Ok(release) => match rollouts.serve(served(&release)).await {
+                Ok(()) => None,
+                Err(e) => Some(format!("cannot start the rollout of {id}: {e}")),
+            },
+            Err(e) => Some(format!("cannot serve release {id}: {e}")),
+        };
+        match failed {
+            Some(why) if said.get(&deployment.name) != Some(&why) => {
+                tracing::warn!(deployment = %deployment.name, "{why}; trying again every second");
+                said.insert(deployment.name.clone(), why);
             }
-            Err(e) => {
-                tracing::warn!(deployment = %deployment.name, "cannot serve release {id}: {e}; trying again");
+            Some(_) => {}
+            None => {
+                if said.remove(&deployment.name).is_some() {
+                    tracing::info!(deployment = %deployment.name, "release {id} is served again");
+                }
             }
         }
     }
+    said.retain(|name, _| s.fleet.deployments.rollouts(name).is_some());
     s.catalog.retain(&named);
 }
 
