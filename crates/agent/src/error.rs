@@ -13,7 +13,7 @@ pub enum AgentError {
     Config { path: PathBuf, message: String },
     #[error(
         "cannot tell where this agent is installed ({0}); pass --home AGENT_HOME or run it as {run_as}",
-        run_as = RUN_AS
+        run_as = crate::os::RUN_AS
     )]
     NoHome(String),
     #[error(transparent)]
@@ -23,11 +23,5 @@ pub enum AgentError {
     #[error("{0}")]
     Update(String),
 }
-
-/// The program to run an installed agent's command line with, in this system's words.
-#[cfg(windows)]
-const RUN_AS: &str = r"<home>\bin\agent.exe";
-#[cfg(not(windows))]
-const RUN_AS: &str = "<home>/current/bin/agent";
 
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;

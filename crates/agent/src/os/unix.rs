@@ -42,3 +42,6 @@ pub fn finish_exchange(_b: &Path, _prev: &Path) {}
 pub fn link_count(meta: &std::fs::Metadata) -> u64 {
     std::os::unix::fs::MetadataExt::nlink(meta)
 }
+
+/// The program to run an installed agent's command line with, in this system's words.
+pub const RUN_AS: &str = "<home>/current/bin/agent";

@@ -140,3 +140,6 @@ pub fn finish_exchange(b: &Path, prev: &Path) {
 pub fn link_count(_meta: &std::fs::Metadata) -> u64 {
     1
 }
+
+/// The program to run an installed agent's command line with, in this system's words.
+pub const RUN_AS: &str = r"<home>\bin\agent.exe";

@@ -5,8 +5,14 @@
 //! works from a fixed place (the MSI puts `<home>\bin` on the system `PATH`). It holds
 //! no logic of the agent's: a launcher of any version runs an agent of any version.
 
+#[cfg(unix)]
+mod unix;
+#[cfg(unix)]
+use unix as platform;
 #[cfg(windows)]
 mod windows;
+#[cfg(windows)]
+use windows as platform;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -69,10 +75,7 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
     };
     let pid = child.id();
     let status = child.wait();
-    #[cfg(windows)]
-    windows::after(pid);
-    #[cfg(not(windows))]
-    let _ = pid;
+    platform::after(pid);
     match status {
         // Windows' exit codes are 32 bits; the agent's own are small.
         Ok(status) => ExitCode::from(
