@@ -594,6 +594,14 @@ impl Db {
             .bind(crate::labels::to_json(&after))
             .execute(&mut *tx)
             .await?;
+        sqlx::query(
+            "INSERT INTO settings (key, value) VALUES ($1, $2)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        )
+        .bind(crate::settings::LABELS_REVISION)
+        .bind(format!("{}-{id}", now_ms()))
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(Some((before, after)))
     }

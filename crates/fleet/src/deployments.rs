@@ -365,7 +365,24 @@ impl Table {
 
     /// The name of the deployment an agent with `labels` follows.
     pub fn follows(&self, labels: &Labels) -> String {
-        choose(&self.get(), labels).map_or_else(|| DEFAULT.to_owned(), |d| d.name.clone())
+        self.chosen(labels).0
+    }
+
+    /// The deployment an agent with `labels` follows: its name and the release it names
+    /// (`None` for `default`).
+    fn chosen(&self, labels: &Labels) -> (String, Option<String>) {
+        choose(&self.get(), labels).map_or_else(
+            || (DEFAULT.to_owned(), None),
+            |d| (d.name.clone(), d.release.clone()),
+        )
+    }
+
+    /// The release the deployment `name` names, as last read.
+    fn release_of(&self, name: &str) -> Option<String> {
+        self.get()
+            .iter()
+            .find(|d| d.name == name)
+            .and_then(|d| d.release.clone())
     }
 }
 
@@ -390,11 +407,33 @@ impl AgentFacts<'_> {
     }
 }
 
-/// Which deployment an agent follows, and that deployment's rollouts.
+/// Which deployment an agent follows, the release it names and its rollouts.
 #[derive(Clone)]
 pub struct Route {
     pub deployment: String,
+    /// `None` for `default`, whose release is the fleet's current one.
+    pub release: Option<String>,
     pub rollouts: Arc<Rollouts>,
+}
+
+impl Route {
+    fn default_of(rollouts: &Arc<Rollouts>) -> Self {
+        Self {
+            deployment: DEFAULT.to_owned(),
+            release: None,
+            rollouts: Arc::clone(rollouts),
+        }
+    }
+}
+
+/// The labels the fleet database keeps for agents that a selector reads (an agent's own
+/// as recorded, for one that sends none, and the server's), kept in memory so that a
+/// connect costs no read of them: dropped whole when the fleet's labels revision moves
+/// (any server changed an agent's server labels).
+#[derive(Default)]
+struct StoredLabels {
+    revision: Option<String>,
+    by_agent: HashMap<String, Arc<(Labels, Labels)>>,
 }
 
 /// The deployments as this server knows them, each with its rollouts.
@@ -410,6 +449,7 @@ pub struct Deployments {
     /// The deployment each agent was last answered by here: a move is noticed at the
     /// first contact after it.
     followed: Mutex<HashMap<String, String>>,
+    stored: Mutex<StoredLabels>,
 }
 
 impl Deployments {
@@ -425,6 +465,7 @@ impl Deployments {
             policy,
             server,
             followed: Mutex::default(),
+            stored: Mutex::default(),
         }
     }
 
@@ -495,6 +536,14 @@ impl Deployments {
     /// them, policies are applied (a started rollout keeps the plan it started with).
     /// Returns whether the list changed.
     pub async fn refresh(&self) -> Result<bool, FleetError> {
+        let revision = self.db.setting(crate::settings::LABELS_REVISION).await?;
+        {
+            let mut stored = self.stored.lock().unwrap_or_else(|p| p.into_inner());
+            if stored.revision != revision {
+                stored.by_agent.clear();
+                stored.revision = revision;
+            }
+        }
         let list = list(&self.db).await?;
         let changed = *self.table.get() != list;
         let plan = self.plan();
@@ -536,19 +585,13 @@ impl Deployments {
     /// moved here from another deployment gives up its places in that one's rollouts.
     pub async fn route(&self, agent: &str, labels: &Labels) -> Result<Route, FleetError> {
         if self.table.is_single() {
-            return Ok(Route {
-                deployment: DEFAULT.to_owned(),
-                rollouts: Arc::clone(&self.default),
-            });
+            return Ok(Route::default_of(&self.default));
         }
-        let name = self.table.follows(labels);
-        let rollouts = self
-            .rollouts(&name)
-            .unwrap_or_else(|| Arc::clone(&self.default));
-        let name = if Arc::ptr_eq(&rollouts, &self.default) {
-            DEFAULT.to_owned()
-        } else {
-            name
+        let (name, release) = self.table.chosen(labels);
+        // A deployment read a moment ago whose rollouts are not made yet: `default`.
+        let (name, release, rollouts) = match self.rollouts(&name) {
+            Some(rollouts) => (name, release, rollouts),
+            None => (DEFAULT.to_owned(), None, Arc::clone(&self.default)),
         };
         let before = self
             .followed
@@ -569,6 +612,7 @@ impl Deployments {
         }
         Ok(Route {
             deployment: name,
+            release,
             rollouts,
         })
     }
@@ -580,19 +624,50 @@ impl Deployments {
         if self.table.is_single() {
             return self.route(agent.id, &Labels::new()).await;
         }
-        let stored = sqlx::query("SELECT labels, server_labels FROM agents WHERE id = $1")
-            .bind(agent.id)
+        let stored = self.stored_labels(agent.id).await?;
+        let (own, server) = &*stored;
+        let labels = agent.effective(agent.reported.unwrap_or(own), server);
+        self.route(agent.id, &labels).await
+    }
+
+    /// The agent's stored labels (its own, the server's): from memory, or read once.
+    async fn stored_labels(&self, agent: &str) -> Result<Arc<(Labels, Labels)>, FleetError> {
+        let revision = {
+            let stored = self.stored.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(known) = stored.by_agent.get(agent) {
+                return Ok(Arc::clone(known));
+            }
+            stored.revision.clone()
+        };
+        let row = sqlx::query("SELECT labels, server_labels FROM agents WHERE id = $1")
+            .bind(agent)
             .fetch_optional(self.db.pool())
             .await?;
-        let (own, server) = match &stored {
+        let read = Arc::new(match &row {
             Some(row) => (
                 crate::labels::from_json(row.try_get::<Option<String>, _>(0)?.as_deref()),
                 crate::labels::from_json(row.try_get::<Option<String>, _>(1)?.as_deref()),
             ),
             None => (Labels::new(), Labels::new()),
-        };
-        let labels = agent.effective(agent.reported.unwrap_or(&own), &server);
-        self.route(agent.id, &labels).await
+        });
+        let mut stored = self.stored.lock().unwrap_or_else(|p| p.into_inner());
+        // Kept only if no change was seen while it was read (a revision read since then
+        // would otherwise be answered with the labels from before it), and only for an
+        // agent the fleet knows (one registering now has its row in a moment).
+        if stored.revision == revision && row.is_some() {
+            stored.by_agent.insert(agent.to_owned(), Arc::clone(&read));
+        }
+        Ok(read)
+    }
+
+    /// An operator changed `agent`'s server labels here: this server routes it by the new
+    /// ones from its next contact (the others within a [`Deployments::refresh`]).
+    pub fn labels_changed(&self, agent: &str) {
+        self.stored
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_agent
+            .remove(agent);
     }
 
     /// [`Deployments::route_agent`] while the fleet database is away: the deployment
@@ -609,14 +684,12 @@ impl Deployments {
                 self.table.follows(&agent.effective(&own, &Labels::new()))
             });
         match self.rollouts(&name) {
-            Some(rollouts) => Route {
+            Some(rollouts) if name != DEFAULT => Route {
+                release: self.table.release_of(&name),
                 deployment: name,
                 rollouts,
             },
-            None => Route {
-                deployment: DEFAULT.to_owned(),
-                rollouts: Arc::clone(&self.default),
-            },
+            _ => Route::default_of(&self.default),
         }
     }
 
@@ -757,6 +830,70 @@ mod tests {
         for bad in ["", "a b", "<script>", "../x", &"x".repeat(65)] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn an_agent_is_routed_by_labels_kept_in_memory_until_the_fleet_changes_them() {
+        let home = tempfile::tempdir().unwrap();
+        let db = Db::open("", home.path(), 1).await.unwrap();
+        db.touch_agent(&crate::db::Contact {
+            id: "a",
+            name: "host",
+            platform: "x86_64-unknown-linux-gnu",
+            version: "1.0.0+1",
+            group: None,
+            config_hash: None,
+            labels: None,
+            at: 1,
+        })
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO deployments (name, selector, release_id, priority, policy, created_at, updated_at)
+             VALUES ('prod', 'env=prod', '2.0.0+2', 0, NULL, 1, 1)",
+        )
+        .execute(db.pool())
+        .await
+        .unwrap();
+        let rollouts = Arc::new(Rollouts::new(
+            db.clone(),
+            Plan::default(),
+            AcceptPolicy::Exact,
+            "here".into(),
+        ));
+        let deployments =
+            Deployments::new(db.clone(), rollouts, AcceptPolicy::Exact, "here".into());
+        deployments.refresh().await.unwrap();
+        let facts = AgentFacts {
+            id: "a",
+            reported: None,
+            platform: "x86_64-unknown-linux-gnu",
+            group: "",
+            version: "1.0.0+1",
+        };
+        let route = deployments.route_agent(&facts).await.unwrap();
+        assert_eq!((route.deployment.as_str(), route.release), (DEFAULT, None));
+
+        // Another server labels it: this one keeps what it read until it refreshes.
+        let prod = crate::labels::Edit::parse(&["env=prod".to_owned()]).unwrap();
+        db.set_server_labels("a", &prod).await.unwrap().unwrap();
+        assert_eq!(
+            deployments.route_agent(&facts).await.unwrap().deployment,
+            DEFAULT
+        );
+        deployments.refresh().await.unwrap();
+        let route = deployments.route_agent(&facts).await.unwrap();
+        assert_eq!(route.deployment, "prod");
+        assert_eq!(route.release.as_deref(), Some("2.0.0+2"));
+
+        // A change made here counts from the next contact.
+        let unlabel = crate::labels::Edit::parse(&["env-".to_owned()]).unwrap();
+        db.set_server_labels("a", &unlabel).await.unwrap().unwrap();
+        deployments.labels_changed("a");
+        assert_eq!(
+            deployments.route_agent(&facts).await.unwrap().deployment,
+            DEFAULT
+        );
     }
 
     #[test]

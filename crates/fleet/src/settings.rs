@@ -10,6 +10,11 @@ pub const DOWNLOAD_LIMIT: &str = "downloads.limit";
 /// drops the tokens it verified lately (see `Fleet::verified`) within a settings poll.
 pub const CREDENTIALS_REVISION: &str = "credentials.revision";
 
+/// Moved whenever an operator changes an agent's server labels, so every server of the
+/// fleet drops the labels it keeps in memory to route agents (see
+/// `Deployments::refresh`) within a second.
+pub const LABELS_REVISION: &str = "labels.revision";
+
 /// `override-locks:<agent id>` = the release an operator let through that agent's update
 /// locks (`POST /admin/agents/<id>/override-locks`).
 pub const OVERRIDE_LOCKS_PREFIX: &str = "override-locks:";

@@ -318,6 +318,9 @@ async fn run(
                 Err(FleetError::Invalid(why)) => return Ok(Err(Refused::Invalid(why))),
                 Err(e) => return Err(e),
             };
+            // Its next contact here follows its new deployment (news would wake every
+            // held agent of the fleet for one).
+            s.fleet.deployments.labels_changed(agent);
             let stored = s.fleet.db.opamp_agent(agent).await?;
             let effective = s
                 .fleet

@@ -507,15 +507,9 @@ async fn route(s: &Shared, hello: &AgentHello, version: &AgentVersion) -> Result
             Err(e) => return Err(e.into()),
         }
     };
-    let release = deployments
-        .table()
-        .get()
-        .iter()
-        .find(|d| d.name == route.deployment)
-        .and_then(|d| d.release.clone());
     Ok(Routed {
         rollouts: route.rollouts,
-        release,
+        release: route.release,
     })
 }
 
