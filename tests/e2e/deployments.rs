@@ -468,3 +468,256 @@ fn three_deployments_at_once_on_two_servers_over_postgres() {
         );
     }
 }
+
+/// `HH:MM` (UTC) `hours` from now: a window that is closed for a while yet.
+fn hhmm_in(hours: u64) -> String {
+    let at = (e2e::now_secs() + hours * 3600) % 86_400;
+    format!("{:02}:{:02}", at / 3600, (at % 3600) / 60)
+}
+
+fn healthz(server: &ServerProc) -> String {
+    e2e::http(server.port, "GET", "/healthz", &[])
+        .unwrap()
+        .text()
+}
+
+/// The windows `server` lists for `deployment`: (id, groups joined, start).
+fn windows_of(server: &ServerProc, deployment: &str) -> Vec<(i64, String, String)> {
+    let (status, answer) = admin_call(
+        server,
+        TOKEN,
+        "GET",
+        &format!("/admin/maintenance?deployment={deployment}"),
+        "",
+    );
+    assert_eq!(status, 200, "{answer}");
+    answer["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["id"].as_i64().unwrap(),
+                w["groups"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|g| g.as_str().unwrap())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                w["start"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Fleet policy is live data (item 5): the first server's file seeds `default`; a
+/// second whose file says otherwise follows the fleet and says so; a deployment's own
+/// window, added on one server, holds that deployment's agents on the other within
+/// seconds, and its removal lets them install; every change is audited, and a bad one
+/// is refused in words and changes nothing.
+#[test]
+fn maintenance_windows_and_waves_are_fleet_data_every_server_follows() {
+    let pg = e2e::Postgres::start();
+    let ctx = TestContext::new();
+    let (key, public) = ctx.keygen("keys");
+    let now = e2e::now_secs();
+    let b1 = ctx.pack_signed_at(&ctx.dist("d1"), "1.0.0", "1", &key, "b1", now - 60);
+    let dist = ctx.dist("d2");
+    fs::write(dist.join("README.txt"), "Release 2.\n").unwrap();
+    ctx.pack_signed_at(&dist, "2.0.0", "2", &key, "b2", now);
+    let url = pg.url();
+    let public = public.display().to_string();
+    let config = ctx.path("server-a.toml");
+    fs::write(
+        &config,
+        format!(
+            "[rollout]\nwaves = [\"1\", \"100%\"]\n\n[[maintenance]]\ngroups = [\"db\"]\nstart = \"{}\"\nduration = \"1h\"\n",
+            hhmm_in(6)
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let env = |name: &'static str| {
+        vec![
+            ("UPDATE_SERVER_DATABASE_URL", url.clone()),
+            ("UPDATE_SERVER_SERVER_NAME", name.to_owned()),
+            ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN.to_owned()),
+            ("UPDATE_SERVER_BUNDLE_PUBLIC_KEY", public.clone()),
+        ]
+    };
+    let env_a = env("a");
+    let env_a: Vec<(&str, &str)> = env_a.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = ctx.server_with("srv-a", e2e::free_port(), &["--config", &config], &env_a);
+    // b has no file: no window, `[rollout]`'s defaults.
+    let env_b = env("b");
+    let env_b: Vec<(&str, &str)> = env_b.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let b = ctx.server("srv-b", &env_b);
+
+    // a seeded the fleet: b lists a's window and waves, and says its file differs.
+    assert_eq!(windows_of(&b, "default").len(), 1, "a's window, seen on b");
+    assert_eq!(
+        deployment(&b, "default")["policy"]["waves"],
+        serde_json::json!(["1", "100%"])
+    );
+    let said = healthz(&b);
+    assert!(
+        said.contains("policy differs") && said.contains("[rollout] and [[maintenance]]"),
+        "{said}"
+    );
+    assert!(!healthz(&a).contains("policy differs"), "{}", healthz(&a));
+    wait_until(LONG, "b's log to say it follows the fleet", || {
+        fs::read_to_string(b.home.join("server.log"))
+            .unwrap_or_default()
+            .contains("differ from the fleet's policy for deployment default; the server follows the fleet")
+    });
+
+    run_ok(e2e::release_cmd(&ctx, &a, TOKEN, &["publish"]).arg(ctx.path("b1")));
+    run_ok(&mut cli(
+        &ctx,
+        &a,
+        &[
+            "deployment",
+            "create",
+            "prod",
+            "--selector",
+            "env=prod",
+            "--release",
+            "1.0.0+1",
+        ],
+    ));
+    // Refused in words, nothing added: a window that is none, a deployment that is not.
+    let bad = run_fails(
+        &mut cli(
+            &ctx,
+            &a,
+            &[
+                "maintenance",
+                "add",
+                "--deployment",
+                "prod",
+                "--start",
+                "25:00",
+                "--duration",
+                "1h",
+            ],
+        ),
+        1,
+    );
+    assert!(bad.contains("start"), "{bad}");
+    let none = run_fails(
+        &mut cli(
+            &ctx,
+            &a,
+            &[
+                "maintenance",
+                "add",
+                "--deployment",
+                "nope",
+                "--start",
+                "02:00",
+                "--duration",
+                "1h",
+            ],
+        ),
+        1,
+    );
+    assert!(none.contains("no deployment \"nope\""), "{none}");
+    assert!(windows_of(&a, "prod").is_empty());
+
+    // prod's own window, closed for hours, added on a.
+    let start = hhmm_in(5);
+    let added = stdout(&run_ok(&mut cli(
+        &ctx,
+        &a,
+        &[
+            "maintenance",
+            "add",
+            "--deployment",
+            "prod",
+            "--groups",
+            "*",
+            "--start",
+            &start,
+            "--duration",
+            "1h",
+        ],
+    )));
+    assert!(added.contains("to deployment prod"), "{added}");
+    wait_until(Duration::from_secs(5), "b to list prod's window", || {
+        windows_of(&b, "prod").len() == 1
+    });
+    let (id, groups, listed_start) = windows_of(&b, "prod").remove(0);
+    assert_eq!(
+        (groups.as_str(), listed_start.as_str()),
+        ("*", start.as_str())
+    );
+    let listed = stdout(&run_ok(&mut cli(&ctx, &b, &["maintenance", "list"])));
+    assert!(
+        listed.contains("prod") && listed.contains(&start),
+        "{listed}"
+    );
+
+    // prod's agent (on b) is held for its window when prod moves; default's is not
+    // (its window names group db only).
+    three_agents(&ctx, &b1, &b, ["prod", "", ""]);
+    run_ok(
+        e2e::release_cmd(&ctx, &a, TOKEN, &["publish", "--deployment", "prod"]).arg(ctx.path("b2")),
+    );
+    wait_until(LONG, "prod's agent waiting for its window", || {
+        admin_agents(b.port, TOKEN)
+            .iter()
+            .any(|a| a["labels"]["n"] == "0" && a["update_status"] == "WAITING_WINDOW")
+    });
+    assert!(runs(&b, "0", "1.0.0+1"), "{:?}", versions(&b));
+
+    // Removed on b: the agent installs at once.
+    run_ok(&mut cli(
+        &ctx,
+        &b,
+        &["maintenance", "remove", &id.to_string()],
+    ));
+    wait_until(LONG, "prod's agent on 2.0.0+2", || runs(&b, "0", "2.0.0+2"));
+    assert!(
+        runs(&b, "1", "1.0.0+1") && runs(&b, "2", "1.0.0+1"),
+        "{:?}",
+        versions(&b)
+    );
+
+    // Waves set on b for default are a's too.
+    run_ok(&mut cli(
+        &ctx,
+        &b,
+        &["deployment", "set", "default", "--waves", "2,100%"],
+    ));
+    wait_until(
+        Duration::from_secs(5),
+        "a to read default's new waves",
+        || deployment(&a, "default")["policy"]["waves"] == serde_json::json!(["2", "100%"]),
+    );
+
+    let (status, audit) = admin_call(&a, TOKEN, "GET", "/admin/audit?per_page=100", "");
+    assert_eq!(status, 200, "{audit}");
+    let actions: Vec<(String, String)> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap_or("").to_owned(),
+                e["outcome"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    for (action, outcome) in [
+        ("maintenance.add", "done"),
+        ("maintenance.add", "refused"),
+        ("maintenance.remove", "done"),
+        ("deployment.set", "done"),
+    ] {
+        assert!(
+            actions.iter().any(|(a, o)| a == action && o == outcome),
+            "{action} {outcome} in {actions:?}"
+        );
+    }
+}

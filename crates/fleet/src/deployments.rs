@@ -317,10 +317,16 @@ pub async fn remove(db: &Db, name: &str) -> Result<Deployment, FleetError> {
         ));
     }
     let before = get(db, name).await?.ok_or_else(|| no_such(name))?;
+    let mut tx = db.begin_write().await?;
     sqlx::query("DELETE FROM deployments WHERE name = $1")
         .bind(name)
-        .execute(db.pool())
+        .execute(&mut *tx)
         .await?;
+    sqlx::query("DELETE FROM maintenance_windows WHERE deployment = $1")
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
     Ok(before)
 }
 
@@ -442,8 +448,19 @@ pub struct Deployments {
     table: Arc<Table>,
     default: Arc<Rollouts>,
     lines: RwLock<HashMap<String, Arc<Rollouts>>>,
-    /// The plan a deployment without its own policy runs under (`[rollout]`).
+    /// The plan a deployment without its own policy runs under when `default` has none
+    /// either (`[rollout]` of server.toml).
     plan: RwLock<Plan>,
+    /// What this server's file says of `default`'s policy (`[rollout]`,
+    /// `[[maintenance]]`), compared with the fleet's at each refresh; `None` until the
+    /// edge says it.
+    file_windows: RwLock<Option<Vec<crate::policy::NewWindow>>>,
+    /// The fleet's windows as last read, every deployment's.
+    windows: Mutex<Option<Vec<crate::policy::StoredWindow>>>,
+    /// Every deployment's windows together: whoever wakes held connects at an opening.
+    every_window: tokio::sync::watch::Sender<Arc<crate::maintenance::Schedule>>,
+    /// What the file says that the fleet does not (see [`crate::policy::disagreement`]).
+    disagreement: RwLock<Option<String>>,
     policy: AcceptPolicy,
     server: String,
     /// The deployment each agent was last answered by here: a move is noticed at the
@@ -462,6 +479,10 @@ impl Deployments {
             default: rollouts,
             lines: RwLock::default(),
             plan: RwLock::new(plan),
+            file_windows: RwLock::default(),
+            windows: Mutex::default(),
+            every_window: tokio::sync::watch::Sender::new(Arc::default()),
+            disagreement: RwLock::default(),
             policy,
             server,
             followed: Mutex::default(),
@@ -483,32 +504,36 @@ impl Deployments {
         self.default.news()
     }
 
-    /// `[rollout]` read again: deployments without a policy of their own follow it, from
-    /// their next rollout.
-    pub fn set_plan(&self, plan: Plan) {
-        *self.plan.write().unwrap_or_else(|p| p.into_inner()) = plan.clone();
-        for d in self.table.get().iter().filter(|d| d.policy.is_none()) {
-            if let Some(rollouts) = self.rollouts(&d.name) {
-                rollouts.set_plan(plan.clone());
-            }
-        }
+    /// What this server's file says of `default`'s policy: the fallback plan of
+    /// deployments without one (while `default` has none), and what the fleet's policy
+    /// is compared with at each [`Deployments::refresh`].
+    pub fn set_file_policy(&self, plan: Plan, windows: Vec<crate::policy::NewWindow>) {
+        *self.plan.write().unwrap_or_else(|p| p.into_inner()) = plan;
+        *self.file_windows.write().unwrap_or_else(|p| p.into_inner()) = Some(windows);
+        // Compared again at the next refresh.
+        *self.windows.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    /// `[[maintenance]]` read again: every deployment's agents wait for their windows.
-    pub fn set_maintenance(&self, schedule: crate::maintenance::Schedule) {
-        self.default.set_maintenance(schedule.clone());
-        for rollouts in self
-            .lines
+    /// What this server's file says of `default`'s policy that the fleet does not, in
+    /// words for its log and `/healthz`.
+    pub fn disagreement(&self) -> Option<String> {
+        self.disagreement
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .values()
-        {
-            rollouts.set_maintenance(schedule.clone());
-        }
+            .clone()
     }
 
-    fn plan(&self) -> Plan {
-        self.plan.read().unwrap_or_else(|p| p.into_inner()).clone()
+    /// Every deployment's maintenance windows together, and each change of them.
+    pub fn every_window(&self) -> tokio::sync::watch::Receiver<Arc<crate::maintenance::Schedule>> {
+        self.every_window.subscribe()
+    }
+
+    /// The plan of a deployment without its own: `default`'s, else the file's.
+    fn fallback_plan(&self, list: &[Deployment]) -> Plan {
+        list.iter()
+            .find(|d| d.is_default())
+            .and_then(|d| d.policy.clone())
+            .unwrap_or_else(|| self.plan.read().unwrap_or_else(|p| p.into_inner()).clone())
     }
 
     /// The rollouts of the deployment `name`, if it exists here.
@@ -546,7 +571,14 @@ impl Deployments {
         }
         let list = list(&self.db).await?;
         let changed = *self.table.get() != list;
-        let plan = self.plan();
+        let plan = self.fallback_plan(&list);
+        let windows = crate::policy::windows(&self.db).await?;
+        let windows_changed = self
+            .windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            != Some(&windows);
         {
             let mut lines = self.lines.write().unwrap_or_else(|p| p.into_inner());
             lines.retain(|name, _| list.iter().any(|d| &d.name == name));
@@ -568,17 +600,77 @@ impl Deployments {
                             Arc::clone(&self.table),
                             Arc::clone(self.default.news()),
                         )
-                        .with_maintenance((*self.default.maintenance()).clone());
+                        .with_maintenance(crate::policy::schedule_of(&windows, &d.name));
                         lines.insert(d.name.clone(), Arc::new(rollouts));
                     }
                 }
             }
+        }
+        if windows_changed || changed {
+            self.windows_read(&list, windows);
         }
         if changed {
             self.table.set(list);
             self.news().publish("the deployments changed");
         }
         Ok(changed)
+    }
+
+    /// The fleet's windows read anew (or its deployments): each deployment waits for its
+    /// own, and what this server's file says is compared with `default`'s.
+    fn windows_read(&self, list: &[Deployment], windows: Vec<crate::policy::StoredWindow>) {
+        let before = self
+            .windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if before.as_ref() != Some(&windows) {
+            for d in list {
+                let own = crate::policy::schedule_of(&windows, &d.name);
+                if let Some(rollouts) = self.rollouts(&d.name) {
+                    rollouts.set_maintenance(own);
+                }
+            }
+            let every: Vec<_> = list
+                .iter()
+                .flat_map(|d| {
+                    crate::policy::schedule_of(&windows, &d.name)
+                        .windows()
+                        .to_vec()
+                })
+                .collect();
+            self.every_window
+                .send_replace(Arc::new(crate::maintenance::Schedule::new(every)));
+        }
+        let default_plan = list
+            .iter()
+            .find(|d| d.is_default())
+            .and_then(|d| d.policy.as_ref());
+        let said = self
+            .file_windows
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|file| {
+                crate::policy::disagreement(
+                    &self.plan.read().unwrap_or_else(|p| p.into_inner()),
+                    file,
+                    default_plan,
+                    &windows,
+                )
+            });
+        let mut disagreement = self.disagreement.write().unwrap_or_else(|p| p.into_inner());
+        if *disagreement != said {
+            match &said {
+                Some(said) => tracing::warn!("{said}"),
+                None if disagreement.is_some() => tracing::info!(
+                    "this server's [rollout] and [[maintenance]] agree with the fleet's policy for deployment default again"
+                ),
+                None => {}
+            }
+            *disagreement = said;
+        }
+        *self.windows.lock().unwrap_or_else(|p| p.into_inner()) = Some(windows);
     }
 
     /// The deployment an agent with `labels` follows, and its rollouts. An agent that

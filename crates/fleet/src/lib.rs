@@ -30,6 +30,7 @@ pub mod news;
 pub mod opamp;
 pub mod operators;
 pub mod outage;
+pub mod policy;
 pub mod releases;
 pub mod rollout;
 pub mod sessions;

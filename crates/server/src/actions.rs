@@ -14,6 +14,7 @@ use agent_fleet::db::{Credentials, Revocation};
 use agent_fleet::deployments;
 use agent_fleet::labels::{self, Edit, Labels};
 use agent_fleet::operators::{Action as Permission, Role};
+use agent_fleet::policy;
 use agent_fleet::rollout::Refusal;
 
 use crate::state::Shared;
@@ -77,6 +78,14 @@ pub enum Act {
     },
     /// A deployment made, changed or removed (see [`agent_fleet::deployments`]).
     Deployment(DeploymentAct),
+    /// A deployment's maintenance window added or removed (see [`agent_fleet::policy`]).
+    Maintenance(MaintenanceAct),
+}
+
+#[derive(Debug, Clone)]
+pub enum MaintenanceAct {
+    Add(policy::NewWindow),
+    Remove { id: i64 },
 }
 
 #[derive(Debug, Clone)]
@@ -108,6 +117,8 @@ pub enum Done {
     Stepped,
     /// The deployment as it is now (as it was, for a removal).
     Deployment(Box<deployments::Deployment>),
+    /// The window added (or removed).
+    Window(Box<policy::StoredWindow>),
 }
 
 /// Why an action was not done, in words for the operator (the edge picks the status).
@@ -166,6 +177,8 @@ impl Act {
             Act::Deployment(DeploymentAct::Create(_)) => "deployment.create",
             Act::Deployment(DeploymentAct::Set { .. }) => "deployment.set",
             Act::Deployment(DeploymentAct::Remove { .. }) => "deployment.remove",
+            Act::Maintenance(MaintenanceAct::Add(_)) => "maintenance.add",
+            Act::Maintenance(MaintenanceAct::Remove { .. }) => "maintenance.remove",
         }
     }
 
@@ -205,6 +218,16 @@ impl Act {
             Act::Deployment(DeploymentAct::Remove { name }) => {
                 serde_json::json!({ "deployment": name })
             }
+            Act::Maintenance(MaintenanceAct::Add(w)) => serde_json::json!({
+                "deployment": w.deployment,
+                "groups": w.groups,
+                "days": w.days,
+                "start": w.start,
+                "duration_secs": w.duration_secs,
+                "timezone": w.timezone,
+                "catch_up": w.catch_up,
+            }),
+            Act::Maintenance(MaintenanceAct::Remove { id }) => serde_json::json!({ "id": id }),
         }
     }
 
@@ -217,6 +240,7 @@ impl Act {
             Act::Labels { .. } => "change an agent's labels",
             Act::Rollout { .. } => "halt, resume or advance a rollout",
             Act::Deployment(_) => "create, change or remove a deployment",
+            Act::Maintenance(_) => "add or remove a maintenance window",
         }
     }
 }
@@ -388,16 +412,39 @@ async fn run(
             };
             let deployment = match result {
                 Ok(d) => d,
-                Err(FleetError::Invalid(why)) => return Ok(Err(Refused::Invalid(why))),
-                Err(FleetError::Conflict(why)) => return Ok(Err(Refused::Conflict(why))),
-                Err(FleetError::NotFound(why)) => return Ok(Err(Refused::Unknown(why))),
-                Err(e) => return Err(e),
+                Err(e) => return refused_by_fleet(e).map(Err),
             };
             // Taken at once here; every other server within its next look.
             s.fleet.deployments.refresh().await?;
             Ok((Done::Deployment(Box::new(deployment)), none))
         }
+        Act::Maintenance(change) => {
+            let db = &s.fleet.db;
+            let result = match change {
+                MaintenanceAct::Add(window) => policy::add_window(db, window).await,
+                MaintenanceAct::Remove { id } => policy::remove_window(db, *id).await,
+            };
+            let window = match result {
+                Ok(w) => w,
+                Err(e) => return refused_by_fleet(e).map(Err),
+            };
+            // Taken at once here; every other server within its next look (a second).
+            s.fleet.deployments.refresh().await?;
+            let extra =
+                serde_json::json!({ "id": window.id, "deployment": window.window.deployment });
+            Ok((Done::Window(Box::new(window)), extra))
+        }
     })
+}
+
+/// A refusal of the fleet model as the operator's (a failure of the database stays one).
+fn refused_by_fleet(e: FleetError) -> Result<Refused, FleetError> {
+    match e {
+        FleetError::Invalid(why) => Ok(Refused::Invalid(why)),
+        FleetError::Conflict(why) => Ok(Refused::Conflict(why)),
+        FleetError::NotFound(why) => Ok(Refused::Unknown(why)),
+        e => Err(e),
+    }
 }
 
 fn unknown_deployment(name: &str) -> Refused {
@@ -438,6 +485,8 @@ fn done_words(act: &Act) -> &'static str {
         Act::Deployment(DeploymentAct::Remove { .. }) => {
             "the deployment is removed; its agents follow the next that selects them"
         }
+        Act::Maintenance(MaintenanceAct::Add(_)) => "the maintenance window is added",
+        Act::Maintenance(MaintenanceAct::Remove { .. }) => "the maintenance window is removed",
     }
 }
 

@@ -465,6 +465,11 @@ impl Config {
         crate::maintenance::schedule(&self.maintenance).map_err(|e| e.to_string())
     }
 
+    /// `[[maintenance]]` as deployment `default`'s windows (what seeds a new fleet).
+    pub fn maintenance_windows(&self) -> Result<Vec<agent_fleet::policy::NewWindow>, String> {
+        crate::maintenance::windows(&self.maintenance).map_err(|e| e.to_string())
+    }
+
     /// The URL of this server's admin API, from `server.listen` (a wildcard address is
     /// reached on loopback).
     pub fn admin_url(&self) -> String {

@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_fleet::maintenance::{Schedule, Window, WindowSpec};
-use agent_fleet::rollout::Rollouts;
+use agent_fleet::news::News;
+use agent_fleet::policy::{NewWindow, StoredWindow};
 use serde::Deserialize;
+use tokio::sync::watch;
 
 /// One `[[maintenance]]` table as written.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -140,6 +142,29 @@ pub fn schedule(sections: &[MaintenanceSection]) -> Result<Schedule, WindowError
     Ok(Schedule::new(windows))
 }
 
+/// The tables as deployment `default`'s windows, each checked as [`schedule`] does.
+pub fn windows(sections: &[MaintenanceSection]) -> Result<Vec<NewWindow>, WindowError> {
+    schedule(sections)?;
+    sections
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            Ok(NewWindow {
+                deployment: agent_fleet::deployments::DEFAULT.to_owned(),
+                groups: m.groups.clone(),
+                days: m.days.clone(),
+                start: m.start.trim().to_owned(),
+                duration_secs: m.duration.secs().map_err(|message| WindowError {
+                    number: i + 1,
+                    message: format!("duration: {message}"),
+                })?,
+                timezone: m.timezone.clone(),
+                catch_up: m.catch_up.clone(),
+            })
+        })
+        .collect()
+}
+
 /// One window in a line for the log: `groups db; sat, sun; 02:00 for 10800s (UTC);
 /// catch-up next-window`.
 pub fn describe(w: &Window) -> String {
@@ -172,29 +197,30 @@ pub fn describe_all(schedule: &Schedule) -> String {
         .join(" ")
 }
 
-/// `GET /admin/maintenance`: each window as configured, whether it is open (until when)
-/// and when it opens next, in unix seconds and RFC 3339 (UTC).
-pub fn listing(schedule: &Schedule, now: i64) -> serde_json::Value {
+/// `GET /admin/maintenance`: each deployment's windows as the fleet keeps them, whether
+/// each is open (until when) and when it opens next, in unix seconds and RFC 3339 (UTC).
+/// A stored window that no longer checks is listed with its error.
+pub fn listing(rows: &[StoredWindow], now: i64) -> serde_json::Value {
     use agent_fleet::maintenance::rfc3339;
-    let windows: Vec<serde_json::Value> = schedule
-        .windows()
+    let windows: Vec<serde_json::Value> = rows
         .iter()
-        .map(|w| {
-            let until = w.open_until(now);
-            let next = w.next_opening(now);
-            serde_json::json!({
-                "groups": w.groups(),
-                "days": w.days(),
-                "start": w.start(),
-                "duration_secs": w.duration_secs(),
-                "timezone": w.timezone(),
-                "catch_up": w.catch_up().as_str(),
-                "open": until.is_some(),
-                "open_until": until,
-                "open_until_utc": until.map(rfc3339),
-                "next_opening": next,
-                "next_opening_utc": next.map(rfc3339),
-            })
+        .map(|row| {
+            let mut listed = row.to_json();
+            match row.window.window() {
+                Ok(w) => {
+                    let until = w.open_until(now);
+                    let next = w.next_opening(now);
+                    // The days as the window reads them (every day written out).
+                    listed["days"] = serde_json::json!(w.days());
+                    listed["open"] = serde_json::json!(until.is_some());
+                    listed["open_until"] = serde_json::json!(until);
+                    listed["open_until_utc"] = serde_json::json!(until.map(rfc3339));
+                    listed["next_opening"] = serde_json::json!(next);
+                    listed["next_opening_utc"] = serde_json::json!(next.map(rfc3339));
+                }
+                Err(e) => listed["error"] = serde_json::json!(e),
+            }
+            listed
         })
         .collect();
     serde_json::json!({ "now": now, "windows": windows })
@@ -204,12 +230,10 @@ pub fn listing(schedule: &Schedule, now: i64) -> serde_json::Value {
 /// back or forward is noticed within it).
 const LOOK_AGAIN: Duration = Duration::from_secs(60);
 
-/// Publishes news at each window's opening: held connects work out their answer again
-/// and the agents the window lets in are told at once. Windows replaced meanwhile are
-/// looked at at once.
-pub fn spawn_waker(rollouts: Arc<Rollouts>) {
-    let mut changes = rollouts.maintenance_changes();
-    let news = Arc::clone(rollouts.news());
+/// Publishes news at each window's opening (of any deployment's windows): held connects
+/// work out their answer again and the agents the window lets in are told at once.
+/// Windows replaced meanwhile are looked at at once.
+pub fn spawn_waker(mut changes: watch::Receiver<Arc<Schedule>>, news: Arc<News>) {
     // `changed()` fails once the rollouts are gone: the server is stopping.
     tokio::spawn(async move {
         loop {

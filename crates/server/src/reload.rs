@@ -4,17 +4,23 @@
 //! Taken at once: the `[[maintenance]]` windows (held connects look again, agents waiting
 //! for a window are told their new one at their next contact) and `[rollout]` (the plan
 //! new rollouts start under; a rollout under way keeps the plan it started with, as its
-//! row holds it). Everything else is read at start only: a change to it is logged as
-//! waiting for a restart, and the server goes on as it started. A file that does not
-//! parse or validate changes nothing; the error names the file and the line.
+//! row holds it). Both are fleet policy, kept in the fleet database as deployment
+//! `default`'s (see [`agent_fleet::policy`]): an edit of the file read again is written
+//! there, audited, and every server of the fleet follows it. Everything else is read at
+//! start only: a change to it is logged as waiting for a restart, and the server goes on
+//! as it started. A file that does not parse or validate changes nothing; the error
+//! names the file and the line.
 //!
 //! What changed is [`changes`], a pure comparison; [`Reloader`] reads the file and
 //! applies it; [`spawn`] waits for the signal.
 
 use std::sync::{Arc, Mutex};
 
-use agent_fleet::config::Configs;
-use agent_fleet::deployments::Deployments;
+use agent_fleet::Fleet;
+use agent_fleet::audit::{Change, Outcome};
+use agent_fleet::deployments::DEFAULT;
+use agent_fleet::policy::{self, NewWindow};
+use agent_fleet::rollout::plan::Plan;
 use agent_protocol::settings::{Environment, ProcessEnv};
 
 use crate::config::{Config, ConfigSource, RolloutSection};
@@ -91,24 +97,26 @@ pub struct Reloader {
     /// The configuration as the server runs it: as read at start, with the live parts
     /// as last taken.
     running: Mutex<Config>,
-    deployments: Arc<Deployments>,
-    configs: Arc<Configs>,
+    fleet: Arc<Fleet>,
+}
+
+/// A file read again: what changed, and the live parts as it says them.
+pub struct Reloaded {
+    pub changes: Changes,
+    plan: Plan,
+    windows: Vec<NewWindow>,
+    /// The file as read, whose live parts become the running ones once taken.
+    new: Config,
 }
 
 impl Reloader {
     /// `running` is the configuration as read at start, before the server filled in
     /// anything of its own (the bound port in `server.public-url`).
-    pub fn new(
-        source: ConfigSource,
-        running: Config,
-        deployments: Arc<Deployments>,
-        configs: Arc<Configs>,
-    ) -> Self {
+    pub fn new(source: ConfigSource, running: Config, fleet: Arc<Fleet>) -> Self {
         Self {
             source,
             running: Mutex::new(running),
-            deployments,
-            configs,
+            fleet,
         }
     }
 
@@ -120,27 +128,71 @@ impl Reloader {
         }
     }
 
-    /// Reads the file and the environment again; takes the windows and `[rollout]` when
-    /// the whole reads and checks, else changes nothing.
-    pub fn reload(&self, env: &dyn Environment) -> Result<Changes, ServerError> {
+    /// Reads the file and the environment again: what changed, when the whole reads and
+    /// checks. Nothing is taken yet ([`Reloader::apply`]).
+    pub fn reload(&self, env: &dyn Environment) -> Result<Reloaded, ServerError> {
         let new = self.source.load(env)?;
         // Both were checked by `load`; asked again for the values.
-        let schedule = new.maintenance_schedule().map_err(ServerError::Config)?;
+        let windows = new.maintenance_windows().map_err(ServerError::Config)?;
         let plan = new.rollout_plan().map_err(ServerError::Config)?;
-        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let changes = changes(&running, &new);
+        Ok(Reloaded {
+            changes,
+            plan,
+            windows,
+            new,
+        })
+    }
+
+    /// Takes what the file changed: an edited `[[maintenance]]` or `[rollout]` becomes
+    /// the fleet's policy for `default` (audited as the file's), and the file is what the
+    /// fleet's is compared with from now on.
+    pub async fn apply(&self, reloaded: &Reloaded) -> Result<(), ServerError> {
+        let fleet = &self.fleet;
+        let changes = &reloaded.changes;
+        let mut details = serde_json::Map::new();
         if changes.windows.is_some() {
-            self.deployments.set_maintenance(schedule);
+            policy::replace_windows(&fleet.db, DEFAULT, &reloaded.windows).await?;
+            details.insert(
+                "windows".into(),
+                serde_json::json!(changes.windows.as_ref().map(|(_, now)| now)),
+            );
         }
         if changes.plan.is_some() {
-            self.deployments.set_plan(plan.clone());
-            self.configs.set_plan(plan);
+            policy::set_default_plan(&fleet.db, &reloaded.plan).await?;
+            fleet.configs.set_plan(reloaded.plan.clone());
+            details.insert(
+                "rollout".into(),
+                serde_json::json!(changes.plan.as_ref().map(|(_, now)| now)),
+            );
         }
-        // Only the live parts: the rest runs as it started, and a later reload says
-        // again that it waits for a restart.
-        running.maintenance = new.maintenance;
-        running.rollout = new.rollout;
-        Ok(changes)
+        fleet
+            .deployments
+            .set_file_policy(reloaded.plan.clone(), reloaded.windows.clone());
+        {
+            // Only the live parts, once taken: the rest runs as it started, and a later
+            // reload says again that it waits for a restart.
+            let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            running.maintenance = reloaded.new.maintenance.clone();
+            running.rollout = reloaded.new.rollout.clone();
+        }
+        fleet.deployments.refresh().await?;
+        if !details.is_empty() {
+            details.insert("deployment".into(), serde_json::json!(DEFAULT));
+            details.insert("file".into(), serde_json::json!(self.shown()));
+            let change = Change {
+                who: "server.toml",
+                address: "",
+                action: "policy.reload",
+                outcome: Outcome::Done,
+                details: serde_json::Value::Object(details),
+            };
+            if let Err(e) = fleet.audit().record(&change).await {
+                tracing::error!("cannot write the audit log: {e}");
+            }
+        }
+        Ok(())
     }
 }
 
@@ -160,7 +212,7 @@ fn one_line(e: &str) -> String {
 }
 
 /// Says what a reload did, in the server's log.
-fn log(shown: &str, result: Result<Changes, ServerError>) {
+fn log(shown: &str, result: Result<&Changes, ServerError>) {
     let changes = match result {
         Ok(changes) => changes,
         Err(e) => {
@@ -214,13 +266,26 @@ pub fn spawn(reloader: Reloader) {
             reloads.next().await;
             let r = Arc::clone(&reloader);
             // Reads a file: off the runtime's threads.
-            let done = tokio::task::spawn_blocking(move || {
-                let result = r.reload(&ProcessEnv);
-                log(&r.shown(), result);
-            })
-            .await;
-            if let Err(e) = done {
-                tracing::error!("reading the configuration again stopped: {e}");
+            let read = match tokio::task::spawn_blocking(move || r.reload(&ProcessEnv)).await {
+                Ok(read) => read,
+                Err(e) => {
+                    tracing::error!("reading the configuration again stopped: {e}");
+                    continue;
+                }
+            };
+            let shown = reloader.shown();
+            let reloaded = match read {
+                Ok(reloaded) => reloaded,
+                Err(e) => {
+                    log(&shown, Err(e));
+                    continue;
+                }
+            };
+            match reloader.apply(&reloaded).await {
+                Ok(()) => log(&shown, Ok(&reloaded.changes)),
+                Err(e) => tracing::error!(
+                    "{shown} read again (SIGHUP) and not taken: the fleet database did not take its [[maintenance]] or [rollout] ({e}); send SIGHUP again when it is back"
+                ),
             }
         }
     });

@@ -105,12 +105,14 @@ pub async fn serve(
     println!("listening on {local}");
 
     spawn_rollout_loop(&state);
-    maintenance::spawn_waker(Arc::clone(&state.inner.fleet.rollouts));
+    maintenance::spawn_waker(
+        state.inner.fleet.deployments.every_window(),
+        Arc::clone(state.inner.fleet.deployments.news()),
+    );
     reload::spawn(reload::Reloader::new(
         source,
         as_read,
-        Arc::clone(&state.inner.fleet.deployments),
-        Arc::clone(&state.inner.fleet.configs),
+        Arc::clone(&state.inner.fleet),
     ));
     spawn_pacer(&state);
     crate::governance::spawn(&state);

@@ -62,6 +62,15 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
     let policy = config
         .accept_policy()
         .map_err(|e| ServerError::Config(e.to_string()))?;
+    // server.toml's [rollout] and [[maintenance]] become the fleet's policy for
+    // `default` once, when the fleet is new; after that the fleet's are followed.
+    let file_plan = config.rollout_plan().map_err(ServerError::Config)?;
+    let file_windows = config.maintenance_windows().map_err(ServerError::Config)?;
+    if agent_fleet::policy::seed(&db, &file_plan, &file_windows).await? {
+        tracing::info!(
+            "the fleet's policy for deployment default is seeded from this server's [rollout] and [[maintenance]]; from now on change it with `update-server deployment set default` and `update-server maintenance add|remove`"
+        );
+    }
     let rollouts = Arc::new(
         rollout::Rollouts::new(
             db.clone(),
@@ -87,6 +96,8 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
     let fleet = Fleet::new(db, outage, rollouts, configs)
         .await?
         .with_contact_refresh(contact_refresh(config.agents.heartbeat));
+    fleet.deployments.set_file_policy(file_plan, file_windows);
+    fleet.deployments.refresh().await?;
     let server_name = config.server_name();
     let metrics: Arc<metrics::Metrics> = Arc::default();
     let deltas = Arc::new(deltas::Deltas::new(home, Arc::clone(&metrics.deltas))?);

@@ -1,5 +1,6 @@
 //! The `update-server` command line: with no subcommand it serves; each subcommand
-//! (`rollout`, `config`, `agents`, `token`, `release`, `audit`) asks the admin API of a
+//! (`rollout`, `config`, `agents`, `deployment`, `maintenance`, `token`, `release`,
+//! `audit`, `webhook`) asks the admin API of a
 //! running server, one module each, and prints a table (or the API's JSON with
 //! `--json`); `backup` reads the database itself. The binary's `main` only calls
 //! [`main`]. This is the process's edge: errors are `anyhow`, said once, at the end.
@@ -10,6 +11,7 @@ pub mod backup;
 pub mod client;
 pub mod config;
 pub mod deployment;
+pub mod maintenance;
 pub mod release;
 pub mod rollout;
 mod table;
@@ -75,6 +77,14 @@ enum Command {
     Deployment {
         #[command(subcommand)]
         action: deployment::Deployment,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Maintenance windows: when each deployment's agents may install new bundles, fleet
+    /// policy every server follows (through the admin API of a running server).
+    Maintenance {
+        #[command(subcommand)]
+        action: maintenance::Maintenance,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -215,6 +225,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 action.run(&admin.client(&config), admin.json).await
             }
             Command::Deployment { action, admin } => {
+                action.run(&admin.client(&config), admin.json).await
+            }
+            Command::Maintenance { action, admin } => {
                 action.run(&admin.client(&config), admin.json).await
             }
             Command::Token { action, admin } => {

@@ -463,7 +463,7 @@ fn without_a_busy_database<T: Default>(
 /// reason while the bundle in the download directory is refused (it still answers
 /// agents: `200` either way, so a supervisor does not restart it over a file); then
 /// what an operator should know about its place in the fleet: a bundle that is not the
-/// fleet's rollout, a database it cannot reach.
+/// fleet's rollout, a file whose policy the fleet's overrode, a database it cannot reach.
 pub(super) async fn healthz(State(state): State<AppState>) -> Response {
     let s = &state.inner;
     let mut text = match s.store.refusal() {
@@ -472,6 +472,9 @@ pub(super) async fn healthz(State(state): State<AppState>) -> Response {
     };
     if let Some(mismatch) = s.fleet.rollouts.mismatch() {
         text.push_str(&format!("bundle mismatch: {mismatch}\n"));
+    }
+    if let Some(said) = s.fleet.deployments.disagreement() {
+        text.push_str(&format!("policy differs: {said}\n"));
     }
     let database = s.fleet.outage.status();
     if !database.up {

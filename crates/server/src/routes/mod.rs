@@ -26,7 +26,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use tower_http::timeout::TimeoutLayer;
 
@@ -145,7 +145,11 @@ pub fn router(state: &AppState) -> Router<AppState> {
                 .delete(deployments::remove),
         )
         .route("/admin/deployments/{name}/{step}", post(deployments::step))
-        .route("/admin/maintenance", get(maintenance::list))
+        .route(
+            "/admin/maintenance",
+            get(maintenance::list).post(maintenance::add),
+        )
+        .route("/admin/maintenance/{id}", delete(maintenance::remove))
         .route("/admin/rollout/halt", post(admin::rollout_halt))
         .route("/admin/rollout/resume", post(admin::rollout_resume))
         .route("/admin/rollout/advance", post(admin::rollout_advance))

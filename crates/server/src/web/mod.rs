@@ -531,7 +531,7 @@ async fn rollouts_page(
             message,
         )
         .with_windows(windows::WindowView::all(
-            &s.fleet.rollouts.maintenance(),
+            &agent_fleet::policy::windows(&s.fleet.db).await?,
             now,
         ))
         .with_releases(&history)

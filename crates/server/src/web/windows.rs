@@ -1,13 +1,16 @@
-//! The maintenance windows as the rollouts page shows them: each with its groups, days,
-//! start, length, zone, catch-up, and whether it is open (until when) or when it opens.
+//! The maintenance windows as the rollouts page shows them: each with its deployment,
+//! groups, days, start, length, zone, catch-up, and whether it is open (until when) or
+//! when it opens.
 
-use agent_fleet::maintenance::Schedule;
+use agent_fleet::policy::StoredWindow;
 
 use super::model::utc;
 
 /// One window, as text for people.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowView {
+    pub id: i64,
+    pub deployment: String,
     pub groups: String,
     pub days: String,
     pub start: String,
@@ -20,14 +23,16 @@ pub struct WindowView {
 }
 
 impl WindowView {
-    pub fn all(schedule: &Schedule, now: i64) -> Vec<Self> {
-        schedule
-            .windows()
-            .iter()
-            .map(|w| {
+    /// Each window that checks (one that does not is said in the server's log).
+    pub fn all(rows: &[StoredWindow], now: i64) -> Vec<Self> {
+        rows.iter()
+            .filter_map(|row| Some((row, row.window.window().ok()?)))
+            .map(|(row, w)| {
                 let until = w.open_until(now);
                 let days = w.days();
                 Self {
+                    id: row.id,
+                    deployment: row.window.deployment.clone(),
                     groups: w.groups().join(", "),
                     days: if days.len() == 7 {
                         "every day".into()
@@ -64,23 +69,25 @@ fn length(secs: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agent_fleet::maintenance::{Window, WindowSpec};
+    use agent_fleet::policy::NewWindow;
 
     #[test]
     fn a_window_reads_as_written_with_its_next_opening() {
-        let groups = vec!["db".to_owned()];
-        let days = vec!["sat".to_owned(), "sun".to_owned()];
-        let w = Window::new(&WindowSpec {
-            groups: &groups,
-            days: &days,
-            start: "02:00",
-            duration_secs: 5400,
-            timezone: "Europe/Berlin",
-            catch_up: "at-once",
-        })
-        .unwrap();
+        let row = StoredWindow {
+            id: 4,
+            window: NewWindow {
+                deployment: "prod".into(),
+                groups: vec!["db".to_owned()],
+                days: vec!["sat".to_owned(), "sun".to_owned()],
+                start: "02:00".into(),
+                duration_secs: 5400,
+                timezone: "Europe/Berlin".into(),
+                catch_up: "at-once".into(),
+            },
+            created_at: 0,
+        };
         // Wednesday 2026-03-11 12:00 UTC.
-        let views = WindowView::all(&Schedule::new(vec![w]), 1_773_230_400);
+        let views = WindowView::all(&[row], 1_773_230_400);
         assert_eq!(views.len(), 1);
         let v = &views[0];
         assert_eq!(
@@ -92,6 +99,7 @@ mod tests {
             ),
             ("db", "sat, sun", "02:00", "90m")
         );
+        assert_eq!((v.id, v.deployment.as_str()), (4, "prod"));
         assert_eq!(v.state, "opens Sat, 14 Mar 2026 01:00:00 GMT");
         assert!(!v.open);
         assert_eq!(length(3 * 3600), "3h");
