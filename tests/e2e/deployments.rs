@@ -232,6 +232,15 @@ fn a_pinned_deployment_stays_while_default_moves_and_labels_and_releases_move_ag
     let prod = deployment(&server, "prod");
     assert_eq!(prod["agents"], 2, "{prod}");
     assert_eq!(prod["release"], "1.0.0+1", "{prod}");
+    // Each machine says which deployment it follows, as the server told it.
+    for (home, name) in [(&homes[0], "prod"), (&homes[2], "default")] {
+        wait_until(LONG, "agent status to name its deployment", || {
+            stdout(&run_ok(
+                Command::new(home.join("current/bin/agent")).arg("status"),
+            ))
+            .contains(&format!("deployment: {name}\n"))
+        });
+    }
     let listed = stdout(&run_ok(&mut cli(&ctx, &server, &["deployment", "list"])));
     assert!(
         listed.contains("(every agent)") && listed.contains("env=prod"),

@@ -731,3 +731,113 @@ fn install_over_https_pins_the_ca_the_server_names() {
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("1.0.0+1"))
     });
 }
+
+/// A machine given `--label env=prod` installs the release of the deployment those
+/// labels select (prod pins 2.0.0+2 while default serves 1.0.0+1), so it joins on it
+/// without an update; a label that is none is refused before anything is installed.
+#[test]
+fn install_with_a_label_installs_the_release_of_the_deployment_it_selects() {
+    let ctx = TestContext::new();
+    let (key, public) = ctx.keygen("keys");
+    let now = e2e::now_secs();
+    ctx.pack_signed_at(
+        &quick_dist(&ctx, "d1", None, "one"),
+        "1.0.0",
+        "1",
+        &key,
+        "b1",
+        now - 60,
+    );
+    ctx.pack_signed_at(
+        &quick_dist(&ctx, "d2", None, "two"),
+        "2.0.0",
+        "2",
+        &key,
+        "b2",
+        now,
+    );
+    let public = public.display().to_string();
+    let server = ctx.server(
+        "srv",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN),
+            ("UPDATE_SERVER_BUNDLE_PUBLIC_KEY", &public),
+        ],
+    );
+    run_ok(e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(ctx.path("b1")));
+    run_ok(
+        ctx.cmd("update-server")
+            .args([
+                "deployment",
+                "create",
+                "prod",
+                "--selector",
+                "env=prod",
+                "--release",
+                "1.0.0+1",
+            ])
+            .args(["--server", &server.url(""), "--token", TOKEN]),
+    );
+    run_ok(
+        e2e::release_cmd(&ctx, &server, TOKEN, &["publish", "--deployment", "prod"])
+            .arg(ctx.path("b2")),
+    );
+    let bundles = || {
+        run_ok(Command::new("curl").args([
+            "-fsS",
+            &server.url("/install/bundles?platform=x86_64-unknown-linux-gnu&labels=env=prod"),
+        ]))
+    };
+    // The server loads prod's release from the fleet's records within a moment.
+    wait_until(WAIT, "the server to serve prod's release", || {
+        String::from_utf8_lossy(&bundles().stdout).starts_with("deployment prod 2.0.0+2\n")
+    });
+
+    let prefix = ctx.path("p");
+    let refused = one_liner_here(
+        &server,
+        &format!("--prefix {} --label env=a/b --no-systemd", prefix.display()),
+    );
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        why.contains("the server refused these labels") && why.contains("env"),
+        "{why}"
+    );
+    assert!(
+        !prefix.join("agent").exists(),
+        "a refused label installed something"
+    );
+
+    let out = one_liner_here(
+        &server,
+        &format!(
+            "--prefix {} --label env=prod --no-systemd",
+            prefix.display()
+        ),
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        describe(&Command::new("sh"), &out)
+    );
+    assert!(
+        said.contains("these labels select deployment prod: installing its release 2.0.0+2"),
+        "{said}"
+    );
+    let row = wait_registered(&server, "2.0.0+2", "the prod machine");
+    assert_eq!(row["deployment"], "prod");
+    // Installed as 2.0.0+2: the only version it ever had.
+    let home = prefix.join("agent");
+    let versions: Vec<String> = fs::read_dir(home.join("versions"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        versions.len() == 1 && versions[0].contains("2.0.0"),
+        "{versions:?}"
+    );
+    run_ok(Command::new(home.join("current/bin/agent-wrapper.sh")).arg("stop"));
+}

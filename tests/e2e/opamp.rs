@@ -924,3 +924,85 @@ fn the_node_client_honours_a_503_and_its_retry_after() {
         next - sent_after
     );
 }
+
+/// OpAMP agents follow deployments as native agents do: their non-identifying
+/// attributes are their labels, so one saying `env=prod` is offered prod's pinned
+/// release (downloaded by name) while another is offered the fleet's current one.
+#[test]
+fn an_opamp_agents_attributes_choose_its_deployment_and_the_release_offered() {
+    let ctx = TestContext::new();
+    let (key, public) = ctx.keygen("keys");
+    let now = e2e::now_secs();
+    ctx.pack_signed_at(&ctx.dist("d1"), "1.0.0", "1", &key, "b1", now - 60);
+    let d2 = ctx.dist("d2");
+    std::fs::write(d2.join("README.txt"), "Release 2.\n").unwrap();
+    ctx.pack_signed_at(&d2, "2.0.0", "2", &key, "b2", now);
+    let public = public.display().to_string();
+    let server = ctx.server(
+        "home",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", ADMIN),
+            ("UPDATE_SERVER_AGENTS_ENROLLMENT_TOKEN", ENROLL),
+            ("UPDATE_SERVER_BUNDLE_PUBLIC_KEY", &public),
+        ],
+    );
+    e2e::run_ok(e2e::release_cmd(&ctx, &server, ADMIN, &["publish"]).arg(ctx.path("b1")));
+    e2e::run_ok(
+        ctx.cmd("update-server")
+            .args(["deployment", "create", "prod", "--selector", "env=prod"])
+            .args([
+                "--release",
+                "1.0.0+1",
+                "--server",
+                &server.url(""),
+                "--token",
+                ADMIN,
+            ]),
+    );
+    e2e::run_ok(e2e::release_cmd(&ctx, &server, ADMIN, &["publish"]).arg(ctx.path("b2")));
+
+    let agent = |uid: [u8; 16], seq: u64, env: Option<&str>| {
+        let mut m = described(uid, seq, "deployed");
+        m.capabilities |= AgentCapabilities::AcceptsPackages as u64
+            | AgentCapabilities::ReportsPackageStatuses as u64;
+        if let (Some(env), Some(d)) = (env, m.agent_description.as_mut()) {
+            d.non_identifying_attributes.push(kv("env", env));
+        }
+        m
+    };
+    let offered = |uid: [u8; 16], env: Option<&str>| {
+        let mut seq = 0;
+        let mut offer = None;
+        wait_until(LONG, "a package offer", || {
+            seq += 1;
+            let a = post(&server, &[], &agent(uid, seq, env).encode_to_vec());
+            assert_eq!(a.status, 200, "{}", a.text());
+            offer = ServerToAgent::decode(a.body.as_slice())
+                .unwrap()
+                .packages_available;
+            offer.is_some()
+        });
+        offer.unwrap().packages["agent"].clone()
+    };
+    let prod = offered([7; 16], Some("prod"));
+    assert_eq!(prod.version, "1.0.0+1");
+    let url = &prod.file.as_ref().unwrap().download_url;
+    assert!(url.contains("release=1.0.0%2B1"), "{url}");
+    let other = offered([8; 16], None);
+    assert_eq!(other.version, "2.0.0+2");
+    assert!(
+        !other
+            .file
+            .as_ref()
+            .unwrap()
+            .download_url
+            .contains("release="),
+        "{other:?}"
+    );
+    let rows = admin_agents(server.port, ADMIN);
+    let deployment_of = |uid: [u8; 16]| {
+        row(&rows, &uuid_text(uid)).map(|r| r["deployment"].as_str().unwrap_or("?").to_owned())
+    };
+    assert_eq!(deployment_of([7; 16]).as_deref(), Some("prod"));
+    assert_eq!(deployment_of([8; 16]).as_deref(), Some("default"));
+}

@@ -122,6 +122,7 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
             refused_by_server: None,
             workload: Some(crate::workload::initial_report(&spec)),
             waiting_window: None,
+            deployment: None,
         },
     ));
     let dirs = Dirs::new(&home, &config.workload.config_dir);
@@ -260,6 +261,10 @@ async fn serve(
                 unsent.flushed(flush_unsent(&home, &client).await);
                 let offered = answer.config.take();
                 let window = answer.window.take();
+                let deployment = answer.deployment.take();
+                if deployment.is_some() {
+                    board.update(|h| h.deployment.clone_from(&deployment));
+                }
                 wait = pace.answered(
                     &answer,
                     hold.as_ref(),

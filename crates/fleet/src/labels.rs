@@ -146,12 +146,20 @@ pub fn from_opamp_view(view: &str) -> Labels {
     let Some(attributes) = view["description"]["non_identifying"].as_object() else {
         return Labels::new();
     };
+    from_attributes(
+        attributes
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?))),
+    )
+}
+
+/// An OpAMP agent's labels from its non-identifying attributes: those that are
+/// well-formed labels, at most [`MAX_LABELS`].
+pub fn from_attributes<'a>(attributes: impl Iterator<Item = (&'a str, &'a str)>) -> Labels {
     attributes
-        .iter()
-        .filter_map(|(k, v)| Some((k, v.as_str()?)))
         .filter(|(k, v)| check_label(k, v).is_ok())
         .take(MAX_LABELS)
-        .map(|(k, v)| (k.clone(), v.to_owned()))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect()
 }
 

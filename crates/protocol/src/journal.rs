@@ -152,6 +152,10 @@ pub struct Health {
     /// said it at the last contact (`agent status` and `agent update --check` show it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_window: Option<WaitingWindow>,
+    /// The deployment the server said this agent follows at the last contact (`agent
+    /// status` shows it); absent before deployments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
 }
 
 /// A release held for a maintenance window that is not open yet.

@@ -332,6 +332,10 @@ pub struct NotSupported {
     /// An operator overrode this agent's update locks for this bundle: it updates now.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub override_locks: bool,
+    /// The deployment the agent follows (also in a `200`'s `"deployment"`); absent from
+    /// servers before deployments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
 }
 
 /// Header of a `register` from an id the fleet does not know, when the server requires

@@ -330,6 +330,7 @@ mod tests {
                 refused_by_server: None,
                 workload: None,
                 waiting_window: None,
+                deployment: None,
             }),
             health_pid_alive: true,
             agent_pid: Some(pid),

@@ -122,6 +122,15 @@ pub struct Answer {
     /// Accepted while its maintenance window is closed: the release it installs when the
     /// window opens.
     pub window: Option<wire::WindowOffer>,
+    /// The deployment the server says the agent follows (a plain name, or nothing).
+    pub deployment: Option<String>,
+}
+
+/// A deployment's name as a server said it, if it is one (a plain name of at most 64
+/// characters: nothing a server says goes to the status screen unchecked).
+fn plain_name(said: Option<&str>) -> Option<String> {
+    said.filter(|name| agent_protocol::names::is_plain(name, 64))
+        .map(str::to_owned)
 }
 
 /// Time allowed on top of a hold for the answer to arrive.
@@ -493,6 +502,7 @@ impl Client {
             server_holds,
             config: None,
             window: None,
+            deployment: None,
         };
         let status = resp.status();
         match status {
@@ -505,6 +515,8 @@ impl Client {
                 {
                     self.keep_token(json.get("token").and_then(|t| t.as_str()));
                     self.note_no_bundle(json.get("no_bundle").and_then(|t| t.as_str()));
+                    accepted.deployment =
+                        plain_name(json.get("deployment").and_then(|d| d.as_str()));
                     accepted.window = json
                         .get_mut("window")
                         .map(serde_json::Value::take)
@@ -542,7 +554,11 @@ impl Client {
                     });
                 }
                 self.keep_token(ns.token.as_deref());
-                Ok(answer(Directive::Refused(ns)))
+                let deployment = plain_name(ns.deployment.as_deref());
+                Ok(Answer {
+                    deployment,
+                    ..answer(Directive::Refused(ns))
+                })
             }
             StatusCode::SERVICE_UNAVAILABLE if resp.headers().contains_key(RETRY_AFTER) => {
                 let retry_after = crate::contact::backoff::retry_after_of(&resp, Duration::ZERO);

@@ -56,6 +56,9 @@ pub fn render(install: &Installation, config: &Config) -> String {
                 .map(|t| format!("{}s ago", state::now_secs().saturating_sub(t)))
                 .unwrap_or_else(|| "never".into());
             let _ = writeln!(out, "contact:  last successful {contact}");
+            if let Some(deployment) = &h.deployment {
+                let _ = writeln!(out, "deployment: {deployment}");
+            }
             if let Some(expected) = &h.refused_by_server {
                 let _ = writeln!(out, "directive: refused; the server expects {expected}");
             }

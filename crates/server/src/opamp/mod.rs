@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_fleet::db::now_ms;
+use agent_fleet::deployments::{AgentFacts, Route};
 use agent_fleet::opamp::OpampAgent;
 use agent_fleet::outage::Deferred;
 use agent_opamp::answer::{self, AgentPackage, Offers};
@@ -149,7 +150,8 @@ pub async fn exchange(
         obs.new_instance_uid = Some(InstanceUid::new_v7());
     }
     let view = &obs.view;
-    let package = agent_package(s, view);
+    let route = route(s, &id, view).await;
+    let package = agent_package(s, view, route.release.as_deref());
     let mut offers = Offers::default();
     if !obs.duplicate {
         let at_ms = now_ms();
@@ -187,17 +189,17 @@ pub async fn exchange(
                 count_package_report(s, &id, view, pkg).await?;
             }
             if !obs.disconnected {
-                offers.packages = offer_package(s, &id, view, pkg).await?;
+                offers.packages = offer_package(s, &id, view, pkg, &route).await?;
             }
         }
         if package.is_none()
             && view.has(AgentCapabilities::AcceptsPackages)
             && !obs.disconnected
-            && lacks_bundle(s, view)
+            && lacks_bundle(s, view, &route)
             && s.fleet.auto_update()
         {
             let running = running_agent_version(view);
-            s.fleet
+            route
                 .rollouts
                 .offer(&id, view.group(), running.as_ref(), false)
                 .await
@@ -235,10 +237,11 @@ pub async fn push(
     if view.has(AgentCapabilities::AcceptsRemoteConfig) {
         offers.remote_config = offer_config(s, &id, &view).await.ok()?;
     }
+    let route = route(s, &id, &view).await;
     if view.has(AgentCapabilities::AcceptsPackages)
-        && let Some(pkg) = agent_package(s, &view)
+        && let Some(pkg) = agent_package(s, &view, route.release.as_deref())
     {
-        offers.packages = offer_package(s, &id, &view, &pkg).await.ok()?;
+        offers.packages = offer_package(s, &id, &view, &pkg, &route).await.ok()?;
     }
     let obs = agent_opamp::session::Observation {
         uid,
@@ -255,19 +258,65 @@ pub async fn push(
     (out.remote_config.is_some() || out.packages_available.is_some()).then_some(out)
 }
 
-/// The bundle of the served release for this agent as the `agent` package, when there
-/// is one to offer ([`bundle_for`]).
-fn agent_package(s: &Shared, view: &AgentView) -> Option<AgentPackage> {
-    let Current::Ready(release) = s.store.current() else {
-        return None;
+/// The deployment an OpAMP agent follows, as a native agent's is found: its labels are
+/// its non-identifying attributes, with the server's own and the built-in ones of its
+/// platform, group and version. While the fleet database is away, the one this server
+/// last answered it by.
+async fn route(s: &Shared, id: &str, view: &AgentView) -> Route {
+    let reported = view
+        .description
+        .as_ref()
+        .map_or_else(Default::default, |d| {
+            agent_fleet::labels::from_attributes(
+                d.non_identifying
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str())),
+            )
+        });
+    let platform = platform_of(view);
+    let version = version_of(view);
+    let facts = AgentFacts {
+        id,
+        reported: Some(&reported),
+        platform: &platform,
+        group: view.group(),
+        version: &version,
+    };
+    let deployments = &s.fleet.deployments;
+    if s.fleet.outage.is_down() {
+        return deployments.route_offline(&facts);
+    }
+    match deployments.route_agent(&facts).await {
+        Ok(route) => route,
+        Err(e) => {
+            if e.is_unavailable() {
+                s.fleet.outage.went_down(&e);
+            } else {
+                tracing::warn!(agent = %id, "OpAMP: which deployment the agent follows: {e}");
+            }
+            deployments.route_offline(&facts)
+        }
+    }
+}
+
+/// The bundle of the release of the agent's deployment (`release`; `None`: the served
+/// one) as the `agent` package, when there is one to offer ([`bundle_for`]). A release a
+/// deployment names that this server has not loaded yet offers nothing meanwhile.
+fn agent_package(s: &Shared, view: &AgentView, release: Option<&str>) -> Option<AgentPackage> {
+    let (release, named) = match release {
+        Some(id) => (s.catalog.get(id)?, Some(id)),
+        None => match s.store.current() {
+            Current::Ready(release) => (release, None),
+            Current::Unavailable(_) => return None,
+        },
     };
     let os = attribute(view, "os.type").unwrap_or_default();
     let arch = attribute(view, "host.arch").unwrap_or_default();
     let bundle = bundle_for(&release, os, arch)?;
-    let path = if release.is_single() {
-        wire::DOWNLOAD_PATH.to_owned()
-    } else {
-        wire::for_platform(wire::DOWNLOAD_PATH, &bundle.platform)
+    let path = match named {
+        Some(id) => wire::for_release(wire::DOWNLOAD_PATH, &bundle.platform, id),
+        None if release.is_single() => wire::DOWNLOAD_PATH.to_owned(),
+        None => wire::for_platform(wire::DOWNLOAD_PATH, &bundle.platform),
     };
     Some(AgentPackage {
         version: bundle.version().to_string(),
@@ -297,9 +346,13 @@ fn bundle_for<'a>(
         .find_map(|t| release.bundles().iter().find(|b| b.platform == *t))
 }
 
-/// Whether the served release has bundles but none this agent runs.
-fn lacks_bundle(s: &Shared, view: &AgentView) -> bool {
-    matches!(s.store.current(), Current::Ready(_)) && agent_package(s, view).is_none()
+/// Whether the release of the agent's deployment has bundles but none this agent runs.
+fn lacks_bundle(s: &Shared, view: &AgentView, route: &Route) -> bool {
+    let loaded = match &route.release {
+        Some(id) => s.catalog.get(id).is_some(),
+        None => matches!(s.store.current(), Current::Ready(_)),
+    };
+    loaded && agent_package(s, view, route.release.as_deref()).is_none()
 }
 
 /// The package offer when the agent's wave is open, the fleet may update and the
@@ -309,13 +362,13 @@ async fn offer_package(
     id: &str,
     view: &AgentView,
     pkg: &AgentPackage,
+    route: &Route,
 ) -> Result<Option<agent_opamp::proto::PackagesAvailable>, Refused> {
     if !s.fleet.auto_update() {
         return Ok(None);
     }
     let running = running_agent_version(view);
-    let target = s
-        .fleet
+    let target = route
         .rollouts
         .offer(id, view.group(), running.as_ref(), true)
         .await

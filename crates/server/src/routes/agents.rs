@@ -98,6 +98,8 @@ enum Greeting {
         config: Option<wire::ConfigPayload>,
         /// The release it installs when its maintenance window opens.
         window: Option<wire::WindowOffer>,
+        /// The deployment it follows.
+        deployment: Option<String>,
     },
     Refused(NotSupported),
     /// Not a directive (no bundle to serve yet): answered as it is, never held.
@@ -105,6 +107,16 @@ enum Greeting {
 }
 
 impl Greeting {
+    /// The answer, naming the deployment the agent follows (`agent status` shows it).
+    fn in_deployment(mut self, name: String) -> Self {
+        match &mut self {
+            Greeting::Accepted { deployment, .. } => *deployment = Some(name),
+            Greeting::Refused(ns) => ns.deployment = Some(name),
+            Greeting::Other(_) => {}
+        }
+        self
+    }
+
     /// Whether an agent that knows `known` (the bundle it was refused with and stays
     /// away from, if any) learns something from this answer. A held connect waits for
     /// news; anything else is answered at once.
@@ -142,9 +154,13 @@ impl Greeting {
                 token,
                 config,
                 window,
+                deployment,
             } => {
                 let mut body =
                     serde_json::json!({ "status": "accepted", "expected": expected.to_string() });
+                if let Some(name) = deployment {
+                    body["deployment"] = serde_json::Value::String(name);
+                }
                 if let Some(why) = no_bundle {
                     body["no_bundle"] = serde_json::Value::String(why);
                 }
@@ -364,7 +380,22 @@ async fn decide(
     token: Option<String>,
     count: bool,
 ) -> Result<Greeting, ApiError> {
-    let route = route(s, &hello.hello, &hello.version).await?;
+    let mut route = route(s, &hello.hello, &hello.version).await?;
+    let deployment = std::mem::take(&mut route.deployment);
+    Ok(decide_routed(s, hello, current, token, count, route)
+        .await?
+        .in_deployment(deployment))
+}
+
+/// [`decide`] for the deployment the agent follows.
+async fn decide_routed(
+    s: &Shared,
+    hello: &Hello,
+    current: &Arc<Release>,
+    token: Option<String>,
+    count: bool,
+    route: Routed,
+) -> Result<Greeting, ApiError> {
     // Another deployment's release, or nothing to say until it is loaded: the agent
     // keeps its version meanwhile (it is never sent `default`'s release by mistake).
     let (release, named) = match route.release {
@@ -440,6 +471,7 @@ async fn decide(
         sha256: Some(bundle.info.sha256.clone()),
         token,
         override_locks,
+        deployment: None,
     }))
 }
 
@@ -474,12 +506,14 @@ async fn accept(
         token,
         config,
         window,
+        deployment: None,
     })
 }
 
 /// The deployment an agent follows (see [`agent_fleet::deployments`]): its rollouts and,
 /// for any but `default`, the release it names.
 struct Routed {
+    deployment: String,
     rollouts: Arc<agent_fleet::rollout::Rollouts>,
     /// `None` for `default` (the current release).
     release: Option<String>,
@@ -508,6 +542,7 @@ async fn route(s: &Shared, hello: &AgentHello, version: &AgentVersion) -> Result
         }
     };
     Ok(Routed {
+        deployment: route.deployment,
         rollouts: route.rollouts,
         release: route.release,
     })
@@ -844,6 +879,7 @@ mod tests {
                 sha256: sha.clone(),
                 opens_at: 1,
             }),
+            deployment: None,
         };
         assert!(
             waiting.is_news(None, Some("1")),

@@ -1,6 +1,7 @@
 //! `GET /install.sh`: the script that joins a machine to the fleet in one command
-//! (docs/install.md, "Provisioning a machine"), and the enrollment check it makes
-//! before it installs anything.
+//! (docs/install.md, "Provisioning a machine"), the enrollment check it makes before it
+//! installs anything, and, for a machine given labels or a group, the bundles of the
+//! release of the deployment they select (`GET /install/bundles`).
 //!
 //! The script is written per request from what this server serves now: its public URL,
 //! each bundle of the current release (platform, sha256, where to download it), whether
@@ -14,7 +15,7 @@ use std::io::{Cursor, Read};
 use agent_protocol::layout;
 use agent_protocol::properties::Properties;
 use agent_protocol::wire;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
@@ -24,6 +25,7 @@ use crate::store::{Current, Release, ServedBundle};
 
 pub(super) const SCRIPT_PATH: &str = "/install.sh";
 pub(super) const CHECK_PATH: &str = "/install/check-enrollment";
+pub(super) const BUNDLES_PATH: &str = "/install/bundles";
 
 /// What every script runs; the lines before it are this server's.
 const BODY: &str = include_str!("install.sh");
@@ -82,6 +84,98 @@ fn enrollment_verdict(required: &str, presented: Option<&str>) -> Result<(), &'s
     }
 }
 
+/// `GET /install/bundles?platform=T&group=G&labels=k=v,k=v`: what a new machine with
+/// these labels (and the built-in ones of its platform and group) installs. The first
+/// line is `deployment NAME RELEASE`, then the release's bundles as the script lists
+/// them. `200` with `refused` and the reason on the next line for labels that are not
+/// labels, or a deployment whose release this server has not loaded yet (busybox's
+/// `wget` shows no body of an error status).
+#[derive(Debug, Default, serde::Deserialize)]
+pub(super) struct BundlesQuery {
+    #[serde(default)]
+    platform: String,
+    #[serde(default)]
+    group: String,
+    #[serde(default)]
+    labels: String,
+}
+
+pub(super) async fn bundles(
+    State(state): State<AppState>,
+    Query(query): Query<BundlesQuery>,
+) -> Response {
+    let text = match selected_bundles(&state.inner, &query) {
+        Ok(text) => text,
+        Err(why) => format!("refused\n{why}\n"),
+    };
+    (
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        text,
+    )
+        .into_response()
+}
+
+fn selected_bundles(s: &Shared, query: &BundlesQuery) -> Result<String, String> {
+    let given: Vec<&str> = query
+        .labels
+        .split(',')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let own = agent_protocol::labels::parse_assignments(&given)?;
+    agent_protocol::labels::check(&own)?;
+    let labels = agent_fleet::labels::effective(
+        &own,
+        &agent_fleet::labels::Labels::new(),
+        agent_fleet::labels::built_in(&query.platform, &query.group, ""),
+    );
+    let table = s.fleet.deployments.table().get();
+    let chosen = agent_fleet::deployments::choose(&table, &labels);
+    let name = chosen.map_or(agent_fleet::deployments::DEFAULT, |d| d.name.as_str());
+    let (release, id) = match chosen.and_then(|d| d.release.clone()) {
+        None => match s.store.current() {
+            // default's: the paths the script of this server names anyway.
+            Current::Ready(release) => (release, None),
+            Current::Unavailable(_) => {
+                return Err(format!(
+                    "these labels select deployment {name}, whose release this server does not serve right now; ask its operator, then run this again"
+                ));
+            }
+        },
+        Some(id) => match s.catalog.get(&id) {
+            Some(release) => (release, Some(id)),
+            None => {
+                return Err(format!(
+                    "these labels select deployment {name}, whose release {id} this server has not loaded yet; run this again in a minute"
+                ));
+            }
+        },
+    };
+    let offers: Vec<Offer> = release
+        .bundles()
+        .iter()
+        .filter_map(|b| offer(b, release.is_single() && id.is_none()))
+        .map(|mut o| {
+            if let Some(id) = &id {
+                o.path = wire::for_release(wire::DOWNLOAD_PATH, &o.platform, id);
+                if o.signature_path.is_some() {
+                    o.signature_path =
+                        Some(wire::for_release(wire::SIGNATURE_PATH, &o.platform, id));
+                }
+            }
+            o
+        })
+        .collect();
+    Ok(format!(
+        "deployment {name} {}\n{}",
+        release.version(),
+        offer_lines(&offers).join("\n")
+    ))
+}
+
 /// One bundle of the release, as the script lists it.
 struct Offer {
     platform: String,
@@ -97,19 +191,7 @@ fn render(state: &Shared) -> String {
         // The script then says that there is nothing to install, and why to ask.
         Current::Unavailable(_) => Vec::new(),
     };
-    let bundles: Vec<String> = offers
-        .iter()
-        .map(|o| {
-            format!(
-                "{} {} {} {} {}",
-                o.platform,
-                o.sha256,
-                o.path,
-                o.signature_path.as_deref().unwrap_or("-"),
-                o.filename
-            )
-        })
-        .collect();
+    let bundles = offer_lines(&offers);
     let mut out = String::new();
     out.push_str("#!/bin/sh\n");
     out.push_str(&format!(
@@ -140,6 +222,24 @@ fn render(state: &Shared) -> String {
     ));
     out.push_str(&BODY.replace("@UNIT@", UNIT.trim_end()));
     out
+}
+
+/// The offers as the script reads them, one a line: platform, sha256, download path,
+/// signature path (`-` for none), file name.
+fn offer_lines(offers: &[Offer]) -> Vec<String> {
+    offers
+        .iter()
+        .map(|o| {
+            format!(
+                "{} {} {} {} {}",
+                o.platform,
+                o.sha256,
+                o.path,
+                o.signature_path.as_deref().unwrap_or("-"),
+                o.filename
+            )
+        })
+        .collect()
 }
 
 /// Each bundle of the served release as an offer.

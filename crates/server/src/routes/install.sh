@@ -121,43 +121,6 @@ elif [ -n "$PROXY" ]; then
     unset HTTP_PROXY HTTPS_PROXY
 fi
 
-# --- the platform -------------------------------------------------------------------
-[ "$(uname -s)" = Linux ] || fail "this machine runs $(uname -s); the agent runs on Linux only"
-case "$(uname -m)" in
-x86_64 | amd64) ARCH=x86_64; LOADER=/lib64/ld-linux-x86-64.so.2 ;;
-aarch64 | arm64) ARCH=aarch64; LOADER=/lib/ld-linux-aarch64.so.1 ;;
-*) fail "this machine's architecture $(uname -m) has no agent; the agent is built for x86_64 and aarch64" ;;
-esac
-# A glibc system has glibc's dynamic loader; anything else (musl, busybox, a distroless
-# container) runs only static musl builds.
-if [ -e "$LOADER" ]; then LIBC=gnu; else LIBC=musl; fi
-TARGET=$ARCH-unknown-linux-$LIBC
-STATIC=$ARCH-unknown-linux-musl
-
-# The release's bundle for this machine: its own platform's, else the static musl one of
-# its architecture (which runs on any Linux of that architecture).
-pick() {
-    printf '%s\n' "$BUNDLES" | while read -r platform sha path sig name; do
-        if [ "$platform" = "$1" ]; then
-            printf '%s %s %s %s\n' "$sha" "$path" "$sig" "$name"
-        fi
-    done
-}
-CHOSEN=$(pick "$TARGET")
-[ -n "$CHOSEN" ] || CHOSEN=$(pick "$STATIC")
-if [ -z "$CHOSEN" ]; then
-    offered=$(printf '%s\n' "$BUNDLES" | while read -r platform _; do
-        [ -z "$platform" ] || printf '%s ' "$platform"
-    done)
-    if [ -z "$offered" ]; then
-        fail "the server $SERVER_URL serves no agent bundle right now; ask its operator to put one in its download directory, then run this again"
-    fi
-    fail "this machine is $TARGET, but the server's release has agents only for: ${offered% }; ask its operator for a $TARGET or $STATIC bundle"
-fi
-read -r BUNDLE_SHA BUNDLE_PATH SIGNATURE_PATH BUNDLE_NAME <<EOF
-$CHOSEN
-EOF
-
 # --- the tools ----------------------------------------------------------------------
 if command -v curl >/dev/null 2>&1; then
     FETCH=curl
@@ -231,6 +194,57 @@ fetch() {
 if [ -n "$CA_PEM" ]; then
     printf '%s\n' "$CA_PEM" >"$WORK/ca.pem"
 fi
+
+# --- the platform -------------------------------------------------------------------
+[ "$(uname -s)" = Linux ] || fail "this machine runs $(uname -s); the agent runs on Linux only"
+case "$(uname -m)" in
+x86_64 | amd64) ARCH=x86_64; LOADER=/lib64/ld-linux-x86-64.so.2 ;;
+aarch64 | arm64) ARCH=aarch64; LOADER=/lib/ld-linux-aarch64.so.1 ;;
+*) fail "this machine's architecture $(uname -m) has no agent; the agent is built for x86_64 and aarch64" ;;
+esac
+# A glibc system has glibc's dynamic loader; anything else (musl, busybox, a distroless
+# container) runs only static musl builds.
+if [ -e "$LOADER" ]; then LIBC=gnu; else LIBC=musl; fi
+TARGET=$ARCH-unknown-linux-$LIBC
+STATIC=$ARCH-unknown-linux-musl
+
+# A machine given labels or a group installs the release of the deployment they select
+# (the one it would follow once joined), not necessarily default's.
+if [ -n "$LABELS$GROUP" ]; then
+    selection="platform=$TARGET&group=$GROUP&labels=$(printf '%s' "$LABELS" | tr ' ' ',')"
+    fetch "$SERVER_URL/install/bundles?$selection" "$WORK/bundles" ||
+        fail "cannot ask $SERVER_URL which release these labels select; check the network and run this again"
+    if [ "$(head -n 1 "$WORK/bundles")" = refused ]; then
+        fail "the server refused these labels: $(sed -n 2p "$WORK/bundles"); nothing was installed"
+    fi
+    read -r _ DEPLOYMENT RELEASE <"$WORK/bundles"
+    say "these labels select deployment $DEPLOYMENT: installing its release $RELEASE"
+    BUNDLES=$(sed 1d "$WORK/bundles")
+fi
+
+# The release's bundle for this machine: its own platform's, else the static musl one of
+# its architecture (which runs on any Linux of that architecture).
+pick() {
+    printf '%s\n' "$BUNDLES" | while read -r platform sha path sig name; do
+        if [ "$platform" = "$1" ]; then
+            printf '%s %s %s %s\n' "$sha" "$path" "$sig" "$name"
+        fi
+    done
+}
+CHOSEN=$(pick "$TARGET")
+[ -n "$CHOSEN" ] || CHOSEN=$(pick "$STATIC")
+if [ -z "$CHOSEN" ]; then
+    offered=$(printf '%s\n' "$BUNDLES" | while read -r platform _; do
+        [ -z "$platform" ] || printf '%s ' "$platform"
+    done)
+    if [ -z "$offered" ]; then
+        fail "the server $SERVER_URL serves no agent bundle right now; ask its operator to put one in its download directory, then run this again"
+    fi
+    fail "this machine is $TARGET, but the server's release has agents only for: ${offered% }; ask its operator for a $TARGET or $STATIC bundle"
+fi
+read -r BUNDLE_SHA BUNDLE_PATH SIGNATURE_PATH BUNDLE_NAME <<EOF
+$CHOSEN
+EOF
 
 # The enrollment token is checked before anything is installed, so that a wrong one
 # fails here with the server's words rather than later in the agent's log. The answer

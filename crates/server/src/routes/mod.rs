@@ -69,7 +69,8 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route(wire::SIGNATURE_PATH, get(download::signature))
         .route(wire::DELTA_PATH, get(delta::delta).head(delta::delta))
         .route(install::SCRIPT_PATH, get(install::script))
-        .route(install::CHECK_PATH, get(install::check_enrollment));
+        .route(install::CHECK_PATH, get(install::check_enrollment))
+        .route(install::BUNDLES_PATH, get(install::bundles));
     // A release's bundles take longer to send than a request's clock allows.
     let uploads = Router::new().route(
         "/admin/releases",
