@@ -61,6 +61,7 @@ struct SimAgent {
     group: String,
     token: Option<String>,
     config_hash: String,
+    labels: Option<Value>,
 }
 
 impl SimAgent {
@@ -71,7 +72,13 @@ impl SimAgent {
             group: group.into(),
             token: None,
             config_hash: String::new(),
+            labels: None,
         }
+    }
+
+    fn with_labels(mut self, labels: Value) -> Self {
+        self.labels = Some(labels);
+        self
     }
 
     fn post(&self, server: &ServerProc, path: &str, body: &Value) -> (u16, Value) {
@@ -108,6 +115,9 @@ impl SimAgent {
         }
         if !self.config_hash.is_empty() {
             body["config_hash"] = json!(self.config_hash);
+        }
+        if let Some(labels) = &self.labels {
+            body["labels"] = labels.clone();
         }
         let (status, json) = self.post(server, path, &body);
         if let Some(token) = json["token"].as_str() {
@@ -555,4 +565,84 @@ fn fleet_sim_agents_apply_a_set_in_waves_and_each_is_counted_once() {
         assert_eq!(row["config_status"], "APPLIED", "{row}");
     }
     e2e::signal(pid, "TERM");
+}
+
+/// `config push --selector S` (the deployments issue, item 6): the agents a selector
+/// chooses run its set before their group's, in its own config rollout; a label the
+/// server sets moves an agent to it; deleted, they run their group's set again.
+#[test]
+fn a_set_pushed_for_a_selector_reaches_the_agents_it_chooses_before_their_groups() {
+    let ctx = TestContext::new();
+    let server = server_with_bundle(&ctx, "1.0.0", &[]);
+    let mut prod =
+        SimAgent::new("agent-p", "1.0.0+1", "canary").with_labels(json!({"env": "prod"}));
+    let mut other = SimAgent::new("agent-o", "1.0.0+1", "canary");
+    prod.connect(&server);
+    other.connect(&server);
+    let (status, body) = put_set(&server, "canary", &files(&[("web.yml", "canary\n")]));
+    assert_eq!(status, 200, "{body}");
+    let canary = body["hash"].as_str().unwrap().to_owned();
+
+    let cli = |args: &[&str]| {
+        let mut cmd = ctx.cmd("update-server");
+        cmd.args(["config"])
+            .args(args)
+            .args(["--server", &server.url(""), "--token", TOKEN]);
+        cmd
+    };
+    let refused = e2e::run_fails(&mut cli(&["push", "--selector", "env in (", "x"]), 1);
+    assert!(refused.contains("column"), "{refused}");
+    let dir = ctx.path("prod-set");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("web.yml"), "prod\n").unwrap();
+    let said = e2e::stdout(&run_ok(
+        cli(&["push", "--selector", "env in (prod)"]).arg(&dir),
+    ));
+    assert!(
+        said.contains("for the agents of selector env in (prod)"),
+        "{said}"
+    );
+    let key = "selector:env in (prod)";
+    let selected = set_of(&config_status(&server), key)["hash"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let (_, answer) = prod.connect(&server);
+    assert_eq!(answer["config"]["hash"], json!(selected), "{answer}");
+    prod.config_status(&server, &selected, true, "");
+    let (_, answer) = other.connect(&server);
+    assert_eq!(answer["config"]["hash"], json!(canary), "{answer}");
+    other.config_status(&server, &canary, true, "");
+    // Its rollout placed the agent it chooses, and only that one.
+    wait_until(LONG, "the selector's config rollout to complete", || {
+        set_of(&config_status(&server), key)["rollout"]["state"] == "completed"
+    });
+    let status = config_status(&server);
+    let set = set_of(&status, key);
+    assert_eq!(set["applied"], 1, "{set}");
+
+    // The server labels the other agent env=prod: it follows the selector's set.
+    let (status, body) = admin(
+        &server,
+        "POST",
+        "/admin/agents/agent-o/labels",
+        br#"{"set": {"env": "prod"}}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let (_, answer) = other.connect(&server);
+    assert_eq!(answer["config"]["hash"], json!(selected), "{answer}");
+
+    // Deleted: the agents it chose run their group's set again.
+    let said = e2e::stdout(&run_ok(&mut cli(&[
+        "delete",
+        "--selector",
+        "env in (prod)",
+    ])));
+    assert!(
+        said.contains("deleted the set of the agents of selector"),
+        "{said}"
+    );
+    let (_, answer) = prod.connect(&server);
+    assert_eq!(answer["config"]["hash"], json!(canary), "{answer}");
 }

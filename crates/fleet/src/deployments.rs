@@ -722,6 +722,14 @@ impl Deployments {
         self.route(agent.id, &labels).await
     }
 
+    /// An agent's effective labels (what it says, the server's, the built-ins), as a
+    /// selector sees them; the server's from memory ([`Deployments::route_agent`]'s).
+    pub async fn labels_of(&self, agent: &AgentFacts<'_>) -> Result<Labels, FleetError> {
+        let stored = self.stored_labels(agent.id).await?;
+        let (own, server) = &*stored;
+        Ok(agent.effective(agent.reported.unwrap_or(own), server))
+    }
+
     /// The agent's stored labels (its own, the server's): from memory, or read once.
     async fn stored_labels(&self, agent: &str) -> Result<Arc<(Labels, Labels)>, FleetError> {
         let revision = {

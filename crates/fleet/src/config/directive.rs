@@ -1,6 +1,9 @@
 //! Which configuration set an agent runs and whether an answer carries it: pure
 //! functions of what the fleet knows, unit tested without a database.
 
+use agent_protocol::selector::Selector;
+
+use crate::labels::Labels;
 use crate::rollout::step::State;
 
 /// The group of agents whose own group has no set (or who have no group).
@@ -20,6 +23,35 @@ pub fn check_group(group: &str) -> Result<(), String> {
     }
 }
 
+/// The key of a set for the agents a selector chooses (`config push --selector S`):
+/// `selector:S`. No group name holds a `:`, so the two never meet.
+pub const SELECTOR_PREFIX: &str = "selector:";
+
+/// The selector of a set's key, when it is a selector's.
+pub fn selector_of(key: &str) -> Option<&str> {
+    key.strip_prefix(SELECTOR_PREFIX)
+}
+
+/// Whether `key` may name a set: a group name, or `selector:` and a selector that
+/// parses (the error says where it does not).
+pub fn check_key(key: &str) -> Result<(), String> {
+    match selector_of(key) {
+        Some(text) => Selector::parse(text)
+            .map(|_| ())
+            .map_err(|e| format!("selector {text:?}: {e}")),
+        None => check_group(key),
+    }
+}
+
+/// A set keyed by a selector, as the directive weighs it: its key, its selector parsed,
+/// and when it was pushed (unix milliseconds).
+#[derive(Debug, Clone)]
+pub struct SelectorSet {
+    pub key: String,
+    pub selector: Selector,
+    pub created_at: i64,
+}
+
 /// The group whose set an agent of `group` runs: its own when that group has a set,
 /// otherwise `default`'s.
 pub fn effective_group(group: &str, has_set: impl Fn(&str) -> bool) -> &str {
@@ -28,6 +60,25 @@ pub fn effective_group(group: &str, has_set: impl Fn(&str) -> bool) -> &str {
     } else {
         DEFAULT_GROUP
     }
+}
+
+/// The key of the set an agent with `labels` in `group` runs: of the sets whose selector
+/// matches its labels, the newest (ties: the greater key); else its group's
+/// ([`effective_group`]).
+pub fn effective_key(
+    group: &str,
+    labels: &Labels,
+    selectors: &[SelectorSet],
+    has_set: impl Fn(&str) -> bool,
+) -> String {
+    selectors
+        .iter()
+        .filter(|s| s.selector.matches(labels))
+        .max_by(|a, b| (a.created_at, &a.key).cmp(&(b.created_at, &b.key)))
+        .map_or_else(
+            || effective_group(group, has_set).to_owned(),
+            |s| s.key.clone(),
+        )
 }
 
 /// An agent's place in the config rollout of the set it should run.
@@ -105,6 +156,37 @@ mod tests {
         assert_eq!(effective_group("edge", has), DEFAULT_GROUP);
         assert_eq!(effective_group("", has), DEFAULT_GROUP);
         assert_eq!(effective_group("default", has), DEFAULT_GROUP);
+    }
+
+    #[test]
+    fn a_selectors_set_comes_before_the_groups_and_the_newest_match_wins() {
+        let set = |key: &str, at: i64| SelectorSet {
+            key: format!("{SELECTOR_PREFIX}{key}"),
+            selector: Selector::parse(key).unwrap(),
+            created_at: at,
+        };
+        let selectors = [set("env=prod", 1), set("region=eu", 2)];
+        let has = |g: &str| g == "canary";
+        let labels = |pairs: &[(&str, &str)]| -> Labels {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let key =
+            |group: &str, l: &[(&str, &str)]| effective_key(group, &labels(l), &selectors, has);
+        assert_eq!(key("canary", &[("env", "prod")]), "selector:env=prod");
+        assert_eq!(
+            key("", &[("env", "prod"), ("region", "eu")]),
+            "selector:region=eu"
+        );
+        assert_eq!(key("canary", &[("env", "dev")]), "canary");
+        assert_eq!(key("edge", &[]), DEFAULT_GROUP);
+        assert_eq!(selector_of("selector:env=prod"), Some("env=prod"));
+        assert_eq!(selector_of("canary"), None);
+        assert!(check_key("selector:env in (prod").is_err());
+        assert!(check_key("selector:env in (prod,dev)").is_ok());
+        assert!(check_key("canary").is_ok() && check_key("a:b").is_err());
     }
 
     #[test]

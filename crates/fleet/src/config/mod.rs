@@ -1,5 +1,6 @@
-//! Remote configuration: the workload's files, one set per agent group, reaching the
-//! fleet in waves like a bundle and acknowledged by each agent (`APPLIED` or `FAILED`).
+//! Remote configuration: the workload's files, one set per agent group (or per label
+//! selector: `selector:env=prod`, which comes before the group's), reaching the fleet in
+//! waves like a bundle and acknowledged by each agent (`APPLIED` or `FAILED`).
 //!
 //! - [`directive`]: which set an agent runs and whether an answer carries it (pure);
 //! - [`store`]: the sets and the agents' configuration columns;
@@ -65,6 +66,8 @@ pub struct Configs {
     /// server's configuration is read again.
     plan: RwLock<Arc<Plan>>,
     groups: RwLock<HashMap<String, GroupSet>>,
+    /// The sets keyed by a selector, parsed: which an agent runs depends on its labels.
+    selectors: RwLock<Arc<Vec<directive::SelectorSet>>>,
     /// Told whenever a set or its rollout moves, so held connects look again.
     news: Arc<News>,
 }
@@ -93,8 +96,49 @@ impl Configs {
             engine: Engine::new(db, server),
             plan: RwLock::new(Arc::new(plan)),
             groups: RwLock::new(HashMap::new()),
+            selectors: RwLock::default(),
             news,
         }
+    }
+
+    /// Whether some set is keyed by a selector: then an agent's labels decide its set.
+    pub fn has_selectors(&self) -> bool {
+        !self.selectors().is_empty()
+    }
+
+    fn selectors(&self) -> Arc<Vec<directive::SelectorSet>> {
+        Arc::clone(&self.selectors.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The key of the set an agent of `group` with `labels` runs (`None`: its labels are
+    /// not known; only its group counts).
+    fn key_for(
+        &self,
+        group: &str,
+        labels: Option<&crate::labels::Labels>,
+        groups: &HashMap<String, GroupSet>,
+    ) -> String {
+        match labels {
+            Some(labels) => directive::effective_key(group, labels, &self.selectors(), |g| {
+                groups.contains_key(g)
+            }),
+            None => directive::effective_group(group, |g| groups.contains_key(g)).to_owned(),
+        }
+    }
+
+    /// An agent's labels as the fleet keeps them, when a selector's set may be its.
+    async fn labels_of(&self, agent: &str) -> Result<Option<crate::labels::Labels>, FleetError> {
+        if !self.has_selectors() {
+            return Ok(None);
+        }
+        let Some(row) = self.db().agent(agent).await? else {
+            return Ok(None);
+        };
+        let opamp = self.db().opamp_agent(agent).await?;
+        Ok(Some(crate::labels::of_agent(
+            &row,
+            opamp.as_ref().map(|o| o.view.as_str()),
+        )))
     }
 
     fn db(&self) -> &Db {
@@ -155,6 +199,24 @@ impl Configs {
             }
         }
         let mut groups = HashMap::new();
+        let mut selectors = Vec::new();
+        for set in &sets {
+            let Some(text) = directive::selector_of(&set.group) else {
+                continue;
+            };
+            match agent_protocol::selector::Selector::parse(text) {
+                Ok(selector) => selectors.push(directive::SelectorSet {
+                    key: set.group.clone(),
+                    selector,
+                    created_at: set.created_at,
+                }),
+                Err(e) => tracing::warn!(
+                    "configuration set {} is left out: its selector does not parse ({e}); delete it",
+                    set.group
+                ),
+            }
+        }
+        *self.selectors.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(selectors);
         for set in sets {
             let rollout =
                 rstore::find::<ConfigSet>(self.db().pool(), &set.group, &set.hash, set.created_at)
@@ -223,15 +285,45 @@ impl Configs {
             let plan = self.plan();
             store::put_set(&mut tx, group, &hash, &files, now).await?;
             let since = now / 1000 - i64::try_from(plan.agent_deadline).unwrap_or(i64::MAX);
-            let candidates: Vec<Candidate> = store::group_agents(&mut *tx, group, since)
-                .await?
-                .into_iter()
-                .map(|(id, group, running)| Candidate {
-                    id,
-                    group,
-                    on_target: running == hash,
-                })
-                .collect();
+            let mut selectors = (*self.selectors()).clone();
+            if let Some(text) = directive::selector_of(group) {
+                let selector = agent_protocol::selector::Selector::parse(text)
+                    .map_err(|e| FleetError::Invalid(format!("selector {text:?}: {e}")))?;
+                selectors.retain(|s| s.key != group);
+                selectors.push(directive::SelectorSet {
+                    key: group.to_owned(),
+                    selector,
+                    created_at: now,
+                });
+            }
+            let candidates: Vec<Candidate> = if selectors.is_empty() {
+                store::group_agents(&mut *tx, group, since)
+                    .await?
+                    .into_iter()
+                    .map(|(id, group, running)| Candidate {
+                        id,
+                        group,
+                        on_target: running == hash,
+                    })
+                    .collect()
+            } else {
+                // Which set each agent runs depends on its labels: weighed here, with this
+                // set among the others.
+                let groups = self.groups();
+                let has_set = |g: &str| g == group || groups.contains_key(g);
+                store::labelled_agents(&mut *tx, since)
+                    .await?
+                    .into_iter()
+                    .filter(|a| {
+                        directive::effective_key(&a.group, &a.labels, &selectors, has_set) == group
+                    })
+                    .map(|a| Candidate {
+                        on_target: a.config_hash == hash,
+                        id: a.id,
+                        group: a.group,
+                    })
+                    .collect()
+            };
             let new = NewRollout {
                 kind: Kind::Config,
                 group,
@@ -298,18 +390,20 @@ impl Configs {
     /// The set to send in the answer to `agent` of `group` that runs `running`, if it
     /// should run another; records that it was sent (`APPLYING`), or, when it runs the
     /// set already, that it applied it (its status may have been lost).
+    /// `labels`: the agent's, when some set is keyed by a selector ([`Configs::has_selectors`]).
     pub async fn answer(
         &self,
         agent: &str,
         group: &str,
+        labels: Option<&crate::labels::Labels>,
         running: &str,
     ) -> Result<Option<ConfigPayload>, FleetError> {
         let groups = self.groups();
-        let effective = directive::effective_group(group, |g| groups.contains_key(g));
+        let effective = self.key_for(group, labels, &groups);
         let Some(GroupSet {
             set,
             rollout: Some(rollout),
-        }) = groups.get(effective).cloned()
+        }) = groups.get(&effective).cloned()
         else {
             return Ok(None);
         };
@@ -370,9 +464,10 @@ impl Configs {
             .await?
             .unwrap_or_default();
         let groups = self.groups();
-        let effective = directive::effective_group(&group, |g| groups.contains_key(g));
+        let labels = self.labels_of(&status.id).await?;
+        let effective = self.key_for(&group, labels.as_ref(), &groups);
         let Some(rollout) = groups
-            .get(effective)
+            .get(&effective)
             .and_then(|g| g.rollout.clone())
             .filter(|r| r.subject.hash == status.hash)
         else {

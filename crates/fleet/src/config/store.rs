@@ -159,6 +159,54 @@ pub async fn set_agent_status<'e>(
     Ok(())
 }
 
+/// An agent a config rollout may place when sets are keyed by selectors: what decides
+/// its set.
+#[derive(Debug, Clone)]
+pub struct LabelledAgent {
+    pub id: String,
+    pub group: String,
+    pub config_hash: String,
+    /// Its own labels, the server's, the built-ins (see [`crate::labels::effective`]).
+    pub labels: crate::labels::Labels,
+}
+
+/// Agents heard from since `since_secs` that take configuration sets, with their labels.
+pub async fn labelled_agents<'e>(
+    e: impl Executor<'e, Database = Any>,
+    since_secs: i64,
+) -> Result<Vec<LabelledAgent>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT id, agent_group, version, platform, labels, server_labels, config_hash FROM agents
+         WHERE last_contact >= $1
+           AND (protocol <> 'opamp' OR id IN (SELECT agent_id FROM agent_opamp WHERE accepts_remote_config = 1))
+           AND id NOT IN (SELECT id FROM agents_revoked)
+         ORDER BY id",
+    )
+    .bind(since_secs)
+    .fetch_all(e)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let (id, group, version, platform): (String, String, String, String) =
+                (r.get(0), r.get(1), r.get(2), r.get(3));
+            let own = crate::labels::from_json(r.get::<Option<String>, _>(4).as_deref());
+            let server = crate::labels::from_json(r.get::<Option<String>, _>(5).as_deref());
+            let labels = crate::labels::effective(
+                &own,
+                &server,
+                crate::labels::built_in(&platform, &group, &version),
+            );
+            LabelledAgent {
+                id,
+                group,
+                config_hash: r.get(6),
+                labels,
+            }
+        })
+        .collect())
+}
+
 /// An agent's group, as recorded.
 pub async fn agent_group<'e>(
     e: impl Executor<'e, Database = Any>,

@@ -19,6 +19,10 @@ pub enum ConfigCommand {
         /// The agents' group (agent.group); `default`: agents whose group has no set.
         #[arg(long, default_value = "default")]
         group: String,
+        /// The agents a label selector chooses instead of a group (`env=prod,region in
+        /// (eu)`): their set comes before their group's.
+        #[arg(long, value_name = "SELECTOR", conflicts_with = "group")]
+        selector: Option<String>,
         /// The directory whose regular files make the set.
         dir: PathBuf,
         /// Store a set with no files although it empties conf/workload/ on every agent
@@ -35,13 +39,21 @@ pub enum ConfigCommand {
     Status,
     /// Return a group to `default`'s set.
     Delete {
-        #[arg(long)]
-        group: String,
+        #[arg(long, required_unless_present = "selector")]
+        group: Option<String>,
+        /// The agents a label selector chooses instead of a group (`env=prod,region in
+        /// (eu)`): their set comes before their group's.
+        #[arg(long, value_name = "SELECTOR", conflicts_with = "group")]
+        selector: Option<String>,
     },
     /// Send the group's set to no more agents.
     Halt {
         #[arg(long, default_value = "default")]
         group: String,
+        /// The agents a label selector chooses instead of a group (`env=prod,region in
+        /// (eu)`): their set comes before their group's.
+        #[arg(long, value_name = "SELECTOR", conflicts_with = "group")]
+        selector: Option<String>,
         /// Why, recorded with the halt.
         #[arg(long)]
         reason: Option<String>,
@@ -50,28 +62,83 @@ pub enum ConfigCommand {
     Resume {
         #[arg(long, default_value = "default")]
         group: String,
+        /// The agents a label selector chooses instead of a group (`env=prod,region in
+        /// (eu)`): their set comes before their group's.
+        #[arg(long, value_name = "SELECTOR", conflicts_with = "group")]
+        selector: Option<String>,
     },
     /// Open the config rollout's next wave now.
     Advance {
         #[arg(long, default_value = "default")]
         group: String,
+        /// The agents a label selector chooses instead of a group (`env=prod,region in
+        /// (eu)`): their set comes before their group's.
+        #[arg(long, value_name = "SELECTOR", conflicts_with = "group")]
+        selector: Option<String>,
     },
 }
 
+/// The key of the set a command names: the group's name, or `selector:S`.
+fn key(group: Option<&str>, selector: Option<&str>) -> String {
+    match selector {
+        Some(s) => format!("selector:{s}"),
+        None => group.unwrap_or("default").to_owned(),
+    }
+}
+
+/// A set's key as one path segment: a selector's spaces, commas and parentheses escaped.
+fn path_segment(key: &str) -> String {
+    key.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b':' | b'=') {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Who a set is for, in words: `group canary`, `selector env=prod`.
+fn whose(key: &str) -> String {
+    match key.strip_prefix("selector:") {
+        Some(s) => format!("the agents of selector {s}"),
+        None => format!("group {key}"),
+    }
+}
+
 impl ConfigCommand {
+    /// The key of the set this command is about.
+    fn set_key(&self) -> String {
+        match self {
+            ConfigCommand::Push {
+                group, selector, ..
+            }
+            | ConfigCommand::Halt {
+                group, selector, ..
+            }
+            | ConfigCommand::Resume { group, selector }
+            | ConfigCommand::Advance { group, selector } => key(Some(group), selector.as_deref()),
+            ConfigCommand::Delete { group, selector } => key(group.as_deref(), selector.as_deref()),
+            ConfigCommand::Status => String::new(),
+        }
+    }
+
     pub(super) async fn run(&self, client: &AdminClient, json: bool) -> anyhow::Result<()> {
         let answer = client.config(self).await?;
         if json {
             return super::print_json(&answer);
         }
         match self {
-            ConfigCommand::Push { group, .. } => println!(
-                "stored set {} for group {group}",
-                answer["hash"].as_str().unwrap_or("?")
+            ConfigCommand::Push { .. } => println!(
+                "stored set {} for {}",
+                answer["hash"].as_str().unwrap_or("?"),
+                whose(&self.set_key())
             ),
-            ConfigCommand::Delete { group } => {
-                println!("deleted the set of group {group}; its agents run default's set")
-            }
+            ConfigCommand::Delete { .. } => println!(
+                "deleted the set of {}; its agents run their group's or default's set",
+                whose(&self.set_key())
+            ),
             _ => print!("{}", render_config(&answer)),
         }
         Ok(())
@@ -123,15 +190,22 @@ impl AdminClient {
     pub async fn config(&self, action: &ConfigCommand) -> anyhow::Result<Value> {
         let base = self.base()?;
         let http = self.http()?;
+        let key = action.set_key();
+        // A selector that does not parse is said before any file is read.
+        if let Some(text) = key.strip_prefix("selector:") {
+            agent_protocol::selector::Selector::parse(text)
+                .map_err(|e| anyhow::anyhow!("--selector {text:?}: {e}"))?;
+        }
+        let set = path_segment(&key);
         let request = match action {
             ConfigCommand::Push {
-                group,
                 dir,
                 allow_empty,
                 replace_all,
+                ..
             } => {
                 let files = read_set(dir)?;
-                http.put(format!("{base}/admin/config/{group}"))
+                http.put(format!("{base}/admin/config/{set}"))
                     .json(&serde_json::json!({
                         "files": files,
                         "allow_empty": allow_empty,
@@ -139,15 +213,13 @@ impl AdminClient {
                     }))
             }
             ConfigCommand::Status => http.get(format!("{base}/admin/config")),
-            ConfigCommand::Delete { group } => http.delete(format!("{base}/admin/config/{group}")),
-            ConfigCommand::Halt { group, reason } => http
-                .post(format!("{base}/admin/config/{group}/halt"))
+            ConfigCommand::Delete { .. } => http.delete(format!("{base}/admin/config/{set}")),
+            ConfigCommand::Halt { reason, .. } => http
+                .post(format!("{base}/admin/config/{set}/halt"))
                 .json(&serde_json::json!({ "reason": reason })),
-            ConfigCommand::Resume { group } => {
-                http.post(format!("{base}/admin/config/{group}/resume"))
-            }
-            ConfigCommand::Advance { group } => {
-                http.post(format!("{base}/admin/config/{group}/advance"))
+            ConfigCommand::Resume { .. } => http.post(format!("{base}/admin/config/{set}/resume")),
+            ConfigCommand::Advance { .. } => {
+                http.post(format!("{base}/admin/config/{set}/advance"))
             }
         };
         self.send(base, request).await

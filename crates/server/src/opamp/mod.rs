@@ -263,18 +263,7 @@ pub async fn push(
 /// platform, group and version. While the fleet database is away, the one this server
 /// last answered it by.
 async fn route(s: &Shared, id: &str, view: &AgentView) -> Route {
-    let reported = view
-        .description
-        .as_ref()
-        .map_or_else(Default::default, |d| {
-            agent_fleet::labels::from_attributes(
-                d.non_identifying
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str())),
-            )
-        });
-    let platform = platform_of(view);
-    let version = version_of(view);
+    let (reported, platform, version) = described(view);
     let facts = AgentFacts {
         id,
         reported: Some(&reported),
@@ -297,6 +286,22 @@ async fn route(s: &Shared, id: &str, view: &AgentView) -> Route {
             deployments.route_offline(&facts)
         }
     }
+}
+
+/// What an OpAMP agent says of itself for a selector: its non-identifying attributes
+/// that are labels, its platform and its version.
+fn described(view: &AgentView) -> (agent_fleet::labels::Labels, String, String) {
+    let reported = view
+        .description
+        .as_ref()
+        .map_or_else(Default::default, |d| {
+            agent_fleet::labels::from_attributes(
+                d.non_identifying
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str())),
+            )
+        });
+    (reported, platform_of(view), version_of(view))
 }
 
 /// The bundle of the release of the agent's deployment (`release`; `None`: the served
@@ -427,10 +432,30 @@ async fn offer_config(
         .filter(|r| r.status == Some(agent_opamp::view::ConfigStatus::Applied))
         .map(|r| r.hash.as_str())
         .unwrap_or_default();
+    // A set keyed by a selector may be the agent's: its labels decide.
+    let labels = if s.fleet.configs.has_selectors() {
+        let (reported, platform, version) = described(view);
+        let facts = AgentFacts {
+            id,
+            reported: Some(&reported),
+            platform: &platform,
+            group: view.group(),
+            version: &version,
+        };
+        Some(
+            s.fleet
+                .deployments
+                .labels_of(&facts)
+                .await
+                .map_err(|e| fleet_error(&e, s))?,
+        )
+    } else {
+        None
+    };
     let set = s
         .fleet
         .configs
-        .answer(id, view.group(), running)
+        .answer(id, view.group(), labels.as_ref(), running)
         .await
         .map_err(|e| fleet_error(&e, s))?;
     Ok(set.and_then(|set| {

@@ -496,7 +496,7 @@ async fn accept(
     if count {
         inc(&s.metrics.registrations_accepted);
     }
-    let config = config_directive(s, &hello.hello, &hello.config_hash).await?;
+    let config = config_directive(s, &hello.hello, &hello.version, &hello.config_hash).await?;
     if config.is_some() {
         inc(&s.metrics.configs_sent);
     }
@@ -587,13 +587,40 @@ async fn directive(
 async fn config_directive(
     s: &Shared,
     hello: &AgentHello,
+    version: &AgentVersion,
     running: &str,
 ) -> Result<Option<wire::ConfigPayload>, ApiError> {
     if s.fleet.outage.is_down() {
         return Ok(None);
     }
     let group = hello.group.as_deref().unwrap_or("");
-    match s.fleet.configs.answer(&hello.id, group, running).await {
+    // A set keyed by a selector may be the agent's: its labels decide.
+    let labels = if s.fleet.configs.has_selectors() {
+        let version = version.to_string();
+        let facts = agent_fleet::deployments::AgentFacts {
+            id: &hello.id,
+            reported: hello.labels.as_ref(),
+            platform: &hello.platform,
+            group,
+            version: &version,
+        };
+        match s.fleet.deployments.labels_of(&facts).await {
+            Ok(labels) => Some(labels),
+            Err(e) if e.is_unavailable() => {
+                s.fleet.outage.went_down(&e);
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    } else {
+        None
+    };
+    match s
+        .fleet
+        .configs
+        .answer(&hello.id, group, labels.as_ref(), running)
+        .await
+    {
         Ok(set) => Ok(set),
         Err(e) if e.is_unavailable() => {
             s.fleet.outage.went_down(&e);

@@ -52,8 +52,9 @@ pub(super) struct PutQuery {
     replace_all: bool,
 }
 
+/// A group's name, or `selector:S` for the agents a selector chooses.
 fn check_group(group: &str) -> Result<(), ApiError> {
-    directive::check_group(group).map_err(ApiError::bad_request)
+    directive::check_key(group).map_err(ApiError::bad_request)
 }
 
 /// `PUT /admin/config/<group>`.
