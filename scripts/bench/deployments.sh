@@ -66,8 +66,9 @@ alternating; median (min–max) over the rounds.
 | $((many + 1)) | $many50 | $many99 |
 
 p50 with $((many + 1)) against 1: $(awk -v a="$m50" -v b="$m1" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }'). Errors of any kind: $errors.
-With more than one deployment a connect reads the agent's labels (one indexed row) and
-matches them against each selector in memory: the cost grows with the deployments, not
-with the agents.
+With more than one deployment a connect matches the agent's labels against each selector
+in memory; the labels the fleet keeps for it are read once and kept (dropped when any
+server changes an agent's labels): the cost grows with the deployments, not with the
+agents.
 EOF2
 }

@@ -798,3 +798,108 @@ async fn remove_needs_the_forms_csrf() {
     assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
     assert_eq!(done.headers[header::LOCATION], "/agents");
 }
+
+/// The deployments on the page, in Chromium (the deployments issue): each with its
+/// selector, release and rollout, halted and resumed with its own buttons while
+/// `default`'s stays as it is, and each agent listed with the deployment it follows.
+#[test]
+fn deployments_show_on_the_page_and_their_buttons_steer_only_their_rollout() {
+    let ctx = TestContext::new();
+    let (key, public) = ctx.keygen("keys");
+    let now = e2e::now_secs();
+    ctx.pack_signed_at(&ctx.dist("d1"), "1.0.0", "1", &key, "b1", now - 60);
+    let d2 = ctx.dist("d2");
+    std::fs::write(d2.join("README.txt"), "Release 2.\n").unwrap();
+    ctx.pack_signed_at(&d2, "2.0.0", "2", &key, "b2", now);
+    let public = public.display().to_string();
+    let server = ctx.server(
+        "srv",
+        &[
+            ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN),
+            ("UPDATE_SERVER_BUNDLE_PUBLIC_KEY", &public),
+        ],
+    );
+    e2e::run_ok(e2e::release_cmd(&ctx, &server, TOKEN, &["publish"]).arg(ctx.path("b1")));
+    e2e::run_ok(
+        ctx.cmd("update-server")
+            .args(["deployment", "create", "prod", "--selector", "env=prod"])
+            .args([
+                "--release",
+                "1.0.0+1",
+                "--waves",
+                "1,100%",
+                "--wave-wait",
+                "3600",
+            ])
+            .args(["--server", &server.url(""), "--token", TOKEN]),
+    );
+    let prod_token = register(&server, "agent-p", "web-prod", "", "");
+    register(&server, "agent-d", "web-default", "", "");
+    let (status, body) = e2e::admin_call(
+        &server,
+        TOKEN,
+        "POST",
+        "/admin/agents/agent-p/labels",
+        r#"{"set": {"env": "prod"}}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    e2e::run_ok(
+        e2e::release_cmd(&ctx, &server, TOKEN, &["publish", "--deployment", "prod"])
+            .arg(ctx.path("b2")),
+    );
+    let prod_state = || {
+        let (_, d) = e2e::admin_call(&server, TOKEN, "GET", "/admin/deployments/prod", "");
+        (
+            d["release"].as_str().unwrap_or("").to_owned(),
+            d["rollout"]["state"].as_str().unwrap_or("").to_owned(),
+        )
+    };
+    // Its agent is told 2.0.0+2 at its next contact, and does not report: it runs on.
+    wait_until(
+        Duration::from_secs(60),
+        "prod's rollout of 2.0.0+2 to run",
+        || {
+            register(&server, "agent-p", "web-prod", "", &prod_token);
+            prod_state() == ("2.0.0+2".to_owned(), "running".to_owned())
+        },
+    );
+
+    let b = Browser::start(&ctx);
+    sign_in_browser(&b, &server, TOKEN);
+    b.goto(&server.url("/rollouts"));
+    let heading = b.text(&b.wait_for("#deployment-prod"));
+    assert!(
+        heading.contains("env=prod") && heading.contains("release 2.0.0+2"),
+        "{heading}"
+    );
+    let default_before = rollout_state(&server);
+    b.click(&b.find("form[action='/rollouts/deployment/prod/halt'] button"));
+    wait_until(Duration::from_secs(30), "prod halted", || {
+        prod_state().1 == "halted"
+    });
+    b.wait_text("#deployments", "halted");
+    assert_eq!(
+        rollout_state(&server),
+        default_before,
+        "default's rollout moved"
+    );
+    b.click(&b.find("form[action='/rollouts/deployment/prod/resume'] button"));
+    wait_until(Duration::from_secs(30), "prod running again", || {
+        prod_state().1 == "running"
+    });
+
+    // Each agent with the deployment it follows.
+    b.goto(&server.url("/agents"));
+    let rows = b.texts("#agents tbody tr");
+    assert!(
+        rows.iter()
+            .any(|r| r.contains("web-prod") && r.contains("prod")),
+        "{rows:?}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r.contains("web-default") && r.contains("default")),
+        "{rows:?}"
+    );
+    assert_eq!(b.alert(), None, "a script ran");
+}
