@@ -7,6 +7,7 @@
 
 mod agent;
 mod alert_rules;
+mod approvals;
 mod audit_export;
 mod blame;
 mod bundle;

@@ -13,6 +13,7 @@
 //! ([`rollout::Served`]). Decisions (a rollout's next step, an agent's wave, the
 //! credentials verdict) stay pure functions, unit tested without a database.
 
+pub mod approvals;
 pub mod audit;
 pub mod backup;
 pub mod chores;

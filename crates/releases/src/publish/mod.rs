@@ -194,24 +194,6 @@ impl Publisher {
             .map_err(|e| io_error(&self.dir, e))
     }
 
-    /// Checks the uploaded files in `incoming` and, when they are a release, makes it
-    /// the fleet's current release and serves it here.
-    pub async fn publish(
-        &self,
-        incoming: tempfile::TempDir,
-        names: Vec<String>,
-        who: &str,
-    ) -> Result<HistoryEntry, ReleaseError> {
-        if self.keys.is_empty() && self.served_key.is_none() {
-            return Err(ReleaseError::NoTrust);
-        }
-        let _busy = self.busy.lock().await;
-        let record = self.check_and_keep(incoming, names).await?;
-        let entry = self.make_current(&record, Kind::Publish, who).await?;
-        self.install_entry(&entry).await?;
-        Ok(entry)
-    }
-
     /// The uploaded files in `incoming`, checked as a release (refused as a whole, in
     /// words, when they are not one) and moved under `<home>/releases/<id>/`. Called
     /// while `busy` is held.
@@ -241,10 +223,12 @@ impl Publisher {
         Ok(record)
     }
 
-    /// Checks the uploaded files in `incoming` as [`Publisher::publish`] does and keeps
-    /// the release without making it the fleet's current one: `release publish
-    /// --deployment NAME`, which then names it for that deployment.
-    pub async fn keep_for_deployment(
+    /// Checks the uploaded files in `incoming` as a release (refused as a whole, in words,
+    /// when they are not one) and keeps it, in the fleet database too, without making
+    /// it the fleet's current one: the first step of every publish. The second is an
+    /// operator action, [`Publisher::make_kept_current`] (or naming it for a deployment),
+    /// taken at once or once another operator approves it; until then no agent sees it.
+    pub async fn keep_upload(
         &self,
         incoming: tempfile::TempDir,
         names: Vec<String>,
@@ -270,14 +254,14 @@ impl Publisher {
         Ok(self.releases.keep_release(record, &mut read).await?)
     }
 
-    /// Makes the kept release `to` current again, with fresh `signatures` (by bundle
-    /// file name) newer than the served release's.
-    pub async fn rollback(
+    /// `release rollback`'s first step: the kept release `to` with fresh `signatures` (by
+    /// bundle file name), checked newer than the served release's, kept with them. The
+    /// second is [`Publisher::make_kept_current`] with [`Kind::Rollback`].
+    pub async fn keep_rollback(
         &self,
         to: &str,
         signatures: BTreeMap<String, String>,
-        who: &str,
-    ) -> Result<HistoryEntry, ReleaseError> {
+    ) -> Result<ReleaseRecord, ReleaseError> {
         if self.keys.is_empty() && self.served_key.is_none() {
             return Err(ReleaseError::NoTrust);
         }
@@ -287,7 +271,27 @@ impl Publisher {
             Current::Unavailable(_) => 0,
         };
         let record = self.resign(to, signatures, served_signed_at).await?;
-        let entry = self.make_current(&record, Kind::Rollback, who).await?;
+        self.keep_in_fleet(&record).await?;
+        Ok(record)
+    }
+
+    /// Makes the kept release `id` the fleet's current one (`kind`: how it became so) and
+    /// serves it here, from its kept files and signatures as the fleet holds them
+    /// (fetched from the fleet database when another server kept them).
+    pub async fn make_kept_current(
+        &self,
+        id: &str,
+        kind: Kind,
+        who: &str,
+    ) -> Result<HistoryEntry, ReleaseError> {
+        let _busy = self.busy.lock().await;
+        let Some(record) = self.releases.release(id).await? else {
+            return Err(ReleaseError::NotKept(format!(
+                "release {id} is no longer kept; publish it again"
+            )));
+        };
+        self.ensure_local(&record).await?;
+        let entry = self.make_current(&record, kind, who).await?;
         self.install_entry(&entry).await?;
         Ok(entry)
     }

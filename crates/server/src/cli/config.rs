@@ -64,6 +64,10 @@ impl ConfigCommand {
         if json {
             return super::print_json(&answer);
         }
+        if let Some(parked) = super::approval::parked_words(&answer) {
+            println!("{parked}");
+            return Ok(());
+        }
         match self {
             ConfigCommand::Push { group, .. } => println!(
                 "stored set {} for group {group}",

@@ -203,6 +203,16 @@ fn needed(action: Action) -> Role {
 }
 
 impl Caller {
+    /// The caller as the actor of an operator action ([`crate::actions::perform`]).
+    pub fn actor(&self) -> Actor {
+        Actor {
+            name: self.name.clone(),
+            role: self.role,
+            address: self.address.clone(),
+            via: Via::Api,
+        }
+    }
+
     /// Records a change this caller made.
     pub async fn record(&self, s: &Shared, action: &str, details: serde_json::Value) {
         record(

@@ -95,6 +95,7 @@ pub fn router(app: AppState, options: Options) -> Router {
         .route("/rollouts/{action}", post(act_bundle))
         .route("/rollouts/config/{group}/{action}", post(act_config))
         .route("/rollouts/deployment/{name}/{action}", post(act_deployment))
+        .route("/approvals/{id}/{decision}", post(decide))
         .route("/audit", get(audit))
         .route("/static/fleet.css", get(stylesheet))
         .layer(axum::middleware::map_response(protect))
@@ -522,6 +523,14 @@ async fn rollouts_page(
             r.can_advance = false;
         }
     }
+    let approvals = s.fleet.approvals();
+    let waiting = views::ApprovalView::waiting(
+        &approvals.list().await?,
+        &signed.who.name,
+        signed.who.role.may(ops::Action::Change),
+        now_ms(),
+    );
+    let required = approvals.required().await?;
     Ok(render(
         status,
         &views::RolloutsPage::new(
@@ -530,6 +539,7 @@ async fn rollouts_page(
             configs,
             message,
         )
+        .with_approvals(required, waiting)
         .with_windows(windows::WindowView::all(
             &s.fleet.rollouts.maintenance(),
             now,
@@ -611,6 +621,50 @@ async fn act(
     }
 }
 
+/// A waiting change's button (Approve, Reject, or Withdraw for the one who asked):
+/// checked like every POST, then the decision the admin API takes; the rollouts page
+/// then shows what is left waiting (or why nothing changed).
+async fn decide(
+    State(page): State<Page>,
+    Path((id, decision)): Path<(String, String)>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    let decision = match decision.as_str() {
+        "approve" => agent_fleet::approvals::Decision::Approve,
+        "reject" => agent_fleet::approvals::Decision::Reject,
+        _ => {
+            return Ok(refused(
+                StatusCode::NOT_FOUND,
+                "no such action: a waiting change's buttons are Approve and Reject",
+            ));
+        }
+    };
+    let Ok(id) = id.parse::<i64>() else {
+        return Ok(refused(StatusCode::NOT_FOUND, "no such change waits"));
+    };
+    let (signed, actor) = match posted_by(&page, &headers, request).await? {
+        Ok(v) => v,
+        Err(response) => return Ok(response),
+    };
+    let act = Act::Decide {
+        id,
+        decision,
+        reason: None,
+    };
+    match actions::perform(&page.app.inner, &actor, act).await {
+        Ok(_) => Ok(Redirect::to("/rollouts").into_response()),
+        Err(ActionError::Refused(Refused::Conflict(why))) => {
+            let mut response = rollouts_page(&page, &signed, StatusCode::CONFLICT, &why).await?;
+            response
+                .extensions_mut()
+                .insert(crate::routes::refusals::Audited);
+            Ok(response)
+        }
+        Err(e) => action_failed(e),
+    }
+}
+
 /// An agent page's button, checked like every POST, then the action the admin API
 /// performs: **Remove** (then the fleet list, without it) or **Override locks** (the
 /// agent's update locks no longer hold off the release the fleet rolls out; back to the
@@ -677,6 +731,10 @@ fn action_failed(e: ActionError) -> Result<Response, Trouble> {
             refused.message(),
         )),
         ActionError::Fleet(e) => Err(e.into()),
+        ActionError::Failed(detail) => Err(Trouble(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            detail,
+        ))),
     }
 }
 

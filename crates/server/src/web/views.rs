@@ -561,6 +561,68 @@ pub struct RolloutsPage {
     pub rollback: String,
     /// The deployments but `default` (whose rollout is the bundle's above).
     pub deployments: Vec<DeploymentView>,
+    /// Whether the fleet requires a second operator's approval of changes that move
+    /// agents.
+    pub approval_required: bool,
+    /// The changes waiting for approval, oldest first.
+    pub approvals: Vec<ApprovalView>,
+}
+
+/// A change waiting for approval, as the rollouts page shows it, with the buttons the
+/// person signed in may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalView {
+    pub id: i64,
+    pub action: String,
+    /// What it names (a release, a deployment, a group), in words.
+    pub what: String,
+    pub requested_by: String,
+    pub asked: String,
+    pub expires: String,
+    /// Approve is shown: an operator who did not ask for it.
+    pub can_approve: bool,
+    /// Reject is shown (read `Withdraw` by the one who asked).
+    pub can_reject: bool,
+    pub own: bool,
+}
+
+impl ApprovalView {
+    /// The waiting changes among `all` at `now_ms`, seen by `who` whose role
+    /// `may_change` or not.
+    pub fn waiting(
+        all: &[agent_fleet::approvals::Approval],
+        who: &str,
+        may_change: bool,
+        now_ms: i64,
+    ) -> Vec<Self> {
+        all.iter()
+            .filter(|a| a.state_at(now_ms) == agent_fleet::approvals::State::AwaitingApproval)
+            .map(|a| {
+                let own = a.requested_by == who;
+                let what = ["release", "deployment", "group", "selector"]
+                    .iter()
+                    .filter_map(|k| {
+                        a.subject
+                            .get(*k)
+                            .and_then(serde_json::Value::as_str)
+                            .map(|v| format!("{k} {v}"))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                Self {
+                    id: a.id,
+                    action: a.action.clone(),
+                    what,
+                    requested_by: a.requested_by.clone(),
+                    asked: utc(a.requested_at as f64 / 1000.0),
+                    expires: utc(a.expires_at as f64 / 1000.0),
+                    can_approve: may_change && !own,
+                    can_reject: may_change,
+                    own,
+                }
+            })
+            .collect()
+    }
 }
 
 /// A deployment on the rollouts page: what it selects, its release, its rollout.
@@ -667,6 +729,12 @@ impl RolloutsPage {
         self
     }
 
+    pub fn with_approvals(mut self, required: bool, approvals: Vec<ApprovalView>) -> Self {
+        self.approval_required = required;
+        self.approvals = approvals;
+        self
+    }
+
     pub fn new(
         frame: Frame,
         rollout: Option<RolloutView>,
@@ -682,6 +750,8 @@ impl RolloutsPage {
             releases: Vec::new(),
             rollback: String::new(),
             deployments: Vec::new(),
+            approval_required: false,
+            approvals: Vec::new(),
         }
     }
 }
