@@ -40,6 +40,7 @@ mod operator_day;
 mod operators;
 mod outside;
 mod page;
+mod page_governance;
 mod planned_stop;
 mod platforms;
 mod publish_bounds;

@@ -117,6 +117,17 @@ pub enum Act {
     RequireApproval {
         on: bool,
     },
+    /// A person's named token (an admin's): made, shown once.
+    TokenCreate {
+        name: String,
+        role: agent_fleet::operators::Role,
+        /// Unix milliseconds; `None`: it never lapses.
+        expires_at: Option<i64>,
+    },
+    /// A named token refused from now on, on every server (an admin's).
+    TokenRevoke {
+        name: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -162,6 +173,11 @@ pub enum Done {
     ApprovalRequired {
         on: bool,
     },
+    /// The new token, to be shown this once and never again (nor logged, nor recorded).
+    TokenCreated {
+        token: String,
+    },
+    TokenRevoked,
 }
 
 /// Why an action was not done, in words for the operator (the edge picks the status).
@@ -328,6 +344,8 @@ impl Act {
                 ..
             } => "approval.reject",
             Act::RequireApproval { .. } => "approval.require",
+            Act::TokenCreate { .. } => "token.create",
+            Act::TokenRevoke { .. } => "token.revoke",
         }
     }
 
@@ -348,7 +366,9 @@ impl Act {
     /// What the actor's role must allow.
     fn permission(&self) -> Permission {
         match self {
-            Act::RequireApproval { .. } => Permission::ManageTokens,
+            Act::RequireApproval { .. } | Act::TokenCreate { .. } | Act::TokenRevoke { .. } => {
+                Permission::ManageTokens
+            }
             _ => Permission::Change,
         }
     }
@@ -414,6 +434,19 @@ impl Act {
                 details
             }
             Act::RequireApproval { on } => serde_json::json!({ "required": on }),
+            Act::TokenCreate {
+                name,
+                role,
+                expires_at,
+            } => {
+                let mut details = serde_json::json!({ "name": name, "role": role.as_str() });
+                // Said only when it lapses: a token without one is as it always was.
+                if let Some(at) = expires_at {
+                    details["expires_at"] = serde_json::json!(at);
+                }
+                details
+            }
+            Act::TokenRevoke { name } => serde_json::json!({ "name": name }),
         }
     }
 
@@ -430,6 +463,7 @@ impl Act {
             Act::ConfigPush { .. } => "push configuration",
             Act::Decide { .. } => "approve or reject a change",
             Act::RequireApproval { .. } => "switch approvals on or off",
+            Act::TokenCreate { .. } | Act::TokenRevoke { .. } => "manage tokens",
         }
     }
 }
@@ -870,6 +904,33 @@ async fn run(
             s.fleet.approvals().set_required(*on).await?;
             Ok((Done::ApprovalRequired { on: *on }, none))
         }
+        Act::TokenCreate {
+            name,
+            role,
+            expires_at,
+        } => {
+            if expires_at.is_some_and(|at| at <= now_ms()) {
+                return Ok(Err(Refused::Invalid(
+                    "the token would have lapsed already: give an expiry in the future (90d, 12h)"
+                        .into(),
+                )));
+            }
+            match s.fleet.operators().create(name, *role, *expires_at).await {
+                Ok(token) => Ok((Done::TokenCreated { token }, none)),
+                Err(FleetError::Invalid(why)) => Err(Refused::Invalid(why)),
+                Err(FleetError::Conflict(why)) => Err(Refused::Conflict(why)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Act::TokenRevoke { name } => {
+            if s.fleet.operators().revoke(name).await? {
+                Ok((Done::TokenRevoked, none))
+            } else {
+                Err(Refused::Unknown(format!(
+                    "no token is named {name:?}; `update-server token list` shows them"
+                )))
+            }
+        }
     })
 }
 
@@ -923,6 +984,8 @@ fn done_words(act: &Act, done: &Done) -> &'static str {
         (Act::RequireApproval { on: false }, _) => {
             "changes that move agents are applied at once again"
         }
+        (Act::TokenCreate { .. }, _) => "operator token created",
+        (Act::TokenRevoke { .. }, _) => "operator token revoked",
     }
 }
 

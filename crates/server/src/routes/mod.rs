@@ -172,7 +172,7 @@ fn parked(approval: &agent_fleet::approvals::Approval) -> Response {
 }
 
 /// An action answered with another action's result: a bug, said as one.
-fn other_result() -> ApiError {
+pub(crate) fn other_result() -> ApiError {
     ApiError::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         "the server answered an action with another's result; please report this",

@@ -97,6 +97,8 @@ pub fn router(app: AppState, options: Options) -> Router {
         .route("/rollouts/deployment/{name}/{action}", post(act_deployment))
         .route("/approvals/{id}/{decision}", post(decide))
         .route("/audit", get(audit))
+        .route("/tokens", get(tokens).post(create_token))
+        .route("/tokens/{name}/revoke", post(revoke_token))
         .route("/static/fleet.css", get(stylesheet))
         .layer(axum::middleware::map_response(protect))
         .layer(DefaultBodyLimit::max(MAX_FORM))
@@ -738,14 +740,143 @@ fn action_failed(e: ActionError) -> Result<Response, Trouble> {
     }
 }
 
+/// `/tokens`: who is signed in and with which role; for an admin, the named tokens
+/// (never a token), the form that makes one and a Revoke button each.
+async fn tokens(State(page): State<Page>, headers: HeaderMap) -> Result<Response, Trouble> {
+    let Some(signed) = signed_in(&page, &headers).await? else {
+        return Ok(Redirect::to("/").into_response());
+    };
+    tokens_page(&page, &signed, StatusCode::OK, "", None).await
+}
+
+async fn tokens_page(
+    page: &Page,
+    signed: &Signed,
+    status: StatusCode,
+    message: &str,
+    made: Option<(&str, String)>,
+) -> Result<Response, Trouble> {
+    let role = signed.who.role;
+    // Only an admin's page reads the tokens at all.
+    let listed = if role.may(ops::Action::ManageTokens) {
+        page.app.inner.fleet.operators().list().await?
+    } else {
+        Vec::new()
+    };
+    let mut view = views::TokensPage::new(
+        Frame::new("Tokens", &signed.csrf, now_secs()),
+        &signed.who.name,
+        role,
+        &listed,
+        now_ms(),
+    )
+    .with_message(message);
+    if let Some((name, token)) = made {
+        view = view.with_new_token(name, token);
+    }
+    let mut response = render(status, &view);
+    // A page that shows a token is never kept by a cache (protect adds no-store too).
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+/// The Create button of `/tokens`: the admin API's token action; the page then shows
+/// the token this once.
+async fn create_token(
+    State(page): State<Page>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    let address = crate::routes::operators::client_address(request.extensions());
+    let (host, form) = read_form(request).await;
+    let signed = match check_post(&page, &headers, host.as_deref(), &form).await? {
+        Ok(v) => v,
+        Err(why) => return Ok(refused(StatusCode::FORBIDDEN, why)),
+    };
+    let field = |k: &str| form.get(k).map_or("", |v| v.trim());
+    let (name, role, expires) = (field("name"), field("role"), field("expires"));
+    let checked = role
+        .parse::<Role>()
+        .map_err(|e| e.to_string())
+        .and_then(|role| {
+            let expires_at = if expires.is_empty() {
+                None
+            } else {
+                Some(crate::routes::operators::expires_at(expires, now_ms())?)
+            };
+            Ok((role, expires_at))
+        });
+    let (role, expires_at) = match checked {
+        Ok(v) => v,
+        Err(why) => {
+            return tokens_page(&page, &signed, StatusCode::BAD_REQUEST, &why, None).await;
+        }
+    };
+    let actor = Actor {
+        name: signed.who.name.clone(),
+        role: signed.who.role,
+        address,
+        via: Via::Page,
+    };
+    let act = Act::TokenCreate {
+        name: name.to_owned(),
+        role,
+        expires_at,
+    };
+    match actions::perform(&page.app.inner, &actor, act).await {
+        Ok(actions::Done::TokenCreated { token }) => {
+            tokens_page(&page, &signed, StatusCode::CREATED, "", Some((name, token))).await
+        }
+        Ok(_) => Err(Trouble(crate::routes::other_result())),
+        Err(ActionError::Refused(r @ (Refused::Invalid(_) | Refused::Conflict(_)))) => {
+            let mut response = tokens_page(
+                &page,
+                &signed,
+                crate::error::refused_status(&r),
+                r.message(),
+                None,
+            )
+            .await?;
+            response
+                .extensions_mut()
+                .insert(crate::routes::refusals::Audited);
+            Ok(response)
+        }
+        Err(e) => action_failed(e),
+    }
+}
+
+/// A token's Revoke button: refused from the next request on, on every server.
+async fn revoke_token(
+    State(page): State<Page>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    let (_, actor) = match posted_by(&page, &headers, request).await? {
+        Ok(v) => v,
+        Err(response) => return Ok(response),
+    };
+    match actions::perform(&page.app.inner, &actor, Act::TokenRevoke { name }).await {
+        // Revoked by someone else first: gone all the same.
+        Ok(_) | Err(ActionError::Refused(Refused::Unknown(_))) => {
+            Ok(Redirect::to("/tokens").into_response())
+        }
+        Err(e) => action_failed(e),
+    }
+}
+
 #[derive(Debug, Default, serde::Deserialize)]
 struct AuditQuery {
     who: Option<String>,
     action: Option<String>,
+    target: Option<String>,
     page: Option<i64>,
 }
 
-/// `/audit`: the audit log, newest first, filterable by who and what.
+/// `/audit`: the audit log, newest first, paged, filterable by who, what and what to.
 async fn audit(
     State(page): State<Page>,
     headers: HeaderMap,
@@ -757,6 +888,7 @@ async fn audit(
     let filter = agent_fleet::audit::Filter {
         who: q.who.clone().filter(|w| !w.is_empty()),
         action: q.action.clone().filter(|a| !a.is_empty()),
+        target: q.target.clone().filter(|t| !t.is_empty()),
         page: q.page.unwrap_or(1).max(1),
         per_page: views::AUDIT_PER_PAGE,
     };

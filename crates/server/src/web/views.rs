@@ -756,6 +756,90 @@ impl RolloutsPage {
     }
 }
 
+/// One named token on `/tokens` (an admin's view): never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenLine {
+    pub name: String,
+    pub role: String,
+    pub created: String,
+    pub last_used: String,
+    pub expires: String,
+    /// Where its Revoke button posts.
+    pub revoke: String,
+}
+
+#[derive(Template)]
+#[template(path = "tokens.html")]
+pub struct TokensPage {
+    /// The layout's: title, CSRF token, version, the time.
+    pub frame: Frame,
+    /// Who is signed in, and their role: all a viewer or an operator sees here.
+    pub me: String,
+    pub my_role: &'static str,
+    /// The tokens and the form to make one are an admin's.
+    pub admin: bool,
+    pub tokens: Vec<TokenLine>,
+    pub message: String,
+    /// A token just made, shown this once; empty otherwise.
+    pub new_name: String,
+    pub new_token: String,
+}
+
+impl TokensPage {
+    pub fn new(
+        frame: Frame,
+        me: &str,
+        role: agent_fleet::operators::Role,
+        tokens: &[agent_fleet::operators::TokenInfo],
+        now_ms: i64,
+    ) -> Self {
+        let admin = role.may(agent_fleet::operators::Action::ManageTokens);
+        let ms = |t: i64| utc(t as f64 / 1000.0);
+        let tokens = if admin {
+            tokens
+                .iter()
+                .map(|t| TokenLine {
+                    name: t.name.clone(),
+                    role: t.role.clone(),
+                    created: ms(t.created_at),
+                    last_used: t.last_used_at.map_or_else(|| "never".to_owned(), ms),
+                    expires: match t.expires_at {
+                        None => "never".to_owned(),
+                        Some(at) if agent_fleet::operators::expired(Some(at), now_ms) => {
+                            format!("lapsed {}", ms(at))
+                        }
+                        Some(at) => ms(at),
+                    },
+                    revoke: format!("/tokens/{}/revoke", encode(&t.name)),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self {
+            frame,
+            me: me.to_owned(),
+            my_role: role.as_str(),
+            admin,
+            tokens,
+            message: String::new(),
+            new_name: String::new(),
+            new_token: String::new(),
+        }
+    }
+
+    pub fn with_message(mut self, message: &str) -> Self {
+        self.message = message.to_owned();
+        self
+    }
+
+    pub fn with_new_token(mut self, name: &str, token: String) -> Self {
+        self.new_name = name.to_owned();
+        self.new_token = token;
+        self
+    }
+}
+
 /// Audit entries per page of `/audit`.
 pub const AUDIT_PER_PAGE: i64 = 100;
 
@@ -777,6 +861,7 @@ pub struct AuditPage {
     pub frame: Frame,
     pub who: String,
     pub action: String,
+    pub target: String,
     pub total: i64,
     /// `1 entry`, `2 entries`.
     pub total_words: String,
@@ -795,11 +880,13 @@ impl AuditPage {
     ) -> Self {
         let who = filter.who.clone().unwrap_or_default();
         let action = filter.action.clone().unwrap_or_default();
+        let target = filter.target.clone().unwrap_or_default();
         let href = |page: i64| {
             format!(
-                "/audit?who={}&action={}&page={page}",
+                "/audit?who={}&action={}&target={}&page={page}",
                 encode(&who),
-                encode(&action)
+                encode(&action),
+                encode(&target)
             )
         };
         let last = (total + AUDIT_PER_PAGE - 1) / AUDIT_PER_PAGE;
@@ -817,6 +904,7 @@ impl AuditPage {
             },
             who,
             action,
+            target,
             total,
             total_words: super::words::count(total, "entry", "entries"),
             page: filter.page,
