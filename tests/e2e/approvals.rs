@@ -406,3 +406,111 @@ fn the_switch_holds_on_every_server_of_a_postgres_fleet_at_once() {
     assert_eq!(status, 200, "{pushed}");
     assert!(pushed["hash"].is_string(), "{pushed}");
 }
+
+#[test]
+fn a_rollback_waits_and_one_a_newer_release_overtook_is_refused_on_approval() {
+    let ctx = TestContext::new();
+    let (key, public) = ctx.keygen("keys");
+    let now = e2e::now_secs();
+    let dist = |name: &str, text: &str| {
+        let d = ctx.dist(name);
+        fs::write(d.join("README.txt"), text).unwrap();
+        d
+    };
+    ctx.pack_signed_at(&dist("d1", "one\n"), "1.0.0", "1", &key, "b1", now - 100);
+    ctx.pack_signed_at(&dist("d2", "two\n"), "2.0.0", "2", &key, "b2", now - 50);
+    // Signed later than any signature made below: a release that overtakes them.
+    ctx.pack_signed_at(&dist("d3", "three\n"), "3.0.0", "3", &key, "b3", now + 3600);
+    let server = server(&ctx, "srv", &public, &[]);
+    for b in ["b1", "b2"] {
+        run_ok(cli(&ctx, &server, ADMIN, &["release", "publish"]).arg(ctx.path(b)));
+    }
+    let alice = token(&server, "alice", "operator");
+    let bob = token(&server, "bob", "operator");
+    run_ok(&mut cli(
+        &ctx,
+        &server,
+        ADMIN,
+        &["approval", "require", "on"],
+    ));
+    let rollback = |to: &str, dir: &Path| {
+        let dir = dir.display().to_string();
+        let said = stdout(&run_ok(&mut cli(
+            &ctx,
+            &server,
+            &alice,
+            &["release", "rollback", "--to", to, "--signatures", &dir],
+        )));
+        assert!(said.contains("waits for approval"), "{said}");
+        approvals(&server)["approvals"][0]["id"].as_i64().unwrap()
+    };
+
+    // A rollback to 1.0.0 waits, with its fresh signatures checked; approved, it is made.
+    let again = e2e::export_kept(&ctx, &server, ADMIN, "1.0.0+1", &ctx.path("again1"));
+    e2e::sign_again(&ctx, &key, &again);
+    let signed = e2e::now_secs();
+    let id = rollback("1.0.0+1", &again);
+    assert_eq!(
+        e2e::admin_releases(&server, ADMIN)["current"]["id"],
+        "2.0.0+2"
+    );
+    let (status, answer) = admin_call(
+        &server,
+        &bob,
+        "POST",
+        &format!("/admin/approvals/{id}/approve"),
+        "",
+    );
+    assert_eq!(status, 200, "{answer}");
+    let releases = e2e::admin_releases(&server, ADMIN);
+    assert_eq!(releases["current"]["id"], "1.0.0+1", "{releases}");
+    assert_eq!(releases["current"]["kind"], "rollback", "{releases}");
+    assert_eq!(releases["current"]["published_by"], "alice", "{releases}");
+
+    // A rollback to 2.0.0 signed later still waits; meanwhile 3.0.0 (signed later than
+    // it) is published: approving the rollback would offer agents a replay. Refused.
+    wait_until(Duration::from_secs(5), "the clock to pass a second", || {
+        e2e::now_secs() > signed
+    });
+    let again = e2e::export_kept(&ctx, &server, ADMIN, "2.0.0+2", &ctx.path("again2"));
+    e2e::sign_again(&ctx, &key, &again);
+    let id = rollback("2.0.0+2", &again);
+    run_ok(&mut cli(
+        &ctx,
+        &server,
+        ADMIN,
+        &["approval", "require", "off"],
+    ));
+    run_ok(cli(&ctx, &server, ADMIN, &["release", "publish"]).arg(ctx.path("b3")));
+    run_ok(&mut cli(
+        &ctx,
+        &server,
+        ADMIN,
+        &["approval", "require", "on"],
+    ));
+    let (status, answer) = admin_call(
+        &server,
+        &bob,
+        "POST",
+        &format!("/admin/approvals/{id}/approve"),
+        "",
+    );
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("sign again"),
+        "{answer}"
+    );
+    let list = approvals(&server);
+    let failed = list["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["id"] == id)
+        .unwrap();
+    assert_eq!(failed["state"], "failed", "{list}");
+    assert_eq!(
+        e2e::admin_releases(&server, ADMIN)["current"]["id"],
+        "3.0.0+3",
+        "nothing changed"
+    );
+}

@@ -290,6 +290,21 @@ impl Publisher {
                 "release {id} is no longer kept; publish it again"
             )));
         };
+        if kind == Kind::Rollback {
+            // Its fresh signatures were newer than what was served when it was asked
+            // for; a release published while it waited for approval may be newer still,
+            // and agents would refuse the rollback as a replay.
+            let served = match self.store.current() {
+                Current::Ready(release) => crate::served(&release).signed_at,
+                Current::Unavailable(_) => 0,
+            };
+            let signed_at = signed_at_of(&record);
+            if signed_at <= served {
+                return Err(ReleaseError::Signatures(format!(
+                    "the signatures of the rollback to {id} (signed-at {signed_at}) are not newer than the release served now (signed-at {served}), published since the rollback was asked for: agents would refuse them as a replay; sign again with `agent-bundle sign --key K FILE…` and roll back again"
+                )));
+            }
+        }
         self.ensure_local(&record).await?;
         let entry = self.make_current(&record, kind, who).await?;
         self.install_entry(&entry).await?;
@@ -660,6 +675,19 @@ impl Publisher {
             }
         }
     }
+}
+
+/// The newest `signed-at` of a kept release's signatures (checked when it was kept);
+/// 0 for one that cannot be read.
+fn signed_at_of(record: &ReleaseRecord) -> i64 {
+    record
+        .files
+        .iter()
+        .filter_map(|f| agent_protocol::minisign::Signature::parse(&f.signature).ok())
+        .filter_map(|sig| agent_protocol::minisign::BundleClaim::parse(sig.trusted_comment()).ok())
+        .map(|claim| i64::try_from(claim.signed_at).unwrap_or(i64::MAX))
+        .max()
+        .unwrap_or(0)
 }
 
 /// Which keys a check holds a release to (see [`check::Trusted`]).
