@@ -109,6 +109,18 @@ fn a_publish_waits_for_another_operator_and_then_agents_move() {
     let alice = token(&server, "alice", "operator");
     let bob = token(&server, "bob", "operator");
     let viewer = token(&server, "vera", "viewer");
+    // Someone is told when a change waits: a receiver that checks the signature.
+    const SECRET: &str = "an-approvals-secret-of-32-bytes!";
+    let receiver = crate::webhooks::Receiver::start(&ctx, "receiver", SECRET, 0, 0);
+    let (status, hook) = admin_call(
+        &server,
+        ADMIN,
+        "POST",
+        "/admin/webhooks",
+        json!({ "url": receiver.url, "events": ["approval.requested"], "secret": SECRET })
+            .to_string(),
+    );
+    assert_eq!(status, 201, "{hook}");
 
     // An operator may not switch approvals; an admin does.
     run_fails(
@@ -144,6 +156,20 @@ fn a_publish_waits_for_another_operator_and_then_agents_move() {
     let asked = audited(&server, "approval.request");
     assert_eq!(asked[0]["who"], "alice", "{asked:?}");
     assert_eq!(asked[0]["details"]["approval"], id, "{asked:?}");
+    wait_until(
+        Duration::from_secs(30),
+        "approval.requested at the receiver",
+        || !receiver.delivered().is_empty(),
+    );
+    let told = &receiver.delivered()[0];
+    assert_eq!(told["event"], "approval.requested", "{told}");
+    assert_eq!(told["verified"], true, "{told}");
+    assert_eq!(told["data"]["who"], "alice", "{told}");
+    assert_eq!(told["data"]["details"]["approval"], id, "{told}");
+    assert_eq!(
+        told["data"]["details"]["action"], "release.publish",
+        "{told}"
+    );
 
     // Alice may not approve her own change, nor a viewer anyone's: refused and recorded.
     let path = format!("/admin/approvals/{id}/approve");
