@@ -90,6 +90,11 @@ fn people_approve_manage_tokens_and_filter_the_audit_log_on_the_page() {
     assert_eq!(status, 202, "{parked}");
     let id = parked["id"].as_i64().unwrap();
     sign_in(&b, &server, &bob);
+    assert_eq!(
+        b.text(&b.wait_for("#waiting")),
+        "1",
+        "the overview says one waits"
+    );
     b.goto(&server.url("/rollouts"));
     let waiting = b.texts("#approvals tbody tr");
     assert!(

@@ -1067,6 +1067,89 @@ mod tests {
     }
 
     #[test]
+    fn what_moves_agents_waits_for_approval_and_what_steers_does_not() {
+        let set = |change: deployments::Change| {
+            Act::Deployment(DeploymentAct::Set {
+                name: "canary".into(),
+                change,
+            })
+        };
+        let moving = [
+            Act::Release {
+                id: "2.0.0+2".into(),
+                kind: Kind::Rollback,
+                files: vec![],
+            },
+            Act::ConfigPush {
+                group: "web".into(),
+                files: BTreeMap::new(),
+                consent: Consent::default(),
+            },
+            set(deployments::Change {
+                selector: Some("env=prod".into()),
+                ..Default::default()
+            }),
+        ];
+        assert!(moving.iter().all(Act::moves_agents));
+        let steering = [
+            Act::Rollout {
+                target: Target::Bundle,
+                step: Step::Halt { reason: None },
+            },
+            set(deployments::Change {
+                priority: Some(5),
+                ..Default::default()
+            }),
+            Act::Deployment(DeploymentAct::Remove {
+                name: "canary".into(),
+            }),
+            Act::Decide {
+                id: 1,
+                decision: Decision::Approve,
+                reason: None,
+            },
+            Act::RequireApproval { on: false },
+        ];
+        assert!(!steering.iter().any(Act::moves_agents));
+    }
+
+    #[test]
+    fn a_parked_change_reads_back_as_the_same_change() {
+        let files = BTreeMap::from([("app.conf".to_owned(), "a = 1\n".to_owned())]);
+        let acts = [
+            Act::Release {
+                id: "2.0.0+2".into(),
+                kind: Kind::Rollback,
+                files: vec!["agent-bundle-2.0.0".into()],
+            },
+            Act::ConfigPush {
+                group: "web".into(),
+                files,
+                consent: Consent {
+                    allow_empty: false,
+                    replace_all: true,
+                },
+            },
+            Act::Deployment(DeploymentAct::Create(deployments::NewDeployment {
+                name: "canary".into(),
+                selector: "env in (prod)".into(),
+                release: "2.0.0+2".into(),
+                priority: 3,
+                policy: None,
+            })),
+        ];
+        for act in acts {
+            let stored = serde_json::to_value(Parked::of(&act).unwrap()).unwrap();
+            let back: Parked = serde_json::from_value(stored).unwrap();
+            let back = back.into_act();
+            assert_eq!(back.name(), act.name());
+            assert_eq!(back.subject(), act.subject());
+            assert_eq!(back.release(), act.release());
+        }
+        assert!(Parked::of(&Act::RemoveAgent { agent: "a".into() }).is_none());
+    }
+
+    #[test]
     fn the_subject_names_the_agent_or_group_and_a_halts_reason() {
         let halt = Act::Rollout {
             target: Target::Config("web".into()),

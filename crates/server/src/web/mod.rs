@@ -291,6 +291,15 @@ async fn home(State(page): State<Page>, headers: HeaderMap) -> Result<Response, 
     let configs = source::config_sets(s).await?;
     let o = overview::overview(&agents, heartbeat, now);
     let failed = agents.iter().filter(|a| a.failed()).count();
+    let now_ms = now_ms();
+    let waiting = s
+        .fleet
+        .approvals()
+        .list()
+        .await?
+        .iter()
+        .filter(|a| a.state_at(now_ms) == agent_fleet::approvals::State::AwaitingApproval)
+        .count();
     Ok(render(
         StatusCode::OK,
         &views::OverviewPage::new(
@@ -301,7 +310,8 @@ async fn home(State(page): State<Page>, headers: HeaderMap) -> Result<Response, 
             rollout.as_ref().map(|r| views::RolloutView::new(r, now)),
             views::ConfigView::all(&configs, now),
             now,
-        ),
+        )
+        .with_waiting(waiting),
     ))
 }
 
@@ -775,6 +785,12 @@ async fn tokens_page(
         view = view.with_new_token(name, token);
     }
     let mut response = render(status, &view);
+    if !message.is_empty() {
+        // A refusal the audit layer records (unless its action did): in these words.
+        response
+            .extensions_mut()
+            .insert(crate::routes::refusals::Reason(message.to_owned()));
+    }
     // A page that shows a token is never kept by a cache (protect adds no-store too).
     response
         .headers_mut()

@@ -288,9 +288,16 @@ pub struct OverviewPage {
     pub by_protocol: Vec<CountRow>,
     pub by_platform: Vec<CountRow>,
     pub failures: Vec<FailureRow>,
+    /// Changes waiting for a second operator's approval (a card when there are any).
+    pub waiting: usize,
 }
 
 impl OverviewPage {
+    pub fn with_waiting(mut self, waiting: usize) -> Self {
+        self.waiting = waiting;
+        self
+    }
+
     pub fn new(
         frame: Frame,
         o: &Overview,
@@ -301,6 +308,7 @@ impl OverviewPage {
         now: i64,
     ) -> Self {
         Self {
+            waiting: 0,
             frame,
             configs: configs.into_iter().filter(ConfigView::live).collect(),
             total: o.total,
