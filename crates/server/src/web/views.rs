@@ -940,6 +940,82 @@ mod tests {
         Frame::new("Agents", "the-csrf", 1_000)
     }
 
+    fn token(name: &str, expires_at: Option<i64>) -> agent_fleet::operators::TokenInfo {
+        agent_fleet::operators::TokenInfo {
+            name: name.into(),
+            role: "operator".into(),
+            created_at: 0,
+            last_used_at: None,
+            expires_at,
+        }
+    }
+
+    #[test]
+    fn only_an_admin_sees_the_tokens_and_a_lapsed_one_says_so() {
+        use agent_fleet::operators::Role;
+        let tokens = [token("<b>x</b>", Some(500)), token("bob", None)];
+        let admin = TokensPage::new(frame(), "ops", Role::Admin, &tokens, 1_000);
+        assert!(admin.admin);
+        assert!(
+            admin.tokens[0].expires.starts_with("lapsed"),
+            "{:?}",
+            admin.tokens
+        );
+        assert_eq!(admin.tokens[1].expires, "never");
+        assert_eq!(admin.tokens[0].revoke, "/tokens/%3Cb%3Ex%3C%2Fb%3E/revoke");
+        let html = admin.render().unwrap();
+        assert!(
+            !html.contains("<b>x</b>")
+                && (html.contains("&lt;b&gt;x") || html.contains("&#60;b&#62;x")),
+            "escaped"
+        );
+        for role in [Role::Viewer, Role::Operator] {
+            let page = TokensPage::new(frame(), "vera", role, &tokens, 1_000);
+            assert!(!page.admin && page.tokens.is_empty());
+            let html = page.render().unwrap();
+            assert!(html.contains("vera") && html.contains(role.as_str()));
+            assert!(
+                !html.contains("bob") && !html.contains("form method=\"post\" action=\"/tokens\"")
+            );
+        }
+    }
+
+    #[test]
+    fn a_waiting_change_offers_approve_to_others_and_withdraw_to_the_one_who_asked() {
+        let waiting = agent_fleet::approvals::Approval {
+            id: 3,
+            action: "config.push".into(),
+            subject: serde_json::json!({ "group": "web", "files": ["a.conf"] }),
+            payload: serde_json::json!({}),
+            release: None,
+            requested_by: "alice".into(),
+            requested_at: 0,
+            expires_at: 10_000,
+            state: agent_fleet::approvals::State::AwaitingApproval,
+            decided_by: None,
+            decided_at: None,
+            reason: None,
+        };
+        let all = [waiting.clone()];
+        let bob = ApprovalView::waiting(&all, "bob", true, 1_000);
+        assert_eq!(
+            (bob[0].can_approve, bob[0].can_reject, bob[0].own),
+            (true, true, false)
+        );
+        assert_eq!(bob[0].what, "group web");
+        let alice = ApprovalView::waiting(&all, "alice", true, 1_000);
+        assert_eq!((alice[0].can_approve, alice[0].can_reject), (false, true));
+        let viewer = ApprovalView::waiting(&all, "vera", false, 1_000);
+        assert_eq!(
+            (viewer[0].can_approve, viewer[0].can_reject),
+            (false, false)
+        );
+        assert!(
+            ApprovalView::waiting(&all, "bob", true, 10_000).is_empty(),
+            "lapsed"
+        );
+    }
+
     fn hostile() -> Agent {
         Agent {
             id: "id/<b>".into(),
