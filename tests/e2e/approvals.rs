@@ -272,6 +272,14 @@ fn a_rejected_or_lapsed_change_is_never_applied() {
     ));
     assert!(said.contains("waits for approval"), "{said}");
     let id = approvals(&server)["approvals"][0]["id"].as_i64().unwrap();
+    // What approving it would apply is read first, in full.
+    let shown = stdout(&run_ok(&mut cli(
+        &ctx,
+        &server,
+        &bob,
+        &["approval", "show", &id.to_string()],
+    )));
+    assert!(shown.contains("--- app.conf\nlevel = debug"), "{shown}");
     run_ok(&mut cli(
         &ctx,
         &server,

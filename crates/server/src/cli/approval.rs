@@ -14,6 +14,9 @@ pub enum Approval {
     /// The changes waiting for approval (and the last ones decided), and whether the
     /// fleet requires it.
     List,
+    /// One change, and exactly what approving it applies (a configuration set's files,
+    /// a deployment's change, the kept release).
+    Show { id: i64 },
     /// Approve a change another operator asked for: it is applied now, as it would have
     /// been at once.
     Approve { id: i64 },
@@ -35,8 +38,14 @@ pub enum Approval {
 impl Approval {
     pub(super) async fn run(&self, client: &AdminClient, json: bool) -> anyhow::Result<()> {
         let answer = client.approval(self).await?;
+        // The change itself, not the words a command that parked one says.
+        if let (Approval::Show { .. }, false) = (self, json) {
+            print!("{}", render_one(&answer));
+            return Ok(());
+        }
         super::print_answer(&answer, json, |a| match self {
             Approval::List => render_list(a),
+            Approval::Show { .. } => render_one(a),
             Approval::Approve { id } => {
                 format!("approved change {id} ({}); it is applied", describe(a))
             }
@@ -66,6 +75,7 @@ impl AdminClient {
         let http = self.http()?;
         let request = match action {
             Approval::List => http.get(format!("{base}/admin/approvals")),
+            Approval::Show { id } => http.get(format!("{base}/admin/approvals/{id}")),
             Approval::Approve { id } => http.post(format!("{base}/admin/approvals/{id}/approve")),
             Approval::Reject { id, reason } => http
                 .post(format!("{base}/admin/approvals/{id}/reject"))
@@ -110,6 +120,49 @@ pub fn parked_words(answer: &Value) -> Option<String> {
         describe(answer),
         millis_utc(&answer["expires_at"])
     ))
+}
+
+/// `GET /admin/approvals/<id>` as a person reads it: the change, who asked, where it
+/// stands, then what it applies (a configuration set's files in full).
+pub fn render_one(a: &Value) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "change {} ({}): {}, asked by {} at {}, lapses {}",
+        a["id"],
+        describe(a),
+        a["state"].as_str().unwrap_or("?"),
+        a["requested_by"].as_str().unwrap_or("?"),
+        millis_utc(&a["requested_at"]),
+        millis_utc(&a["expires_at"]),
+    );
+    if let Some(by) = a["decided_by"].as_str() {
+        let _ = writeln!(
+            out,
+            "decided by {by}{}",
+            a["reason"]
+                .as_str()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        );
+    }
+    let change = &a["change"];
+    if let Some(files) = change["files"].as_object() {
+        for (name, text) in files {
+            let _ = writeln!(out, "--- {name}");
+            out.push_str(text.as_str().unwrap_or(""));
+            if !out.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+    } else {
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(change).unwrap_or_default()
+        );
+    }
+    out
 }
 
 /// `GET /admin/approvals` as a person reads it.
@@ -174,5 +227,16 @@ mod tests {
             "{words}"
         );
         assert!(parked_words(&json!({"id": "2.0.0+2", "kind": "publish"})).is_none());
+    }
+
+    #[test]
+    fn one_change_shows_a_sets_files_in_full() {
+        let shown = render_one(&json!({
+            "id": 3, "state": "awaiting-approval", "action": "config.push",
+            "subject": {"group": "web"}, "requested_by": "alice",
+            "change": {"act": "config-push", "group": "web", "files": {"app.conf": "level = debug"}},
+        }));
+        assert!(shown.contains("asked by alice"), "{shown}");
+        assert!(shown.contains("--- app.conf\nlevel = debug\n"), "{shown}");
     }
 }

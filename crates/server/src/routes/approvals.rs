@@ -45,6 +45,34 @@ pub(crate) async fn list_json(s: &Shared) -> Result<serde_json::Value, ApiError>
     }))
 }
 
+/// `GET /admin/approvals/<id>` (an operator's: those who decide): the change and, as
+/// `change`, exactly what approving it applies (a configuration set's files, a
+/// deployment's change, the kept release), so that it is read before it is approved.
+pub(super) async fn show(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    auth.require(s, Action::Change, "approval.show").await?;
+    let not_found = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no approval {:?}; `update-server approval list` shows them",
+                agent_protocol::shown::shown(&id, 40)
+            ),
+        )
+    };
+    let id: i64 = id.parse().map_err(|_| not_found())?;
+    let Some(approval) = s.fleet.approvals().get(id).await? else {
+        return Err(not_found());
+    };
+    let mut value = approval.to_json(now_ms());
+    value["change"] = approval.payload.clone();
+    Ok(Json(value).into_response())
+}
+
 /// `POST /admin/approvals/<id>/approve|reject`, with `{"reason": "…"}` optionally.
 pub(super) async fn decide(
     State(state): State<AppState>,

@@ -132,6 +132,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/admin/webhooks/{id}/test", post(webhooks::test))
         .route("/admin/webhooks/{id}/deliveries", get(webhooks::deliveries))
         .route("/admin/approvals", get(approvals::list))
+        .route("/admin/approvals/{id}", get(approvals::show))
         .route("/admin/approvals/{id}/{decision}", post(approvals::decide))
         .route("/admin/approval", axum::routing::put(approvals::require))
         .route("/admin/releases", get(releases::list))
