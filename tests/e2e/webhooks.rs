@@ -187,6 +187,18 @@ fn a_halted_rollout_reaches_a_receiver_that_checks_the_signature() {
         |r| r["version"] == "1.0.0+1" && r["state"] == "running",
     );
 
+    // The new release's own event first: fed from the audit log on the next feed, it
+    // could otherwise land between a round's halt and its rollout.halted.
+    wait_until(
+        Duration::from_secs(30),
+        "release.published of 1.0.0 at the receiver",
+        || {
+            good.delivered().iter().any(|l| {
+                l["event"] == "release.published" && l["data"]["details"]["release"] == "1.0.0+1"
+            })
+        },
+    );
+
     // Rounds: halt, time until the receiver has it, resume.
     let mut latencies = Vec::new();
     for round in 0..5 {
