@@ -2,7 +2,8 @@
 //! one operator waits until another approves it; then it is applied as it would have
 //! been (real agents move), and the audit log names both. One's own change is never
 //! approved by oneself; a rejected or lapsed change is never applied; the switch is the
-//! fleet's, live on every server of a PostgreSQL fleet.
+//! fleet's, live on every server of a PostgreSQL fleet, where a publish parked on one
+//! server is approved on another, which serves the bytes the first kept.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -373,6 +374,9 @@ fn a_rejected_or_lapsed_change_is_never_applied() {
 #[test]
 fn the_switch_holds_on_every_server_of_a_postgres_fleet_at_once() {
     let ctx = TestContext::new();
+    let (key, public) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let public = public.display().to_string();
     let pg = Postgres::start();
     let url = pg.url();
     let env = |name| {
@@ -380,6 +384,7 @@ fn the_switch_holds_on_every_server_of_a_postgres_fleet_at_once() {
             ("UPDATE_SERVER_DATABASE_URL", url.as_str()),
             ("UPDATE_SERVER_SERVER_NAME", name),
             ("UPDATE_SERVER_ADMIN_TOKEN", ADMIN),
+            ("UPDATE_SERVER_BUNDLE_PUBLIC_KEY", public.as_str()),
         ]
     };
     let a = ctx.server("srv-a", &env("a"));
@@ -426,6 +431,30 @@ fn the_switch_holds_on_every_server_of_a_postgres_fleet_at_once() {
     assert!(sets.to_string().contains("\"web\""), "{sets}");
     let switched = audited(&a, "approval.require");
     assert_eq!(switched[0]["details"]["required"], true, "{switched:?}");
+
+    // A publish parked on one server and approved on the other: the approving server
+    // takes the kept bytes from the fleet database, and both serve them.
+    let said = stdout(&run_ok(
+        cli(&ctx, &a, &alice, &["release", "publish"]).arg(ctx.path("b1")),
+    ));
+    assert!(said.contains("waits for approval"), "{said}");
+    assert_eq!(
+        e2e::served_sha256(&b),
+        None,
+        "nothing served before approval"
+    );
+    let id = approvals(&b)["approvals"][0]["id"].as_i64().unwrap();
+    let (status, answer) = admin_call(
+        &b,
+        &bob,
+        "POST",
+        &format!("/admin/approvals/{id}/approve"),
+        "",
+    );
+    assert_eq!(status, 200, "{answer}");
+    let sha = sha256_file(&b1);
+    b.wait_serving(&sha);
+    a.wait_serving(&sha);
 
     // Switched off through the other: applied at once on both.
     let (status, _) = admin_call(
