@@ -7,6 +7,7 @@
 
 mod agent;
 mod alert_rules;
+mod approvals;
 mod audit_export;
 mod blame;
 mod bundle;
@@ -39,6 +40,7 @@ mod operator_day;
 mod operators;
 mod outside;
 mod page;
+mod page_governance;
 mod planned_stop;
 mod platforms;
 mod publish_bounds;

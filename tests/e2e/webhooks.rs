@@ -19,14 +19,20 @@ use serde_json::Value;
 const TOKEN: &str = "hooks-admin";
 const SECRET: &str = "a-secret-of-thirty-two-bytes-000";
 
-/// A receiver process and the lines it logged.
-struct Receiver {
+/// A receiver process and the lines it logged (also the approvals tests' receiver).
+pub(crate) struct Receiver {
     log: PathBuf,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Receiver {
-    fn start(ctx: &TestContext, name: &str, secret: &str, port: u16, fail_first: u32) -> Self {
+    pub(crate) fn start(
+        ctx: &TestContext,
+        name: &str,
+        secret: &str,
+        port: u16,
+        fail_first: u32,
+    ) -> Self {
         require_tool("python3");
         let dir = ctx.path(name);
         fs::create_dir_all(&dir).unwrap();
@@ -66,7 +72,7 @@ impl Receiver {
     }
 
     /// The events answered 204, in the order they came.
-    fn delivered(&self) -> Vec<Value> {
+    pub(crate) fn delivered(&self) -> Vec<Value> {
         self.lines()
             .into_iter()
             .filter(|l| l["status"] == 204)
@@ -179,6 +185,18 @@ fn a_halted_rollout_reaches_a_receiver_that_checks_the_signature() {
         Duration::from_secs(60),
         "the rollout of 1.0.0",
         |r| r["version"] == "1.0.0+1" && r["state"] == "running",
+    );
+
+    // The new release's own event first: fed from the audit log on the next feed, it
+    // could otherwise land between a round's halt and its rollout.halted.
+    wait_until(
+        Duration::from_secs(30),
+        "release.published of 1.0.0 at the receiver",
+        || {
+            good.delivered().iter().any(|l| {
+                l["event"] == "release.published" && l["data"]["details"]["release"] == "1.0.0+1"
+            })
+        },
     );
 
     // Rounds: halt, time until the receiver has it, resume.

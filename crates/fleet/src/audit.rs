@@ -69,9 +69,29 @@ pub struct Filter {
     pub who: Option<String>,
     /// Entries whose action starts with this (`rollout` finds every rollout action).
     pub action: Option<String>,
+    /// Entries done to this: an agent's id, a group, a deployment, a release, a token's
+    /// name… (any text value of the details, whole: see [`target_pattern`]).
+    pub target: Option<String>,
     /// 1-based.
     pub page: i64,
     pub per_page: i64,
+}
+
+/// The `LIKE` pattern (with `ESCAPE '\'`) of details that hold `target` as a whole text
+/// value: the details are stored as compact JSON, so a value is its JSON string, quotes
+/// included; what `LIKE` would read as a wildcard is escaped. Pure.
+pub fn target_pattern(target: &str) -> String {
+    let quoted = serde_json::Value::String(target.to_owned()).to_string();
+    let mut pattern = String::with_capacity(quoted.len() + 8);
+    pattern.push('%');
+    for c in quoted.chars() {
+        if matches!(c, '\\' | '%' | '_') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push('%');
+    pattern
 }
 
 /// Appends `change` on `conn`: inside the transaction of the change it records, when
@@ -120,23 +140,30 @@ impl Audit {
         // Empty strings match everything: one statement for every filter.
         let who = filter.who.clone().unwrap_or_default();
         let action = filter.action.clone().unwrap_or_default();
-        let clause = "($1 = '' OR who = $1) AND ($2 = '' OR action = $2 OR action LIKE $3)";
+        let target = filter.target.clone().unwrap_or_default();
+        let clause = "($1 = '' OR who = $1) AND ($2 = '' OR action = $2 OR action LIKE $3) \
+             AND ($4 = '' OR details LIKE $5 ESCAPE '\\')";
         let prefix = format!("{}.%", action.replace(['%', '_'], ""));
+        let pattern = target_pattern(&target);
         let total: i64 = sqlx::query(&format!(
             "SELECT COUNT(*) AS n FROM audit_log WHERE {clause}"
         ))
         .bind(&who)
         .bind(&action)
         .bind(&prefix)
+        .bind(&target)
+        .bind(&pattern)
         .fetch_one(self.db.pool())
         .await?
         .try_get("n")?;
         let rows = sqlx::query(&format!(
-            "SELECT id, at, who, address, action, outcome, details FROM audit_log WHERE {clause} ORDER BY id DESC LIMIT $4 OFFSET $5"
+            "SELECT id, at, who, address, action, outcome, details FROM audit_log WHERE {clause} ORDER BY id DESC LIMIT $6 OFFSET $7"
         ))
         .bind(&who)
         .bind(&action)
         .bind(&prefix)
+        .bind(&target)
+        .bind(&pattern)
         .bind(per_page)
         .bind(offset)
         .fetch_all(self.db.pool())
@@ -505,9 +532,51 @@ mod tests {
         let paged = Filter {
             page: 2,
             per_page: 3,
-            ..all
+            ..all.clone()
         };
         let (page2, total) = audit.list(&paged).await.unwrap();
         assert_eq!((page2.len(), total), (1, 4));
+    }
+
+    #[test]
+    fn a_target_is_matched_as_a_whole_json_text_value_wildcards_escaped() {
+        assert_eq!(target_pattern("web"), r#"%"web"%"#);
+        assert_eq!(target_pattern("a_b%"), r#"%"a\_b\%"%"#);
+        assert_eq!(target_pattern(r#"q"x"#), r#"%"q\\"x"%"#);
+    }
+
+    #[tokio::test]
+    async fn entries_are_filtered_by_what_they_were_done_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let audit = Audit::new(Db::open("", dir.path(), 2).await.unwrap());
+        for details in [
+            serde_json::json!({ "group": "web" }),
+            serde_json::json!({ "group": "web2" }),
+            serde_json::json!({ "agent": "a_1", "reason": "the web group" }),
+            serde_json::json!({ "agent": "ab1" }),
+        ] {
+            audit
+                .record(&Change {
+                    who: "alice",
+                    address: "",
+                    action: "config.push",
+                    outcome: Outcome::Done,
+                    details,
+                })
+                .await
+                .unwrap();
+        }
+        let of = |target: &str| Filter {
+            target: Some(target.into()),
+            page: 1,
+            per_page: 10,
+            ..Filter::default()
+        };
+        let (web, total) = audit.list(&of("web")).await.unwrap();
+        assert_eq!(total, 1, "a whole value, not a part of one: {web:?}");
+        assert_eq!(web[0].details["group"], "web");
+        let (agent, _) = audit.list(&of("a_1")).await.unwrap();
+        assert_eq!(agent.len(), 1, "_ is no wildcard: {agent:?}");
+        assert_eq!(audit.list(&of("nobody")).await.unwrap().1, 0);
     }
 }

@@ -115,8 +115,8 @@ fn parse_selector(text: &str) -> Result<Selector, String> {
     Selector::parse(text).map_err(|e| format!("selector {text:?}: {e}"))
 }
 
-/// A deployment to create.
-#[derive(Debug, Clone)]
+/// A deployment to create (serialized when it waits for approval).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct NewDeployment {
     pub name: String,
     pub selector: String,
@@ -125,8 +125,9 @@ pub struct NewDeployment {
     pub policy: Option<Plan>,
 }
 
-/// A change to a deployment: what is `Some` is set.
-#[derive(Debug, Clone, Default)]
+/// A change to a deployment: what is `Some` is set (serialized when it waits for
+/// approval).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Change {
     pub selector: Option<String>,
     pub release: Option<String>,
@@ -219,9 +220,10 @@ fn policy_json(policy: Option<&Plan>) -> Result<Option<String>, FleetError> {
         .transpose()
 }
 
-/// Creates a deployment; refused (nothing changed) for a taken name, a bad name or
-/// selector, or a release the fleet does not keep.
-pub async fn create(db: &Db, new: &NewDeployment) -> Result<Deployment, FleetError> {
+/// What [`create`] refuses of `new` without reading the fleet (a bad name or selector,
+/// `default`): pure, so a change is refused at once rather than after it waited for
+/// approval.
+pub fn check_new(new: &NewDeployment) -> Result<(), FleetError> {
     check_name(&new.name).map_err(FleetError::Invalid)?;
     if new.name == DEFAULT {
         return Err(FleetError::Conflict(
@@ -229,6 +231,39 @@ pub async fn create(db: &Db, new: &NewDeployment) -> Result<Deployment, FleetErr
         ));
     }
     parse_selector(&new.selector).map_err(FleetError::Invalid)?;
+    Ok(())
+}
+
+/// What [`update`] refuses of `change` to `name` without reading the fleet: pure, as
+/// [`check_new`].
+pub fn check_change(name: &str, change: &Change) -> Result<(), FleetError> {
+    if change.is_empty() {
+        return Err(FleetError::Invalid(
+            "nothing to change: give --release, --selector, --priority or a policy flag".into(),
+        ));
+    }
+    if name == DEFAULT {
+        if change.release.is_some() {
+            return Err(FleetError::Invalid(
+                "default's release is the fleet's current release: move it with `update-server release publish` or `update-server release rollback`".into(),
+            ));
+        }
+        if change.selector.is_some() || change.priority.is_some() {
+            return Err(FleetError::Invalid(
+                "default selects every agent and comes last: its selector and priority cannot change; create another deployment".into(),
+            ));
+        }
+    }
+    if let Some(selector) = &change.selector {
+        parse_selector(selector).map_err(FleetError::Invalid)?;
+    }
+    Ok(())
+}
+
+/// Creates a deployment; refused (nothing changed) for a taken name, a bad name or
+/// selector, or a release the fleet does not keep.
+pub async fn create(db: &Db, new: &NewDeployment) -> Result<Deployment, FleetError> {
+    check_new(new)?;
     let now = now_ms();
     let mut tx = db.begin_write().await?;
     release_is_kept(&mut tx, &new.release).await?;
@@ -266,26 +301,7 @@ pub async fn update(
     name: &str,
     change: &Change,
 ) -> Result<(Deployment, Deployment), FleetError> {
-    if change.is_empty() {
-        return Err(FleetError::Invalid(
-            "nothing to change: give --release, --selector, --priority or a policy flag".into(),
-        ));
-    }
-    if name == DEFAULT {
-        if change.release.is_some() {
-            return Err(FleetError::Invalid(
-                "default's release is the fleet's current release: move it with `update-server release publish` or `update-server release rollback`".into(),
-            ));
-        }
-        if change.selector.is_some() || change.priority.is_some() {
-            return Err(FleetError::Invalid(
-                "default selects every agent and comes last: its selector and priority cannot change; create another deployment".into(),
-            ));
-        }
-    }
-    if let Some(selector) = &change.selector {
-        parse_selector(selector).map_err(FleetError::Invalid)?;
-    }
+    check_change(name, change)?;
     let before = get(db, name).await?.ok_or_else(|| no_such(name))?;
     let mut tx = db.begin_write().await?;
     if let Some(release) = &change.release {

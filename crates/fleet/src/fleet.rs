@@ -177,6 +177,11 @@ impl Fleet {
         crate::audit::Audit::new(self.db.clone())
     }
 
+    /// Changes waiting for a second operator's approval, and the fleet's switch.
+    pub fn approvals(&self) -> crate::approvals::Approvals {
+        crate::approvals::Approvals::new(self.db.clone())
+    }
+
     /// The fleet-wide switch as last read or set.
     pub fn auto_update(&self) -> bool {
         self.auto_update.load(Ordering::Relaxed)

@@ -1,7 +1,8 @@
 //! agent-fleet: the fleet model that every edge of the update server drives.
 //!
 //! It owns the fleet database (SQLite or PostgreSQL, its schema and migrations), every
-//! agent's row, their credentials, the fleet-wide settings and their names, the staged
+//! agent's row, their credentials, the fleet-wide settings and their names, the changes
+//! waiting for a second operator's approval ([`approvals`]), the staged
 //! rollouts of bundles and of configuration sets (plans, waves, pure step decisions,
 //! the rows that record them), the configuration sets themselves, and the outage spool that holds writes while the database is away. [`Fleet`] bundles them
 //! for an edge: it writes what agents tell (now, or queued) and keeps the settings read.
@@ -13,6 +14,7 @@
 //! ([`rollout::Served`]). Decisions (a rollout's next step, an agent's wave, the
 //! credentials verdict) stay pure functions, unit tested without a database.
 
+pub mod approvals;
 pub mod audit;
 pub mod backup;
 pub mod chores;

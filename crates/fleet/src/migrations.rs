@@ -42,6 +42,7 @@ migrations!(
     "0012_page_sessions",
     "0013_deployments",
     "0014_governance",
+    "0015_approvals",
     "0017_fleet_policy",
 );
 
@@ -118,7 +119,7 @@ mod tests {
                 read.iter().map(key).collect::<Vec<_>>(),
                 "{dir}"
             );
-            assert_eq!(embedded.len(), 15, "{dir}");
+            assert_eq!(embedded.len(), 16, "{dir}");
         }
     }
 

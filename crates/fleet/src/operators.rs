@@ -105,6 +105,13 @@ pub struct TokenInfo {
     /// Unix milliseconds.
     pub created_at: i64,
     pub last_used_at: Option<i64>,
+    /// When it stops opening anything (unix milliseconds); `None`: never.
+    pub expires_at: Option<i64>,
+}
+
+/// Whether a token that lapses at `expires_at` is refused at `now_ms` (pure).
+pub fn expired(expires_at: Option<i64>, now_ms: i64) -> bool {
+    expires_at.is_some_and(|at| now_ms >= at)
 }
 
 /// Checks a new token's name: what to do when it cannot be one.
@@ -141,19 +148,26 @@ impl Operators {
         Self { db }
     }
 
-    /// Creates the token `name` with `role`; returns the token, which is not kept.
-    pub async fn create(&self, name: &str, role: Role) -> Result<String, FleetError> {
+    /// Creates the token `name` with `role`, refused from `expires_at` (unix ms) on when
+    /// one is given; returns the token, which is not kept.
+    pub async fn create(
+        &self,
+        name: &str,
+        role: Role,
+        expires_at: Option<i64>,
+    ) -> Result<String, FleetError> {
         check_name(name)?;
         let token = new_token()
             .map_err(|e| FleetError::Invalid(format!("no randomness for a token: {e}")))?;
         let hash = hash_token(&token);
         let inserted = sqlx::query(
-            "INSERT INTO operator_tokens (name, role, token_hash, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING",
+            "INSERT INTO operator_tokens (name, role, token_hash, created_at, expires_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING",
         )
         .bind(name)
         .bind(role.as_str())
         .bind(&hash)
         .bind(now_ms())
+        .bind(expires_at)
         .execute(self.db.pool())
         .await?
         .rows_affected();
@@ -168,7 +182,7 @@ impl Operators {
     /// Every token, oldest first.
     pub async fn list(&self) -> Result<Vec<TokenInfo>, FleetError> {
         let rows = sqlx::query(
-            "SELECT name, role, created_at, last_used_at FROM operator_tokens ORDER BY created_at, name",
+            "SELECT name, role, created_at, last_used_at, expires_at FROM operator_tokens ORDER BY created_at, name",
         )
         .fetch_all(self.db.pool())
         .await?;
@@ -179,6 +193,7 @@ impl Operators {
                     role: r.try_get("role")?,
                     created_at: r.try_get("created_at")?,
                     last_used_at: r.try_get("last_used_at")?,
+                    expires_at: r.try_get("expires_at")?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
@@ -200,10 +215,11 @@ impl Operators {
         self.by_hash(&hash_token(token)).await
     }
 
-    /// The operator whose token hashes to `hash`, if it is not revoked; notes its use.
+    /// The operator whose token hashes to `hash`, if it is neither revoked nor expired;
+    /// notes its use.
     pub async fn by_hash(&self, hash: &str) -> Result<Option<Operator>, FleetError> {
         let row = sqlx::query(
-            "SELECT name, role, last_used_at FROM operator_tokens WHERE token_hash = $1",
+            "SELECT name, role, last_used_at, expires_at FROM operator_tokens WHERE token_hash = $1",
         )
         .bind(hash)
         .fetch_optional(self.db.pool())
@@ -215,6 +231,9 @@ impl Operators {
         let role: String = row.try_get("role")?;
         let last_used: Option<i64> = row.try_get("last_used_at")?;
         let now = now_ms();
+        if expired(row.try_get("expires_at")?, now) {
+            return Ok(None);
+        }
         if touch_due(last_used, now) {
             sqlx::query("UPDATE operator_tokens SET last_used_at = $1 WHERE name = $2")
                 .bind(now)
@@ -290,7 +309,7 @@ mod tests {
         let (_dir, db) = db().await;
         let ops = Operators::new(db.clone());
         assert!(!ops.any().await.unwrap());
-        let token = ops.create("alice", Role::Operator).await.unwrap();
+        let token = ops.create("alice", Role::Operator, None).await.unwrap();
         assert!(ops.any().await.unwrap());
         let stored: Vec<String> = sqlx::query("SELECT token_hash FROM operator_tokens")
             .fetch_all(db.pool())
@@ -302,7 +321,7 @@ mod tests {
         assert_eq!(stored, vec![hash_token(&token)]);
         assert!(!stored[0].contains(&token));
         assert!(matches!(
-            ops.create("alice", Role::Admin).await,
+            ops.create("alice", Role::Admin, None).await,
             Err(FleetError::Conflict(_))
         ));
         let who = ops.authenticate(&token).await.unwrap().unwrap();
@@ -315,5 +334,30 @@ mod tests {
         assert!(ops.revoke("alice").await.unwrap());
         assert!(!ops.revoke("alice").await.unwrap());
         assert_eq!(ops.authenticate(&token).await.unwrap(), None);
+    }
+
+    #[test]
+    fn a_token_lapses_at_its_expiry_and_one_without_never() {
+        assert!(!expired(None, i64::MAX));
+        assert!(!expired(Some(1_000), 999));
+        assert!(expired(Some(1_000), 1_000));
+    }
+
+    #[tokio::test]
+    async fn an_expired_token_opens_nothing() {
+        let (_dir, db) = db().await;
+        let ops = Operators::new(db);
+        let lapsed = ops
+            .create("old", Role::Admin, Some(now_ms() - 1))
+            .await
+            .unwrap();
+        let fresh = ops
+            .create("new", Role::Viewer, Some(now_ms() + 3_600_000))
+            .await
+            .unwrap();
+        assert_eq!(ops.authenticate(&lapsed).await.unwrap(), None);
+        assert_eq!(ops.authenticate(&fresh).await.unwrap().unwrap().name, "new");
+        let listed = ops.list().await.unwrap();
+        assert!(listed.iter().all(|t| t.expires_at.is_some()), "{listed:?}");
     }
 }

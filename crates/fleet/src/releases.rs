@@ -356,16 +356,19 @@ async fn forget_beyond(
         .bind(oldest_kept)
         .execute(&mut **tx)
         .await?;
-    // A release some deployment names stays, however old.
+    // A release some deployment names stays, however old; so does one a change waiting
+    // for approval names (its bytes are what approving it publishes).
     sqlx::query(
         "DELETE FROM release_files WHERE release_id NOT IN (SELECT release_id FROM release_history)
-           AND release_id NOT IN (SELECT release_id FROM deployments WHERE release_id IS NOT NULL)",
+           AND release_id NOT IN (SELECT release_id FROM deployments WHERE release_id IS NOT NULL)
+           AND release_id NOT IN (SELECT release_id FROM approvals WHERE state = 'awaiting-approval' AND release_id IS NOT NULL)",
     )
     .execute(&mut **tx)
     .await?;
     sqlx::query(
         "DELETE FROM releases WHERE id NOT IN (SELECT release_id FROM release_history)
-           AND id NOT IN (SELECT release_id FROM deployments WHERE release_id IS NOT NULL)",
+           AND id NOT IN (SELECT release_id FROM deployments WHERE release_id IS NOT NULL)
+           AND id NOT IN (SELECT release_id FROM approvals WHERE state = 'awaiting-approval' AND release_id IS NOT NULL)",
     )
     .execute(&mut **tx)
     .await?;

@@ -56,6 +56,8 @@ pub const KEYS: &[Key] = &[
     key("rollout", "agent-deadline", Kind::Seconds),
     key("audit", "keep", Kind::Seconds),
     key("webhooks", "retry-for", Kind::Seconds),
+    key("approval", "required", Kind::Bool),
+    key("approval", "expires", Kind::Seconds),
 ];
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -74,6 +76,27 @@ pub struct Config {
     pub maintenance: Vec<crate::maintenance::MaintenanceSection>,
     pub audit: AuditSection,
     pub webhooks: WebhooksSection,
+    pub approval: ApprovalSection,
+}
+
+/// `[approval]`: a second operator's approval of changes that move agents.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct ApprovalSection {
+    /// Seeds the fleet's switch when the fleet database is new; after that the fleet's
+    /// own (`update-server approval require on|off`) holds.
+    pub required: bool,
+    /// Seconds a change waits for approval before it lapses (`"24h"`).
+    pub expires: u64,
+}
+
+impl Default for ApprovalSection {
+    fn default() -> Self {
+        Self {
+            required: false,
+            expires: agent_fleet::approvals::DEFAULT_EXPIRES_SECS,
+        }
+    }
 }
 
 /// `[audit]`: how long the audit log keeps an entry.

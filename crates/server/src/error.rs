@@ -84,6 +84,10 @@ impl From<crate::actions::ActionError> for ApiError {
                 Self::new(refused_status(&refused), refused.message()).audited()
             }
             ActionError::Fleet(e) => e.into(),
+            ActionError::Failed(detail) => {
+                tracing::error!("{detail}");
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, detail)
+            }
         }
     }
 }

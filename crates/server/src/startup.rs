@@ -93,6 +93,7 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
     ));
     configs.refresh().await?;
     let webhook_db = db.clone();
+    seed_approval(&db, config).await?;
     let fleet = Fleet::new(db, outage, rollouts, configs)
         .await?
         .with_contact_refresh(contact_refresh(config.agents.heartbeat));
@@ -134,8 +135,29 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
                 Duration::from_secs(config.audit.keep),
                 Duration::from_secs(config.webhooks.retry_for),
             )),
+            approval_expires: Duration::from_secs(config.approval.expires),
         }),
     })
+}
+
+/// `[approval] required` seeds the fleet's switch when the fleet has none (a new fleet
+/// database); after that the fleet's own holds, and a file that disagrees is said.
+async fn seed_approval(db: &Db, config: &Config) -> Result<(), ServerError> {
+    if config.approval.expires == 0 {
+        return Err(ServerError::Config(
+            "approval.expires is 0: a change would lapse before anyone could approve it; give a duration such as \"24h\"".into(),
+        ));
+    }
+    let wanted = config.approval.required;
+    let fleet = agent_fleet::approvals::Approvals::new(db.clone())
+        .seed(wanted)
+        .await?;
+    if fleet != wanted {
+        tracing::warn!(
+            "approval.required is {wanted} in this server's configuration, but the fleet's switch is {fleet}: the fleet's holds (`update-server approval require on|off` changes it)"
+        );
+    }
+    Ok(())
 }
 
 /// A minisign public key file named by the configuration key `what`.

@@ -62,6 +62,8 @@ pub struct Shared {
     pub agent_ca: Option<String>,
     /// Webhooks and the audit log's retention.
     pub governance: Arc<crate::governance::Governance>,
+    /// `approval.expires`: how long a change waits for approval before it lapses.
+    pub approval_expires: std::time::Duration,
 }
 
 /// The live sockets by agent: how many hold each uid now.

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 /// What the operator said is meant.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Consent {
     /// A set with no files may be stored.
     pub allow_empty: bool,

@@ -194,24 +194,6 @@ impl Publisher {
             .map_err(|e| io_error(&self.dir, e))
     }
 
-    /// Checks the uploaded files in `incoming` and, when they are a release, makes it
-    /// the fleet's current release and serves it here.
-    pub async fn publish(
-        &self,
-        incoming: tempfile::TempDir,
-        names: Vec<String>,
-        who: &str,
-    ) -> Result<HistoryEntry, ReleaseError> {
-        if self.keys.is_empty() && self.served_key.is_none() {
-            return Err(ReleaseError::NoTrust);
-        }
-        let _busy = self.busy.lock().await;
-        let record = self.check_and_keep(incoming, names).await?;
-        let entry = self.make_current(&record, Kind::Publish, who).await?;
-        self.install_entry(&entry).await?;
-        Ok(entry)
-    }
-
     /// The uploaded files in `incoming`, checked as a release (refused as a whole, in
     /// words, when they are not one) and moved under `<home>/releases/<id>/`. Called
     /// while `busy` is held.
@@ -241,10 +223,12 @@ impl Publisher {
         Ok(record)
     }
 
-    /// Checks the uploaded files in `incoming` as [`Publisher::publish`] does and keeps
-    /// the release without making it the fleet's current one: `release publish
-    /// --deployment NAME`, which then names it for that deployment.
-    pub async fn keep_for_deployment(
+    /// Checks the uploaded files in `incoming` as a release (refused as a whole, in words,
+    /// when they are not one) and keeps it, in the fleet database too, without making
+    /// it the fleet's current one: the first step of every publish. The second is an
+    /// operator action, [`Publisher::make_kept_current`] (or naming it for a deployment),
+    /// taken at once or once another operator approves it; until then no agent sees it.
+    pub async fn keep_upload(
         &self,
         incoming: tempfile::TempDir,
         names: Vec<String>,
@@ -270,14 +254,14 @@ impl Publisher {
         Ok(self.releases.keep_release(record, &mut read).await?)
     }
 
-    /// Makes the kept release `to` current again, with fresh `signatures` (by bundle
-    /// file name) newer than the served release's.
-    pub async fn rollback(
+    /// `release rollback`'s first step: the kept release `to` with fresh `signatures` (by
+    /// bundle file name), checked newer than the served release's, kept with them. The
+    /// second is [`Publisher::make_kept_current`] with [`Kind::Rollback`].
+    pub async fn keep_rollback(
         &self,
         to: &str,
         signatures: BTreeMap<String, String>,
-        who: &str,
-    ) -> Result<HistoryEntry, ReleaseError> {
+    ) -> Result<ReleaseRecord, ReleaseError> {
         if self.keys.is_empty() && self.served_key.is_none() {
             return Err(ReleaseError::NoTrust);
         }
@@ -287,7 +271,42 @@ impl Publisher {
             Current::Unavailable(_) => 0,
         };
         let record = self.resign(to, signatures, served_signed_at).await?;
-        let entry = self.make_current(&record, Kind::Rollback, who).await?;
+        self.keep_in_fleet(&record).await?;
+        Ok(record)
+    }
+
+    /// Makes the kept release `id` the fleet's current one (`kind`: how it became so) and
+    /// serves it here, from its kept files and signatures as the fleet holds them
+    /// (fetched from the fleet database when another server kept them).
+    pub async fn make_kept_current(
+        &self,
+        id: &str,
+        kind: Kind,
+        who: &str,
+    ) -> Result<HistoryEntry, ReleaseError> {
+        let _busy = self.busy.lock().await;
+        let Some(record) = self.releases.release(id).await? else {
+            return Err(ReleaseError::NotKept(format!(
+                "release {id} is no longer kept; publish it again"
+            )));
+        };
+        if kind == Kind::Rollback {
+            // Its fresh signatures were newer than what was served when it was asked
+            // for; a release published while it waited for approval may be newer still,
+            // and agents would refuse the rollback as a replay.
+            let served = match self.store.current() {
+                Current::Ready(release) => crate::served(&release).signed_at,
+                Current::Unavailable(_) => 0,
+            };
+            let signed_at = signed_at_of(&record);
+            if signed_at <= served {
+                return Err(ReleaseError::Signatures(format!(
+                    "the signatures of the rollback to {id} (signed-at {signed_at}) are not newer than the release served now (signed-at {served}), published since the rollback was asked for: agents would refuse them as a replay; sign again with `agent-bundle sign --key K FILE…` and roll back again"
+                )));
+            }
+        }
+        self.ensure_local(&record).await?;
+        let entry = self.make_current(&record, kind, who).await?;
         self.install_entry(&entry).await?;
         Ok(entry)
     }
@@ -656,6 +675,19 @@ impl Publisher {
             }
         }
     }
+}
+
+/// The newest `signed-at` of a kept release's signatures (checked when it was kept);
+/// 0 for one that cannot be read.
+fn signed_at_of(record: &ReleaseRecord) -> i64 {
+    record
+        .files
+        .iter()
+        .filter_map(|f| agent_protocol::minisign::Signature::parse(&f.signature).ok())
+        .filter_map(|sig| agent_protocol::minisign::BundleClaim::parse(sig.trusted_comment()).ok())
+        .map(|claim| i64::try_from(claim.signed_at).unwrap_or(i64::MAX))
+        .max()
+        .unwrap_or(0)
 }
 
 /// Which keys a check holds a release to (see [`check::Trusted`]).

@@ -19,6 +19,10 @@ pub struct AuditQuery {
     /// Only these actions (`rollout` matches rollout.halt, rollout.resume, …).
     #[arg(long)]
     action: Option<String>,
+    /// Only entries done to this: an agent's id, a group, a deployment, a release, a
+    /// token's name.
+    #[arg(long)]
+    target: Option<String>,
     #[arg(long, default_value_t = 1)]
     page: u32,
 }
@@ -88,7 +92,12 @@ impl AuditCommand {
 impl AuditQuery {
     pub(super) async fn run(&self, client: &AdminClient, json: bool) -> anyhow::Result<()> {
         let answer = client
-            .audit(self.who.as_deref(), self.action.as_deref(), self.page)
+            .audit(
+                self.who.as_deref(),
+                self.action.as_deref(),
+                self.target.as_deref(),
+                self.page,
+            )
             .await?;
         super::print_answer(&answer, json, render_audit)
     }
@@ -100,6 +109,7 @@ impl AdminClient {
         &self,
         who: Option<&str>,
         action: Option<&str>,
+        target: Option<&str>,
         page: u32,
     ) -> anyhow::Result<Value> {
         let base = self.base()?;
@@ -109,6 +119,9 @@ impl AdminClient {
         }
         if let Some(action) = action {
             query.push(("action", action.to_owned()));
+        }
+        if let Some(target) = target {
+            query.push(("target", target.to_owned()));
         }
         let request = self
             .http()?

@@ -129,6 +129,10 @@ impl ConfigCommand {
         if json {
             return super::print_json(&answer);
         }
+        if let Some(parked) = super::approval::parked_words(&answer) {
+            println!("{parked}");
+            return Ok(());
+        }
         match self {
             ConfigCommand::Push { .. } => println!(
                 "stored set {} for {}",

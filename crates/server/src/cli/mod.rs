@@ -6,6 +6,7 @@
 //! [`main`]. This is the process's edge: errors are `anyhow`, said once, at the end.
 
 pub mod agents;
+pub mod approval;
 pub mod audit;
 pub mod backup;
 pub mod client;
@@ -109,6 +110,14 @@ enum Command {
     Webhook {
         #[command(subcommand)]
         action: webhook::Webhook,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Changes waiting for a second operator's approval: list, approve, reject, and the
+    /// fleet's switch (through the admin API of a running server).
+    Approval {
+        #[command(subcommand)]
+        action: approval::Approval,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -247,6 +256,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Webhook { action, admin } => {
                 action.run(&admin.client(&config), admin.json).await
             }
+            Command::Approval { action, admin } => {
+                action.run(&admin.client(&config), admin.json).await
+            }
         }
     })
 }
@@ -258,7 +270,7 @@ fn print_json(answer: &serde_json::Value) -> anyhow::Result<()> {
 }
 
 /// The API's answer as it came with `--json`; otherwise `said`, the words or table a
-/// person reads.
+/// person reads (or, for a change the server parked for approval, words that say so).
 fn print_answer(
     answer: &serde_json::Value,
     json: bool,
@@ -266,6 +278,10 @@ fn print_answer(
 ) -> anyhow::Result<()> {
     if json {
         return print_json(answer);
+    }
+    if let Some(parked) = approval::parked_words(answer) {
+        println!("{parked}");
+        return Ok(());
     }
     println!("{}", said(answer).trim_end());
     Ok(())

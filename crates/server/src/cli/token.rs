@@ -19,6 +19,9 @@ pub enum Token {
         /// changes auto-update and the download limit) or admin (also manages tokens).
         #[arg(long, value_parser = ["viewer", "operator", "admin"])]
         role: String,
+        /// How long it opens anything (90d, 12h); without it, until revoked.
+        #[arg(long, value_name = "DURATION")]
+        expires: Option<String>,
     },
     /// Names, roles, when made and last used (never the tokens).
     List,
@@ -36,10 +39,14 @@ impl Token {
             return super::print_json(&answer);
         }
         match self {
-            Token::Create { name, role } => {
+            Token::Create { name, role, .. } => {
                 println!("{}", answer["token"].as_str().unwrap_or_default());
+                let lapses = match answer["expires_at"].as_i64() {
+                    Some(_) => format!("; it lapses {}", millis_utc(&answer["expires_at"])),
+                    None => String::new(),
+                };
                 eprintln!(
-                    "made the {role} token {name:?}: it is shown this once and kept only as a hash; pass it with --token or sign in to the page with it"
+                    "made the {role} token {name:?}: it is shown this once and kept only as a hash; pass it with --token or sign in to the page with it{lapses}"
                 );
             }
             Token::List => print!("{}", render_tokens(&answer)),
@@ -57,9 +64,13 @@ impl AdminClient {
         let base = self.base()?;
         let http = self.http()?;
         let request = match action {
-            Token::Create { name, role } => http
+            Token::Create {
+                name,
+                role,
+                expires,
+            } => http
                 .post(format!("{base}/admin/tokens"))
-                .json(&serde_json::json!({ "name": name, "role": role })),
+                .json(&serde_json::json!({ "name": name, "role": role, "expires": expires })),
             Token::List => http.get(format!("{base}/admin/tokens")),
             Token::Revoke { name } => http.delete(format!("{base}/admin/tokens/{name}")),
         };
@@ -76,13 +87,18 @@ pub fn render_tokens(list: &Value) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<24} {:<9} {:<30} last used",
-        "name", "role", "created"
+        "{:<24} {:<9} {:<30} {:<30} lapses",
+        "name", "role", "created", "last used"
     );
     for t in rows {
+        let lapses = if t["expires_at"].is_i64() {
+            millis_utc(&t["expires_at"])
+        } else {
+            "never".to_owned()
+        };
         let _ = writeln!(
             out,
-            "{:<24} {:<9} {:<30} {}",
+            "{:<24} {:<9} {:<30} {:<30} {lapses}",
             t["name"].as_str().unwrap_or("?"),
             t["role"].as_str().unwrap_or("?"),
             millis_utc(&t["created_at"]),

@@ -1,11 +1,13 @@
 //! Governance's background work on this server: webhook events fed from the fleet's
-//! records and delivered ([`delivery`]), and the audit log kept for `audit.keep`
-//! ([`retention`]). The decisions (what is an event, when to try again, which server
+//! records and delivered ([`delivery`]), the audit log kept for `audit.keep`
+//! ([`retention`]), and changes that waited too long for approval recorded as lapsed
+//! ([`lapse`]). The decisions (what is an event, when to try again, which server
 //! does a fleet-wide chore) are the fleet model's ([`agent_fleet::webhooks`],
 //! [`agent_fleet::chores`]); this module runs them on clocks and speaks HTTP to the
 //! receivers.
 
 pub mod delivery;
+pub mod lapse;
 pub mod retention;
 
 use std::sync::Arc;
@@ -37,10 +39,12 @@ impl Governance {
     }
 }
 
-/// Starts the delivery loop and the retention chore.
+/// Starts the delivery loop, the retention chore and the approvals' lapse.
 pub(crate) fn spawn(state: &AppState) {
     let s = Arc::clone(&state.inner);
     crate::panics::spawn_restarting("webhook delivery", move || delivery::run(Arc::clone(&s)));
     let s = Arc::clone(&state.inner);
     crate::panics::spawn_restarting("audit retention", move || retention::run(Arc::clone(&s)));
+    let s = Arc::clone(&state.inner);
+    crate::panics::spawn_restarting("approval lapse", move || lapse::run(Arc::clone(&s)));
 }

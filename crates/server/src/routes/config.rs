@@ -81,46 +81,24 @@ pub(super) async fn put(
             "body must be {{\"files\": {{\"<name>\": \"<UTF-8 text>\", ...}}}}: {e}"
         ))
     })?;
-    let names: Vec<String> = put.files.keys().cloned().collect();
     let consent = Consent {
         allow_empty: put.allow_empty || query.allow_empty,
         replace_all: put.replace_all || query.replace_all,
     };
-    let pushed = match s.fleet.configs.push(&group, put.files, consent).await {
-        Err(agent_fleet::FleetError::Conflict(why)) => {
-            caller
-                .refused(
-                    s,
-                    "config.push",
-                    serde_json::json!({ "group": group, "files": names, "reason": why }),
-                )
-                .await;
-            return Err(ApiError::new(StatusCode::CONFLICT, why).audited());
-        }
-        other => other?,
+    let act = Act::ConfigPush {
+        group,
+        files: put.files,
+        consent,
     };
-    match pushed {
-        Ok(pushed) => {
-            if pushed.new {
-                tracing::info!(group = %pushed.group, hash = %pushed.hash, "configuration set stored");
-            }
-            caller
-                .record(
-                    s,
-                    "config.push",
-                    serde_json::json!({ "group": pushed.group, "hash": pushed.hash, "files": names, "new": pushed.new }),
-                )
-                .await;
-            Ok(Json(serde_json::json!({
-                "group": pushed.group,
-                "hash": pushed.hash,
-                "created_at": pushed.created_at as f64 / 1000.0,
-            }))
-            .into_response())
-        }
-        Err(e) => Err(ApiError::bad_request(format!(
-            "configuration set refused: {e}"
-        ))),
+    match actions::perform(s, &caller.actor(), act).await? {
+        actions::Done::ConfigPushed(pushed) => Ok(Json(serde_json::json!({
+            "group": pushed.group,
+            "hash": pushed.hash,
+            "created_at": pushed.created_at as f64 / 1000.0,
+        }))
+        .into_response()),
+        actions::Done::Parked(approval) => Ok(super::parked(&approval)),
+        _ => Err(super::other_result()),
     }
 }
 

@@ -159,11 +159,10 @@ async fn answer(
     status: StatusCode,
 ) -> Result<Response, ApiError> {
     let actor = auth.actor(s, act.name()).await?;
-    let Done::Deployment(d) = actions::perform(s, &actor, act).await? else {
-        return Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the server answered an action with another's result; please report this",
-        ));
+    let d = match actions::perform(s, &actor, act).await? {
+        Done::Deployment(d) => d,
+        Done::Parked(approval) => return Ok(super::parked(&approval)),
+        _ => return Err(super::other_result()),
     };
     let mut value = json_of(s, &d).await?;
     if status == StatusCode::OK && deployments::get(&s.fleet.db, &d.name).await?.is_none() {

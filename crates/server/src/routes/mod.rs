@@ -7,6 +7,7 @@
 
 mod admin;
 mod agents;
+pub(crate) mod approvals;
 mod config;
 mod delta;
 mod deployments;
@@ -131,6 +132,10 @@ pub fn router(state: &AppState) -> Router<AppState> {
         )
         .route("/admin/webhooks/{id}/test", post(webhooks::test))
         .route("/admin/webhooks/{id}/deliveries", get(webhooks::deliveries))
+        .route("/admin/approvals", get(approvals::list))
+        .route("/admin/approvals/{id}", get(approvals::show))
+        .route("/admin/approvals/{id}/{decision}", post(approvals::decide))
+        .route("/admin/approval", axum::routing::put(approvals::require))
         .route("/admin/releases", get(releases::list))
         .route("/admin/releases/rollback", post(releases::rollback))
         .route("/admin/releases/{id}/files/{name}", get(releases::file))
@@ -160,6 +165,24 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(held)
         .merge(downloads)
         .merge(uploads)
+}
+
+/// A change parked for another operator's approval, as every route answers it: `202`
+/// and the approval (`"state": "awaiting-approval"`, its id, what it would do).
+fn parked(approval: &agent_fleet::approvals::Approval) -> Response {
+    (
+        StatusCode::ACCEPTED,
+        Json(approval.to_json(agent_fleet::db::now_ms())),
+    )
+        .into_response()
+}
+
+/// An action answered with another action's result: a bug, said as one.
+pub(crate) fn other_result() -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the server answered an action with another's result; please report this",
+    )
 }
 
 fn unavailable(problem: &str, retry_after: u64) -> Response {

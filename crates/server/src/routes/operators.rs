@@ -19,7 +19,7 @@ use agent_fleet::audit::{Change, Filter, Outcome};
 use agent_fleet::operators::{Action, BOOTSTRAP, Operator, Role};
 
 use super::{AppState, Shared, json_body};
-use crate::actions::{Actor, Via};
+use crate::actions::{self, Act, Actor, Done, Via};
 use crate::error::ApiError;
 use crate::transport::conn::ClientAddr;
 
@@ -203,6 +203,16 @@ fn needed(action: Action) -> Role {
 }
 
 impl Caller {
+    /// The caller as the actor of an operator action ([`crate::actions::perform`]).
+    pub fn actor(&self) -> Actor {
+        Actor {
+            name: self.name.clone(),
+            role: self.role,
+            address: self.address.clone(),
+            via: Via::Api,
+        }
+    }
+
     /// Records a change this caller made.
     pub async fn record(&self, s: &Shared, action: &str, details: serde_json::Value) {
         record(
@@ -252,32 +262,68 @@ pub(super) async fn list(State(state): State<AppState>, auth: Auth) -> Result<Re
 pub(super) struct NewToken {
     name: String,
     role: String,
+    /// How long it opens anything (`"90d"`, `"12h"`, or seconds); none: until revoked.
+    #[serde(default)]
+    expires: Option<serde_json::Value>,
 }
 
-/// `POST /admin/tokens` `{"name", "role"}`: the token, shown this once.
+/// When a token made now with `expires` (`"90d"`, or seconds) lapses, in unix ms.
+pub fn expires_at(expires: &str, now_ms: i64) -> Result<i64, String> {
+    let secs = agent_protocol::settings::parse_seconds(expires).map_err(|e| {
+        format!(
+            "expires: {e}; write {}",
+            agent_protocol::settings::SECONDS_FORMS
+        )
+    })?;
+    if secs == 0 {
+        return Err(
+            "expires: 0 would make a token that never opens anything; give 90d, 12h, …".into(),
+        );
+    }
+    let ms = i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+    Ok(now_ms.saturating_add(ms))
+}
+
+/// `POST /admin/tokens` `{"name", "role", "expires"?}`: the token, shown this once.
 pub(super) async fn create(
     State(state): State<AppState>,
     auth: Auth,
     body: Result<Json<NewToken>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    let caller = auth
-        .require(s, Action::ManageTokens, "token.create")
-        .await?;
     let new = json_body(body)?;
     let role: Role = new.role.parse()?;
-    let token = s.fleet.operators().create(&new.name, role).await?;
-    tracing::info!(name = %new.name, %role, by = %caller.name, "operator token created");
-    caller
-        .record(
-            s,
-            "token.create",
-            serde_json::json!({ "name": new.name, "role": role.as_str() }),
-        )
-        .await;
+    let expires_at = match &new.expires {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(text)) => {
+            Some(expires_at(text, agent_fleet::db::now_ms()).map_err(ApiError::bad_request)?)
+        }
+        Some(serde_json::Value::Number(n)) => Some(
+            expires_at(&n.to_string(), agent_fleet::db::now_ms()).map_err(ApiError::bad_request)?,
+        ),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "expires: {other} is not a duration; write \"90d\", \"12h\" or seconds"
+            )));
+        }
+    };
+    let act = Act::TokenCreate {
+        name: new.name.clone(),
+        role,
+        expires_at,
+    };
+    let actor = auth.actor(s, act.name()).await?;
+    let Done::TokenCreated { token } = actions::perform(s, &actor, act).await? else {
+        return Err(super::other_result());
+    };
     Ok((
         StatusCode::CREATED,
-        Json(serde_json::json!({ "name": new.name, "role": role.as_str(), "token": token })),
+        Json(serde_json::json!({
+            "name": new.name,
+            "role": role.as_str(),
+            "token": token,
+            "expires_at": expires_at,
+        })),
     )
         .into_response())
 }
@@ -289,19 +335,9 @@ pub(super) async fn revoke(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
-    let caller = auth
-        .require(s, Action::ManageTokens, "token.revoke")
-        .await?;
-    if !s.fleet.operators().revoke(&name).await? {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("no token is named {name:?}; `update-server token list` shows them"),
-        ));
-    }
-    tracing::warn!(%name, by = %caller.name, "operator token revoked");
-    caller
-        .record(s, "token.revoke", serde_json::json!({ "name": name }))
-        .await;
+    let act = Act::TokenRevoke { name: name.clone() };
+    let actor = auth.actor(s, act.name()).await?;
+    actions::perform(s, &actor, act).await?;
     Ok(Json(serde_json::json!({ "name": name, "revoked": true })).into_response())
 }
 
@@ -309,11 +345,12 @@ pub(super) async fn revoke(
 pub(super) struct AuditQuery {
     who: Option<String>,
     action: Option<String>,
+    target: Option<String>,
     page: Option<i64>,
     per_page: Option<i64>,
 }
 
-/// `GET /admin/audit?who=&action=&page=&per_page=`: newest first.
+/// `GET /admin/audit?who=&action=&target=&page=&per_page=`: newest first.
 pub(super) async fn audit(
     State(state): State<AppState>,
     auth: Auth,
@@ -324,6 +361,7 @@ pub(super) async fn audit(
     let filter = Filter {
         who: q.who.filter(|w| !w.is_empty()),
         action: q.action.filter(|a| !a.is_empty()),
+        target: q.target.filter(|t| !t.is_empty()),
         page: q.page.unwrap_or(1).max(1),
         per_page: q.per_page.unwrap_or(100),
     };

@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 
 use agent_extract::verify::MAX_SIGNATURE_FILE;
+use agent_fleet::approvals::Approval;
 use agent_fleet::operators::Action;
-use agent_fleet::releases::HistoryEntry;
+use agent_fleet::releases::{HistoryEntry, Kind};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
@@ -20,6 +21,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::operators::{Auth, Caller};
 use super::{AppState, Shared, json_body};
+use crate::actions::{self, Act, DeploymentAct, Done};
 use crate::error::ApiError;
 use crate::releases::check::check_name;
 use crate::releases::{Publisher, ReleaseError, UPLOAD_RETRY_AFTER, UPLOADS_AT_ONCE};
@@ -153,65 +155,47 @@ pub(super) async fn publish(
         names.push(name);
     }
     names.sort();
-    if let Some(name) = deployment {
-        return publish_for_deployment(s, caller, incoming, names, name).await;
-    }
-    match publisher(s)
-        .publish(incoming, names.clone(), &caller.name)
-        .await
-    {
-        Ok(entry) => {
-            s.fleet.rollouts.news().publish("a release was published");
-            caller
-                .record(
-                    s,
-                    "release.publish",
-                    json!({ "release": entry.release.id, "files": names }),
-                )
-                .await;
-            Ok((StatusCode::CREATED, Json(entry_json(&entry, true))).into_response())
-        }
+    // Checked and kept, in the fleet database too; no agent sees it until it is made
+    // current (at once, or once another operator approves it).
+    let record = match publisher(s).keep_upload(incoming, names.clone()).await {
+        Ok(record) => record,
         Err(e) => {
             let e = ApiError::from(e);
-            caller
-                .refused(
-                    s,
-                    "release.publish",
-                    json!({ "files": names, "reason": e.message }),
-                )
-                .await;
-            Err(e.audited())
+            let mut details = json!({ "files": names, "reason": e.message });
+            if let Some(name) = &deployment {
+                details["deployment"] = json!(name);
+            }
+            caller.refused(s, "release.publish", details).await;
+            return Err(e.audited());
         }
+    };
+    if let Some(name) = deployment {
+        return publish_for_deployment(s, caller, record, names, name).await;
+    }
+    let act = Act::Release {
+        id: record.id.clone(),
+        kind: Kind::Publish,
+        files: names,
+    };
+    match actions::perform(s, &caller.actor(), act).await? {
+        Done::Release(entry) => {
+            Ok((StatusCode::CREATED, Json(entry_json(&entry, true))).into_response())
+        }
+        Done::Parked(approval) => Ok(super::parked(&approval)),
+        _ => Err(super::other_result()),
     }
 }
 
 /// `release publish --deployment NAME`: the release is checked and kept as a publish's
-/// is, then named for the deployment (an operator action: `deployment.set`, audited),
-/// whose rollout starts; the fleet's current release stays as it is.
+/// is, then named for the deployment (an operator action: `deployment.set`, audited, or
+/// parked for approval), whose rollout starts; the fleet's current release stays.
 async fn publish_for_deployment(
     s: &Shared,
     caller: Caller,
-    incoming: tempfile::TempDir,
+    record: agent_fleet::releases::ReleaseRecord,
     names: Vec<String>,
     deployment: String,
 ) -> Result<Response, ApiError> {
-    let record = match publisher(s)
-        .keep_for_deployment(incoming, names.clone())
-        .await
-    {
-        Ok(record) => record,
-        Err(e) => {
-            let e = ApiError::from(e);
-            caller
-                .refused(
-                    s,
-                    "release.publish",
-                    json!({ "files": names, "deployment": deployment, "reason": e.message }),
-                )
-                .await;
-            return Err(e.audited());
-        }
-    };
     caller
         .record(
             s,
@@ -219,7 +203,15 @@ async fn publish_for_deployment(
             json!({ "release": record.id, "files": names, "deployment": deployment }),
         )
         .await;
-    name_for_deployment(s, &caller, &deployment, &record.id).await?;
+    // As stored: the signatures are what the fleet holds.
+    let record = publisher(s)
+        .releases()
+        .release(&record.id)
+        .await?
+        .unwrap_or(record);
+    if let Some(approval) = name_for_deployment(s, &caller, &deployment, &record.id).await? {
+        return Ok(super::parked(&approval));
+    }
     let platforms: Vec<&str> = record.files.iter().map(|f| f.platform.as_str()).collect();
     let (version, build) = record
         .id
@@ -241,32 +233,25 @@ async fn publish_for_deployment(
 }
 
 /// Names the kept release `id` for `deployment` (an operator action, `deployment.set`,
-/// audited): its rollout starts.
+/// audited): its rollout starts, or, while the fleet requires approval, the change
+/// waits for it (the approval is returned).
 async fn name_for_deployment(
     s: &Shared,
     caller: &Caller,
     deployment: &str,
     id: &str,
-) -> Result<(), ApiError> {
-    let actor = crate::actions::Actor {
-        name: caller.name.clone(),
-        role: caller.role,
-        address: caller.address.clone(),
-        via: crate::actions::Via::Api,
-    };
-    let act = crate::actions::Act::Deployment(crate::actions::DeploymentAct::Set {
+) -> Result<Option<Approval>, ApiError> {
+    let act = Act::Deployment(DeploymentAct::Set {
         name: deployment.to_owned(),
         change: agent_fleet::deployments::Change {
             release: Some(id.to_owned()),
             ..Default::default()
         },
     });
-    crate::actions::perform(s, &actor, act).await?;
-    s.fleet
-        .rollouts
-        .news()
-        .publish("a deployment was given another release");
-    Ok(())
+    match actions::perform(s, &caller.actor(), act).await? {
+        Done::Parked(approval) => Ok(Some(*approval)),
+        _ => Ok(None),
+    }
 }
 
 /// An upload that could not be read: over the limit (which it names), or cut or
@@ -440,22 +425,8 @@ pub(super) async fn rollback(
     {
         return rollback_deployment(s, caller, &body.to, signatures, name).await;
     }
-    match publisher(s)
-        .rollback(&body.to, signatures, &caller.name)
-        .await
-    {
-        Ok(entry) => {
-            s.fleet.rollouts.news().publish("a release was rolled back");
-            tracing::warn!(release = %entry.release.id, by = %caller.name, "rollback: release {} is the target again", entry.release.id);
-            caller
-                .record(
-                    s,
-                    "release.rollback",
-                    json!({ "release": entry.release.id }),
-                )
-                .await;
-            Ok(Json(entry_json(&entry, true)).into_response())
-        }
+    let record = match publisher(s).keep_rollback(&body.to, signatures).await {
+        Ok(record) => record,
         Err(e) => {
             let e = ApiError::from(e);
             caller
@@ -465,8 +436,18 @@ pub(super) async fn rollback(
                     json!({ "release": body.to, "reason": e.message }),
                 )
                 .await;
-            Err(e.audited())
+            return Err(e.audited());
         }
+    };
+    let act = Act::Release {
+        id: record.id.clone(),
+        kind: Kind::Rollback,
+        files: record.files.iter().map(|f| f.name.clone()).collect(),
+    };
+    match actions::perform(s, &caller.actor(), act).await? {
+        Done::Release(entry) => Ok(Json(entry_json(&entry, true)).into_response()),
+        Done::Parked(approval) => Ok(super::parked(&approval)),
+        _ => Err(super::other_result()),
     }
 }
 
@@ -513,7 +494,9 @@ async fn rollback_deployment(
             json!({ "release": record.id, "deployment": deployment }),
         )
         .await;
-    name_for_deployment(s, caller, deployment, &record.id).await?;
+    if let Some(approval) = name_for_deployment(s, caller, deployment, &record.id).await? {
+        return Ok(super::parked(&approval));
+    }
     Ok(
         Json(json!({ "id": record.id, "deployment": deployment, "kind": "rollback" }))
             .into_response(),

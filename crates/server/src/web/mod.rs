@@ -95,7 +95,10 @@ pub fn router(app: AppState, options: Options) -> Router {
         .route("/rollouts/{action}", post(act_bundle))
         .route("/rollouts/config/{group}/{action}", post(act_config))
         .route("/rollouts/deployment/{name}/{action}", post(act_deployment))
+        .route("/approvals/{id}/{decision}", post(decide))
         .route("/audit", get(audit))
+        .route("/tokens", get(tokens).post(create_token))
+        .route("/tokens/{name}/revoke", post(revoke_token))
         .route("/static/fleet.css", get(stylesheet))
         .layer(axum::middleware::map_response(protect))
         .layer(DefaultBodyLimit::max(MAX_FORM))
@@ -288,6 +291,15 @@ async fn home(State(page): State<Page>, headers: HeaderMap) -> Result<Response, 
     let configs = source::config_sets(s).await?;
     let o = overview::overview(&agents, heartbeat, now);
     let failed = agents.iter().filter(|a| a.failed()).count();
+    let now_ms = now_ms();
+    let waiting = s
+        .fleet
+        .approvals()
+        .list()
+        .await?
+        .iter()
+        .filter(|a| a.state_at(now_ms) == agent_fleet::approvals::State::AwaitingApproval)
+        .count();
     Ok(render(
         StatusCode::OK,
         &views::OverviewPage::new(
@@ -298,7 +310,8 @@ async fn home(State(page): State<Page>, headers: HeaderMap) -> Result<Response, 
             rollout.as_ref().map(|r| views::RolloutView::new(r, now)),
             views::ConfigView::all(&configs, now),
             now,
-        ),
+        )
+        .with_waiting(waiting),
     ))
 }
 
@@ -522,6 +535,14 @@ async fn rollouts_page(
             r.can_advance = false;
         }
     }
+    let approvals = s.fleet.approvals();
+    let waiting = views::ApprovalView::waiting(
+        &approvals.list().await?,
+        &signed.who.name,
+        signed.who.role.may(ops::Action::Change),
+        now_ms(),
+    );
+    let required = approvals.required().await?;
     Ok(render(
         status,
         &views::RolloutsPage::new(
@@ -530,6 +551,7 @@ async fn rollouts_page(
             configs,
             message,
         )
+        .with_approvals(required, waiting)
         .with_windows(windows::WindowView::all(
             &agent_fleet::policy::windows(&s.fleet.db).await?,
             now,
@@ -611,6 +633,50 @@ async fn act(
     }
 }
 
+/// A waiting change's button (Approve, Reject, or Withdraw for the one who asked):
+/// checked like every POST, then the decision the admin API takes; the rollouts page
+/// then shows what is left waiting (or why nothing changed).
+async fn decide(
+    State(page): State<Page>,
+    Path((id, decision)): Path<(String, String)>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    let decision = match decision.as_str() {
+        "approve" => agent_fleet::approvals::Decision::Approve,
+        "reject" => agent_fleet::approvals::Decision::Reject,
+        _ => {
+            return Ok(refused(
+                StatusCode::NOT_FOUND,
+                "no such action: a waiting change's buttons are Approve and Reject",
+            ));
+        }
+    };
+    let Ok(id) = id.parse::<i64>() else {
+        return Ok(refused(StatusCode::NOT_FOUND, "no such change waits"));
+    };
+    let (signed, actor) = match posted_by(&page, &headers, request).await? {
+        Ok(v) => v,
+        Err(response) => return Ok(response),
+    };
+    let act = Act::Decide {
+        id,
+        decision,
+        reason: None,
+    };
+    match actions::perform(&page.app.inner, &actor, act).await {
+        Ok(_) => Ok(Redirect::to("/rollouts").into_response()),
+        Err(ActionError::Refused(Refused::Conflict(why))) => {
+            let mut response = rollouts_page(&page, &signed, StatusCode::CONFLICT, &why).await?;
+            response
+                .extensions_mut()
+                .insert(crate::routes::refusals::Audited);
+            Ok(response)
+        }
+        Err(e) => action_failed(e),
+    }
+}
+
 /// An agent page's button, checked like every POST, then the action the admin API
 /// performs: **Remove** (then the fleet list, without it) or **Override locks** (the
 /// agent's update locks no longer hold off the release the fleet rolls out; back to the
@@ -677,6 +743,144 @@ fn action_failed(e: ActionError) -> Result<Response, Trouble> {
             refused.message(),
         )),
         ActionError::Fleet(e) => Err(e.into()),
+        ActionError::Failed(detail) => Err(Trouble(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            detail,
+        ))),
+    }
+}
+
+/// `/tokens`: who is signed in and with which role; for an admin, the named tokens
+/// (never a token), the form that makes one and a Revoke button each.
+async fn tokens(State(page): State<Page>, headers: HeaderMap) -> Result<Response, Trouble> {
+    let Some(signed) = signed_in(&page, &headers).await? else {
+        return Ok(Redirect::to("/").into_response());
+    };
+    tokens_page(&page, &signed, StatusCode::OK, "", None).await
+}
+
+async fn tokens_page(
+    page: &Page,
+    signed: &Signed,
+    status: StatusCode,
+    message: &str,
+    made: Option<(&str, String)>,
+) -> Result<Response, Trouble> {
+    let role = signed.who.role;
+    // Only an admin's page reads the tokens at all.
+    let listed = if role.may(ops::Action::ManageTokens) {
+        page.app.inner.fleet.operators().list().await?
+    } else {
+        Vec::new()
+    };
+    let mut view = views::TokensPage::new(
+        Frame::new("Tokens", &signed.csrf, now_secs()),
+        &signed.who.name,
+        role,
+        &listed,
+        now_ms(),
+    )
+    .with_message(message);
+    if let Some((name, token)) = made {
+        view = view.with_new_token(name, token);
+    }
+    let mut response = render(status, &view);
+    if !message.is_empty() {
+        // A refusal the audit layer records (unless its action did): in these words.
+        response
+            .extensions_mut()
+            .insert(crate::routes::refusals::Reason(message.to_owned()));
+    }
+    // A page that shows a token is never kept by a cache (protect adds no-store too).
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+/// The Create button of `/tokens`: the admin API's token action; the page then shows
+/// the token this once.
+async fn create_token(
+    State(page): State<Page>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    let address = crate::routes::operators::client_address(request.extensions());
+    let (host, form) = read_form(request).await;
+    let signed = match check_post(&page, &headers, host.as_deref(), &form).await? {
+        Ok(v) => v,
+        Err(why) => return Ok(refused(StatusCode::FORBIDDEN, why)),
+    };
+    let field = |k: &str| form.get(k).map_or("", |v| v.trim());
+    let (name, role, expires) = (field("name"), field("role"), field("expires"));
+    let checked = role
+        .parse::<Role>()
+        .map_err(|e| e.to_string())
+        .and_then(|role| {
+            let expires_at = if expires.is_empty() {
+                None
+            } else {
+                Some(crate::routes::operators::expires_at(expires, now_ms())?)
+            };
+            Ok((role, expires_at))
+        });
+    let (role, expires_at) = match checked {
+        Ok(v) => v,
+        Err(why) => {
+            return tokens_page(&page, &signed, StatusCode::BAD_REQUEST, &why, None).await;
+        }
+    };
+    let actor = Actor {
+        name: signed.who.name.clone(),
+        role: signed.who.role,
+        address,
+        via: Via::Page,
+    };
+    let act = Act::TokenCreate {
+        name: name.to_owned(),
+        role,
+        expires_at,
+    };
+    match actions::perform(&page.app.inner, &actor, act).await {
+        Ok(actions::Done::TokenCreated { token }) => {
+            tokens_page(&page, &signed, StatusCode::CREATED, "", Some((name, token))).await
+        }
+        Ok(_) => Err(Trouble(crate::routes::other_result())),
+        Err(ActionError::Refused(r @ (Refused::Invalid(_) | Refused::Conflict(_)))) => {
+            let mut response = tokens_page(
+                &page,
+                &signed,
+                crate::error::refused_status(&r),
+                r.message(),
+                None,
+            )
+            .await?;
+            response
+                .extensions_mut()
+                .insert(crate::routes::refusals::Audited);
+            Ok(response)
+        }
+        Err(e) => action_failed(e),
+    }
+}
+
+/// A token's Revoke button: refused from the next request on, on every server.
+async fn revoke_token(
+    State(page): State<Page>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, Trouble> {
+    let (_, actor) = match posted_by(&page, &headers, request).await? {
+        Ok(v) => v,
+        Err(response) => return Ok(response),
+    };
+    match actions::perform(&page.app.inner, &actor, Act::TokenRevoke { name }).await {
+        // Revoked by someone else first: gone all the same.
+        Ok(_) | Err(ActionError::Refused(Refused::Unknown(_))) => {
+            Ok(Redirect::to("/tokens").into_response())
+        }
+        Err(e) => action_failed(e),
     }
 }
 
@@ -684,10 +888,11 @@ fn action_failed(e: ActionError) -> Result<Response, Trouble> {
 struct AuditQuery {
     who: Option<String>,
     action: Option<String>,
+    target: Option<String>,
     page: Option<i64>,
 }
 
-/// `/audit`: the audit log, newest first, filterable by who and what.
+/// `/audit`: the audit log, newest first, paged, filterable by who, what and what to.
 async fn audit(
     State(page): State<Page>,
     headers: HeaderMap,
@@ -699,6 +904,7 @@ async fn audit(
     let filter = agent_fleet::audit::Filter {
         who: q.who.clone().filter(|w| !w.is_empty()),
         action: q.action.clone().filter(|a| !a.is_empty()),
+        target: q.target.clone().filter(|t| !t.is_empty()),
         page: q.page.unwrap_or(1).max(1),
         per_page: views::AUDIT_PER_PAGE,
     };

@@ -288,9 +288,16 @@ pub struct OverviewPage {
     pub by_protocol: Vec<CountRow>,
     pub by_platform: Vec<CountRow>,
     pub failures: Vec<FailureRow>,
+    /// Changes waiting for a second operator's approval (a card when there are any).
+    pub waiting: usize,
 }
 
 impl OverviewPage {
+    pub fn with_waiting(mut self, waiting: usize) -> Self {
+        self.waiting = waiting;
+        self
+    }
+
     pub fn new(
         frame: Frame,
         o: &Overview,
@@ -301,6 +308,7 @@ impl OverviewPage {
         now: i64,
     ) -> Self {
         Self {
+            waiting: 0,
             frame,
             configs: configs.into_iter().filter(ConfigView::live).collect(),
             total: o.total,
@@ -561,6 +569,68 @@ pub struct RolloutsPage {
     pub rollback: String,
     /// The deployments but `default` (whose rollout is the bundle's above).
     pub deployments: Vec<DeploymentView>,
+    /// Whether the fleet requires a second operator's approval of changes that move
+    /// agents.
+    pub approval_required: bool,
+    /// The changes waiting for approval, oldest first.
+    pub approvals: Vec<ApprovalView>,
+}
+
+/// A change waiting for approval, as the rollouts page shows it, with the buttons the
+/// person signed in may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalView {
+    pub id: i64,
+    pub action: String,
+    /// What it names (a release, a deployment, a group), in words.
+    pub what: String,
+    pub requested_by: String,
+    pub asked: String,
+    pub expires: String,
+    /// Approve is shown: an operator who did not ask for it.
+    pub can_approve: bool,
+    /// Reject is shown (read `Withdraw` by the one who asked).
+    pub can_reject: bool,
+    pub own: bool,
+}
+
+impl ApprovalView {
+    /// The waiting changes among `all` at `now_ms`, seen by `who` whose role
+    /// `may_change` or not.
+    pub fn waiting(
+        all: &[agent_fleet::approvals::Approval],
+        who: &str,
+        may_change: bool,
+        now_ms: i64,
+    ) -> Vec<Self> {
+        all.iter()
+            .filter(|a| a.state_at(now_ms) == agent_fleet::approvals::State::AwaitingApproval)
+            .map(|a| {
+                let own = a.requested_by == who;
+                let what = ["release", "deployment", "group", "selector"]
+                    .iter()
+                    .filter_map(|k| {
+                        a.subject
+                            .get(*k)
+                            .and_then(serde_json::Value::as_str)
+                            .map(|v| format!("{k} {v}"))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                Self {
+                    id: a.id,
+                    action: a.action.clone(),
+                    what,
+                    requested_by: a.requested_by.clone(),
+                    asked: utc(a.requested_at as f64 / 1000.0),
+                    expires: utc(a.expires_at as f64 / 1000.0),
+                    can_approve: may_change && !own,
+                    can_reject: may_change,
+                    own,
+                }
+            })
+            .collect()
+    }
 }
 
 /// A deployment on the rollouts page: what it selects, its release, its rollout.
@@ -667,6 +737,12 @@ impl RolloutsPage {
         self
     }
 
+    pub fn with_approvals(mut self, required: bool, approvals: Vec<ApprovalView>) -> Self {
+        self.approval_required = required;
+        self.approvals = approvals;
+        self
+    }
+
     pub fn new(
         frame: Frame,
         rollout: Option<RolloutView>,
@@ -682,7 +758,93 @@ impl RolloutsPage {
             releases: Vec::new(),
             rollback: String::new(),
             deployments: Vec::new(),
+            approval_required: false,
+            approvals: Vec::new(),
         }
+    }
+}
+
+/// One named token on `/tokens` (an admin's view): never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenLine {
+    pub name: String,
+    pub role: String,
+    pub created: String,
+    pub last_used: String,
+    pub expires: String,
+    /// Where its Revoke button posts.
+    pub revoke: String,
+}
+
+#[derive(Template)]
+#[template(path = "tokens.html")]
+pub struct TokensPage {
+    /// The layout's: title, CSRF token, version, the time.
+    pub frame: Frame,
+    /// Who is signed in, and their role: all a viewer or an operator sees here.
+    pub me: String,
+    pub my_role: &'static str,
+    /// The tokens and the form to make one are an admin's.
+    pub admin: bool,
+    pub tokens: Vec<TokenLine>,
+    pub message: String,
+    /// A token just made, shown this once; empty otherwise.
+    pub new_name: String,
+    pub new_token: String,
+}
+
+impl TokensPage {
+    pub fn new(
+        frame: Frame,
+        me: &str,
+        role: agent_fleet::operators::Role,
+        tokens: &[agent_fleet::operators::TokenInfo],
+        now_ms: i64,
+    ) -> Self {
+        let admin = role.may(agent_fleet::operators::Action::ManageTokens);
+        let ms = |t: i64| utc(t as f64 / 1000.0);
+        let tokens = if admin {
+            tokens
+                .iter()
+                .map(|t| TokenLine {
+                    name: t.name.clone(),
+                    role: t.role.clone(),
+                    created: ms(t.created_at),
+                    last_used: t.last_used_at.map_or_else(|| "never".to_owned(), ms),
+                    expires: match t.expires_at {
+                        None => "never".to_owned(),
+                        Some(at) if agent_fleet::operators::expired(Some(at), now_ms) => {
+                            format!("lapsed {}", ms(at))
+                        }
+                        Some(at) => ms(at),
+                    },
+                    revoke: format!("/tokens/{}/revoke", encode(&t.name)),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self {
+            frame,
+            me: me.to_owned(),
+            my_role: role.as_str(),
+            admin,
+            tokens,
+            message: String::new(),
+            new_name: String::new(),
+            new_token: String::new(),
+        }
+    }
+
+    pub fn with_message(mut self, message: &str) -> Self {
+        self.message = message.to_owned();
+        self
+    }
+
+    pub fn with_new_token(mut self, name: &str, token: String) -> Self {
+        self.new_name = name.to_owned();
+        self.new_token = token;
+        self
     }
 }
 
@@ -707,6 +869,7 @@ pub struct AuditPage {
     pub frame: Frame,
     pub who: String,
     pub action: String,
+    pub target: String,
     pub total: i64,
     /// `1 entry`, `2 entries`.
     pub total_words: String,
@@ -725,11 +888,13 @@ impl AuditPage {
     ) -> Self {
         let who = filter.who.clone().unwrap_or_default();
         let action = filter.action.clone().unwrap_or_default();
+        let target = filter.target.clone().unwrap_or_default();
         let href = |page: i64| {
             format!(
-                "/audit?who={}&action={}&page={page}",
+                "/audit?who={}&action={}&target={}&page={page}",
                 encode(&who),
-                encode(&action)
+                encode(&action),
+                encode(&target)
             )
         };
         let last = (total + AUDIT_PER_PAGE - 1) / AUDIT_PER_PAGE;
@@ -747,6 +912,7 @@ impl AuditPage {
             },
             who,
             action,
+            target,
             total,
             total_words: super::words::count(total, "entry", "entries"),
             page: filter.page,
@@ -772,6 +938,82 @@ mod tests {
 
     fn frame() -> Frame {
         Frame::new("Agents", "the-csrf", 1_000)
+    }
+
+    fn token(name: &str, expires_at: Option<i64>) -> agent_fleet::operators::TokenInfo {
+        agent_fleet::operators::TokenInfo {
+            name: name.into(),
+            role: "operator".into(),
+            created_at: 0,
+            last_used_at: None,
+            expires_at,
+        }
+    }
+
+    #[test]
+    fn only_an_admin_sees_the_tokens_and_a_lapsed_one_says_so() {
+        use agent_fleet::operators::Role;
+        let tokens = [token("<b>x</b>", Some(500)), token("bob", None)];
+        let admin = TokensPage::new(frame(), "ops", Role::Admin, &tokens, 1_000);
+        assert!(admin.admin);
+        assert!(
+            admin.tokens[0].expires.starts_with("lapsed"),
+            "{:?}",
+            admin.tokens
+        );
+        assert_eq!(admin.tokens[1].expires, "never");
+        assert_eq!(admin.tokens[0].revoke, "/tokens/%3Cb%3Ex%3C%2Fb%3E/revoke");
+        let html = admin.render().unwrap();
+        assert!(
+            !html.contains("<b>x</b>")
+                && (html.contains("&lt;b&gt;x") || html.contains("&#60;b&#62;x")),
+            "escaped"
+        );
+        for role in [Role::Viewer, Role::Operator] {
+            let page = TokensPage::new(frame(), "vera", role, &tokens, 1_000);
+            assert!(!page.admin && page.tokens.is_empty());
+            let html = page.render().unwrap();
+            assert!(html.contains("vera") && html.contains(role.as_str()));
+            assert!(
+                !html.contains("bob") && !html.contains("form method=\"post\" action=\"/tokens\"")
+            );
+        }
+    }
+
+    #[test]
+    fn a_waiting_change_offers_approve_to_others_and_withdraw_to_the_one_who_asked() {
+        let waiting = agent_fleet::approvals::Approval {
+            id: 3,
+            action: "config.push".into(),
+            subject: serde_json::json!({ "group": "web", "files": ["a.conf"] }),
+            payload: serde_json::json!({}),
+            release: None,
+            requested_by: "alice".into(),
+            requested_at: 0,
+            expires_at: 10_000,
+            state: agent_fleet::approvals::State::AwaitingApproval,
+            decided_by: None,
+            decided_at: None,
+            reason: None,
+        };
+        let all = [waiting.clone()];
+        let bob = ApprovalView::waiting(&all, "bob", true, 1_000);
+        assert_eq!(
+            (bob[0].can_approve, bob[0].can_reject, bob[0].own),
+            (true, true, false)
+        );
+        assert_eq!(bob[0].what, "group web");
+        let alice = ApprovalView::waiting(&all, "alice", true, 1_000);
+        assert_eq!((alice[0].can_approve, alice[0].can_reject), (false, true));
+        let viewer = ApprovalView::waiting(&all, "vera", false, 1_000);
+        assert_eq!(
+            (viewer[0].can_approve, viewer[0].can_reject),
+            (false, false)
+        );
+        assert!(
+            ApprovalView::waiting(&all, "bob", true, 10_000).is_empty(),
+            "lapsed"
+        );
     }
 
     fn hostile() -> Agent {
