@@ -168,6 +168,13 @@ async fn serve(
         group: config.agent.group(),
         health: None,
         labels: Some(config.agent.labels.clone()),
+        capabilities: Some(
+            agent_protocol::wire::CAPABILITIES
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect(),
+        ),
+        endpoint: None,
     };
     let mut client = Client::new(
         config.server.urls.clone(),

@@ -42,6 +42,7 @@ migrations!(
     "0012_page_sessions",
     "0013_deployments",
     "0014_governance",
+    "0016_commands",
 );
 
 /// One backend's migrations, as a source for sqlx's `Migrator`.
@@ -117,7 +118,7 @@ mod tests {
                 read.iter().map(key).collect::<Vec<_>>(),
                 "{dir}"
             );
-            assert_eq!(embedded.len(), 14, "{dir}");
+            assert_eq!(embedded.len(), 15, "{dir}");
         }
     }
 

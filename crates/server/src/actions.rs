@@ -10,6 +10,7 @@
 
 use agent_fleet::FleetError;
 use agent_fleet::audit::{Change, Outcome};
+use agent_fleet::commands;
 use agent_fleet::db::{Credentials, Revocation};
 use agent_fleet::deployments;
 use agent_fleet::labels::{self, Edit, Labels};
@@ -77,6 +78,21 @@ pub enum Act {
     },
     /// A deployment made, changed or removed (see [`agent_fleet::deployments`]).
     Deployment(DeploymentAct),
+    /// Restart the agent, or only its workload, at its next contact (see
+    /// [`agent_fleet::commands`]).
+    Restart {
+        agent: String,
+        workload: bool,
+    },
+    /// Offer the agent a new credential; the old one is refused once it proves the new.
+    RotateCredentials {
+        agent: String,
+    },
+    /// Offer the agent another server URL; it keeps it only if it answers there.
+    Move {
+        agent: String,
+        to: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -108,6 +124,8 @@ pub enum Done {
     Stepped,
     /// The deployment as it is now (as it was, for a removal).
     Deployment(Box<deployments::Deployment>),
+    /// A command asked of an agent, carried at its next contact.
+    Commanded(Box<agent_fleet::commands::Command>),
 }
 
 /// Why an action was not done, in words for the operator (the edge picks the status).
@@ -166,6 +184,9 @@ impl Act {
             Act::Deployment(DeploymentAct::Create(_)) => "deployment.create",
             Act::Deployment(DeploymentAct::Set { .. }) => "deployment.set",
             Act::Deployment(DeploymentAct::Remove { .. }) => "deployment.remove",
+            Act::Restart { .. } => "agent.restart",
+            Act::RotateCredentials { .. } => "agent.rotate_credentials",
+            Act::Move { .. } => "agent.move",
         }
     }
 
@@ -174,7 +195,12 @@ impl Act {
         match self {
             Act::ForgetToken { agent }
             | Act::RemoveAgent { agent }
-            | Act::OverrideLocks { agent } => serde_json::json!({ "agent": agent }),
+            | Act::OverrideLocks { agent }
+            | Act::RotateCredentials { agent } => serde_json::json!({ "agent": agent }),
+            Act::Restart { agent, workload } => {
+                serde_json::json!({ "agent": agent, "workload": workload })
+            }
+            Act::Move { agent, to } => serde_json::json!({ "agent": agent, "to": to }),
             Act::Labels { agent, edit } => {
                 serde_json::json!({ "agent": agent, "set": edit.set, "remove": edit.remove })
             }
@@ -217,6 +243,9 @@ impl Act {
             Act::Labels { .. } => "change an agent's labels",
             Act::Rollout { .. } => "halt, resume or advance a rollout",
             Act::Deployment(_) => "create, change or remove a deployment",
+            Act::Restart { .. } => "restart an agent",
+            Act::RotateCredentials { .. } => "rotate an agent's credentials",
+            Act::Move { .. } => "move an agent to another server",
         }
     }
 }
@@ -394,7 +423,70 @@ async fn run(
             s.fleet.deployments.refresh().await?;
             Ok((Done::Deployment(Box::new(deployment)), none))
         }
+        Act::Restart { agent, workload } => {
+            let what = if *workload {
+                commands::RESTART_WORKLOAD
+            } else {
+                commands::RESTART_AGENT
+            };
+            command(s, agent, commands::Kind::Restart, what).await?
+        }
+        Act::RotateCredentials { agent } => {
+            command(s, agent, commands::Kind::RotateCredentials, "").await?
+        }
+        Act::Move { agent, to } => {
+            if let Err(why) = check_endpoint(to) {
+                return Ok(Err(Refused::Invalid(why)));
+            }
+            command(s, agent, commands::Kind::Move, to.trim_end_matches('/')).await?
+        }
     })
+}
+
+/// Asks `kind` of `agent`; the audit log keeps the command's id, which the agent's
+/// report names.
+async fn command(
+    s: &Shared,
+    agent: &str,
+    kind: commands::Kind,
+    argument: &str,
+) -> Result<Result<(Done, Extra), Refused>, FleetError> {
+    if let Credentials::Revoked(how) = s.fleet.db.credentials(agent).await? {
+        return Ok(Err(Refused::Conflict(format!(
+            "agent {agent} {}; it takes no commands",
+            match how {
+                Revocation::Left => "left the fleet",
+                Revocation::Removed => "was removed from the fleet",
+            }
+        ))));
+    }
+    Ok(
+        match s.fleet.request_command(agent, kind, argument).await? {
+            Some(c) => {
+                let extra = serde_json::json!({ "command": c.id });
+                Ok((Done::Commanded(Box::new(c)), extra))
+            }
+            None => Err(unknown(agent)),
+        },
+    )
+}
+
+/// A server URL an agent may be moved to: `http://` or `https://`, a host, no spaces.
+pub fn check_endpoint(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .ok_or_else(|| format!("{url:?} is not an http:// or https:// URL"))?;
+    let host = rest.split('/').next().unwrap_or_default();
+    if host.is_empty()
+        || url.len() > 2048
+        || url.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "{url:?} is not a server URL agents can use (write http(s)://HOST[:PORT])"
+        ));
+    }
+    Ok(())
 }
 
 fn unknown_deployment(name: &str) -> Refused {
@@ -435,6 +527,11 @@ fn done_words(act: &Act) -> &'static str {
         Act::Deployment(DeploymentAct::Remove { .. }) => {
             "the deployment is removed; its agents follow the next that selects them"
         }
+        Act::Restart { .. } => "the agent restarts at its next contact",
+        Act::RotateCredentials { .. } => {
+            "the agent is offered a new credential at its next contact"
+        }
+        Act::Move { .. } => "the agent is offered another server URL at its next contact",
     }
 }
 
@@ -498,6 +595,15 @@ mod tests {
                 target: Target::Config("web".into()),
                 step: Step::Advance,
             },
+            Act::Restart {
+                agent: agent(),
+                workload: true,
+            },
+            Act::RotateCredentials { agent: agent() },
+            Act::Move {
+                agent: agent(),
+                to: "http://b".into(),
+            },
         ]
         .iter()
         .map(Act::name)
@@ -510,7 +616,10 @@ mod tests {
                 "agent.override_locks",
                 "agent.labels",
                 "rollout.halt",
-                "config.advance"
+                "config.advance",
+                "agent.restart",
+                "agent.rotate_credentials",
+                "agent.move"
             ]
         );
     }
@@ -529,5 +638,20 @@ mod tests {
         );
         let remove = Act::RemoveAgent { agent: "a1".into() };
         assert_eq!(remove.subject(), serde_json::json!({ "agent": "a1" }));
+    }
+
+    #[test]
+    fn an_agent_is_moved_only_to_a_server_url() {
+        assert!(check_endpoint("http://10.0.0.2:7080").is_ok());
+        assert!(check_endpoint("https://updates.example.com/").is_ok());
+        for bad in [
+            "ftp://x",
+            "http://",
+            "updates.example.com",
+            "http://a b",
+            "https:///path",
+        ] {
+            assert!(check_endpoint(bad).is_err(), "{bad}");
+        }
     }
 }
