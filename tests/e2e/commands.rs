@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use agent_opamp::proto::{AgentCapabilities, AgentToServer, CommandType, ServerToAgent};
 use e2e::{
     ServerProc, TestContext, admin_agents, admin_call, agent_logs, configure_agent, free_port,
-    http_with_body, pid_gone, read_file, run_ok, signal, stdout, wait_until,
+    http_with_body, pid_gone, read_file, run_ok, stdout, wait_until,
 };
 use prost::Message as _;
 
@@ -220,7 +220,11 @@ fn a_rotation_killed_between_candidate_and_acceptance_ends_with_the_new_credenti
         while !candidate.exists() && start.elapsed() < LONG {
             std::thread::sleep(Duration::from_micros(200));
         }
-        signal(agent, "KILL");
+        // At once, not through a `kill` process: the window is a round trip long.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(agent).unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        );
         if candidate.exists() && read_file(&token_file).trim() == old {
             caught = true;
             break;
@@ -513,4 +517,10 @@ fn opamp_agents_get_a_restart_alone_and_a_rotated_credential_as_connection_setti
     other.sequence_num = 3;
     assert_eq!(opamp_post(&server, &other, Some(&enrolled)).0, 200);
     assert_eq!(opamp_post(&server, &other, Some("Bearer guess")).0, 401);
+    let shaped = format!("Bearer {}", "0".repeat(64));
+    assert_eq!(
+        opamp_post(&server, &other, Some(&shaped)).0,
+        401,
+        "a credential of nobody's"
+    );
 }

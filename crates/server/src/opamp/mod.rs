@@ -69,10 +69,13 @@ pub struct Exchanged {
 }
 
 /// Whether the request may go on to its message: it carries the enrollment token as its
-/// bearer (always, without one configured), or a bearer that may be the credential a
-/// rotation gave its agent, which [`exchange`] checks against the message's uid.
+/// bearer (always, without one configured), or a bearer shaped like the credential a
+/// rotation gives an agent (64 hex digits), which [`exchange`] checks against the
+/// message's uid. Anything else is refused before its body is read.
 pub fn authorized(s: &Shared, authorization: Option<&str>) -> bool {
-    enrolls(s, authorization) || bearer_of(authorization).is_some_and(|b| !b.is_empty())
+    enrolls(s, authorization)
+        || bearer_of(authorization)
+            .is_some_and(|b| b.len() == 64 && b.bytes().all(|c| c.is_ascii_hexdigit()))
 }
 
 fn bearer_of(authorization: Option<&str>) -> Option<&str> {
@@ -109,25 +112,29 @@ async fn admitted(
     use agent_fleet::credentials::{hash_token, same};
     use agent_fleet::db::Credentials;
     let hash = bearer_of(authorization).map(hash_token);
-    match known {
+    let refusal = match known {
         Credentials::Hash(own) => {
-            let Some(hash) = hash else {
-                return Err(Refused::Unauthorized(NEEDS_OWN));
-            };
-            if same(own, &hash) {
+            if hash.as_deref().is_some_and(|h| same(own, h)) {
                 return Ok(());
             }
-            match s.fleet.accept_candidate(id, &hash).await {
-                Ok(true) => {
-                    tracing::info!(agent = %id, "OpAMP: the agent proved its new credential; the old one is refused from now on");
-                    Ok(())
-                }
-                Ok(false) => Err(Refused::Unauthorized(NEEDS_OWN)),
-                Err(e) => Err(fleet_error(&e, s)),
-            }
+            NEEDS_OWN
         }
-        _ if enrolls(s, authorization) => Ok(()),
-        _ => Err(Refused::Unauthorized(NEEDS_ENROLLMENT)),
+        _ if enrolls(s, authorization) => return Ok(()),
+        Credentials::Revoked(_) => return Err(Refused::Unauthorized(NEEDS_ENROLLMENT)),
+        _ => NEEDS_ENROLLMENT,
+    };
+    // Not its credential (nor the enrollment token), but perhaps the one its rotation
+    // offered: proving it makes it the agent's own.
+    let Some(hash) = hash else {
+        return Err(Refused::Unauthorized(refusal));
+    };
+    match s.fleet.accept_candidate(id, &hash).await {
+        Ok(true) => {
+            tracing::info!(agent = %id, "OpAMP: the agent proved its new credential; the old one is refused from now on");
+            Ok(())
+        }
+        Ok(false) => Err(Refused::Unauthorized(refusal)),
+        Err(e) => Err(fleet_error(&e, s)),
     }
 }
 
