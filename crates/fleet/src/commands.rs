@@ -597,6 +597,51 @@ mod tests {
         assert!(db.open_commands().await.unwrap().is_empty());
     }
 
+    #[tokio::test]
+    async fn rotate_every_finds_old_credentials_once_and_starts_the_clock_of_unknown_ones() {
+        let (_dir, db) = fleet_with("t").await;
+        // Enrolled at 100: old at 1,000 with a period of 500, not at 550.
+        assert!(
+            db.credentials_older_than(550 - 500)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            db.credentials_older_than(1_000 - 500).await.unwrap(),
+            ["a1"]
+        );
+        let asked = db
+            .request_command("a1", Kind::RotateCredentials, "", 1_000)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            db.credentials_older_than(500).await.unwrap().is_empty(),
+            "a rotation under way is not asked again"
+        );
+        db.finish_command(&asked.id, Status::Failed, Some("gone"), 1_001)
+            .await
+            .unwrap();
+        assert_eq!(db.credentials_older_than(500).await.unwrap(), ["a1"]);
+        // A credential from before its age was kept starts counting when first looked at.
+        sqlx::query("UPDATE agents SET credential_at = NULL")
+            .execute(db.pool())
+            .await
+            .unwrap();
+        assert!(
+            db.credentials_older_than(i64::MAX)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        db.start_credential_clocks(2_000).await.unwrap();
+        assert_eq!(
+            db.agent_extras().await.unwrap()["a1"].credential_at,
+            Some(2_000)
+        );
+    }
+
     #[test]
     fn kinds_and_statuses_read_back_as_written() {
         for k in [Kind::Restart, Kind::RotateCredentials, Kind::Move] {

@@ -376,7 +376,7 @@ fn commanded(done: Done) -> Result<Response, ApiError> {
     };
     let mut body = command.to_json();
     body["agent"] = serde_json::json!(command.agent);
-    Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+    Ok(Json(body).into_response())
 }
 
 /// An operator action asked through the API, by whoever the request's token names.
