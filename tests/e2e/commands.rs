@@ -524,3 +524,54 @@ fn opamp_agents_get_a_restart_alone_and_a_rotated_credential_as_connection_setti
         "a credential of nobody's"
     );
 }
+
+/// A command asked on one server of a PostgreSQL fleet reaches an agent whose connect is
+/// held on the other, long before its heartbeat: it is kept in the fleet database, and
+/// the other server's settings read wakes the held connect.
+#[test]
+fn a_restart_asked_on_one_server_reaches_an_agent_held_on_the_other() {
+    let pg = e2e::Postgres::start();
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let b1 = ctx.pack(&ctx.dist("d1"), "1.0.0", "1", &key, "b1");
+    let (a, b) = e2e::two_servers_on(&ctx, &pg, TOKEN, &b1);
+    let home = ctx.install(&b1, "p");
+    configure_agent(&home, &[b.url("")], WORKLOAD);
+    let conf = read_file(&home.join("conf/agent.toml")).replace(
+        "heartbeat = \"1s\"",
+        "heartbeat = \"60s\"\nlong-poll = true",
+    );
+    fs::write(home.join("conf/agent.toml"), conf).unwrap();
+    crate::update::start(&home);
+    let stop = || {
+        let _ = Command::new(home.join("current/bin/agent-wrapper.sh"))
+            .arg("stop")
+            .output();
+    };
+    wait_until(LONG, "the agent to hold a connect on b", || {
+        e2e::metric(&b, "agentupdate_connects_held") >= 1.0
+            && pid_of(&home, "run/workload.pid").is_some()
+    });
+    let id = read_file(&home.join("data/agent-id")).trim().to_owned();
+    let workload = pid_of(&home, "run/workload.pid").unwrap();
+    let asked = Instant::now();
+    let (status, command) = admin_call(
+        &a,
+        TOKEN,
+        "POST",
+        &format!("/admin/agents/{id}/restart"),
+        r#"{"workload": true}"#,
+    );
+    assert_eq!(status, 200, "{command}");
+    wait_until(LONG, "the restart to be done, as a says", || {
+        row(&a, &id)["last_command"]["status"] == "DONE"
+    });
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "the command took {took:?} (heartbeat 60 s)\n{}",
+        agent_logs(&home)
+    );
+    assert_ne!(pid_of(&home, "run/workload.pid"), Some(workload));
+    stop();
+}
