@@ -335,6 +335,16 @@ impl Db {
         hash: &str,
         at: i64,
     ) -> Result<bool, FleetError> {
+        // Read first: a wrong token (anyone's guess) must not take the write lock.
+        let offered = sqlx::query("SELECT 1 FROM agents WHERE id = $1 AND token_candidate = $2")
+            .bind(agent)
+            .bind(hash)
+            .fetch_optional(self.pool())
+            .await?
+            .is_some();
+        if !offered {
+            return Ok(false);
+        }
         let mut tx = self.begin_write().await?;
         let done = sqlx::query(
             "UPDATE agents SET token_hash = token_candidate, token_candidate = NULL, credential_at = $3
