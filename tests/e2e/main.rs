@@ -12,6 +12,7 @@ mod audit_export;
 mod blame;
 mod bundle;
 mod cloud;
+mod commands;
 mod config;
 mod config_exporter;
 mod day_two;

@@ -7,11 +7,12 @@ use agent_protocol::AgentVersion;
 use agent_protocol::busy;
 use agent_protocol::journal::{Health, WaitingWindow};
 use agent_protocol::layout::{self, AgentHome};
-use agent_protocol::wire::{AgentHello, Report, UpdateStatus};
+use agent_protocol::wire::{self, AgentHello, Report, UpdateStatus};
 use agent_updater::{lock, state};
 use rand::Rng;
 use tokio::sync::watch;
 
+use crate::commands;
 use crate::config::{Config, Reload, parse_reload};
 use crate::contact::backoff::change_jitter;
 use crate::contact::client::{Answer, Client, Directive, Hold, Trust};
@@ -38,6 +39,8 @@ pub enum RunEnd {
     HandedOff { to: AgentVersion },
     /// Refused by the server with updates disabled. Exit 3: do not restart.
     RefusedUpdatesDisabled { expected: String },
+    /// An operator asked for a restart: the supervisor starts the agent again at once.
+    Restart,
 }
 
 impl RunEnd {
@@ -45,6 +48,7 @@ impl RunEnd {
         match self {
             RunEnd::Stopped | RunEnd::HandedOff { .. } => 0,
             RunEnd::RefusedUpdatesDisabled { .. } => layout::EXIT_REFUSED,
+            RunEnd::Restart => layout::EXIT_RESTART,
         }
     }
 }
@@ -169,6 +173,13 @@ async fn serve(
         group: config.agent.group(),
         health: None,
         labels: Some(config.agent.labels.clone()),
+        capabilities: Some(
+            agent_protocol::wire::CAPABILITIES
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect(),
+        ),
+        endpoint: None,
     };
     let mut client = Client::new(
         config.server.urls.clone(),
@@ -265,6 +276,8 @@ async fn serve(
                 if deployment.is_some() {
                     board.update(|h| h.deployment.clone_from(&deployment));
                 }
+                let command = answer.command.take();
+                let endpoint = answer.endpoint.take();
                 wait = pace.answered(
                     &answer,
                     hold.as_ref(),
@@ -309,6 +322,14 @@ async fn serve(
                             ahead
                                 .told(install, config, &client, &id, window, &stop_rx)
                                 .await;
+                        }
+                        if let Some(offer) = endpoint {
+                            take_move(&home, &mut client, offer).await;
+                        }
+                        if let Some(command) = command
+                            && let Some(end) = take_command(&home, &client, workload, command).await
+                        {
+                            return Ok(end);
                         }
                     }
                     Directive::Refused(ns) => {
@@ -427,7 +448,192 @@ fn has_unsent(home: &AgentHome) -> bool {
 async fn flush_unsent(home: &AgentHome, client: &Client) -> bool {
     flush_outbox(home, client).await;
     flush_config_status(home, client).await;
+    flush_command_status(home, client).await;
     !has_unsent(home)
+}
+
+/// Tells the server how the last command ended, if no server heard it yet (a restart
+/// of the agent is told by the agent that starts after it).
+async fn flush_command_status(home: &AgentHome, client: &Client) {
+    let Some(mut kept) = commands::read(home).filter(|k| !k.told) else {
+        return;
+    };
+    match client.command_status(&kept.status()).await {
+        Ok(()) => {
+            tracing::info!(
+                "reported command {} ({}) {:?} to the server",
+                kept.id,
+                kept.what,
+                kept.status
+            );
+            kept.told = true;
+            commands::keep(home, &kept);
+        }
+        // A server that does not know the command (another fleet, or it was replaced)
+        // never will: dropped.
+        Err(crate::contact::client::CommError::Status { status: code, .. })
+            if matches!(code, 400 | 404 | 410 | 422) =>
+        {
+            tracing::info!(
+                "the server does not take the outcome of command {} ({code}); dropped",
+                kept.id
+            );
+            kept.told = true;
+            commands::keep(home, &kept);
+        }
+        Err(e) => tracing::info!(
+            "the outcome of command {} is sent again later: {e}",
+            kept.id
+        ),
+    }
+}
+
+/// An operator's restart: of the workload alone (done here, told at once), or of the
+/// agent (kept as done, and the agent ends for its supervisor to start it again; the
+/// next agent tells it). A command carried again is not done again.
+async fn take_command(
+    home: &AgentHome,
+    client: &Client,
+    workload: &mut LiveWorkload,
+    command: wire::AgentCommand,
+) -> Option<RunEnd> {
+    match commands::decide(commands::read(home).as_ref(), &command.id) {
+        commands::Decision::Nothing => return None,
+        commands::Decision::Tell => {
+            flush_command_status(home, client).await;
+            return None;
+        }
+        commands::Decision::Act => {}
+    }
+    let (what, result) = match command.restart {
+        Some(wire::Restart::Agent) => {
+            if std::env::var_os(agent_protocol::env_vars::AGENT_SUPERVISED).is_none() {
+                (
+                    "restart agent",
+                    Err("this agent was not started by its supervisor (agent-wrapper.sh, or the Windows service), so nothing would start it again; restart it the way it was started".to_owned()),
+                )
+            } else {
+                commands::keep(
+                    home,
+                    &commands::Kept {
+                        id: command.id.clone(),
+                        what: "restart agent".into(),
+                        status: wire::CommandOutcome::Done,
+                        error: None,
+                        told: false,
+                    },
+                );
+                tracing::info!(
+                    "restarting on an operator's request (command {}): the supervisor starts this agent again",
+                    command.id
+                );
+                return Some(RunEnd::Restart);
+            }
+        }
+        Some(wire::Restart::Workload) => {
+            tracing::info!(
+                "restarting the workload on an operator's request (command {})",
+                command.id
+            );
+            ("restart workload", workload.restart_now().await)
+        }
+        None => (
+            "unknown",
+            Err("a command this agent's release does not know; update the agent".to_owned()),
+        ),
+    };
+    if let Err(why) = &result {
+        tracing::warn!("command {} ({what}) failed: {why}", command.id);
+    }
+    commands::keep(
+        home,
+        &commands::Kept {
+            id: command.id,
+            what: what.into(),
+            status: if result.is_ok() {
+                wire::CommandOutcome::Done
+            } else {
+                wire::CommandOutcome::Failed
+            },
+            error: result.err(),
+            told: false,
+        },
+    );
+    flush_command_status(home, client).await;
+    None
+}
+
+/// An operator moves this agent to another server URL: it registers there first, and
+/// keeps the URL (in `conf/agent.toml`, and from now on) only if that server speaks to
+/// it; otherwise it stays where it is and says why (its log, `agent status`, and the
+/// server that asked).
+async fn take_move(home: &AgentHome, client: &mut Client, offer: wire::EndpointOffer) {
+    match commands::decide(commands::read(home).as_ref(), &offer.id) {
+        commands::Decision::Nothing => return,
+        commands::Decision::Tell => return flush_command_status(home, client).await,
+        commands::Decision::Act => {}
+    }
+    let url = offer.url.trim_end_matches('/').to_owned();
+    let old = client.base().to_owned();
+    tracing::info!(
+        "an operator moves this agent to {url} (command {}); trying it",
+        offer.id
+    );
+    let result = match client.register_at(&url).await {
+        Ok(()) => keep_url(home, &url),
+        Err(e) => Err(format!(
+            "{url} did not take this agent ({}); it stays with {old}",
+            client.explained(&url, &e.why())
+        )),
+    };
+    let mut kept = commands::Kept {
+        id: offer.id,
+        what: format!("move {url}"),
+        status: if result.is_ok() {
+            wire::CommandOutcome::Done
+        } else {
+            wire::CommandOutcome::Failed
+        },
+        error: result.as_ref().err().cloned(),
+        told: false,
+    };
+    // Told to the server that asked, while this agent still talks to it.
+    kept.told = client.command_status_to(&old, &kept.status()).await.is_ok();
+    commands::keep(home, &kept);
+    match result {
+        Ok(()) => {
+            client.move_to(&url);
+            tracing::info!("moved to {url}: conf/agent.toml keeps it");
+        }
+        Err(why) => {
+            tracing::warn!("not moved: {why}");
+            last_errors::record(
+                home,
+                last_errors::Kind::Contact,
+                &format!("not moved: {why}"),
+            );
+        }
+    }
+}
+
+/// Writes `url` as the one server URL of `conf/agent.toml`. The environment wins over
+/// the file (`AGENT_SERVER_URLS`): said, since a restart would then go back.
+fn keep_url(home: &AgentHome, url: &str) -> Result<(), String> {
+    let path = home.conf().join("agent.toml");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    let moved = commands::with_url(&text, url).map_err(|e| format!("{}: {e}", path.display()))?;
+    agent_extract::atomic::write(&path, moved.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    if std::env::var_os("AGENT_SERVER_URLS").is_some() {
+        tracing::warn!(
+            "AGENT_SERVER_URLS is set in this agent's environment and wins over conf/agent.toml: the agent goes back to it when it restarts; change it there too"
+        );
+    }
+    Ok(())
 }
 
 /// Sends the configuration outcome no server has heard yet; kept and sent again if

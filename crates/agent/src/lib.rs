@@ -12,6 +12,7 @@
 //! `run/workload.pid`.
 
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod contact;
 pub mod daemon;

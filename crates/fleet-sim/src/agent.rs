@@ -191,6 +191,8 @@ impl SimAgent {
             group: self.group.clone(),
             health: None,
             labels: None,
+            capabilities: None,
+            endpoint: None,
         }
     }
 

@@ -696,9 +696,10 @@ impl Db {
     /// it): true if this call did.
     pub async fn issue_token(&self, id: &str, hash: &str) -> Result<bool, FleetError> {
         let done =
-            sqlx::query("UPDATE agents SET token_hash = $2 WHERE id = $1 AND token_hash IS NULL")
+            sqlx::query("UPDATE agents SET token_hash = $2, credential_at = $3 WHERE id = $1 AND token_hash IS NULL")
                 .bind(id)
                 .bind(hash)
+                .bind(now_secs())
                 .execute(&self.pool)
                 .await?;
         Ok(done.rows_affected() == 1)
@@ -719,6 +720,7 @@ impl Db {
         let sql = touch_sql(self.backend, TouchShape::of(&row), 1, true);
         let held = touch_query(&sql, &[&row])
             .bind(hash)
+            .bind(contact.at)
             .fetch_optional(&self.pool)
             .await?;
         match held {
@@ -733,10 +735,12 @@ impl Db {
     /// the old token from memory.
     pub async fn forget_token(&self, id: &str) -> Result<bool, FleetError> {
         let mut tx = self.begin_write().await?;
-        let done = sqlx::query("UPDATE agents SET token_hash = NULL WHERE id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+        let done = sqlx::query(
+            "UPDATE agents SET token_hash = NULL, token_candidate = NULL WHERE id = $1",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
         credentials_changed(&mut tx, id).await?;
         tx.commit().await?;
         Ok(done.rows_affected() == 1)
@@ -783,6 +787,7 @@ impl Db {
             Revocation::Removed => {
                 for sql in [
                     "DELETE FROM agent_opamp WHERE agent_id = $1",
+                    "DELETE FROM agent_commands WHERE agent_id = $1",
                     "DELETE FROM agents WHERE id = $1",
                 ] {
                     sqlx::query(sql).bind(id).execute(&mut *tx).await?;
@@ -797,7 +802,7 @@ impl Db {
 
 /// Moves the credentials revision (in `tx`, with the change to `id`'s credentials), so
 /// every server of the fleet drops the tokens it trusts from memory.
-async fn credentials_changed(
+pub(crate) async fn credentials_changed(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     id: &str,
 ) -> Result<(), sqlx::Error> {
@@ -986,14 +991,15 @@ fn touch_query<'q>(
 /// fields: the row gets it unless it has one, and the statement returns the row's token.
 fn touch_sql(backend: Backend, shape: TouchShape, rows: usize, token: bool) -> String {
     const FIELDS: usize = 11;
-    let per_row = FIELDS + usize::from(token);
+    // With a token, its hash and when it was set.
+    let per_row = FIELDS + 2 * usize::from(token);
     let mut sql = String::with_capacity(400 + rows * 48);
     sql.push_str(
         "INSERT INTO agents (id, name, platform, version, last_contact, agent_group, config_hash, \
          labels, health, healthy, workload_restarts",
     );
     sql.push_str(if token {
-        ", token_hash) VALUES "
+        ", token_hash, credential_at) VALUES "
     } else {
         ") VALUES "
     });
@@ -1019,7 +1025,11 @@ fn touch_sql(backend: Backend, shape: TouchShape, rows: usize, token: bool) -> S
     ];
     sql.push_str(&updates.join(", "));
     if token {
-        sql.push_str(", token_hash = COALESCE(agents.token_hash, excluded.token_hash)");
+        sql.push_str(
+            ", token_hash = COALESCE(agents.token_hash, excluded.token_hash), \
+             credential_at = CASE WHEN agents.token_hash IS NULL THEN excluded.credential_at \
+             ELSE agents.credential_at END",
+        );
     }
     sql.push_str(" WHERE agents.last_contact <= excluded.last_contact");
     if token {

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::commands::{self, Command};
 use crate::config::Configs;
 use crate::db::{Contact, Credentials, Db, Revocation, now_secs};
 use crate::deployments::Deployments;
@@ -92,6 +93,9 @@ pub struct Fleet {
     /// What this server last told the fleet it holds queued (see
     /// [`settings::SPOOL_OLDEST_PREFIX`]), and when; `None` before it said anything.
     spool_said: Mutex<Option<(Option<i64>, i64)>>,
+    /// Each agent's commands still to be carried (see [`crate::commands`]), as last read:
+    /// asked at every contact, so read with the settings, not per contact.
+    open_commands: Mutex<HashMap<String, Vec<Command>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -109,6 +113,7 @@ impl Fleet {
         let on = settings::auto_update_on(db.setting(settings::AUTO_UPDATE).await?.as_deref());
         let revision = db.setting(settings::CREDENTIALS_REVISION).await?;
         let overrides = lock_overrides(&db).await?;
+        let open_commands = db.open_commands().await?;
         let deployments = Arc::new(crate::deployments::Deployments::new(
             db.clone(),
             Arc::clone(&rollouts),
@@ -134,6 +139,7 @@ impl Fleet {
             credentials_revision: Mutex::new(revision),
             lock_overrides: Mutex::new(overrides),
             spool_said: Mutex::default(),
+            open_commands: Mutex::new(open_commands),
         })
     }
 
@@ -226,6 +232,86 @@ impl Fleet {
             self.configs.decide().await?;
         }
         Ok(known)
+    }
+
+    /// `agent`'s commands still to be carried, as this server last read or wrote them.
+    pub fn open_commands(&self, agent: &str) -> Vec<Command> {
+        lock(&self.open_commands)
+            .get(agent)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Asks `kind` of `agent` (see [`Db::request_command`]); its held connect on this
+    /// server is answered at once, on the fleet's others within a settings read. `None`
+    /// if the fleet does not know the agent.
+    pub async fn request_command(
+        &self,
+        agent: &str,
+        kind: commands::Kind,
+        argument: &str,
+    ) -> Result<Option<Command>, FleetError> {
+        let Some(command) = self
+            .db
+            .request_command(agent, kind, argument, now_secs())
+            .await?
+        else {
+            return Ok(None);
+        };
+        {
+            let mut open = lock(&self.open_commands);
+            let list = open.entry(agent.to_owned()).or_default();
+            list.retain(|c| c.kind != kind);
+            list.push(command.clone());
+        }
+        self.rollouts.news().publish("a command for an agent");
+        Ok(Some(command))
+    }
+
+    /// A contact carried `command`.
+    pub async fn command_sent(&self, command: &Command) -> Result<(), FleetError> {
+        if command.status != commands::Status::Pending {
+            return Ok(());
+        }
+        self.db.command_sent(&command.id, now_secs()).await?;
+        if let Some(list) = lock(&self.open_commands).get_mut(&command.agent) {
+            for c in list.iter_mut().filter(|c| c.id == command.id) {
+                c.status = commands::Status::Sent;
+            }
+        }
+        Ok(())
+    }
+
+    /// Command `command` ended as its agent says (see [`Db::finish_command`]).
+    pub async fn finish_command(
+        &self,
+        command: &Command,
+        status: commands::Status,
+        error: Option<&str>,
+    ) -> Result<bool, FleetError> {
+        let taken = self
+            .db
+            .finish_command(&command.id, status, error, now_secs())
+            .await?;
+        if let Some(list) = lock(&self.open_commands).get_mut(&command.agent) {
+            list.retain(|c| c.id != command.id);
+        }
+        Ok(taken)
+    }
+
+    /// `agent` proved the credential its rotation offered, whose hash is `hash` (see
+    /// [`Db::accept_candidate`]): this server trusts it, and only it, at once.
+    pub async fn accept_candidate(&self, agent: &str, hash: &str) -> Result<bool, FleetError> {
+        if !self.db.accept_candidate(agent, hash, now_secs()).await? {
+            return Ok(false);
+        }
+        lock(&self.verified).insert(agent.to_owned(), hash.to_owned());
+        self.outage
+            .remember_credentials(agent, &Credentials::Hash(hash.to_owned()));
+        if let Some(list) = lock(&self.open_commands).get_mut(agent) {
+            list.retain(|c| c.kind != commands::Kind::RotateCredentials);
+        }
+        Ok(true)
     }
 
     /// Drops every remembered token if the fleet's credentials changed since last read.
@@ -604,6 +690,28 @@ impl Fleet {
                     Ok(overrides) => *lock(&fleet.lock_overrides) = overrides,
                     Err(e) if e.is_unavailable() => fleet.outage.went_down(&e),
                     Err(e) => tracing::warn!("reading the fleet's settings: {e}"),
+                }
+                match fleet.db.open_commands().await {
+                    Ok(open) => {
+                        // A command asked on another server of the fleet: its agent's
+                        // held connect here is answered.
+                        let news = {
+                            let mut held = lock(&fleet.open_commands);
+                            let news = open.iter().any(|(agent, commands)| {
+                                commands.iter().any(|c| {
+                                    held.get(agent)
+                                        .is_none_or(|h| h.iter().all(|k| k.id != c.id))
+                                })
+                            });
+                            *held = open;
+                            news
+                        };
+                        if news {
+                            fleet.rollouts.news().publish("a command for an agent");
+                        }
+                    }
+                    Err(e) if e.is_unavailable() => fleet.outage.went_down(&e),
+                    Err(e) => tracing::warn!("reading the agents' commands: {e}"),
                 }
             }
         });

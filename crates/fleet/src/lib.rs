@@ -18,6 +18,7 @@ pub mod approvals;
 pub mod audit;
 pub mod backup;
 pub mod chores;
+pub mod commands;
 pub mod config;
 pub mod credentials;
 pub mod db;

@@ -43,6 +43,7 @@ migrations!(
     "0013_deployments",
     "0014_governance",
     "0015_approvals",
+    "0016_commands",
     "0017_fleet_policy",
 );
 
@@ -119,7 +120,7 @@ mod tests {
                 read.iter().map(key).collect::<Vec<_>>(),
                 "{dir}"
             );
-            assert_eq!(embedded.len(), 16, "{dir}");
+            assert_eq!(embedded.len(), 17, "{dir}");
         }
     }
 

@@ -14,9 +14,10 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, Result};
 use crate::proto::{
     AgentCapabilities, AgentConfigFile, AgentConfigMap, AgentIdentification, AgentRemoteConfig,
-    DownloadableFile, Header, Headers, PackageAvailable, PackageType, PackagesAvailable, RetryInfo,
+    CommandType, ConnectionSettingsOffers, DownloadableFile, Header, Headers,
+    OpAmpConnectionSettings, PackageAvailable, PackageType, PackagesAvailable, RetryInfo,
     ServerCapabilities, ServerErrorResponse, ServerErrorResponseType, ServerToAgent,
-    ServerToAgentFlags, server_error_response,
+    ServerToAgentCommand, ServerToAgentFlags, server_error_response,
 };
 use crate::session::Observation;
 use crate::view::{AgentView, OfferedPackage};
@@ -25,12 +26,14 @@ use crate::view::{AgentView, OfferedPackage};
 pub const AGENT_PACKAGE: &str = "agent";
 
 /// What this server does: status, effective configuration and package statuses in;
-/// remote configuration and packages out. Not connection settings.
+/// remote configuration, packages and OpAMP connection settings (a rotated credential,
+/// another endpoint) out.
 pub const SERVER_CAPABILITIES: u64 = ServerCapabilities::AcceptsStatus as u64
     | ServerCapabilities::OffersRemoteConfig as u64
     | ServerCapabilities::AcceptsEffectiveConfig as u64
     | ServerCapabilities::OffersPackages as u64
-    | ServerCapabilities::AcceptsPackagesStatus as u64;
+    | ServerCapabilities::AcceptsPackagesStatus as u64
+    | ServerCapabilities::OffersConnectionSettings as u64;
 
 /// What the fleet wants one agent to have now. Either may be absent (no set for its
 /// group, no bundle or its wave not open).
@@ -38,6 +41,8 @@ pub const SERVER_CAPABILITIES: u64 = ServerCapabilities::AcceptsStatus as u64
 pub struct Offers {
     pub remote_config: Option<AgentRemoteConfig>,
     pub packages: Option<PackagesAvailable>,
+    /// Built with [`connection_settings`]; sent only to an agent that accepts them.
+    pub connection_settings: Option<ConnectionSettingsOffers>,
 }
 
 /// The answer to a message the server accepted. `sent_uid` is the message's
@@ -68,7 +73,74 @@ pub fn answer(sent_uid: &[u8], obs: &Observation, offers: Offers) -> ServerToAge
     out.packages_available = offers
         .packages
         .filter(|p| wants_packages(&obs.view, &p.all_packages_hash));
+    out.connection_settings = offers.connection_settings.filter(|_| {
+        obs.view
+            .has(AgentCapabilities::AcceptsOpAmpConnectionSettings)
+    });
     out
+}
+
+/// Whether the answer to `obs` may be a command: one that carries nothing else the
+/// agent must hear first (a new uid, a request for its full state), for an agent that
+/// is still there. A command waits for the next message otherwise.
+pub fn may_command(obs: &Observation) -> bool {
+    !obs.duplicate && !obs.disconnected && !obs.report_full_state && obs.new_instance_uid.is_none()
+}
+
+/// `ServerToAgentCommand{Restart}` alone, as the specification requires of a command:
+/// only `instance_uid` and, on a connection's first answer, `capabilities` beside it.
+pub fn restart(sent_uid: &[u8], send_capabilities: bool) -> ServerToAgent {
+    ServerToAgent {
+        instance_uid: sent_uid.to_vec(),
+        capabilities: if send_capabilities {
+            SERVER_CAPABILITIES
+        } else {
+            0
+        },
+        command: Some(ServerToAgentCommand {
+            r#type: CommandType::Restart as i32,
+        }),
+        ..Default::default()
+    }
+}
+
+/// What the server offers of an agent's OpAMP connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConnectionOffer {
+    /// A new credential: the agent sends `Authorization: Bearer <it>` from then on.
+    pub bearer: Option<String>,
+    /// Another server's OpAMP URL to connect to.
+    pub destination_endpoint: Option<String>,
+}
+
+/// `ConnectionSettingsOffers` with its `opamp` settings: the credential as the
+/// `Authorization` header, the endpoint as `destination_endpoint`; `hash` covers both,
+/// so an agent told the same settings again knows they are the same.
+pub fn connection_settings(offer: &ConnectionOffer) -> ConnectionSettingsOffers {
+    let headers = offer.bearer.as_ref().map(|token| Headers {
+        headers: vec![Header {
+            key: "Authorization".to_owned(),
+            value: format!("Bearer {token}"),
+        }],
+    });
+    let endpoint = offer.destination_endpoint.clone().unwrap_or_default();
+    let mut h = Sha256::new();
+    for part in [
+        offer.bearer.as_deref().unwrap_or_default().as_bytes(),
+        endpoint.as_bytes(),
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    ConnectionSettingsOffers {
+        hash: h.finalize().to_vec(),
+        opamp: Some(OpAmpConnectionSettings {
+            destination_endpoint: endpoint,
+            headers,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// Whether an offer of this configuration is due: the agent accepts remote
@@ -337,11 +409,66 @@ mod tests {
     }
 
     #[test]
+    fn a_restart_is_alone_in_its_message_with_the_capabilities_of_a_first_answer() {
+        let a = restart(&UID, true);
+        assert_eq!(
+            a.command.map(|c| c.r#type),
+            Some(CommandType::Restart as i32)
+        );
+        assert_eq!(a.capabilities, SERVER_CAPABILITIES);
+        assert_eq!(a.instance_uid, UID);
+        let bare = ServerToAgent {
+            instance_uid: UID.to_vec(),
+            command: restart(&UID, false).command,
+            ..Default::default()
+        };
+        assert_eq!(restart(&UID, false), bare, "nothing else beside it");
+    }
+
+    #[test]
+    fn connection_settings_carry_the_credential_as_a_header_and_go_only_to_agents_that_take_them() {
+        let offer = ConnectionOffer {
+            bearer: Some("n3w".into()),
+            destination_endpoint: None,
+        };
+        let settings = connection_settings(&offer);
+        let opamp = settings.opamp.clone().unwrap();
+        let header = &opamp.headers.unwrap().headers[0];
+        assert_eq!(
+            (header.key.as_str(), header.value.as_str()),
+            ("Authorization", "Bearer n3w")
+        );
+        let moved = connection_settings(&ConnectionOffer {
+            bearer: Some("n3w".into()),
+            destination_endpoint: Some("http://b:7080/v1/opamp".into()),
+        });
+        assert_ne!(moved.hash, settings.hash, "the hash tells offers apart");
+        let offers = || Offers {
+            connection_settings: Some(settings.clone()),
+            ..Offers::default()
+        };
+        let plain = observe_http(None, &msg(1, ACCEPTS_ALL));
+        assert!(answer(&UID, &plain, offers()).connection_settings.is_none());
+        let takes = observe_http(
+            None,
+            &msg(
+                1,
+                ACCEPTS_ALL | AgentCapabilities::AcceptsOpAmpConnectionSettings as u64,
+            ),
+        );
+        assert_eq!(
+            answer(&UID, &takes, offers()).connection_settings,
+            Some(settings)
+        );
+    }
+
+    #[test]
     fn config_is_offered_until_the_agent_reports_on_its_hash() {
         let (rc, hash) = set();
         let offers = || Offers {
             remote_config: Some(rc.clone()),
             packages: None,
+            connection_settings: None,
         };
         let first = observe_http(None, &msg(1, ACCEPTS_ALL));
         let a = answer(&UID, &first, offers());
@@ -433,6 +560,7 @@ mod tests {
         let offers = || Offers {
             remote_config: None,
             packages: Some(offer.clone()),
+            connection_settings: None,
         };
 
         // Neither registry client accepts packages: never offered.
@@ -504,6 +632,7 @@ mod tests {
             Offers {
                 remote_config: Some(rc),
                 packages: None,
+                connection_settings: None,
             },
         );
         let new = a

@@ -51,6 +51,22 @@ pub fn has_capability(bits: u64, capability: AgentCapabilities) -> bool {
     bits & capability as u64 != 0
 }
 
+/// The capabilities set in `bits`, named as the specification names them
+/// (`AcceptsRestartCommand`); a bit this server does not know is left out.
+pub fn capability_names(bits: u64) -> Vec<String> {
+    (0..32)
+        .map(|shift| 1u64 << shift)
+        .filter(|bit| bits & bit != 0)
+        .filter_map(|bit| AgentCapabilities::try_from(i32::try_from(bit).ok()?).ok())
+        .map(|c| {
+            let name = c.as_str_name();
+            name.strip_prefix("AgentCapabilities_")
+                .unwrap_or(name)
+                .to_owned()
+        })
+        .collect()
+}
+
 /// `AgentDescription`, attribute values rendered as text.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Description {
@@ -404,6 +420,18 @@ impl PackagesReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capabilities_are_named_as_the_specification_names_them() {
+        let bits = AgentCapabilities::ReportsStatus as u64
+            | AgentCapabilities::AcceptsRestartCommand as u64
+            | (1 << 40);
+        assert_eq!(
+            capability_names(bits),
+            ["ReportsStatus", "AcceptsRestartCommand"]
+        );
+        assert!(capability_names(0).is_empty());
+    }
     use crate::proto::{AgentConfigFile, AgentConfigMap, PackageStatus};
 
     fn kv(key: &str, value: any_value::Value) -> KeyValue {

@@ -166,6 +166,7 @@ fn answers_the_clients_can_use() {
     let offers = || Offers {
         remote_config: Some(answer::remote_config(files, &hash).unwrap()),
         packages: None,
+        connection_settings: None,
     };
     let first = decode(NODE_FIRST);
     let obs = run(&[NODE_FIRST]);

@@ -10,6 +10,10 @@ pub const AGENT_HOME: &str = "AGENT_HOME";
 /// recovery (the updater owns the transaction) and judges no contact, `stop` writes no
 /// stop request (a rollback's stop was not asked for by anyone).
 pub const AGENT_UPDATER_ACTIVE: &str = "AGENT_UPDATER_ACTIVE";
+/// Set (`1`) by the supervisor (`agent-wrapper.sh`'s, or the Windows service) on the
+/// agent it runs: an agent asked to restart exits with `layout::EXIT_RESTART` and is
+/// started again; one run by hand has nobody to start it again and says so instead.
+pub const AGENT_SUPERVISED: &str = "AGENT_SUPERVISED";
 /// Seconds `start` waits for the agent to report itself.
 pub const AGENT_START_TIMEOUT: &str = "AGENT_START_TIMEOUT";
 /// Seconds `stop` waits for the agent to end after TERM before it KILLs.

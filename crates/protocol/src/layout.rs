@@ -46,6 +46,12 @@ pub const STOP_REQUEST_FILE: &str = "stop-requested";
 pub const EXIT_CONFIG: u8 = 78;
 /// Exit code of `agent run` when the server refuses its version and updates are disabled.
 pub const EXIT_REFUSED: u8 = 3;
+/// `data/agent-token.candidate`: see [`AgentHome::agent_token_candidate`].
+pub const AGENT_TOKEN_CANDIDATE_FILE: &str = "agent-token.candidate";
+/// Exit code of `agent run` asked to restart (an operator's `agent restart`): its
+/// supervisor starts it again at once, without counting it as a crash (sysexits'
+/// `EX_TEMPFAIL`).
+pub const EXIT_RESTART: u8 = 75;
 
 /// `bin/agent-wrapper.sh` in each Unix version: the supported way to run the agent
 /// (`start|stop|restart|status|kill`); it reads `conf/agent-env.sh` and hands the
@@ -237,6 +243,19 @@ impl AgentHome {
     /// The credentials a server issued this agent (mode 0600).
     pub fn agent_token(&self) -> PathBuf {
         self.data().join("agent-token")
+    }
+
+    /// A credential a rotation offered, kept (0600) until a server takes it; then it
+    /// replaces [`AgentHome::agent_token`].
+    pub fn agent_token_candidate(&self) -> PathBuf {
+        self.data().join(AGENT_TOKEN_CANDIDATE_FILE)
+    }
+
+    /// The last command a server told this agent (a restart, a move) and how it ended,
+    /// until the server heard it: what a restarted agent reports, and what keeps a
+    /// command carried twice from being done twice.
+    pub fn command_file(&self) -> PathBuf {
+        self.data().join("command.json")
     }
 
     /// Signing keys this agent trusted once and no longer does (one key id a line).

@@ -204,6 +204,76 @@ pub struct AgentHello {
     /// whose labels the server keeps as recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<crate::labels::Labels>,
+    /// What the agent takes beyond a release ([`CAPABILITIES`]); `None` from an agent
+    /// from before commands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Vec<String>>,
+    /// The server URL this call was sent to, as the agent has it in `server.urls`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+}
+
+/// What an agent of this release takes beyond a release, as it says in its hello.
+pub const CAPABILITIES: [&str; 3] = [CAPABILITY_RESTART, CAPABILITY_ROTATE, CAPABILITY_MOVE];
+/// `"command": {"restart": …}`: it restarts itself or its workload.
+pub const CAPABILITY_RESTART: &str = "restart";
+/// `"credentials"`: it keeps a rotated credential as a candidate until a server takes it.
+pub const CAPABILITY_ROTATE: &str = "rotate-credentials";
+/// `"endpoint"`: it tries another server URL and keeps it only if it answers.
+pub const CAPABILITY_MOVE: &str = "move";
+
+/// `"command"` of a connect answer: `{"restart": "agent"|"workload", "id": "…"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentCommand {
+    /// What to restart; `None`: a command this agent does not know (from a later server),
+    /// reported `FAILED`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<Restart>,
+    /// What the agent reports against (`POST /agent/command-status`).
+    pub id: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Restart {
+    /// The agent itself, through its supervisor (and so its workload with it).
+    Agent,
+    /// Only the workload; the agent stays.
+    Workload,
+}
+
+/// `"credentials"` of a connect answer: a rotation's new secret, kept as a candidate
+/// (`data/agent-token.candidate`) until a server takes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialsOffer {
+    pub token: String,
+}
+
+/// `"endpoint"` of a connect answer: a server URL to move to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointOffer {
+    pub url: String,
+    pub id: String,
+}
+
+/// `POST`: how a command (a restart, a move) ended.
+pub const COMMAND_STATUS_PATH: &str = "/agent/command-status";
+
+/// Body of `POST /agent/command-status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandStatus {
+    /// The command's id.
+    pub id: String,
+    pub status: CommandOutcome,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum CommandOutcome {
+    Done,
+    Failed,
 }
 
 /// Where the workload (the operator's program the agent runs) stands.

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use agent_fleet::FleetError;
 use agent_fleet::approvals::{self, Approval, Decision, NewApproval};
 use agent_fleet::audit::{Change, Outcome};
+use agent_fleet::commands;
 use agent_fleet::config::guard::Consent;
 use agent_fleet::db::now_ms;
 use agent_fleet::db::{Credentials, Revocation};
@@ -94,6 +95,21 @@ pub enum Act {
     },
     /// A deployment made, changed or removed (see [`agent_fleet::deployments`]).
     Deployment(DeploymentAct),
+    /// Restart the agent, or only its workload, at its next contact (see
+    /// [`agent_fleet::commands`]).
+    Restart {
+        agent: String,
+        workload: bool,
+    },
+    /// Offer the agent a new credential; the old one is refused once it proves the new.
+    RotateCredentials {
+        agent: String,
+    },
+    /// Offer the agent another server URL; it keeps it only if it answers there.
+    Move {
+        agent: String,
+        to: String,
+    },
     /// A deployment's maintenance window added or removed (see [`agent_fleet::policy`]).
     Maintenance(MaintenanceAct),
     /// A kept release (checked and kept by the edge that received it) made the fleet's
@@ -189,6 +205,8 @@ pub enum Done {
         token: String,
     },
     TokenRevoked,
+    /// A command asked of an agent, carried at its next contact.
+    Commanded(Box<agent_fleet::commands::Command>),
 }
 
 /// Why an action was not done, in words for the operator (the edge picks the status).
@@ -337,6 +355,9 @@ impl Act {
             Act::Deployment(DeploymentAct::Create(_)) => "deployment.create",
             Act::Deployment(DeploymentAct::Set { .. }) => "deployment.set",
             Act::Deployment(DeploymentAct::Remove { .. }) => "deployment.remove",
+            Act::Restart { .. } => "agent.restart",
+            Act::RotateCredentials { .. } => "agent.rotate_credentials",
+            Act::Move { .. } => "agent.move",
             Act::Maintenance(MaintenanceAct::Add(_)) => "maintenance.add",
             Act::Maintenance(MaintenanceAct::Remove { .. }) => "maintenance.remove",
             Act::Release {
@@ -401,7 +422,12 @@ impl Act {
         match self {
             Act::ForgetToken { agent }
             | Act::RemoveAgent { agent }
-            | Act::OverrideLocks { agent } => serde_json::json!({ "agent": agent }),
+            | Act::OverrideLocks { agent }
+            | Act::RotateCredentials { agent } => serde_json::json!({ "agent": agent }),
+            Act::Restart { agent, workload } => {
+                serde_json::json!({ "agent": agent, "workload": workload })
+            }
+            Act::Move { agent, to } => serde_json::json!({ "agent": agent, "to": to }),
             Act::Labels { agent, edit } => {
                 serde_json::json!({ "agent": agent, "set": edit.set, "remove": edit.remove })
             }
@@ -488,6 +514,9 @@ impl Act {
             Act::Decide { .. } => "approve or reject a change",
             Act::RequireApproval { .. } => "switch approvals on or off",
             Act::TokenCreate { .. } | Act::TokenRevoke { .. } => "manage tokens",
+            Act::Restart { .. } => "restart an agent",
+            Act::RotateCredentials { .. } => "rotate an agent's credentials",
+            Act::Move { .. } => "move an agent to another server",
         }
     }
 }
@@ -880,6 +909,23 @@ async fn run(
             s.fleet.rollouts.news().publish("a deployment changed");
             Ok((Done::Deployment(Box::new(deployment)), none))
         }
+        Act::Restart { agent, workload } => {
+            let what = if *workload {
+                commands::RESTART_WORKLOAD
+            } else {
+                commands::RESTART_AGENT
+            };
+            command(s, agent, commands::Kind::Restart, what).await?
+        }
+        Act::RotateCredentials { agent } => {
+            command(s, agent, commands::Kind::RotateCredentials, "").await?
+        }
+        Act::Move { agent, to } => {
+            if let Err(why) = check_endpoint(to) {
+                return Ok(Err(Refused::Invalid(why)));
+            }
+            command(s, agent, commands::Kind::Move, to.trim_end_matches('/')).await?
+        }
         Act::Maintenance(change) => {
             let db = &s.fleet.db;
             let result = match change {
@@ -979,6 +1025,52 @@ async fn run(
     })
 }
 
+/// Asks `kind` of `agent`; the audit log keeps the command's id, which the agent's
+/// report names.
+async fn command(
+    s: &Shared,
+    agent: &str,
+    kind: commands::Kind,
+    argument: &str,
+) -> Result<Result<(Done, Extra), Refused>, FleetError> {
+    if let Credentials::Revoked(how) = s.fleet.db.credentials(agent).await? {
+        return Ok(Err(Refused::Conflict(format!(
+            "agent {agent} {}; it takes no commands",
+            match how {
+                Revocation::Left => "left the fleet",
+                Revocation::Removed => "was removed from the fleet",
+            }
+        ))));
+    }
+    Ok(
+        match s.fleet.request_command(agent, kind, argument).await? {
+            Some(c) => {
+                let extra = serde_json::json!({ "command": c.id });
+                Ok((Done::Commanded(Box::new(c)), extra))
+            }
+            None => Err(unknown(agent)),
+        },
+    )
+}
+
+/// A server URL an agent may be moved to: `http://` or `https://`, a host, no spaces.
+pub fn check_endpoint(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .ok_or_else(|| format!("{url:?} is not an http:// or https:// URL"))?;
+    let host = rest.split('/').next().unwrap_or_default();
+    if host.is_empty()
+        || url.len() > 2048
+        || url.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "{url:?} is not a server URL agents can use (write http(s)://HOST[:PORT])"
+        ));
+    }
+    Ok(())
+}
+
 fn unknown_deployment(name: &str) -> Refused {
     Refused::Unknown(format!(
         "no deployment {name:?}; list them with `update-server deployment list`"
@@ -1021,9 +1113,7 @@ fn done_words(act: &Act, done: &Done) -> &'static str {
             "the deployment is removed; its agents follow the next that selects them"
         }
         (Act::Maintenance(MaintenanceAct::Add(_)), _) => "the maintenance window is added",
-        (Act::Maintenance(MaintenanceAct::Remove { .. }), _) => {
-            "the maintenance window is removed"
-        }
+        (Act::Maintenance(MaintenanceAct::Remove { .. }), _) => "the maintenance window is removed",
         (Act::Release { .. }, _) => "the release is the fleet's target",
         (Act::ConfigPush { .. }, _) => "the configuration set is stored",
         (Act::Decide { .. }, _) => "decided",
@@ -1035,6 +1125,11 @@ fn done_words(act: &Act, done: &Done) -> &'static str {
         }
         (Act::TokenCreate { .. }, _) => "operator token created",
         (Act::TokenRevoke { .. }, _) => "operator token revoked",
+        (Act::Restart { .. }, _) => "the agent restarts at its next contact",
+        (Act::RotateCredentials { .. }, _) => {
+            "the agent is offered a new credential at its next contact"
+        }
+        (Act::Move { .. }, _) => "the agent is offered another server URL at its next contact",
     }
 }
 
@@ -1098,6 +1193,15 @@ mod tests {
                 target: Target::Config("web".into()),
                 step: Step::Advance,
             },
+            Act::Restart {
+                agent: agent(),
+                workload: true,
+            },
+            Act::RotateCredentials { agent: agent() },
+            Act::Move {
+                agent: agent(),
+                to: "http://b".into(),
+            },
         ]
         .iter()
         .map(Act::name)
@@ -1110,7 +1214,10 @@ mod tests {
                 "agent.override_locks",
                 "agent.labels",
                 "rollout.halt",
-                "config.advance"
+                "config.advance",
+                "agent.restart",
+                "agent.rotate_credentials",
+                "agent.move"
             ]
         );
     }
@@ -1212,5 +1319,20 @@ mod tests {
         );
         let remove = Act::RemoveAgent { agent: "a1".into() };
         assert_eq!(remove.subject(), serde_json::json!({ "agent": "a1" }));
+    }
+
+    #[test]
+    fn an_agent_is_moved_only_to_a_server_url() {
+        assert!(check_endpoint("http://10.0.0.2:7080").is_ok());
+        assert!(check_endpoint("https://updates.example.com/").is_ok());
+        for bad in [
+            "ftp://x",
+            "http://",
+            "updates.example.com",
+            "http://a b",
+            "https:///path",
+        ] {
+            assert!(check_endpoint(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -43,6 +43,73 @@ pub(crate) fn contact_refresh(heartbeat_secs: u64) -> Duration {
     Duration::from_secs(heartbeat_secs.saturating_mul(CONTACT_REFRESH_HALF_BEATS) / 2)
 }
 
+/// How often credentials are looked at for `agents.rotate-every`.
+const ROTATION_LOOK: Duration = Duration::from_secs(60);
+
+/// With `agents.rotate-every` set, asks a rotation of every credential older than that
+/// (see [`agent_fleet::commands`]), as the server itself (audited as `server:<name>`).
+/// Several servers of a fleet may ask the same one: a rotation under way is not asked
+/// again, and a second ask replaces the first before it was carried.
+pub(crate) fn spawn_rotations(state: &AppState) {
+    let Some(every) = state.inner.rotate_every else {
+        return;
+    };
+    let s = Arc::clone(&state.inner);
+    panics::spawn_restarting("rotations", move || {
+        let s = Arc::clone(&s);
+        async move {
+            let mut tick = tokio::time::interval(ROTATION_LOOK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if s.fleet.outage.is_down() {
+                    continue;
+                }
+                if let Err(e) = rotate_old(&s, every).await {
+                    tracing::warn!("agents.rotate-every: {e}");
+                }
+            }
+        }
+    });
+}
+
+async fn rotate_old(
+    s: &crate::state::Shared,
+    every: Duration,
+) -> Result<(), agent_fleet::FleetError> {
+    let now = agent_fleet::db::now_secs();
+    s.fleet.db.start_credential_clocks(now).await?;
+    let every = i64::try_from(every.as_secs()).unwrap_or(i64::MAX);
+    for agent in s
+        .fleet
+        .db
+        .credentials_older_than(now.saturating_sub(every))
+        .await?
+    {
+        let kind = agent_fleet::commands::Kind::RotateCredentials;
+        let Some(command) = s.fleet.request_command(&agent, kind, "").await? else {
+            continue;
+        };
+        let who = format!("server:{}", s.server_name);
+        crate::actions::audit(
+            s,
+            &agent_fleet::audit::Change {
+                who: &who,
+                address: "",
+                action: "agent.rotate_credentials",
+                outcome: agent_fleet::audit::Outcome::Done,
+                details: serde_json::json!({
+                    "agent": agent,
+                    "command": command.id,
+                    "reason": "agents.rotate-every",
+                }),
+            },
+        )
+        .await;
+    }
+    Ok(())
+}
+
 /// Hands held agents their turns to be told, as download slots free up (see [`pacer`]).
 pub(crate) fn spawn_pacer(state: &AppState) {
     let s = Arc::clone(&state.inner);

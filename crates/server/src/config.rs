@@ -44,6 +44,7 @@ pub const KEYS: &[Key] = &[
     key("agents", "enrollment-token", Kind::Str),
     key("agents", "max-wait", Kind::Seconds),
     key("agents", "heartbeat", Kind::Seconds),
+    key("agents", "rotate-every", Kind::Seconds),
     key("admin", "token", Kind::Str),
     key("database", "url", Kind::Str),
     key("database", "pool-size", Kind::Int),
@@ -224,6 +225,9 @@ pub struct AgentsSection {
     /// Seconds between the agents' heartbeats (their `agent.heartbeat`): the fleet page
     /// calls an agent stale after three without a word.
     pub heartbeat: u64,
+    /// Seconds after which an agent's credential is rotated (`"90d"`); 0: never (an
+    /// operator's `agent rotate-credentials` still does).
+    pub rotate_every: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -325,6 +329,7 @@ impl Default for AgentsSection {
             enrollment_token: String::new(),
             max_wait: 60,
             heartbeat: 30,
+            rotate_every: 0,
         }
     }
 }

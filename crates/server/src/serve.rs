@@ -115,6 +115,7 @@ pub async fn serve(
         Arc::clone(&state.inner.fleet),
     ));
     spawn_pacer(&state);
+    crate::background::spawn_rotations(&state);
     crate::governance::spawn(&state);
     state.inner.deltas.spawn(Arc::clone(&state.inner.store));
     state.inner.fleet.spawn_drain();

@@ -119,6 +119,8 @@ pub async fn build_state(config: &Config) -> Result<AppState, ServerError> {
             policy,
             admin_token: config.admin.token.clone(),
             enrollment_token: config.agents.enrollment_token.clone(),
+            rotate_every: (config.agents.rotate_every > 0)
+                .then(|| Duration::from_secs(config.agents.rotate_every)),
             download_limit: AtomicUsize::new(download_limit.min(config.max_connections())),
             max_connections: config.max_connections(),
             retry_after: config.downloads.retry_after,

@@ -41,6 +41,8 @@ pub struct Shared {
     pub admin_token: String,
     /// `agents.enrollment-token`; empty: open enrollment.
     pub enrollment_token: String,
+    /// `agents.rotate-every`; `None`: credentials are rotated only when asked.
+    pub rotate_every: Option<std::time::Duration>,
     pub download_limit: AtomicUsize,
     pub max_connections: usize,
     pub retry_after: u64,

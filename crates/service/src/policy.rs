@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use agent_protocol::layout::{EXIT_CONFIG, EXIT_REFUSED};
+use agent_protocol::layout::{EXIT_CONFIG, EXIT_REFUSED, EXIT_RESTART};
 
 /// The longest pause between restarts of a crashing agent.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
@@ -81,6 +81,8 @@ pub fn after_exit(
         Some(0) if updater_running => AfterExit::HandedOver,
         Some(c) if c == i32::from(EXIT_REFUSED) => AfterExit::Idle(Idle::Refused),
         Some(c) if c == i32::from(EXIT_CONFIG) => AfterExit::Idle(Idle::BadConfiguration(c)),
+        // Asked for, not a crash: at once, and the backoff of crashes is left as it was.
+        Some(c) if c == i32::from(EXIT_RESTART) => AfterExit::Restart(Duration::ZERO),
         _ => AfterExit::Restart(backoff.take(ran)),
     }
 }
@@ -128,6 +130,24 @@ mod tests {
         assert_eq!(
             after_exit(Some(78), S, true, &mut b),
             AfterExit::Idle(Idle::BadConfiguration(78))
+        );
+    }
+
+    #[test]
+    fn an_asked_restart_is_at_once_and_leaves_the_backoff_alone() {
+        let mut b = Backoff::new();
+        let _ = after_exit(Some(1), S, false, &mut b);
+        let _ = after_exit(Some(1), S, false, &mut b);
+        for _ in 0..3 {
+            assert_eq!(
+                after_exit(Some(75), S, false, &mut b),
+                AfterExit::Restart(Duration::ZERO)
+            );
+        }
+        assert_eq!(
+            after_exit(Some(1), S, false, &mut b),
+            AfterExit::Restart(4 * S),
+            "the crashes' pauses go on where they were"
         );
     }
 

@@ -22,6 +22,7 @@ use reqwest::StatusCode;
 use reqwest::header::RETRY_AFTER;
 
 use crate::contact::proxy::Proxies;
+use crate::contact::rotation;
 
 /// Cap on the small bodies (version properties, 409 answers, signatures).
 const MAX_SMALL_BODY: usize = 64 * 1024;
@@ -122,6 +123,10 @@ pub struct Answer {
     /// Accepted while its maintenance window is closed: the release it installs when the
     /// window opens.
     pub window: Option<wire::WindowOffer>,
+    /// An operator's command (a restart).
+    pub command: Option<wire::AgentCommand>,
+    /// Another server URL an operator moves this agent to.
+    pub endpoint: Option<wire::EndpointOffer>,
     /// The deployment the server says the agent follows (a plain name, or nothing).
     pub deployment: Option<String>,
 }
@@ -178,6 +183,8 @@ pub struct Client {
     /// The routes every request of this client takes (a proxy, or direct).
     proxies: Proxies,
     token: Mutex<Option<String>>,
+    /// A rotation's credential not yet taken by a server (see [`rotation`]).
+    candidate: Mutex<Option<String>>,
     /// The last failure said of each server, so each is said once, not every heartbeat.
     last_failure: Mutex<HashMap<String, String>>,
     /// What the server last said of a release without a bundle for this platform.
@@ -234,6 +241,18 @@ impl Client {
         let builder = proxies.apply(builder);
         let http = builder.build().map_err(|e| setup(e.to_string()))?;
         let token = trust.token_file.as_deref().and_then(read_token);
+        let candidate = trust
+            .token_file
+            .as_deref()
+            .map(candidate_path)
+            .as_deref()
+            .and_then(rotation::read);
+        if candidate.is_some() {
+            tracing::info!(
+                "a rotated credential waits in {}: this agent presents it first",
+                layout::AGENT_TOKEN_CANDIDATE_FILE
+            );
+        }
         Ok(Self {
             http,
             urls: urls
@@ -247,6 +266,7 @@ impl Client {
             trust,
             proxies,
             token: Mutex::new(token),
+            candidate: Mutex::new(candidate),
             last_failure: Mutex::new(HashMap::new()),
             no_bundle: Mutex::new(None),
             busy_in_a_row: 0,
@@ -255,6 +275,81 @@ impl Client {
 
     fn token(&self) -> Option<String> {
         self.token.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn candidate(&self) -> Option<String> {
+        self.candidate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A rotation's new credential from an answer: kept as the candidate, on disk
+    /// before it is ever presented, so an agent that dies now presents it at its next
+    /// start. Without a token file (an agent that keeps no credentials) it is not taken.
+    fn keep_candidate(&self, offer: Option<&wire::CredentialsOffer>) {
+        let Some(token) = offer
+            .map(|o| o.token.trim())
+            .filter(|t| !t.is_empty() && t.len() <= 256)
+        else {
+            return;
+        };
+        let Some(path) = self.trust.token_file.as_deref().map(candidate_path) else {
+            return;
+        };
+        match rotation::keep(&path, token) {
+            Ok(()) => {
+                tracing::info!(
+                    "{} offered this agent a new credential; kept in {} until a server takes it",
+                    self.base(),
+                    path.display()
+                );
+                *self.candidate.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.to_owned());
+            }
+            Err(e) => tracing::warn!(
+                "cannot keep the new credential the server offered ({e}); this agent keeps its old one, and the server offers another later"
+            ),
+        }
+    }
+
+    /// What follows for the credentials from a hello that presented `presented` and
+    /// heard `heard` (see [`rotation::after`]); true if the hello is to be made again
+    /// with the old credential.
+    fn rotated(&self, presented: rotation::Presented, heard: rotation::Heard) -> bool {
+        let Some(current) = self.trust.token_file.clone() else {
+            return false;
+        };
+        let path = candidate_path(&current);
+        match rotation::after(presented, heard) {
+            rotation::Step::Keep => false,
+            rotation::Step::Promote => {
+                match rotation::promote(&path, &current) {
+                    Ok(()) => tracing::info!(
+                        "{} took this agent's new credential; the old one is deleted",
+                        self.base()
+                    ),
+                    Err(e) => tracing::error!(
+                        "the server took the new credential, but {} cannot replace {}: {e}; it is presented again at the next contact",
+                        path.display(),
+                        current.display()
+                    ),
+                }
+                if let Some(token) = self.candidate().filter(|_| !path.exists()) {
+                    *self.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token);
+                    *self.candidate.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                }
+                false
+            }
+            rotation::Step::FallBack => {
+                tracing::warn!(
+                    "{} refused this agent's new credential; it is deleted and the old one is used again",
+                    self.base()
+                );
+                let _ = std::fs::remove_file(&path);
+                *self.candidate.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                true
+            }
+        }
     }
 
     /// Keeps credentials a server issued in an answer: in `data/agent-token` (0600).
@@ -472,9 +567,33 @@ impl Client {
         register: bool,
         hold: Option<&Hold>,
     ) -> Result<Answer, CommError> {
+        let presented = rotation::presented(self.token().is_some(), self.candidate().is_some());
+        let result = self.hello_as(path, register, hold, presented).await;
+        let heard = match &result {
+            Ok(_) => rotation::Heard::Taken,
+            Err(CommError::Status { status: 401, .. }) => rotation::Heard::Refused,
+            Err(_) => rotation::Heard::Nothing,
+        };
+        if self.rotated(presented, heard) {
+            return self
+                .hello_as(path, register, hold, rotation::Presented::Current)
+                .await;
+        }
+        result
+    }
+
+    async fn hello_as(
+        &self,
+        path: &str,
+        register: bool,
+        hold: Option<&Hold>,
+        presented: rotation::Presented,
+    ) -> Result<Answer, CommError> {
         let url = self.url(path);
+        let mut hello = self.hello.clone();
+        hello.endpoint = Some(self.base().to_owned());
         let body = ConnectBody {
-            hello: self.hello.clone(),
+            hello,
             config_hash: self.config_hash.clone(),
         };
         let mut request = self.http.post(&url).json(&body);
@@ -491,11 +610,13 @@ impl Client {
             }
             None => request.timeout(REQUEST_TIMEOUT),
         };
-        let resp = self
-            .identified(request, register)
-            .send()
-            .await
-            .map_err(|e| network(&url, e))?;
+        let request = match (presented, self.candidate()) {
+            (rotation::Presented::Candidate, Some(candidate)) => request
+                .header(wire::AGENT_VERSION_HEADER, self.version.to_string())
+                .bearer_auth(candidate),
+            _ => self.identified(request, register),
+        };
+        let resp = request.send().await.map_err(|e| network(&url, e))?;
         let server_holds = resp.headers().contains_key(wire::LONG_POLL_HEADER);
         let answer = |directive| Answer {
             directive,
@@ -503,6 +624,8 @@ impl Client {
             config: None,
             window: None,
             deployment: None,
+            command: None,
+            endpoint: None,
         };
         let status = resp.status();
         match status {
@@ -517,6 +640,23 @@ impl Client {
                     self.note_no_bundle(json.get("no_bundle").and_then(|t| t.as_str()));
                     accepted.deployment =
                         plain_name(json.get("deployment").and_then(|d| d.as_str()));
+                    let credentials = json
+                        .get_mut("credentials")
+                        .map(serde_json::Value::take)
+                        .and_then(|c| serde_json::from_value::<wire::CredentialsOffer>(c).ok());
+                    // Taken only from an answer to the credential the server knows: an
+                    // answer to a candidate is that candidate taken.
+                    if presented != rotation::Presented::Candidate {
+                        self.keep_candidate(credentials.as_ref());
+                    }
+                    accepted.command = json
+                        .get_mut("command")
+                        .map(serde_json::Value::take)
+                        .and_then(|c| serde_json::from_value::<wire::AgentCommand>(c).ok());
+                    accepted.endpoint = json
+                        .get_mut("endpoint")
+                        .map(serde_json::Value::take)
+                        .and_then(|e| serde_json::from_value::<wire::EndpointOffer>(e).ok());
                     accepted.window = json
                         .get_mut("window")
                         .map(serde_json::Value::take)
@@ -648,6 +788,62 @@ impl Client {
         }
     }
 
+    /// `POST /agent/command-status`: how a command ended, to the server this agent talks
+    /// to now (one of the fleet that told it, which shares its commands).
+    pub async fn command_status(&self, status: &wire::CommandStatus) -> Result<(), CommError> {
+        self.command_status_to(self.base(), status).await
+    }
+
+    /// `POST /agent/command-status` to the server at `base`.
+    pub async fn command_status_to(
+        &self,
+        base: &str,
+        status: &wire::CommandStatus,
+    ) -> Result<(), CommError> {
+        let url = format!("{base}{}", wire::COMMAND_STATUS_PATH);
+        let request = self.http.post(&url).timeout(REQUEST_TIMEOUT).json(status);
+        let resp = self
+            .identified(request, false)
+            .send()
+            .await
+            .map_err(|e| network(&url, e))?;
+        if resp.status().is_success() {
+            Ok(())
+        } else {
+            let status = resp.status();
+            Err(status_error(&url, status, resp).await)
+        }
+    }
+
+    /// A register at `base` (a server this agent is moved to), with this agent's
+    /// credentials: whether that server speaks to it (`2xx`, or a `409` directive).
+    pub async fn register_at(&self, base: &str) -> Result<(), CommError> {
+        let base = base.trim_end_matches('/');
+        let url = format!("{base}{}", wire::REGISTER_PATH);
+        let mut hello = self.hello.clone();
+        hello.endpoint = Some(base.to_owned());
+        let body = ConnectBody {
+            hello,
+            config_hash: self.config_hash.clone(),
+        };
+        let request = self.http.post(&url).timeout(REQUEST_TIMEOUT).json(&body);
+        let resp = self
+            .identified(request, true)
+            .send()
+            .await
+            .map_err(|e| network(&url, e))?;
+        match resp.status() {
+            s if s.is_success() || s == StatusCode::CONFLICT => Ok(()),
+            s => Err(status_error(&url, s, resp).await),
+        }
+    }
+
+    /// From now on this agent talks to `base` alone (a move it kept).
+    pub fn move_to(&mut self, base: &str) {
+        self.urls = vec![base.trim_end_matches('/').to_owned()];
+        self.current = 0;
+    }
+
     /// `POST /agent/leave` to each server in turn until one takes it: this agent leaves
     /// the fleet (its credentials are revoked there).
     pub async fn leave(&self, id: &str) -> Result<String, CommError> {
@@ -747,6 +943,11 @@ impl Client {
             Err(status_error(&url, status, resp).await)
         }
     }
+}
+
+/// `data/agent-token.candidate` beside `data/agent-token`.
+fn candidate_path(token_file: &std::path::Path) -> PathBuf {
+    token_file.with_file_name(layout::AGENT_TOKEN_CANDIDATE_FILE)
 }
 
 /// A leaving agent does not wait long for a server that is gone.

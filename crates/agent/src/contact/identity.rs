@@ -56,6 +56,13 @@ pub fn hello(id: &str, config: &crate::config::Config) -> agent_protocol::wire::
         group: config.agent.group(),
         health: None,
         labels: Some(config.agent.labels.clone()),
+        capabilities: Some(
+            agent_protocol::wire::CAPABILITIES
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect(),
+        ),
+        endpoint: None,
     }
 }
 

@@ -6,3 +6,4 @@ pub mod client;
 pub mod identity;
 pub mod pacing;
 pub mod proxy;
+pub mod rotation;

@@ -66,6 +66,17 @@ impl LiveWorkload {
         }
     }
 
+    /// An operator's restart of the workload alone: restarted, and healthy on its new
+    /// run within `start-timeout`; else why not.
+    pub async fn restart_now(&mut self) -> Result<(), String> {
+        use super::Workload as _;
+        if !self.spec.enabled() {
+            return Err("this agent runs no workload (workload.command is empty)".into());
+        }
+        self.restart().await;
+        self.wait_healthy().await
+    }
+
     fn current_pid(&self) -> Option<u32> {
         self.board.snapshot().workload.and_then(|w| w.pid)
     }

@@ -1,5 +1,6 @@
-//! `update-server agents list|label|forget-token|remove|override-locks` (also spelt
-//! `agent …`): the agents the fleet knows, and an operator's actions on one.
+//! `update-server agents list|label|forget-token|remove|override-locks|restart|
+//! rotate-credentials|move` (also spelt `agent …`): the agents the fleet knows, and an
+//! operator's actions on one (or, for the commands, on those a selector matches).
 
 use std::fmt::Write as _;
 
@@ -58,6 +59,41 @@ pub enum Agents {
         /// The agent's id (data/agent-id, or `id` in GET /admin/agents).
         id: String,
     },
+    /// Restart an agent (through its supervisor), or only its workload, at its next
+    /// contact; it reports when it did (`last_command` in `agents list --json`).
+    Restart {
+        #[command(flatten)]
+        which: Which,
+        /// Restart only the workload; the agent stays.
+        #[arg(long)]
+        workload: bool,
+    },
+    /// Give an agent a new credential: it keeps it beside the old one until a server takes
+    /// it, then the old one is refused.
+    RotateCredentials {
+        #[command(flatten)]
+        which: Which,
+    },
+    /// Move agents to another server URL: each tries it, and keeps it in its
+    /// conf/agent.toml only once it answered there; otherwise it stays and says why.
+    Move {
+        #[command(flatten)]
+        which: Which,
+        /// The server URL to move to (http(s)://HOST:PORT).
+        #[arg(long, value_name = "URL")]
+        to: String,
+    },
+}
+
+/// The agents a command is for: one id, or those a selector matches.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct Which {
+    /// The agent's id (data/agent-id, or `id` in GET /admin/agents).
+    #[arg(required_unless_present = "selector", conflicts_with = "selector")]
+    id: Option<String>,
+    /// Every agent whose labels this selector matches (as `agents list --selector`).
+    #[arg(long, short = 'l', value_name = "SELECTOR")]
+    selector: Option<String>,
 }
 
 impl Agents {
@@ -100,6 +136,34 @@ impl Agents {
                         "agent {id} takes {release} despite its update locks, at its next contact"
                     ),
                 )
+            }
+            Agents::Restart { which, workload } => {
+                let body = serde_json::json!({ "workload": workload });
+                let what = if *workload {
+                    "its workload restarts"
+                } else {
+                    "it restarts"
+                };
+                client
+                    .command_each(which, "restart", Some(&body), what)
+                    .await?
+            }
+            Agents::RotateCredentials { which } => {
+                client
+                    .command_each(
+                        which,
+                        "rotate-credentials",
+                        None,
+                        "it is offered a new credential",
+                    )
+                    .await?
+            }
+            Agents::Move { which, to } => {
+                let body = serde_json::json!({ "to": to });
+                let what = format!("it is offered {to}");
+                client
+                    .command_each(which, "move", Some(&body), &what)
+                    .await?
             }
             Agents::Remove { id } => (
                 client.remove_agent(id).await?,
@@ -154,6 +218,60 @@ impl AdminClient {
             .get(format!("{base}/admin/agents"))
             .query(&pairs);
         self.send(base, request).await
+    }
+
+    /// `POST /admin/agents/{id}/{action}` for the agent `which` names, or each agent its
+    /// selector matches (none matching is an error, not a silent nothing). Answers the
+    /// commands asked, and a line per agent.
+    async fn command_each(
+        &self,
+        which: &Which,
+        action: &str,
+        body: Option<&Value>,
+        what: &str,
+    ) -> anyhow::Result<(Value, String)> {
+        let ids = match (&which.id, &which.selector) {
+            (Some(id), _) => vec![id.clone()],
+            (None, selector) => {
+                let query = AgentQuery {
+                    selector: selector.clone(),
+                    ..AgentQuery::default()
+                };
+                let rows = self.agents(&query).await?;
+                let ids: Vec<String> = rows
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| r["id"].as_str().map(str::to_owned))
+                    .collect();
+                if ids.is_empty() {
+                    anyhow::bail!(
+                        "no agent matches the selector {:?}; `update-server agents list --selector` shows which do",
+                        selector.as_deref().unwrap_or_default()
+                    );
+                }
+                ids
+            }
+        };
+        let base = self.base()?;
+        let mut answers = Vec::new();
+        let mut said = String::new();
+        for id in ids {
+            let mut request = self
+                .http()?
+                .post(format!("{base}/admin/agents/{id}/{action}"));
+            if let Some(body) = body {
+                request = request.json(body);
+            }
+            let answer = self.send(base, request).await?;
+            let _ = writeln!(
+                said,
+                "agent {id}: {what} at its next contact (command {})",
+                text(&answer, "id")
+            );
+            answers.push(answer);
+        }
+        Ok((Value::Array(answers), said.trim_end().to_owned()))
     }
 
     /// `DELETE /admin/agents/{id}/token`.

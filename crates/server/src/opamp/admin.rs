@@ -60,7 +60,12 @@ pub fn add_fields(row: &mut Value, stored: Option<&StoredOpamp>, now_ms: i64) {
         rc.filter(|r| !r.error.is_empty())
             .map_or(Value::Null, |r| json!(r.error)),
     );
-    obj.insert("capabilities".into(), json!(view.capabilities));
+    // Named as the specification names them, like a native agent's list.
+    obj.insert(
+        "capabilities".into(),
+        json!(agent_opamp::view::capability_names(view.capabilities)),
+    );
+    obj.insert("capability_bits".into(), json!(view.capabilities));
 }
 
 #[cfg(test)]

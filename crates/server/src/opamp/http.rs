@@ -58,11 +58,15 @@ pub async fn post(
         }
     })?;
     let gzip = codec::accepts_gzip(header_text(&headers, header::ACCEPT_ENCODING));
-    let (status, answer) = match exchange(s, &msg, true, false).await {
+    let authorization = header_text(&headers, header::AUTHORIZATION);
+    let (status, answer) = match exchange(s, &msg, true, false, authorization).await {
         Ok(done) => (StatusCode::OK, done.answer),
         Err(Refused::BadRequest(answer, why)) => {
             tracing::info!("OpAMP: refused a message: {why}");
             (StatusCode::BAD_REQUEST, *answer)
+        }
+        Err(Refused::Unauthorized(why)) => {
+            return Err(ApiError::new(StatusCode::UNAUTHORIZED, why));
         }
         Err(Refused::Unavailable) => {
             return Err(ApiError::unavailable(

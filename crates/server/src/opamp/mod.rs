@@ -14,6 +14,7 @@ pub mod ws;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agent_fleet::commands;
 use agent_fleet::db::now_ms;
 use agent_fleet::deployments::{AgentFacts, Route};
 use agent_fleet::opamp::OpampAgent;
@@ -50,6 +51,8 @@ pub enum Refused {
     BadRequest(Box<ServerToAgent>, String),
     /// The fleet database is away: come back after [`RETRY_AFTER`].
     Unavailable,
+    /// The request does not carry this agent's credential (`401`), with why.
+    Unauthorized(&'static str),
     /// The server's fault, logged.
     Internal,
 }
@@ -66,18 +69,74 @@ pub struct Exchanged {
     pub view: AgentView,
 }
 
-/// Whether the request carries the enrollment token as its bearer (always, without
-/// one configured).
+/// Whether the request may go on to its message: it carries the enrollment token as its
+/// bearer (always, without one configured), or a bearer shaped like the credential a
+/// rotation gives an agent (64 hex digits), which [`exchange`] checks against the
+/// message's uid. Anything else is refused before its body is read.
 pub fn authorized(s: &Shared, authorization: Option<&str>) -> bool {
+    enrolls(s, authorization)
+        || bearer_of(authorization)
+            .is_some_and(|b| b.len() == 64 && b.bytes().all(|c| c.is_ascii_hexdigit()))
+}
+
+fn bearer_of(authorization: Option<&str>) -> Option<&str> {
+    authorization
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+/// Whether the request carries the enrollment token (always, without one configured).
+fn enrolls(s: &Shared, authorization: Option<&str>) -> bool {
     use subtle::ConstantTimeEq;
     if s.enrollment_token.is_empty() {
         return true;
     }
-    let given = authorization
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .unwrap_or("");
+    let given = bearer_of(authorization).unwrap_or("");
     given.as_bytes().ct_eq(s.enrollment_token.as_bytes()).into()
+}
+
+/// What an agent without a credential of its own is told.
+const NEEDS_ENROLLMENT: &str =
+    "OpAMP requests need Authorization: Bearer <agents.enrollment-token>";
+/// What an agent whose credential was rotated is told when it sends another.
+const NEEDS_OWN: &str = "this OpAMP agent has a credential of its own (its connection settings were rotated): send Authorization: Bearer <that credential>";
+
+/// Whether `authorization` may speak for the agent `id`: once a rotation gave it a
+/// credential of its own, only that one (the enrollment token no longer); until then,
+/// the enrollment token. A rotation's offered credential, proved, becomes its own here.
+async fn admitted(
+    s: &Shared,
+    id: &str,
+    authorization: Option<&str>,
+    known: &agent_fleet::db::Credentials,
+) -> Result<(), Refused> {
+    use agent_fleet::credentials::{hash_token, same};
+    use agent_fleet::db::Credentials;
+    let hash = bearer_of(authorization).map(hash_token);
+    let refusal = match known {
+        Credentials::Hash(own) => {
+            if hash.as_deref().is_some_and(|h| same(own, h)) {
+                return Ok(());
+            }
+            NEEDS_OWN
+        }
+        _ if enrolls(s, authorization) => return Ok(()),
+        Credentials::Revoked(_) => return Err(Refused::Unauthorized(NEEDS_ENROLLMENT)),
+        _ => NEEDS_ENROLLMENT,
+    };
+    // Not its credential (nor the enrollment token), but perhaps the one its rotation
+    // offered: proving it makes it the agent's own.
+    let Some(hash) = hash else {
+        return Err(Refused::Unauthorized(refusal));
+    };
+    match s.fleet.accept_candidate(id, &hash).await {
+        Ok(true) => {
+            tracing::info!(agent = %id, "OpAMP: the agent proved its new credential; the old one is refused from now on");
+            Ok(())
+        }
+        Ok(false) => Err(Refused::Unauthorized(refusal)),
+        Err(e) => Err(fleet_error(&e, s)),
+    }
 }
 
 fn fleet_error(e: &agent_fleet::FleetError, s: &Shared) -> Refused {
@@ -97,6 +156,7 @@ pub async fn exchange(
     msg: &AgentToServer,
     first: bool,
     in_use_elsewhere: bool,
+    authorization: Option<&str>,
 ) -> Result<Exchanged, Refused> {
     if s.fleet.outage.is_down() {
         return Err(Refused::Unavailable);
@@ -108,6 +168,13 @@ pub async fn exchange(
         )
     })?;
     let id = uid.to_string();
+    let known = s
+        .fleet
+        .db
+        .credentials(&id)
+        .await
+        .map_err(|e| fleet_error(&e, s))?;
+    admitted(s, &id, authorization, &known).await?;
     let stored = s
         .fleet
         .db
@@ -139,12 +206,7 @@ pub async fn exchange(
     // An operator removed the agent of this uid: the uid is refused from then on. Like a
     // duplicate, it is answered with a new one and nothing for it, and the agent
     // enrolls again under the new uid (only a uid the fleet does not know is looked up).
-    if stored.is_none()
-        && matches!(
-            s.fleet.db.credentials(&id).await,
-            Ok(agent_fleet::db::Credentials::Revoked(_))
-        )
-    {
+    if stored.is_none() && matches!(known, agent_fleet::db::Credentials::Revoked(_)) {
         tracing::info!(agent = %id, "OpAMP: a removed agent's uid is refused; it is given a new one");
         obs.duplicate = true;
         obs.new_instance_uid = Some(InstanceUid::new_v7());
@@ -178,6 +240,19 @@ pub async fn exchange(
             .map_err(|e| fleet_error(&e, s))?;
         if obs.changes.remote_config {
             count_config_status(s, &id, view).await?;
+        }
+        // A restart goes alone: the offers wait for the agent's next message.
+        if answer::may_command(&obs) && restart_command(s, &id, view).await {
+            return Ok(Exchanged {
+                answer: answer::restart(&msg.instance_uid, obs.send_capabilities),
+                uid,
+                duplicate: false,
+                disconnected: false,
+                view: obs.view,
+            });
+        }
+        if !obs.disconnected {
+            offers.connection_settings = connection_offer(s, &id, view, &known).await;
         }
         if !obs.disconnected && view.has(AgentCapabilities::AcceptsRemoteConfig) {
             offers.remote_config = offer_config(s, &id, view).await?;
@@ -233,6 +308,20 @@ pub async fn push(
     }
     let id = uid.to_string();
     let view = view.clone();
+    // An operator's command for this agent, pushed at once like any news.
+    if !s.fleet.open_commands(&id).is_empty() {
+        if restart_command(s, &id, &view).await {
+            return Some(answer::restart(sent_uid, false));
+        }
+        let known = s.fleet.db.credentials(&id).await.ok()?;
+        if let Some(settings) = connection_offer(s, &id, &view, &known).await {
+            return Some(ServerToAgent {
+                instance_uid: sent_uid.to_vec(),
+                connection_settings: Some(settings),
+                ..Default::default()
+            });
+        }
+    }
     let mut offers = Offers::default();
     if view.has(AgentCapabilities::AcceptsRemoteConfig) {
         offers.remote_config = offer_config(s, &id, &view).await.ok()?;
@@ -256,6 +345,104 @@ pub async fn push(
     };
     let out = answer::answer(sent_uid, &obs, offers);
     (out.remote_config.is_some() || out.packages_available.is_some()).then_some(out)
+}
+
+/// Whether the agent `id` is told to restart now: an operator asked, and it declared
+/// `AcceptsRestartCommand`. OpAMP has no acknowledgement of a command: it is `DONE` once
+/// sent (and only sent once marked so, or it would be told again and again). A restart
+/// it cannot take ends `FAILED` with why.
+async fn restart_command(s: &Shared, id: &str, view: &AgentView) -> bool {
+    let open = s.fleet.open_commands(id);
+    let Some(command) = commands::deliver(&open).restart else {
+        return false;
+    };
+    let (status, why) = if !view.has(AgentCapabilities::AcceptsRestartCommand) {
+        (
+            commands::Status::Failed,
+            Some("the OpAMP agent does not declare AcceptsRestartCommand"),
+        )
+    } else if command.argument == commands::RESTART_WORKLOAD {
+        (
+            commands::Status::Failed,
+            Some("OpAMP has no command to restart only an agent's workload; restart the agent"),
+        )
+    } else {
+        (commands::Status::Done, None)
+    };
+    match s.fleet.finish_command(command, status, why).await {
+        Ok(_) => {
+            tracing::info!(agent = %id, command = %command.id, "OpAMP: restart {}", why.unwrap_or("sent"));
+            status == commands::Status::Done
+        }
+        Err(e) => {
+            tracing::warn!(agent = %id, "OpAMP: cannot record the restart; not sent now: {e}");
+            false
+        }
+    }
+}
+
+/// The OpAMP connection settings the agent `id` is offered now: a rotation's new
+/// credential (its hash kept as the agent's candidate until it proves it), and a move's
+/// endpoint. A move carries a credential too, since offered settings replace the
+/// agent's: a new one for an agent with its own, else the enrollment token. Only to an
+/// agent that declared `AcceptsOpAMPConnectionSettings`; for another, the commands end
+/// `FAILED` with why. A move is `DONE` once offered (OpAMP agents do not say how a
+/// connection setting ended).
+async fn connection_offer(
+    s: &Shared,
+    id: &str,
+    view: &AgentView,
+    known: &agent_fleet::db::Credentials,
+) -> Option<agent_opamp::proto::ConnectionSettingsOffers> {
+    let open = s.fleet.open_commands(id);
+    let delivery = commands::deliver(&open);
+    if delivery.rotate.is_none() && delivery.move_to.is_none() {
+        return None;
+    }
+    let asked = [delivery.rotate, delivery.move_to];
+    if !view.has(AgentCapabilities::AcceptsOpAmpConnectionSettings) {
+        for c in asked.into_iter().flatten() {
+            let why = "the OpAMP agent does not declare AcceptsOpAMPConnectionSettings";
+            if let Err(e) = s
+                .fleet
+                .finish_command(c, commands::Status::Failed, Some(why))
+                .await
+            {
+                tracing::warn!(agent = %id, "OpAMP: cannot end the command: {e}");
+            }
+        }
+        return None;
+    }
+    let mut offer = answer::ConnectionOffer::default();
+    let own = matches!(known, agent_fleet::db::Credentials::Hash(_));
+    if delivery.rotate.is_some() || own {
+        let token = agent_fleet::credentials::new_token().ok()?;
+        let hash = agent_fleet::credentials::hash_token(&token);
+        if let Err(e) = s.fleet.db.offer_candidate(id, &hash).await {
+            tracing::warn!(agent = %id, "OpAMP: cannot offer a new credential now: {e}");
+            return None;
+        }
+        offer.bearer = Some(token);
+    } else if !s.enrollment_token.is_empty() {
+        offer.bearer = Some(s.enrollment_token.clone());
+    }
+    if let Some(m) = delivery.move_to {
+        offer.destination_endpoint = Some(format!("{}{}", m.argument, agent_opamp::OPAMP_PATH));
+        if let Err(e) = s
+            .fleet
+            .finish_command(m, commands::Status::Done, None)
+            .await
+        {
+            tracing::warn!(agent = %id, "OpAMP: cannot record the move: {e}");
+        }
+    }
+    if let Some(r) = delivery.rotate
+        && let Err(e) = s.fleet.command_sent(r).await
+    {
+        tracing::warn!(agent = %id, "OpAMP: cannot mark the rotation carried: {e}");
+    }
+    tracing::info!(agent = %id, "OpAMP: offered connection settings (credential: {}, endpoint: {:?})", offer.bearer.is_some(), offer.destination_endpoint);
+    Some(answer::connection_settings(&offer))
 }
 
 /// The deployment an OpAMP agent follows, as a native agent's is found: its labels are

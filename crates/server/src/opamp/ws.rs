@@ -53,8 +53,9 @@ pub async fn upgrade(
 ) -> Response {
     let auth = headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    if !authorized(&state.inner, auth) {
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if !authorized(&state.inner, auth.as_deref()) {
         return ApiError::new(
             StatusCode::UNAUTHORIZED,
             "OpAMP connections need Authorization: Bearer <agents.enrollment-token>",
@@ -76,7 +77,7 @@ pub async fn upgrade(
         .max_write_buffer_size(2 * MAX_MESSAGE)
         .on_upgrade(move |socket| async move {
             let _held = hold.map(|Extension(h)| h.hold());
-            serve(&state.inner, socket).await;
+            serve(&state.inner, socket, auth.as_deref()).await;
         })
 }
 
@@ -92,7 +93,8 @@ fn is_too_long(e: &axum::Error) -> bool {
     text.contains("too long") || text.contains("limit exceeded") || text.contains("too big")
 }
 
-async fn serve(s: &Shared, mut socket: WebSocket) {
+/// `authorization`: the upgrade's header, which speaks for every message of the socket.
+async fn serve(s: &Shared, mut socket: WebSocket, authorization: Option<&str>) {
     let opened = Instant::now();
     let mut uid: Option<InstanceUid> = None;
     let mut said_goodbye = false;
@@ -199,7 +201,7 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
         };
         let in_use = InstanceUid::from_wire(&msg.instance_uid)
             .is_ok_and(|(u, _)| s.opamp_sockets.held_elsewhere(&u, uid.as_ref()));
-        let answer = match exchange(s, &msg, uid.is_none(), in_use).await {
+        let answer = match exchange(s, &msg, uid.is_none(), in_use, authorization).await {
             Ok(done) => {
                 if !done.duplicate && uid != Some(done.uid) {
                     if let Some(old) = uid.take() {
@@ -236,6 +238,11 @@ async fn serve(s: &Shared, mut socket: WebSocket) {
             }
             Err(Refused::Internal) => {
                 let _ = socket.send(close(INTERNAL, "internal error")).await;
+                break;
+            }
+            Err(Refused::Unauthorized(why)) => {
+                tracing::info!("OpAMP socket: {why}");
+                let _ = socket.send(close(POLICY, why)).await;
                 break;
             }
         };

@@ -142,6 +142,8 @@ pub(super) async fn agents(
         members.insert(deployment.name, rollouts.members().await?);
     }
     let opamp = s.fleet.db.opamp_agents().await?;
+    let extras = s.fleet.db.agent_extras().await?;
+    let last_commands = s.fleet.db.last_commands().await?;
     let now = agent_fleet::db::now_ms();
     // Each row is written as it is made: at 100,000 agents a JSON value per agent, all
     // held before the first was written, took a server from 330 to 654 MiB.
@@ -166,6 +168,7 @@ pub(super) async fn agents(
             continue;
         }
         let member = members.get(&deployment).and_then(|m| m.get(&a.id));
+        let row_id = a.id.clone();
         let record = AgentRecord {
             last_contact: httpdate::fmt_http_date(
                 std::time::UNIX_EPOCH
@@ -187,6 +190,14 @@ pub(super) async fn agents(
         };
         let mut row = serde_json::to_value(record).unwrap_or_default();
         crate::opamp::admin::add_fields(&mut row, stored, now);
+        add_command_fields(
+            &mut row,
+            extras.get(&row_id),
+            last_commands.get(&row_id),
+            stored.is_some(),
+            s,
+            now / 1000,
+        );
         row["labels"] = serde_json::to_value(labels).unwrap_or_default();
         row["deployment"] = serde_json::json!(deployment);
         if !first {
@@ -200,6 +211,30 @@ pub(super) async fn agents(
     }
     body.push(b']');
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// `"capabilities"`, `"credential_age_s"`, `"endpoint"` and `"last_command"` of a row:
+/// what the agent takes, how old its credential is, where it talks to, and the last
+/// command asked of it with how it ended. An OpAMP agent's capabilities are the ones
+/// it declared (`add_fields` put them in); its endpoint is this server's OpAMP URL.
+fn add_command_fields(
+    row: &mut serde_json::Value,
+    extras: Option<&agent_fleet::commands::Extras>,
+    last: Option<&agent_fleet::commands::Command>,
+    opamp: bool,
+    s: &Shared,
+    now: i64,
+) {
+    let extras = extras.cloned().unwrap_or_default();
+    if !opamp {
+        row["capabilities"] = serde_json::json!(extras.capabilities.unwrap_or_default());
+    }
+    row["credential_age_s"] = serde_json::json!(extras.credential_at.map(|at| (now - at).max(0)));
+    row["endpoint"] = match (opamp, extras.endpoint) {
+        (false, endpoint) => serde_json::json!(endpoint),
+        (true, _) => serde_json::json!(format!("{}{}", s.public_url, agent_opamp::OPAMP_PATH)),
+    };
+    row["last_command"] = last.map(|c| c.to_json()).unwrap_or(serde_json::Value::Null);
 }
 
 /// `DELETE /admin/agents/{id}/token`: the agent lost its credentials (its `data/` was
@@ -279,6 +314,69 @@ pub(super) async fn set_labels(
         Json(serde_json::json!({ "id": agent, "server_labels": server_labels, "labels": labels }))
             .into_response(),
     )
+}
+
+/// The body of `POST /admin/agents/{id}/restart` (optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RestartBody {
+    #[serde(default)]
+    workload: bool,
+}
+
+/// `POST /admin/agents/{id}/restart` `{"workload": bool}`: the agent restarts (or only
+/// its workload) at its next contact, and says when it did (`last_command` in
+/// `/admin/agents`). An operator's; audited.
+pub(super) async fn restart_agent(
+    State(state): State<AppState>,
+    auth: Auth,
+    axum::extract::Path(agent): axum::extract::Path<String>,
+    body: Option<Json<RestartBody>>,
+) -> Result<Response, ApiError> {
+    let workload = body.map(|Json(b)| b.workload).unwrap_or_default();
+    let act = Act::Restart { agent, workload };
+    commanded(perform_api(&state.inner, auth, act).await?)
+}
+
+/// `POST /admin/agents/{id}/rotate-credentials`: the agent is offered a new credential
+/// at its next contact; the old one is refused once it proves the new.
+pub(super) async fn rotate_credentials(
+    State(state): State<AppState>,
+    auth: Auth,
+    axum::extract::Path(agent): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let act = Act::RotateCredentials { agent };
+    commanded(perform_api(&state.inner, auth, act).await?)
+}
+
+/// The body of `POST /admin/agents/{id}/move`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MoveBody {
+    to: String,
+}
+
+/// `POST /admin/agents/{id}/move` `{"to": URL}`: the agent tries that server and keeps it
+/// only if it answers there.
+pub(super) async fn move_agent(
+    State(state): State<AppState>,
+    auth: Auth,
+    axum::extract::Path(agent): axum::extract::Path<String>,
+    body: Result<Json<MoveBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let MoveBody { to } = json_body(body)?;
+    let act = Act::Move { agent, to };
+    commanded(perform_api(&state.inner, auth, act).await?)
+}
+
+/// The answer to an asked command: its row as `last_command` shows it.
+fn commanded(done: Done) -> Result<Response, ApiError> {
+    let Done::Commanded(command) = done else {
+        return Err(unexpected());
+    };
+    let mut body = command.to_json();
+    body["agent"] = serde_json::json!(command.agent);
+    Ok(Json(body).into_response())
 }
 
 /// An operator action asked through the API, by whoever the request's token names.

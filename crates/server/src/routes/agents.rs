@@ -13,6 +13,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use agent_fleet::commands::{self, Command};
 use agent_fleet::credentials::{self, Verdict};
 use agent_fleet::db::{Credentials, Revocation, now_ms, now_secs};
 use agent_fleet::outage::Deferred;
@@ -100,6 +101,9 @@ enum Greeting {
         window: Option<wire::WindowOffer>,
         /// The deployment it follows.
         deployment: Option<String>,
+        /// The commands it is told (see [`agent_fleet::commands`]); made into the
+        /// answer's fields only when it is sent ([`orders`]).
+        orders: Vec<Command>,
     },
     Refused(NotSupported),
     /// Not a directive (no bundle to serve yet): answered as it is, never held.
@@ -126,10 +130,12 @@ impl Greeting {
                 token,
                 config,
                 window,
+                orders,
                 ..
             } => {
                 token.is_some()
                     || config.is_some()
+                    || commands::deliver(orders).news
                     || match (window, ahead) {
                         // An agent that downloads ahead learns of a release behind its
                         // window at once (until it says it has it); one that does not
@@ -146,7 +152,9 @@ impl Greeting {
         }
     }
 
-    fn into_response(self) -> Response {
+    /// The answer, with the agent's commands made into its fields (a rotation's new
+    /// credential is made now, once, for the answer that is sent).
+    async fn into_response(self, s: &Shared, hello: &AgentHello) -> Response {
         match self {
             Greeting::Accepted {
                 expected,
@@ -155,6 +163,7 @@ impl Greeting {
                 config,
                 window,
                 deployment,
+                orders: open,
             } => {
                 let mut body =
                     serde_json::json!({ "status": "accepted", "expected": expected.to_string() });
@@ -173,6 +182,7 @@ impl Greeting {
                 if let Some(w) = window {
                     body["window"] = serde_json::to_value(w).unwrap_or_default();
                 }
+                orders(s, hello, &open, &mut body).await;
                 Json(body).into_response()
             }
             Greeting::Refused(ns) => (StatusCode::CONFLICT, Json(ns)).into_response(),
@@ -211,7 +221,139 @@ pub(super) async fn register(
     body: Result<Json<ConnectBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let hello = hello_of(&headers, body)?;
-    Ok(greet(&state.inner, &hello, &headers).await?.into_response())
+    let s = &state.inner;
+    let greeting = greet(s, &hello, &headers).await?;
+    registered(s, &hello.hello).await;
+    Ok(greeting.into_response(s, &hello.hello).await)
+}
+
+/// What a register says of the agent beyond its contact: the commands it takes and the
+/// URL it used, kept for `/admin/agents`. Only a register (at its start, and after a
+/// failover or a move) says it, so a heartbeat costs no write of its own.
+async fn registered(s: &Shared, hello: &AgentHello) {
+    if s.fleet.outage.is_down() {
+        return;
+    }
+    let capabilities = hello.capabilities.clone().unwrap_or_default();
+    let capabilities: Vec<String> = capabilities
+        .into_iter()
+        .filter(|c| c.len() <= 64)
+        .take(32)
+        .collect();
+    let endpoint = hello.endpoint.as_deref().filter(|e| e.len() <= 2048);
+    if let Err(e) = s
+        .fleet
+        .db
+        .record_register(&hello.id, &capabilities, endpoint)
+        .await
+    {
+        if e.is_unavailable() {
+            s.fleet.outage.went_down(&e);
+        } else {
+            tracing::warn!(agent = %hello.id, "cannot keep what the agent said it takes: {e}");
+        }
+    }
+}
+
+/// The open commands of `agent` as fields of its answer: `"command"` (a restart),
+/// `"credentials"` (a rotation's new secret, whose hash becomes the agent's candidate)
+/// and `"endpoint"` (a move). Each is marked carried. A command the agent cannot carry
+/// out (its release does not say it takes it) is ended `FAILED` with why, rather than
+/// carried forever. A failure to write leaves it for the next contact.
+async fn orders(s: &Shared, hello: &AgentHello, open: &[Command], body: &mut serde_json::Value) {
+    let agent = hello.id.as_str();
+    let delivery = commands::deliver(open);
+    // What the agent says it takes, in this very call.
+    let takes = |what: &str| {
+        hello
+            .capabilities
+            .as_ref()
+            .is_some_and(|c| c.iter().any(|c| c == what))
+    };
+    let mut carried = Vec::new();
+    if let Some(c) = delivery.restart {
+        if takes(wire::CAPABILITY_RESTART) {
+            let restart = if c.argument == commands::RESTART_WORKLOAD {
+                wire::Restart::Workload
+            } else {
+                wire::Restart::Agent
+            };
+            body["command"] = serde_json::to_value(wire::AgentCommand {
+                restart: Some(restart),
+                id: c.id.clone(),
+            })
+            .unwrap_or_default();
+            carried.push(c);
+        } else {
+            cannot(s, c, wire::CAPABILITY_RESTART).await;
+        }
+    }
+    if let Some(c) = delivery.rotate {
+        if takes(wire::CAPABILITY_ROTATE) {
+            if let Some(token) = offer_credentials(s, agent).await {
+                body["credentials"] =
+                    serde_json::to_value(wire::CredentialsOffer { token }).unwrap_or_default();
+                carried.push(c);
+            }
+        } else {
+            cannot(s, c, wire::CAPABILITY_ROTATE).await;
+        }
+    }
+    if let Some(c) = delivery.move_to {
+        if takes(wire::CAPABILITY_MOVE) {
+            body["endpoint"] = serde_json::to_value(wire::EndpointOffer {
+                url: c.argument.clone(),
+                id: c.id.clone(),
+            })
+            .unwrap_or_default();
+            carried.push(c);
+        } else {
+            cannot(s, c, wire::CAPABILITY_MOVE).await;
+        }
+    }
+    for c in carried {
+        if let Err(e) = s.fleet.command_sent(c).await {
+            tracing::warn!(agent = %agent, command = %c.id, "cannot mark the command carried: {e}");
+        }
+    }
+}
+
+/// Ends `command` `FAILED`: the agent does not say it takes `what`.
+async fn cannot(s: &Shared, command: &Command, what: &str) {
+    let why = format!(
+        "this agent's release does not take this command (it does not declare the capability {what:?}); update it first"
+    );
+    tracing::info!(agent = %command.agent, command = %command.id, "{why}");
+    if let Err(e) = s
+        .fleet
+        .finish_command(command, commands::Status::Failed, Some(&why))
+        .await
+    {
+        tracing::warn!(agent = %command.agent, "cannot end the command: {e}");
+    }
+}
+
+/// A new credential for `agent`, its hash kept as the agent's candidate: `None` when it
+/// cannot be kept (the database is away), and the rotation waits for the next contact.
+async fn offer_credentials(s: &Shared, agent: &str) -> Option<String> {
+    let token = credentials::new_token()
+        .map_err(|e| tracing::error!("no randomness for a credential: {e}"))
+        .ok()?;
+    match s
+        .fleet
+        .db
+        .offer_candidate(agent, &credentials::hash_token(&token))
+        .await
+    {
+        Ok(()) => {
+            tracing::info!(agent = %agent, "offered the agent a new credential (rotation)");
+            Some(token)
+        }
+        Err(e) => {
+            tracing::warn!(agent = %agent, "cannot offer a new credential now: {e}");
+            None
+        }
+    }
 }
 
 /// `connect?wait=<seconds>&known=<sha256>`.
@@ -241,7 +383,10 @@ pub(super) async fn connect(
     let hello = hello_of(&headers, body)?;
     let wait = Duration::from_secs(hold.wait.unwrap_or(0)).min(s.max_wait);
     if wait.is_zero() {
-        return Ok(greet(s, &hello, &headers).await?.into_response());
+        return Ok(greet(s, &hello, &headers)
+            .await?
+            .into_response(s, &hello.hello)
+            .await);
     }
     let known = hold.known.as_deref();
     let ahead = hold.ahead.as_deref();
@@ -286,7 +431,7 @@ pub(super) async fn connect(
             break;
         }
     }
-    let mut response = greeting.into_response();
+    let mut response = greeting.into_response(s, &hello.hello).await;
     response.headers_mut().insert(
         wire::LONG_POLL_HEADER,
         HeaderValue::from(s.max_wait.as_secs()),
@@ -500,6 +645,12 @@ async fn accept(
     if config.is_some() {
         inc(&s.metrics.configs_sent);
     }
+    // An agent just given its first credentials is told nothing else yet.
+    let orders = if token.is_none() {
+        s.fleet.open_commands(&hello.hello.id)
+    } else {
+        Vec::new()
+    };
     Ok(Greeting::Accepted {
         expected,
         no_bundle,
@@ -507,6 +658,7 @@ async fn accept(
         config,
         window,
         deployment: None,
+        orders,
     })
 }
 
@@ -695,6 +847,19 @@ pub(super) async fn authenticate(
         .get(wire::ENROLLMENT_HEADER)
         .and_then(|v| v.to_str().ok());
     let verdict = credentials::decide(&known, presented, &s.enrollment_token, enrollment);
+    // Not its credential, but perhaps the one a rotation offered it: proving it is what
+    // makes it the agent's credential, and the old one refused.
+    if let (Verdict::Deny(_), Credentials::Hash(_), Some(hash)) = (&verdict, &known, &hash) {
+        match s.fleet.accept_candidate(id, hash).await {
+            Ok(true) => {
+                tracing::info!(agent = %id, "the agent proved its new credential; the old one is refused from now on");
+                return Ok(Verdict::Allow { issue: false });
+            }
+            Ok(false) => {}
+            Err(e) if e.is_unavailable() => s.fleet.outage.went_down(&e),
+            Err(e) => return Err(e.into()),
+        }
+    }
     if let (Verdict::Allow { issue: false }, Some(hash)) = (&verdict, &hash) {
         s.fleet.remember_verified(id, hash);
     }
@@ -816,6 +981,39 @@ pub(super) async fn leave(
     Ok(Json(serde_json::json!({ "id": leave.id, "status": "LEFT" })).into_response())
 }
 
+/// `POST /agent/command-status` `{"id", "status": "DONE"|"FAILED", "error"}`: how a
+/// command the agent was told ended (a restart, a move). Only the agent the command was
+/// for may say (its credentials); a repeat is taken as the first was.
+pub(super) async fn command_status(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<wire::CommandStatus>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let said = json_body(body)?;
+    check_id(&said.id)?;
+    let s = &state.inner;
+    let error = checked_error(said.error, "command status")?;
+    let Some(command) = s.fleet.db.command(&said.id).await? else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no such command in this fleet (it was replaced by a later one, or the agent was removed)",
+        ));
+    };
+    authenticate_enrolled(s, &command.agent, &headers, REPORT_NOT_ENROLLED).await?;
+    let status = match said.status {
+        wire::CommandOutcome::Done => commands::Status::Done,
+        wire::CommandOutcome::Failed => commands::Status::Failed,
+    };
+    let taken = s
+        .fleet
+        .finish_command(&command, status, error.as_deref())
+        .await?;
+    if taken {
+        tracing::info!(agent = %command.agent, command = %command.id, kind = command.kind.as_str(), argument = %command.argument, error = ?error, "command {}", status.as_str());
+    }
+    Ok(Json(serde_json::json!({ "id": command.id, "status": status.as_str() })).into_response())
+}
+
 /// `POST /agentupdate/report`, from any version.
 pub(super) async fn report(
     State(state): State<AppState>,
@@ -907,6 +1105,7 @@ mod tests {
                 opens_at: 1,
             }),
             deployment: None,
+            orders: Vec::new(),
         };
         assert!(
             waiting.is_news(None, Some("1")),

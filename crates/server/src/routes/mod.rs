@@ -111,6 +111,13 @@ pub fn router(state: &AppState) -> Router<AppState> {
             post(admin::override_locks),
         )
         .route("/admin/agents/{id}/labels", post(admin::set_labels))
+        .route("/admin/agents/{id}/restart", post(admin::restart_agent))
+        .route(
+            "/admin/agents/{id}/rotate-credentials",
+            post(admin::rotate_credentials),
+        )
+        .route("/admin/agents/{id}/move", post(admin::move_agent))
+        .route(wire::COMMAND_STATUS_PATH, post(agents::command_status))
         .route(
             "/admin/agents/{id}/token",
             axum::routing::delete(admin::forget_token),

@@ -494,15 +494,15 @@ async fn agent(
         ));
     };
     let history = source::history(s, &id).await?;
-    Ok(render(
-        StatusCode::OK,
-        &views::AgentPage::new(
-            Frame::new("Agent", &csrf, now),
-            views::AgentView::new(&a, page.options.heartbeat, now),
-            &history,
-            now,
-        ),
-    ))
+    let last_command = s.fleet.db.last_commands().await?.remove(&id);
+    let mut view = views::AgentPage::new(
+        Frame::new("Agent", &csrf, now),
+        views::AgentView::new(&a, page.options.heartbeat, now),
+        &history,
+        now,
+    );
+    view.last_command = last_command.map(|c| views::CommandView::new(&c, now));
+    Ok(render(StatusCode::OK, &view))
 }
 
 async fn rollouts_page(
@@ -678,9 +678,10 @@ async fn decide(
 }
 
 /// An agent page's button, checked like every POST, then the action the admin API
-/// performs: **Remove** (then the fleet list, without it) or **Override locks** (the
-/// agent's update locks no longer hold off the release the fleet rolls out; back to the
-/// agent's page, which shows it).
+/// performs: **Remove** (then the fleet list, without it), **Override locks** (the
+/// agent's update locks no longer hold off the release the fleet rolls out), **Restart**
+/// or **Restart workload** (at its next contact); back to the agent's page, which shows
+/// it.
 async fn agent_button(
     State(page): State<Page>,
     Path((agent, button)): Path<(String, String)>,
@@ -691,10 +692,24 @@ async fn agent_button(
     let (act, done_at) = match button.as_str() {
         "remove" => (Act::RemoveAgent { agent }, "/agents".to_owned()),
         "override-locks" => (Act::OverrideLocks { agent }, back),
+        "restart" => (
+            Act::Restart {
+                agent,
+                workload: false,
+            },
+            back,
+        ),
+        "restart-workload" => (
+            Act::Restart {
+                agent,
+                workload: true,
+            },
+            back,
+        ),
         _ => {
             return Ok(refused(
                 StatusCode::NOT_FOUND,
-                "no such action: an agent's buttons are Remove and Override locks",
+                "no such action: an agent's buttons are Remove, Override locks, Restart and Restart workload",
             ));
         }
     };

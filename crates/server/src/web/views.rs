@@ -530,6 +530,30 @@ pub struct AgentPage {
     pub frame: Frame,
     pub a: AgentView,
     pub history: Vec<HistoryView>,
+    /// The last command asked of it (a restart, a rotation, a move), if any.
+    pub last_command: Option<CommandView>,
+}
+
+/// A command as the agent's page shows it.
+pub struct CommandView {
+    /// `restart agent`, `move http://…`, `rotate-credentials`.
+    pub what: String,
+    pub status: String,
+    pub error: String,
+    pub when: String,
+}
+
+impl CommandView {
+    pub fn new(c: &agent_fleet::commands::Command, now: i64) -> Self {
+        Self {
+            what: format!("{} {}", c.kind.as_str(), c.argument)
+                .trim_end()
+                .to_owned(),
+            status: c.status.as_str().to_owned(),
+            error: c.error.clone().unwrap_or_default(),
+            when: when(Some(c.updated_at as f64), now),
+        }
+    }
 }
 
 impl AgentPage {
@@ -549,6 +573,7 @@ impl AgentPage {
                     error: h.error.clone().unwrap_or_default(),
                 })
                 .collect(),
+            last_command: None,
         }
     }
 }

@@ -140,6 +140,7 @@ fn spawn_agent(home: &AgentHome) -> std::io::Result<Child> {
         // Started by an updater or not, the agent's own later hand-offs and the
         // recovery after a crash are its own.
         .env_remove(env_vars::AGENT_UPDATER_ACTIVE)
+        .env(env_vars::AGENT_SUPERVISED, "1")
         .stdin(Stdio::null())
         .stdout(o)
         .stderr(e)

@@ -250,6 +250,7 @@ impl Supervisor {
             .current_dir(self.home.root())
             .env("AGENT_HOME", self.home.root())
             .env_remove(agent_protocol::env_vars::AGENT_UPDATER_ACTIVE)
+            .env(agent_protocol::env_vars::AGENT_SUPERVISED, "1")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
