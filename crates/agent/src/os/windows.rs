@@ -1,33 +1,25 @@
 // The stop event is a Win32 named event: no safe wrapper exists in std or tokio.
 #![allow(unsafe_code)]
 
+use std::os::windows::io::{AsRawHandle, FromRawHandle, OwnedHandle};
 use std::os::windows::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
-use windows_sys::Win32::Foundation::{CloseHandle, HANDLE, WAIT_OBJECT_0};
+use windows_sys::Win32::Foundation::WAIT_OBJECT_0;
 use windows_sys::Win32::System::Threading::{
     CREATE_BREAKAWAY_FROM_JOB, CREATE_NEW_PROCESS_GROUP, CreateEventW, DETACHED_PROCESS, INFINITE,
     WaitForSingleObject,
 };
 
-struct Event(HANDLE);
-
-// SAFETY: a kernel handle may be waited on and closed from any thread.
-unsafe impl Send for Event {}
+/// The stop event, closed when dropped.
+struct Event(OwnedHandle);
 
 impl Event {
     /// Blocks until the event is set.
     fn wait(&self) -> bool {
         // SAFETY: a live event handle, owned by self.
-        unsafe { WaitForSingleObject(self.0, INFINITE) == WAIT_OBJECT_0 }
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        // SAFETY: the handle this module created; nothing else closes it.
-        unsafe { CloseHandle(self.0) };
+        unsafe { WaitForSingleObject(self.0.as_raw_handle(), INFINITE) == WAIT_OBJECT_0 }
     }
 }
 
@@ -41,7 +33,8 @@ pub fn stop_signal() -> impl std::future::Future<Output = ()> {
         .collect();
     // SAFETY: a NUL-terminated name; manual reset, not signalled; null is checked.
     let handle = unsafe { CreateEventW(std::ptr::null(), 1, 0, name.as_ptr()) };
-    let event = (!handle.is_null()).then_some(Event(handle));
+    // SAFETY: a handle just created here, owned by nothing else.
+    let event = (!handle.is_null()).then(|| Event(unsafe { OwnedHandle::from_raw_handle(handle) }));
     if event.is_none() {
         tracing::warn!(
             "cannot create the stop event {}: {}; the service will end this agent with its job",

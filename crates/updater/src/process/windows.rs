@@ -4,11 +4,12 @@
 // Win32 calls: std has no process inspection beyond its own children.
 #![allow(unsafe_code)]
 
+use std::os::windows::io::{AsRawHandle, FromRawHandle, OwnedHandle};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use agent_protocol::layout::{self, AgentHome};
-use windows_sys::Win32::Foundation::{CloseHandle, HANDLE, STILL_ACTIVE};
+use windows_sys::Win32::Foundation::{HANDLE, STILL_ACTIVE};
 use windows_sys::Win32::System::Diagnostics::ToolHelp::{
     CreateToolhelp32Snapshot, PROCESSENTRY32W, Process32FirstW, Process32NextW, TH32CS_SNAPPROCESS,
 };
@@ -18,20 +19,15 @@ use windows_sys::Win32::System::Threading::{
     TerminateProcess,
 };
 
-/// A handle closed when dropped.
-struct Owned(HANDLE);
-
-impl Drop for Owned {
-    fn drop(&mut self) {
-        // SAFETY: a handle this module opened and nothing else closes.
-        unsafe { CloseHandle(self.0) };
-    }
+/// A handle this module just opened, owned (closed when dropped); `None` for null.
+fn owned(h: HANDLE) -> Option<OwnedHandle> {
+    // SAFETY: a live handle that nothing else owns or closes.
+    (!h.is_null()).then(|| unsafe { OwnedHandle::from_raw_handle(h) })
 }
 
-fn open(pid: u32, access: u32) -> Option<Owned> {
+fn open(pid: u32, access: u32) -> Option<OwnedHandle> {
     // SAFETY: plain call; a null handle is checked.
-    let h = unsafe { OpenProcess(access, 0, pid) };
-    (!h.is_null()).then_some(Owned(h))
+    owned(unsafe { OpenProcess(access, 0, pid) })
 }
 
 pub fn is_alive(pid: u32) -> bool {
@@ -40,7 +36,7 @@ pub fn is_alive(pid: u32) -> bool {
     };
     let mut code = 0u32;
     // SAFETY: a live handle and a valid out pointer.
-    let ok = unsafe { GetExitCodeProcess(h.0, &mut code) };
+    let ok = unsafe { GetExitCodeProcess(h.as_raw_handle(), &mut code) };
     ok != 0 && code == STILL_ACTIVE as u32
 }
 
@@ -50,8 +46,14 @@ pub(super) fn image_path(pid: u32) -> Option<PathBuf> {
     let mut buf = vec![0u16; 32768];
     let mut len = buf.len() as u32;
     // SAFETY: `len` is the buffer's size in u16s; the call writes at most that many.
-    let ok =
-        unsafe { QueryFullProcessImageNameW(h.0, PROCESS_NAME_WIN32, buf.as_mut_ptr(), &mut len) };
+    let ok = unsafe {
+        QueryFullProcessImageNameW(
+            h.as_raw_handle(),
+            PROCESS_NAME_WIN32,
+            buf.as_mut_ptr(),
+            &mut len,
+        )
+    };
     if ok == 0 {
         return None;
     }
@@ -97,17 +99,19 @@ fn processes() -> Vec<(u32, u32)> {
     if snap.is_null() || snap as isize == -1 {
         return Vec::new();
     }
-    let snap = Owned(snap);
+    let Some(snap) = owned(snap) else {
+        return Vec::new();
+    };
     // SAFETY: PROCESSENTRY32W is plain data; dwSize is set before use as the API asks.
     let mut entry: PROCESSENTRY32W = unsafe { std::mem::zeroed() };
     entry.dwSize = std::mem::size_of::<PROCESSENTRY32W>() as u32;
     let mut pids = Vec::new();
     // SAFETY: a live snapshot handle and an entry with its size set.
-    let mut more = unsafe { Process32FirstW(snap.0, &mut entry) } != 0;
+    let mut more = unsafe { Process32FirstW(snap.as_raw_handle(), &mut entry) } != 0;
     while more {
         pids.push((entry.th32ProcessID, entry.th32ParentProcessID));
         // SAFETY: as above.
-        more = unsafe { Process32NextW(snap.0, &mut entry) } != 0;
+        more = unsafe { Process32NextW(snap.as_raw_handle(), &mut entry) } != 0;
     }
     pids
 }
@@ -140,15 +144,17 @@ pub(super) fn terminate(pid: u32) {
     if event.is_null() {
         return;
     }
-    let event = Owned(event);
+    let Some(event) = owned(event) else {
+        return;
+    };
     // SAFETY: a live event handle.
-    unsafe { SetEvent(event.0) };
+    unsafe { SetEvent(event.as_raw_handle()) };
 }
 
 pub(super) fn kill(pid: u32) {
     if let Some(h) = open(pid, PROCESS_TERMINATE) {
         // SAFETY: a live handle with terminate access.
-        unsafe { TerminateProcess(h.0, 1) };
+        unsafe { TerminateProcess(h.as_raw_handle(), 1) };
     }
 }
 

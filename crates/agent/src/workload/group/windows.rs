@@ -7,12 +7,13 @@
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
+use std::os::windows::io::{AsRawHandle, FromRawHandle, OwnedHandle};
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use agent_protocol::layout::AgentHome;
-use windows_sys::Win32::Foundation::{CloseHandle, FILETIME, HANDLE};
+use windows_sys::Win32::Foundation::{FILETIME, HANDLE};
 use windows_sys::Win32::System::JobObjects::{
     AssignProcessToJobObject, CreateJobObjectW, JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE,
     JOBOBJECT_EXTENDED_LIMIT_INFORMATION, JobObjectExtendedLimitInformation,
@@ -34,25 +35,18 @@ pub enum Stopped {
     Killed,
 }
 
-struct Handle(HANDLE);
-
-// SAFETY: a kernel handle may be used and closed from any thread.
-unsafe impl Send for Handle {}
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        // SAFETY: a handle this module opened and nothing else closes.
-        unsafe { CloseHandle(self.0) };
-    }
+/// A handle this module just opened, owned (closed when dropped); `None` for null.
+fn owned(h: HANDLE) -> Option<OwnedHandle> {
+    // SAFETY: a live handle that nothing else owns or closes.
+    (!h.is_null()).then(|| unsafe { OwnedHandle::from_raw_handle(h) })
 }
 
 /// The job of each workload this agent started, by the workload's pid.
-static JOBS: Mutex<Option<HashMap<u32, Handle>>> = Mutex::new(None);
+static JOBS: Mutex<Option<HashMap<u32, OwnedHandle>>> = Mutex::new(None);
 
-fn open(pid: u32, access: u32) -> Option<Handle> {
+fn open(pid: u32, access: u32) -> Option<OwnedHandle> {
     // SAFETY: plain call; a null handle is checked.
-    let h = unsafe { OpenProcess(access, 0, pid) };
-    (!h.is_null()).then_some(Handle(h))
+    owned(unsafe { OpenProcess(access, 0, pid) })
 }
 
 /// The process's creation time (100 ns units since 1601): with the pid, it names one
@@ -65,7 +59,15 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     };
     let (mut created, mut exited, mut kernel, mut user) = (zero, zero, zero, zero);
     // SAFETY: a live handle and four valid out pointers.
-    let ok = unsafe { GetProcessTimes(h.0, &mut created, &mut exited, &mut kernel, &mut user) };
+    let ok = unsafe {
+        GetProcessTimes(
+            h.as_raw_handle(),
+            &mut created,
+            &mut exited,
+            &mut kernel,
+            &mut user,
+        )
+    };
     if ok == 0 || !agent_updater::process::is_alive(pid) {
         return None;
     }
@@ -94,17 +96,14 @@ pub fn adopt(pid: u32) -> std::io::Result<()> {
     let last = std::io::Error::last_os_error;
     // SAFETY: plain call; a null handle is checked.
     let job = unsafe { CreateJobObjectW(std::ptr::null(), std::ptr::null()) };
-    if job.is_null() {
-        return Err(last());
-    }
-    let job = Handle(job);
+    let job = owned(job).ok_or_else(last)?;
     // SAFETY: plain data, zeroed as the API expects before the flags are set.
     let mut limits: JOBOBJECT_EXTENDED_LIMIT_INFORMATION = unsafe { std::mem::zeroed() };
     limits.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE;
     // SAFETY: a live job handle and a pointer to a struct of the size passed.
     let ok = unsafe {
         SetInformationJobObject(
-            job.0,
+            job.as_raw_handle(),
             JobObjectExtendedLimitInformation,
             (&raw const limits).cast(),
             std::mem::size_of::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>() as u32,
@@ -115,7 +114,7 @@ pub fn adopt(pid: u32) -> std::io::Result<()> {
     }
     let process = open(pid, PROCESS_SET_QUOTA | PROCESS_TERMINATE).ok_or_else(last)?;
     // SAFETY: live job and process handles.
-    if unsafe { AssignProcessToJobObject(job.0, process.0) } == 0 {
+    if unsafe { AssignProcessToJobObject(job.as_raw_handle(), process.as_raw_handle()) } == 0 {
         return Err(last());
     }
     let mut jobs = JOBS.lock().unwrap_or_else(|p| p.into_inner());
@@ -133,7 +132,7 @@ pub async fn stop(pid: u32, timeout: Duration) -> Stopped {
     let how = match job {
         Some(job) => {
             // SAFETY: a live job handle; dropping it afterwards closes it.
-            unsafe { TerminateJobObject(job.0, 1) };
+            unsafe { TerminateJobObject(job.as_raw_handle(), 1) };
             Stopped::Terminated
         }
         None => {
@@ -142,7 +141,7 @@ pub async fn stop(pid: u32, timeout: Duration) -> Stopped {
             }
             if let Some(h) = open(pid, PROCESS_TERMINATE) {
                 // SAFETY: a live handle with terminate access.
-                unsafe { TerminateProcess(h.0, 1) };
+                unsafe { TerminateProcess(h.as_raw_handle(), 1) };
             }
             Stopped::Killed
         }
