@@ -903,3 +903,63 @@ fn deployments_show_on_the_page_and_their_buttons_steer_only_their_rollout() {
     );
     assert_eq!(b.alert(), None, "a script ran");
 }
+
+/// The agent view's Restart buttons, in Chromium (the commands issue, item 1): each asks
+/// its command of that agent through the page's form (CSRF), the admin API lists it as
+/// the agent's last command, and the audit log says it came from the page.
+#[test]
+fn the_agent_views_restart_buttons_ask_a_restart_of_that_agent() {
+    let ctx = TestContext::new();
+    let (key, _) = ctx.keygen("keys");
+    let bundle = ctx.pack(&ctx.dist("d"), "1.0.0", "1", &key, "b");
+    let server = ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
+    ctx.publish_served(&server, &bundle);
+    register(&server, "agent-r", "web-restart", "", "");
+    register(&server, "agent-q", "web-quiet", "", "");
+    let last_command = |id: &str| {
+        admin_agents(server.port, TOKEN)
+            .into_iter()
+            .find(|a| a["id"] == id)
+            .map(|a| a["last_command"].clone())
+            .unwrap_or(Value::Null)
+    };
+
+    let b = Browser::start(&ctx);
+    sign_in_browser(&b, &server, TOKEN);
+    b.goto(&server.url("/agents/agent-r"));
+    b.click(&b.find("form.restart-workload button"));
+    wait_until(
+        Duration::from_secs(30),
+        "the workload restart asked",
+        || last_command("agent-r")["argument"] == "workload",
+    );
+    let asked = last_command("agent-r");
+    assert_eq!(asked["kind"], "restart", "{asked}");
+    b.goto(&server.url("/agents/agent-r"));
+    b.click(&b.find("form.restart button"));
+    wait_until(Duration::from_secs(30), "the agent restart asked", || {
+        last_command("agent-r")["argument"] == "agent"
+    });
+    assert_eq!(
+        last_command("agent-q"),
+        Value::Null,
+        "another agent was asked"
+    );
+    let (status, audit) = e2e::admin_call(
+        &server,
+        TOKEN,
+        "GET",
+        "/admin/audit?action=agent.restart",
+        "",
+    );
+    assert_eq!(status, 200, "{audit}");
+    let entries = audit["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{audit}");
+    assert!(
+        entries
+            .iter()
+            .all(|e| e["outcome"] == "done" && e["details"]["via"] == "page"),
+        "{audit}"
+    );
+    assert_eq!(b.alert(), None, "a script ran");
+}
