@@ -530,11 +530,7 @@ fn maintenance_windows_and_waves_are_fleet_data_every_server_follows() {
     let pg = e2e::Postgres::start();
     let ctx = TestContext::new();
     let (key, public) = ctx.keygen("keys");
-    let now = e2e::now_secs();
-    let b1 = ctx.pack_signed_at(&ctx.dist("d1"), "1.0.0", "1", &key, "b1", now - 60);
-    let dist = ctx.dist("d2");
-    fs::write(dist.join("README.txt"), "Release 2.\n").unwrap();
-    ctx.pack_signed_at(&dist, "2.0.0", "2", &key, "b2", now);
+    let b1 = ctx.two_releases(&key);
     let url = pg.url();
     let public = public.display().to_string();
     let config = ctx.path("server-a.toml");

@@ -932,11 +932,7 @@ fn the_node_client_honours_a_503_and_its_retry_after() {
 fn an_opamp_agents_attributes_choose_its_deployment_and_the_release_offered() {
     let ctx = TestContext::new();
     let (key, public) = ctx.keygen("keys");
-    let now = e2e::now_secs();
-    ctx.pack_signed_at(&ctx.dist("d1"), "1.0.0", "1", &key, "b1", now - 60);
-    let d2 = ctx.dist("d2");
-    std::fs::write(d2.join("README.txt"), "Release 2.\n").unwrap();
-    ctx.pack_signed_at(&d2, "2.0.0", "2", &key, "b2", now);
+    ctx.two_releases(&key);
     let public = public.display().to_string();
     let server = ctx.server(
         "home",

@@ -188,6 +188,17 @@ impl TestContext {
         let at = signed_at.to_string();
         self.pack_with(dist, version, build, key, out, &["--signed-at", &at])
     }
+
+    /// Two releases for publishing in order: 1.0.0+1 in `b1` (signed a minute ago) and
+    /// 2.0.0+2 in `b2` (signed now, a README of its own); the first's bundle.
+    pub fn two_releases(&self, key: &Path) -> PathBuf {
+        let now = now_secs();
+        let b1 = self.pack_signed_at(&self.dist("d1"), "1.0.0", "1", key, "b1", now - 60);
+        let d2 = self.dist("d2");
+        fs::write(d2.join("README.txt"), "Release 2.\n").unwrap();
+        self.pack_signed_at(&d2, "2.0.0", "2", key, "b2", now);
+        b1
+    }
 }
 
 /// Starts each installed agent through its wrapper, all at once, and waits until every

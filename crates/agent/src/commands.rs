@@ -1,6 +1,6 @@
-//! An operator's commands to this agent (DESIGN.md, "Commands and connection settings"):
-//! restart the agent or only its workload, move to another server URL. (A credential
-//! rotation is the client's: see `contact::rotation`.)
+//! An operator's commands to this agent (docs/commands.md): restart the agent or only
+//! its workload, move to another server URL. (A credential rotation is the client's: see
+//! `contact::rotation`.)
 //!
 //! A server carries a command at every contact until it hears how it ended, so the
 //! agent keeps the last one in `data/command.json` with its outcome and whether a

@@ -1,6 +1,6 @@
 //! What an operator asks of an agent beyond a release, as the OpAMP seed's server
-//! offers it (DESIGN.md, "Commands and connection settings"): restart the agent or only
-//! its workload, rotate its credential, move it to another server URL.
+//! offers it (docs/commands.md): restart the agent or only its workload, rotate its
+//! credential, move it to another server URL.
 //!
 //! One model for every protocol: a command is a row of `agent_commands` (the latest of
 //! each kind per agent), `PENDING` until a contact carries it, `SENT` until the agent

@@ -623,7 +623,7 @@ impl Deployments {
             }
         }
         if windows_changed || changed {
-            self.windows_read(&list, windows);
+            self.windows_read(&list, windows, windows_changed);
         }
         if changed {
             self.table.set(list);
@@ -634,27 +634,22 @@ impl Deployments {
 
     /// The fleet's windows read anew (or its deployments): each deployment waits for its
     /// own, and what this server's file says is compared with `default`'s.
-    fn windows_read(&self, list: &[Deployment], windows: Vec<crate::policy::StoredWindow>) {
-        let before = self
-            .windows
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if before.as_ref() != Some(&windows) {
+    /// `moved`: the windows differ from those last read (not only the deployments).
+    fn windows_read(
+        &self,
+        list: &[Deployment],
+        windows: Vec<crate::policy::StoredWindow>,
+        moved: bool,
+    ) {
+        if moved {
+            let mut every = Vec::new();
             for d in list {
                 let own = crate::policy::schedule_of(&windows, &d.name);
+                every.extend_from_slice(own.windows());
                 if let Some(rollouts) = self.rollouts(&d.name) {
                     rollouts.set_maintenance(own);
                 }
             }
-            let every: Vec<_> = list
-                .iter()
-                .flat_map(|d| {
-                    crate::policy::schedule_of(&windows, &d.name)
-                        .windows()
-                        .to_vec()
-                })
-                .collect();
             self.every_window
                 .send_replace(Arc::new(crate::maintenance::Schedule::new(every)));
         }

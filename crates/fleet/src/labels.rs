@@ -68,6 +68,22 @@ pub fn of_agent(row: &crate::db::AgentRow, opamp_view: Option<&str>) -> Labels {
     )
 }
 
+/// An agent's effective labels from its row's columns: its own and the server's labels as
+/// stored (JSON text), and the built-ins of its platform, group and version.
+pub fn of_columns(
+    own: Option<&str>,
+    server: Option<&str>,
+    platform: &str,
+    group: &str,
+    version: &str,
+) -> Labels {
+    effective(
+        &from_json(own),
+        &from_json(server),
+        built_in(platform, group, version),
+    )
+}
+
 /// A change to an agent's server labels: `{"set": {…}, "remove": […]}` of
 /// `POST /admin/agents/<id>/labels`, or `k=v k2-` of `update-server agent label`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -773,8 +773,18 @@ impl Client {
 
     /// `POST /agent/config-status`.
     pub async fn config_status(&self, status: &ConfigStatus) -> Result<(), CommError> {
-        let url = self.url(wire::CONFIG_STATUS_PATH);
-        let request = self.http.post(&url).timeout(REQUEST_TIMEOUT).json(status);
+        self.post_status(self.url(wire::CONFIG_STATUS_PATH), status)
+            .await
+    }
+
+    /// Posts an agent's status `body` to `url` with its credentials: taken, or the
+    /// server's refusal in words.
+    async fn post_status(
+        &self,
+        url: String,
+        body: &impl serde::Serialize,
+    ) -> Result<(), CommError> {
+        let request = self.http.post(&url).timeout(REQUEST_TIMEOUT).json(body);
         let resp = self
             .identified(request, false)
             .send()
@@ -800,19 +810,8 @@ impl Client {
         base: &str,
         status: &wire::CommandStatus,
     ) -> Result<(), CommError> {
-        let url = format!("{base}{}", wire::COMMAND_STATUS_PATH);
-        let request = self.http.post(&url).timeout(REQUEST_TIMEOUT).json(status);
-        let resp = self
-            .identified(request, false)
-            .send()
+        self.post_status(format!("{base}{}", wire::COMMAND_STATUS_PATH), status)
             .await
-            .map_err(|e| network(&url, e))?;
-        if resp.status().is_success() {
-            Ok(())
-        } else {
-            let status = resp.status();
-            Err(status_error(&url, status, resp).await)
-        }
     }
 
     /// A register at `base` (a server this agent is moved to), with this agent's

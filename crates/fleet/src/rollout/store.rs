@@ -415,12 +415,12 @@ pub async fn live_agents<'e>(
         .map(|r| {
             let (id, group, version, platform): (String, String, String, String) =
                 (r.get(0), r.get(1), r.get(2), r.get(3));
-            let own = crate::labels::from_json(r.get::<Option<String>, _>(4).as_deref());
-            let server = crate::labels::from_json(r.get::<Option<String>, _>(5).as_deref());
-            let labels = crate::labels::effective(
-                &own,
-                &server,
-                crate::labels::built_in(&platform, &group, &version),
+            let labels = crate::labels::of_columns(
+                r.get::<Option<String>, _>(4).as_deref(),
+                r.get::<Option<String>, _>(5).as_deref(),
+                &platform,
+                &group,
+                &version,
             );
             LiveAgent {
                 id,

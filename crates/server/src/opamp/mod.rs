@@ -450,14 +450,8 @@ async fn connection_offer(
 /// platform, group and version. While the fleet database is away, the one this server
 /// last answered it by.
 async fn route(s: &Shared, id: &str, view: &AgentView) -> Route {
-    let (reported, platform, version) = described(view);
-    let facts = AgentFacts {
-        id,
-        reported: Some(&reported),
-        platform: &platform,
-        group: view.group(),
-        version: &version,
-    };
+    let described = Described::of(view);
+    let facts = described.facts(id, view);
     let deployments = &s.fleet.deployments;
     if s.fleet.outage.is_down() {
         return deployments.route_offline(&facts);
@@ -477,18 +471,40 @@ async fn route(s: &Shared, id: &str, view: &AgentView) -> Route {
 
 /// What an OpAMP agent says of itself for a selector: its non-identifying attributes
 /// that are labels, its platform and its version.
-fn described(view: &AgentView) -> (agent_fleet::labels::Labels, String, String) {
-    let reported = view
-        .description
-        .as_ref()
-        .map_or_else(Default::default, |d| {
-            agent_fleet::labels::from_attributes(
-                d.non_identifying
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str())),
-            )
-        });
-    (reported, platform_of(view), version_of(view))
+struct Described {
+    reported: agent_fleet::labels::Labels,
+    platform: String,
+    version: String,
+}
+
+impl Described {
+    fn of(view: &AgentView) -> Self {
+        let reported = view
+            .description
+            .as_ref()
+            .map_or_else(Default::default, |d| {
+                agent_fleet::labels::from_attributes(
+                    d.non_identifying
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_str())),
+                )
+            });
+        Self {
+            reported,
+            platform: platform_of(view),
+            version: version_of(view),
+        }
+    }
+
+    fn facts<'a>(&'a self, id: &'a str, view: &'a AgentView) -> AgentFacts<'a> {
+        AgentFacts {
+            id,
+            reported: Some(&self.reported),
+            platform: &self.platform,
+            group: view.group(),
+            version: &self.version,
+        }
+    }
 }
 
 /// The bundle of the release of the agent's deployment (`release`; `None`: the served
@@ -621,18 +637,11 @@ async fn offer_config(
         .unwrap_or_default();
     // A set keyed by a selector may be the agent's: its labels decide.
     let labels = if s.fleet.configs.has_selectors() {
-        let (reported, platform, version) = described(view);
-        let facts = AgentFacts {
-            id,
-            reported: Some(&reported),
-            platform: &platform,
-            group: view.group(),
-            version: &version,
-        };
+        let described = Described::of(view);
         Some(
             s.fleet
                 .deployments
-                .labels_of(&facts)
+                .labels_of(&described.facts(id, view))
                 .await
                 .map_err(|e| fleet_error(&e, s))?,
         )

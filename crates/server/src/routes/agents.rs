@@ -671,15 +671,21 @@ struct Routed {
     release: Option<String>,
 }
 
-async fn route(s: &Shared, hello: &AgentHello, version: &AgentVersion) -> Result<Routed, ApiError> {
-    let version = version.to_string();
-    let facts = agent_fleet::deployments::AgentFacts {
+/// What an agent says of itself at a contact, as a selector sees it (`version`: its
+/// version as text).
+fn facts<'a>(hello: &'a AgentHello, version: &'a str) -> agent_fleet::deployments::AgentFacts<'a> {
+    agent_fleet::deployments::AgentFacts {
         id: &hello.id,
         reported: hello.labels.as_ref(),
         platform: &hello.platform,
         group: hello.group.as_deref().unwrap_or(""),
-        version: &version,
-    };
+        version,
+    }
+}
+
+async fn route(s: &Shared, hello: &AgentHello, version: &AgentVersion) -> Result<Routed, ApiError> {
+    let version = version.to_string();
+    let facts = facts(hello, &version);
     let deployments = &s.fleet.deployments;
     let route = if s.fleet.outage.is_down() {
         deployments.route_offline(&facts)
@@ -749,14 +755,7 @@ async fn config_directive(
     // A set keyed by a selector may be the agent's: its labels decide.
     let labels = if s.fleet.configs.has_selectors() {
         let version = version.to_string();
-        let facts = agent_fleet::deployments::AgentFacts {
-            id: &hello.id,
-            reported: hello.labels.as_ref(),
-            platform: &hello.platform,
-            group,
-            version: &version,
-        };
-        match s.fleet.deployments.labels_of(&facts).await {
+        match s.fleet.deployments.labels_of(&facts(hello, &version)).await {
             Ok(labels) => Some(labels),
             Err(e) if e.is_unavailable() => {
                 s.fleet.outage.went_down(&e);

@@ -154,21 +154,7 @@ fn selected_bundles(s: &Shared, query: &BundlesQuery) -> Result<String, String> 
             }
         },
     };
-    let offers: Vec<Offer> = release
-        .bundles()
-        .iter()
-        .filter_map(|b| offer(b, release.is_single() && id.is_none()))
-        .map(|mut o| {
-            if let Some(id) = &id {
-                o.path = wire::for_release(wire::DOWNLOAD_PATH, &o.platform, id);
-                if o.signature_path.is_some() {
-                    o.signature_path =
-                        Some(wire::for_release(wire::SIGNATURE_PATH, &o.platform, id));
-                }
-            }
-            o
-        })
-        .collect();
+    let offers = offers(&release, id.as_deref());
     Ok(format!(
         "deployment {name} {}\n{}",
         release.version(),
@@ -187,7 +173,7 @@ struct Offer {
 
 fn render(state: &Shared) -> String {
     let offers = match state.store.current() {
-        Current::Ready(release) => offers(&release),
+        Current::Ready(release) => offers(&release, None),
         // The script then says that there is nothing to install, and why to ask.
         Current::Unavailable(_) => Vec::new(),
     };
@@ -242,27 +228,26 @@ fn offer_lines(offers: &[Offer]) -> Vec<String> {
         .collect()
 }
 
-/// Each bundle of the served release as an offer.
-fn offers(release: &Release) -> Vec<Offer> {
+/// Each bundle of `release` as an offer; `named`: the release a deployment names, which
+/// its paths ask for by name (`None`: the current release).
+fn offers(release: &Release, named: Option<&str>) -> Vec<Offer> {
     release
         .bundles()
         .iter()
-        .filter_map(|b| offer(b, release.is_single()))
+        .filter_map(|b| offer(b, release.is_single(), named))
         .collect()
 }
 
 /// A served bundle as an offer, its platform read from the properties inside it (the
 /// content is the authority, as for its version). `None` for a bundle without them,
 /// which the store would not serve anyway. The paths of a release of several name the
-/// bundle's platform.
-fn offer(bundle: &ServedBundle, single: bool) -> Option<Offer> {
+/// bundle's platform; those of a `named` release name it too.
+fn offer(bundle: &ServedBundle, single: bool, named: Option<&str>) -> Option<Offer> {
     let platform = bundle_platform(&bundle.data)?;
-    let path = |p: &str| {
-        if single {
-            p.to_owned()
-        } else {
-            wire::for_platform(p, &platform)
-        }
+    let path = |p: &str| match named {
+        Some(id) => wire::for_release(p, &platform, id),
+        None if single => p.to_owned(),
+        None => wire::for_platform(p, &platform),
     };
     Some(Offer {
         sha256: bundle.info.sha256.clone(),

@@ -251,7 +251,12 @@ fn refused(status: StatusCode, message: &str) -> Response {
 
 /// A refusal this page's handler recorded in the audit log itself.
 fn refused_and_audited(status: StatusCode, message: &str) -> Response {
-    let mut response = refused(status, message);
+    audited(refused(status, message))
+}
+
+/// `response`, marked as a refusal its handler already recorded in the audit log (the
+/// audit layer then records it no second time).
+fn audited(mut response: Response) -> Response {
     response
         .extensions_mut()
         .insert(crate::routes::refusals::Audited);
@@ -622,13 +627,9 @@ async fn act(
     let s = &page.app.inner;
     match actions::perform(s, &actor, Act::Rollout { target, step }).await {
         Ok(_) => Ok(Redirect::to("/rollouts").into_response()),
-        Err(ActionError::Refused(Refused::Conflict(why))) => {
-            let mut response = rollouts_page(&page, &signed, StatusCode::CONFLICT, &why).await?;
-            response
-                .extensions_mut()
-                .insert(crate::routes::refusals::Audited);
-            Ok(response)
-        }
+        Err(ActionError::Refused(Refused::Conflict(why))) => Ok(audited(
+            rollouts_page(&page, &signed, StatusCode::CONFLICT, &why).await?,
+        )),
         Err(e) => action_failed(e),
     }
 }
@@ -666,13 +667,9 @@ async fn decide(
     };
     match actions::perform(&page.app.inner, &actor, act).await {
         Ok(_) => Ok(Redirect::to("/rollouts").into_response()),
-        Err(ActionError::Refused(Refused::Conflict(why))) => {
-            let mut response = rollouts_page(&page, &signed, StatusCode::CONFLICT, &why).await?;
-            response
-                .extensions_mut()
-                .insert(crate::routes::refusals::Audited);
-            Ok(response)
-        }
+        Err(ActionError::Refused(Refused::Conflict(why))) => Ok(audited(
+            rollouts_page(&page, &signed, StatusCode::CONFLICT, &why).await?,
+        )),
         Err(e) => action_failed(e),
     }
 }
@@ -861,20 +858,16 @@ async fn create_token(
             tokens_page(&page, &signed, StatusCode::CREATED, "", Some((name, token))).await
         }
         Ok(_) => Err(Trouble(crate::routes::other_result())),
-        Err(ActionError::Refused(r @ (Refused::Invalid(_) | Refused::Conflict(_)))) => {
-            let mut response = tokens_page(
+        Err(ActionError::Refused(r @ (Refused::Invalid(_) | Refused::Conflict(_)))) => Ok(audited(
+            tokens_page(
                 &page,
                 &signed,
                 crate::error::refused_status(&r),
                 r.message(),
                 None,
             )
-            .await?;
-            response
-                .extensions_mut()
-                .insert(crate::routes::refusals::Audited);
-            Ok(response)
-        }
+            .await?,
+        )),
         Err(e) => action_failed(e),
     }
 }
