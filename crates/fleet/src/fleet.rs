@@ -30,6 +30,7 @@ use crate::config::Configs;
 use crate::db::{Contact, Credentials, Db, Revocation, now_secs};
 use crate::deployments::Deployments;
 use crate::error::FleetError;
+use crate::group::Group;
 use crate::outage::{Deferred, Outage};
 use crate::rollout::Rollouts;
 use crate::settings;
@@ -96,6 +97,11 @@ pub struct Fleet {
     /// Each agent's commands still to be carried (see [`crate::commands`]), as last read:
     /// asked at every contact, so read with the settings, not per contact.
     open_commands: Mutex<HashMap<String, Vec<Command>>>,
+    /// Update reports written together (see [`crate::group`]).
+    reports: Group<Deferred>,
+    /// What each agent's register last said it takes and where it connected (a hash):
+    /// a register that says it again costs no write.
+    registered: Mutex<HashMap<String, u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -140,6 +146,8 @@ impl Fleet {
             lock_overrides: Mutex::new(overrides),
             spool_said: Mutex::default(),
             open_commands: Mutex::new(open_commands),
+            reports: Group::default(),
+            registered: Mutex::default(),
         })
     }
 
@@ -364,8 +372,73 @@ impl Fleet {
     /// agent waiting for its batch is written first, so the agent's writes keep their
     /// order.
     pub async fn save(&self, w: Deferred) -> Result<(), FleetError> {
+        if let Deferred::Report { .. } = w {
+            return self
+                .reports
+                .write(w, |group| self.save_reports(group))
+                .await;
+        }
         self.flush_earlier(w.agent()).await?;
         self.save_now(w).await
+    }
+
+    /// [`Fleet::save`] for a group of reports: the contacts of their agents waiting for
+    /// their batch first, then the reports, a statement or two for each. An agent with
+    /// writes queued (or every agent, while the database is away) has its writes queued
+    /// behind them in their order.
+    async fn save_reports(&self, group: Vec<Deferred>) -> Result<(), FleetError> {
+        let mut earlier = Vec::new();
+        let mut in_flush = false;
+        for w in &group {
+            let aside = lock(&self.quiet).remove(w.agent());
+            let mut contacts = lock(&self.contacts);
+            in_flush |= lock(&self.in_flush).contains(w.agent());
+            earlier.extend(aside.or(contacts.remove(w.agent())));
+        }
+        if in_flush {
+            drop(self.flushing.lock().await);
+        }
+        let queue = |earlier: Vec<Deferred>, group: Vec<Deferred>| {
+            earlier
+                .into_iter()
+                .chain(group)
+                .for_each(|w| self.outage.defer(w));
+        };
+        if self.outage.is_down() {
+            queue(earlier, group);
+            return Ok(());
+        }
+        let (held, earlier): (Vec<_>, Vec<_>) = earlier
+            .into_iter()
+            .partition(|w| self.outage.holds(w.agent()));
+        let (held_reports, group): (Vec<_>, Vec<_>) = group
+            .into_iter()
+            .partition(|w| self.outage.holds(w.agent()));
+        queue(held, held_reports);
+        let rows: Vec<_> = earlier.iter().filter_map(contact_row).collect();
+        if let Err(e) = self.db.touch_agents(&rows).await {
+            if !e.is_unavailable() {
+                // Put back: written one by one, through `save`, by the caller's retry.
+                let mut contacts = lock(&self.contacts);
+                for w in earlier {
+                    contacts.entry(w.agent().to_owned()).or_insert(w);
+                }
+                return Err(e);
+            }
+            self.outage.went_down(&e);
+            queue(earlier, group);
+            return Ok(());
+        }
+        drop(rows);
+        let run: Vec<&Deferred> = group.iter().collect();
+        match write_together(&self.db, &self.deployments, &run).await {
+            Err(e) if e.is_unavailable() => {
+                self.outage.went_down(&e);
+                queue(Vec::new(), group);
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     /// [`Fleet::save`], answered within `within`: a write still under way then goes on
@@ -406,6 +479,8 @@ impl Fleet {
     /// While the database is away the contact is queued and the agent gets no token
     /// (false): it is given one at a later register.
     pub async fn enroll(&self, w: Deferred, hash: &str) -> Result<bool, FleetError> {
+        // A row made anew says nothing yet of what the agent takes.
+        lock(&self.registered).remove(w.agent());
         self.flush_earlier(w.agent()).await?;
         let Some((contact, health)) = contact_row(&w).filter(|_| !self.outage.is_down()) else {
             return self.save_now(w).await.map(|()| false);
@@ -459,6 +534,29 @@ impl Fleet {
             }
             other => other,
         }
+    }
+
+    /// Keeps what a register says the agent takes and the URL it used, when it says
+    /// something new: the new version of every agent of a wave registers within a
+    /// second of the others, saying what it said before.
+    pub async fn record_register(
+        &self,
+        agent: &str,
+        capabilities: &[String],
+        endpoint: Option<&str>,
+    ) -> Result<(), FleetError> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        (capabilities, endpoint).hash(&mut hasher);
+        let said = hasher.finish();
+        if lock(&self.registered).get(agent) == Some(&said) {
+            return Ok(());
+        }
+        self.db
+            .record_register(agent, capabilities, endpoint)
+            .await?;
+        lock(&self.registered).insert(agent.to_owned(), said);
+        Ok(())
     }
 
     /// Records the contact of an agent the database already knows with the next batch
@@ -937,7 +1035,8 @@ async fn write_run(
         .into_iter()
         .partition(|(_, w)| matches!(w, Deferred::Report { .. } | Deferred::Told { .. }));
     if !together.is_empty() {
-        match write_together(db, rollouts, &together).await {
+        let writes: Vec<&Deferred> = together.iter().map(|(_, w)| w).collect();
+        match write_together(db, rollouts, &writes).await {
             Ok(()) => together.iter().for_each(|(seq, _)| outage.written(*seq)),
             Err(e) if e.is_unavailable() => {
                 outage.went_down(&e);
@@ -963,11 +1062,11 @@ async fn write_run(
 async fn write_together(
     db: &Db,
     rollouts: &Deployments,
-    run: &[(u64, Deferred)],
+    run: &[&Deferred],
 ) -> Result<(), FleetError> {
     let mut reports: Vec<(&agent_protocol::wire::Report, i64)> = Vec::new();
     let mut told: Vec<(i64, &str, i64)> = Vec::new();
-    for (_, w) in run {
+    for w in run {
         match w {
             Deferred::Report { report, at_ms } => reports.push((report, *at_ms)),
             Deferred::Told {
@@ -1262,6 +1361,53 @@ mod tests {
         let row = fleet.db.agent("a").await.unwrap().unwrap();
         assert_eq!(row.last_contact, t - 70);
         assert!(fleet.quiet.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn reports_arriving_together_are_written_together_each_after_its_contact() {
+        let home = tempfile::tempdir().unwrap();
+        let fleet = Arc::new(fleet(home.path()).await);
+        let ids: Vec<String> = (0..300).map(|i| format!("agent-{i:03}")).collect();
+        for id in &ids {
+            fleet.save(contact(id, "1.0.0+1", 10)).await.unwrap();
+            // Each one's last connect waits in the batch when its report comes.
+            fleet.contact(contact(id, "1.0.0+1", 50)).await.unwrap();
+        }
+        let saves: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let fleet = Arc::clone(&fleet);
+                let report = Deferred::Report {
+                    report: Report {
+                        id: id.clone(),
+                        from: "1.0.0+1".into(),
+                        to: "2.0.0+1".into(),
+                        status: UpdateStatus::Installed,
+                        error: None,
+                    },
+                    at_ms: 50_000,
+                };
+                tokio::spawn(async move { fleet.save(report).await })
+            })
+            .collect();
+        for save in saves {
+            save.await.unwrap().unwrap();
+        }
+        assert_eq!(
+            fleet.contacts_pending(),
+            0,
+            "each contact went before its report"
+        );
+        fleet.flush_contacts().await;
+        for id in &ids {
+            let a = fleet.db.agent(id).await.unwrap().unwrap();
+            assert_eq!(
+                (a.version.as_str(), a.last_contact),
+                ("2.0.0+1", 50),
+                "{id}"
+            );
+            assert_eq!(a.update_status.as_deref(), Some("INSTALLED"), "{id}");
+        }
     }
 
     #[tokio::test]

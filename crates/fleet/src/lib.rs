@@ -25,6 +25,7 @@ pub mod db;
 pub mod deployments;
 pub mod error;
 pub mod fleet;
+mod group;
 pub mod history;
 pub mod labels;
 pub mod maintenance;

@@ -19,6 +19,7 @@ use serde_json::json;
 
 use crate::db::{Db, now_ms};
 use crate::error::FleetError;
+use crate::group::Group;
 use crate::rollout::Refusal;
 use crate::rollout::order::{self, Member};
 use crate::rollout::plan::Plan;
@@ -55,6 +56,9 @@ pub struct Engine<S> {
     halts: [AtomicU64; 3],
     /// Woken by an outcome, so the decision that may follow is not a tick away.
     wake: tokio::sync::Notify,
+    /// First `409`s (rollout, agent, when) written together (see [`crate::group`]): a
+    /// window's opening tells its whole fleet in a second.
+    told: Group<(i64, String, i64)>,
     kind: PhantomData<fn() -> S>,
 }
 
@@ -67,6 +71,7 @@ impl<S: Subject> Engine<S> {
             deciding: tokio::sync::Mutex::new(()),
             halts: Default::default(),
             wake: tokio::sync::Notify::new(),
+            told: Group::default(),
             kind: PhantomData,
         }
     }
@@ -431,7 +436,19 @@ impl<S: Subject> Engine<S> {
 
     /// Records that `agent` was told (its deadline starts).
     pub async fn mark_told(&self, rollout: i64, agent: &str, at: i64) -> Result<(), FleetError> {
-        store::mark_told(self.db.pool(), rollout, agent, at).await?;
+        let (pool, backend) = (self.db.pool(), self.db.backend());
+        self.told
+            .write((rollout, agent.to_owned(), at), |told| async move {
+                let mut by_rollout: HashMap<i64, Vec<(&str, i64)>> = HashMap::new();
+                for (rollout, agent, at) in &told {
+                    by_rollout.entry(*rollout).or_default().push((agent, *at));
+                }
+                for (rollout, agents) in by_rollout {
+                    store::mark_told_many(pool, backend, rollout, &agents).await?;
+                }
+                Ok(())
+            })
+            .await?;
         self.remember(rollout, agent, |m| m.told = true);
         Ok(())
     }

@@ -542,24 +542,6 @@ pub async fn join<'e>(
         }))
 }
 
-/// The first time this rollout told the agent (a `409`, an offer, a set sent).
-pub async fn mark_told<'e>(
-    e: impl Executor<'e, Database = Any>,
-    rollout: i64,
-    agent: &str,
-    now: i64,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE rollout_agents SET told_at = $3 WHERE rollout_id = $1 AND agent_id = $2 AND told_at IS NULL",
-    )
-    .bind(rollout)
-    .bind(agent)
-    .bind(now)
-    .execute(e)
-    .await?;
-    Ok(())
-}
-
 /// Forgets the update status of the agents running `version` when it speaks of moving
 /// to another release (retrying it, held off by locks, waiting for a window, installing
 /// it): run when `version` becomes the target, which they need not move to.

@@ -243,7 +243,6 @@ async fn registered(s: &Shared, hello: &AgentHello) {
     let endpoint = hello.endpoint.as_deref().filter(|e| e.len() <= 2048);
     if let Err(e) = s
         .fleet
-        .db
         .record_register(&hello.id, &capabilities, endpoint)
         .await
     {
