@@ -7,14 +7,13 @@
 mod home;
 mod supervise;
 
-use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_protocol::env_vars;
 use agent_protocol::layout::{AgentHome, EXIT_CONFIG, SUPERVISE_COMMAND};
 use agent_service::clock::now_secs;
-use agent_service::{config_check, knobs, observe};
+use agent_service::{cli, config_check, knobs, observe};
 use agent_updater::process;
 use nix::sys::signal::Signal;
 
@@ -25,39 +24,18 @@ const USAGE: &str = "usage: agent-service start|stop|restart|status|kill [--home
 /// Who asks for a stop, in `run/stop-requested` (the updater's verdict quotes it).
 const STOP_BY: &str = "agent-wrapper.sh stop";
 
-struct Args {
-    command: String,
-    home: Option<PathBuf>,
-}
-
-fn parse() -> Result<Args, String> {
-    let mut args = std::env::args().skip(1);
-    let mut parsed = Args {
-        command: String::new(),
-        home: None,
-    };
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--home" => {
-                parsed.home = Some(PathBuf::from(args.next().ok_or("--home needs a value")?));
-            }
-            "-h" | "--help" => parsed.command = "help".into(),
-            flag if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
-            command if parsed.command.is_empty() => parsed.command = command.to_owned(),
-            extra => return Err(format!("unexpected argument {extra}")),
-        }
-    }
-    Ok(parsed)
-}
-
 pub(crate) fn main() -> ExitCode {
-    let args = match parse() {
+    let args = match cli::parse(std::env::args().skip(1)) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("agent-service: {e}\n{USAGE}");
             return ExitCode::from(2);
         }
     };
+    if let Some(option) = args.windows_option() {
+        eprintln!("agent-service: {option} is an option of the Windows service only\n{USAGE}");
+        return ExitCode::from(2);
+    }
     if args.command == "help" {
         println!("{USAGE}");
         return ExitCode::SUCCESS;

@@ -8,12 +8,12 @@ mod job;
 mod scm;
 mod supervise;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use agent_protocol::env_vars;
 use agent_protocol::layout::{self, AgentHome};
+use agent_service::cli;
 use agent_updater::process;
 use windows_service::service::ServiceState;
 
@@ -21,47 +21,8 @@ use home::{Request, log};
 
 const USAGE: &str = "usage: agent-service.exe start|stop|restart|status|install|uninstall|run [--service-name NAME] [--home AGENT_HOME]";
 
-struct Args {
-    command: String,
-    name: Option<String>,
-    home: Option<PathBuf>,
-    after: Option<u32>,
-    no_start: bool,
-}
-
-fn parse() -> Result<Args, String> {
-    let mut args = std::env::args().skip(1);
-    let mut parsed = Args {
-        command: String::new(),
-        name: None,
-        home: None,
-        after: None,
-        no_start: false,
-    };
-    while let Some(arg) = args.next() {
-        let mut value = |flag: &str| args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match arg.as_str() {
-            "--service-name" => parsed.name = Some(value("--service-name")?),
-            "--home" => parsed.home = Some(PathBuf::from(value("--home")?)),
-            "--after" => {
-                let pid = value("--after")?;
-                parsed.after = Some(
-                    pid.parse()
-                        .map_err(|_| format!("--after {pid}: not a pid"))?,
-                );
-            }
-            "--no-start" => parsed.no_start = true,
-            "-h" | "--help" => parsed.command = "help".into(),
-            flag if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
-            command if parsed.command.is_empty() => parsed.command = command.to_owned(),
-            extra => return Err(format!("unexpected argument {extra}")),
-        }
-    }
-    Ok(parsed)
-}
-
 pub(crate) fn main() -> ExitCode {
-    let args = match parse() {
+    let args = match cli::parse(std::env::args().skip(1)) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("agent-service: {e}\n{USAGE}");
@@ -83,7 +44,7 @@ pub(crate) fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let name = home::service_name(args.name.as_deref(), &home);
+    let name = home::service_name(args.service_name.as_deref(), &home);
     let result = match args.command.as_str() {
         "run" => scm::run(name, home).map(|()| ExitCode::SUCCESS),
         "start" => start(&name, &home),
