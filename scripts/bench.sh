@@ -51,8 +51,9 @@
 #            alternating rounds (DEPLOYMENTS_AGENTS 1000, DEPLOYMENTS_ROUNDS 3, DEPLOYMENTS_MANY 50)
 #   windows  the Windows bundle beside the Linux one; the Windows agent's update as a
 #            service under Wine vs the Linux agent's, alternating rounds (WINDOWS_ROUNDS);
-#            the service's and agent's memory under Wine (WINDOWS_ONLY=size|update: one
-#            part, printed, BENCHMARKS.md untouched)
+#            the service's and agent's memory under Wine; msiexec /i of the release's MSI
+#            vs the bundle's --install, to the agent registered (WINDOWS_MSI_ROUNDS)
+#            (WINDOWS_ONLY=size|update|msi: one part, printed, BENCHMARKS.md untouched)
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
 # BENCH_BASELINE=DIR: a checkout of an earlier commit with target/release built; update,
 # fleet, longpoll's held agents and SCALE_ONLY=hold then measure it too, alternating.
@@ -60,7 +61,7 @@
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,60p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,61p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 

@@ -11,7 +11,8 @@
 #   --target T  (repeatable) build, assemble and pack for the Rust target T, as
 #              agent-bundle-V-T (e.g. x86_64-unknown-linux-musl: static, any x86_64 Linux;
 #              x86_64-pc-windows-gnu: agent-bundle-V-T.exe, the agent as a Windows
-#              service, and agent-V-T.msi, its MSI, built with wixl); without it, one
+#              service, and agent-V-T.msi, its MSI, built with wixl, and its
+#              .msi.minisig); without it, one
 #              agent-bundle-V for this machine
 #   --authenticode CERT.pfx  sign the Windows programs, bundle and MSI with this
 #              code-signing certificate (osslsigncode); unsigned without it
@@ -22,7 +23,7 @@
 # AGENT_DIST_ROOT=DIR assembles under DIR instead of dist/ (DIR/agent-V, DIR/bundle).
 set -euo pipefail
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 repo=$PWD
 
@@ -215,6 +216,9 @@ for target in "${targets[@]}"; do
             -o "$(basename "$msi")" "$repo/installer/windows/agent.wxs") >&2
         rm -f "$out/msi-action.dll"
         authenticode "$msi"
+        # Its .msi.minisig over the final bytes, for this build (the bundle beside it
+        # names it): what `update-server release publish` takes it into a release with.
+        "$bin/agent-bundle" sign --key "$key" "$msi" >&2
         echo "$msi"
     fi
 done

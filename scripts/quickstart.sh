@@ -77,8 +77,9 @@ bundle=$(scripts/build-dist.sh --server-url "$url")
 name=$(basename "$bundle")
 downloads=$home/downloads/agent
 mkdir -p "$downloads"
-# The server serves exactly one bundle: replace whatever an earlier run left.
-rm -f "$downloads"/agent-bundle-*
+# The server serves exactly one release: replace whatever an earlier run left (an MSI
+# of another build beside this bundle would be refused with it).
+rm -f "$downloads"/agent-bundle-* "$downloads"/agent-*.msi "$downloads"/agent-*.msi.minisig
 cp "$bundle" "$bundle.minisig" "$downloads/"
 
 # The admin token: the page's sign-in and the CLI's --token. Made once, kept in the home
@@ -141,6 +142,13 @@ Or by hand, as the script does:
     wget --content-disposition $url/agentupdate/download
     chmod +x $name && ./$name --install=$prefix --server-url $url
     $prefix/agent/current/bin/agent-wrapper.sh start
+
+A Windows machine joins with the release's MSI, as an administrator (this quickstart
+packs for this machine only: $url/agentupdate/agent.msi answers 404 until a release
+with an MSI is published, e.g. the directory scripts/build-dist.sh --target
+x86_64-pc-windows-gnu wrote, with $bin/update-server release publish DIR):
+
+    msiexec /i $url/agentupdate/agent.msi /qn SERVER_URL=$url ENROLL_TOKEN=…
 
 The new agent trusts the update key shipped inside the bundle: the public half of the
 throw-away development key that signed it, ${AGENT_DEV_KEYS:-dev-keys}/update.pub.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# scripts/bench.sh windows: the Windows bundle beside the Linux one; the Windows agent's update under Wine vs the Linux agent's, alternating rounds; the Windows service's and agent's memory under Wine
-#   WINDOWS_ROUNDS (default 5); WINDOWS_ONLY=size|update runs one part and prints it,
-#   BENCHMARKS.md untouched
+# scripts/bench.sh windows: the Windows bundle beside the Linux one; the Windows agent's update under Wine vs the Linux agent's, alternating rounds; the Windows service's and agent's memory under Wine; the MSI's install to the agent registered vs the bundle's --install
+#   WINDOWS_ROUNDS (default 5), WINDOWS_MSI_ROUNDS (default 3); WINDOWS_ONLY=size|update|msi
+#   runs one part and prints it, BENCHMARKS.md untouched
 # Sourced by scripts/bench.sh after scripts/bench/common.sh; run alone, it hands itself
 # to scripts/bench.sh windows.
 # shellcheck disable=SC2154,SC2034 # the globals (work, bin, root, ...) are common.sh's
@@ -149,6 +149,78 @@ windows_update() {
     awk -v a="$t0" -v b="$t1" -v m="$agent_mib" -v s="$supervisor_mib" 'BEGIN { printf "%.3f %s %s\n", b - a, m, s }'
 }
 
+# registered_as PORT LABEL: whether the server lists an agent labelled bench=LABEL.
+registered_as() {
+    curl -fsS -H "Authorization: Bearer bench" "http://127.0.0.1:$1/admin/agents" 2>/dev/null |
+        jq -e --arg l "$2" 'any(.[]; .labels.bench == $l)' >/dev/null
+}
+
+# windows_msi KIND ROUND PORT: seconds from the install command's start to the server on
+# PORT (serving 1.0.0, enrollment token "bench-enroll") listing the agent as registered
+# with its label, under Wine, on a machine of its own (a directory and service name of
+# its own in the shared prefix). KIND msi: `msiexec /i agent.msi /qn SERVER_URL=…
+# ENROLL_TOKEN=… LABELS=bench=…`, the MSI build-dist.sh wrote; KIND bundle: the same
+# release's bundle `--install --server-url … --enroll-token … --label bench=…`. Each
+# machine is removed after (msiexec /x for the MSI, so that the next round installs the
+# product afresh, not as a maintenance run of an installed one), untimed.
+windows_msi() {
+    local kind=$1 round=$2 port=$3 dir=$work/wm-$1-$2 t0 t1
+    local label=$kind-$round service=agent-bench-$1-$2 v1=$work/windows/1.0.0
+    local msi=$v1/agent-1.0.0-$WINDOWS_TARGET.msi bundle=$v1/agent-bundle-1.0.0-$WINDOWS_TARGET.exe
+    local win_dir="Z:${dir//\//\\}" win_msi url=http://127.0.0.1:$port
+    win_msi="Z:${msi//\//\\}"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    t0=$(date +%s.%N)
+    if [[ $kind == msi ]]; then
+        wine_env "$WINE64" msiexec /i "$win_msi" /qn "INSTALLDIR=$win_dir\\" "SERVICE_NAME=$service" \
+            "SERVER_URL=$url" ENROLL_TOKEN=bench-enroll "LABELS=bench=$label" \
+            </dev/null >"$dir.out" 2>&1 || {
+            echo "bench.sh windows: msiexec /i failed:" >&2
+            tail -n 20 "$dir.out" >&2
+            return 1
+        }
+    else
+        wine_env "$WINE64" "$bundle" --install="$win_dir" --service-name "$service" --server-url "$url" \
+            --enroll-token bench-enroll --label "bench=$label" </dev/null >"$dir.out" 2>&1 || {
+            echo "bench.sh windows: the bundle's --install failed:" >&2
+            tail -n 20 "$dir.out" >&2
+            return 1
+        }
+    fi
+    until_true 120 "the $kind agent of round $round to register" registered_as "$port" "$label" || return 1
+    t1=$(date +%s.%N)
+    if [[ $kind == msi ]]; then
+        wine_env "$WINE64" msiexec /x "$win_msi" /qn </dev/null >>"$dir.out" 2>&1 || true
+    else
+        wine_env "$WINE64" net stop "$service" </dev/null >/dev/null 2>&1 || true
+        wine_env "$WINE64" sc delete "$service" </dev/null >/dev/null 2>&1 || true
+    fi
+    pkill -KILL -f -- "${dir//\//\\}" 2>/dev/null || true
+    awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f\n", b - a }'
+}
+
+# The MSI against the bundle's --install, alternated (the first of each round swapped),
+# WINDOWS_MSI_ROUNDS rounds; prints the table's two rows.
+windows_msi_rows() {
+    local rounds=${WINDOWS_MSI_ROUNDS:-3} port r kind t by_msi=() by_bundle=()
+    port=$(free_port)
+    sim_server "$work/wm-server" "$port" "$work/windows/1.0.0/agent-bundle-1.0.0-$WINDOWS_TARGET.exe" \
+        UPDATE_SERVER_AGENTS_ENROLLMENT_TOKEN=bench-enroll
+    for ((r = 1; r <= rounds; r++)); do
+        local order=(msi bundle)
+        ((r % 2 == 0)) && order=(bundle msi)
+        for kind in "${order[@]}"; do
+            t=$(windows_msi "$kind" "$r" "$port") || exit 1
+            if [[ $kind == msi ]]; then by_msi+=("$t"); else by_bundle+=("$t"); fi
+        done
+        note "round $r: msiexec /i ${by_msi[-1]} s, the bundle's --install ${by_bundle[-1]} s (to registered)"
+    done
+    stop_server
+    echo "| \`msiexec /i agent.msi /qn\` | $(printf '%s\n' "${by_msi[@]}" | spread) | $rounds |"
+    echo "| \`agent-bundle-….exe --install\` | $(printf '%s\n' "${by_bundle[@]}" | spread) | $rounds |"
+}
+
 bench_windows() {
     local only=${WINDOWS_ONLY:-} rounds=${WINDOWS_ROUNDS:-5}
     echo "windows: the Windows agent under Wine beside the Linux agent${only:+ ($only only)}" >&2
@@ -170,7 +242,7 @@ bench_windows() {
 | agent program | $lin_agent_kib KiB (\`agent\`) | $win_agent_kib KiB (\`agent.exe\`) | $(ratio "$win_agent_kib" "$lin_agent_kib") |"
 
     local lin_t=() win_t=() lin_a=() win_a=() lin_s=() win_s=() r out
-    if [[ $only != size ]]; then
+    if [[ -z $only || $only == update ]]; then
         windows_prefix
         for ((r = 1; r <= rounds; r++)); do
             # Alternated, the first of each round swapped, so the noise falls on both.
@@ -185,6 +257,11 @@ bench_windows() {
             note "round $r: update Linux ${lin_t[-1]} s, Windows under Wine ${win_t[-1]} s; agent RSS ${lin_a[-1]} / ${win_a[-1]} MiB, supervisor ${lin_s[-1]} / ${win_s[-1]} MiB"
         done
     fi
+    local msi_rows=""
+    if [[ -z $only || $only == msi ]]; then
+        windows_prefix
+        msi_rows=$(windows_msi_rows)
+    fi
     local update_row="" memory_rows=""
     if ((${#lin_t[@]})); then
         update_row="| update, 2.0.0 dropped in → agent reports it | $(printf '%s\n' "${lin_t[@]}" | spread) | $(printf '%s\n' "${win_t[@]}" | spread) | $(ratio "$(printf '%s\n' "${win_t[@]}" | median_of)" "$(printf '%s\n' "${lin_t[@]}" | median_of)") |"
@@ -192,7 +269,7 @@ bench_windows() {
 | supervisor RSS (agent-wrapper.sh / agent-service.exe) | $(printf '%s\n' "${lin_s[@]}" | spread_as %.1f " MiB") | $(printf '%s\n' "${win_s[@]}" | spread_as %.1f " MiB") | $(ratio "$(printf '%s\n' "${win_s[@]}" | median_of)" "$(printf '%s\n' "${lin_s[@]}" | median_of)") |"
     fi
     if [[ -n $only ]]; then
-        printf '%s\n%s\n%s\n' "$size_row" "$update_row" "$memory_rows"
+        printf '%s\n%s\n%s\n%s\n' "$size_row" "$update_row" "$memory_rows" "$msi_rows"
         echo "windows: WINDOWS_ONLY=$only, BENCHMARKS.md left as it was" >&2
         return
     fi
@@ -232,5 +309,27 @@ loader: a start costs several times what it does on Windows (Wine maps its own D
 talks to \`wineserver\` for every handle), and the resident memory counts Wine's DLLs and
 heaps beside the program's. The Windows figures bound what a real Windows machine does;
 they are not a measure of it.
+EOF
+
+    write_section windows-msi <<EOF
+## Windows: the MSI against the bundle's --install (issue 62)
+
+\`WINDOWS_MSI_ROUNDS=${WINDOWS_MSI_ROUNDS:-3} $(bench_command windows)\` on $(machine), Wine $(wine_env "$WINE64" --version 2>/dev/null || echo "?"), at commit $(git -C "$root" rev-parse --short HEAD).
+From the command's start to the server listing the agent (registered with its label),
+under Wine, on a machine of its own each time (a directory and service name of its own),
+alternated: \`msiexec /i agent.msi /qn SERVER_URL=… ENROLL_TOKEN=… LABELS=bench=…\`
+(the MSI \`scripts/build-dist.sh --target $WINDOWS_TARGET\` wrote, removed with
+\`msiexec /x\` after each round) against the same release's bundle \`--install
+--server-url … --enroll-token … --label bench=…\`; median (min–max) over the rounds.
+
+| how | median (min–max) | rounds |
+|---|---|---|
+$msi_rows
+
+The MSI costs msiexec itself, the bundle extracted from the MSI's cabinet into
+\`agent-setup\\\`, and the enrollment check the MSI asks for (\`--check-server\`: the new
+agent asks the server's \`/install/check-enrollment\` before it is put in place, about
+one agent start under Wine). Both then install the same way and register at the agent's
+first contact.
 EOF
 }

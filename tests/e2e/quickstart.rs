@@ -25,15 +25,22 @@ fn quickstart_then_the_printed_one_liner_gives_a_registered_agent() {
     let commands: Vec<String> = rx
         .iter()
         .filter_map(|line| line.strip_prefix("    ").map(str::to_owned))
-        .take(4)
+        .take(5)
         .collect();
-    assert_eq!(commands.len(), 4, "quickstart printed {commands:?}");
+    assert_eq!(commands.len(), 5, "quickstart printed {commands:?}");
     assert!(
         commands[0].contains("/install.sh | sh -s --"),
         "{commands:?}"
     );
     // The three by hand are the same install step by step; the one-liner is what to type.
     assert!(commands[1].starts_with("wget --content-disposition"));
+    // Windows' one-liner comes last, naming the server's MSI.
+    assert!(
+        commands[4].starts_with(&format!(
+            "msiexec /i http://127.0.0.1:{port}/agentupdate/agent.msi /qn SERVER_URL=http://127.0.0.1:{port} ENROLL_TOKEN="
+        )),
+        "{commands:?}"
+    );
     let commands = &commands[..1];
     let server = e2e::ServerProc {
         port,
@@ -224,6 +231,13 @@ fn the_quickstart_with_a_public_url_hands_it_to_install_sh_and_says_so() {
     assert!(!text.contains("loopback only"), "{text}");
     assert!(
         text.contains(&format!("curl -fsSL {public}/install.sh")),
+        "{text}"
+    );
+    // Windows' one-liner beside it, naming the same server.
+    assert!(
+        text.contains(&format!(
+            "msiexec /i {public}/agentupdate/agent.msi /qn SERVER_URL={public} ENROLL_TOKEN="
+        )),
         "{text}"
     );
     wait_until(Duration::from_secs(60), "the quickstart server", || {

@@ -23,9 +23,12 @@ pub struct Signed {
     pub claim: BundleClaim,
 }
 
-/// Writes `<bundle>.minisig` (replacing the old one) signed at `signed_at`.
+/// Writes `<bundle>.minisig` (replacing the old one) signed at `signed_at`. A release's
+/// MSI (`agent-<version>-<target>.msi`) is signed the same way, with the version and
+/// platform of the bundle it packs, which lies beside it as `build-dist.sh` wrote them:
+/// the server takes it only into the release of that build.
 pub fn sign(bundle: &Path, key: &SecretKey, signed_at: u64) -> Result<Signed> {
-    let facts = Payload::open(bundle)?.facts()?;
+    let facts = Payload::open(&facts_from(bundle)?)?.facts()?;
     let digests = Digests::of_reader(File::open(bundle).at(bundle)?).at(bundle)?;
     let claim = BundleClaim {
         version: facts.version,
@@ -44,4 +47,24 @@ pub fn sign(bundle: &Path, key: &SecretKey, signed_at: u64) -> Result<Signed> {
         signature: path,
         claim,
     })
+}
+
+/// The file whose facts a signature of `file` claims: itself, or for an MSI the bundle
+/// beside it.
+fn facts_from(file: &Path) -> Result<PathBuf> {
+    let name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let Some(bundle) = layout::bundle_of_msi(&name) else {
+        return Ok(file.to_owned());
+    };
+    let beside = file.with_file_name(&bundle);
+    if !beside.is_file() {
+        return Err(crate::error::BundleError::Invalid(format!(
+            "{}: an MSI is signed with the version and build of the bundle it packs, and {bundle} is not beside it; put the bundle scripts/build-dist.sh wrote with it there and sign again",
+            file.display()
+        )));
+    }
+    Ok(beside)
 }

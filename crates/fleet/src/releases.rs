@@ -35,10 +35,26 @@ pub struct FileRecord {
 pub struct ReleaseRecord {
     /// `<version>+<build>`.
     pub id: String,
-    /// What the rollout engine knows it by (the served release's identity).
+    /// What the rollout engine knows it by (the served release's identity): its bundles'.
     pub identity: String,
+    /// Its bundles.
     pub files: Vec<FileRecord>,
+    /// Its Windows MSI (`agent-<version>-<target>.msi`), if it carries one: served to
+    /// install machines, never offered to agents, so no part of the identity.
+    pub msi: Option<FileRecord>,
 }
+
+impl ReleaseRecord {
+    /// Its bundles and its MSI: every file kept for it (each with a `.minisig`).
+    pub fn all_files(&self) -> impl Iterator<Item = &FileRecord> {
+        self.files.iter().chain(self.msi.iter())
+    }
+}
+
+/// `release_files.kind` of a bundle.
+const KIND_BUNDLE: &str = "bundle";
+/// `release_files.kind` of a release's MSI.
+const KIND_MSI: &str = "msi";
 
 /// How a release became the current one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -87,6 +103,25 @@ pub struct Releases {
 pub fn other_bytes(id: &str) -> FleetError {
     FleetError::Conflict(format!(
         "release {id} was published before with other bytes: one build number is one set of bytes; give the new build its own build number"
+    ))
+}
+
+/// Why `new` cannot be kept as the release `known` (the same id, kept before): other
+/// bundles, or another MSI than the one it carries. `None` when it is the same bytes
+/// (fresh signatures, or an MSI it did not carry yet).
+pub fn conflict(known: &ReleaseRecord, new: &ReleaseRecord) -> Option<FleetError> {
+    if known.identity != new.identity {
+        return Some(other_bytes(&new.id));
+    }
+    match (&known.msi, &new.msi) {
+        (Some(k), Some(n)) if k.sha256 != n.sha256 => Some(other_msi(&new.id)),
+        _ => None,
+    }
+}
+
+fn other_msi(id: &str) -> FleetError {
+    FleetError::Conflict(format!(
+        "release {id} was published before with another MSI: one build number is one set of bytes; give the new build its own build number"
     ))
 }
 
@@ -173,14 +208,23 @@ impl Releases {
                     return Err(other_bytes(&release.id));
                 }
                 for file in &release.files {
-                    sqlx::query(
-                        "UPDATE release_files SET signature = $1 WHERE release_id = $2 AND name = $3",
+                    self.resign(tx, &release.id, file).await?;
+                }
+                if let Some(msi) = &release.msi {
+                    let kept = sqlx::query(
+                        "SELECT sha256 FROM release_files WHERE release_id = $1 AND kind = $2",
                     )
-                    .bind(&file.signature)
                     .bind(&release.id)
-                    .bind(&file.name)
-                    .execute(&mut **tx)
+                    .bind(KIND_MSI)
+                    .fetch_optional(&mut **tx)
                     .await?;
+                    match kept {
+                        None => self.insert(tx, &release.id, msi, KIND_MSI, data).await?,
+                        Some(row) if row.try_get::<String, _>("sha256")? == msi.sha256 => {
+                            self.resign(tx, &release.id, msi).await?;
+                        }
+                        Some(_) => return Err(other_msi(&release.id)),
+                    }
                 }
             }
             None => {
@@ -191,26 +235,61 @@ impl Releases {
                     .execute(&mut **tx)
                     .await?;
                 for file in &release.files {
-                    let bytes = if self.keeps_bytes() {
-                        Some(data(&file.name).map_err(FleetError::Invalid)?)
-                    } else {
-                        None
-                    };
-                    sqlx::query(
-                        "INSERT INTO release_files (release_id, name, platform, sha256, size, signature, data) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                    )
-                    .bind(&release.id)
-                    .bind(&file.name)
-                    .bind(&file.platform)
-                    .bind(&file.sha256)
-                    .bind(file.size as i64)
-                    .bind(&file.signature)
-                    .bind(bytes)
-                    .execute(&mut **tx)
-                    .await?;
+                    self.insert(tx, &release.id, file, KIND_BUNDLE, data)
+                        .await?;
+                }
+                if let Some(msi) = &release.msi {
+                    self.insert(tx, &release.id, msi, KIND_MSI, data).await?;
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The row of `file` of release `id`, of `kind`, with its bytes when
+    /// [`Self::keeps_bytes`].
+    async fn insert(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        id: &str,
+        file: &FileRecord,
+        kind: &str,
+        data: &mut (dyn FnMut(&str) -> Result<Vec<u8>, String> + Send),
+    ) -> Result<(), FleetError> {
+        let bytes = if self.keeps_bytes() {
+            Some(data(&file.name).map_err(FleetError::Invalid)?)
+        } else {
+            None
+        };
+        sqlx::query(
+            "INSERT INTO release_files (release_id, name, platform, sha256, size, signature, data, kind) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(id)
+        .bind(&file.name)
+        .bind(&file.platform)
+        .bind(&file.sha256)
+        .bind(file.size as i64)
+        .bind(&file.signature)
+        .bind(bytes)
+        .bind(kind)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// `file`'s signature of release `id` replaced (the same bytes signed again).
+    async fn resign(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        id: &str,
+        file: &FileRecord,
+    ) -> Result<(), FleetError> {
+        sqlx::query("UPDATE release_files SET signature = $1 WHERE release_id = $2 AND name = $3")
+            .bind(&file.signature)
+            .bind(id)
+            .bind(&file.name)
+            .execute(&mut **tx)
+            .await?;
         Ok(())
     }
 
@@ -234,7 +313,7 @@ impl Releases {
         let mut entries = Vec::with_capacity(rows.len());
         for row in rows {
             let id: String = row.try_get("release_id")?;
-            let files = self.files(&id).await?;
+            let (files, msi) = self.files(&id).await?;
             entries.push(HistoryEntry {
                 seq: row.try_get("seq")?,
                 kind: Kind::parse(&row.try_get::<String, _>("kind")?),
@@ -244,6 +323,7 @@ impl Releases {
                     id,
                     identity: row.try_get("identity")?,
                     files,
+                    msi,
                 },
             });
         }
@@ -264,10 +344,12 @@ impl Releases {
         else {
             return Ok(None);
         };
+        let (files, msi) = self.files(id).await?;
         Ok(Some(ReleaseRecord {
             id: id.to_owned(),
             identity: row.try_get("identity")?,
-            files: self.files(id).await?,
+            files,
+            msi,
         }))
     }
 
@@ -294,24 +376,31 @@ impl Releases {
         }
     }
 
-    async fn files(&self, id: &str) -> Result<Vec<FileRecord>, FleetError> {
+    /// Release `id`'s bundles, and its MSI if it carries one.
+    async fn files(&self, id: &str) -> Result<(Vec<FileRecord>, Option<FileRecord>), FleetError> {
         let rows = sqlx::query(
-            "SELECT name, platform, sha256, size, signature FROM release_files WHERE release_id = $1 ORDER BY platform, name",
+            "SELECT name, platform, sha256, size, signature, kind FROM release_files WHERE release_id = $1 ORDER BY platform, name",
         )
         .bind(id)
         .fetch_all(self.db.pool())
         .await?;
         let mut files = Vec::with_capacity(rows.len());
+        let mut msi = None;
         for row in rows {
-            files.push(FileRecord {
+            let file = FileRecord {
                 name: row.try_get("name")?,
                 platform: row.try_get("platform")?,
                 sha256: row.try_get("sha256")?,
                 size: row.try_get::<i64, _>("size")?.max(0) as u64,
                 signature: row.try_get("signature")?,
-            });
+            };
+            if row.try_get::<String, _>("kind")? == KIND_MSI {
+                msi = Some(file);
+            } else {
+                files.push(file);
+            }
         }
-        Ok(files)
+        Ok((files, msi))
     }
 }
 
@@ -390,6 +479,18 @@ mod tests {
                 size: 3,
                 signature: format!("sig of {id}"),
             }],
+            msi: None,
+        }
+    }
+
+    fn msi(id: &str, sha256: &str) -> FileRecord {
+        let version = id.split('+').next().unwrap_or(id);
+        FileRecord {
+            name: format!("agent-{version}-x86_64-pc-windows-gnu.msi"),
+            platform: "x86_64-pc-windows-gnu".into(),
+            sha256: sha256.into(),
+            size: 5,
+            signature: format!("msi sig of {id}"),
         }
     }
 
@@ -496,6 +597,64 @@ mod tests {
             releases.history(5).await.unwrap().len(),
             1,
             "nothing changed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_release_keeps_its_msi_beside_its_bundles_and_one_build_has_one_msi() {
+        let (_home, releases) = db().await;
+        let mut with_msi = release("1.0.0+1", &"1".repeat(64));
+        with_msi.msi = Some(msi("1.0.0+1", &"a".repeat(64)));
+        releases
+            .make_current(&with_msi, Kind::Publish, "ops", 5, &mut no_bytes)
+            .await
+            .unwrap();
+        let current = releases.current().await.unwrap().unwrap();
+        assert_eq!(
+            current.release, with_msi,
+            "the MSI is not one of its bundles"
+        );
+        assert_eq!(current.release.all_files().count(), 2);
+
+        // The same build again with another MSI: refused, nothing changed.
+        let mut other = with_msi.clone();
+        other.msi = Some(msi("1.0.0+1", &"b".repeat(64)));
+        assert!(conflict(&with_msi, &other).is_some());
+        assert!(conflict(&with_msi, &with_msi).is_none());
+        let mut bare = with_msi.clone();
+        bare.msi = None;
+        assert!(
+            conflict(&bare, &with_msi).is_none(),
+            "an MSI it did not carry yet"
+        );
+        let e = releases
+            .keep_release(&other, &mut no_bytes)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, FleetError::Conflict(m) if m.contains("another MSI")),
+            "{e}"
+        );
+        let kept = releases.release("1.0.0+1").await.unwrap().unwrap();
+        assert_eq!(kept.msi, with_msi.msi);
+
+        // A kept release without one takes its MSI later; its signature may be renewed.
+        let bare = release("1.0.0+2", &"2".repeat(64));
+        releases.keep_release(&bare, &mut no_bytes).await.unwrap();
+        assert_eq!(
+            releases.release("1.0.0+2").await.unwrap().unwrap().msi,
+            None
+        );
+        let mut later = bare.clone();
+        later.msi = Some(msi("1.0.0+2", &"c".repeat(64)));
+        releases.keep_release(&later, &mut no_bytes).await.unwrap();
+        if let Some(m) = later.msi.as_mut() {
+            m.signature = "fresh".into();
+        }
+        releases.keep_release(&later, &mut no_bytes).await.unwrap();
+        assert_eq!(
+            releases.release("1.0.0+2").await.unwrap().unwrap().msi,
+            later.msi
         );
     }
 }

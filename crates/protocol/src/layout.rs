@@ -114,6 +114,25 @@ pub fn signature_file_name(bundle_file_name: &str) -> String {
     format!("{bundle_file_name}.minisig")
 }
 
+/// A release's Windows installer, `agent-<version>-<target>.msi`, as
+/// `scripts/build-dist.sh` names it.
+pub fn msi_file_name(version: &AgentVersion, platform: &str) -> String {
+    format!("agent-{}-{platform}.msi", version.version_str())
+}
+
+/// Whether `name` is named as a release's MSI is (`agent-….msi`, not a bundle's name):
+/// what it holds is checked from its signature, not from its name.
+pub fn is_msi_file_name(name: &str) -> bool {
+    name.starts_with("agent-") && !name.starts_with("agent-bundle-") && name.ends_with(".msi")
+}
+
+/// The bundle an MSI named `agent-<version>-<target>.msi` packs, as `build-dist.sh`
+/// names it beside the MSI: `agent-bundle-<version>-<target>.exe`.
+pub fn bundle_of_msi(msi_file_name: &str) -> Option<String> {
+    let rest = msi_file_name.strip_prefix("agent-")?.strip_suffix(".msi")?;
+    is_msi_file_name(msi_file_name).then(|| format!("agent-bundle-{rest}.exe"))
+}
+
 /// The directory layout of an installed agent (`AGENT_HOME`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentHome {
@@ -281,6 +300,17 @@ mod tests {
             signature_file_name("agent-bundle-2.2.0"),
             "agent-bundle-2.2.0.minisig"
         );
+        let msi = msi_file_name(&v, "x86_64-pc-windows-gnu");
+        assert_eq!(msi, "agent-2.2.0-x86_64-pc-windows-gnu.msi");
+        assert!(is_msi_file_name(&msi));
+        assert_eq!(
+            bundle_of_msi(&msi).as_deref(),
+            Some("agent-bundle-2.2.0-x86_64-pc-windows-gnu.exe")
+        );
+        for not_msi in ["agent-bundle-2.2.0.msi", "agent-2.2.0.exe", "setup.msi"] {
+            assert!(!is_msi_file_name(not_msi), "{not_msi}");
+            assert_eq!(bundle_of_msi(not_msi), None, "{not_msi}");
+        }
         let home = AgentHome::new("/opt/agent");
         assert_eq!(
             home.version_dir(&v),

@@ -10,6 +10,11 @@ use crate::version::AgentVersion;
 pub const VERSION_PATH: &str = "/agentupdate/version";
 pub const DOWNLOAD_PATH: &str = "/agentupdate/download";
 pub const SIGNATURE_PATH: &str = "/agentupdate/download.minisig";
+/// The Windows MSI of the release (`?release=` as for bundles): what
+/// `msiexec /i https://SERVER/agentupdate/agent.msi /qn SERVER_URL=… ENROLL_TOKEN=…` installs.
+pub const MSI_PATH: &str = "/agentupdate/agent.msi";
+/// The MSI's minisign signature.
+pub const MSI_SIGNATURE_PATH: &str = "/agentupdate/agent.msi.minisig";
 /// The query parameter that asks version, download and signature for one platform's
 /// bundle of the release: `?platform=<target triple>`.
 pub const PLATFORM_QUERY: &str = "platform";

@@ -2,7 +2,7 @@
 //! ([`agent_fleet::deployments`]), read from `<home>/releases/<id>/` (fetched from the
 //! fleet database first when another server published it) into this server's private
 //! copies, and answered by `?release=<version>+<build>` on the version, signature and
-//! download endpoints. The current release stays the store's ([`crate::store`]).
+//! download endpoints, and on `/agentupdate/agent.msi` when it carries an MSI. The current release stays the store's ([`crate::store`]).
 //!
 //! A kept release passed a publish's checks when it was taken; it is not checked again
 //! here, only its bytes against the sha256 the history holds.
@@ -21,7 +21,7 @@ use agent_protocol::wire::VersionInfo;
 use bytes::Bytes;
 
 use crate::publish::{Publisher, ReleaseError};
-use crate::store::{Release, ServedBundle};
+use crate::store::{Release, ServedBundle, ServedMsi};
 
 /// The kept releases this server serves by name, as last loaded.
 #[derive(Default)]
@@ -76,7 +76,12 @@ impl Catalog {
 }
 
 fn same_signatures(loaded: &Release, record: &ReleaseRecord) -> bool {
-    record.files.iter().all(|f| {
+    let msi = match (loaded.msi(), &record.msi) {
+        (None, None) => true,
+        (Some(l), Some(r)) => l.sha256 == r.sha256 && l.signature == r.signature,
+        _ => false,
+    };
+    msi && record.files.iter().all(|f| {
         loaded
             .bundles()
             .iter()
@@ -121,8 +126,30 @@ fn read_release(
             last_modified,
         }));
     }
-    Release::assemble(bundles, own)
-        .map_err(|e| ReleaseError::Io(format!("release {}: {e}", record.id)))
+    let release = Release::assemble(bundles, own);
+    let release = match &record.msi {
+        None => release,
+        Some(file) => {
+            let path = dir.join(&file.name);
+            let (data, _) = private_copy(&path, cache, &file.sha256)?;
+            let last_modified = fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            release.and_then(|r| {
+                r.with_msi(Arc::new(ServedMsi {
+                    filename: file.name.clone(),
+                    platform: file.platform.clone(),
+                    version: version.clone(),
+                    sha256: file.sha256.clone(),
+                    data,
+                    signature: file.signature.clone(),
+                    last_modified,
+                    etag: format!("\"{}\"", file.sha256),
+                }))
+            })
+        }
+    };
+    release.map_err(|e| ReleaseError::Io(format!("release {}: {e}", record.id)))
 }
 
 /// This server's write-once copy of `kept` (what its bytes are mapped from, as the

@@ -2,7 +2,8 @@
 //!
 //! The operator drops a release into the download directory: `agent-bundle-V-<target>`
 //! (and its `.minisig`) per platform, or a lone `agent-bundle-V` (a release of the one
-//! platform its properties name). A scan, every second, notices a change and hands it
+//! platform its properties name), and the Windows MSI `agent-V-<target>.msi` with its
+//! `.minisig` when the release carries one. A scan, every second, notices a change and hands it
 //! over as [`Dropped`]: it is a publish like any other, checked and recorded in the
 //! release history first ([`crate::publish`]), and nothing of it is served until then.
 //! A release taken (published, followed, or a hand drop that passed) is ingested, each
@@ -53,11 +54,30 @@ impl ServedBundle {
     }
 }
 
+/// A release's Windows MSI, ready to serve at `/agentupdate/agent.msi`.
+#[derive(Debug)]
+pub struct ServedMsi {
+    /// `agent-<version>-<target>.msi`.
+    pub filename: String,
+    /// The Windows platform of the bundle it installs.
+    pub platform: String,
+    /// The release it was signed for.
+    pub version: AgentVersion,
+    pub sha256: String,
+    pub data: Bytes,
+    pub signature: String,
+    pub last_modified: SystemTime,
+    /// Quoted sha256, as sent in `ETag`.
+    pub etag: String,
+}
+
 /// One version and build for one or several platforms: what the server serves.
 #[derive(Debug)]
 pub struct Release {
     /// Its primary bundle first (see [`Release::assemble`]), then by platform.
     bundles: Vec<Arc<ServedBundle>>,
+    /// Its Windows MSI, if it carries one ([`Release::with_msi`]).
+    msi: Option<Arc<ServedMsi>>,
     /// Each bundle's `/agentupdate/version` answer, made at its first request: the most
     /// asked question of a fleet costs a copy of a few hundred bytes, not a properties
     /// map built, filled and printed every time.
@@ -96,8 +116,35 @@ impl Release {
         let version_texts = bundles.iter().map(|_| std::sync::OnceLock::new()).collect();
         Ok(Self {
             bundles,
+            msi: None,
             version_texts,
         })
+    }
+
+    /// The release with its Windows MSI: one signed for this version and build, for a
+    /// platform it has a bundle of.
+    pub fn with_msi(mut self, msi: Arc<ServedMsi>) -> Result<Self, String> {
+        if msi.version != *self.version() {
+            return Err(format!(
+                "{} is the MSI of {}, beside bundles of {}: a release is one version and build; remove the other release's MSI",
+                msi.filename,
+                msi.version,
+                self.version()
+            ));
+        }
+        if !self.bundles.iter().any(|b| b.platform == msi.platform) {
+            return Err(format!(
+                "{} installs {}'s bundle, which is not beside it: put the Windows bundle it was built from with it",
+                msi.filename, msi.platform
+            ));
+        }
+        self.msi = Some(msi);
+        Ok(self)
+    }
+
+    /// Its Windows MSI, if it carries one.
+    pub fn msi(&self) -> Option<&Arc<ServedMsi>> {
+        self.msi.as_ref()
     }
 
     /// The `/agentupdate/version` answer for `bundle` (one of this release's), naming
@@ -269,6 +316,15 @@ struct SourceId {
     signature_mtime: Option<(i64, i64)>,
 }
 
+impl SourceId {
+    /// Whether it is the release's MSI, not a bundle.
+    fn is_msi(&self) -> bool {
+        self.path
+            .file_name()
+            .is_some_and(|n| layout::is_msi_file_name(&n.to_string_lossy()))
+    }
+}
+
 pub struct BundleStore {
     dir: PathBuf,
     cache_dir: PathBuf,
@@ -280,6 +336,8 @@ pub struct BundleStore {
     source: RwLock<Option<Vec<SourceId>>>,
     /// The bundles taken in, by their files, so an unchanged one is not read again.
     ingested: RwLock<Vec<(SourceId, Arc<ServedBundle>)>>,
+    /// The MSI taken in, likewise.
+    ingested_msi: RwLock<Option<(SourceId, Arc<ServedMsi>)>>,
     last_problem: RwLock<Option<String>>,
     /// Why the bundle in the download directory is not served, until one is: what
     /// `/healthz` calls degraded.
@@ -312,6 +370,7 @@ impl BundleStore {
             ))),
             source: RwLock::new(None),
             ingested: RwLock::new(Vec::new()),
+            ingested_msi: RwLock::new(None),
             last_problem: RwLock::new(None),
             refused: RwLock::new(None),
             settling: std::sync::Mutex::new(None),
@@ -459,14 +518,29 @@ impl BundleStore {
             return Some(Dropped::of(sources));
         }
         let known = self.ingested.read().map(|i| i.clone()).unwrap_or_default();
+        let known_msi = self
+            .ingested_msi
+            .read()
+            .map(|i| i.clone())
+            .unwrap_or_default();
         let mut taken = Vec::with_capacity(sources.len());
+        let mut msi = None;
         for source in &sources {
-            if let Some((_, bundle)) = known.iter().find(|(s, _)| s == source) {
+            let ingested = if source.is_msi() {
+                match &known_msi {
+                    Some((s, served)) if s == source => Ok(Arc::clone(served)),
+                    _ => self.ingest_msi(source).map(Arc::new),
+                }
+                .map(|served| msi = Some((source.clone(), served)))
+            } else if let Some((_, bundle)) = known.iter().find(|(s, _)| s == source) {
                 taken.push((source.clone(), Arc::clone(bundle)));
-                continue;
-            }
-            match self.ingest(source) {
-                Ok(bundle) => taken.push((source.clone(), Arc::new(bundle))),
+                Ok(())
+            } else {
+                self.ingest(source)
+                    .map(|bundle| taken.push((source.clone(), Arc::new(bundle))))
+            };
+            match ingested {
+                Ok(()) => {}
                 Err(refused) => {
                     let detail = match refused {
                         Refused::Content(detail) => {
@@ -490,9 +564,15 @@ impl BundleStore {
             }
         }
         *self.ingested.write().unwrap_or_else(|p| p.into_inner()) = taken.clone();
+        *self.ingested_msi.write().unwrap_or_else(|p| p.into_inner()) = msi.clone();
         self.set_source(Some(sources));
         let bundles = taken.into_iter().map(|(_, b)| b).collect();
-        let release = match Release::assemble(bundles, layout::PLATFORM) {
+        let assembled =
+            Release::assemble(bundles, layout::PLATFORM).and_then(|release| match msi {
+                Some((_, msi)) => release.with_msi(msi),
+                None => Ok(release),
+            });
+        let release = match assembled {
             Ok(release) => release,
             Err(why) => {
                 let detail = format!("{why} (in {})", self.dir.display());
@@ -518,6 +598,11 @@ impl BundleStore {
             .bundles()
             .iter()
             .map(|b| self.cache_dir.join(format!("bundle-{}", b.info.sha256)))
+            .chain(
+                release
+                    .msi()
+                    .map(|m| self.cache_dir.join(format!("msi-{}", m.sha256))),
+            )
             .collect();
         self.remove_stale_copies(&keep);
         self.write_cache(&release);
@@ -580,6 +665,7 @@ impl BundleStore {
             }
         };
         let mut bundles = Vec::new();
+        let mut msis = Vec::new();
         for entry in entries {
             let entry = match entry {
                 Ok(e) => e,
@@ -591,14 +677,20 @@ impl BundleStore {
                 }
             };
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with("agent-bundle-")
-                && !name.ends_with(".minisig")
-                && entry.file_type().map(|t| t.is_file()).unwrap_or(false)
-            {
+            let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
+            if name.starts_with("agent-bundle-") && !name.ends_with(".minisig") && is_file {
                 bundles.push(name);
+            } else if layout::is_msi_file_name(&name) && is_file {
+                msis.push(name);
             }
         }
         bundles.sort();
+        // An MSI alone is nothing to serve; beside bundles it is one more file of their
+        // release, checked with them.
+        if !bundles.is_empty() {
+            msis.sort();
+            bundles.extend(msis);
+        }
         match bundles.as_slice() {
             [] => Look::Nothing(Problem::new(
                 "no bundle to serve yet: the operator must drop agent-bundle-<version> and its .minisig into the server's download directory",
@@ -633,9 +725,13 @@ impl BundleStore {
         }
     }
 
-    fn ingest(&self, source: &SourceId) -> Result<ServedBundle, Refused> {
+    /// Copies and hashes `source` in one pass into a private file only this server
+    /// writes, not yet persisted.
+    fn copy_in(
+        &self,
+        source: &SourceId,
+    ) -> Result<(tempfile::NamedTempFile, agent_protocol::digest::Digests), Refused> {
         let shown = source.path.display().to_string();
-        // Copy and hash in one pass into a private file only this server writes.
         let mut input =
             File::open(&source.path).map_err(|e| Refused::Io(format!("{shown}: {e}")))?;
         let mut tmp = tempfile::Builder::new()
@@ -658,7 +754,98 @@ impl BundleStore {
         tmp.as_file()
             .sync_all()
             .map_err(|e| Refused::Io(format!("{}: {e}", self.cache_dir.display())))?;
-        let digests = hasher.finish();
+        Ok((tmp, hasher.finish()))
+    }
+
+    /// Persists a copy made by [`Self::copy_in`] read-only as `<cache>/<name>` and maps it.
+    fn persist(
+        &self,
+        tmp: tempfile::NamedTempFile,
+        name: &str,
+        size: u64,
+        shown: &str,
+    ) -> Result<Bytes, Refused> {
+        let private = self.cache_dir.join(name);
+        read_only(tmp.as_file());
+        tmp.persist(&private)
+            .map_err(|e| Refused::Io(format!("{}: {}", private.display(), e.error)))?;
+        let file =
+            File::open(&private).map_err(|e| Refused::Io(format!("{}: {e}", private.display())))?;
+        let data = map(&file)
+            .map_err(|e| Refused::Io(format!("cannot map {}: {e}", private.display())))?;
+        if data.len() as u64 != size {
+            return Err(Refused::Io(format!(
+                "{shown} changed while it was read; it will be read again"
+            )));
+        }
+        Ok(data)
+    }
+
+    /// Takes in the release's MSI. What reaches the store passed a publish's checks
+    /// (`publish::check`), which verified its signature under the key that signed the
+    /// release's bundles; here it must still be these bytes (its claim's sha256) and
+    /// name the release it was signed for, which [`Release::with_msi`] holds it to.
+    /// Unlike a bundle's, its signer is not checked against `bundle.public-key` again:
+    /// no agent checks an MSI, and that key may be reached from the bundles' signer only
+    /// through a rotation chain that the bundles carry and the MSI does not.
+    fn ingest_msi(&self, source: &SourceId) -> Result<ServedMsi, Refused> {
+        let shown = source.path.display().to_string();
+        let (tmp, digests) = self.copy_in(source)?;
+        let sig_path = PathBuf::from(format!("{shown}.minisig"));
+        let content = |why: String| {
+            Refused::Content(format!(
+                "{why}; the MSI is not served (sign it with agent-bundle sign --key K, its bundle beside it)"
+            ))
+        };
+        let text = match verify::read_signature_file(&sig_path) {
+            Ok(text) => text,
+            Err(agent_extract::Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Err(content(format!(
+                    "{shown} has no signature {}",
+                    sig_path.display()
+                )));
+            }
+            Err(agent_extract::Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::InvalidData =>
+            {
+                return Err(content(format!("{}: {source}", sig_path.display())));
+            }
+            Err(e) => return Err(Refused::Io(e.to_string())),
+        };
+        let claim = Signature::parse(&text)
+            .and_then(|sig| agent_protocol::minisign::BundleClaim::parse(sig.trusted_comment()))
+            .map_err(|e| content(format!("{}: {e}", sig_path.display())))?;
+        if claim.sha256 != digests.sha256_hex() {
+            return Err(content(format!(
+                "{shown} has sha256 {}, but its signature vouches for {}",
+                digests.sha256_hex(),
+                claim.sha256
+            )));
+        }
+        let name = format!("msi-{}", digests.sha256_hex());
+        let data = self.persist(tmp, &name, digests.size, &shown)?;
+        Ok(ServedMsi {
+            filename: source
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            platform: claim.platform,
+            version: claim.version,
+            sha256: digests.sha256_hex(),
+            data,
+            signature: text,
+            last_modified: SystemTime::UNIX_EPOCH
+                + std::time::Duration::from_secs(source.mtime.max(0) as u64),
+            etag: format!("\"{}\"", digests.sha256_hex()),
+        })
+    }
+
+    fn ingest(&self, source: &SourceId) -> Result<ServedBundle, Refused> {
+        let shown = source.path.display().to_string();
+        let (tmp, digests) = self.copy_in(source)?;
 
         let sig_path = PathBuf::from(format!("{shown}.minisig"));
         // Read no further than a signature can be long: a huge file beside a bundle is
@@ -713,21 +900,8 @@ impl BundleStore {
             .facts(tmp.path(), &digests.sha256_hex(), &shown)
             .map_err(Refused::Content)?;
 
-        let private = self
-            .cache_dir
-            .join(format!("bundle-{}", digests.sha256_hex()));
-        read_only(tmp.as_file());
-        tmp.persist(&private)
-            .map_err(|e| Refused::Io(format!("{}: {}", private.display(), e.error)))?;
-        let file =
-            File::open(&private).map_err(|e| Refused::Io(format!("{}: {e}", private.display())))?;
-        let data = map(&file)
-            .map_err(|e| Refused::Io(format!("cannot map {}: {e}", private.display())))?;
-        if data.len() as u64 != digests.size {
-            return Err(Refused::Io(format!(
-                "{shown} changed while it was read; it will be read again"
-            )));
-        }
+        let name = format!("bundle-{}", digests.sha256_hex());
+        let data = self.persist(tmp, &name, digests.size, &shown)?;
         let filename = source
             .path
             .file_name()
@@ -817,7 +991,7 @@ impl BundleStore {
         for entry in entries.flatten() {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !keep.contains(&path) && name.starts_with("bundle-") {
+            if !keep.contains(&path) && (name.starts_with("bundle-") || name.starts_with("msi-")) {
                 // Running downloads keep their mapping; the name is all that goes.
                 let _ = fs::remove_file(&path);
             }
@@ -930,6 +1104,53 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("two bundles for one platform"), "{e}");
         assert!(Release::assemble(Vec::new(), GNU).is_err());
+    }
+
+    fn msi(version: &str, platform: &str) -> Arc<ServedMsi> {
+        let version: AgentVersion = version.parse().unwrap();
+        Arc::new(ServedMsi {
+            filename: layout::msi_file_name(&version, platform),
+            platform: platform.into(),
+            version,
+            sha256: "a".repeat(64),
+            data: Bytes::from_static(b"msi"),
+            signature: String::new(),
+            last_modified: SystemTime::UNIX_EPOCH,
+            etag: format!("\"{}\"", "a".repeat(64)),
+        })
+    }
+
+    #[test]
+    fn a_release_carries_the_msi_of_its_build_and_windows_bundle_and_it_is_no_bundle() {
+        const WINDOWS: &str = "x86_64-pc-windows-gnu";
+        let release = || {
+            Release::assemble(
+                vec![bundle("2.0.0+7", GNU), bundle("2.0.0+7", WINDOWS)],
+                GNU,
+            )
+            .unwrap()
+        };
+        let bare = release();
+        assert!(bare.msi().is_none());
+        let with = release().with_msi(msi("2.0.0+7", WINDOWS)).unwrap();
+        assert_eq!(with.msi().unwrap().platform, WINDOWS);
+        assert_eq!(
+            with.identity(),
+            bare.identity(),
+            "the MSI is no part of the rollout"
+        );
+        assert_eq!(with.platforms(), bare.platforms());
+
+        let e = release().with_msi(msi("2.0.0+8", WINDOWS)).unwrap_err();
+        assert!(
+            e.contains("is the MSI of 2.0.0+8, beside bundles of 2.0.0+7"),
+            "{e}"
+        );
+        let e = Release::assemble(vec![bundle("2.0.0+7", GNU)], GNU)
+            .unwrap()
+            .with_msi(msi("2.0.0+7", WINDOWS))
+            .unwrap_err();
+        assert!(e.contains("which is not beside it"), "{e}");
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub struct Metrics {
     pub bytes_sent: AtomicU64,
     /// Body bytes written of deltas (ranges included).
     pub delta_bytes_sent: AtomicU64,
+    /// Body bytes written of Windows MSIs (`/agentupdate/agent.msi`, ranges included).
+    pub msi_bytes_sent: AtomicU64,
     /// `/agentupdate/delta` answers, by [`DELTA_ANSWERS`].
     pub delta_answers: [AtomicU64; DELTA_ANSWERS.len()],
     /// Deltas the worker made, found not worth sending, or failed to make.
@@ -59,6 +61,9 @@ pub const DELTA_ANSWERS: [u16; 10] = [200, 206, 300, 304, 400, 403, 404, 412, 41
 pub enum Sent {
     Bundle,
     Delta,
+    /// A release's Windows MSI: its answers count with the bundles' downloads (one
+    /// download limit guards both), its bytes apart.
+    Msi,
 }
 
 impl Metrics {
@@ -76,7 +81,7 @@ impl Metrics {
     /// Counts one answer of a download route by its status.
     pub fn answered(&self, sent: Sent, status: u16) {
         let counter = match sent {
-            Sent::Bundle => match status {
+            Sent::Bundle | Sent::Msi => match status {
                 200 => &self.downloads_200,
                 206 => &self.downloads_206,
                 304 => &self.downloads_304,
@@ -99,6 +104,7 @@ impl Metrics {
         let counter = match sent {
             Sent::Bundle => &self.bytes_sent,
             Sent::Delta => &self.delta_bytes_sent,
+            Sent::Msi => &self.msi_bytes_sent,
         };
         counter.fetch_add(bytes, Ordering::Relaxed);
     }
@@ -183,7 +189,7 @@ impl Metrics {
         );
         counter(
             "agentupdate_bytes_sent_total",
-            "Body bytes written to agents, ranges included: of bundles, and of deltas.",
+            "Body bytes written to agents, ranges included: of bundles, of deltas, and of Windows MSIs.",
         )
         .write(
             out,
@@ -192,6 +198,7 @@ impl Metrics {
                 [
                     ("bundle", &self.bytes_sent),
                     ("delta", &self.delta_bytes_sent),
+                    ("msi", &self.msi_bytes_sent),
                 ],
             ),
         );
@@ -633,6 +640,7 @@ mod tests {
             &m.connections_open,
             &m.connects_held,
             &m.held_connects,
+            &m.msi_bytes_sent,
         ];
         for (n, c) in (1..).zip(counters) {
             c.store(n, Ordering::Relaxed);

@@ -2,16 +2,18 @@
 //! install with its properties registers the agent with its labels, `msiexec /x` runs
 //! the agent's uninstall, a newer MSI replaces an older one and updates the agent, an MSI
 //! older than the agent changes nothing, a wrong enrollment token fails the msiexec and
-//! leaves nothing, and `msiexec /i http://…` installs from a URL.
+//! leaves nothing. A release carries its MSI (`release publish`, or dropped by hand):
+//! every server serves it at `/agentupdate/agent.msi` with its signature, and
+//! `msiexec /i http://SERVER/agentupdate/agent.msi` installs from there.
 
-use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use e2e::fake::{FakeServer, Handler};
 use e2e::wine::{WINDOWS, WinMachine, run_ok_wine, test_guid, win_path, wixl};
-use e2e::{ServerProc, TestContext, admin_agents, read_file, stdout, wait_until};
+use e2e::{
+    ServerProc, TestContext, admin_agents, http, read_file, run_fails, run_ok, stdout, wait_until,
+};
 
 use super::{WAIT, dist, pack};
 use crate::update::TOKEN;
@@ -26,15 +28,18 @@ struct Setup {
     upgrade_code: String,
 }
 
-/// A server requiring an enrollment token and serving 1.0.0 for Windows.
+/// A server requiring an enrollment token, trusting the test's key (for `release
+/// publish`) and serving 1.0.0 for Windows.
 fn setup() -> (Setup, PathBuf) {
     let ctx = TestContext::new();
     let (key, key_pub) = ctx.keygen("keys");
+    let trusted = key_pub.display().to_string();
     let server = ctx.server(
         "srv",
         &[
             ("UPDATE_SERVER_ADMIN_TOKEN", TOKEN),
             ("UPDATE_SERVER_AGENTS_ENROLLMENT_TOKEN", ENROLL),
+            ("UPDATE_SERVER_BUNDLE_PUBLIC_KEY", trusted.as_str()),
         ],
     );
     let upgrade_code = test_guid(&ctx);
@@ -68,6 +73,33 @@ impl Setup {
             &self.upgrade_code,
             &self.ctx.path(&format!("msi/agent-{version}-{WINDOWS}.msi")),
         )
+    }
+
+    /// The release's MSI, built beside `bundle` as scripts/build-dist.sh builds it
+    /// (`agent-<version>-<target>.msi`) and signed with `agent-bundle sign` for that
+    /// bundle's build: its `.msi.minisig`.
+    fn release_msi(&self, bundle: &Path, version: &str) -> PathBuf {
+        let dir = bundle.parent().unwrap();
+        let msi = wixl(
+            bundle,
+            version,
+            &self.upgrade_code,
+            &dir.join(format!("agent-{version}-{WINDOWS}.msi")),
+        );
+        let said = stdout(&run_ok(
+            self.ctx
+                .cmd("agent-bundle")
+                .args(["sign", "--key"])
+                .arg(&self.key)
+                .arg(&msi),
+        ));
+        assert!(said.contains(&format!("for {WINDOWS}")), "{said}");
+        msi
+    }
+
+    /// `GET path` of the server.
+    fn get(&self, path: &str) -> e2e::HttpAnswer {
+        http(self.server.port, "GET", path, &[]).unwrap()
     }
 
     fn rows(&self) -> Vec<serde_json::Value> {
@@ -328,111 +360,139 @@ fn an_msi_with_a_wrong_enrollment_token_fails_with_the_servers_words_and_leaves_
 }
 
 #[test]
-fn msiexec_installs_the_agent_from_an_http_url() {
+fn a_release_carries_its_msi_and_the_server_serves_it_with_its_signature() {
+    let (s, b1) = setup();
+    let answer = s.get("/agentupdate/agent.msi");
+    assert_eq!(answer.status, 404, "{}", answer.text());
+    assert!(
+        answer
+            .text()
+            .contains("release 1.0.0+1 carries no Windows MSI"),
+        "{}",
+        answer.text()
+    );
+    let msi = s.release_msi(&b1, "1.0.0");
+    let dir = b1.parent().unwrap();
+    let signature = fs::read_to_string(format!("{}.minisig", msi.display())).unwrap();
+
+    // A bad signature: refused, naming the file, and nothing changed.
+    let (stranger, _) = s.ctx.keygen("stranger");
+    let good = format!("{}.minisig", msi.display());
+    fs::copy(&good, s.ctx.path("good.minisig")).unwrap();
+    run_ok(
+        s.ctx
+            .cmd("agent-bundle")
+            .args(["sign", "--key"])
+            .arg(&stranger)
+            .arg(&msi),
+    );
+    let said = run_fails(
+        e2e::release_cmd(&s.ctx, &s.server, TOKEN, &["publish"]).arg(dir),
+        1,
+    );
+    assert!(
+        said.contains(&format!("agent-1.0.0-{WINDOWS}.msi: it is signed by key"))
+            && said.contains("nothing changed"),
+        "{said}"
+    );
+    assert_eq!(s.get("/agentupdate/agent.msi").status, 404);
+    let listed = stdout(&run_ok(&mut e2e::release_cmd(
+        &s.ctx,
+        &s.server,
+        TOKEN,
+        &["list"],
+    )));
+    assert!(!listed.contains("its MSI"), "{listed}");
+    fs::copy(s.ctx.path("good.minisig"), &good).unwrap();
+
+    // The release with its MSI: served, its signature beside it.
+    let said = stdout(&run_ok(
+        e2e::release_cmd(&s.ctx, &s.server, TOKEN, &["publish"]).arg(dir),
+    ));
+    assert!(
+        said.contains(&format!(
+            "with its Windows MSI agent-1.0.0-{WINDOWS}.msi at "
+        )) && said.contains("/agentupdate/agent.msi"),
+        "{said}"
+    );
+    let bytes = fs::read(&msi).unwrap();
+    let answer = s.get("/agentupdate/agent.msi");
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.header("content-type"), Some("application/x-msi"));
+    assert_eq!(
+        answer.header("content-length"),
+        Some(bytes.len().to_string().as_str())
+    );
+    assert!(
+        answer.body == bytes,
+        "the MSI served is not the one published"
+    );
+    let sig = s.get("/agentupdate/agent.msi.minisig");
+    assert_eq!(sig.status, 200);
+    assert_eq!(sig.text(), signature);
+    // What a Windows administrator checks it with.
+    e2e::require_tool("minisign");
+    let got = s.ctx.path("got/agent.msi");
+    fs::create_dir_all(got.parent().unwrap()).unwrap();
+    fs::write(&got, &answer.body).unwrap();
+    fs::write(s.ctx.path("got/agent.msi.minisig"), sig.body).unwrap();
+    let checked = run_ok(
+        std::process::Command::new("minisign")
+            .args(["-V", "-p"])
+            .arg(&s.key_pub)
+            .arg("-m")
+            .arg(&got),
+    );
+    assert!(
+        stdout(&checked).contains("version=1.0.0 build=1 platform=x86_64-pc-windows-gnu"),
+        "{}",
+        stdout(&checked)
+    );
+    // By name, as a deployment's release is asked for; another release is not here.
+    let named = s.get("/agentupdate/agent.msi?release=1.0.0%2B1");
+    assert!(named.status == 200 && named.body == bytes);
+    let other = s.get("/agentupdate/agent.msi?release=9.9.9%2B9");
+    assert_eq!(other.status, 404, "{}", other.text());
+    let listed = stdout(&run_ok(&mut e2e::release_cmd(
+        &s.ctx,
+        &s.server,
+        TOKEN,
+        &["list"],
+    )));
+    assert!(
+        listed.contains("x86_64-pc-windows-gnu, and its MSI"),
+        "{listed}"
+    );
+}
+
+/// The release's MSI dropped into the download directory by hand is taken as a publish
+/// is, and msiexec installs the agent from the server's own URL.
+#[test]
+fn msiexec_installs_the_agent_from_the_servers_agent_msi() {
     let (s, b1) = setup();
     let m = WinMachine::new(&s.ctx, "win");
-    let bytes = fs::read(s.msi(&b1, "1.0.0")).unwrap();
-    let mut routes: HashMap<&'static str, Handler> = HashMap::new();
-    routes.insert(
-        "/agent.msi",
-        Box::new(move |_req, _n, stream| {
-            use std::io::Write;
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/x-msi\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                bytes.len()
-            );
-            let _ = stream.write_all(&bytes);
-        }),
+    let msi = s.release_msi(&b1, "1.0.0");
+    let downloads = s.server.download_dir();
+    for file in [
+        msi.clone(),
+        PathBuf::from(format!("{}.minisig", msi.display())),
+    ] {
+        let name = file.file_name().unwrap();
+        fs::copy(&file, downloads.join(".part")).unwrap();
+        fs::rename(downloads.join(".part"), downloads.join(name)).unwrap();
+    }
+    wait_until(
+        Duration::from_secs(30),
+        "the dropped MSI to be served",
+        || s.get("/agentupdate/agent.msi").status == 200,
     );
-    let web = FakeServer::start(routes);
-    let url = format!("{}/agent.msi", web.url());
+    let url = s.server.url("/agentupdate/agent.msi");
     assert_ok(
-        "install from a URL",
+        "install from the server's URL",
         &install(&m, &url, &props(&s.server, &[])),
     );
-    assert!(!web.requests("/agent.msi").is_empty());
     s.wait_row(&m, "the agent to register", |r| {
         r["platform"] == WINDOWS && r["version"] == "1.0.0+1"
     });
     m.wait_agent_running(WAIT);
-}
-
-/// The benchmark of BENCHMARKS.md ("Windows: the MSI against the bundle's --install"):
-/// from the command's start to the server listing the agent as registered, for
-/// `msiexec /i agent.msi /qn SERVER_URL=… ENROLL_TOKEN=…` and for the same bundle's
-/// `--install --server-url … --enroll-token …`, alternated, a few rounds each, under
-/// Wine, each on a machine of its own. Run with:
-/// `cargo nextest run -p e2e --run-ignored only --no-capture -E 'test(/msi_install_to_registered/)'`
-#[test]
-#[ignore = "a benchmark: run it by name (BENCHMARKS.md)"]
-fn bench_msi_install_to_registered_against_the_bundles_install() {
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(3);
-    let (s, b1) = setup();
-    let registered = |label: &str| {
-        let start = Instant::now();
-        while start.elapsed() < WAIT {
-            if s.rows().iter().any(|r| r["labels"]["bench"] == label) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("{label} did not register within {WAIT:?}");
-    };
-    let (mut by_msi, mut by_bundle) = (Vec::new(), Vec::new());
-    for round in 0..rounds {
-        let label = format!("msi-{round}");
-        let m = WinMachine::new(&s.ctx, &label);
-        // A product of its own each round: the same one again would be a maintenance run.
-        let msi = win_path(&wixl(
-            &b1,
-            "1.0.0",
-            &test_guid(&s.ctx),
-            &s.ctx.path(&format!("msi/bench-{round}.msi")),
-        ));
-        let start = Instant::now();
-        assert_ok(
-            "install",
-            &install(
-                &m,
-                &msi,
-                &props(&s.server, &[&format!("LABELS=bench={label}")]),
-            ),
-        );
-        registered(&label);
-        by_msi.push(start.elapsed());
-        drop(m);
-
-        let label = format!("bundle-{round}");
-        let m = WinMachine::new(&s.ctx, &label);
-        let start = Instant::now();
-        m.install(
-            &b1,
-            &[
-                "--server-url",
-                &s.server.url(""),
-                "--enroll-token",
-                ENROLL,
-                "--label",
-                &format!("bench={label}"),
-            ],
-        );
-        registered(&label);
-        by_bundle.push(start.elapsed());
-    }
-    let summary = |name: &str, mut times: Vec<Duration>| {
-        times.sort();
-        eprintln!(
-            "{name}: median {:.2} s, min {:.2} s, max {:.2} s over {} rounds",
-            times[times.len() / 2].as_secs_f64(),
-            times[0].as_secs_f64(),
-            times[times.len() - 1].as_secs_f64(),
-            times.len()
-        );
-    };
-    summary("msiexec /i agent.msi /qn (install to registered)", by_msi);
-    summary("agent-bundle --install (install to registered)", by_bundle);
 }

@@ -13,7 +13,8 @@ pub struct Sign {
     /// The secret key (update.key).
     #[arg(long, value_name = "FILE")]
     key: PathBuf,
-    /// The bundles; each gets a fresh FILE.minisig beside it.
+    /// The bundles; each gets a fresh FILE.minisig beside it. A release's MSI
+    /// (agent-<version>-<target>.msi) is signed for the bundle beside it.
     #[arg(required = true, value_name = "FILE")]
     bundles: Vec<PathBuf>,
 }

@@ -1,6 +1,8 @@
-//! What makes a set of files a publishable release: every name a bundle's or its
-//! signature's, every bundle signed and verified under a trusted key, one version and
-//! build, one bundle per platform. Every refusal names its file and says why.
+//! What makes a set of files a publishable release: every name a bundle's, its MSI's or
+//! a signature's, every bundle signed and verified under a trusted key, one version and
+//! build, one bundle per platform; at most one MSI, signed by the key that signed the
+//! bundles for the release's version and build and for a Windows platform it has a
+//! bundle for. Every refusal names its file and says why.
 //!
 //! The same checks take a release uploaded with `release publish` and one dropped into
 //! the download directory by hand; only a hand drop may be checked, when the server
@@ -13,7 +15,8 @@ use std::path::Path;
 use agent_extract::payload::Payload;
 use agent_extract::unpack;
 use agent_extract::verify::{self, Trust};
-use agent_protocol::minisign::{PublicKey, Signature};
+use agent_protocol::digest::Digests;
+use agent_protocol::minisign::{BundleClaim, PublicKey, Signature, Signed};
 use agent_protocol::{AgentVersion, layout, platform};
 
 /// One file refused, and why.
@@ -68,13 +71,28 @@ pub struct CheckedBundle {
     pub size: u64,
     pub signature: String,
     pub signed_at: u64,
+    /// The key its signature verified under (a trusted one, or the end of the rotation
+    /// chain it carries): the key its release's MSI must be signed by.
+    pub signer: PublicKey,
 }
 
-/// A release that passed: its bundles, by platform.
+/// A release's MSI that passed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedMsi {
+    pub name: String,
+    /// The Windows platform of the bundle it installs.
+    pub platform: String,
+    pub sha256: String,
+    pub size: u64,
+    pub signature: String,
+}
+
+/// A release that passed: its bundles, by platform, and its MSI if it carries one.
 #[derive(Debug, Clone)]
 pub struct Checked {
     pub version: AgentVersion,
     pub bundles: Vec<CheckedBundle>,
+    pub msi: Option<CheckedMsi>,
 }
 
 impl Checked {
@@ -89,15 +107,18 @@ impl Checked {
     }
 }
 
-/// Whether `name` may be a file of a release: `agent-bundle-…` (or its `.minisig`),
-/// of the characters a version and a target triple use, never a path.
+/// Whether `name` may be a file of a release: `agent-bundle-…` or an MSI
+/// `agent-….msi` (or the `.minisig` of either), of the characters a version and a
+/// target triple use, never a path.
 pub fn check_name(name: &str) -> Result<(), String> {
     let ok_chars = name
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+'));
-    if !name.starts_with("agent-bundle-") || !ok_chars || name.contains("..") || name.len() > 200 {
+    let file = name.strip_suffix(".minisig").unwrap_or(name);
+    let known = file.starts_with("agent-bundle-") || layout::is_msi_file_name(file);
+    if !known || !ok_chars || name.contains("..") || name.len() > 200 {
         return Err(
-            "not a release file: a release holds agent-bundle-<version>[-<target>][.exe] files and their .minisig signatures"
+            "not a release file: a release holds agent-bundle-<version>[-<target>][.exe] files, at most one agent-<version>-<target>.msi, and their .minisig signatures"
                 .into(),
         );
     }
@@ -132,11 +153,17 @@ pub fn check_dir(
 ) -> Result<Checked, Refused> {
     let mut refusals = Vec::new();
     let mut bundles = Vec::new();
+    let mut msis = Vec::new();
     for name in names {
         if let Some(bundle) = name.strip_suffix(".minisig") {
             if !names.iter().any(|n| n == bundle) {
                 refusals.push(refuse(name, "a signature without its bundle"));
             }
+            continue;
+        }
+        if layout::is_msi_file_name(name) {
+            // Checked against the release its bundles make, once they pass.
+            msis.push(name);
             continue;
         }
         match check_bundle(dir, name, names, trusted, served_key, max_unpacked) {
@@ -150,10 +177,128 @@ pub fn check_dir(
             "no bundle in it: give agent-bundle-<version>[-<target>] files with their .minisig",
         ));
     }
+    if let [_, second, ..] = msis.as_slice() {
+        refusals.push(refuse(
+            second,
+            format!(
+                "a second MSI (beside {}): a release carries one, its Windows bundle's",
+                msis[0]
+            ),
+        ));
+    }
     if !refusals.is_empty() {
         return Err(Refused(refusals));
     }
-    assemble(bundles).map_err(Refused)
+    let mut checked = assemble(bundles).map_err(Refused)?;
+    if let Some(name) = msis.first() {
+        checked.msi = Some(
+            check_msi(dir, name, names, &checked).map_err(|r| Refused(vec![refuse(name, r)]))?,
+        );
+    }
+    Ok(checked)
+}
+
+/// The MSI `name` of the release `checked` (its bundles passed): signed, by the key that
+/// signed them, as an MSI of their version and build for a Windows platform they have a
+/// bundle for, and named for it. What it holds inside is not read: its signature says
+/// what it is, and `agent-bundle sign` signs it for the bundle it was built around.
+fn check_msi(
+    dir: &Path,
+    name: &str,
+    names: &[String],
+    checked: &Checked,
+) -> Result<CheckedMsi, String> {
+    let sig_name = layout::signature_file_name(name);
+    let how_to_sign = format!(
+        "sign it with the key that signed the bundles (agent-bundle sign --key K {name}, with its bundle beside it) and give both"
+    );
+    if !names.contains(&sig_name) {
+        return Err(format!("no signature {sig_name} beside it: {how_to_sign}"));
+    }
+    let text = verify::read_signature_file(&dir.join(&sig_name)).map_err(|e| {
+        format!(
+            "its signature {sig_name} cannot be read ({}): {how_to_sign}",
+            io_reason(&e)
+        )
+    })?;
+    let signature =
+        Signature::parse(&text).map_err(|e| format!("its signature is not minisign's: {e}"))?;
+    let Some(key) = checked
+        .bundles
+        .iter()
+        .map(|b| &b.signer)
+        .find(|k| k.key_id() == signature.key_id())
+    else {
+        let signers: Vec<String> = checked
+            .bundles
+            .iter()
+            .map(|b| b.signer.key_id().to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        return Err(format!(
+            "it is signed by key {}, but the release's bundles by key {}: {how_to_sign}",
+            signature.key_id(),
+            signers.join(", ")
+        ));
+    };
+    let path = dir.join(name);
+    let digests = std::fs::File::open(&path)
+        .and_then(Digests::of_reader)
+        .map_err(|e| format!("it cannot be read: {e}"))?;
+    let verified = if signature.is_prehashed() {
+        signature.verify(key, Signed::Prehashed(&digests.blake2b))
+    } else {
+        std::fs::read(&path)
+            .map_err(agent_protocol::Error::from)
+            .and_then(|bytes| signature.verify(key, Signed::Raw(&bytes)))
+    };
+    verified.map_err(|e| format!("it does not verify: {e}; {how_to_sign}"))?;
+    let claim = BundleClaim::parse(signature.trusted_comment()).map_err(|e| {
+        format!(
+            "its signature does not say which release it is ({e}): a plain `minisign -S` signs no version; {how_to_sign}"
+        )
+    })?;
+    if claim.sha256 != digests.sha256_hex() {
+        return Err(format!(
+            "its signature vouches for sha256 {}, but its sha256 is {}: {how_to_sign}",
+            claim.sha256,
+            digests.sha256_hex()
+        ));
+    }
+    if claim.version != checked.version {
+        return Err(format!(
+            "it is signed as an MSI of {}, but the release's bundles are {}: publish a build's MSI with that build's bundles",
+            claim.version, checked.version
+        ));
+    }
+    let windows = platform::exe_suffix(&claim.platform) == ".exe";
+    if !windows || !checked.bundles.iter().any(|b| b.platform == claim.platform) {
+        return Err(format!(
+            "it is signed as the MSI of {}'s bundle, which this release does not have (it has {}): publish the MSI with the Windows bundle it installs",
+            claim.platform,
+            checked
+                .bundles
+                .iter()
+                .map(|b| b.platform.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let expected = layout::msi_file_name(&checked.version, &claim.platform);
+    if name != expected {
+        return Err(format!(
+            "its name does not say what it holds (the MSI of {} for {}): name it {expected}",
+            checked.version, claim.platform
+        ));
+    }
+    Ok(CheckedMsi {
+        name: name.to_owned(),
+        platform: claim.platform,
+        sha256: digests.sha256_hex(),
+        size: digests.size,
+        signature: text,
+    })
 }
 
 fn check_bundle(
@@ -180,19 +325,24 @@ fn check_bundle(
     let signature =
         Signature::parse(&text).map_err(|e| format!("its signature is not minisign's: {e}"))?;
     let path = dir.join(name);
-    let verified = match trusted {
+    let (verified, trusted_key) = match trusted {
         Trusted::Keys(keys) => verify_under_any(&path, &signature, keys)?,
         Trusted::Shipped => {
             let key = shipped_key(&path)?;
-            verify::verify_file(&path, &signature, &Trust::key(&key)).map_err(|e| {
+            let verified = verify::verify_file(&path, &signature, &Trust::key(&key)).map_err(|e| {
                 format!(
                     "it does not verify under the key it ships ({SHIPPED_KEY}, key {}), the one a fresh install trusts: {}; this server trusts no key of its own (releases.trusted-keys in server.toml)",
                     key.key_id(),
                     crate::refusal::in_servers_words(&e)
                 )
-            })?
+            })?;
+            (verified, key)
         }
     };
+    let signer = verified
+        .chain
+        .as_ref()
+        .map_or(trusted_key, |chain| chain.end.clone());
     if let Some(key) = served_key {
         verify::verify_file(&path, &signature, &Trust::key(key)).map_err(|e| {
             format!(
@@ -227,6 +377,7 @@ fn check_bundle(
         size: verified.digests.size,
         signature: text,
         signed_at: verified.claim.signed_at,
+        signer,
     })
 }
 
@@ -303,15 +454,16 @@ fn shipped_key(path: &Path) -> Result<PublicKey, String> {
         .map_err(|e| format!("the key it ships ({SHIPPED_KEY}) is no minisign public key: {e}"))
 }
 
+/// The bundle at `path` verified under one of `keys`, and that key.
 fn verify_under_any(
     path: &Path,
     signature: &Signature,
     keys: &[PublicKey],
-) -> Result<verify::Verified, String> {
+) -> Result<(verify::Verified, PublicKey), String> {
     let mut last = None;
     for key in keys {
         match verify::verify_file(path, signature, &Trust::key(key)) {
-            Ok(verified) => return Ok(verified),
+            Ok(verified) => return Ok((verified, key.clone())),
             Err(e) => last = Some(crate::refusal::in_servers_words(&e)),
         }
     }
@@ -367,7 +519,11 @@ fn assemble(mut bundles: Vec<CheckedBundle>) -> Result<Checked, Vec<Refusal>> {
         return Err(refusals);
     }
     let version = bundles[0].version.clone();
-    Ok(Checked { version, bundles })
+    Ok(Checked {
+        version,
+        bundles,
+        msi: None,
+    })
 }
 
 #[cfg(test)]
@@ -380,6 +536,8 @@ mod tests {
             "agent-bundle-1.2.0",
             "agent-bundle-1.2.0-x86_64-unknown-linux-gnu",
             "agent-bundle-1.2.0-x86_64-pc-windows-gnu.exe.minisig",
+            "agent-1.2.0-x86_64-pc-windows-gnu.msi",
+            "agent-1.2.0-x86_64-pc-windows-gnu.msi.minisig",
         ] {
             assert!(check_name(good).is_ok(), "{good}");
         }
@@ -390,6 +548,8 @@ mod tests {
             "notes.txt",
             "agent-bundle-1 2",
             "agent-bundle-<script>",
+            "setup.msi",
+            "agent-1.2.0.exe",
             "",
         ] {
             assert!(check_name(bad).is_err(), "{bad}");
@@ -400,6 +560,19 @@ mod tests {
     /// `<dir>/out`; returns the directory, the names of the bundle and its signature, and
     /// the key.
     fn packed(zeros: u64) -> (tempfile::TempDir, Vec<String>, PublicKey) {
+        let (dir, names, key) = packed_for(zeros, "x86_64-unknown-linux-gnu");
+        (dir, names, key.public_key())
+    }
+
+    /// As [`packed`], for `platform`, with the secret key.
+    fn packed_for(
+        zeros: u64,
+        platform: &str,
+    ) -> (
+        tempfile::TempDir,
+        Vec<String>,
+        agent_protocol::minisign::SecretKey,
+    ) {
         let dir = tempfile::tempdir().expect("tempdir");
         let dist = dir.path().join("dist");
         std::fs::create_dir_all(dist.join("bin")).expect("bin");
@@ -414,7 +587,7 @@ mod tests {
         let packed = agent_bundle::pack::pack(&agent_bundle::pack::PackRequest {
             dist: &dist,
             version: AgentVersion::new("1.0.0", "1").expect("version"),
-            platform: "x86_64-unknown-linux-gnu".to_owned(),
+            platform: platform.to_owned(),
             key: &key,
             out_dir: &out,
             stub: Path::new("/bin/true"),
@@ -427,7 +600,162 @@ mod tests {
             .iter()
             .map(|p| p.file_name().expect("name").to_string_lossy().into_owned())
             .collect();
-        (dir, names, key.public_key())
+        (dir, names, key)
+    }
+
+    /// Writes `bytes` as the MSI `name` into `dir`, signed by `key` with `comment`'s claim
+    /// made over them (`sha256` left empty: the real one).
+    fn msi(
+        dir: &Path,
+        name: &str,
+        bytes: &[u8],
+        key: &agent_protocol::minisign::SecretKey,
+        claim: &BundleClaim,
+    ) {
+        std::fs::write(dir.join(name), bytes).expect("msi");
+        let digests = Digests::of_reader(bytes).expect("digests");
+        let mut claim = claim.clone();
+        if claim.sha256.is_empty() {
+            claim.sha256 = digests.sha256_hex();
+        }
+        let signature = key
+            .sign_prehashed(&digests.blake2b, &claim.to_comment())
+            .expect("sign");
+        std::fs::write(
+            dir.join(layout::signature_file_name(name)),
+            signature.to_file_string(),
+        )
+        .expect("signature");
+    }
+
+    const WINDOWS: &str = "x86_64-pc-windows-gnu";
+    const MSI: &str = "agent-1.0.0-x86_64-pc-windows-gnu.msi";
+
+    fn msi_claim(version: &str, platform: &str) -> BundleClaim {
+        BundleClaim {
+            version: version.parse().expect("version"),
+            platform: platform.into(),
+            sha256: String::new(),
+            signed_at: 1_700_000_000,
+        }
+    }
+
+    #[test]
+    fn a_release_carries_the_msi_its_bundles_signer_signed_for_its_build() {
+        let (dir, mut names, key) = packed_for(0, WINDOWS);
+        let release = dir.path().join("out");
+        let keys = [key.public_key()];
+        msi(
+            &release,
+            MSI,
+            b"an msi",
+            &key,
+            &msi_claim("1.0.0+1", WINDOWS),
+        );
+        names.extend([MSI.to_owned(), format!("{MSI}.minisig")]);
+        let checked =
+            check_dir(&release, &names, Trusted::Keys(&keys), None, None).expect("with its MSI");
+        let carried = checked.msi.expect("the MSI");
+        assert_eq!(carried.name, MSI);
+        assert_eq!(carried.platform, WINDOWS);
+        assert_eq!(carried.size, 6);
+        assert_eq!(checked.bundles.len(), 1, "the MSI is no bundle");
+
+        let refused = |names: &[String]| {
+            check_dir(&release, names, Trusted::Keys(&keys), None, None)
+                .expect_err("refused")
+                .to_string()
+        };
+        // Without its signature.
+        let text = refused(&names[..3]);
+        assert!(text.contains(&format!("{MSI}: no signature")), "{text}");
+        assert!(text.contains("agent-bundle sign --key K"), "{text}");
+
+        // Signed for another build, by another key, with no claim, over other bytes.
+        msi(
+            &release,
+            MSI,
+            b"an msi",
+            &key,
+            &msi_claim("1.0.0+2", WINDOWS),
+        );
+        let text = refused(&names);
+        assert!(
+            text.contains("MSI of 1.0.0+2, but the release's bundles are 1.0.0+1"),
+            "{text}"
+        );
+        let stranger = agent_protocol::minisign::SecretKey::generate().expect("key");
+        msi(
+            &release,
+            MSI,
+            b"an msi",
+            &stranger,
+            &msi_claim("1.0.0+1", WINDOWS),
+        );
+        let text = refused(&names);
+        assert!(text.contains("but the release's bundles by key"), "{text}");
+        let digests = Digests::of_reader(&b"an msi"[..]).expect("digests");
+        let plain = key
+            .sign_prehashed(&digests.blake2b, "timestamp:1700000000\tfile:agent.msi")
+            .expect("sign");
+        std::fs::write(
+            release.join(format!("{MSI}.minisig")),
+            plain.to_file_string(),
+        )
+        .expect("write");
+        let text = refused(&names);
+        assert!(
+            text.contains("plain `minisign -S` signs no version"),
+            "{text}"
+        );
+        msi(
+            &release,
+            MSI,
+            b"an msi",
+            &key,
+            &msi_claim("1.0.0+1", WINDOWS),
+        );
+        std::fs::write(release.join(MSI), b"another msi").expect("write");
+        let text = refused(&names);
+        assert!(text.contains("does not verify"), "{text}");
+        assert!(
+            text.starts_with("the release is refused, nothing changed"),
+            "{text}"
+        );
+
+        // For a platform the release has no bundle of, or under a name that hides it.
+        msi(
+            &release,
+            MSI,
+            b"an msi",
+            &key,
+            &msi_claim("1.0.0+1", "aarch64-pc-windows-msvc"),
+        );
+        let text = refused(&names);
+        assert!(text.contains("which this release does not have"), "{text}");
+        let other = "agent-1.0.1-x86_64-pc-windows-gnu.msi";
+        msi(
+            &release,
+            other,
+            b"an msi",
+            &key,
+            &msi_claim("1.0.0+1", WINDOWS),
+        );
+        let renamed = [&names[..2], &[other.to_owned(), format!("{other}.minisig")]].concat();
+        let text = refused(&renamed);
+        assert!(text.contains(&format!("name it {MSI}")), "{text}");
+
+        // One MSI a release.
+        msi(
+            &release,
+            MSI,
+            b"an msi",
+            &key,
+            &msi_claim("1.0.0+1", WINDOWS),
+        );
+        let two = [&names[..], &[other.to_owned(), format!("{other}.minisig")]].concat();
+        let text = refused(&two);
+        assert!(text.contains("a second MSI"), "{text}");
     }
 
     #[test]
@@ -527,6 +855,9 @@ mod tests {
             size: 1,
             signature: String::new(),
             signed_at: 1,
+            signer: agent_protocol::minisign::SecretKey::generate()
+                .expect("key")
+                .public_key(),
         }
     }
 

@@ -211,10 +211,11 @@ impl Publisher {
             )
             .await?;
         let record = record_of(&checked);
+        // Before anything is moved over the kept files of the same id.
         if let Some(known) = self.releases.release(&record.id).await?
-            && known.identity != record.identity
+            && let Some(conflict) = agent_fleet::releases::conflict(&known, &record)
         {
-            return Err(agent_fleet::releases::other_bytes(&record.id).into());
+            return Err(conflict.into());
         }
         let kept = self.dir.join(&record.id);
         let incoming_path = incoming.path().to_owned();
@@ -456,11 +457,9 @@ impl Publisher {
         };
         let record = record_of(&checked);
         if let Some(known) = self.releases.release(&record.id).await?
-            && known.identity != record.identity
+            && let Some(conflict) = agent_fleet::releases::conflict(&known, &record)
         {
-            return Ok(HandDrop::Refused(
-                agent_fleet::releases::other_bytes(&record.id).to_string(),
-            ));
+            return Ok(HandDrop::Refused(conflict.to_string()));
         }
         let kept = self.dir.join(&record.id);
         let incoming_path = incoming.path().to_owned();
@@ -520,8 +519,7 @@ impl Publisher {
             return Ok(None);
         };
         let known = record
-            .files
-            .iter()
+            .all_files()
             .any(|f| f.name == name || layout::signature_file_name(&f.name) == name);
         if !known {
             return Ok(None);
@@ -601,7 +599,7 @@ impl Publisher {
     async fn ensure_local(&self, record: &ReleaseRecord) -> Result<(), ReleaseError> {
         let kept = self.dir.join(&record.id);
         fs::create_dir_all(&kept).map_err(|e| io_error(&kept, e))?;
-        for file in &record.files {
+        for file in record.all_files() {
             let path = kept.join(&file.name);
             let present = fs::metadata(&path)
                 .map(|m| m.len() == file.size)
@@ -638,7 +636,7 @@ impl Publisher {
     async fn install_entry(&self, entry: &HistoryEntry) -> Result<(), ReleaseError> {
         self.ensure_local(&entry.release).await?;
         let kept = self.dir.join(&entry.release.id);
-        let names: Vec<String> = entry.release.files.iter().map(|f| f.name.clone()).collect();
+        let names: Vec<String> = entry.release.all_files().map(|f| f.name.clone()).collect();
         let store = Arc::clone(&self.store);
         blocking(move || install(&store, &kept, &names)).await?;
         let path = self.dir.join(INSTALLED_FILE);
@@ -728,8 +726,7 @@ async fn same_files(
     release: &ReleaseRecord,
 ) -> Result<bool, ReleaseError> {
     let mut expected: Vec<String> = release
-        .files
-        .iter()
+        .all_files()
         .flat_map(|f| [f.name.clone(), layout::signature_file_name(&f.name)])
         .collect();
     expected.sort();
@@ -737,7 +734,7 @@ async fn same_files(
         return Ok(false);
     }
     let dir = dir.to_owned();
-    let files = release.files.clone();
+    let files: Vec<FileRecord> = release.all_files().cloned().collect();
     blocking(move || {
         for file in &files {
             let sig = dir.join(layout::signature_file_name(&file.name));
@@ -782,10 +779,18 @@ fn record_of(checked: &Checked) -> ReleaseRecord {
             .iter()
             .map(|f| (f.platform.as_str(), f.sha256.as_str())),
     );
+    let msi = checked.msi.as_ref().map(|m| FileRecord {
+        name: m.name.clone(),
+        platform: m.platform.clone(),
+        sha256: m.sha256.clone(),
+        size: m.size,
+        signature: m.signature.clone(),
+    });
     ReleaseRecord {
         id: checked.id(),
         identity,
         files,
+        msi,
     }
 }
 
@@ -803,9 +808,9 @@ fn keep_files(incoming: &Path, kept: &Path) -> Result<(), ReleaseError> {
 }
 
 /// Writes the files of `kept` into the store's download directory under hidden names,
-/// renames them into place (each signature before its bundle), removes the bundles of
-/// any other release, and has the store take the result, all while its scans are held
-/// off: no scan ever sees half of it.
+/// renames them into place (each signature before its bundle), removes the bundles and
+/// MSI of any other release, and has the store take the result, all while its scans are
+/// held off: no scan ever sees half of it.
 fn install(store: &BundleStore, kept: &Path, names: &[String]) -> Result<(), ReleaseError> {
     let dir = store.dir().to_owned();
     let held = store.hold();
@@ -830,7 +835,9 @@ fn install(store: &BundleStore, kept: &Path, names: &[String]) -> Result<(), Rel
     let entries = fs::read_dir(&dir).map_err(|e| io_error(&dir, e))?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("agent-bundle-") && !ours.contains(&name) {
+        let release_file = name.starts_with("agent-bundle-")
+            || layout::is_msi_file_name(name.trim_end_matches(".minisig"));
+        if release_file && !ours.contains(&name) {
             let _ = fs::remove_file(entry.path());
         }
     }

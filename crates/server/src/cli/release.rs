@@ -15,9 +15,10 @@ use super::table::{date, text};
 
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
 pub enum Release {
-    /// Upload a release: each agent-bundle-<v>[-<target>][.exe] with its .minisig.
+    /// Upload a release: each agent-bundle-<v>[-<target>][.exe] with its .minisig, and
+    /// the Windows MSI agent-<v>-<target>.msi with its .msi.minisig when there is one.
     Publish {
-        /// Directories (their agent-bundle-* files) or files.
+        /// Directories (their agent-bundle-* files and MSI) or files.
         #[arg(required = true, value_name = "DIR|FILE")]
         paths: Vec<PathBuf>,
         /// Keep the release for this deployment and start its rollout there; the
@@ -63,8 +64,28 @@ impl Release {
                     ),
                     None => "; every server of the fleet serves it, and the rollout starts under [rollout]".to_owned(),
                 };
+                let msi = match answer["msi"]["name"].as_str() {
+                    Some(name) => {
+                        let mut url = format!(
+                            "{}{}",
+                            client.base().unwrap_or_default(),
+                            agent_protocol::wire::MSI_PATH
+                        );
+                        // A deployment's release is asked for by name, as its bundles are.
+                        if deployment.is_some() {
+                            let id = answer["id"].as_str().unwrap_or_default();
+                            url.push_str(&format!(
+                                "?{}={}",
+                                agent_protocol::wire::RELEASE_QUERY,
+                                id.replace('+', "%2B")
+                            ));
+                        }
+                        format!(", with its Windows MSI {name} at {url}")
+                    }
+                    None => String::new(),
+                };
                 let said = format!(
-                    "published release {} ({}){whose}",
+                    "published release {} ({}{msi}){whose}",
                     answer["id"].as_str().unwrap_or("?"),
                     answer["platforms"]
                         .as_array()
@@ -118,8 +139,9 @@ impl Release {
 /// How long a release's upload or one file's export may take.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// The files `paths` name: a directory gives its `agent-bundle-*` files, a bundle
-/// brings its `.minisig` along when one lies beside it.
+/// The files `paths` name: a directory gives its `agent-bundle-*` files and its MSIs
+/// (`agent-*.msi`, with their `.minisig`), a bundle or MSI brings its `.minisig` along
+/// when one lies beside it.
 pub fn release_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = Vec::new();
     let mut add = |path: PathBuf| {
@@ -134,7 +156,10 @@ pub fn release_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
             for entry in std::fs::read_dir(path).with_context(|| format!("{}", path.display()))? {
                 let entry = entry.with_context(|| format!("{}", path.display()))?;
                 let name = entry.file_name().to_string_lossy().into_owned();
-                if name.starts_with("agent-bundle-") && entry.file_type()?.is_file() {
+                let msi = agent_protocol::layout::is_msi_file_name(
+                    name.strip_suffix(".minisig").unwrap_or(&name),
+                );
+                if (name.starts_with("agent-bundle-") || msi) && entry.file_type()?.is_file() {
                     found.push(entry.path());
                 }
             }
@@ -263,10 +288,13 @@ impl AdminClient {
         std::fs::create_dir_all(out).with_context(|| format!("--out {}", out.display()))?;
         let http = self.http_for(TRANSFER_TIMEOUT)?;
         let mut written = Vec::new();
-        for file in entry["files"]
+        let files = entry["files"]
             .as_array()
             .map(Vec::as_slice)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        for file in files
+            .iter()
+            .chain(Some(&entry["msi"]).filter(|m| m.is_object()))
         {
             let name = text(file, "name");
             for name in [name.to_owned(), format!("{name}.minisig")] {
@@ -348,7 +376,11 @@ pub fn render_releases(list: &Value) -> String {
             text(r, "kind"),
             date(&r["published_at"]),
             text(r, "published_by"),
-            platforms.join(", ")
+            if r["msi"].is_object() {
+                format!("{}, and its MSI", platforms.join(", "))
+            } else {
+                platforms.join(", ")
+            }
         );
     }
     let _ = writeln!(
@@ -369,12 +401,21 @@ mod tests {
         for name in [
             "agent-bundle-1.0.0",
             "agent-bundle-1.0.0.minisig",
+            "agent-1.0.0-x86_64-pc-windows-gnu.msi",
+            "agent-1.0.0-x86_64-pc-windows-gnu.msi.minisig",
             "notes.txt",
+            "other.msi",
         ] {
             std::fs::write(dir.path().join(name), "x").unwrap();
         }
         let files = release_files(&[dir.path().to_owned()]).unwrap();
-        assert_eq!(files.len(), 2);
+        assert_eq!(files.len(), 4, "{files:?}");
+        let msi = dir.path().join("agent-1.0.0-x86_64-pc-windows-gnu.msi");
+        assert_eq!(
+            release_files(&[msi]).unwrap().len(),
+            2,
+            "with its signature"
+        );
         let files = release_files(&[dir.path().join("agent-bundle-1.0.0")]).unwrap();
         assert_eq!(files.len(), 2, "{files:?}");
         let empty = tempfile::tempdir().unwrap();
@@ -389,12 +430,16 @@ mod tests {
             "serving": {"version": "1.0.0+2", "platforms": ["x86_64-unknown-linux-gnu"], "source": "published"},
             "releases": [
                 {"id": "1.0.0+2", "kind": "publish", "published_at": 1.0, "published_by": "ops", "current": true, "platforms": ["x86_64-unknown-linux-gnu"]},
-                {"id": "1.0.0+1", "kind": "publish", "published_at": 0.5, "published_by": "ops", "current": false, "platforms": []}
+                {"id": "1.0.0+1", "kind": "publish", "published_at": 0.5, "published_by": "ops", "current": false, "platforms": ["x86_64-pc-windows-gnu"], "msi": {"name": "agent-1.0.0-x86_64-pc-windows-gnu.msi"}}
             ]
         });
         let shown = render_releases(&list);
         assert!(shown.contains("* 1.0.0+2"), "{shown}");
         assert!(shown.contains("  1.0.0+1"), "{shown}");
+        assert!(
+            shown.contains("x86_64-pc-windows-gnu, and its MSI"),
+            "{shown}"
+        );
         assert!(shown.contains("from the published release"), "{shown}");
     }
 }

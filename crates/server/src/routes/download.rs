@@ -5,6 +5,10 @@
 //! release of several answers `/version` for its primary bundle, and the download and
 //! signature with `300 Multiple Choices`: which platforms exist and how to ask, never a
 //! bundle a machine might not run.
+//!
+//! `/agentupdate/agent.msi` and `/agentupdate/agent.msi.minisig` serve the release's
+//! Windows MSI (`?release=` as for bundles), guarded as the bundle download is: what
+//! `msiexec /i https://SERVER/agentupdate/agent.msi /qn SERVER_URL=… ENROLL_TOKEN=…` fetches.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -24,7 +28,7 @@ use super::{AppState, ready, unavailable};
 use crate::error::ApiError;
 use crate::metrics::{Metrics, Sent, inc};
 use crate::state::Shared;
-use crate::store::{Release, ServedBundle};
+use crate::store::{Release, ServedBundle, ServedMsi};
 use crate::transport::limiter::Slot;
 use serde::Deserialize;
 
@@ -381,7 +385,74 @@ pub(super) async fn download(
     serve(s, limit, file, &method, &headers)
 }
 
-/// A file a download route sends: a bundle or a delta, write-once and mapped.
+/// The MSI of the release `ask` names, or the `404` that says it carries none.
+fn asked_msi(s: &Shared, ask: &Ask) -> Result<Arc<ServedMsi>, Box<Response>> {
+    let release = asked_release(s, ask)?;
+    release.msi().cloned().ok_or_else(|| {
+        Box::new(
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "release {} carries no Windows MSI: publish it with its agent-{}-x86_64-pc-windows-gnu.msi and .msi.minisig (scripts/build-dist.sh --target x86_64-pc-windows-gnu writes them), or install with the bundle (/install.sh)",
+                    release.version(),
+                    release.version().version_str()
+                ),
+            )
+            .into_response(),
+        )
+    })
+}
+
+/// `GET /agentupdate/agent.msi`: the release's Windows MSI, as the bundle download is
+/// sent (the download limit, ranges, conditional requests).
+pub(super) async fn msi(
+    State(state): State<AppState>,
+    Query(ask): Query<Ask>,
+    method: Method,
+    headers: HeaderMap,
+) -> Response {
+    let s = &state.inner;
+    let limit = match download_limit(s, Sent::Msi) {
+        Ok(limit) => limit,
+        Err(r) => return *r,
+    };
+    let msi = match asked_msi(s, &ask) {
+        Ok(m) => m,
+        Err(r) => return *r,
+    };
+    let file = Servable {
+        data: msi.data.clone(),
+        etag: &msi.etag,
+        last_modified: msi.last_modified,
+        filename: &msi.filename,
+        sent: Sent::Msi,
+    };
+    let mut response = serve(s, limit, file, &method, &headers);
+    if response.status().is_success() {
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-msi"),
+        );
+    }
+    response
+}
+
+/// `GET /agentupdate/agent.msi.minisig`: the MSI's minisign signature.
+pub(super) async fn msi_signature(
+    State(state): State<AppState>,
+    Query(ask): Query<Ask>,
+) -> Response {
+    match asked_msi(&state.inner, &ask) {
+        Ok(msi) => (
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            msi.signature.clone(),
+        )
+            .into_response(),
+        Err(r) => *r,
+    }
+}
+
+/// A file a download route sends: a bundle, a delta or an MSI, write-once and mapped.
 pub(super) struct Servable<'a> {
     pub(super) data: Bytes,
     /// Quoted strong entity tag: the file's sha256.

@@ -1,6 +1,6 @@
 //! The HTTP interface (docs/reference/admin-api.md), as an axum `Router` that tests
 //! drive without a socket.
-//! By area: [`download`] (version, bundle, signature), [`delta`] (deltas between bundles), [`agents`] (register, connect,
+//! By area: [`download`] (version, bundle, signature, the Windows MSI), [`delta`] (deltas between bundles), [`agents`] (register, connect,
 //! report: the version directive, and the configuration set to run), [`config`]
 //! (configuration sets, `/agent/config-status`) and [`admin`] (settings, agents,
 //! rollout, metrics).
@@ -68,6 +68,8 @@ pub fn router(state: &AppState) -> Router<AppState> {
             get(download::download).head(download::download),
         )
         .route(wire::SIGNATURE_PATH, get(download::signature))
+        .route(wire::MSI_PATH, get(download::msi).head(download::msi))
+        .route(wire::MSI_SIGNATURE_PATH, get(download::msi_signature))
         .route(wire::DELTA_PATH, get(delta::delta).head(delta::delta))
         .route(install::SCRIPT_PATH, get(install::script))
         .route(install::CHECK_PATH, get(install::check_enrollment))

@@ -227,6 +227,7 @@ async fn publish_for_deployment(
             "deployment": deployment,
             "current": false,
             "platforms": platforms,
+            "msi": record.msi,
         })),
     )
         .into_response())
@@ -351,6 +352,7 @@ fn entry_json(entry: &HistoryEntry, current: bool) -> Value {
         "current": current,
         "platforms": platforms,
         "files": entry.release.files,
+        "msi": entry.release.msi,
         "identity": entry.release.identity,
     })
 }
@@ -503,8 +505,8 @@ async fn rollback_deployment(
     )
 }
 
-/// `GET /admin/releases/{id}/files/{name}`: a kept release's bundle or signature; `id`
-/// may be `current`.
+/// `GET /admin/releases/{id}/files/{name}`: a kept release's bundle, MSI or signature;
+/// `id` may be `current`.
 pub(super) async fn file(
     State(state): State<AppState>,
     auth: Auth,

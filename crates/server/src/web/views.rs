@@ -1152,6 +1152,7 @@ mod tests {
                     size: 1,
                     signature: String::new(),
                 }],
+                msi: None,
             },
         };
         let history = vec![
