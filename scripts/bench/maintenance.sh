@@ -142,8 +142,11 @@ as the server recorded it (its last agent \`INSTALLED\`).
 | errors seen by the agents | $werr${kinds:+ ($kinds)} | $nerr |
 
 Rollouts: $outcome. At the opening the server wakes every held connect of the group at
-once, and all of them report, install and report again together, where a rollout
-without a window spreads them over the downloads. Bytes per window round (before the opening, of all the rollout
+once (paced by the download slots it hands out, which agents holding the release do not
+take), and all of them report, install and report again together, where a rollout
+without a window spreads them over the downloads. Their reports and first \`409\`s are
+written as a group commit (\`agent_fleet::group\`: what arrives while a write is under
+way goes in the next one), not a transaction each. Bytes per window round (before the opening, of all the rollout
 sent): $(printf '%s; ' "${bshares[@]}")
 EOF2
 }
