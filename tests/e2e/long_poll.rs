@@ -342,7 +342,7 @@ fn two_thousand_held_agents_come_back_after_a_restart_without_a_herd() {
     });
     // Agents hold right after they register: the last may still be registering.
     wait_until(LONG, "the fleet to know all 2,000 agents", || {
-        admin_agents(server.port, TOKEN).len() == AGENTS
+        e2e::admin_agents_answered(server.port, TOKEN).is_some_and(|a| a.len() == AGENTS)
     });
     let port = server.port;
     signal(server.pid, "TERM");

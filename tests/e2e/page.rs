@@ -761,7 +761,7 @@ fn ten_thousand_agents_the_overview_counts_them_all_and_a_filtered_list_pages_th
     wait_until(
         Duration::from_secs(180),
         "10,000 agents to register",
-        || admin_agents(server.port, TOKEN).len() == AGENTS,
+        || e2e::admin_agents_answered(server.port, TOKEN).is_some_and(|a| a.len() == AGENTS),
     );
 
     let cookie = http_sign_in(server.port, TOKEN);

@@ -361,6 +361,19 @@ pub fn admin_agents(port: u16, token: &str) -> Vec<serde_json::Value> {
     serde_json::from_slice(&answer.body).unwrap()
 }
 
+/// `GET /admin/agents`, or `None` while the server says it is too busy to list them in
+/// time (`408`, `503`: a fleet registering by the thousand on a loaded machine): for a
+/// `wait_until`.
+pub fn admin_agents_answered(port: u16, token: &str) -> Option<Vec<serde_json::Value>> {
+    let auth = format!("Bearer {token}");
+    let answer = http(port, "GET", "/admin/agents", &[("Authorization", &auth)]).unwrap();
+    if matches!(answer.status, 408 | 503) {
+        return None;
+    }
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    Some(serde_json::from_slice(&answer.body).unwrap())
+}
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()

@@ -453,6 +453,29 @@ fn a_release_carries_its_msi_and_the_server_serves_it_with_its_signature() {
     assert!(named.status == 200 && named.body == bytes);
     let other = s.get("/agentupdate/agent.msi?release=9.9.9%2B9");
     assert_eq!(other.status, 404, "{}", other.text());
+    // By deployment: what `msiexec /i …/agent.msi?deployment=prod` installs is the
+    // release prod runs; a deployment that does not exist is named back.
+    let (status, made) = e2e::admin_call(
+        &s.server,
+        TOKEN,
+        "POST",
+        "/admin/deployments",
+        serde_json::json!({ "name": "prod", "selector": "env=prod", "release": "1.0.0+1" })
+            .to_string(),
+    );
+    assert_eq!(status, 201, "{made}");
+    let by_deployment = s.get("/agentupdate/agent.msi?deployment=prod");
+    assert!(by_deployment.status == 200 && by_deployment.body == bytes);
+    let sig_by_deployment = s.get("/agentupdate/agent.msi.minisig?deployment=prod");
+    assert_eq!(sig_by_deployment.text(), signature);
+    let nowhere = s.get("/agentupdate/agent.msi?deployment=nowhere");
+    assert_eq!(nowhere.status, 404, "{}", nowhere.text());
+    assert!(
+        nowhere.text().contains("no deployment \"nowhere\"")
+            && nowhere.text().contains("default, prod"),
+        "{}",
+        nowhere.text()
+    );
     let listed = stdout(&run_ok(&mut e2e::release_cmd(
         &s.ctx,
         &s.server,

@@ -26,8 +26,11 @@ use crate::contact::client::error_chain;
 use crate::sleep::sleep_or_shutdown;
 use crate::update::download::{self, BatchedHasher, Downloaded, Limits};
 
-/// Busy answers (`503`) a delta request waits out before the whole bundle is asked for.
-const MAX_BUSY: u32 = 5;
+/// Busy answers (`503`) a delta request waits out before the whole bundle is asked for:
+/// about half a minute at the server's `Retry-After: 2` while it makes the delta. Five
+/// (12 s) were too few for a 36 MB bundle's delta on a loaded server, and the whole
+/// bundle then cost the fleet far more than the wait.
+const MAX_BUSY: u32 = 12;
 /// Times a delta cut short is asked for again from where it stopped before the whole
 /// bundle is downloaded instead.
 pub const MAX_RESUMES: u32 = 3;

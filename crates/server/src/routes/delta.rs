@@ -76,6 +76,7 @@ fn answer(s: &Shared, ask: DeltaAsk, method: &Method, headers: &HeaderMap) -> Re
     let platform = Ask {
         platform: ask.platform,
         release: ask.release,
+        deployment: None,
     };
     let release = match asked_release(s, &platform) {
         Ok(r) => r,

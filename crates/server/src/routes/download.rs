@@ -35,25 +35,61 @@ use serde::Deserialize;
 /// Size of the pieces a bundle body is sent in (slices of the mapped file, not copies).
 const BODY_CHUNK: usize = 512 * 1024;
 
-/// `?platform=<target triple>&release=<version>+<build>`.
+/// `?platform=<target triple>&release=<version>+<build>`, or `&deployment=<name>` for
+/// the release that deployment runs.
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct Ask {
     pub(super) platform: Option<String>,
     /// A release other than the current one: a deployment's.
     pub(super) release: Option<String>,
+    /// A deployment, for its release (a Windows machine's `msiexec /i
+    /// …/agent.msi?deployment=prod` installs what prod runs).
+    pub(super) deployment: Option<String>,
+}
+
+/// The release a deployment runs: its pinned one, or `None` when it follows the
+/// current release; `404` naming the deployments when there is no such deployment.
+fn deployment_release(s: &Shared, name: &str) -> Result<Option<String>, Box<Response>> {
+    let table = s.fleet.deployments.table().get();
+    match table.iter().find(|d| d.name == name) {
+        Some(d) => Ok(d.release.clone()),
+        None if name == agent_fleet::deployments::DEFAULT => Ok(None),
+        None => {
+            let mut names: Vec<&str> = table.iter().map(|d| d.name.as_str()).collect();
+            names.push(agent_fleet::deployments::DEFAULT);
+            names.sort_unstable();
+            names.dedup();
+            Err(Box::new(
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "no deployment {name:?} in this fleet; there are {} (`update-server deployment list` shows them)",
+                        names.join(", ")
+                    ),
+                )
+                .into_response(),
+            ))
+        }
+    }
 }
 
 /// The release `ask` names: the current one when it names none (or the current one),
-/// else the kept release a deployment names, else `404` saying what is served.
+/// else the kept release a deployment names (by `release`, or the deployment by name),
+/// else `404` saying what is served.
 pub(super) fn asked_release(s: &Shared, ask: &Ask) -> Result<Arc<Release>, Box<Response>> {
     let current = ready(s)?;
     // A `+` written plainly in a query is a space once decoded.
-    let Some(id) = ask
+    let named = ask
         .release
         .as_deref()
         .map(|r| r.trim().replace(' ', "+"))
-        .filter(|r| !r.is_empty())
-    else {
+        .filter(|r| !r.is_empty());
+    let named = match (named, ask.deployment.as_deref().map(str::trim)) {
+        (Some(id), _) => Some(id),
+        (None, Some(name)) if !name.is_empty() => deployment_release(s, name)?,
+        (None, _) => None,
+    };
+    let Some(id) = named else {
         return Ok(current);
     };
     if current.version().to_string() == id {
