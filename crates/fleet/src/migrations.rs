@@ -45,6 +45,7 @@ migrations!(
     "0015_approvals",
     "0016_commands",
     "0017_fleet_policy",
+    "0018_telemetry",
 );
 
 /// One backend's migrations, as a source for sqlx's `Migrator`.
@@ -120,7 +121,7 @@ mod tests {
                 read.iter().map(key).collect::<Vec<_>>(),
                 "{dir}"
             );
-            assert_eq!(embedded.len(), 17, "{dir}");
+            assert_eq!(embedded.len(), 18, "{dir}");
         }
     }
 
