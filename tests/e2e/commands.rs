@@ -142,7 +142,7 @@ fn a_restart_of_the_workload_changes_its_pid_and_one_of_the_agent_changes_the_ag
     let row0 = row(&one.server, &one.id);
     assert_eq!(
         row0["capabilities"],
-        serde_json::json!(["restart", "rotate-credentials", "move"]),
+        serde_json::json!(["restart", "rotate-credentials", "move", "telemetry"]),
         "{row0}"
     );
     assert_eq!(row0["endpoint"], one.server.url(""), "{row0}");

@@ -54,6 +54,7 @@ mod server;
 mod server_restart;
 mod sim;
 mod stamp;
+mod telemetry;
 mod traps;
 mod trust;
 mod update;

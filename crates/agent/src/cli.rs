@@ -365,6 +365,8 @@ fn init_logging(
         .with(filter)
         .with(stderr)
         .with(file_layer)
+        // The agent's log lines as OTLP logs, while a destination names a logs URL.
+        .with(crate::telemetry::layer())
         .try_init();
     guard
 }

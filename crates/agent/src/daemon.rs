@@ -142,6 +142,8 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
         config.workload.check_command.clone(),
     );
     let end = serve(&install, &config, &board, &dirs, &mut workload, stop_rx).await;
+    // Its last figures go before it leaves (the update it hands over, say).
+    crate::telemetry::finish().await;
     match end {
         // The workload serves on through the switch: the new version's agent stops it
         // just before it starts its own (or this version's again, after a rollback).
@@ -154,7 +156,7 @@ pub async fn run(install: Installation, config: Config) -> anyhow::Result<RunEnd
 async fn serve(
     install: &Installation,
     config: &Config,
-    board: &HealthBoard,
+    board: &Arc<HealthBoard>,
     dirs: &Result<Dirs, String>,
     workload: &mut LiveWorkload,
     stop_rx: watch::Receiver<bool>,
@@ -187,6 +189,18 @@ async fn serve(
         hello,
         Trust::of(config, &home),
     )?;
+
+    let restarts = {
+        let board = Arc::clone(board);
+        Arc::new(move || board.agent_health().restarts)
+    };
+    let mut telemetry = crate::telemetry::Telemetry::start(
+        &home,
+        client.http().clone(),
+        &id,
+        &install.version.to_string(),
+        restarts,
+    );
 
     // A failure told for the version this agent now runs is over.
     if last_errors::last_told(&home).is_some_and(|(_, told)| told.to == install.version.to_string())
@@ -232,6 +246,7 @@ async fn serve(
         });
         client.set_health(board.agent_health());
         client.set_config_hash(remote_config::running_hash(&home));
+        client.set_telemetry_hash(telemetry.hash());
         let stays_away_from = retry.quiet_bad.clone();
         let contact = tokio::select! {
             answer = client.contact(first, hold.as_ref()) => answer,
@@ -278,6 +293,9 @@ async fn serve(
                 }
                 let command = answer.command.take();
                 let endpoint = answer.endpoint.take();
+                if let Some(destination) = answer.telemetry.take() {
+                    telemetry.apply(destination);
+                }
                 wait = pace.answered(
                     &answer,
                     hold.as_ref(),
@@ -882,6 +900,8 @@ async fn on_refused(
         "the server refuses {} and expects {expected}; updating",
         install.version
     );
+    let round_began = Instant::now();
+    crate::telemetry::round_began();
     let expected_version = expected.parse::<AgentVersion>().ok();
     let mut ctx = UpdateContext {
         install,
@@ -921,6 +941,11 @@ async fn on_refused(
                 update::HandOff::Leave => {
                     tracing::info!(
                         "the new version is on disk; stopping so the updater can switch"
+                    );
+                    crate::telemetry::update_timed(
+                        ready.timings.download,
+                        ready.timings.verify,
+                        round_began.elapsed(),
                     );
                     Some(RunEnd::HandedOff { to: to.clone() })
                 }
@@ -972,6 +997,7 @@ async fn round_failed(
     retry: &mut Retry,
 ) {
     last_errors::record(&round.install.home, last_errors::Kind::Update, reason);
+    crate::telemetry::update_failed();
     let now = Instant::now();
     let next = retry.failed(round.offer, failure, now, &mut rand::rng());
     let said = if prefix.is_empty() {

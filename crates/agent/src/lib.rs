@@ -21,6 +21,7 @@ pub mod os;
 pub mod remote_config;
 pub mod sleep;
 pub mod state;
+pub mod telemetry;
 pub mod uninstall;
 pub mod update;
 pub mod workload;

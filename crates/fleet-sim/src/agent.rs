@@ -333,6 +333,8 @@ impl SimAgent {
         let body = serde_json::to_value(ConnectBody {
             hello: self.hello_body(),
             config_hash: self.config_hash.clone(),
+            // Simulated agents export no telemetry of their own: told none.
+            telemetry_hash: None,
         })
         .ok();
         let answer = self

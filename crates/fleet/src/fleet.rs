@@ -102,6 +102,9 @@ pub struct Fleet {
     /// What each agent's register last said it takes and where it connected (a hash):
     /// a register that says it again costs no write.
     registered: Mutex<HashMap<String, u64>>,
+    /// Where agents export their own telemetry (see [`crate::telemetry`]), as last read:
+    /// asked at every contact, so read with the settings, not per contact.
+    telemetry: Mutex<Arc<crate::telemetry::Table>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -120,6 +123,7 @@ impl Fleet {
         let revision = db.setting(settings::CREDENTIALS_REVISION).await?;
         let overrides = lock_overrides(&db).await?;
         let open_commands = db.open_commands().await?;
+        let telemetry = crate::telemetry::Table::new(db.telemetry_destinations().await?);
         let deployments = Arc::new(crate::deployments::Deployments::new(
             db.clone(),
             Arc::clone(&rollouts),
@@ -148,6 +152,7 @@ impl Fleet {
             open_commands: Mutex::new(open_commands),
             reports: Group::default(),
             registered: Mutex::default(),
+            telemetry: Mutex::new(Arc::new(telemetry)),
         })
     }
 
@@ -274,6 +279,53 @@ impl Fleet {
         }
         self.rollouts.news().publish("a command for an agent");
         Ok(Some(command))
+    }
+
+    /// The telemetry destinations as this server last read or wrote them.
+    pub fn telemetry(&self) -> Arc<crate::telemetry::Table> {
+        Arc::clone(&lock(&self.telemetry))
+    }
+
+    /// Stores a destination (see [`Db::set_telemetry`]); the agents it concerns hear it at
+    /// their next contact (a held connect at once), on the fleet's other servers within
+    /// a settings read.
+    pub async fn set_telemetry(
+        &self,
+        new: &crate::telemetry::NewDestination,
+    ) -> Result<crate::telemetry::Destination, FleetError> {
+        let stored = self.db.set_telemetry(new, now_secs()).await?;
+        self.reread_telemetry().await?;
+        Ok(stored)
+    }
+
+    /// Forgets the destination of `selector`; its agents stop exporting there (or export
+    /// to the next destination that selects them). `None` if it had none.
+    pub async fn clear_telemetry(
+        &self,
+        selector: &str,
+    ) -> Result<Option<crate::telemetry::Destination>, FleetError> {
+        let had = self.db.clear_telemetry(selector).await?;
+        if had.is_some() {
+            self.reread_telemetry().await?;
+        }
+        Ok(had)
+    }
+
+    /// Reads the destinations again; a change wakes the held connects.
+    async fn reread_telemetry(&self) -> Result<(), FleetError> {
+        let read = crate::telemetry::Table::new(self.db.telemetry_destinations().await?);
+        let changed = {
+            let mut held = lock(&self.telemetry);
+            let changed = !held.same_as(&read);
+            *held = Arc::new(read);
+            changed
+        };
+        if changed {
+            self.rollouts
+                .news()
+                .publish("the telemetry destinations changed");
+        }
+        Ok(())
     }
 
     /// A contact carried `command`.
@@ -810,6 +862,12 @@ impl Fleet {
                     }
                     Err(e) if e.is_unavailable() => fleet.outage.went_down(&e),
                     Err(e) => tracing::warn!("reading the agents' commands: {e}"),
+                }
+                // Set or cleared on another server of the fleet: this one's agents hear it.
+                match fleet.reread_telemetry().await {
+                    Ok(()) => {}
+                    Err(e) if e.is_unavailable() => fleet.outage.went_down(&e),
+                    Err(e) => tracing::warn!("reading the telemetry destinations: {e}"),
                 }
             }
         });

@@ -39,6 +39,7 @@ pub mod releases;
 pub mod rollout;
 pub mod sessions;
 pub mod settings;
+pub mod telemetry;
 pub mod webhooks;
 
 pub use error::FleetError;

@@ -45,6 +45,7 @@ migrations!(
     "0015_approvals",
     "0016_commands",
     "0017_fleet_policy",
+    "0018_telemetry",
     "0019_release_msi",
 );
 
@@ -121,7 +122,7 @@ mod tests {
                 read.iter().map(key).collect::<Vec<_>>(),
                 "{dir}"
             );
-            assert_eq!(embedded.len(), 18, "{dir}");
+            assert_eq!(embedded.len(), 19, "{dir}");
         }
     }
 

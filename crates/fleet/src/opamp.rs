@@ -126,6 +126,17 @@ impl Db {
         Ok(())
     }
 
+    /// Replaces what is kept of the agent's view (JSON) alone: what this server offered
+    /// it changed after its message was stored.
+    pub async fn set_opamp_view(&self, id: &str, view: &str) -> Result<(), FleetError> {
+        sqlx::query("UPDATE agent_opamp SET view = $2 WHERE agent_id = $1")
+            .bind(id)
+            .bind(view)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
     /// The agent is gone (its WebSocket closed): it shows offline until it speaks.
     pub async fn opamp_offline(&self, id: &str) -> Result<(), FleetError> {
         sqlx::query("UPDATE agent_opamp SET online = 0 WHERE agent_id = $1")

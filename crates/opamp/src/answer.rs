@@ -17,7 +17,7 @@ use crate::proto::{
     CommandType, ConnectionSettingsOffers, DownloadableFile, Header, Headers,
     OpAmpConnectionSettings, PackageAvailable, PackageType, PackagesAvailable, RetryInfo,
     ServerCapabilities, ServerErrorResponse, ServerErrorResponseType, ServerToAgent,
-    ServerToAgentCommand, ServerToAgentFlags, server_error_response,
+    ServerToAgentCommand, ServerToAgentFlags, TelemetryConnectionSettings, server_error_response,
 };
 use crate::session::Observation;
 use crate::view::{AgentView, OfferedPackage};
@@ -73,11 +73,40 @@ pub fn answer(sent_uid: &[u8], obs: &Observation, offers: Offers) -> ServerToAge
     out.packages_available = offers
         .packages
         .filter(|p| wants_packages(&obs.view, &p.all_packages_hash));
-    out.connection_settings = offers.connection_settings.filter(|_| {
-        obs.view
-            .has(AgentCapabilities::AcceptsOpAmpConnectionSettings)
-    });
+    out.connection_settings = offers
+        .connection_settings
+        .and_then(|c| settings_for(c, &obs.view));
     out
+}
+
+/// Of `offers`, what the agent of `view` takes: the OpAMP connection's settings if it
+/// declared `AcceptsOpAMPConnectionSettings`, `own_metrics` if `ReportsOwnMetrics`,
+/// `own_logs` if `ReportsOwnLogs`; `None` when nothing is left.
+pub fn settings_for(
+    mut offers: ConnectionSettingsOffers,
+    view: &AgentView,
+) -> Option<ConnectionSettingsOffers> {
+    if !view.has(AgentCapabilities::AcceptsOpAmpConnectionSettings) {
+        offers.opamp = None;
+    }
+    if !view.has(AgentCapabilities::ReportsOwnMetrics) {
+        offers.own_metrics = None;
+    }
+    if !view.has(AgentCapabilities::ReportsOwnLogs) {
+        offers.own_logs = None;
+    }
+    (offers.opamp.is_some() || offers.own_metrics.is_some() || offers.own_logs.is_some())
+        .then_some(offers)
+}
+
+/// Whether the agent of `view` is offered its own-telemetry settings whose hash is
+/// `hash` (empty: none) now: it reports its own metrics or logs, and it was last offered
+/// others, or (`fresh`: the server lost track of it, or first hears it) there is a
+/// destination, which the specification wants in the first answer.
+pub fn wants_own_telemetry(view: &AgentView, hash: &str, fresh: bool) -> bool {
+    let reports = view.has(AgentCapabilities::ReportsOwnMetrics)
+        || view.has(AgentCapabilities::ReportsOwnLogs);
+    reports && (view.own_telemetry != hash || (fresh && !hash.is_empty()))
 }
 
 /// Whether the answer to `obs` may be a command: one that carries nothing else the
@@ -104,18 +133,43 @@ pub fn restart(sent_uid: &[u8], send_capabilities: bool) -> ServerToAgent {
     }
 }
 
-/// What the server offers of an agent's OpAMP connection.
+/// What the server offers of an agent's connections.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConnectionOffer {
     /// A new credential: the agent sends `Authorization: Bearer <it>` from then on.
     pub bearer: Option<String>,
     /// Another server's OpAMP URL to connect to.
     pub destination_endpoint: Option<String>,
+    /// Where it sends its own telemetry.
+    pub own_telemetry: Option<OwnTelemetry>,
 }
 
-/// `ConnectionSettingsOffers` with its `opamp` settings: the credential as the
-/// `Authorization` header, the endpoint as `destination_endpoint`; `hash` covers both,
-/// so an agent told the same settings again knows they are the same.
+/// `own_metrics` and `own_logs`: full OTLP/HTTP URLs (an empty one: send none of it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnTelemetry {
+    pub metrics: String,
+    pub logs: String,
+    pub headers: Vec<(String, String)>,
+    /// Identifies these settings (the fleet's destination hash; empty when off).
+    pub hash: String,
+}
+
+fn headers_of(pairs: &[(String, String)]) -> Option<Headers> {
+    (!pairs.is_empty()).then(|| Headers {
+        headers: pairs
+            .iter()
+            .map(|(key, value)| Header {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+    })
+}
+
+/// `ConnectionSettingsOffers`: its `opamp` settings (when a credential or an endpoint is
+/// offered) with the credential as the `Authorization` header and the endpoint as
+/// `destination_endpoint`, and `own_metrics` / `own_logs`; `hash` covers them all, so an
+/// agent told the same settings again knows they are the same.
 pub fn connection_settings(offer: &ConnectionOffer) -> ConnectionSettingsOffers {
     let headers = offer.bearer.as_ref().map(|token| Headers {
         headers: vec![Header {
@@ -125,20 +179,32 @@ pub fn connection_settings(offer: &ConnectionOffer) -> ConnectionSettingsOffers 
     });
     let endpoint = offer.destination_endpoint.clone().unwrap_or_default();
     let mut h = Sha256::new();
+    let own = offer.own_telemetry.as_ref();
     for part in [
         offer.bearer.as_deref().unwrap_or_default().as_bytes(),
         endpoint.as_bytes(),
+        own.map(|o| o.hash.as_str()).unwrap_or_default().as_bytes(),
     ] {
         h.update((part.len() as u64).to_be_bytes());
         h.update(part);
     }
-    ConnectionSettingsOffers {
-        hash: h.finalize().to_vec(),
-        opamp: Some(OpAmpConnectionSettings {
+    let telemetry = |url: &str, o: &OwnTelemetry| TelemetryConnectionSettings {
+        destination_endpoint: url.to_owned(),
+        headers: headers_of(&o.headers),
+        ..Default::default()
+    };
+    let opamp = (offer.bearer.is_some() || offer.destination_endpoint.is_some()).then(|| {
+        OpAmpConnectionSettings {
             destination_endpoint: endpoint,
             headers,
             ..Default::default()
-        }),
+        }
+    });
+    ConnectionSettingsOffers {
+        hash: h.finalize().to_vec(),
+        opamp,
+        own_metrics: own.map(|o| telemetry(&o.metrics, o)),
+        own_logs: own.map(|o| telemetry(&o.logs, o)),
         ..Default::default()
     }
 }
@@ -429,7 +495,7 @@ mod tests {
     fn connection_settings_carry_the_credential_as_a_header_and_go_only_to_agents_that_take_them() {
         let offer = ConnectionOffer {
             bearer: Some("n3w".into()),
-            destination_endpoint: None,
+            ..Default::default()
         };
         let settings = connection_settings(&offer);
         let opamp = settings.opamp.clone().unwrap();
@@ -441,6 +507,7 @@ mod tests {
         let moved = connection_settings(&ConnectionOffer {
             bearer: Some("n3w".into()),
             destination_endpoint: Some("http://b:7080/v1/opamp".into()),
+            own_telemetry: None,
         });
         assert_ne!(moved.hash, settings.hash, "the hash tells offers apart");
         let offers = || Offers {
@@ -459,6 +526,65 @@ mod tests {
         assert_eq!(
             answer(&UID, &takes, offers()).connection_settings,
             Some(settings)
+        );
+    }
+
+    #[test]
+    fn own_telemetry_goes_to_agents_that_report_it_and_again_only_when_it_changes() {
+        let own = OwnTelemetry {
+            metrics: "http://c:4318/v1/metrics".into(),
+            logs: String::new(),
+            headers: vec![("x-tenant".into(), "t".into())],
+            hash: "h1".into(),
+        };
+        let settings = connection_settings(&ConnectionOffer {
+            own_telemetry: Some(own.clone()),
+            ..Default::default()
+        });
+        assert!(settings.opamp.is_none(), "no OpAMP settings were offered");
+        let metrics = settings.own_metrics.clone().unwrap();
+        assert_eq!(metrics.destination_endpoint, own.metrics);
+        assert_eq!(metrics.headers.unwrap().headers[0].key, "x-tenant");
+        assert_eq!(
+            settings.own_logs.clone().unwrap().destination_endpoint,
+            "",
+            "no logs URL: send no logs"
+        );
+        let other = connection_settings(&ConnectionOffer {
+            own_telemetry: Some(OwnTelemetry {
+                hash: "h2".into(),
+                ..own.clone()
+            }),
+            ..Default::default()
+        });
+        assert_ne!(other.hash, settings.hash);
+
+        let metrics_only = ACCEPTS_ALL | AgentCapabilities::ReportsOwnMetrics as u64;
+        let view = observe_http(None, &msg(1, metrics_only)).view;
+        let kept = settings_for(settings.clone(), &view).unwrap();
+        assert!(kept.own_metrics.is_some() && kept.own_logs.is_none());
+        let plain = observe_http(None, &msg(1, ACCEPTS_ALL)).view;
+        assert!(settings_for(settings, &plain).is_none());
+
+        assert!(wants_own_telemetry(&view, "h1", false), "never offered");
+        assert!(!wants_own_telemetry(&view, "", false), "nothing to offer");
+        assert!(
+            !wants_own_telemetry(&plain, "h1", true),
+            "it does not report any"
+        );
+        let told = AgentView {
+            own_telemetry: "h1".into(),
+            ..view
+        };
+        assert!(!wants_own_telemetry(&told, "h1", false), "offered already");
+        assert!(
+            wants_own_telemetry(&told, "h1", true),
+            "again to one afresh"
+        );
+        assert!(wants_own_telemetry(&told, "h2", false), "changed");
+        assert!(
+            wants_own_telemetry(&told, "", false),
+            "cleared: told to stop"
         );
     }
 

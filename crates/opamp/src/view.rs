@@ -31,6 +31,11 @@ pub struct AgentView {
     pub packages: Option<PackagesReport>,
     /// False once the agent said `agent_disconnect` (or the edge saw it fall silent).
     pub online: bool,
+    /// The hash of the own-telemetry settings (`own_metrics`, `own_logs`) this server
+    /// last offered the agent; empty before any. Kept with what the agent said, since
+    /// OpAMP agents do not say which they have: an offer goes again only when it differs.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub own_telemetry: String,
 }
 
 impl AgentView {

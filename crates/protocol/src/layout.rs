@@ -277,6 +277,12 @@ impl AgentHome {
         self.data().join("command.json")
     }
 
+    /// Where the server told this agent to export its own telemetry (0600: its headers
+    /// may be credentials); none when it exports nothing.
+    pub fn telemetry_file(&self) -> PathBuf {
+        self.data().join("telemetry.json")
+    }
+
     /// Signing keys this agent trusted once and no longer does (one key id a line).
     pub fn retired_keys(&self) -> PathBuf {
         self.data().join("retired-keys")

@@ -219,13 +219,89 @@ pub struct AgentHello {
 }
 
 /// What an agent of this release takes beyond a release, as it says in its hello.
-pub const CAPABILITIES: [&str; 3] = [CAPABILITY_RESTART, CAPABILITY_ROTATE, CAPABILITY_MOVE];
+pub const CAPABILITIES: [&str; 4] = [
+    CAPABILITY_RESTART,
+    CAPABILITY_ROTATE,
+    CAPABILITY_MOVE,
+    CAPABILITY_TELEMETRY,
+];
 /// `"command": {"restart": …}`: it restarts itself or its workload.
 pub const CAPABILITY_RESTART: &str = "restart";
 /// `"credentials"`: it keeps a rotated credential as a candidate until a server takes it.
 pub const CAPABILITY_ROTATE: &str = "rotate-credentials";
 /// `"endpoint"`: it tries another server URL and keeps it only if it answers.
 pub const CAPABILITY_MOVE: &str = "move";
+/// `"telemetry"`: it exports its own metrics (and logs) with OTLP/HTTP where it is told.
+pub const CAPABILITY_TELEMETRY: &str = "telemetry";
+
+/// `"telemetry"` of a connect answer: where the agent exports its own telemetry, with
+/// OTLP/HTTP (protobuf), as `update-server telemetry set` named it for the agent's labels.
+/// Sent only when it differs from what the agent said it has ([`ConnectBody::telemetry_hash`]);
+/// an empty `metrics` (and `hash`) says: export nothing any more.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TelemetryOffer {
+    /// The full OTLP/HTTP metrics URL (`http://collector:4318/v1/metrics`); empty: none.
+    #[serde(default)]
+    pub metrics: String,
+    /// The full OTLP/HTTP logs URL, when the agent's own log lines are wanted too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<String>,
+    /// Headers every export carries (an `Authorization`, a tenant).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// [`TelemetryOffer::hash_of`] the rest; empty when off.
+    #[serde(default)]
+    pub hash: String,
+}
+
+impl TelemetryOffer {
+    /// A destination with its hash.
+    pub fn new(
+        metrics: String,
+        logs: Option<String>,
+        headers: std::collections::BTreeMap<String, String>,
+    ) -> Self {
+        let mut offer = Self {
+            metrics,
+            logs,
+            headers,
+            hash: String::new(),
+        };
+        offer.hash = offer.hash_of();
+        offer
+    }
+
+    /// No destination: the agent stops exporting.
+    pub fn off() -> Self {
+        Self::default()
+    }
+
+    pub fn is_off(&self) -> bool {
+        self.metrics.is_empty()
+    }
+
+    /// sha256 (hex) over every field, each length-prefixed so no two destinations share
+    /// one; empty for none. Both ends compare it: the agent says the one it has, and a
+    /// server that names the same sends nothing.
+    pub fn hash_of(&self) -> String {
+        use sha2::{Digest, Sha256};
+        if self.is_off() {
+            return String::new();
+        }
+        let mut h = Sha256::new();
+        let mut part = |bytes: &[u8]| {
+            h.update((bytes.len() as u64).to_be_bytes());
+            h.update(bytes);
+        };
+        part(self.metrics.as_bytes());
+        part(self.logs.as_deref().unwrap_or_default().as_bytes());
+        for (k, v) in &self.headers {
+            part(k.as_bytes());
+            part(v.as_bytes());
+        }
+        hex::encode(h.finalize())
+    }
+}
 
 /// `"command"` of a connect answer: `{"restart": "agent"|"workload", "id": "…"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -343,6 +419,10 @@ pub struct ConnectBody {
     pub hello: AgentHello,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub config_hash: String,
+    /// The [`TelemetryOffer::hash`] of where the agent exports its own telemetry (empty:
+    /// nowhere). `None` from an agent that does not export any: it is told none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry_hash: Option<String>,
 }
 
 /// `"config"` in a `200` to `register`/`connect`: the set the agent should run.
@@ -652,5 +732,40 @@ mod tests {
             json,
             r#"{"id":"x","from":"2.1.0+1100","to":"2.2.0+1234","status":"INSTALL_FAILED","error":null}"#
         );
+    }
+
+    #[test]
+    fn a_telemetry_destinations_hash_changes_with_any_field_and_is_empty_when_off() {
+        use std::collections::BTreeMap;
+        let base = TelemetryOffer::new("http://c:4318/v1/metrics".into(), None, BTreeMap::new());
+        assert_eq!(base.hash.len(), 64);
+        assert_eq!(base.hash, base.hash_of());
+        let logs = TelemetryOffer::new(
+            base.metrics.clone(),
+            Some("http://c:4318/v1/logs".into()),
+            BTreeMap::new(),
+        );
+        let header = TelemetryOffer::new(
+            base.metrics.clone(),
+            None,
+            BTreeMap::from([("authorization".to_owned(), "Bearer x".to_owned())]),
+        );
+        assert_ne!(base.hash, logs.hash);
+        assert_ne!(base.hash, header.hash);
+        assert_ne!(logs.hash, header.hash);
+        // Length-prefixed: moving bytes from the URL into the logs URL is another hash.
+        let shifted = TelemetryOffer::new(
+            "http://c:4318/v1/metric".into(),
+            Some("s".into()),
+            BTreeMap::new(),
+        );
+        assert_ne!(shifted.hash, logs.hash);
+        assert!(TelemetryOffer::off().is_off());
+        assert_eq!(TelemetryOffer::off().hash_of(), "");
+        let json = serde_json::to_string(&TelemetryOffer::off()).unwrap();
+        assert_eq!(json, r#"{"metrics":"","hash":""}"#);
+        let back: TelemetryOffer =
+            serde_json::from_str(&serde_json::to_string(&header).unwrap()).unwrap();
+        assert_eq!(back, header);
     }
 }

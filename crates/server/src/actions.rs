@@ -147,6 +147,13 @@ pub enum Act {
     TokenRevoke {
         name: String,
     },
+    /// Where the agents a selector matches export their own telemetry (see
+    /// [`agent_fleet::telemetry`]).
+    TelemetrySet(agent_fleet::telemetry::NewDestination),
+    /// The destination of a selector forgotten: its agents stop exporting there.
+    TelemetryClear {
+        selector: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -207,6 +214,8 @@ pub enum Done {
     TokenRevoked,
     /// A command asked of an agent, carried at its next contact.
     Commanded(Box<agent_fleet::commands::Command>),
+    /// The telemetry destination as it is now (as it was, for a clear).
+    Telemetry(Box<agent_fleet::telemetry::Destination>),
 }
 
 /// Why an action was not done, in words for the operator (the edge picks the status).
@@ -380,6 +389,8 @@ impl Act {
             Act::RequireApproval { .. } => "approval.require",
             Act::TokenCreate { .. } => "token.create",
             Act::TokenRevoke { .. } => "token.revoke",
+            Act::TelemetrySet(_) => "telemetry.set",
+            Act::TelemetryClear { .. } => "telemetry.clear",
         }
     }
 
@@ -496,6 +507,14 @@ impl Act {
                 details
             }
             Act::TokenRevoke { name } => serde_json::json!({ "name": name }),
+            // Header names only: their values are often credentials.
+            Act::TelemetrySet(new) => serde_json::json!({
+                "selector": new.selector,
+                "metrics": new.metrics,
+                "logs": new.logs,
+                "headers": new.headers.keys().collect::<Vec<_>>(),
+            }),
+            Act::TelemetryClear { selector } => serde_json::json!({ "selector": selector }),
         }
     }
 
@@ -517,6 +536,9 @@ impl Act {
             Act::Restart { .. } => "restart an agent",
             Act::RotateCredentials { .. } => "rotate an agent's credentials",
             Act::Move { .. } => "move an agent to another server",
+            Act::TelemetrySet(_) | Act::TelemetryClear { .. } => {
+                "set or clear where agents export their own telemetry"
+            }
         }
     }
 }
@@ -1013,6 +1035,23 @@ async fn run(
                 Err(e) => return Err(e.into()),
             }
         }
+        Act::TelemetrySet(new) => {
+            let new = match new.clone().checked() {
+                Ok(new) => new,
+                Err(FleetError::Invalid(why)) => return Ok(Err(Refused::Invalid(why))),
+                Err(e) => return Err(e.into()),
+            };
+            let stored = s.fleet.set_telemetry(&new).await?;
+            let extra = serde_json::json!({ "hash": stored.offer().hash });
+            Ok((Done::Telemetry(Box::new(stored)), extra))
+        }
+        Act::TelemetryClear { selector } => match s.fleet.clear_telemetry(selector).await? {
+            Some(had) => Ok((Done::Telemetry(Box::new(had)), none)),
+            None => Err(Refused::Unknown(format!(
+                "no telemetry destination is set for the selector {:?}; `update-server telemetry list` shows them (a selector is matched as it was written)",
+                selector.trim()
+            ))),
+        },
         Act::TokenRevoke { name } => {
             if s.fleet.operators().revoke(name).await? {
                 Ok((Done::TokenRevoked, none))
@@ -1130,6 +1169,12 @@ fn done_words(act: &Act, done: &Done) -> &'static str {
             "the agent is offered a new credential at its next contact"
         }
         (Act::Move { .. }, _) => "the agent is offered another server URL at its next contact",
+        (Act::TelemetrySet(_), _) => {
+            "the agents it selects export their own telemetry there from their next contact"
+        }
+        (Act::TelemetryClear { .. }, _) => {
+            "the agents it selected stop exporting there from their next contact"
+        }
     }
 }
 

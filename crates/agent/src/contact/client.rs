@@ -127,6 +127,8 @@ pub struct Answer {
     pub command: Option<wire::AgentCommand>,
     /// Another server URL an operator moves this agent to.
     pub endpoint: Option<wire::EndpointOffer>,
+    /// Where to export its own telemetry, when it changed (off: nowhere any more).
+    pub telemetry: Option<wire::TelemetryOffer>,
     /// The deployment the server says the agent follows (a plain name, or nothing).
     pub deployment: Option<String>,
 }
@@ -179,6 +181,8 @@ pub struct Client {
     hello: AgentHello,
     /// The configuration set the agent runs (empty: none), told in register/connect.
     config_hash: String,
+    /// Where the agent exports its own telemetry (empty: nowhere), told likewise.
+    telemetry_hash: String,
     trust: Trust,
     /// The routes every request of this client takes (a proxy, or direct).
     proxies: Proxies,
@@ -263,6 +267,7 @@ impl Client {
             version,
             hello,
             config_hash: String::new(),
+            telemetry_hash: String::new(),
             trust,
             proxies,
             token: Mutex::new(token),
@@ -476,6 +481,11 @@ impl Client {
         self.config_hash = hash;
     }
 
+    /// The `"telemetry_hash"` the next `register` or `connect` carries.
+    pub fn set_telemetry_hash(&mut self, hash: String) {
+        self.telemetry_hash = hash;
+    }
+
     pub fn http(&self) -> &reqwest::Client {
         &self.http
     }
@@ -595,6 +605,7 @@ impl Client {
         let body = ConnectBody {
             hello,
             config_hash: self.config_hash.clone(),
+            telemetry_hash: Some(self.telemetry_hash.clone()),
         };
         let mut request = self.http.post(&url).json(&body);
         request = match hold {
@@ -626,6 +637,7 @@ impl Client {
             deployment: None,
             command: None,
             endpoint: None,
+            telemetry: None,
         };
         let status = resp.status();
         match status {
@@ -657,6 +669,15 @@ impl Client {
                         .get_mut("endpoint")
                         .map(serde_json::Value::take)
                         .and_then(|e| serde_json::from_value::<wire::EndpointOffer>(e).ok());
+                    accepted.telemetry = json
+                        .get_mut("telemetry")
+                        .map(serde_json::Value::take)
+                        .and_then(|t| serde_json::from_value::<wire::TelemetryOffer>(t).ok())
+                        .map(|mut t| {
+                            // What the server compares next time is what it says, checked.
+                            t.hash = t.hash_of();
+                            t
+                        });
                     accepted.window = json
                         .get_mut("window")
                         .map(serde_json::Value::take)
@@ -824,6 +845,7 @@ impl Client {
         let body = ConnectBody {
             hello,
             config_hash: self.config_hash.clone(),
+            telemetry_hash: Some(self.telemetry_hash.clone()),
         };
         let request = self.http.post(&url).timeout(REQUEST_TIMEOUT).json(&body);
         let resp = self

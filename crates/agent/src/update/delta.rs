@@ -390,6 +390,7 @@ async fn transfer(
             Ok(Ok(Ok(Some(chunk)))) => chunk,
         };
         received += chunk.len() as u64;
+        crate::telemetry::downloaded(chunk.len() as u64);
         if received >= cap {
             return Err(refused(format!(
                 "the delta is not smaller than the {cap}-byte bundle"

@@ -288,6 +288,7 @@ pub async fn fetch_from(
                 Ok(Ok(Ok(Some(chunk)))) => chunk,
             };
             received += chunk.len() as u64;
+            crate::telemetry::downloaded(chunk.len() as u64);
             if received > remaining {
                 // Write only up to the advertised size; the excess is dropped unread.
                 let keep = chunk.len() - (received - remaining) as usize;

@@ -1,6 +1,6 @@
 //! The `update-server` command line: with no subcommand it serves; each subcommand
 //! (`rollout`, `config`, `agents`, `deployment`, `maintenance`, `token`, `release`,
-//! `audit`, `webhook`) asks the admin API of a
+//! `audit`, `webhook`, `telemetry`) asks the admin API of a
 //! running server, one module each, and prints a table (or the API's JSON with
 //! `--json`); `backup` reads the database itself. The binary's `main` only calls
 //! [`main`]. This is the process's edge: errors are `anyhow`, said once, at the end.
@@ -16,6 +16,7 @@ pub mod maintenance;
 pub mod release;
 pub mod rollout;
 mod table;
+pub mod telemetry;
 pub mod token;
 pub mod webhook;
 
@@ -86,6 +87,14 @@ enum Command {
     Maintenance {
         #[command(subcommand)]
         action: maintenance::Maintenance,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Where agents export their own telemetry (OTLP/HTTP), by label selector (through
+    /// the admin API of a running server).
+    Telemetry {
+        #[command(subcommand)]
+        action: telemetry::Telemetry,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -237,6 +246,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 action.run(&admin.client(&config), admin.json).await
             }
             Command::Maintenance { action, admin } => {
+                action.run(&admin.client(&config), admin.json).await
+            }
+            Command::Telemetry { action, admin } => {
                 action.run(&admin.client(&config), admin.json).await
             }
             Command::Token { action, admin } => {

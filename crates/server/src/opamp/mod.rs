@@ -211,6 +211,10 @@ pub async fn exchange(
         obs.duplicate = true;
         obs.new_instance_uid = Some(InstanceUid::new_v7());
     }
+    // The agent is new here, or the server lost track of it: its own-telemetry settings
+    // go again (the specification wants them in the first answer).
+    let fresh = stored_view.is_none() || obs.report_full_state;
+    let mut telemetry_offered = None;
     let view = &obs.view;
     let route = route(s, &id, view).await;
     let package = agent_package(s, view, route.release.as_deref());
@@ -252,7 +256,9 @@ pub async fn exchange(
             });
         }
         if !obs.disconnected {
-            offers.connection_settings = connection_offer(s, &id, view, &known).await;
+            let own = own_telemetry(s, &id, view, fresh).await;
+            telemetry_offered = own.as_ref().map(|o| o.hash.clone());
+            offers.connection_settings = connection_offer(s, &id, view, &known, own).await;
         }
         if !obs.disconnected && view.has(AgentCapabilities::AcceptsRemoteConfig) {
             offers.remote_config = offer_config(s, &id, view).await?;
@@ -281,8 +287,17 @@ pub async fn exchange(
                 .map_err(|e| fleet_error(&e, s))?;
         }
     }
+    let answer = answer::answer(&msg.instance_uid, &obs, offers);
+    let carried = answer
+        .connection_settings
+        .as_ref()
+        .is_some_and(|c| c.own_metrics.is_some() || c.own_logs.is_some());
+    if let Some(hash) = telemetry_offered.filter(|_| carried) {
+        obs.view.own_telemetry = hash;
+        remember_view(s, &id, &obs.view).await;
+    }
     Ok(Exchanged {
-        answer: answer::answer(&msg.instance_uid, &obs, offers),
+        answer,
         uid,
         duplicate: obs.duplicate,
         disconnected: obs.disconnected,
@@ -301,26 +316,42 @@ pub async fn push(
     s: &Shared,
     uid: InstanceUid,
     sent_uid: &[u8],
-    view: &AgentView,
+    kept: &mut AgentView,
 ) -> Option<ServerToAgent> {
     if s.fleet.outage.is_down() {
         return None;
     }
     let id = uid.to_string();
-    let view = view.clone();
+    let view = kept.clone();
     // An operator's command for this agent, pushed at once like any news.
     if !s.fleet.open_commands(&id).is_empty() {
         if restart_command(s, &id, &view).await {
             return Some(answer::restart(sent_uid, false));
         }
         let known = s.fleet.db.credentials(&id).await.ok()?;
-        if let Some(settings) = connection_offer(s, &id, &view, &known).await {
+        if let Some(settings) = connection_offer(s, &id, &view, &known, None).await {
             return Some(ServerToAgent {
                 instance_uid: sent_uid.to_vec(),
                 connection_settings: Some(settings),
                 ..Default::default()
             });
         }
+    }
+    // Its own-telemetry destination set or cleared: told at once, once.
+    if let Some(own) = own_telemetry(s, &id, &view, false).await {
+        let hash = own.hash.clone();
+        let offer = answer::ConnectionOffer {
+            own_telemetry: Some(own),
+            ..Default::default()
+        };
+        let settings = answer::settings_for(answer::connection_settings(&offer), &view)?;
+        kept.own_telemetry = hash;
+        remember_view(s, &id, kept).await;
+        return Some(ServerToAgent {
+            instance_uid: sent_uid.to_vec(),
+            connection_settings: Some(settings),
+            ..Default::default()
+        });
     }
     let mut offers = Offers::default();
     if view.has(AgentCapabilities::AcceptsRemoteConfig) {
@@ -381,9 +412,9 @@ async fn restart_command(s: &Shared, id: &str, view: &AgentView) -> bool {
     }
 }
 
-/// The OpAMP connection settings the agent `id` is offered now: a rotation's new
-/// credential (its hash kept as the agent's candidate until it proves it), and a move's
-/// endpoint. A move carries a credential too, since offered settings replace the
+/// The connection settings the agent `id` is offered now: a rotation's new credential
+/// (its hash kept as the agent's candidate until it proves it), a move's endpoint, and
+/// `own_telemetry` when given. A move carries a credential too, since offered settings replace the
 /// agent's: a new one for an agent with its own, else the enrollment token. Only to an
 /// agent that declared `AcceptsOpAMPConnectionSettings`; for another, the commands end
 /// `FAILED` with why. A move is `DONE` once offered (OpAMP agents do not say how a
@@ -393,11 +424,21 @@ async fn connection_offer(
     id: &str,
     view: &AgentView,
     known: &agent_fleet::db::Credentials,
+    own_telemetry: Option<answer::OwnTelemetry>,
 ) -> Option<agent_opamp::proto::ConnectionSettingsOffers> {
     let open = s.fleet.open_commands(id);
     let delivery = commands::deliver(&open);
+    let telemetry_alone = answer::ConnectionOffer {
+        own_telemetry: own_telemetry.clone(),
+        ..Default::default()
+    };
+    let alone = || {
+        own_telemetry
+            .is_some()
+            .then(|| answer::connection_settings(&telemetry_alone))
+    };
     if delivery.rotate.is_none() && delivery.move_to.is_none() {
-        return None;
+        return alone();
     }
     let asked = [delivery.rotate, delivery.move_to];
     if !view.has(AgentCapabilities::AcceptsOpAmpConnectionSettings) {
@@ -411,16 +452,18 @@ async fn connection_offer(
                 tracing::warn!(agent = %id, "OpAMP: cannot end the command: {e}");
             }
         }
-        return None;
+        return alone();
     }
     let mut offer = answer::ConnectionOffer::default();
     let own = matches!(known, agent_fleet::db::Credentials::Hash(_));
     if delivery.rotate.is_some() || own {
-        let token = agent_fleet::credentials::new_token().ok()?;
+        let Ok(token) = agent_fleet::credentials::new_token() else {
+            return alone();
+        };
         let hash = agent_fleet::credentials::hash_token(&token);
         if let Err(e) = s.fleet.db.offer_candidate(id, &hash).await {
             tracing::warn!(agent = %id, "OpAMP: cannot offer a new credential now: {e}");
-            return None;
+            return alone();
         }
         offer.bearer = Some(token);
     } else if !s.enrollment_token.is_empty() {
@@ -442,7 +485,68 @@ async fn connection_offer(
         tracing::warn!(agent = %id, "OpAMP: cannot mark the rotation carried: {e}");
     }
     tracing::info!(agent = %id, "OpAMP: offered connection settings (credential: {}, endpoint: {:?})", offer.bearer.is_some(), offer.destination_endpoint);
+    offer.own_telemetry = own_telemetry;
     Some(answer::connection_settings(&offer))
+}
+
+/// The own-telemetry settings the agent `id` is offered now (see
+/// [`agent_fleet::telemetry`]): the destination its labels select (or none), when it
+/// reports its own metrics or logs and was last offered another ([`answer::wants_own_telemetry`]).
+/// Nothing while the fleet database is away: it keeps what it has.
+async fn own_telemetry(
+    s: &Shared,
+    id: &str,
+    view: &AgentView,
+    fresh: bool,
+) -> Option<answer::OwnTelemetry> {
+    if !(view.has(AgentCapabilities::ReportsOwnMetrics)
+        || view.has(AgentCapabilities::ReportsOwnLogs))
+    {
+        return None;
+    }
+    let table = s.fleet.telemetry();
+    let offer = if table.is_empty() {
+        wire::TelemetryOffer::off()
+    } else {
+        let described = Described::of(view);
+        match s
+            .fleet
+            .deployments
+            .labels_of(&described.facts(id, view))
+            .await
+        {
+            Ok(labels) => table.for_labels(&labels),
+            Err(e) => {
+                if e.is_unavailable() {
+                    s.fleet.outage.went_down(&e);
+                } else {
+                    tracing::warn!(agent = %id, "OpAMP: the agent's telemetry destination: {e}");
+                }
+                return None;
+            }
+        }
+    };
+    if !answer::wants_own_telemetry(view, &offer.hash, fresh) {
+        return None;
+    }
+    tracing::info!(agent = %id, "OpAMP: offering own telemetry settings (metrics {:?})", offer.metrics);
+    Some(answer::OwnTelemetry {
+        metrics: offer.metrics,
+        logs: offer.logs.unwrap_or_default(),
+        headers: offer.headers.into_iter().collect(),
+        hash: offer.hash,
+    })
+}
+
+/// Keeps the agent's view as it is now (what it was offered changed since its message
+/// was stored). A failure only means the offer may go again.
+async fn remember_view(s: &Shared, id: &str, view: &AgentView) {
+    let Ok(text) = serde_json::to_string(view) else {
+        return;
+    };
+    if let Err(e) = s.fleet.db.set_opamp_view(id, &text).await {
+        tracing::warn!(agent = %id, "OpAMP: cannot keep what the agent was offered: {e}");
+    }
 }
 
 /// The deployment an OpAMP agent follows, as a native agent's is found: its labels are

@@ -137,7 +137,7 @@ async fn serve(s: &Shared, mut socket: WebSocket, authorization: Option<&str>) {
                 if changed.is_err() {
                     continue;
                 }
-                if let (Some(u), Some(v)) = (uid, view.as_ref())
+                if let (Some(u), Some(v)) = (uid, view.as_mut())
                     && let Some(answer) = push(s, u, &sent_uid, v).await
                     && socket
                         .send(Message::Binary(codec::encode_ws_message(&answer).into()))

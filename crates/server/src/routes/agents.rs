@@ -104,6 +104,9 @@ enum Greeting {
         /// The commands it is told (see [`agent_fleet::commands`]); made into the
         /// answer's fields only when it is sent ([`orders`]).
         orders: Vec<Command>,
+        /// Where it exports its own telemetry, when that is not what it has (boxed: a
+        /// held connect keeps its answer while it waits, and this is rarely there).
+        telemetry: Option<Box<wire::TelemetryOffer>>,
     },
     Refused(NotSupported),
     /// Not a directive (no bundle to serve yet): answered as it is, never held.
@@ -131,10 +134,12 @@ impl Greeting {
                 config,
                 window,
                 orders,
+                telemetry,
                 ..
             } => {
                 token.is_some()
                     || config.is_some()
+                    || telemetry.is_some()
                     || commands::deliver(orders).news
                     || match (window, ahead) {
                         // An agent that downloads ahead learns of a release behind its
@@ -164,6 +169,7 @@ impl Greeting {
                 window,
                 deployment,
                 orders: open,
+                telemetry,
             } => {
                 let mut body =
                     serde_json::json!({ "status": "accepted", "expected": expected.to_string() });
@@ -182,6 +188,9 @@ impl Greeting {
                 if let Some(w) = window {
                     body["window"] = serde_json::to_value(w).unwrap_or_default();
                 }
+                if let Some(t) = telemetry {
+                    body["telemetry"] = serde_json::to_value(t).unwrap_or_default();
+                }
                 orders(s, hello, &open, &mut body).await;
                 Json(body).into_response()
             }
@@ -197,20 +206,32 @@ struct Hello {
     version: AgentVersion,
     /// The configuration set the agent runs (empty: none).
     config_hash: String,
+    /// Where it exports its own telemetry ([`wire::TelemetryOffer::hash`]); `None`: it
+    /// exports none.
+    telemetry_hash: Option<String>,
 }
 
 fn hello_of(
     headers: &HeaderMap,
     body: Result<Json<ConnectBody>, JsonRejection>,
 ) -> Result<Hello, ApiError> {
-    let ConnectBody { hello, config_hash } = json_body(body)?;
+    let ConnectBody {
+        hello,
+        config_hash,
+        telemetry_hash,
+    } = json_body(body)?;
     check_hello(&hello)?;
     check_config_hash(&config_hash)?;
+    if let Some(hash) = &telemetry_hash {
+        check_config_hash(hash)
+            .map_err(|_| ApiError::bad_request("telemetry_hash is longer than 64 characters"))?;
+    }
     let version = agent_version_header(headers)?;
     Ok(Hello {
         hello,
         version,
         config_hash,
+        telemetry_hash,
     })
 }
 
@@ -650,6 +671,7 @@ async fn accept(
     } else {
         Vec::new()
     };
+    let telemetry = telemetry_offer(s, hello).await.map(Box::new);
     Ok(Greeting::Accepted {
         expected,
         no_bundle,
@@ -658,7 +680,42 @@ async fn accept(
         window,
         deployment: None,
         orders,
+        telemetry,
     })
+}
+
+/// Where the agent exports its own telemetry (see [`agent_fleet::telemetry`]), when it
+/// differs from what the agent says it has: `None` for an agent that exports none (it
+/// sent no hash) or that has it already, and while the fleet database is away (it keeps
+/// what it has).
+async fn telemetry_offer(s: &Shared, hello: &Hello) -> Option<wire::TelemetryOffer> {
+    let has = hello.telemetry_hash.as_deref()?;
+    let table = s.fleet.telemetry();
+    let offer = if table.is_empty() {
+        wire::TelemetryOffer::off()
+    } else {
+        if s.fleet.outage.is_down() {
+            return None;
+        }
+        let version = hello.version.to_string();
+        match s
+            .fleet
+            .deployments
+            .labels_of(&facts(&hello.hello, &version))
+            .await
+        {
+            Ok(labels) => table.for_labels(&labels),
+            Err(e) => {
+                if e.is_unavailable() {
+                    s.fleet.outage.went_down(&e);
+                } else {
+                    tracing::warn!(agent = %hello.hello.id, "cannot tell the agent's telemetry destination now: {e}");
+                }
+                return None;
+            }
+        }
+    };
+    (offer.hash != has).then_some(offer)
 }
 
 /// The deployment an agent follows (see [`agent_fleet::deployments`]): its rollouts and,
@@ -1104,6 +1161,7 @@ mod tests {
             }),
             deployment: None,
             orders: Vec::new(),
+            telemetry: None,
         };
         assert!(
             waiting.is_news(None, Some("1")),

@@ -17,6 +17,7 @@ mod maintenance;
 pub mod operators;
 pub mod refusals;
 pub(crate) mod releases;
+mod telemetry;
 mod webhooks;
 
 use std::sync::Arc;
@@ -165,6 +166,12 @@ pub fn router(state: &AppState) -> Router<AppState> {
             get(maintenance::list).post(maintenance::add),
         )
         .route("/admin/maintenance/{id}", delete(maintenance::remove))
+        .route(
+            "/admin/telemetry",
+            get(telemetry::list)
+                .post(telemetry::set)
+                .delete(telemetry::clear),
+        )
         .route("/admin/rollout/halt", post(admin::rollout_halt))
         .route("/admin/rollout/resume", post(admin::rollout_resume))
         .route("/admin/rollout/advance", post(admin::rollout_advance))
