@@ -88,13 +88,7 @@ fn row(server: &ServerProc, id: &str) -> serde_json::Value {
 }
 
 fn cli(ctx: &TestContext, server: &ServerProc, args: &[&str]) -> Command {
-    let mut cmd = ctx.cmd("update-server");
-    cmd.args(args)
-        .arg("--server")
-        .arg(server.url(""))
-        .arg("--token")
-        .arg(TOKEN);
-    cmd
+    e2e::admin_cmd(ctx, server, TOKEN, args)
 }
 
 /// Waits until the agent's last command is `id` and ended; returns its row.

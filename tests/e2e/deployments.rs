@@ -20,13 +20,7 @@ const TOKEN: &str = "deploy-token";
 const LONG: Duration = Duration::from_secs(180);
 
 fn cli(ctx: &TestContext, server: &ServerProc, args: &[&str]) -> Command {
-    let mut cmd = ctx.cmd("update-server");
-    cmd.args(args)
-        .arg("--server")
-        .arg(server.url(""))
-        .arg("--token")
-        .arg(TOKEN);
-    cmd
+    e2e::admin_cmd(ctx, server, TOKEN, args)
 }
 
 /// The version each agent runs, by its `n` label.

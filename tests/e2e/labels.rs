@@ -15,13 +15,7 @@ use serde_json::Value;
 use crate::rollout::{LONG, OLD, TOKEN};
 
 fn cli(ctx: &TestContext, server: &ServerProc, args: &[&str]) -> Command {
-    let mut cmd = ctx.cmd("update-server");
-    cmd.args(args)
-        .arg("--server")
-        .arg(server.url(""))
-        .arg("--token")
-        .arg(TOKEN);
-    cmd
+    e2e::admin_cmd(ctx, server, TOKEN, args)
 }
 
 fn row(server: &ServerProc, id: &str) -> Value {

@@ -161,13 +161,7 @@ impl Receiver {
 }
 
 fn cli(ctx: &TestContext, server: &ServerProc, args: &[&str]) -> Command {
-    let mut cmd = ctx.cmd("update-server");
-    cmd.args(args)
-        .arg("--server")
-        .arg(server.url(""))
-        .arg("--token")
-        .arg(TOKEN);
-    cmd
+    e2e::admin_cmd(ctx, server, TOKEN, args)
 }
 
 struct Running {

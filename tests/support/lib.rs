@@ -296,6 +296,18 @@ pub fn sign_again(ctx: &TestContext, key: &Path, dir: &Path) {
     );
 }
 
+/// `update-server ARGS… --server URL --token TOKEN`: the admin command line against a
+/// test's server.
+pub fn admin_cmd(ctx: &TestContext, server: &ServerProc, token: &str, args: &[&str]) -> Command {
+    let mut cmd = ctx.cmd("update-server");
+    cmd.args(args)
+        .arg("--server")
+        .arg(server.url(""))
+        .arg("--token")
+        .arg(token);
+    cmd
+}
+
 /// `update-server release ARGS… --server URL --token TOKEN`.
 pub fn release_cmd(ctx: &TestContext, server: &ServerProc, token: &str, args: &[&str]) -> Command {
     let mut cmd = ctx.cmd("update-server");
