@@ -172,6 +172,7 @@ all_made() {
     fi
     made "$cross_build" "the other platforms' agents" "$target_dir/cross-build.log"
     made "$debian" "the Debian root" target/debian-root.log
+    echo "test.sh: the other platforms' agents and the Debian root are ready at $SECONDS s" >&2
 }
 nextest() { cargo nextest run --workspace --locked --profile "${nextest_profile:-${NEXTEST_PROFILE:-default}}" "$@"; }
 if ! cargo nextest --version >/dev/null 2>&1; then
@@ -187,10 +188,13 @@ else
     # group reports its own results (`<profile>-platforms`: the ci profile's junit.xml
     # is per group).
     failed=0
+    echo "test.sh: host builds done at $SECONDS s" >&2
     nextest -E "not ($other_platforms)" &
     main=$!
     all_made
     nextest_profile=${NEXTEST_PROFILE:-default}-platforms nextest -E "$other_platforms" || failed=$?
+    echo "test.sh: the other platforms' tests ended at $SECONDS s" >&2
     wait "$main" || failed=$?
+    echo "test.sh: the rest ended at $SECONDS s" >&2
     exit "$failed"
 fi

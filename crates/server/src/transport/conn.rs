@@ -119,19 +119,26 @@ impl ConnState {
     }
 
     fn request_finished(&self) {
+        self.request_finished_at(self.now());
+    }
+
+    /// `now`: milliseconds since the connection opened (the clock is an argument for
+    /// the tests).
+    fn request_finished_at(&self, now: u64) {
         if self.active.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.idle_since.store(self.now(), Ordering::Release);
+            self.idle_since.store(now, Ordering::Release);
         }
     }
 
     fn bytes_read(&self) {
+        self.bytes_read_at(self.now());
+    }
+
+    fn bytes_read_at(&self, now: u64) {
         if self.active.load(Ordering::Acquire) == 0 {
-            let _ = self.head_since.compare_exchange(
-                NONE,
-                self.now(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
+            let _ =
+                self.head_since
+                    .compare_exchange(NONE, now, Ordering::AcqRel, Ordering::Acquire);
         }
     }
 }
@@ -856,7 +863,7 @@ mod tests {
         assert_eq!(fit_connections(10, 0).0, 1);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_head_is_due_from_its_first_byte_and_an_idle_connection_from_its_last_response() {
         let state = ConnState::new(1);
         let timeouts = Timeouts {
@@ -869,11 +876,9 @@ mod tests {
         assert_eq!(io.read_deadline(), Some((30_000, Expired::Header)));
         io.state.request_started();
         assert_eq!(io.read_deadline(), None, "a request runs");
-        tokio::time::advance(Duration::from_secs(5)).await;
-        io.state.request_finished();
+        io.state.request_finished_at(5_000);
         assert_eq!(io.read_deadline(), Some((65_000, Expired::Idle)));
-        tokio::time::advance(Duration::from_secs(10)).await;
-        io.state.bytes_read();
+        io.state.bytes_read_at(15_000);
         assert_eq!(io.read_deadline(), Some((45_000, Expired::Header)));
     }
 }

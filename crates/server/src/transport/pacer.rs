@@ -65,6 +65,17 @@ impl Pacer {
     /// Hands out turns while agents wait, `free()` at a time every [`TICK`]. Run by the
     /// server for as long as it serves.
     pub async fn run(&self, free: impl Fn() -> usize) {
+        self.run_ticking(free, || tokio::time::sleep(TICK)).await
+    }
+
+    /// [`Pacer::run`] with its clock given: `tick()` is the wait between two hand-outs
+    /// (the tests tick by hand, so no test needs a paused runtime clock, which would
+    /// put a lock in every clock reading of the server's own build).
+    async fn run_ticking<F: std::future::Future<Output = ()>>(
+        &self,
+        free: impl Fn() -> usize,
+        mut tick: impl FnMut() -> F,
+    ) {
         loop {
             self.wake.notified().await;
             while self.waiting() > 0 {
@@ -72,7 +83,7 @@ impl Pacer {
                 if self.waiting() == 0 {
                     break;
                 }
-                tokio::time::sleep(TICK).await;
+                tick().await;
             }
         }
     }
@@ -103,50 +114,101 @@ mod tests {
         assert_eq!(free_slots(45, 45, false), usize::MAX);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_lone_agent_goes_at_once_and_a_crowd_goes_a_slot_count_per_tick() {
-        let pacer = Arc::new(Pacer::default());
-        let in_flight = Arc::new(AtomicUsize::new(0));
+    /// Polls `cond` until it holds (the agents' tasks run on the runtime's threads).
+    async fn until(what: &str, cond: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Runs `pacer` with ticks given by hand: each permit added to the semaphore is one
+    /// tick, and the counter says how many ticks the pacer waited out.
+    fn run_by_hand(
+        pacer: &Arc<Pacer>,
+        in_flight: &Arc<AtomicUsize>,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        Arc<tokio::sync::Semaphore>,
+        Arc<AtomicUsize>,
+    ) {
+        let ticks = Arc::new(tokio::sync::Semaphore::new(0));
+        let ticks_taken = Arc::new(AtomicUsize::new(0));
         let runner = {
-            let pacer = Arc::clone(&pacer);
-            let in_flight = Arc::clone(&in_flight);
+            let (pacer, in_flight) = (Arc::clone(pacer), Arc::clone(in_flight));
+            let (ticks, ticks_taken) = (Arc::clone(&ticks), Arc::clone(&ticks_taken));
             tokio::spawn(async move {
                 pacer
-                    .run(|| free_slots(10, in_flight.load(Ordering::Relaxed), true))
+                    .run_ticking(
+                        || free_slots(10, in_flight.load(Ordering::SeqCst), true),
+                        || {
+                            let (ticks, ticks_taken) =
+                                (Arc::clone(&ticks), Arc::clone(&ticks_taken));
+                            async move {
+                                if let Ok(permit) = ticks.acquire().await {
+                                    permit.forget();
+                                }
+                                ticks_taken.fetch_add(1, Ordering::SeqCst);
+                            }
+                        },
+                    )
                     .await
             })
         };
-        let start = tokio::time::Instant::now();
-        pacer.turn().await;
-        assert_eq!(start.elapsed(), Duration::ZERO);
+        (runner, ticks, ticks_taken)
+    }
 
-        let went = Arc::new(AtomicUsize::new(0));
-        let crowd: Vec<_> = (0..35)
-            .map(|_| {
-                let pacer = Arc::clone(&pacer);
-                let went = Arc::clone(&went);
-                tokio::spawn(async move {
-                    pacer.turn().await;
-                    went.fetch_add(1, Ordering::Relaxed);
-                })
-            })
-            .collect();
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(went.load(Ordering::Relaxed), 10);
-        // Slots taken by downloads are not handed out again.
-        in_flight.store(7, Ordering::Relaxed);
-        tokio::time::sleep(TICK).await;
-        assert_eq!(went.load(Ordering::Relaxed), 13);
-        in_flight.store(0, Ordering::Relaxed);
-        for task in crowd {
-            task.await.unwrap();
-        }
-        assert_eq!(went.load(Ordering::Relaxed), 35);
-        assert!(start.elapsed() <= TICK * 4, "{:?}", start.elapsed());
+    #[tokio::test]
+    async fn a_lone_agent_goes_at_once() {
+        let pacer = Arc::new(Pacer::default());
+        let (runner, _ticks, ticks_taken) = run_by_hand(&pacer, &Arc::default());
+        pacer.turn().await;
+        assert_eq!(ticks_taken.load(Ordering::SeqCst), 0);
         runner.abort();
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crowd_goes_a_free_slot_count_per_tick() {
+        let pacer = Arc::new(Pacer::default());
+        let went = Arc::new(AtomicUsize::new(0));
+        let crowd: Vec<_> = (0..35)
+            .map(|_| {
+                let (pacer, went) = (Arc::clone(&pacer), Arc::clone(&went));
+                tokio::spawn(async move {
+                    pacer.turn().await;
+                    went.fetch_add(1, Ordering::SeqCst);
+                })
+            })
+            .collect();
+        // The whole crowd waits before the pacer starts handing out turns.
+        until("the crowd waits", || pacer.waiting() == 35).await;
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let (runner, ticks, ticks_taken) = run_by_hand(&pacer, &in_flight);
+        until("ten went", || went.load(Ordering::SeqCst) == 10).await;
+        assert_eq!(pacer.waiting(), 25, "the rest wait for a tick");
+        assert_eq!(ticks_taken.load(Ordering::SeqCst), 0);
+        // Slots taken by downloads are not handed out again.
+        in_flight.store(7, Ordering::SeqCst);
+        ticks.add_permits(1);
+        until("three more went", || went.load(Ordering::SeqCst) == 13).await;
+        assert_eq!(pacer.waiting(), 22);
+        // Ten a tick: the 22 left go in three more ticks (10, 10, 2), and no tick after.
+        in_flight.store(0, Ordering::SeqCst);
+        ticks.add_permits(3);
+        for task in crowd {
+            task.await.unwrap();
+        }
+        assert_eq!(went.load(Ordering::SeqCst), 35);
+        until("the last tick taken", || {
+            ticks_taken.load(Ordering::SeqCst) == 4
+        })
+        .await;
+        assert_eq!(pacer.waiting(), 0);
+        runner.abort();
+    }
+
+    #[tokio::test]
     async fn an_agent_gone_before_its_turn_takes_none() {
         let pacer = Arc::new(Pacer::default());
         let gone = tokio::time::timeout(Duration::from_millis(1), pacer.turn()).await;
