@@ -9,7 +9,7 @@ use crate::transport::{conn, tls};
 use crate::{ConfigSource, app};
 
 use crate::background::{release_scan, spawn_pacer, spawn_rollout_loop};
-use crate::startup::build_state;
+use crate::build_state;
 use crate::{Config, ServerError, maintenance, panics, reload, routes, signals, web};
 
 /// Serves until `shutdown` resolves, then lets running downloads finish for the grace
@@ -57,7 +57,7 @@ pub async fn serve(
                 }
                 Err(e) => {
                     home_lock.abandon();
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
         }
@@ -84,7 +84,7 @@ pub async fn serve(
         config.server.public_url = bound.admin_url();
     }
     let state = build_state(&config).await?;
-    let metrics = Arc::clone(&state.inner.metrics);
+    let conns = Arc::clone(&state.inner.metrics.conns);
     let news = Arc::clone(state.inner.fleet.rollouts.news());
     let fleet = Arc::clone(&state.inner.fleet);
     tracing::info!(
@@ -168,7 +168,7 @@ pub async fn serve(
         timeouts: config.timeouts(),
         tls,
     };
-    conn::serve(listener, router, metrics, announced, grace).await;
+    conn::serve(listener, router, conns, announced, grace).await;
     // The last contacts heard are written before the server goes.
     fleet.flush_contacts().await;
     Ok(())
@@ -296,27 +296,6 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::background::{ROLLOUT_LOOKS_PER_SECOND, woken_look_at};
-
-    #[test]
-    fn a_few_reports_are_looked_at_at_once_and_a_stream_of_them_a_few_times_a_second() {
-        let t0 = tokio::time::Instant::now();
-        let ms = |n| t0 + Duration::from_millis(n);
-        let mut recent = std::collections::VecDeque::new();
-        // Fewer looks than the second allows: at once.
-        for n in 0..ROLLOUT_LOOKS_PER_SECOND as u64 {
-            assert_eq!(woken_look_at(&recent, ms(n * 10)), ms(n * 10));
-            recent.push_back(ms(n * 10));
-        }
-        // The second is used up: the next waits until a second after its first look.
-        assert_eq!(woken_look_at(&recent, ms(50)), ms(1000));
-        // Woken after that: at once.
-        assert_eq!(woken_look_at(&recent, ms(1200)), ms(1200));
-        // The window slides: once the oldest is dropped, the second's earliest is 10 ms.
-        recent.pop_front();
-        recent.push_back(ms(1000));
-        assert_eq!(woken_look_at(&recent, ms(1001)), ms(1010));
-    }
 
     #[test]
     fn a_lock_held_for_a_pid_that_exited_is_waited_for_and_a_live_one_is_not() {

@@ -18,6 +18,13 @@ pub enum ServerError {
     Release(#[from] agent_releases::ReleaseError),
 }
 
+/// A certificate that cannot serve is a configuration error, as it always said.
+impl From<server_transport::TlsError> for ServerError {
+    fn from(e: server_transport::TlsError) -> Self {
+        Self::Config(e.0)
+    }
+}
+
 /// An answer that is not a success. 4xx carry their message; 5xx log the detail and
 /// answer a generic message.
 #[derive(Debug)]

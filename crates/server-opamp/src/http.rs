@@ -10,8 +10,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::{MAX_MESSAGE, RETRY_AFTER, Refused, authorized, exchange};
-use crate::error::ApiError;
-use crate::state::AppState;
+use server_core::error::ApiError;
+use server_core::state::AppState;
 
 /// Bytes read off the socket at most: the message limit plus room for gzip's framing
 /// of incompressible data.

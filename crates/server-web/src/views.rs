@@ -1,4 +1,4 @@
-//! The pages' templates (`crates/server/templates/`, compiled in, HTML-escaped) and the
+//! The pages' templates (`crates/server-web/templates/`, compiled in, HTML-escaped) and the
 //! view rows they show: every value already a string, every link already encoded.
 
 use askama::Template;

@@ -8,7 +8,7 @@ pub use agent_fleet::history::HistoryLine;
 use serde::Deserialize;
 
 use super::model::{Agent, health_of};
-use crate::state::Shared;
+use server_core::state::Shared;
 
 fn agent_of(a: AgentRow) -> Agent {
     let nonempty = |s: String| if s.is_empty() { None } else { Some(s) };

@@ -7,7 +7,6 @@
 //! It must not decide rollouts or parse bodies itself: transports translate, the
 //! exchange connects the protocol crate with the fleet model.
 
-pub mod admin;
 pub mod http;
 pub mod ws;
 
@@ -29,8 +28,8 @@ use agent_protocol::wire::{self, Report};
 use axum::Router;
 use axum::routing::post;
 
-use crate::state::{AppState, Shared};
-use crate::store::Current;
+use server_core::state::{AppState, Shared};
+use server_core::store::Current;
 
 /// Largest OpAMP message accepted, after decompression: status reports and effective
 /// configurations are kilobytes; a collector's whole configuration fits many times.
@@ -645,10 +644,10 @@ fn agent_package(s: &Shared, view: &AgentView, release: Option<&str>) -> Option<
 /// apart and is offered a release of one bundle of its OS (or of any, naming none), as
 /// before platforms were known.
 fn bundle_for<'a>(
-    release: &'a crate::store::Release,
+    release: &'a server_core::store::Release,
     os: &str,
     arch: &str,
-) -> Option<&'a Arc<crate::store::ServedBundle>> {
+) -> Option<&'a Arc<server_core::store::ServedBundle>> {
     if arch.is_empty() && release.is_single() {
         let primary = release.primary();
         return (os.is_empty() || primary.platform.contains(os)).then_some(primary);
@@ -895,8 +894,8 @@ mod tests {
 
     #[test]
     fn an_agent_is_offered_only_a_bundle_of_its_own_platform() {
-        use crate::store::Release;
         use agent_releases::store::sample_bundle;
+        use server_core::store::Release;
 
         fn bundle(v: &str, p: &str) -> std::sync::Arc<agent_releases::store::ServedBundle> {
             sample_bundle(v.parse().unwrap(), p)

@@ -14,7 +14,7 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::error::ServerError;
+use crate::TlsError;
 
 /// How often the files are looked at for a change.
 pub const WATCH_INTERVAL: Duration = Duration::from_secs(2);
@@ -124,8 +124,8 @@ impl ResolvesServerCert for Certificates {
 
 impl Certificates {
     /// Loads the pair, or says why it cannot serve HTTPS with it.
-    pub fn open(cert: &Path, key: &Path) -> Result<Arc<Self>, ServerError> {
-        let loaded = load(cert, key).map_err(ServerError::Config)?;
+    pub fn open(cert: &Path, key: &Path) -> Result<Arc<Self>, TlsError> {
+        let loaded = load(cert, key).map_err(TlsError)?;
         warn_if_ending(&loaded);
         tracing::info!(
             "HTTPS with {} (until {})",
@@ -141,10 +141,10 @@ impl Certificates {
     }
 
     /// The rustls configuration: this resolver, HTTP/2 and HTTP/1.1 by ALPN.
-    pub fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, ServerError> {
+    pub fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(|e| ServerError::Config(format!("TLS: {e}")))?
+            .map_err(|e| TlsError(format!("TLS: {e}")))?
             .with_no_client_auth()
             .with_cert_resolver(Arc::clone(self) as Arc<dyn ResolvesServerCert>);
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];

@@ -14,6 +14,7 @@ mod deployments;
 mod download;
 mod install;
 mod maintenance;
+pub mod opamp_fields;
 pub mod operators;
 pub mod refusals;
 pub(crate) mod releases;
@@ -46,7 +47,7 @@ pub const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(10
 /// Largest JSON body accepted; larger ones get `413`.
 pub const MAX_BODY: usize = 64 * 1024;
 
-/// The native routes (with their timeouts); [`crate::app`] adds OpAMP's and the body
+/// The native routes (with their timeouts); `update_server::app` adds OpAMP's and the body
 /// limit, and gives them the state.
 pub fn router(state: &AppState) -> Router<AppState> {
     // A request with a body (or that waits on the database) is done within this, or
@@ -194,7 +195,7 @@ fn parked(approval: &agent_fleet::approvals::Approval) -> Response {
 }
 
 /// An action answered with another action's result: a bug, said as one.
-pub(crate) fn other_result() -> ApiError {
+pub fn other_result() -> ApiError {
     ApiError::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         "the server answered an action with another's result; please report this",

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::transport::pacer;
 use crate::{SCAN_INTERVAL, releases, served, store};
 
-use crate::{AppState, panics, web};
+use crate::{AppState, panics};
 
 /// How often the rollout is looked at (deadlines, soaks, another server's decisions),
 /// besides soon after a report.
@@ -36,8 +36,7 @@ pub(crate) fn woken_look_at(
 /// heartbeat and a half. A long-polling agent re-holds every heartbeat, so its row is
 /// written every other connect and is at most two and a half heartbeats old: under the
 /// silence the page calls stale.
-const CONTACT_REFRESH_HALF_BEATS: u64 = 3;
-const _: () = assert!(CONTACT_REFRESH_HALF_BEATS + 2 < 2 * web::model::STALE_HEARTBEATS as u64);
+pub const CONTACT_REFRESH_HALF_BEATS: u64 = 3;
 
 pub(crate) fn contact_refresh(heartbeat_secs: u64) -> Duration {
     Duration::from_secs(heartbeat_secs.saturating_mul(CONTACT_REFRESH_HALF_BEATS) / 2)
@@ -50,7 +49,7 @@ const ROTATION_LOOK: Duration = Duration::from_secs(60);
 /// (see [`agent_fleet::commands`]), as the server itself (audited as `server:<name>`).
 /// Several servers of a fleet may ask the same one: a rotation under way is not asked
 /// again, and a second ask replaces the first before it was carried.
-pub(crate) fn spawn_rotations(state: &AppState) {
+pub fn spawn_rotations(state: &AppState) {
     let Some(every) = state.inner.rotate_every else {
         return;
     };
@@ -111,7 +110,7 @@ async fn rotate_old(
 }
 
 /// Hands held agents their turns to be told, as download slots free up (see [`pacer`]).
-pub(crate) fn spawn_pacer(state: &AppState) {
+pub fn spawn_pacer(state: &AppState) {
     let s = Arc::clone(&state.inner);
     panics::spawn_restarting("pacer", move || {
         let s = Arc::clone(&s);
@@ -131,7 +130,7 @@ pub(crate) fn spawn_pacer(state: &AppState) {
 
 /// Keeps the fleet's rollouts moving (the bundle's and each configuration set's):
 /// follows the served bundle, times out agents, opens and completes waves.
-pub(crate) fn spawn_rollout_loop(state: &AppState) {
+pub fn spawn_rollout_loop(state: &AppState) {
     let s = Arc::clone(&state.inner);
     panics::spawn_restarting("rollout loop", move || rollout_loop(Arc::clone(&s)));
 }
@@ -300,7 +299,7 @@ pub(crate) async fn take_hand_drop(
 
 /// Follows the fleet's published release and takes what is dropped into the download
 /// directory, each second.
-pub(crate) async fn release_scan(
+pub async fn release_scan(
     store: Arc<store::BundleStore>,
     publisher: Arc<releases::Publisher>,
     audit: agent_fleet::audit::Audit,
@@ -339,5 +338,30 @@ pub(crate) async fn release_scan(
             }
             Err(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_few_reports_are_looked_at_at_once_and_a_stream_of_them_a_few_times_a_second() {
+        let t0 = tokio::time::Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut recent = std::collections::VecDeque::new();
+        // Fewer looks than the second allows: at once.
+        for n in 0..ROLLOUT_LOOKS_PER_SECOND as u64 {
+            assert_eq!(woken_look_at(&recent, ms(n * 10)), ms(n * 10));
+            recent.push_back(ms(n * 10));
+        }
+        // The second is used up: the next waits until a second after its first look.
+        assert_eq!(woken_look_at(&recent, ms(50)), ms(1000));
+        // Woken after that: at once.
+        assert_eq!(woken_look_at(&recent, ms(1200)), ms(1200));
+        // The window slides: once the oldest is dropped, the second's earliest is 10 ms.
+        recent.pop_front();
+        recent.push_back(ms(1000));
+        assert_eq!(woken_look_at(&recent, ms(1001)), ms(1010));
     }
 }

@@ -1,5 +1,5 @@
 //! The signals update-server answers: TERM and Ctrl-C stop it gracefully, HUP reads its
-//! configuration again (see [`crate::reload`]). How each arrives is the platform's
+//! configuration again (the server's `reload` module). How each arrives is the platform's
 //! ([`unix`], [`windows`]); each exports the same two things. Windows has no HUP: there
 //! a reload never comes, and a restart changes the configuration.
 

@@ -5,6 +5,10 @@ use std::time::Duration;
 
 /// How many heartbeats an agent may miss before the page calls it stale.
 pub const STALE_HEARTBEATS: u32 = 3;
+// The server writes an unchanged contact at most this often: always within the silence
+// the page calls stale.
+const _: () =
+    assert!(server_core::background::CONTACT_REFRESH_HALF_BEATS + 2 < 2 * STALE_HEARTBEATS as u64);
 
 /// One agent as `/admin/agents` reports it. Every string came from the agent (or from
 /// whoever holds its id): untrusted text, escaped by the templates.

@@ -23,9 +23,9 @@ use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
 
 use super::{MAX_MESSAGE, Refused, authorized, exchange, push, retry_after};
-use crate::error::ApiError;
-use crate::state::{AppState, Shared};
-use crate::transport::conn::ConnHold;
+use server_core::error::ApiError;
+use server_core::state::{AppState, Shared};
+use server_core::transport::conn::ConnHold;
 
 /// How often the server pings an OpAMP socket.
 pub const PING_INTERVAL: Duration = Duration::from_secs(30);

@@ -189,7 +189,7 @@ pub(super) async fn agents(
             health: a.health.and_then(|h| serde_json::from_str(&h).ok()),
         };
         let mut row = serde_json::to_value(record).unwrap_or_default();
-        crate::opamp::admin::add_fields(&mut row, stored, now);
+        crate::routes::opamp_fields::add_fields(&mut row, stored, now);
         add_command_fields(
             &mut row,
             extras.get(&row_id),

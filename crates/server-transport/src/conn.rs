@@ -33,8 +33,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
-use crate::metrics::{Metrics, inc};
-use crate::transport::held;
+use crate::counters::{ConnCounters, inc};
+use crate::held;
 
 /// Largest request head (request line and headers) a client may send.
 pub const MAX_HEAD: usize = 16 * 1024;
@@ -156,7 +156,7 @@ struct Guarded<T> {
     inner: T,
     state: Arc<ConnState>,
     timeouts: Timeouts,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ConnCounters>,
     read_timer: Pin<Box<Sleep>>,
     write_timer: Pin<Box<Sleep>>,
     /// When a write last made progress (or the stall clock was last reset).
@@ -164,7 +164,12 @@ struct Guarded<T> {
 }
 
 impl<T> Guarded<T> {
-    fn new(inner: T, state: Arc<ConnState>, timeouts: Timeouts, metrics: Arc<Metrics>) -> Self {
+    fn new(
+        inner: T,
+        state: Arc<ConnState>,
+        timeouts: Timeouts,
+        metrics: Arc<ConnCounters>,
+    ) -> Self {
         let far = Instant::now() + Duration::from_secs(86_400 * 365);
         Self {
             inner,
@@ -534,7 +539,7 @@ async fn serve_io<I>(
     let _ = watcher.watch(conn).await;
 }
 
-/// Serves a plain connection: agents' API requests here (see `crate::transport::held`: a held connect
+/// Serves a plain connection: agents' API requests here (see `crate::held`: a held connect
 /// keeps no buffers), and from its first other request on, everything through hyper.
 async fn serve_plain(
     builder: auto::Builder<TokioExecutor>,
@@ -639,7 +644,7 @@ pub struct Listener {
 pub async fn serve(
     listener: Listener,
     router: Router,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ConnCounters>,
     shutdown: impl Future<Output = ()> + Send,
     grace: Duration,
 ) {
@@ -884,7 +889,7 @@ mod tests {
 }
 #[cfg(test)]
 mod served_beside_hyper {
-    //! The agents' requests taken off hyper (`crate::transport::held`), over real sockets.
+    //! The agents' requests taken off hyper (`crate::held`), over real sockets.
 
     use std::sync::atomic::AtomicBool;
 
@@ -943,7 +948,7 @@ mod served_beside_hyper {
                 tls: None,
             },
             router,
-            Arc::new(Metrics::default()),
+            Arc::new(ConnCounters::default()),
             async {
                 let _ = stopped.await;
             },

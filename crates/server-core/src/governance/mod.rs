@@ -40,7 +40,7 @@ impl Governance {
 }
 
 /// Starts the delivery loop, the retention chore and the approvals' lapse.
-pub(crate) fn spawn(state: &AppState) {
+pub fn spawn(state: &AppState) {
     let s = Arc::clone(&state.inner);
     crate::panics::spawn_restarting("webhook delivery", move || delivery::run(Arc::clone(&s)));
     let s = Arc::clone(&state.inner);

@@ -35,10 +35,10 @@ use axum::{Form, Router};
 use agent_fleet::FleetError;
 use agent_fleet::db::{now_ms, now_secs};
 
-use crate::actions::{self, Act, ActionError, Actor, Refused, Step, Target, Via};
-use crate::error::ApiError;
-use crate::state::AppState;
 use agent_fleet::operators::{self as ops, Role};
+use server_core::actions::{self, Act, ActionError, Actor, Refused, Step, Target, Via};
+use server_core::error::ApiError;
+use server_core::state::AppState;
 use session::{COOKIE, CSRF_FIELD, SIGNIN_COOKIE, SignedIn};
 use views::Frame;
 
@@ -63,7 +63,7 @@ const MAX_FORM: usize = 16 * 1024;
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
      form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-const STYLESHEET: &str = include_str!("../../static/fleet.css");
+const STYLESHEET: &str = include_str!("../static/fleet.css");
 
 #[derive(Clone)]
 struct Page {
@@ -245,7 +245,7 @@ fn refused(status: StatusCode, message: &str) -> Response {
     // The audit layer records it with these words (the body is the page's HTML).
     response
         .extensions_mut()
-        .insert(crate::routes::refusals::Reason(message.to_owned()));
+        .insert(server_core::routes::refusals::Reason(message.to_owned()));
     response
 }
 
@@ -259,7 +259,7 @@ fn refused_and_audited(status: StatusCode, message: &str) -> Response {
 fn audited(mut response: Response) -> Response {
     response
         .extensions_mut()
-        .insert(crate::routes::refusals::Audited);
+        .insert(server_core::routes::refusals::Audited);
     response
 }
 
@@ -280,7 +280,7 @@ fn sign_in_form(page: &Page, status: StatusCode, message: &str) -> Response {
     }
     response
         .extensions_mut()
-        .insert(crate::routes::refusals::Reason(message.to_owned()));
+        .insert(server_core::routes::refusals::Reason(message.to_owned()));
     response
 }
 
@@ -732,7 +732,7 @@ async fn posted_by(
     headers: &HeaderMap,
     request: Request,
 ) -> Result<Result<(Signed, Actor), Response>, Trouble> {
-    let address = crate::routes::operators::client_address(request.extensions());
+    let address = server_core::routes::operators::client_address(request.extensions());
     let (host, form) = read_form(request).await;
     let signed = match check_post(page, headers, host.as_deref(), &form).await? {
         Ok(v) => v,
@@ -751,7 +751,7 @@ async fn posted_by(
 fn action_failed(e: ActionError) -> Result<Response, Trouble> {
     match e {
         ActionError::Refused(refused) => Ok(refused_and_audited(
-            crate::error::refused_status(&refused),
+            server_core::error::refused_status(&refused),
             refused.message(),
         )),
         ActionError::Fleet(e) => Err(e.into()),
@@ -801,7 +801,7 @@ async fn tokens_page(
         // A refusal the audit layer records (unless its action did): in these words.
         response
             .extensions_mut()
-            .insert(crate::routes::refusals::Reason(message.to_owned()));
+            .insert(server_core::routes::refusals::Reason(message.to_owned()));
     }
     // A page that shows a token is never kept by a cache (protect adds no-store too).
     response
@@ -817,7 +817,7 @@ async fn create_token(
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, Trouble> {
-    let address = crate::routes::operators::client_address(request.extensions());
+    let address = server_core::routes::operators::client_address(request.extensions());
     let (host, form) = read_form(request).await;
     let signed = match check_post(&page, &headers, host.as_deref(), &form).await? {
         Ok(v) => v,
@@ -832,7 +832,10 @@ async fn create_token(
             let expires_at = if expires.is_empty() {
                 None
             } else {
-                Some(crate::routes::operators::expires_at(expires, now_ms())?)
+                Some(server_core::routes::operators::expires_at(
+                    expires,
+                    now_ms(),
+                )?)
             };
             Ok((role, expires_at))
         });
@@ -857,12 +860,12 @@ async fn create_token(
         Ok(actions::Done::TokenCreated { token }) => {
             tokens_page(&page, &signed, StatusCode::CREATED, "", Some((name, token))).await
         }
-        Ok(_) => Err(Trouble(crate::routes::other_result())),
+        Ok(_) => Err(Trouble(server_core::routes::other_result())),
         Err(ActionError::Refused(r @ (Refused::Invalid(_) | Refused::Conflict(_)))) => Ok(audited(
             tokens_page(
                 &page,
                 &signed,
-                crate::error::refused_status(&r),
+                server_core::error::refused_status(&r),
                 r.message(),
                 None,
             )

@@ -38,16 +38,8 @@ pub struct Metrics {
     pub configs_sent: AtomicU64,
     /// Downloads whose client took no bytes for `downloads.stall-timeout` (slots freed).
     pub stalled: AtomicU64,
-    /// Connections closed because a write made no progress for `downloads.stall-timeout`.
-    pub stall_closed: AtomicU64,
-    /// Connections closed for want of a whole request head in `server.header-timeout`.
-    pub header_timeouts: AtomicU64,
-    /// Keep-alive connections closed after `server.idle-timeout`.
-    pub idle_closed: AtomicU64,
-    /// Idle connections closed to make room for a new one at `server.max-connections`.
-    pub evicted: AtomicU64,
-    pub connections_total: AtomicU64,
-    pub connections_open: AtomicU64,
+    /// The transport's counts of connections (opened, closed by which clock, evicted).
+    pub conns: std::sync::Arc<server_transport::ConnCounters>,
     /// Long-polling connects held now, and held in all.
     pub connects_held: AtomicU64,
     pub held_connects: AtomicU64,
@@ -285,10 +277,10 @@ impl Metrics {
             counted(
                 "reason",
                 [
-                    ("header-timeout", &self.header_timeouts),
-                    ("idle-timeout", &self.idle_closed),
-                    ("stall-timeout", &self.stall_closed),
-                    ("evicted", &self.evicted),
+                    ("header-timeout", &self.conns.header_timeouts),
+                    ("idle-timeout", &self.conns.idle_closed),
+                    ("stall-timeout", &self.conns.stall_closed),
+                    ("evicted", &self.conns.evicted),
                 ],
             ),
         );
@@ -301,12 +293,12 @@ impl Metrics {
             "agentupdate_connections_open",
             "Client connections open now.",
         )
-        .one(out, get(&self.connections_open));
+        .one(out, get(&self.conns.connections_open));
         counter(
             "agentupdate_connections_total",
             "Client connections accepted.",
         )
-        .one(out, get(&self.connections_total));
+        .one(out, get(&self.conns.connections_total));
         gauge(
             "agentupdate_connects_held",
             "Long-polling connects held now (agents waiting for news).",
@@ -632,12 +624,12 @@ mod tests {
             &m.config_statuses,
             &m.configs_sent,
             &m.stalled,
-            &m.stall_closed,
-            &m.header_timeouts,
-            &m.idle_closed,
-            &m.evicted,
-            &m.connections_total,
-            &m.connections_open,
+            &m.conns.stall_closed,
+            &m.conns.header_timeouts,
+            &m.conns.idle_closed,
+            &m.conns.evicted,
+            &m.conns.connections_total,
+            &m.conns.connections_open,
             &m.connects_held,
             &m.held_connects,
             &m.msi_bytes_sent,
