@@ -122,43 +122,14 @@ AGENT_BUILD_NOTE=rebuilt cargo build --workspace --bins --locked
 set_aside "$target_dir/debug/agent" "$target_dir/rebuilt"
 cargo build --workspace --bins --locked
 
-# The other platforms' agents, for the install, platform and Windows tests alone: built
-# while the other tests run, at the lowest priority (so they take only the processor the
-# tests leave idle), in a target directory of their own (cargo locks a target directory
-# while it builds, and the tests' own build would wait). The install tests: the static
-# agent a busybox machine runs. The platform tests: that static agent and the glibc
-# aarch64 one (debug, like the rest; cargo rebuilds only what changed). The Windows
-# tests: the stub with the fault points for the crash campaign (set aside as above),
-# then the agent, its service and the stub for Windows; the tests make their Wine
-# prefix once under target/wine.
-if command -v rustup >/dev/null 2>&1; then
-    rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-gnu x86_64-pc-windows-gnu >/dev/null
-fi
-# Their dependencies are compiled unoptimised (half the compiling), but for those these
-# agents spend their time in: hashes, signatures, compression and patches.
-cross=(--target-dir "$target_dir/cross" --locked --config 'profile.dev.package."*".opt-level=0')
-for hot in sha2 blake2 md-5 ed25519-dalek curve25519-dalek ring flate2 zlib-rs crc32fast zip \
-    bzip2 libbz2-rs-sys qbsdiff suffix_array cdivsufsort sacabase; do
-    cross+=(--config "profile.dev.package.$hot.opt-level=2")
-done
-windows=x86_64-pc-windows-gnu
-# The stub with fault points is built naming the same packages as the build after it, so
-# the two resolve the same features and share every dependency.
-windows_packages=(-p agent -p agent-bundle -p agent-service)
-build_cross() {
-    CC_x86_64_unknown_linux_musl=musl-gcc \
-        cargo build "${cross[@]}" --target x86_64-unknown-linux-musl -p agent -p agent-bundle -p agent-service
-    CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
-        cargo build "${cross[@]}" --target aarch64-unknown-linux-gnu -p agent -p agent-bundle -p agent-service
-    export CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
-    cargo build "${cross[@]}" --target "$windows" "${windows_packages[@]}" --bin agent-bundle --features agent-bundle/failpoints
-    set_aside "$target_dir/cross/$windows/debug/agent-bundle.exe" "$target_dir/failpoints/$windows/debug"
-    cargo build "${cross[@]}" --target "$windows" "${windows_packages[@]}"
-}
+# The other platforms' agents, for the install, platform and Windows tests alone
+# (scripts/build-cross.sh): built while the other tests run, at the lowest priority (so
+# they take only the processor the tests leave idle; CI builds them before, beside the
+# host's build, and this finds them done). The tests make their Wine prefix once under
+# target/wine.
 (
     renice -n 19 -p "$BASHPID" >/dev/null
-    set -e
-    build_cross
+    scripts/build-cross.sh
 ) >"$target_dir/cross-build.log" 2>&1 &
 cross_build=$!
 scripts/binfmt-aarch64.sh
