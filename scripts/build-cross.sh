@@ -53,6 +53,6 @@ cargo build "${cross[@]}" --target "$windows" "${windows_packages[@]}" --bin age
 set_aside "$target_dir/cross/$windows/debug/agent-bundle.exe" "$target_dir/failpoints/$windows/debug"
 cargo build "${cross[@]}" --target "$windows" "${windows_packages[@]}"
 if [[ "$windows_tests" == yes ]]; then
-    cargo build "${cross[@]}" --target "$windows" "${windows_packages[@]}" -p agent-updater -p agent-extract \
+    cargo build "${cross[@]}" --target "$windows" "${windows_packages[@]}" -p agent-workload -p agent-updater -p agent-extract \
         -p agent-protocol -p agent-delta --tests
 fi

@@ -7,9 +7,9 @@
 //! modifies `versions/` or `current` (that is the updater's job) and never runs a byte it
 //! has not verified.
 //!
-//! It also runs the operator's program, the workload ([`workload`]): it starts it,
-//! restarts it, checks its health and stops it, and owns `logs/workload.log` and
-//! `run/workload.pid`.
+//! It also runs the operator's program, the workload ([`workload`], the `agent-workload`
+//! crate): it starts it, restarts it, checks its health and stops it, and owns
+//! `logs/workload.log` and `run/workload.pid`.
 
 pub mod cli;
 pub mod commands;
@@ -24,6 +24,7 @@ pub mod state;
 pub mod telemetry;
 pub mod uninstall;
 pub mod update;
-pub mod workload;
+// The workload supervisor is its own crate; its modules keep their paths here.
+pub use agent_workload as workload;
 
 pub use error::{AgentError, Result};

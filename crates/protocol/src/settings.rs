@@ -430,3 +430,16 @@ mod tests {
         assert!(parse_duration("5").is_err());
     }
 }
+
+/// A duration written as text (`"30s"`, `"5m"`: [`parse_duration`]) in a configuration
+/// file, for serde's `with`.
+pub mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        super::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}

@@ -70,6 +70,18 @@ pub fn cut_to_bytes(text: &str, max_bytes: usize) -> &str {
     &text[..end]
 }
 
+/// An error with every cause under it, `outer: inner: innermost`: a transport error's
+/// own text is often only "error sending request", its reason two causes down.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        message = format!("{message}: {s}");
+        source = s.source();
+    }
+    message
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -982,17 +982,8 @@ fn read_token(path: &std::path::Path) -> Option<String> {
     }
 }
 
-/// An error with its causes, `outer: inner: innermost` (reqwest hides the useful part,
-/// such as "connection refused", in its sources).
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut message = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        message = format!("{message}: {s}");
-        source = s.source();
-    }
-    message
-}
+// reqwest hides the useful part of an error, such as "connection refused", in its sources.
+pub(crate) use agent_protocol::shown::error_chain;
 
 /// Every server failed: `(base URL, its failure)` of each.
 fn all_down(tried: &[(String, String)]) -> CommError {

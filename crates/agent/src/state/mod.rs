@@ -2,7 +2,7 @@
 //! file, its last errors, and `agent status` over them (its logs rotate through
 //! `agent_updater::logfiles`, which every program of an installed agent shares).
 
-pub mod health;
+pub use agent_workload::health;
 pub mod home;
 pub mod last_errors;
 pub mod status;

@@ -12,9 +12,17 @@
 //! own, so an update costs the workload no more downtime than a restart.
 //!
 //! [`policy`] decides (pure); this module and [`group`], [`check`] and [`logfile`] act.
+//! [`config`] is `[workload]` as written, [`spec`] the same resolved for one version, and
+//! [`health`] the agent's health board the supervisor publishes the workload's state on.
+//!
+//! This crate owns the workload's process group, `logs/workload.log` and
+//! `run/workload.pid`; it must not contact a server, touch `versions/` or `current`, or
+//! decide anything about an update: the agent (its only user) does.
 
 pub mod check;
+pub mod config;
 pub mod group;
+pub mod health;
 pub mod logfile;
 pub mod policy;
 pub mod spec;
@@ -32,7 +40,7 @@ use agent_updater::state::now_secs;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::watch;
 
-use crate::state::health::HealthBoard;
+use crate::health::HealthBoard;
 use logfile::LogFile;
 use policy::{Action, Exit, Supervision};
 use spec::{Check, Spec};

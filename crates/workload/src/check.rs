@@ -30,7 +30,7 @@ async fn get(http: &reqwest::Client, url: &str) -> Result<(), String> {
         .timeout(CHECK_TIMEOUT)
         .send()
         .await
-        .map_err(|e| format!("GET {url}: {}", crate::contact::client::error_chain(&e)))?;
+        .map_err(|e| format!("GET {url}: {}", agent_protocol::shown::error_chain(&e)))?;
     let status = answer.status();
     // The body is read (and dropped), up to a cap: hanging up in the middle of it
     // makes some programs log a broken pipe at every check.
