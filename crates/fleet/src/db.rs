@@ -209,6 +209,21 @@ impl AgentRow {
             crate::labels::built_in(&self.platform, &self.group, &self.version),
         )
     }
+
+    /// Its effective labels as listed and selected: [`Self::effective_labels`], but for
+    /// an OpAMP agent (`opamp_view`: its stored view) the attributes it reports
+    /// ([`crate::labels::from_opamp_view`]) stand for its own.
+    pub fn labels_as_seen(&self, opamp_view: Option<&str>) -> crate::labels::Labels {
+        let reported = match opamp_view {
+            Some(view) => crate::labels::from_opamp_view(view),
+            None => self.labels.clone(),
+        };
+        crate::labels::effective(
+            &reported,
+            &self.server_labels,
+            crate::labels::built_in(&self.platform, &self.group, &self.version),
+        )
+    }
 }
 
 /// Where a PostgreSQL URL points, for messages: never its password.

@@ -3,7 +3,8 @@
 //! built-in labels every agent has (`platform`, `os`, `arch`, `group`, `version`),
 //! which win over both. The spelling rules are agent-protocol's ([`agent_protocol::labels`]).
 //!
-//! Pure: the rows that keep them are `db`'s ([`crate::db::Db::set_server_labels`]).
+//! Pure: the rows that keep them are `db`'s (`Db::set_server_labels`, and
+//! `AgentRow::labels_as_seen` puts a row's together).
 
 use std::collections::BTreeMap;
 
@@ -51,21 +52,6 @@ pub fn effective(reported: &Labels, server: &Labels, built_in: Labels) -> Labels
     labels.extend(server.iter().map(|(k, v)| (k.clone(), v.clone())));
     labels.extend(built_in);
     labels
-}
-
-/// An agent's effective labels as listed and selected: [`effective`] of its row, an
-/// OpAMP agent's (`opamp_view`: its stored view) reporting its attributes
-/// ([`from_opamp_view`]).
-pub fn of_agent(row: &crate::db::AgentRow, opamp_view: Option<&str>) -> Labels {
-    let reported = match opamp_view {
-        Some(view) => from_opamp_view(view),
-        None => row.labels.clone(),
-    };
-    effective(
-        &reported,
-        &row.server_labels,
-        built_in(&row.platform, &row.group, &row.version),
-    )
 }
 
 /// An agent's effective labels from its row's columns: its own and the server's labels as

@@ -26,7 +26,7 @@ use agent_fleet::config::guard::Consent;
 use agent_fleet::db::now_ms;
 use agent_fleet::db::{Credentials, Revocation};
 use agent_fleet::deployments;
-use agent_fleet::labels::{self, Edit, Labels};
+use agent_fleet::labels::{Edit, Labels};
 use agent_fleet::operators::{Action as Permission, Role};
 use agent_fleet::policy;
 use agent_fleet::releases::{HistoryEntry, Kind};
@@ -860,7 +860,7 @@ async fn run(
                 .db
                 .agent(agent)
                 .await?
-                .map(|a| labels::of_agent(&a, stored.as_ref().map(|o| o.view.as_str())))
+                .map(|a| a.labels_as_seen(stored.as_ref().map(|o| o.view.as_str())))
                 .unwrap_or_default();
             let extra = serde_json::json!({ "before": before, "after": after });
             Ok((

@@ -57,8 +57,7 @@ pub async fn agents(s: &Shared) -> Result<Vec<Agent>, FleetError> {
         .await?
         .into_iter()
         .map(|a| {
-            let labels =
-                agent_fleet::labels::of_agent(&a, opamp.get(&a.id).map(|o| o.view.as_str()));
+            let labels = a.labels_as_seen(opamp.get(&a.id).map(|o| o.view.as_str()));
             let mut agent = agent_of(a);
             agent.deployment = s.fleet.deployments.follows(&labels);
             agent.labels = labels;
@@ -125,7 +124,7 @@ pub async fn agent(s: &Shared, id: &str) -> Result<Option<Agent>, FleetError> {
         return Ok(None);
     };
     let stored = s.fleet.db.opamp_agent(id).await?;
-    let labels = agent_fleet::labels::of_agent(&a, stored.as_ref().map(|o| o.view.as_str()));
+    let labels = a.labels_as_seen(stored.as_ref().map(|o| o.view.as_str()));
     let mut agent = agent_of(a);
     agent.deployment = s.fleet.deployments.follows(&labels);
     agent.labels = labels;

@@ -135,10 +135,9 @@ impl Configs {
             return Ok(None);
         };
         let opamp = self.db().opamp_agent(agent).await?;
-        Ok(Some(crate::labels::of_agent(
-            &row,
-            opamp.as_ref().map(|o| o.view.as_str()),
-        )))
+        Ok(Some(
+            row.labels_as_seen(opamp.as_ref().map(|o| o.view.as_str())),
+        ))
     }
 
     fn db(&self) -> &Db {

@@ -155,7 +155,7 @@ pub(super) async fn agents(
     let mut first = true;
     for a in listed {
         let stored = opamp.get(&a.id);
-        let labels = labels::of_agent(&a, stored.map(|o| o.view.as_str()));
+        let labels = a.labels_as_seen(stored.map(|o| o.view.as_str()));
         if !selector.matches(&labels) {
             continue;
         }

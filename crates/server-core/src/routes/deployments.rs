@@ -111,7 +111,7 @@ async fn agent_counts(s: &Shared) -> Result<std::collections::HashMap<String, u6
     let opamp = s.fleet.db.opamp_agents().await?;
     let mut counts = std::collections::HashMap::new();
     for a in rows {
-        let labels = agent_fleet::labels::of_agent(&a, opamp.get(&a.id).map(|o| o.view.as_str()));
+        let labels = a.labels_as_seen(opamp.get(&a.id).map(|o| o.view.as_str()));
         *counts
             .entry(s.fleet.deployments.follows(&labels))
             .or_insert(0) += 1;

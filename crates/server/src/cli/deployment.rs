@@ -7,6 +7,7 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
 use super::AdminClient;
+use super::rollout::Rollout;
 use super::table::{count, text};
 
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
@@ -107,6 +108,36 @@ impl Deployment {
             }),
             _ => super::print_answer(&answer, json, render_one),
         }
+    }
+}
+
+impl Deployment {
+    /// The same step on deployment `name`'s rollout (`rollout … --deployment NAME`).
+    pub(super) async fn rollout_step(
+        step: &Rollout,
+        name: &str,
+        client: &AdminClient,
+        json: bool,
+    ) -> anyhow::Result<()> {
+        let name = name.to_owned();
+        let action = match step {
+            Rollout::Status => Self::Show { name },
+            Rollout::Halt { reason } => Self::Halt {
+                name,
+                reason: reason.clone(),
+            },
+            Rollout::Resume => Self::Resume { name },
+            Rollout::Advance => Self::Advance { name },
+        };
+        let answer = client.deployment(&action).await?;
+        let rollout = answer.get("rollout").cloned().unwrap_or_default();
+        if rollout.is_null() {
+            anyhow::bail!(
+                "deployment {} has no rollout yet: the servers are loading its release",
+                answer["name"].as_str().unwrap_or("?")
+            );
+        }
+        super::print_answer(&rollout, json, super::rollout::render_status)
     }
 }
 

@@ -232,7 +232,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             } => {
                 let client = admin.client(&config);
                 match deployment.filter(|d| d != "default") {
-                    Some(name) => action.run_for(&name, &client, admin.json).await,
+                    Some(name) => {
+                        deployment::Deployment::rollout_step(&action, &name, &client, admin.json)
+                            .await
+                    }
                     None => action.run(&client, admin.json).await,
                 }
             }

@@ -31,37 +31,6 @@ impl Rollout {
     }
 }
 
-impl Rollout {
-    /// The same step on deployment `name`'s rollout (`rollout … --deployment NAME`).
-    pub(super) async fn run_for(
-        &self,
-        name: &str,
-        client: &AdminClient,
-        json: bool,
-    ) -> anyhow::Result<()> {
-        use super::deployment::Deployment;
-        let name = name.to_owned();
-        let action = match self {
-            Rollout::Status => Deployment::Show { name },
-            Rollout::Halt { reason } => Deployment::Halt {
-                name,
-                reason: reason.clone(),
-            },
-            Rollout::Resume => Deployment::Resume { name },
-            Rollout::Advance => Deployment::Advance { name },
-        };
-        let answer = client.deployment(&action).await?;
-        let rollout = answer.get("rollout").cloned().unwrap_or_default();
-        if rollout.is_null() {
-            anyhow::bail!(
-                "deployment {} has no rollout yet: the servers are loading its release",
-                answer["name"].as_str().unwrap_or("?")
-            );
-        }
-        super::print_answer(&rollout, json, render_status)
-    }
-}
-
 impl AdminClient {
     /// `/admin/rollout…`: the answer's JSON, or an error that says what the server said.
     pub async fn rollout(&self, action: &Rollout) -> anyhow::Result<Value> {
