@@ -22,6 +22,7 @@ pub mod commands;
 pub mod config;
 pub mod credentials;
 pub mod db;
+mod deployment_table;
 pub mod deployments;
 pub mod error;
 pub mod fleet;

@@ -15,7 +15,7 @@ use serde_json::json;
 use sqlx::Row;
 
 use crate::db::{Db, now_ms};
-use crate::deployments::DEFAULT;
+use crate::deployment_table::DEFAULT;
 use crate::error::FleetError;
 use crate::maintenance::{Schedule, Window, WindowSpec};
 use crate::rollout::plan::Plan;

@@ -341,6 +341,22 @@ pub async fn release_scan(
     }
 }
 
+/// Starts the delivery loop, the retention chore and the approvals' lapse.
+pub fn spawn_governance(state: &AppState) {
+    let s = Arc::clone(&state.inner);
+    crate::panics::spawn_restarting("webhook delivery", move || {
+        crate::governance::delivery::run(Arc::clone(&s))
+    });
+    let s = Arc::clone(&state.inner);
+    crate::panics::spawn_restarting("audit retention", move || {
+        crate::governance::retention::run(Arc::clone(&s))
+    });
+    let s = Arc::clone(&state.inner);
+    crate::panics::spawn_restarting("approval lapse", move || {
+        crate::governance::lapse::run(Arc::clone(&s))
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

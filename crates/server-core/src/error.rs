@@ -25,6 +25,11 @@ impl From<server_transport::TlsError> for ServerError {
     }
 }
 
+/// On an answer whose refusal its handler already recorded (the refusals layer,
+/// `routes::refusals`, records the others).
+#[derive(Debug, Clone, Copy)]
+pub struct Audited;
+
 /// An answer that is not a success. 4xx carry their message; 5xx log the detail and
 /// answer a generic message.
 #[derive(Debug)]
@@ -135,9 +140,7 @@ impl IntoResponse for ApiError {
                 .insert(axum::http::header::RETRY_AFTER, secs.into());
         }
         if self.audited {
-            response
-                .extensions_mut()
-                .insert(crate::routes::refusals::Audited);
+            response.extensions_mut().insert(Audited);
         }
         response
     }

@@ -116,7 +116,7 @@ pub async fn serve(
     ));
     spawn_pacer(&state);
     crate::background::spawn_rotations(&state);
-    crate::governance::spawn(&state);
+    crate::background::spawn_governance(&state);
     state.inner.deltas.spawn(Arc::clone(&state.inner.store));
     state.inner.fleet.spawn_drain();
     state.inner.fleet.spawn_contact_flush();

@@ -37,7 +37,7 @@ use agent_protocol::{AcceptPolicy, AgentVersion};
 use serde_json::json;
 
 use crate::db::{Backend, Db, now_ms};
-use crate::deployments::{DEFAULT, Table};
+use crate::deployment_table::{DEFAULT, Table};
 use crate::error::FleetError;
 use crate::maintenance::Schedule;
 use crate::news::News;
@@ -81,7 +81,7 @@ pub struct Refusal(pub String);
 pub struct Rollouts {
     engine: Engine<Bundle>,
     /// The deployment's rollout line (`""` for `default`; see
-    /// [`crate::deployments::line_of`]).
+    /// [`crate::deployment_table::line_of`]).
     line: String,
     /// The fleet's deployments as last read: a rollout places only the agents that
     /// follow its deployment.
@@ -143,7 +143,7 @@ impl Rollouts {
     ) -> Self {
         Self {
             engine: Engine::new(db, server),
-            line: crate::deployments::line_of(&name).to_owned(),
+            line: crate::deployment_table::line_of(&name).to_owned(),
             table,
             plan: RwLock::new(Arc::new(plan)),
             policy,

@@ -3,19 +3,16 @@
 //! ([`retention`]), and changes that waited too long for approval recorded as lapsed
 //! ([`lapse`]). The decisions (what is an event, when to try again, which server
 //! does a fleet-wide chore) are the fleet model's ([`agent_fleet::webhooks`],
-//! [`agent_fleet::chores`]); this module runs them on clocks and speaks HTTP to the
-//! receivers.
+//! [`agent_fleet::chores`]); these modules run them on clocks (started by
+//! [`crate::background::spawn_governance`]) and speak HTTP to the receivers.
 
 pub mod delivery;
 pub mod lapse;
 pub mod retention;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use agent_fleet::webhooks::Webhooks;
-
-use crate::state::AppState;
 
 /// What governance holds for the server's lifetime.
 pub struct Governance {
@@ -37,14 +34,4 @@ impl Governance {
             wake: tokio::sync::Notify::new(),
         }
     }
-}
-
-/// Starts the delivery loop, the retention chore and the approvals' lapse.
-pub fn spawn(state: &AppState) {
-    let s = Arc::clone(&state.inner);
-    crate::panics::spawn_restarting("webhook delivery", move || delivery::run(Arc::clone(&s)));
-    let s = Arc::clone(&state.inner);
-    crate::panics::spawn_restarting("audit retention", move || retention::run(Arc::clone(&s)));
-    let s = Arc::clone(&state.inner);
-    crate::panics::spawn_restarting("approval lapse", move || lapse::run(Arc::clone(&s)));
 }

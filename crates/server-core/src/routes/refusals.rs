@@ -15,9 +15,8 @@ use axum::response::Response;
 use super::operators::{self, client_address};
 use crate::state::AppState;
 
-/// On an answer whose refusal its handler already recorded.
-#[derive(Debug, Clone, Copy)]
-pub struct Audited;
+// Set by `ApiError` itself, which is below the routes.
+pub use crate::error::Audited;
 
 /// On a refusal whose body is not the API's JSON (the page's HTML): why, in words.
 #[derive(Debug, Clone)]
