@@ -203,23 +203,16 @@ pub struct AgentRow {
 impl AgentRow {
     /// Its labels as a selector sees them: its own, the server's, the built-ins.
     pub fn effective_labels(&self) -> crate::labels::Labels {
-        crate::labels::effective(
-            &self.labels,
-            &self.server_labels,
-            crate::labels::built_in(&self.platform, &self.group, &self.version),
-        )
+        self.labels_as_seen(None)
     }
 
     /// Its effective labels as listed and selected: [`Self::effective_labels`], but for
     /// an OpAMP agent (`opamp_view`: its stored view) the attributes it reports
     /// ([`crate::labels::from_opamp_view`]) stand for its own.
     pub fn labels_as_seen(&self, opamp_view: Option<&str>) -> crate::labels::Labels {
-        let reported = match opamp_view {
-            Some(view) => crate::labels::from_opamp_view(view),
-            None => self.labels.clone(),
-        };
+        let from_view = opamp_view.map(crate::labels::from_opamp_view);
         crate::labels::effective(
-            &reported,
+            from_view.as_ref().unwrap_or(&self.labels),
             &self.server_labels,
             crate::labels::built_in(&self.platform, &self.group, &self.version),
         )

@@ -119,9 +119,8 @@ impl Drop for Holding<'_> {
     }
 }
 
-pub fn inc(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
+// One counter increment for the server's counters and the transport's.
+pub use server_transport::counters::inc;
 
 /// What `/metrics` says of the fleet's rollout.
 #[derive(Debug, Default)]
