@@ -41,8 +41,6 @@ windows=x86_64-pc-windows-gnu
 # The stub with fault points is built naming the same packages as the build after it, so
 # the two resolve the same features and share every dependency.
 windows_packages=(-p agent -p agent-bundle -p agent-service)
-# set_aside BINARY DIR: a copy of a binary just built, kept in DIR out of cargo's way.
-set_aside() { mkdir -p "$2" && cp "$1" "$2/"; }
 
 CC_x86_64_unknown_linux_musl=musl-gcc \
     cargo build "${cross[@]}" --target x86_64-unknown-linux-musl -p agent -p agent-bundle -p agent-service
@@ -50,7 +48,8 @@ CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_
     cargo build "${cross[@]}" --target aarch64-unknown-linux-gnu -p agent -p agent-bundle -p agent-service
 export CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
 cargo build "${cross[@]}" --target "$windows" "${windows_packages[@]}" --bin agent-bundle --features agent-bundle/failpoints
-set_aside "$target_dir/cross/$windows/debug/agent-bundle.exe" "$target_dir/failpoints/$windows/debug"
+# (set aside out of cargo's way: the build after it writes the same file)
+install -D "$target_dir/cross/$windows/debug/agent-bundle.exe" "$target_dir/failpoints/$windows/debug/agent-bundle.exe"
 cargo build "${cross[@]}" --target "$windows" "${windows_packages[@]}"
 if [[ "$windows_tests" == yes ]]; then
     cargo build "${cross[@]}" --target "$windows" "${windows_packages[@]}" -p agent-workload -p agent-updater -p agent-extract \

@@ -114,12 +114,10 @@ export OPAMP_NODE_MODULES="$PWD/target/opamp-clients/npm/node_modules"
 # Built as the whole workspace (the same features as below), so the build below puts
 # the plain agent back and the two differ by that note alone.
 target_dir=${CARGO_TARGET_DIR:-target}
-# set_aside BINARY DIR: a copy of a binary just built, kept in DIR out of cargo's way.
-set_aside() { mkdir -p "$2" && cp "$1" "$2/"; }
 cargo build --workspace --bin agent-bundle --features agent-bundle/failpoints --locked
-set_aside "$target_dir/debug/agent-bundle" "$target_dir/failpoints/debug"
+install -D "$target_dir/debug/agent-bundle" "$target_dir/failpoints/debug/agent-bundle"
 AGENT_BUILD_NOTE=rebuilt cargo build --workspace --bins --locked
-set_aside "$target_dir/debug/agent" "$target_dir/rebuilt"
+install -D "$target_dir/debug/agent" "$target_dir/rebuilt/agent"
 cargo build --workspace --bins --locked
 
 # The other platforms' agents, for the install, platform and Windows tests alone

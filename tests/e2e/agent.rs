@@ -12,7 +12,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use e2e::fake::{FakeServer, Handler, Request, respond};
-use e2e::{TestContext, admin_agents, configure_agent, run_ok, sha256_file, wait_log, wait_until};
+use e2e::{
+    TOKEN, TestContext, admin_agents, configure_agent, run_ok, sha256_file, wait_log, wait_until,
+};
 
 const NEW: &str = "2.0.0+2";
 
@@ -198,9 +200,7 @@ fn a_busy_server_is_asked_again_after_its_wait_and_left_after_three_busy_answers
 #[test]
 fn matching_agent_registers_and_heartbeats_with_a_real_server() {
     let t = installed();
-    let server = t
-        .ctx
-        .server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", "t0ken")]);
+    let server = t.ctx.server("srv", &[("UPDATE_SERVER_ADMIN_TOKEN", TOKEN)]);
     let b1 = t.ctx.path("b1/agent-bundle-1.0.0");
     t.ctx.publish(&server, &b1);
     configure_agent(&t.home, &[server.url("")], "");
@@ -209,19 +209,19 @@ fn matching_agent_registers_and_heartbeats_with_a_real_server() {
     t.ctx.spawn(cmd);
     let mut first_contact = String::new();
     wait_until(Duration::from_secs(20), "the agent to be listed", || {
-        let agents = admin_agents(server.port, "t0ken");
+        let agents = admin_agents(server.port, TOKEN);
         agents.first().is_some_and(|a| {
             first_contact = a["last_contact"].as_str().unwrap_or_default().to_owned();
             a["version"] == "1.0.0+1"
         })
     });
     let id = fs::read_to_string(t.home.join("data/agent-id")).unwrap();
-    assert_eq!(admin_agents(server.port, "t0ken")[0]["id"], id.trim());
+    assert_eq!(admin_agents(server.port, TOKEN)[0]["id"], id.trim());
     wait_until(
         Duration::from_secs(20),
         "a heartbeat to move last_contact",
         || {
-            admin_agents(server.port, "t0ken")[0]["last_contact"]
+            admin_agents(server.port, TOKEN)[0]["last_contact"]
                 .as_str()
                 .is_some_and(|c| c != first_contact)
         },

@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use e2e::{TestContext, admin_call, run, run_ok, stdout, wait_until};
+use e2e::{TOKEN, TestContext, admin_call, run, run_ok, stdout, wait_until};
 use serde_json::Value;
-
-const TOKEN: &str = "audit-admin";
 
 fn export(ctx: &TestContext, port: u16, args: &[&str]) -> String {
     let out = run_ok(

@@ -8,10 +8,10 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use e2e::{admin_agents, read_file, wait_until};
+use e2e::{TOKEN, admin_agents, read_file, wait_until};
 use serde_json::Value;
 
-use crate::rollout::{Fleet, LONG, NEW, OLD, TOKEN, agent_home, fleet_with};
+use crate::rollout::{Fleet, LONG, NEW, OLD, agent_home, fleet_with};
 
 /// Well inside the default agent deadline (30 min): a halt this soon is the report's.
 const AT_ONCE: Duration = Duration::from_secs(60);

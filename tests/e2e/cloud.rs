@@ -10,12 +10,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e::{
-    Postgres, ServerProc, TestContext, admin_agents, configure_agent, free_port, http, http_open,
-    http_with_body, metric, read_file, run, run_ok, signal, wait_until,
+    Postgres, ServerProc, TOKEN, TestContext, admin_agents, configure_agent, free_port, http,
+    http_open, metric, read_file, run, run_ok, signal, wait_until,
 };
 use serde_json::Value;
 
-const TOKEN: &str = "cloud-token";
 const LONG: Duration = Duration::from_secs(180);
 
 /// The environment of server `name` on `pg`, with `extra`.
@@ -49,18 +48,7 @@ fn register(server: &ServerProc, id: &str) -> u16 {
 fn register_as(server: &ServerProc, id: &str, version: &str) -> u16 {
     let body =
         serde_json::json!({ "id": id, "name": id, "platform": agent_protocol::layout::PLATFORM });
-    http_with_body(
-        server.port,
-        "POST",
-        "/agent/register",
-        &[
-            ("Content-Type", "application/json"),
-            ("Agent-Version", version),
-        ],
-        body.to_string().as_bytes(),
-    )
-    .unwrap()
-    .status
+    e2e::agent_post(server, "/agent/register", version, None, &body.to_string()).status
 }
 
 fn download_status(server: &ServerProc) -> u16 {

@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 
 use agent_opamp::proto::{AgentCapabilities, AgentToServer, CommandType, ServerToAgent};
 use e2e::{
-    ServerProc, TestContext, admin_agents, admin_call, agent_logs, configure_agent, free_port,
-    http_with_body, pid_gone, read_file, run_ok, stdout, wait_until,
+    ServerProc, TOKEN, TestContext, admin_agents, admin_call, agent_logs, configure_agent,
+    free_port, http_with_body, pid_gone, read_file, run_ok, stdout, wait_until,
 };
 use prost::Message as _;
 
-use crate::rollout::{LONG, OLD, TOKEN};
+use crate::rollout::{LONG, OLD};
 
 /// A workload that names the home in its argv, and the environment that makes the
 /// supervisor quick to start a killed agent again.
@@ -114,20 +114,7 @@ fn wait_command(one: &One, server: &ServerProc, id: &str) -> serde_json::Value {
 /// A call on an agent route with `token` as the agent's bearer: its status.
 fn register_with(server: &ServerProc, id: &str, token: &str) -> u16 {
     let body = format!(r#"{{"id":"{id}","name":"h","platform":"x86_64-unknown-linux-gnu"}}"#);
-    let auth = format!("Bearer {token}");
-    http_with_body(
-        server.port,
-        "POST",
-        "/agent/connect",
-        &[
-            ("Content-Type", "application/json"),
-            ("Agent-Version", OLD),
-            ("Authorization", &auth),
-        ],
-        body.as_bytes(),
-    )
-    .unwrap()
-    .status
+    e2e::agent_post(server, "/agent/connect", OLD, Some(token), &body).status
 }
 
 #[test]

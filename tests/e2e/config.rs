@@ -8,12 +8,11 @@ use std::fs;
 use std::time::Duration;
 
 use e2e::{
-    Postgres, ServerProc, TestContext, admin_agents, http, http_with_body, metric, run_ok,
+    Postgres, ServerProc, TOKEN, TestContext, admin_agents, http, http_with_body, metric, run_ok,
     wait_until,
 };
 use serde_json::{Value, json};
 
-const TOKEN: &str = "config-token";
 const LONG: Duration = Duration::from_secs(60);
 
 fn admin(server: &ServerProc, method: &str, path: &str, body: &[u8]) -> (u16, Value) {

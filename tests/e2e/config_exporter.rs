@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use e2e::{
-    ServerProc, TestContext, admin_agents, configure_agent, free_port, http, http_with_body,
+    ServerProc, TOKEN, TestContext, admin_agents, configure_agent, free_port, http, http_with_body,
     pid_gone, read_file, require_tool, run_ok, signal, start_wrappers, wait_until,
 };
 use serde_json::{Value, json};
 
-use crate::update::{QUICK, TOKEN, WAIT, agents_running, health};
+use crate::update::{QUICK, WAIT, agents_running, health};
 
 const NODE_EXPORTER: &str = "/usr/bin/prometheus-node-exporter";
 const USER: &str = "prometheus";

@@ -9,10 +9,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use e2e::{
-    TestContext, admin_agents, admin_call, configure_agent, read_file, run_ok, stdout, wait_until,
+    TOKEN, TestContext, admin_agents, admin_call, configure_agent, read_file, run_ok, stdout,
+    wait_until,
 };
-
-const TOKEN: &str = "day-two-token";
 
 /// `agent run` against its conf/agent.toml, stdout dropped, stderr appended to
 /// `logs/agent.out` as agent-wrapper.sh does.

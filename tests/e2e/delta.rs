@@ -8,11 +8,12 @@ use std::process::Command;
 
 use e2e::proxy::Proxy;
 use e2e::{
-    ServerProc, TestContext, in_target_dir, read_file, run_ok, sha256_file, wait_log, wait_until,
+    ServerProc, TOKEN, TestContext, in_target_dir, read_file, run_ok, sha256_file, wait_log,
+    wait_until,
 };
 
 use crate::update::{
-    NEW, OLD, QUICK, TOKEN, WAIT, agent_record, current, operator_conf, start, wait_running,
+    NEW, OLD, QUICK, WAIT, agent_record, current, operator_conf, start, wait_running,
     wait_server_status,
 };
 

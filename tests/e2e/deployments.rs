@@ -11,12 +11,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use e2e::{
-    ServerProc, TestContext, admin_agents, admin_call, configure_agent, run_fails, run_ok, stdout,
-    wait_until,
+    ServerProc, TOKEN, TestContext, admin_agents, admin_call, configure_agent, run_fails, run_ok,
+    stdout, wait_until,
 };
 use serde_json::Value;
 
-const TOKEN: &str = "deploy-token";
 const LONG: Duration = Duration::from_secs(180);
 
 fn cli(ctx: &TestContext, server: &ServerProc, args: &[&str]) -> Command {

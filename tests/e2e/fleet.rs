@@ -7,11 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e::{TestContext, admin_agents, configure_agent, log_time, metric, read_file, run_ok};
+use e2e::{TOKEN, TestContext, admin_agents, configure_agent, log_time, metric, read_file, run_ok};
 
 const AGENTS: usize = 30;
 const LIMIT: &str = "5";
-const TOKEN: &str = "fleet";
 
 /// (number of 503s, smallest gap between a 503 and the next request, in seconds).
 fn busy_and_waits(log: &str) -> (usize, f64, f64) {

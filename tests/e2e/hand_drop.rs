@@ -10,9 +10,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e::{ServerProc, TestContext, run_ok, sha256_file, stdout, wait_until};
+use e2e::{ServerProc, TOKEN, TestContext, run_ok, sha256_file, stdout, wait_until};
 
-const TOKEN: &str = "hand-drop-token";
 const WAIT: Duration = Duration::from_secs(60);
 
 fn healthz(server: &ServerProc) -> String {

@@ -8,11 +8,10 @@ use std::time::{Duration, Instant};
 
 use e2e::machine::{Machine, busybox_command, busybox_root, musl_bin};
 use e2e::{
-    Pki, ServerProc, TestContext, admin_agents, bin_path, describe, read_file, require_tool, run,
-    run_ok, sha256_file, wait_until,
+    Pki, ServerProc, TOKEN, TestContext, admin_agents, bin_path, describe, read_file, require_tool,
+    run, run_ok, sha256_file, wait_until,
 };
 
-const TOKEN: &str = "adm1n";
 const WAIT: Duration = Duration::from_secs(90);
 
 /// A distribution whose defaults make a quick agent (1 s heartbeat, 1 s stability window):

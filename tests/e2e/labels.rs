@@ -7,12 +7,12 @@ use std::fs;
 use std::process::Command;
 
 use e2e::{
-    ServerProc, TestContext, admin_agents, admin_call, cross_env, http, http_with_body, read_file,
+    ServerProc, TOKEN, TestContext, admin_agents, admin_call, cross_env, http, read_file,
     run_fails, run_ok, stdout, wait_until,
 };
 use serde_json::Value;
 
-use crate::rollout::{LONG, OLD, TOKEN};
+use crate::rollout::{LONG, OLD};
 
 fn cli(ctx: &TestContext, server: &ServerProc, args: &[&str]) -> Command {
     e2e::admin_cmd(ctx, server, TOKEN, args)
@@ -58,22 +58,10 @@ fn register_with(
     labels: &str,
     token: Option<&str>,
 ) -> (u16, String) {
-    let auth = token.map(|t| format!("Bearer {t}"));
-    let mut headers = vec![("Agent-Version", OLD), ("Content-Type", "application/json")];
-    if let Some(auth) = &auth {
-        headers.push(("Authorization", auth));
-    }
     let body = format!(
         r#"{{"id":"{id}","name":"host-{id}","platform":"x86_64-unknown-linux-gnu","labels":{labels}}}"#
     );
-    let answer = http_with_body(
-        server.port,
-        "POST",
-        "/agent/register",
-        &headers,
-        body.as_bytes(),
-    )
-    .unwrap();
+    let answer = e2e::agent_post(server, "/agent/register", OLD, token, &body);
     (answer.status, answer.text())
 }
 

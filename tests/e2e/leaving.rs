@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use e2e::{
-    ServerProc, TestContext, admin_agents, admin_call, configure_agent, http_with_body,
-    pids_mentioning, read_file, run, run_ok, stdout, wait_until,
+    ServerProc, TOKEN, TestContext, admin_agents, admin_call, configure_agent, pids_mentioning,
+    read_file, run, run_ok, stdout, wait_until,
 };
 
-use crate::rollout::{LONG, NEW, OLD, TOKEN};
+use crate::rollout::{LONG, NEW, OLD};
 
 /// A workload that names the home in its argv, so a leftover process is found by it.
 const WORKLOAD: &str =
@@ -60,20 +60,7 @@ fn agent_cmd(home: &Path) -> Command {
 /// A register with the agent's (revoked) secret.
 fn register_with(server: &ServerProc, id: &str, secret: &str) -> u16 {
     let body = format!(r#"{{"id":"{id}","name":"h","platform":"x86_64-unknown-linux-gnu"}}"#);
-    let auth = format!("Bearer {secret}");
-    http_with_body(
-        server.port,
-        "POST",
-        "/agent/register",
-        &[
-            ("Content-Type", "application/json"),
-            ("Agent-Version", OLD),
-            ("Authorization", &auth),
-        ],
-        body.as_bytes(),
-    )
-    .unwrap()
-    .status
+    e2e::agent_post(server, "/agent/register", OLD, Some(secret), &body).status
 }
 
 #[test]

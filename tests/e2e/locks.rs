@@ -8,9 +8,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e::{admin_agents, admin_call, read_file, run_ok, stdout, wait_until};
+use e2e::{TOKEN, admin_agents, admin_call, read_file, run_ok, stdout, wait_until};
 
-use crate::rollout::{FLEET_AGENT_ENV, Fleet, LONG, NEW, OLD, TOKEN, fleet_with};
+use crate::rollout::{FLEET_AGENT_ENV, Fleet, LONG, NEW, OLD, fleet_with};
 
 fn agent(home: &Path, args: &[&str]) -> String {
     stdout(&run_ok(

@@ -10,12 +10,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e::{
-    Pki, Postgres, ServerProc, TestContext, admin_agents, configure_agent, http_with_body,
+    Pki, Postgres, ServerProc, TOKEN, TestContext, admin_agents, configure_agent, http_with_body,
     log_time, metric, read_file, run_ok, signal, wait_until,
 };
 use serde_json::Value;
 
-const TOKEN: &str = "long-poll-token";
 const LONG: Duration = Duration::from_secs(120);
 
 /// The default heartbeat, and long polls on (the default), for agents installed from

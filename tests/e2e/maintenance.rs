@@ -10,12 +10,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use e2e::{
-    ServerProc, TestContext, admin_agents, admin_call, configure_agent, free_port, log_time,
+    ServerProc, TOKEN, TestContext, admin_agents, admin_call, configure_agent, free_port, log_time,
     now_secs, read_file, run_fails, run_ok, wait_until,
 };
 use serde_json::Value;
 
-const TOKEN: &str = "maintenance-token";
 const OLD: &str = "1.0.0+1";
 const NEW: &str = "2.0.0+2";
 const LONG: Duration = Duration::from_secs(120);

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use e2e::networks::{Nginx, Squid, stalled_source};
 use e2e::{
-    Pki, ServerProc, TestContext, admin_agents, configure_agent, metric, read_file, run_ok,
+    Pki, ServerProc, TOKEN, TestContext, admin_agents, configure_agent, metric, read_file, run_ok,
     sha256_file, stdout, wait_log, wait_until,
 };
 
-use crate::update::{NEW, QUICK, TOKEN, WAIT, current, start};
+use crate::update::{NEW, QUICK, WAIT, current, start};
 
 /// Distinctive, so that finding it anywhere is a finding.
 const PASSWORD: &str = "Sq1d-pa55-e2e";

@@ -8,14 +8,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use e2e::{
-    ServerProc, TestContext, admin_agents, configure_agent, failpoints_stub, log_time, read_file,
-    wait_until,
+    ServerProc, TOKEN, TestContext, admin_agents, configure_agent, failpoints_stub, log_time,
+    read_file, wait_until,
 };
 
 use crate::full_disk::{Filler, Tmpfs, version_of};
 use crate::update::{QUICK, agents_running, current, script_agent};
 
-const TOKEN: &str = "no-waiting-token";
 const LONG: Duration = Duration::from_secs(60);
 /// Full-disk cycles per test: each is a new release the disk fills under.
 const CYCLES: usize = 3;

@@ -8,11 +8,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use e2e::{
-    ServerProc, TestContext, configure_agent, free_port, http, http_with_body, read_file,
+    ServerProc, TOKEN, TestContext, configure_agent, free_port, http, http_with_body, read_file,
     run_fails, run_ok, stdout, wait_until,
 };
-
-const TOKEN: &str = "operator-day-token";
 
 fn admin(server: &ServerProc, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
     e2e::admin_call(server, TOKEN, method, path, body)
@@ -210,17 +208,7 @@ fn register(server: &ServerProc, id: &str, version: &str, group: &str) -> String
         "id": id, "name": format!("host-{id}"), "platform": "x86_64-unknown-linux-gnu", "group": group,
         "health": {"healthy": true, "workload": "none", "restarts": 0},
     });
-    let a = http_with_body(
-        server.port,
-        "POST",
-        "/agent/register",
-        &[
-            ("Agent-Version", version),
-            ("Content-Type", "application/json"),
-        ],
-        body.to_string().as_bytes(),
-    )
-    .unwrap();
+    let a = e2e::agent_post(server, "/agent/register", version, None, &body.to_string());
     assert!(a.status == 200 || a.status == 409, "{}", a.text());
     let v: Value = serde_json::from_slice(&a.body).unwrap();
     v["token"].as_str().unwrap_or_default().to_owned()

@@ -14,9 +14,8 @@ use tower::ServiceExt;
 use update_server::{Config, build_state, page_options, web};
 
 use e2e::webdriver::Browser;
-use e2e::{ServerProc, TestContext, admin_agents, http, http_with_body, wait_until};
+use e2e::{ServerProc, TOKEN, TestContext, admin_agents, http, http_with_body, wait_until};
 
-const TOKEN: &str = "page-admin-token";
 const SCRIPT_NAME: &str = "<script>alert(1)</script>";
 const IMG_NAME: &str = "<img src=x onerror=alert(1)>";
 
@@ -333,22 +332,14 @@ async fn buttons_refuse_a_missing_or_wrong_csrf_a_foreign_origin_and_a_cookie_re
 fn register(server: &ServerProc, id: &str, name: &str, group: &str, token: &str) -> String {
     let body =
         json!({"id": id, "name": name, "platform": "x86_64-unknown-linux-gnu", "group": group});
-    let auth = format!("Bearer {token}");
-    let mut headers = vec![
-        ("Agent-Version", "1.0.0+1"),
-        ("Content-Type", "application/json"),
-    ];
-    if !token.is_empty() {
-        headers.push(("Authorization", &auth));
-    }
-    let a = http_with_body(
-        server.port,
-        "POST",
+    let bearer = (!token.is_empty()).then_some(token);
+    let a = e2e::agent_post(
+        server,
         "/agent/register",
-        &headers,
-        body.to_string().as_bytes(),
-    )
-    .unwrap();
+        "1.0.0+1",
+        bearer,
+        &body.to_string(),
+    );
     assert!(
         a.status == 200 || a.status == 409,
         "{}: {}",

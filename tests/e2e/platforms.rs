@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use e2e::machine::{aarch64_bin, musl_bin};
 use e2e::{
-    ServerProc, TestContext, admin_agents, bin_path, http, property, read_file, require_tool,
-    run_ok, sha256_file, start_wrappers, wait_rollout, wait_until,
+    ServerProc, TOKEN, TestContext, admin_agents, agent_logs, bin_path, http, property, read_file,
+    require_tool, run_ok, sha256_file, start_wrappers, wait_rollout, wait_until,
 };
 
-use crate::update::{QUICK, TOKEN, make_old_defaults, operator_conf, script_agent};
+use crate::update::{QUICK, make_old_defaults, operator_conf, script_agent};
 
 const GNU: &str = "x86_64-unknown-linux-gnu";
 const MUSL: &str = "x86_64-unknown-linux-musl";
@@ -267,15 +267,6 @@ fn row_of(server: &ServerProc, platform: &str) -> Option<serde_json::Value> {
         .find(|a| a["platform"] == platform)
 }
 
-/// What an agent's logs say, for a failure message.
-fn logs(home: &Path) -> String {
-    ["wrapper.log", "update.log", "agent.out"]
-        .iter()
-        .map(|f| format!("--- {f}\n{}", read_file(&home.join("logs").join(f))))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// Points each agent at `server` and starts it through its wrapper; waits until the
 /// server lists all of them at 1.0.0+1.
 fn start_fleet(server: &ServerProc, fleet: &[(&str, PathBuf)]) {
@@ -311,7 +302,7 @@ fn wait_installed(
         if started.elapsed() > WAIT {
             let logs: Vec<String> = fleet
                 .iter()
-                .map(|(p, home)| format!("=== {p}\n{}", logs(home)))
+                .map(|(p, home)| format!("=== {p}\n{}", agent_logs(home)))
                 .collect();
             panic!(
                 "timed out waiting for {platforms:?} to run {version}: {rows:#?}\n{}",
@@ -489,12 +480,12 @@ fn platform_missing_from_a_release_is_no_bundle_and_a_broken_one_rolls_back_on_i
     assert!(
         read_file(&arm_home.join("data/bad-versions")).contains(&sha256_file(arm_b3)),
         "the broken bundle is not in data/bad-versions\n{}",
-        logs(arm_home)
+        agent_logs(arm_home)
     );
     assert!(
         read_file(&arm_home.join("logs/update.log")).contains("rolling back"),
         "{}",
-        logs(arm_home)
+        agent_logs(arm_home)
     );
 }
 

@@ -11,9 +11,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e::{ServerProc, TestContext, run_fails, run_ok, sha256_file, stdout};
+use e2e::{ServerProc, TOKEN, TestContext, run_fails, run_ok, sha256_file, stdout};
 
-const TOKEN: &str = "bounds-token";
 const MIB: u64 = 1024 * 1024;
 
 /// `update-server release publish FILES… --server URL --token T`.

@@ -8,12 +8,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use e2e::{
-    Postgres, ServerProc, TestContext, admin_agents, configure_agent, metric, property, read_file,
-    run_fails, run_ok, sha256_file, stdout, wait_until,
+    Postgres, ServerProc, TOKEN, TestContext, admin_agents, configure_agent, metric, property,
+    read_file, run_fails, run_ok, sha256_file, stdout, wait_until,
 };
 use serde_json::Value;
 
-const TOKEN: &str = "release-token";
 const GNU: &str = "x86_64-unknown-linux-gnu";
 const MUSL: &str = "x86_64-unknown-linux-musl";
 const LONG: Duration = Duration::from_secs(180);

@@ -8,10 +8,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e::{TestContext, read_file, run_ok, signal, wait_until};
+use e2e::{TOKEN, TestContext, read_file, run_ok, signal, wait_until};
 use serde_json::Value;
 
-use crate::update::{QUICK, TOKEN, WAIT, agent_record, agents_running, health, serve_to, start};
+use crate::update::{QUICK, WAIT, agent_record, agents_running, health, serve_to, start};
 
 /// Runs while `app.conf` in its configuration directory does not say "bad".
 const APP: &str = r#"#!/bin/sh

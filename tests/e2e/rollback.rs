@@ -5,9 +5,9 @@
 use std::fs;
 use std::time::Instant;
 
-use e2e::{metric, read_file, run_ok, stdout};
+use e2e::{TOKEN, metric, read_file, run_ok, stdout};
 
-use crate::rollout::{FLEET_AGENT_ENV, LONG, NEW, OLD, TOKEN, fleet_with};
+use crate::rollout::{FLEET_AGENT_ENV, LONG, NEW, OLD, fleet_with};
 
 #[test]
 fn a_rollback_to_the_kept_version_downloads_nothing() {

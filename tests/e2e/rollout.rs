@@ -7,12 +7,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use e2e::{
-    ServerProc, TestContext, admin_agents, configure_agent, http, http_with_body, log_time, metric,
-    read_file, run, run_ok, signal, wait_until,
+    ServerProc, TOKEN, TestContext, admin_agents, configure_agent, http, http_with_body, log_time,
+    metric, read_file, run, run_ok, signal, wait_until,
 };
 use serde_json::Value;
 
-pub(crate) const TOKEN: &str = "rollout-token";
 pub(crate) const OLD: &str = "1.0.0+1";
 pub(crate) const NEW: &str = "2.0.0+2";
 pub(crate) const LONG: Duration = Duration::from_secs(180);

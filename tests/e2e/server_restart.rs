@@ -10,14 +10,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use e2e::{
-    Postgres, ServerProc, TestContext, http, http_with_body, pid_gone, read_file, run_ok,
+    Postgres, ServerProc, TOKEN, TestContext, http, http_with_body, pid_gone, read_file, run_ok,
     sha256_bytes, signal, wait_until,
 };
 use serde_json::Value;
 
 use crate::page::http_sign_in;
 
-const TOKEN: &str = "restart-admin-token";
 const WAIT: Duration = Duration::from_secs(30);
 
 /// What `GET /` answers `cookie`: `Some(csrf)` of the signed-in overview, `None` for the

@@ -18,15 +18,15 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use e2e::{
-    ServerProc, TestContext, admin_agents, admin_call, agent_logs, configure_agent, http_with_body,
-    read_file, run_ok, stdout, wait_until,
+    ServerProc, TOKEN, TestContext, admin_agents, admin_call, agent_logs, configure_agent,
+    http_with_body, read_file, run_ok, stdout, wait_until,
 };
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use prost::Message as _;
 
-use crate::rollout::{LONG, OLD, TOKEN};
+use crate::rollout::{LONG, OLD};
 
 /// One OTLP request the receiver decoded.
 #[derive(Debug, Clone)]

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use agent_protocol::minisign::PublicKey;
 use e2e::{
-    Pki, ServerProc, TestContext, admin_agents, http, http_with_body, pad_dist, read_file, run,
-    run_fails, run_ok, sha256_file, signal, stdout, wait_log, wait_until,
+    Pki, ServerProc, TOKEN, TestContext, admin_agents, http, http_with_body, pad_dist, read_file,
+    run, run_fails, run_ok, sha256_file, signal, stdout, wait_log, wait_until,
 };
 
 use crate::update::{
-    QUICK, TOKEN, WAIT, current, health, script_agent, serve_to, start, wait_server_status,
+    QUICK, WAIT, current, health, script_agent, serve_to, start, wait_server_status,
 };
 
 /// Agent 1.0.0 installed from a bundle signed with key `a`, with short update timings.

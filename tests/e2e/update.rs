@@ -8,13 +8,12 @@ use std::time::Duration;
 
 use e2e::fake::{FakeServer, respond};
 use e2e::{
-    ServerProc, TestContext, admin_agents, configure_agent, failpoints_stub, pids_mentioning,
-    read_file, run, run_ok, sha256_file, wait_log, wait_until,
+    ServerProc, TOKEN, TestContext, admin_agents, configure_agent, failpoints_stub,
+    pids_mentioning, read_file, run, run_ok, sha256_file, wait_log, wait_until,
 };
 
 use crate::agent::{serve_file, update_routes, version_text};
 
-pub(crate) const TOKEN: &str = "t0ken";
 pub(crate) const OLD: &str = "1.0.0+1";
 pub(crate) const NEW: &str = "2.0.0+2";
 pub(crate) const WAIT: Duration = Duration::from_secs(90);

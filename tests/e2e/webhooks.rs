@@ -11,12 +11,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e::{
-    Postgres, ServerProc, TestContext, admin_call, free_port, repo_root, require_tool, run_ok,
-    stdout, wait_until,
+    Postgres, ServerProc, TOKEN, TestContext, admin_call, free_port, repo_root, require_tool,
+    run_ok, stdout, wait_until,
 };
 use serde_json::Value;
 
-const TOKEN: &str = "hooks-admin";
 const SECRET: &str = "a-secret-of-thirty-two-bytes-000";
 
 /// A receiver process and the lines it logged (also the approvals tests' receiver).

@@ -10,9 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use e2e::wine::{WINDOWS, WinMachine, run_ok_wine, windows_app, windows_bin};
-use e2e::{ServerProc, TestContext, admin_agents, http, read_file, stdout, wait_until};
-
-use crate::update::TOKEN;
+use e2e::{ServerProc, TOKEN, TestContext, admin_agents, http, read_file, stdout, wait_until};
 
 mod authenticode;
 mod crash;

@@ -8,8 +8,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e::{
-    TestContext, free_port, http, pid_gone, read_file, require_tool, run_ok, signal, stdout,
-    wait_until,
+    TestContext, agent_logs, free_port, http, pid_gone, read_file, require_tool, run_ok, signal,
+    stdout, wait_until,
 };
 
 use crate::update::{
@@ -98,16 +98,6 @@ fn wrapper(home: &Path, action: &str) -> String {
     ))
 }
 
-fn logs(home: &Path) -> String {
-    format!(
-        "--- workload.log:\n{}\n--- agent.log:\n{}\n--- agent.out:\n{}\n--- update.log:\n{}",
-        read_file(&home.join("logs/workload.log")),
-        read_file(&home.join("logs/agent.log")),
-        read_file(&home.join("logs/agent.out")),
-        read_file(&home.join("logs/update.log")),
-    )
-}
-
 /// Waits until the exporter on `port` answers with the marker and health.json says the
 /// workload is healthy; returns its pid.
 fn wait_healthy(home: &Path, port: u16) -> u32 {
@@ -125,7 +115,7 @@ fn wait_healthy(home: &Path, port: u16) -> u32 {
         assert!(
             start.elapsed() < WAIT,
             "the workload never became healthy; health.json {h}\n{}",
-            logs(home)
+            agent_logs(home)
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -353,7 +343,7 @@ fn an_update_whose_workload_never_passes_its_check_rolls_back_to_the_old_workloa
     assert!(
         error.contains("workload") && error.contains("health check"),
         "INSTALL_FAILED does not name the workload's failure: {error}\n{}",
-        logs(&home)
+        agent_logs(&home)
     );
     assert!(
         error.contains("cannot bind, giving up on listening"),
@@ -394,7 +384,7 @@ fn an_update_whose_workload_exits_at_once_rolls_back_naming_its_exit_code() {
     assert!(
         error.contains("workload") && error.contains("exited with code 2"),
         "{error}\n{}",
-        logs(&home)
+        agent_logs(&home)
     );
     assert!(error.contains("unknown flag"), "{error}");
     let pid = wait_healthy(&home, port);
@@ -474,7 +464,7 @@ fn an_update_leaves_the_old_workload_serving_until_the_new_agent_replaces_it() {
     let left = log.find("left the workload (pid ").unwrap_or_else(|| {
         panic!(
             "the old agent did not leave its workload serving\n{}",
-            logs(&home)
+            agent_logs(&home)
         )
     });
     let old_pid: String = log[left + "left the workload (pid ".len()..]
@@ -486,24 +476,24 @@ fn an_update_leaves_the_old_workload_serving_until_the_new_agent_replaces_it() {
         .unwrap_or_else(|| {
             panic!(
                 "the new agent did not stop the old workload\n{}",
-                logs(&home)
+                agent_logs(&home)
             )
         });
     let last_words = log.find("old workload: TERM after ").unwrap_or_else(|| {
         panic!(
             "the old workload's last words are not in its log\n{}",
-            logs(&home)
+            agent_logs(&home)
         )
     });
     assert!(
         left < found && found < last_words,
         "the old workload must be stopped by the new agent, after the old one left\n{}",
-        logs(&home)
+        agent_logs(&home)
     );
     assert!(
         !log[last_words..].contains("old workload line"),
         "the old workload wrote on after TERM\n{}",
-        logs(&home)
+        agent_logs(&home)
     );
     assert_eq!(exporters(&home), vec![pid]);
     wait_until(WAIT, "the old workload's output drainers to end", || {
@@ -605,13 +595,13 @@ fn power_loss_during_an_update_converges_to_exactly_one_healthy_workload() {
         exe_of(pid).contains(&format!("versions/{version}/")),
         "killed {moment:?} into the update: workload {} for agent {version}; record {last:?}\n{}",
         exe_of(pid),
-        logs(&home)
+        agent_logs(&home)
     );
     assert_eq!(
         exporters(&home),
         vec![pid],
         "killed {moment:?} into the update: not exactly one workload\n{}",
-        logs(&home)
+        agent_logs(&home)
     );
     assert_eq!(agents_running(&home).len(), 1);
 }

@@ -848,6 +848,27 @@ pub fn http(
     http_with_body(port, method, path, headers, b"")
 }
 
+/// POSTs a JSON `body` to an agent route (`/agent/register`, `/agent/connect`) as an
+/// agent of `version` would, with `Authorization: Bearer` when `bearer` is given.
+pub fn agent_post(
+    server: &ServerProc,
+    path: &str,
+    version: &str,
+    bearer: Option<&str>,
+    body: &str,
+) -> HttpAnswer {
+    let auth = bearer.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![
+        ("Agent-Version", version),
+        ("Content-Type", "application/json"),
+    ];
+    if let Some(auth) = &auth {
+        headers.push(("Authorization", auth));
+    }
+    http_with_body(server.port, "POST", path, &headers, body.as_bytes())
+        .unwrap_or_else(|e| panic!("POST {path} to the server on {}: {e}", server.port))
+}
+
 pub fn http_with_body(
     port: u16,
     method: &str,
@@ -1119,6 +1140,9 @@ pub struct Postgres {
     pub port: u16,
     bin: PathBuf,
 }
+
+/// The admin token of the servers tests start (`UPDATE_SERVER_ADMIN_TOKEN`).
+pub const TOKEN: &str = "e2e-admin-token";
 
 /// The password of the `postgres` user in the clusters tests make.
 pub const PG_PASSWORD: &str = "e2e-secret";

@@ -30,10 +30,10 @@ use crate::config::Configs;
 use crate::db::{Contact, Credentials, Db, Revocation, now_secs};
 use crate::deployments::Deployments;
 use crate::error::FleetError;
-use crate::group::Group;
 use crate::outage::{Deferred, Outage};
 use crate::rollout::Rollouts;
 use crate::settings;
+use fleet_store::group::Group;
 
 /// How often the drain looks at the database while it is away (and at the spool).
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use e2e::wine::{WINDOWS, WinMachine, run_ok_wine, test_guid, win_path, wixl};
 use e2e::{
-    ServerProc, TestContext, admin_agents, http, read_file, run_fails, run_ok, stdout, wait_until,
+    ServerProc, TOKEN, TestContext, admin_agents, http, read_file, run_fails, run_ok, stdout,
+    wait_until,
 };
 
 use super::{WAIT, dist, pack};
-use crate::update::TOKEN;
 
 const ENROLL: &str = "the-enrollment-token";
 

@@ -19,13 +19,13 @@ use serde_json::json;
 
 use crate::db::{Db, now_ms};
 use crate::error::FleetError;
-use crate::group::Group;
 use crate::rollout::Refusal;
 use crate::rollout::order::{self, Member};
 use crate::rollout::plan::Plan;
 use crate::rollout::step::{self, Decision, HaltCause, Progress, State, WaveStatus};
 use crate::rollout::store::{self, Membership, NewRollout, Rollout, Subject};
 use crate::settings;
+use fleet_store::group::Group;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -407,7 +407,7 @@ impl Releases {
 /// How the fleet's current published release became current, if its identity is
 /// `identity`: an operator's act for the whole fleet, which replaces a rollout under way
 /// and, when a rollback, rolls an older version out without waiting for `rollout resume`.
-pub(crate) async fn current_act(
+pub async fn current_act(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     identity: &str,
 ) -> Result<Option<Kind>, FleetError> {

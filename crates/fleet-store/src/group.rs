@@ -21,7 +21,7 @@ type Outcome = Result<(), FleetError>;
 
 /// Writes of one kind waiting for the next group.
 #[derive(Debug)]
-pub(crate) struct Group<T> {
+pub struct Group<T> {
     waiting: Mutex<Vec<(T, oneshot::Sender<Outcome>)>>,
     /// Held by the caller writing a group.
     writing: tokio::sync::Mutex<()>,
@@ -46,7 +46,7 @@ impl<T: Clone> Group<T> {
     /// the write at fault fails; a database gone away fails each of them as
     /// unavailable (each caller then queues its own). A caller whose group's writer
     /// was dropped before it answered (its request ended) writes its own.
-    pub(crate) async fn write<F, Fut>(&self, item: T, write: F) -> Outcome
+    pub async fn write<F, Fut>(&self, item: T, write: F) -> Outcome
     where
         F: Fn(Vec<T>) -> Fut,
         Fut: Future<Output = Outcome>,

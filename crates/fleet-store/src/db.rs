@@ -810,7 +810,7 @@ impl Db {
 
 /// Moves the credentials revision (in `tx`, with the change to `id`'s credentials), so
 /// every server of the fleet drops the tokens it trusts from memory.
-pub(crate) async fn credentials_changed(
+pub async fn credentials_changed(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     id: &str,
 ) -> Result<(), sqlx::Error> {
@@ -834,7 +834,7 @@ const TOUCH_CHUNK: usize = 100;
 /// a deadlock or a serialization failure: five servers' batches of contacts and
 /// reports meet on the agents' rows, and the one PostgreSQL picks to end would go the
 /// next time.
-pub(crate) async fn retrying_lost_races<T, F, Fut>(mut write: F) -> Result<T, FleetError>
+pub async fn retrying_lost_races<T, F, Fut>(mut write: F) -> Result<T, FleetError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, FleetError>>,
@@ -860,7 +860,7 @@ const REPORT_CHUNK: usize = 500;
 
 /// `items` with each key's last one only, in the order of those last ones: what a
 /// statement that may not touch a row twice (PostgreSQL's upsert) writes of them.
-pub(crate) fn latest_per_agent<T: Copy, K: Eq + std::hash::Hash>(
+pub fn latest_per_agent<T: Copy, K: Eq + std::hash::Hash>(
     items: &[T],
     key: impl Fn(&T) -> K,
 ) -> Vec<T> {
@@ -880,7 +880,7 @@ pub(crate) fn latest_per_agent<T: Copy, K: Eq + std::hash::Hash>(
 /// parameter, anything else is written as it is. SQLite gets anonymous `?`
 /// placeholders: it looks up each named one (`$7`) among those before it, which makes
 /// a statement of thousands quadratic.
-pub(crate) fn value_rows(backend: Backend, rows: usize, row: &[&str]) -> String {
+pub fn value_rows(backend: Backend, rows: usize, row: &[&str]) -> String {
     let mut sql = String::with_capacity(rows * row.len() * 6);
     let mut n = 0;
     for r in 0..rows {
