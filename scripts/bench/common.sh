@@ -3,6 +3,13 @@
 # the variant measured (BENCH_BASELINE), the scratch directory and its cleanup, and the
 # helpers more than one benchmark calls. Sourced by scripts/bench.sh from the repository
 # root, after it has read its arguments; not run alone.
+#
+# Why these helpers are bash beside the tests' Rust harness (tests/support): a benchmark
+# measures two builds side by side (this tree's and BENCH_BASELINE's, `use_variant`), each
+# with its own tree's binaries and installer files, and drives tools the harness does not
+# (wrk, hyperfine, nginx, PostgreSQL's own binaries). The helpers are thin calls of the
+# commands the harness calls too (agent-bundle keygen and pack, update-server), and make
+# distributions of a given size, which the tests never need.
 # shellcheck disable=SC2034,SC2154 # globals set here are read by the benchmarks; root is bench.sh's
 
 need=()
