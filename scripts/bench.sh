@@ -54,22 +54,27 @@
 #            the service's and agent's memory under Wine; msiexec /i of the release's MSI
 #            vs the bundle's --install, to the agent registered (WINDOWS_MSI_ROUNDS)
 #            (WINDOWS_ONLY=size|update|msi: one part, printed, BENCHMARKS.md untouched)
+#   releasebounds what one server keeps on disk and its peak RSS for three releases of three
+#            platforms (BOUNDS_MIB, 100 MiB distributions), each earlier one kept served by a
+#            deployment, and the deltas between them, vs one platform and one release pair,
+#            alternating rounds (BOUNDS_ROUNDS, 3); meant for BENCH_PROFILE=dev
 # Each section rewrites its own block in BENCHMARKS.md; the others are left as they were.
+# BENCH_PROFILE=dev: measure the dev build (target/debug, as the tests run it).
 # BENCH_BASELINE=DIR: a checkout of an earlier commit with target/release built; update,
 # fleet, longpoll's held agents and SCALE_ONLY=hold then measure it too, alternating.
 # Needs: hyperfine, wrk, nginx, jq, minisign, python3, GNU time (installed with apt-get when
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,61p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,66p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 sections=()
 for arg in "$@"; do
     case "$arg" in
-    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config | platforms | delta | networks | maintenance | scale | releases | windows | deployments) sections+=("$arg") ;;
-    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config platforms delta networks maintenance scale releases windows deployments) ;;
+    bundle | server | agent | update | fleet | rollout | hostile | trust | cloud | longpoll | workload | opamp | config | platforms | delta | networks | maintenance | scale | releases | windows | deployments | releasebounds) sections+=("$arg") ;;
+    all) sections+=(bundle server agent update fleet rollout hostile trust cloud longpoll workload opamp config platforms delta networks maintenance scale releases windows deployments releasebounds) ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown section $arg" >&2; usage >&2; exit 2 ;;
     esac

@@ -29,9 +29,19 @@ if ((${#need[@]})); then
     fi
 fi
 
-echo "building release binaries..." >&2
-cargo build --release --locked --bins >&2
-bin=$root/target/release
+# BENCH_PROFILE=dev: the dev build (target/debug, as the tests run it) instead of the
+# release one; a section says which build it measured.
+if [[ ${BENCH_PROFILE:-release} == dev ]]; then
+    echo "building dev binaries..." >&2
+    cargo build --workspace --bins --locked >&2
+    bin=$root/target/debug
+    bench_build="dev build"
+else
+    echo "building release binaries..." >&2
+    cargo build --release --locked --bins >&2
+    bin=$root/target/release
+    bench_build="release build"
+fi
 baseline=${BENCH_BASELINE:-}
 if [[ -n $baseline && ! -x $baseline/target/release/agent-bundle ]]; then
     echo "bench.sh: BENCH_BASELINE=$baseline has no target/release/agent-bundle; build it there first" >&2
@@ -297,10 +307,12 @@ stop_home() {
 
 # The command line that made a section, as it was run.
 bench_command() {
+    local profile=
+    [[ ${BENCH_PROFILE:-release} == release ]] || profile="BENCH_PROFILE=$BENCH_PROFILE "
     if [[ -n $baseline && $1 != rollout ]]; then
-        echo "BENCH_BASELINE=<checkout of $(git -C "$baseline" rev-parse --short HEAD)> scripts/bench.sh $1"
+        echo "${profile}BENCH_BASELINE=<checkout of $(git -C "$baseline" rev-parse --short HEAD)> scripts/bench.sh $1"
     else
-        echo "scripts/bench.sh $1"
+        echo "${profile}scripts/bench.sh $1"
     fi
 }
 

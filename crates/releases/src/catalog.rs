@@ -7,7 +7,7 @@
 //! A kept release passed a publish's checks when it was taken; it is not checked again
 //! here, only its bytes against the sha256 the history holds.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::Path;
@@ -22,6 +22,10 @@ use bytes::Bytes;
 
 use crate::publish::{Publisher, ReleaseError};
 use crate::store::{Release, ServedBundle, ServedMsi};
+
+/// The name of a private copy of a kept release's file under the cache: this prefix,
+/// then its sha256.
+const KEPT_PREFIX: &str = "kept-";
 
 /// The kept releases this server serves by name, as last loaded.
 #[derive(Default)]
@@ -66,12 +70,40 @@ impl Catalog {
         Ok(release)
     }
 
-    /// Forgets the releases no deployment names any more.
-    pub fn retain(&self, ids: &[String]) {
-        self.releases
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|id, _| ids.contains(id));
+    /// Forgets the releases no deployment names any more, and removes from `cache` the
+    /// private copies (`kept-<sha256>`) that no release still served by name holds:
+    /// running downloads keep their map of a removed copy until they end. Without this a
+    /// copy outlived its deployment, one per bundle of every release a deployment ever
+    /// named.
+    pub fn retain(&self, ids: &[String], cache: &Path) {
+        let mut releases = self.releases.write().unwrap_or_else(|p| p.into_inner());
+        releases.retain(|id, _| ids.contains(id));
+        let held: HashSet<String> = releases
+            .values()
+            .flat_map(|r| {
+                r.bundles()
+                    .iter()
+                    .map(|b| b.info.sha256.clone())
+                    .chain(r.msi().map(|m| m.sha256.clone()))
+            })
+            .collect();
+        drop(releases);
+        remove_unheld_copies(cache, &held);
+    }
+}
+
+/// Removes the `kept-<sha256>` files of `cache` whose sha256 is not in `held`.
+fn remove_unheld_copies(cache: &Path, held: &HashSet<String>) {
+    let Ok(entries) = fs::read_dir(cache) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(sha256) = name.strip_prefix(KEPT_PREFIX)
+            && !held.contains(sha256)
+        {
+            let _ = fs::remove_file(entry.path());
+        }
     }
 }
 
@@ -181,10 +213,75 @@ fn private_copy(kept: &Path, cache: &Path, sha256: &str) -> Result<(Bytes, Strin
     }
     tmp.as_file().sync_all().map_err(|e| io(cache, e))?;
     crate::store::read_only(tmp.as_file());
-    let path = cache.join(format!("kept-{sha256}"));
+    let path = cache.join(format!("{KEPT_PREFIX}{sha256}"));
     tmp.persist(&path)
         .map_err(|e| ReleaseError::Io(format!("{}: {}", path.display(), e.error)))?;
     let file = File::open(&path).map_err(|e| io(&path, e))?;
     let data = crate::store::map(&file).map_err(|e| io(&path, e))?;
     Ok((data, digests.md5_hex()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sample_bundle;
+
+    const GNU: &str = "x86_64-unknown-linux-gnu";
+    const ARM: &str = "aarch64-unknown-linux-gnu";
+
+    fn release(version: &str) -> Arc<Release> {
+        let bundles = [GNU, ARM]
+            .iter()
+            .map(|p| sample_bundle(version.parse().unwrap(), p))
+            .collect();
+        Arc::new(Release::assemble(bundles, GNU).unwrap())
+    }
+
+    fn shas(release: &Release) -> Vec<String> {
+        release
+            .bundles()
+            .iter()
+            .map(|b| b.info.sha256.clone())
+            .collect()
+    }
+
+    #[test]
+    fn the_copies_of_a_release_no_deployment_names_are_removed_with_it() {
+        let cache = tempfile::tempdir().unwrap();
+        let catalog = Catalog::default();
+        let (kept, gone) = (release("1.0.0+1"), release("1.1.0+2"));
+        for (id, r) in [("1.0.0+1", &kept), ("1.1.0+2", &gone)] {
+            catalog
+                .releases
+                .write()
+                .unwrap()
+                .insert(id.to_owned(), Arc::clone(r));
+            for sha in shas(r) {
+                fs::write(cache.path().join(format!("{KEPT_PREFIX}{sha}")), b"x").unwrap();
+            }
+        }
+        // The store's own copies are the store's to remove.
+        fs::write(cache.path().join(format!("bundle-{}", "e".repeat(64))), b"x").unwrap();
+
+        catalog.retain(&["1.0.0+1".to_owned()], cache.path());
+
+        assert!(catalog.get("1.1.0+2").is_none());
+        assert!(catalog.get("1.0.0+1").is_some());
+        let mut left: Vec<String> = fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let mut want: Vec<String> = shas(&kept)
+            .into_iter()
+            .map(|sha| format!("{KEPT_PREFIX}{sha}"))
+            .chain([format!("bundle-{}", "e".repeat(64))])
+            .collect();
+        want.sort();
+        assert_eq!(left, want, "the forgotten release's copies went, no other file");
+
+        // No deployment left: every copy of a kept release goes.
+        catalog.retain(&[], cache.path());
+        assert_eq!(fs::read_dir(cache.path()).unwrap().count(), 1);
+    }
 }

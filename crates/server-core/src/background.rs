@@ -228,7 +228,7 @@ async fn serve_deployments(
         }
     }
     said.retain(|name, _| s.fleet.deployments.rollouts(name).is_some());
-    s.catalog.retain(&named);
+    s.catalog.retain(&named, &s.releases.cache_dir());
 }
 
 /// Looks at the download directory once: a release put there by hand is published by
