@@ -261,7 +261,11 @@ mod tests {
             }
         }
         // The store's own copies are the store's to remove.
-        fs::write(cache.path().join(format!("bundle-{}", "e".repeat(64))), b"x").unwrap();
+        fs::write(
+            cache.path().join(format!("bundle-{}", "e".repeat(64))),
+            b"x",
+        )
+        .unwrap();
 
         catalog.retain(&["1.0.0+1".to_owned()], cache.path());
 
@@ -278,7 +282,10 @@ mod tests {
             .chain([format!("bundle-{}", "e".repeat(64))])
             .collect();
         want.sort();
-        assert_eq!(left, want, "the forgotten release's copies went, no other file");
+        assert_eq!(
+            left, want,
+            "the forgotten release's copies went, no other file"
+        );
 
         // No deployment left: every copy of a kept release goes.
         catalog.retain(&[], cache.path());
