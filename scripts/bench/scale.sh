@@ -350,6 +350,8 @@ bench_scale() {
     local url="postgres://postgres@127.0.0.1:$pgport/fleet"
     local plan=("UPDATE_SERVER_ROLLOUT_WAVES=1%,10%,100%" UPDATE_SERVER_ROLLOUT_MAX_FAILURES=5%
         UPDATE_SERVER_ROLLOUT_WAVE_WAIT=0 UPDATE_SERVER_ROLLOUT_AGENT_DEADLINE=600)
+    # Releases are published for the deployments: the servers trust the key that signs them.
+    ((ndep > 0)) && plan+=("UPDATE_SERVER_BUNDLE_PUBLIC_KEY=$work/keys/update.pub")
     local i port ports=() spids=() urls=()
     for ((i = 0; i < nserv; i++)); do
         port=$(free_port)
