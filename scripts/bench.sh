@@ -47,6 +47,10 @@
 #            SCALE_PER_PROC=20000 SCALE_HTTP2=128); SCALE_ONLY=hold: CPU of SCALE_SERVERS (1)
 #            servers holding SCALE_AGENTS (20,000) on HTTP/2, rounds alternating with
 #            BENCH_BASELINE (SCALE_HOLD_ROUNDS, 3)
+#            SCALE_DEPLOYMENTS=N: the agents in N groups, and once held N deployments
+#            (group=dK, release 2.K.0) each converge to its own release: per deployment,
+#            creation to the last INSTALLED, errors; servers alive (SCALE_PRINT_ONLY=1:
+#            printed, BENCHMARKS.md untouched)
 #   deployments fleet-sim: connect latency with 50 deployments vs default alone, at rest,
 #            alternating rounds (DEPLOYMENTS_AGENTS 1000, DEPLOYMENTS_ROUNDS 3, DEPLOYMENTS_MANY 50)
 #   windows  the Windows bundle beside the Linux one; the Windows agent's update as a
@@ -66,7 +70,7 @@
 # missing and run as root).
 set -euo pipefail
 
-usage() { sed -n '2,66p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,70p' "$0" | sed 's/^# \{0,1\}//'; }
 cd "$(dirname "$0")/.."
 root=$(pwd)
 

@@ -517,11 +517,11 @@ impl SimAgent {
     /// With `--download-source`: the bundle from the download source the server names,
     /// as a real agent takes it. `None`: the server names none; `Some(FROM_SOURCE)`: taken;
     /// `Some(FROM_SERVER)`: the source failed, the server is next.
-    async fn try_source(&self, shared: &Shared) -> Option<&'static str> {
+    async fn try_source(&self, shared: &Shared, release: &AgentVersion) -> Option<&'static str> {
         if !shared.options.download_source {
             return None;
         }
-        let path = wire::for_platform(wire::VERSION_PATH, &self.platform);
+        let path = release_path(wire::VERSION_PATH, &self.platform, release);
         let answer = self
             .call(shared, Call::new("version", Method::GET, &path))
             .await?;
@@ -580,9 +580,9 @@ impl SimAgent {
     /// The delta from the bundle it runs to `to`, when it knows that bundle and the server
     /// has one: `Some(true)` taken, `Some(false)` refused for good (downloads off), `None`
     /// the bundle is to be downloaded instead.
-    async fn fetch_delta(&self, shared: &Shared) -> Option<bool> {
+    async fn fetch_delta(&self, shared: &Shared, release: &AgentVersion) -> Option<bool> {
         let from = self.running.as_ref()?;
-        let path = wire::delta_path(from, &self.platform);
+        let path = delta_to(from, &self.platform, release);
         for _ in 0..DOWNLOAD_TRIES {
             let answer = self
                 .call(shared, Call::new("delta", Method::GET, &path).drain_delta())
@@ -608,14 +608,15 @@ impl SimAgent {
         Some(false)
     }
 
-    /// The bundle, as the download mode says; false if the server would not give it.
-    async fn fetch(&self, shared: &Shared) -> bool {
+    /// The bundle of `release`, as the download mode says; false if the server would not
+    /// give it.
+    async fn fetch(&self, shared: &Shared, release: &AgentVersion) -> bool {
         if shared.options.deltas
-            && let Some(taken) = self.fetch_delta(shared).await
+            && let Some(taken) = self.fetch_delta(shared, release).await
         {
             return taken;
         }
-        let path = format!("{}?platform={}", wire::DOWNLOAD_PATH, self.platform);
+        let path = release_path(wire::DOWNLOAD_PATH, &self.platform, release);
         for _ in 0..DOWNLOAD_TRIES {
             let answer = match shared.options.download {
                 DownloadMode::Full => {
@@ -677,7 +678,7 @@ impl SimAgent {
         if expected == self.version || self.bad.contains(&window.sha256) {
             return;
         }
-        let path = wire::for_platform(wire::VERSION_PATH, &self.platform);
+        let path = release_path(wire::VERSION_PATH, &self.platform, &expected);
         let offered = self
             .call(shared, Call::new("version", Method::GET, &path))
             .await
@@ -692,7 +693,7 @@ impl SimAgent {
             return;
         }
         self.fetching_ahead = true;
-        let fetched = self.fetch(shared).await;
+        let fetched = self.fetch(shared, &expected).await;
         self.fetching_ahead = false;
         if fetched {
             self.ahead_ready = Some(window.sha256.clone());
@@ -722,9 +723,10 @@ impl SimAgent {
         let bundle_from = if ready {
             None
         } else {
-            self.try_source(shared).await
+            self.try_source(shared, &expected).await
         };
-        if !ready && bundle_from != Some(wire::FROM_SOURCE) && !self.fetch(shared).await {
+        if !ready && bundle_from != Some(wire::FROM_SOURCE) && !self.fetch(shared, &expected).await
+        {
             return;
         }
         self.report_from(
@@ -766,6 +768,10 @@ impl SimAgent {
             let _ = self.hello(shared).await;
             self.outbox.push_back((report, None));
             self.deliver_outbox(shared).await;
+            // Delivered, unless the simulation ended first.
+            if self.outbox.is_empty() {
+                shared.installed(&expected);
+            }
             shared.moved(&from, &expected);
         }
     }
@@ -823,5 +829,55 @@ impl SimAgent {
                 return;
             }
         }
+    }
+}
+
+/// `path` (version, download) for `release` on `platform`, as a real agent names it: a
+/// deployment's release may be another than the server's current one, which is what a
+/// path without `release=` answers.
+fn release_path(path: &str, platform: &str, release: &AgentVersion) -> String {
+    wire::for_release(path, platform, &release.to_string())
+}
+
+/// The delta from the bundle of sha256 `from` to `release` on `platform` (a server makes
+/// them toward its current release only, and answers `404` for another: the bundle then).
+fn delta_to(from: &str, platform: &str, release: &AgentVersion) -> String {
+    format!(
+        "{}&{}={}",
+        wire::delta_path(from, platform),
+        wire::RELEASE_QUERY,
+        release.to_string().replace('+', "%2B")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_update_names_the_release_its_directive_names() {
+        let release: AgentVersion = "2.3.0+1".parse().unwrap();
+        let platform = "x86_64-unknown-linux-gnu";
+        assert_eq!(
+            release_path(wire::DOWNLOAD_PATH, platform, &release),
+            format!(
+                "{}?platform={platform}&release=2.3.0%2B1",
+                wire::DOWNLOAD_PATH
+            )
+        );
+        assert_eq!(
+            release_path(wire::VERSION_PATH, platform, &release),
+            format!(
+                "{}?platform={platform}&release=2.3.0%2B1",
+                wire::VERSION_PATH
+            )
+        );
+        let from = "ab".repeat(32);
+        let delta = delta_to(&from, platform, &release);
+        assert!(
+            delta.starts_with(&wire::delta_path(&from, platform)),
+            "{delta}"
+        );
+        assert!(delta.ends_with("&release=2.3.0%2B1"), "{delta}");
     }
 }

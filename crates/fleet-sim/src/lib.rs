@@ -113,6 +113,8 @@ pub struct Shared {
     stop: watch::Receiver<bool>,
     measuring: std::sync::atomic::AtomicBool,
     versions: Mutex<BTreeMap<String, usize>>,
+    /// Per version, when a server last took an agent's INSTALLED of it (unix seconds).
+    last_installed: Mutex<BTreeMap<String, f64>>,
     bytes: AtomicU64,
     delta_bytes: AtomicU64,
     /// Of the bytes of bundles and deltas, those fetched ahead of a maintenance window;
@@ -232,6 +234,22 @@ impl Shared {
         *versions.entry(to.to_string()).or_default() += 1;
     }
 
+    /// A server took an agent's INSTALLED of `version` just now.
+    pub fn installed(&self, version: &AgentVersion) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        note_latest(
+            &mut self
+                .last_installed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+            &version.to_string(),
+            now,
+        );
+    }
+
     fn versions(&self) -> BTreeMap<String, usize> {
         self.versions
             .lock()
@@ -240,6 +258,15 @@ impl Shared {
             .filter(|(_, n)| **n > 0)
             .map(|(k, v)| (k.clone(), *v))
             .collect()
+    }
+}
+
+/// Keeps in `latest` the later of what it holds for `key` and `at`: reports may be taken
+/// out of order across agents, and the last one is what a convergence is timed to.
+fn note_latest(latest: &mut BTreeMap<String, f64>, key: &str, at: f64) {
+    let entry = latest.entry(key.to_owned()).or_insert(at);
+    if at > *entry {
+        *entry = at;
     }
 }
 
@@ -269,6 +296,10 @@ pub struct Report {
     pub endpoints: BTreeMap<&'static str, Summary>,
     pub errors: BTreeMap<String, u64>,
     pub versions: BTreeMap<String, usize>,
+    /// Per version, when a server last took an INSTALLED of it from one of these agents
+    /// (unix seconds; native agents): with several releases at once (deployments), when
+    /// each one's agents here had all reported it.
+    pub last_installed: BTreeMap<String, f64>,
     /// Bytes received as whole bundles (`/agentupdate/download`).
     pub bundle_bytes: u64,
     /// Bytes received as deltas (`/agentupdate/delta`, with `--deltas`).
@@ -382,6 +413,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         stop: stop_rx,
         measuring: std::sync::atomic::AtomicBool::new(options.warmup.is_zero()),
         versions: Mutex::new(BTreeMap::new()),
+        last_installed: Mutex::new(BTreeMap::new()),
         bytes: AtomicU64::new(0),
         delta_bytes: AtomicU64::new(0),
         ahead_bytes: AtomicU64::new(0),
@@ -486,6 +518,11 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         endpoints: shared.stats.totals(measured),
         errors: shared.stats.errors(),
         versions: shared.versions(),
+        last_installed: shared
+            .last_installed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone(),
         bundle_bytes: shared.bytes.load(Ordering::Relaxed),
         delta_bytes: shared.delta_bytes.load(Ordering::Relaxed),
         deltas_taken: shared.deltas_taken.load(Ordering::Relaxed),
@@ -595,6 +632,18 @@ pub fn render(report: &Report) -> String {
         .map(|(v, n)| format!("{v}: {n}"))
         .collect();
     let _ = writeln!(out, "agents by version: {}", versions.join(", "));
+    if !report.last_installed.is_empty() {
+        let last: Vec<String> = report
+            .last_installed
+            .iter()
+            .map(|(v, at)| format!("{v}: {at:.1}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "last INSTALLED taken (unix s), by version: {}",
+            last.join(", ")
+        );
+    }
     let _ = writeln!(
         out,
         "bundle bytes fetched: {}, 503s: {}, simulated install failures: {}",
@@ -673,6 +722,19 @@ mod tests {
                 - count(0..1000, "x86_64-unknown-linux-musl")
         );
         assert_eq!(platform_of(7, &[]), agent_protocol::layout::PLATFORM);
+    }
+
+    #[test]
+    fn the_last_installed_of_a_version_is_the_latest_taken() {
+        let mut latest = BTreeMap::new();
+        note_latest(&mut latest, "2.1.0+1", 100.0);
+        note_latest(&mut latest, "2.1.0+1", 250.5);
+        // Taken out of order: an earlier one does not move it back.
+        note_latest(&mut latest, "2.1.0+1", 180.0);
+        note_latest(&mut latest, "2.2.0+1", 90.0);
+        assert_eq!(latest["2.1.0+1"], 250.5);
+        assert_eq!(latest["2.2.0+1"], 90.0);
+        assert_eq!(latest.len(), 2);
     }
 
     #[test]
