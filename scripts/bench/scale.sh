@@ -147,12 +147,16 @@ scale_keep_releases() {
     shift
     until_true 60 "1.0.0+1 in the fleet's releases" \
         sh -c "curl -fsS -H 'Authorization: Bearer bench' $base/admin/releases | grep -q 1.0.0+1"
-    curl -fsS -o /dev/null -H "Authorization: Bearer bench" -H "Content-Type: application/json" \
+    curl -fsS --retry 20 --retry-delay 3 -o /dev/null -H "Authorization: Bearer bench" -H "Content-Type: application/json" \
         -d '{"name":"bench-keep","selector":"bench-keep","release":"1.0.0+1"}' "$base/admin/deployments"
     for b in "$@"; do
-        curl -fsS -o /dev/null -H "Authorization: Bearer bench" -F "bundle=@$b" -F "sig=@$b.minisig" \
+        curl -fsS --retry 20 --retry-delay 3 -o /dev/null -H "Authorization: Bearer bench" -F "bundle=@$b" -F "sig=@$b.minisig" \
             "$base/admin/releases?deployment=bench-keep"
     done
+    # A publish is answered before every server has the release in its list; the
+    # deployments are made only once the fleet holds them all.
+    until_true 120 "the deployments' $# releases kept" sh -c \
+        "[ \$(curl -fsS --max-time 20 -H 'Authorization: Bearer bench' $base/admin/releases | jq '[.releases[]?.id] | length') -gt $# ]"
     note "kept for the deployments: $(curl -fsS -H "Authorization: Bearer bench" "$base/admin/releases" |
         jq -r '[.releases[]?.id // empty] | join(" ")')"
 }
@@ -171,7 +175,7 @@ scale_deployments() {
     declare -A want=() created=() seen=()
     for i in "${!sim_n[@]}"; do want[${sim_group[$i]}]=$((${want[${sim_group[$i]}]:-0} + sim_n[i])); done
     for ((k = 1; k <= ndep; k++)); do
-        curl -fsS -o /dev/null -H "Authorization: Bearer bench" -H "Content-Type: application/json" \
+        curl -fsS --retry 20 --retry-delay 3 -o /dev/null -H "Authorization: Bearer bench" -H "Content-Type: application/json" \
             -d "{\"name\":\"d$k\",\"selector\":\"group=d$k\",\"release\":\"2.$k.0+1\"}" "$base/admin/deployments"
     done
     local name ms

@@ -1309,6 +1309,62 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_report_from_an_agent_the_rollout_never_placed_places_it_nowhere() {
+        let home = tempfile::tempdir().unwrap();
+        let fleet = fleet(home.path()).await;
+        let now = crate::db::now_secs();
+        fleet.save(contact("placed", "1.0.0+1", now)).await.unwrap();
+        fleet
+            .rollouts
+            .serve(crate::rollout::Served {
+                sha256: "a".repeat(64),
+                signed_at: 1,
+                version: "2.0.0+2".parse().unwrap(),
+                platforms: vec!["p".into()],
+            })
+            .await
+            .unwrap();
+        let placed = |waves: &[crate::rollout::step::WaveStatus]| {
+            waves.iter().map(|w| w.agents).sum::<u64>()
+        };
+        assert_eq!(placed(&fleet.rollouts.wave_counts().await.unwrap()), 1);
+        // An agent of another deployment that rolls out the same release (every
+        // deployment's rollouts hear every report), or one updated by hand.
+        fleet
+            .save(contact("stranger", "2.0.0+2", now))
+            .await
+            .unwrap();
+        let report = Report {
+            id: "stranger".into(),
+            from: "1.0.0+1".into(),
+            to: "2.0.0+2".into(),
+            status: UpdateStatus::Installed,
+            error: None,
+        };
+        fleet.rollouts.report(&report, now * 1000).await.unwrap();
+        fleet.rollouts.decide().await.unwrap();
+        assert_eq!(
+            placed(&fleet.rollouts.wave_counts().await.unwrap()),
+            1,
+            "the report placed its agent in the rollout"
+        );
+        let rows: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM rollout_agents WHERE agent_id = 'stranger'")
+                .fetch_one(fleet.db.pool())
+                .await
+                .unwrap();
+        assert_eq!(rows, 0);
+        // Calling in, it is placed, and running the target it is done.
+        let v2: AgentVersion = "2.0.0+2".parse().unwrap();
+        fleet
+            .rollouts
+            .answer("stranger", "", &v2, true)
+            .await
+            .unwrap();
+        assert_eq!(placed(&fleet.rollouts.wave_counts().await.unwrap()), 2);
+    }
+
+    #[tokio::test]
     async fn contacts_wait_for_their_batch_and_only_the_latest_is_written() {
         let home = tempfile::tempdir().unwrap();
         let fleet = fleet(home.path()).await;

@@ -411,6 +411,25 @@ impl<S: Subject> Engine<S> {
         Ok(member)
     }
 
+    /// The agent's place in rollout `row`, if the rollout placed it: unlike
+    /// [`Engine::membership`], an agent it never placed is not placed by asking.
+    pub async fn placed(
+        &self,
+        row: &Rollout<S>,
+        agent: &str,
+    ) -> Result<Option<Membership>, FleetError> {
+        if let Some(m) = self.known(row.id, agent) {
+            return Ok(Some(m));
+        }
+        let found = store::membership(self.db.pool(), S::KIND, row.id, agent).await?;
+        if let Some(m) = found
+            && let Some(members) = lock(&self.members).get_mut(&row.id)
+        {
+            members.insert(agent.to_owned(), m);
+        }
+        Ok(found)
+    }
+
     /// The agent's place read again from the database (another server may have told it
     /// or heard its outcome since this one looked), and kept.
     pub async fn reread(

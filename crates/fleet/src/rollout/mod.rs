@@ -779,22 +779,17 @@ impl Rollouts {
         let counted = crate::db::latest_per_agent(&counted, |(r, _, _)| r.id.as_str());
         let mut told = Vec::with_capacity(counted.len());
         for &(report, outcome, at) in &counted {
-            // Its group places an agent this server has not placed yet (most were, when
-            // told): a report costs no read of the agent's row then.
-            let member = match self.engine.known(current.id, &report.id) {
-                Some(m) => m,
-                None => {
-                    let group = self
-                        .db()
-                        .agent(&report.id)
-                        .await?
-                        .map(|a| a.group)
-                        .unwrap_or_default();
-                    let on_target = outcome == store::INSTALLED;
-                    self.engine
-                        .membership(&current, &report.id, &group, on_target)
-                        .await?
-                }
+            // Every deployment's rollouts hear every report, and two deployments may roll
+            // out one release: a report places no agent, or an agent of one deployment
+            // would join the other's rollout as done. An agent this rollout never placed
+            // is placed when it next calls in (running the target, it is done then).
+            let Some(member) = self.engine.placed(&current, &report.id).await? else {
+                tracing::debug!(
+                    agent = %report.id,
+                    to = %report.to,
+                    "a report from an agent this rollout never placed: not counted in it"
+                );
+                continue;
             };
             // Only what this rollout told the agent counts toward its wave: a report of
             // a release the agent was never sent (made up, or from an update an operator
