@@ -842,12 +842,7 @@ fn release_path(path: &str, platform: &str, release: &AgentVersion) -> String {
 /// The delta from the bundle of sha256 `from` to `release` on `platform` (a server makes
 /// them toward its current release only, and answers `404` for another: the bundle then).
 fn delta_to(from: &str, platform: &str, release: &AgentVersion) -> String {
-    format!(
-        "{}&{}={}",
-        wire::delta_path(from, platform),
-        wire::RELEASE_QUERY,
-        release.to_string().replace('+', "%2B")
-    )
+    wire::delta_path_to(from, platform, &release.to_string())
 }
 
 #[cfg(test)]

@@ -45,9 +45,13 @@ pub const RELEASE_QUERY: &str = "release";
 /// `path?platform=<platform>&release=<id>`: a release of a deployment, for a platform
 /// (the platform is left out when it is not a target triple).
 pub fn for_release(path: &str, platform: &str, release: &str) -> String {
-    let base = for_platform(path, platform);
-    let sep = if base.contains('?') { '&' } else { '?' };
-    format!("{base}{sep}{RELEASE_QUERY}={}", release.replace('+', "%2B"))
+    with_release(for_platform(path, platform), release)
+}
+
+/// `path` with `release=<id>` added to its query (a build's `+` written `%2B`).
+fn with_release(path: String, release: &str) -> String {
+    let sep = if path.contains('?') { '&' } else { '?' };
+    format!("{path}{sep}{RELEASE_QUERY}={}", release.replace('+', "%2B"))
 }
 
 /// A delta from the bundle an agent runs to the served one:
@@ -64,6 +68,12 @@ pub fn delta_path(from: &str, platform: &str) -> String {
         '?'
     };
     format!("{with_platform}{joiner}{DELTA_FROM_QUERY}={from}")
+}
+
+/// [`delta_path`] to `release`, a deployment's release (the agent names the release its
+/// directive names, as for the version and the download).
+pub fn delta_path_to(from: &str, platform: &str, release: &str) -> String {
+    with_release(delta_path(from, platform), release)
 }
 
 pub const REPORT_PATH: &str = "/agentupdate/report";
@@ -606,6 +616,21 @@ pub struct AgentRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_release_is_named_in_the_query_with_its_plus_escaped() {
+        assert_eq!(
+            for_release(VERSION_PATH, "x86_64-unknown-linux-musl", "2.3.0+1"),
+            "/agentupdate/version?platform=x86_64-unknown-linux-musl&release=2.3.0%2B1"
+        );
+        let from = "ab".repeat(32);
+        assert_eq!(
+            delta_path_to(&from, "x86_64-unknown-linux-musl", "2.3.0+1"),
+            format!(
+                "/agentupdate/delta?platform=x86_64-unknown-linux-musl&from={from}&release=2.3.0%2B1"
+            )
+        );
+    }
 
     #[test]
     fn only_a_plain_target_triple_goes_into_a_url() {

@@ -94,17 +94,10 @@ impl Catalog {
 
 /// Removes the `kept-<sha256>` files of `cache` whose sha256 is not in `held`.
 fn remove_unheld_copies(cache: &Path, held: &HashSet<String>) {
-    let Ok(entries) = fs::read_dir(cache) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(sha256) = name.strip_prefix(KEPT_PREFIX)
-            && !held.contains(sha256)
-        {
-            let _ = fs::remove_file(entry.path());
-        }
-    }
+    crate::store::remove_cache_files(cache, |_, name| {
+        name.strip_prefix(KEPT_PREFIX)
+            .is_some_and(|sha256| !held.contains(sha256))
+    });
 }
 
 fn same_signatures(loaded: &Release, record: &ReleaseRecord) -> bool {

@@ -985,16 +985,24 @@ impl BundleStore {
     }
 
     fn remove_stale_copies(&self, keep: &[PathBuf]) {
-        let Ok(entries) = fs::read_dir(&self.cache_dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if !keep.contains(&path) && (name.starts_with("bundle-") || name.starts_with("msi-")) {
-                // Running downloads keep their mapping; the name is all that goes.
-                let _ = fs::remove_file(&path);
-            }
+        remove_cache_files(&self.cache_dir, |path, name| {
+            !keep.iter().any(|k| k == path)
+                && (name.starts_with("bundle-") || name.starts_with("msi-"))
+        });
+    }
+}
+
+/// Removes the files of the cache `dir` that `unwanted` (the path, the file name) says
+/// go. Running downloads keep their mapping of a removed copy; the name is all that goes.
+pub(crate) fn remove_cache_files(dir: &Path, unwanted: impl Fn(&Path, &str) -> bool) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if unwanted(&path, &name) {
+            let _ = fs::remove_file(&path);
         }
     }
 }

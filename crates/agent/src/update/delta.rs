@@ -94,11 +94,7 @@ pub async fn fetch(
     let url = format!(
         "{}{}",
         req.base_url,
-        wire::delta_path(&from_hex, layout::PLATFORM)
-    ) + &format!(
-        "&{}={}",
-        wire::RELEASE_QUERY,
-        req.info.agent.to_string().replace('+', "%2B")
+        wire::delta_path_to(&from_hex, layout::PLATFORM, &req.info.agent.to_string())
     );
     let delta_path = req.dir.join(format!(
         "delta-{}-{}.part",

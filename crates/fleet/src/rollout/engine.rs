@@ -386,25 +386,20 @@ impl<S: Subject> Engine<S> {
         group: &str,
         on_target: bool,
     ) -> Result<Membership, FleetError> {
-        if let Some(m) = self.known(row.id, agent) {
+        if let Some(m) = self.placed(row, agent).await? {
             return Ok(m);
         }
-        let member = match store::membership(self.db.pool(), S::KIND, row.id, agent).await? {
-            Some(m) => m,
-            None => {
-                let wave = row.plan.join_wave(row.opened, group);
-                store::join(
-                    self.db.pool(),
-                    S::KIND,
-                    row.id,
-                    agent,
-                    wave,
-                    on_target,
-                    now_ms(),
-                )
-                .await?
-            }
-        };
+        let wave = row.plan.join_wave(row.opened, group);
+        let member = store::join(
+            self.db.pool(),
+            S::KIND,
+            row.id,
+            agent,
+            wave,
+            on_target,
+            now_ms(),
+        )
+        .await?;
         if let Some(members) = lock(&self.members).get_mut(&row.id) {
             members.insert(agent.to_owned(), member);
         }
